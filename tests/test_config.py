@@ -24,7 +24,8 @@ def test_flags_beat_env_beat_file(tmp_path):
 
 
 def test_env_values_are_typed():
-    cfg = load_config(None, environ={"GPUAWARE_BROKER__PORT": "19092", "GPUAWARE_KAFKA__EMBEDDED_BROKER_COMPAT": "true"})
+    env = {"GPUAWARE_BROKER__PORT": "19092", "GPUAWARE_KAFKA__EMBEDDED_BROKER_COMPAT": "true"}
+    cfg = load_config(None, environ=env)
     assert cfg.broker.port == 19092 and cfg.kafka.embedded_broker_compat is True
 
 

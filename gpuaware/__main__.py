@@ -1,0 +1,3 @@
+from gpuaware.cli import main
+
+main()

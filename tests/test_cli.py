@@ -1,0 +1,137 @@
+"""The command line as a user runs it: real processes, real signals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from gpuaware.processes import pid_alive
+from stream import topics
+from stream.kafka_settings import KafkaSettings
+
+GPUAWARE = [sys.executable, "-m", "gpuaware"]
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("GPUAWARE_")}
+
+
+def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*GPUAWARE, *args], capture_output=True, text=True, timeout=timeout, env=env or ENV)
+
+
+def start_broker(*args: str) -> tuple[subprocess.Popen[str], str, int]:
+    proc = subprocess.Popen([*GPUAWARE, "broker", "--port", "0", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV)
+    line = proc.stdout.readline()
+    assert line.startswith("READY "), (line, proc.stderr.read() if proc.poll() is not None else "")
+    fields = dict(part.split("=", 1) for part in line.split()[1:])
+    return proc, fields["bootstrap"], int(fields["pid"])
+
+
+async def _produce_and_consume(bootstrap: str) -> list[bytes]:
+    settings = KafkaSettings(bootstrap_servers=bootstrap, embedded_broker_compat=True, session_timeout_ms=2000)
+    producer = AIOKafkaProducer(**settings.producer_kwargs())
+    await producer.start()
+    try:
+        await producer.send_and_wait(topics.EVENTS, b"hello", key=b"GPU-1")
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(topics.EVENTS, **settings.consumer_kwargs("cli-test"))
+    await consumer.start()
+    try:
+        async with asyncio.timeout(20):
+            return [(await consumer.getone()).value]
+    finally:
+        await consumer.stop()
+
+
+def _wait_gone(pid: int, timeout_s: float = 15) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.broker
+def test_broker_serves_clients_and_ctrl_c_leaves_nothing_behind():
+    proc, bootstrap, tansu_pid = start_broker()
+    try:
+        assert pid_alive(tansu_pid)
+        assert asyncio.run(_produce_and_consume(bootstrap)) == [b"hello"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _wait_gone(tansu_pid), "tansu outlived gpuaware broker"
+
+
+@pytest.mark.broker
+def test_the_broker_child_dies_even_when_gpuaware_is_killed_hard():
+    proc, _, tansu_pid = start_broker()
+    proc.kill()
+    proc.wait(10)
+    assert _wait_gone(tansu_pid), "tansu outlived a SIGKILLed gpuaware broker"
+
+
+@pytest.mark.broker
+def test_a_taken_port_makes_broker_exit_with_a_clear_message():
+    proc, bootstrap, _ = start_broker()
+    try:
+        port = bootstrap.rsplit(":", 1)[1]
+        second = run("broker", "--port", port, timeout=30)
+        assert second.returncode == 1
+        assert f"port {port} on 127.0.0.1 is already in use" in second.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+
+
+@pytest.mark.broker
+def test_up_runs_for_a_duration_and_prints_a_json_summary():
+    result = run("up", "--port", "0", "--duration", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["topics"] == sorted(t.name for t in topics.ALL_TOPICS)
+    assert summary["duration_s"] >= 1
+
+
+def test_bad_config_names_the_field_and_exits_2(tmp_path):
+    cfg = tmp_path / "gpuaware.yaml"
+    cfg.write_text("broker:\n  storage: floppy\n")
+    result = run("--config", str(cfg), "broker")
+    assert result.returncode == 2
+    assert "broker.storage" in result.stderr and f"file {cfg}" in result.stderr
+    result = run("config", env={**ENV, "GPUAWARE_KAFKA__SECURITY_PROTOCOL": "SASL_SSL"})
+    assert result.returncode == 2 and "kafka.sasl_mechanism" in result.stderr
+
+
+def test_config_shows_the_merged_configuration_without_secrets():
+    env = {**ENV, "GPUAWARE_KAFKA__SECURITY_PROTOCOL": "SASL_SSL", "GPUAWARE_KAFKA__SASL_MECHANISM": "SCRAM-SHA-512",
+           "GPUAWARE_KAFKA__SASL_USERNAME": "agent", "GPUAWARE_KAFKA__SASL_PASSWORD": "hunter2"}
+    result = run("--bootstrap-servers", "kafka:9093", "config", env=env)
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["kafka"]["bootstrap_servers"] == "kafka:9093"
+    assert shown["kafka"]["sasl_username"] == "agent"
+    assert "hunter2" not in result.stdout
+
+
+@pytest.mark.parametrize("command", ["agent", "stream", "scheduler", "simulate", "eval", "bench", "broker", "up"])
+def test_every_subcommand_has_help(command):
+    result = run(command, "--help")
+    assert result.returncode == 0 and "Usage: gpuaware" in result.stdout
+
+
+def test_parts_not_built_yet_say_so_and_fail():
+    result = run("agent", "--collector", "sim")
+    assert result.returncode == 3
+    assert "not built yet" in result.stderr
