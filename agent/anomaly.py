@@ -1,0 +1,220 @@
+"""Edge anomaly detectors, one set per GPU, River-style: ``learn_one`` then ``score_one``, state in the object.
+
+Each detector answers with a :class:`Finding` (or ``None``) from one watch reading. Rules that
+encode physics (a GPU heating faster than its power explains, a GPU reading busy while drawing
+idle power) catch the faults operators page on; a multivariate Half-Space Trees model (River)
+scores how unusual the joint state is, for the dashboards and as a last-resort alarm.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+from river import anomaly
+
+from agent.readings import GpuDevice, Reading
+
+
+@dataclass(slots=True)
+class Finding:
+    detector: str
+    metric: str
+    score: float
+    value: float
+    message: str
+
+
+class RingBuffer:
+    """Fixed-size float window over numpy, for medians without per-sample allocation."""
+
+    def __init__(self, size: int):
+        self.values = np.zeros(size, dtype=np.float64)
+        self.times = np.zeros(size, dtype=np.float64)
+        self.n = 0
+        self.pos = 0
+
+    def push(self, t: float, x: float) -> None:
+        self.values[self.pos] = x
+        self.times[self.pos] = t
+        self.pos = (self.pos + 1) % len(self.values)
+        self.n = min(self.n + 1, len(self.values))
+
+    def window(self) -> np.ndarray:
+        return self.values[: self.n] if self.n < len(self.values) else self.values
+
+    def last(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The newest k (time, value) pairs, oldest first."""
+        k = min(k, self.n)
+        idx = (self.pos - k + np.arange(k)) % len(self.values)
+        return self.times[idx], self.values[idx]
+
+
+class RobustZ:
+    """Robust z-score of a value against the median/MAD of a trailing window."""
+
+    def __init__(self, window: int = 120, warmup: int = 30, min_abs: float = 1.0):
+        self.buf = RingBuffer(window)
+        self.warmup = warmup
+        self.min_abs = min_abs
+
+    def score_one(self, x: float) -> float:
+        if self.buf.n < self.warmup:
+            return 0.0
+        w = self.buf.window()
+        med = float(np.median(w))
+        mad = float(np.median(np.abs(w - med))) * 1.4826
+        return (x - med) / max(mad, self.min_abs)
+
+    def learn_one(self, t: float, x: float) -> None:
+        self.buf.push(t, x)
+
+
+class ThermalRunaway:
+    """Temperature climbing faster than any power change explains (failed fan, blocked airflow)."""
+
+    def __init__(self, slope_c_per_s: float = 0.9, window_s: float = 3.0, power_rise_pct: float = 10.0):
+        self.temps = RingBuffer(16)
+        self.powers = RingBuffer(90)
+        self.slope_c_per_s = slope_c_per_s
+        self.window_s = window_s
+        self.power_rise_pct = power_rise_pct
+
+    def learn_one(self, r: Reading) -> None:
+        if r.temp_c is not None:
+            self.temps.push(r.ts, r.temp_c)
+        if r.power_w is not None:
+            self.powers.push(r.ts, r.power_w)
+
+    def score_one(self, r: Reading, power_limit_w: float) -> Finding | None:
+        if r.temp_c is None or self.temps.n < 2:
+            return None
+        times, temps = self.temps.last(16)
+        recent = times >= r.ts - self.window_s - 1e-6
+        if recent.sum() < 1 or r.ts - times[recent][0] < self.window_s - 1e-6:
+            return None
+        slope = (r.temp_c - temps[recent][0]) / (r.ts - times[recent][0])
+        if slope < self.slope_c_per_s:
+            return None
+        if self.powers.n:
+            _, powers = self.powers.last(90)
+            rise = (r.power_w or 0.0) - float(powers.min())
+            if rise > self.power_rise_pct / 100 * power_limit_w:
+                return None
+        return Finding("thermal_runaway", "temp_c", slope, r.temp_c,
+                       f"temperature rising {slope:.1f} °C/s with no matching power increase")
+
+
+class StuckBusy:
+    """Utilisation pinned at 100% while the board draws near-idle power: a hung kernel or a stuck counter."""
+
+    def __init__(self, consecutive: int = 3):
+        self.consecutive = consecutive
+        self.count = 0
+
+    def learn_one(self, r: Reading, device: GpuDevice) -> Finding | None:
+        idle = device.idle_power_w or 0.1 * (device.power_limit_w or 300)
+        limit = device.power_limit_w or 300
+        if r.util_gpu is not None and r.power_w is not None and r.util_gpu >= 99 and r.power_w < idle + 0.25 * (
+                limit - idle):
+            self.count += 1
+        else:
+            self.count = 0
+        if self.count == self.consecutive:
+            return Finding("stuck_busy", "util_gpu", 1.0, r.util_gpu or 0.0,
+                           f"reads {r.util_gpu:.0f}% busy but draws {r.power_w:.0f} W (idle {idle:.0f} W)")
+        return None
+
+
+class EccRate:
+    """Single-bit ECC errors per minute over a trailing minute."""
+
+    def __init__(self, threshold_per_min: float = 60.0):
+        self.history: deque[tuple[float, int]] = deque()
+        self.threshold = threshold_per_min
+        self.rate_per_min = 0.0
+
+    def learn_one(self, r: Reading) -> Finding | None:
+        if r.ecc_sbe_volatile is None:
+            return None
+        self.history.append((r.ts, r.ecc_sbe_volatile))
+        while len(self.history) > 2 and self.history[1][0] <= r.ts - 60:
+            self.history.popleft()
+        t0, c0 = self.history[0]
+        span = max(r.ts - t0, 1.0)
+        self.rate_per_min = max(0, r.ecc_sbe_volatile - c0) * 60.0 / max(span, 1.0)
+        if self.rate_per_min >= self.threshold:
+            return Finding("ecc_sbe_rate", "ecc_sbe_volatile", self.rate_per_min, float(r.ecc_sbe_volatile),
+                           f"{self.rate_per_min:.0f} single-bit ECC errors per minute")
+        return None
+
+
+class MultivariateHST:
+    """River Half-Space Trees over the scaled joint state (util, power, temperature, memory)."""
+
+    def __init__(self, seed: int, threshold: float = 0.99, consecutive: int = 30, warmup: int = 300):
+        self.model = anomaly.HalfSpaceTrees(n_trees=10, height=6, window_size=120, seed=seed)
+        self.threshold = threshold
+        self.consecutive = consecutive
+        self.warmup = warmup
+        self.seen = 0
+        self.run = 0
+        self.score = 0.0
+
+    @staticmethod
+    def features(r: Reading, device: GpuDevice) -> dict[str, float]:
+        limit = device.power_limit_w or 300.0
+        slowdown = device.slowdown_temp_c or 90.0
+        return {
+            "util": min(1.0, (r.util_gpu or 0.0) / 100),
+            "power": min(1.0, (r.power_w or 0.0) / limit),
+            "temp": min(1.0, max(0.0, ((r.temp_c or 25.0) - 25.0) / (slowdown - 25.0))),
+            "fb": min(1.0, (r.fb_used_mib or 0.0) / max(device.fb_total_mib, 1)),
+        }
+
+    def learn_one(self, r: Reading, device: GpuDevice) -> Finding | None:
+        x = self.features(r, device)
+        self.score = self.model.score_one(x) if self.seen >= self.warmup else 0.0
+        self.model.learn_one(x)
+        self.seen += 1
+        self.run = self.run + 1 if self.score >= self.threshold else 0
+        if self.run == self.consecutive:
+            return Finding("hst", "joint", self.score, self.score, f"unusual joint state (HST score {self.score:.2f})")
+        return None
+
+
+class GpuDetectors:
+    """Every detector of one GPU, with a per-detector cooldown so a fault raises one event, not a storm."""
+
+    def __init__(self, device: GpuDevice, seed: int = 0, cooldown_s: float = 120.0):
+        self.device = device
+        self.thermal = ThermalRunaway()
+        self.stuck = StuckBusy()
+        self.ecc = EccRate()
+        self.hst = MultivariateHST(seed)
+        self.cooldown_s = cooldown_s
+        self.last_fired: dict[str, float] = {}
+
+    def scores(self) -> dict[str, float]:
+        return {"hst": self.hst.score, "ecc_sbe_per_min": self.ecc.rate_per_min}
+
+    def learn_one(self, r: Reading) -> list[Finding]:
+        limit = self.device.power_limit_w or 300.0
+        found = [
+            self.thermal.score_one(r, limit),
+            self.stuck.learn_one(r, self.device),
+            self.ecc.learn_one(r),
+            self.hst.learn_one(r, self.device),
+        ]
+        self.thermal.learn_one(r)
+        out = []
+        for f in found:
+            if f is None:
+                continue
+            last = self.last_fired.get(f.detector)
+            if last is not None and r.ts - last < self.cooldown_s:
+                continue
+            self.last_fired[f.detector] = r.ts
+            out.append(f)
+        return out

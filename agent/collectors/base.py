@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from typing import Protocol
+
+from agent.readings import GpuDevice, Reading, XidEvent
+
+
+class Collector(Protocol):
+    """What the agent needs from a source of GPU readings.
+
+    ``read(index, full)`` raises :class:`agent.readings.GpuLost` when the GPU stops answering;
+    any field a GPU does not support is ``None`` in the reading.
+    """
+
+    node: str
+
+    def devices(self) -> list[GpuDevice]: ...
+
+    def read(self, index: int, full: bool) -> Reading: ...
+
+    def xid_events(self) -> list[XidEvent]:
+        """XID errors seen since the last call (event-driven, not polled)."""
+        ...
+
+    def set_power_limit(self, index: int, watts: float) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,335 @@
+"""Simulated GPUs that replay real utilisation and memory series, with injected faults.
+
+Each GPU replays one pod of the Alibaba GenTD26 trace (1-minute steps, linearly interpolated to
+the second, plus a small deterministic jitter). Power follows utilisation between the model's
+idle and board power; temperature is a first-order thermal model of power (time constant ~40 s);
+the energy counter integrates power. Faults come from a scenario file (``agent/scenarios``).
+Given a seed and the clock, everything is deterministic: state advances in whole seconds
+whatever the read pattern.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agent import traces
+from agent.readings import (
+    THROTTLE_GPU_IDLE,
+    THROTTLE_HW_SLOWDOWN,
+    THROTTLE_HW_THERMAL,
+    THROTTLE_SW_POWER_CAP,
+    GpuDevice,
+    GpuLost,
+    GpuProcess,
+    Reading,
+    XidEvent,
+)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    fb_total_mib: int
+    board_power_w: float
+    idle_power_w: float
+    slowdown_temp_c: float
+    shutdown_temp_c: float
+    sm_clock_max_mhz: int
+    mem_clock_mhz: int
+    c_per_w: float  # steady-state temperature rise per watt
+    nvlink: bool
+
+
+MODELS: dict[str, ModelSpec] = {
+    "H100": ModelSpec("NVIDIA H100 80GB HBM3", 81559, 700, 70, 87, 92, 1980, 2619, 0.045, True),
+    "A100": ModelSpec("NVIDIA A100-SXM4-80GB", 81920, 400, 55, 85, 92, 1410, 1593, 0.075, True),
+    "V100": ModelSpec("Tesla V100-SXM2-32GB", 32768, 300, 40, 84, 90, 1530, 877, 0.10, True),
+    "T4": ModelSpec("Tesla T4", 15360, 70, 10, 85, 94, 1590, 5001, 0.45, False),
+    "L4": ModelSpec("NVIDIA L4", 23034, 72, 12, 87, 95, 2040, 6251, 0.42, False),
+}
+
+AMBIENT_C = 30.0
+THERMAL_TAU_S = 40.0
+
+FaultKind = Literal["ecc_sbe_storm", "ecc_dbe", "xid", "thermal_runaway", "power_cap", "stuck_util", "dead"]
+
+
+class Fault(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: FaultKind
+    node: int = Field(ge=0)
+    gpu: int = Field(ge=0)
+    at_s: float = Field(ge=0, description="seconds after the scenario starts")
+    duration_s: float | None = Field(None, gt=0, description="None: until the end")
+    rate_per_s: float = Field(50.0, gt=0, description="ecc_sbe_storm: errors per second")
+    xid: int = Field(79, ge=1, description="xid: the XID code")
+    rise_c_per_s: float = Field(1.0, gt=0, description="thermal_runaway: extra heating per second")
+    cap_w: float | None = Field(None, gt=0, description="power_cap: watts (default 45% of board power)")
+
+    def active(self, t: float) -> bool:
+        return t >= self.at_s and (self.duration_s is None or t < self.at_s + self.duration_s)
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    seed: int = 0
+    duration_s: float = Field(1800, gt=0)
+    nodes: int = Field(2, ge=1, le=4096)
+    gpus_per_node: int = Field(8, ge=1, le=16)
+    models: list[str] = Field(default_factory=lambda: ["H100", "A100"], min_length=1)
+    node_prefix: str = "sim-node"
+    jitter_pct: float = Field(0.5, ge=0, le=20, description="utilisation jitter, percentage points")
+    faults: list[Fault] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> Scenario:
+        unknown = [m for m in self.models if m not in MODELS]
+        if unknown:
+            raise ValueError(f"models: unknown {unknown}; known: {sorted(MODELS)}")
+        for i, f in enumerate(self.faults):
+            if f.node >= self.nodes or f.gpu >= self.gpus_per_node:
+                raise ValueError(f"faults.{i}: node {f.node} gpu {f.gpu} is outside {self.nodes}x{self.gpus_per_node}")
+        return self
+
+    def node_name(self, i: int) -> str:
+        return f"{self.node_prefix}-{i:03d}"
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    p = Path(path)
+    if not p.exists() and not p.suffix:
+        p = SCENARIO_DIR / f"{p.name}.yaml"
+    try:
+        return Scenario.model_validate(yaml.safe_load(p.read_text()))
+    except OSError as exc:
+        raise ValueError(f"scenario {p}: cannot read: {exc.strerror}") from exc
+    except (yaml.YAMLError, ValidationError) as exc:
+        raise ValueError(f"scenario {p}: {exc}") from exc
+
+
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+def scenario_library() -> list[Path]:
+    return sorted(SCENARIO_DIR.glob("*.yaml"))
+
+
+def _jitter(seed: int, gpu: int, second: int) -> float:
+    """Deterministic noise in [-1, 1) for any (seed, gpu, second), independent of read order."""
+    h = (seed * 0x9E3779B1 + gpu * 0x85EBCA77 + second * 0xC2B2AE3D) & 0xFFFFFFFF
+    h ^= h >> 15
+    h = (h * 0x2C1B3C6D) & 0xFFFFFFFF
+    h ^= h >> 12
+    return h / 2**31 - 1.0
+
+
+class SimGpu:
+    def __init__(self, scenario: Scenario, node: int, index: int, util: np.ndarray, mem: np.ndarray, offset_min: int):
+        self.scenario = scenario
+        self.node = node
+        self.index = index
+        self.gid = node * scenario.gpus_per_node + index
+        self.spec = MODELS[scenario.models[self.gid % len(scenario.models)]]
+        self.util_series = util
+        mem_peak = float(mem.max()) or 1.0
+        # Scale the pod's memory curve onto this GPU: its peak uses up to 90% of the framebuffer.
+        self.mem_series = mem / mem_peak * (0.2 + 0.7 * ((self.gid * 7919) % 100) / 100) * self.spec.fb_total_mib
+        self.offset_min = offset_min
+        self.faults = [f for f in scenario.faults if f.node == node and f.gpu == index]
+        tag = zlib.crc32(scenario.name.encode())
+        self.uuid = f"GPU-{scenario.seed:08x}-{node:04x}-{index:04x}-{self.gid:04x}-{tag:012x}"
+        self.second = -1
+        self.temp = AMBIENT_C + self.spec.idle_power_w * self.spec.c_per_w
+        self.power = self.spec.idle_power_w
+        self.util = 0.0
+        self.mem = 0.0
+        self.energy_mj = 0.0
+        self.ecc_sbe = 0
+        self.ecc_dbe = 0
+        self.retired_dbe = 0
+        self.throttle = 0
+        self.power_limit = self.spec.board_power_w
+        self.dead = False
+        self.pending_xids: list[XidEvent] = []
+        self.sm_clock = self.spec.sm_clock_max_mhz
+
+    def _series_at(self, series: np.ndarray, t: float) -> float:
+        pos = (self.offset_min + t / 60.0) % len(series)
+        i = int(pos)
+        frac = pos - i
+        return float(series[i]) * (1 - frac) + float(series[(i + 1) % len(series)]) * frac
+
+    def advance_to(self, t: float, epoch: float) -> None:
+        target = int(math.floor(t))
+        while self.second < target:
+            self.second += 1
+            self._step(self.second, epoch)
+
+    def _active(self, kind: str, s: int) -> list[Fault]:
+        return [f for f in self.faults if f.kind == kind and f.active(s)]
+
+    def _onset(self, kind: str, s: int) -> list[Fault]:
+        return [f for f in self.faults if f.kind == kind and int(f.at_s) == s]
+
+    def _step(self, s: int, epoch: float) -> None:
+        spec = self.spec
+        if self._active("dead", s):
+            self.dead = True
+            return
+        jitter = self.scenario.jitter_pct * _jitter(self.scenario.seed, self.gid, s)
+        util = min(100.0, max(0.0, self._series_at(self.util_series, s) + jitter))
+        stuck = self._active("stuck_util", s)
+        self.util = 100.0 if stuck else util
+        self.mem = min(spec.fb_total_mib * 0.98, max(0.0, self._series_at(self.mem_series, s)))
+        # A hung kernel reads 100% busy while the SMs draw little: power follows real work.
+        work = 0.03 if stuck else util / 100.0
+        uncapped = spec.idle_power_w + (spec.board_power_w - spec.idle_power_w) * work**0.9
+        caps = self._active("power_cap", s)
+        self.power_limit = min([f.cap_w or 0.45 * spec.board_power_w for f in caps], default=spec.board_power_w)
+        throttle = 0
+        if uncapped > self.power_limit:
+            throttle |= THROTTLE_SW_POWER_CAP
+        power = min(uncapped, self.power_limit)
+        target_temp = AMBIENT_C + power * spec.c_per_w
+        self.temp += (target_temp - self.temp) / THERMAL_TAU_S
+        for f in self._active("thermal_runaway", s):
+            self.temp += f.rise_c_per_s
+        if self.temp >= spec.slowdown_temp_c:
+            throttle |= THROTTLE_HW_SLOWDOWN | THROTTLE_HW_THERMAL
+            power *= 0.7
+        if util < 1.0 and not stuck:
+            throttle |= THROTTLE_GPU_IDLE
+        self.temp = min(self.temp, spec.shutdown_temp_c + 5)
+        self.power = power
+        self.throttle = throttle
+        self.sm_clock = int(spec.sm_clock_max_mhz * (0.6 if throttle & ~THROTTLE_GPU_IDLE else 1.0))
+        self.energy_mj += power * 1000.0
+        for f in self._active("ecc_sbe_storm", s):
+            self.ecc_sbe += int(f.rate_per_s)
+        for _ in self._onset("ecc_dbe", s):
+            self.ecc_dbe += 1
+            self.retired_dbe += 1
+            self.pending_xids.append(XidEvent(self.index, epoch + s, 48))
+        for f in self._onset("xid", s):
+            self.pending_xids.append(XidEvent(self.index, epoch + s, f.xid))
+
+    def reading(self, ts: float, full: bool) -> Reading:
+        if self.dead:
+            raise GpuLost(f"{self.uuid}: GPU is lost (simulated fall off the bus)")
+        spec = self.spec
+        r = Reading(
+            ts=ts, full=full, util_gpu=round(self.util, 1), fb_used_mib=round(self.mem),
+            temp_c=round(self.temp, 1), power_w=round(self.power, 1), throttle_reasons=self.throttle,
+            ecc_sbe_volatile=self.ecc_sbe, ecc_dbe_volatile=self.ecc_dbe,
+        )
+        if full:
+            r.util_mem = round(self.util * 0.6, 1)
+            r.fb_free_mib = spec.fb_total_mib - r.fb_used_mib
+            r.sm_clock_mhz = self.sm_clock
+            r.mem_clock_mhz = spec.mem_clock_mhz
+            r.power_limit_w = self.power_limit
+            r.energy_mj = int(self.energy_mj)
+            r.ecc_sbe_aggregate = self.ecc_sbe
+            r.ecc_dbe_aggregate = self.ecc_dbe
+            r.retired_pages_dbe = self.retired_dbe
+            r.pcie_replays = 0
+            r.processes = [GpuProcess(10_000 + self.gid, int(self.mem))] if self.mem > 0 else []
+            busy = self.util / 100.0
+            r.prof_gr_engine_active = round(busy, 3)
+            r.prof_sm_active = round(busy * 0.8, 3)
+            r.prof_tensor_active = round(busy * 0.4, 3)
+            r.prof_dram_active = round(busy * 0.5, 3)
+        return r
+
+
+class SimCluster:
+    """All simulated nodes of one scenario, sharing one clock."""
+
+    def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None, epoch: float | None = None):
+        self.scenario = scenario
+        self.epoch = time.time() if epoch is None else epoch
+        self.clock = clock or time.time
+        duty, mem = traces.gentd26()
+        pods = sorted(set(duty) & set(mem))
+        rng = np.random.default_rng(scenario.seed)
+        self.gpus: list[list[SimGpu]] = []
+        for n in range(scenario.nodes):
+            row = []
+            for g in range(scenario.gpus_per_node):
+                pod = pods[int(rng.integers(len(pods)))]
+                row.append(SimGpu(scenario, n, g, duty[pod], mem[pod], int(rng.integers(0, len(duty[pod])))))
+            self.gpus.append(row)
+
+    def elapsed(self) -> float:
+        return self.clock() - self.epoch
+
+    def node(self, n: int) -> SimCollector:
+        return SimCollector(self, n)
+
+    def collectors(self) -> list[SimCollector]:
+        return [self.node(n) for n in range(self.scenario.nodes)]
+
+    def true_util(self, n: int, g: int, t: float) -> float:
+        gpu = self.gpus[n][g]
+        gpu.advance_to(t, self.epoch)
+        return gpu.util
+
+
+class SimCollector:
+    def __init__(self, cluster: SimCluster, node: int):
+        self.cluster = cluster
+        self.node_index = node
+        self.node = cluster.scenario.node_name(node)
+        self._gpus = cluster.gpus[node]
+
+    def devices(self) -> list[GpuDevice]:
+        out = []
+        for g in self._gpus:
+            spec = g.spec
+            peers = [o.uuid for o in self._gpus if o is not g and o.spec.nvlink and spec.nvlink]
+            out.append(GpuDevice(
+                uuid=g.uuid, index=g.index, model=spec.name, pci_bus_id=f"00000000:{0x18 + g.index * 0x10:02X}:00.0",
+                fb_total_mib=spec.fb_total_mib, power_limit_w=spec.board_power_w, power_max_w=spec.board_power_w,
+                idle_power_w=spec.idle_power_w, slowdown_temp_c=spec.slowdown_temp_c,
+                shutdown_temp_c=spec.shutdown_temp_c, nvlink_peers=peers, mig_enabled=False, gpm_supported=True,
+            ))
+        return out
+
+    def read(self, index: int, full: bool) -> Reading:
+        t = self.cluster.elapsed()
+        gpu = self._gpus[index]
+        gpu.advance_to(t, self.cluster.epoch)
+        return gpu.reading(self.cluster.epoch + t, full)
+
+    def xid_events(self) -> list[XidEvent]:
+        t = self.cluster.elapsed()
+        out: list[XidEvent] = []
+        for gpu in self._gpus:
+            gpu.advance_to(t, self.cluster.epoch)
+            out.extend(gpu.pending_xids)
+            gpu.pending_xids.clear()
+        return out
+
+    def set_power_limit(self, index: int, watts: float) -> None:
+        gpu = self._gpus[index]
+        lo, hi = gpu.spec.idle_power_w * 1.5, gpu.spec.board_power_w
+        if not lo <= watts <= hi:
+            raise ValueError(f"power limit {watts} W outside [{lo:.0f}, {hi:.0f}] W for {gpu.spec.name}")
+        gpu.faults = [f for f in gpu.faults if f.kind != "power_cap"]
+        gpu.faults.append(Fault(kind="power_cap", node=gpu.node, gpu=gpu.index, at_s=gpu.second + 1, cap_w=watts))
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,219 @@
+"""The agent's per-node loop, free of I/O timing: ``tick(now)`` reads, detects, scores and samples.
+
+The live agent calls ``tick`` from an asyncio loop; the sampling evaluation and the tests call it
+with a simulated clock. Both run exactly this code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agent.anomaly import GpuDetectors
+from agent.collectors.base import Collector
+from agent.health import HealthScorer
+from agent.readings import (
+    CRITICAL_XIDS,
+    POWER_THROTTLE_MASK,
+    THERMAL_THROTTLE_MASK,
+    GpuDevice,
+    GpuLost,
+    Reading,
+)
+from agent.sampling import AdaptiveSampler, SamplingPolicy
+from stream.events import EventKind, GpuEvent, GpuInfo, GpuSample, HealthBand, Severity, TelemetryBatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GpuTrack:
+    device: GpuDevice
+    sampler: AdaptiveSampler
+    detectors: GpuDetectors
+    health: HealthScorer
+    seq: int = 0
+    last_watch: Reading | None = None
+    last_sample: Reading | None = None
+    lost: bool = False
+    throttle: int = 0
+    last_xid: int | None = None
+    events: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class TickOutput:
+    samples: list[tuple[int, int, Reading]] = field(default_factory=list)  # (gpu index, seq, reading)
+    events: list[GpuEvent] = field(default_factory=list)
+
+
+class AgentCore:
+    def __init__(self, collector: Collector, policy: SamplingPolicy, clock: Callable[[], float] = time.time):
+        self.collector = collector
+        self.node = collector.node
+        self.clock = clock
+        self.policy = policy.for_node(self.node)
+        self.devices = collector.devices()
+        self.tracks = [
+            GpuTrack(d, AdaptiveSampler(self.policy, d.fb_total_mib, d.power_limit_w or 300.0),
+                     GpuDetectors(d, seed=d.index), HealthScorer(d.slowdown_temp_c or 87.0))
+            for d in self.devices
+        ]
+        self.watch_reads = 0
+        self.samples_taken = 0
+        self.next_watch = 0.0
+        self._event_ids = itertools.count()
+
+    def set_policy(self, policy: SamplingPolicy) -> None:
+        self.policy = policy.for_node(self.node)
+        for t in self.tracks:
+            t.sampler.set_policy(self.policy)
+
+    # ------------------------------------------------------------------ events
+
+    def _event(self, out: TickOutput, track: GpuTrack, ts: float, kind: EventKind, severity: Severity,
+               message: str, metric: str | None = None, value: float | None = None, score: float | None = None,
+               **attributes: str) -> None:
+        ev = GpuEvent(
+            event_id=f"{self.node}-{uuid.uuid4().hex[:12]}", ts_ms=int(ts * 1000), node=self.node,
+            gpu_uuid=track.device.uuid, kind=kind, severity=severity, metric=metric, value=value, score=score,
+            message=message, attributes=attributes,
+        )
+        track.events[kind] = track.events.get(kind, 0) + 1
+        out.events.append(ev)
+
+    def _health_events(self, out: TickOutput, track: GpuTrack, ts: float) -> None:
+        change = track.health.update_band()
+        if change is None:
+            return
+        old, new = change
+        severity = {HealthBand.CRITICAL: Severity.CRITICAL, HealthBand.DEGRADED: Severity.WARNING}.get(
+            new, Severity.INFO)
+        parts = ", ".join(f"{c}={v:.0f}" for c, v in track.health.components().items() if v < 100)
+        self._event(out, track, ts, EventKind.HEALTH_CHANGE, severity,
+                    f"health {old.value.lower()} -> {new.value.lower()} (score {track.health.score:.0f}; {parts})",
+                    metric="health_score", value=track.health.score, old_band=old.value, new_band=new.value)
+        track.sampler.snap()
+
+    def _throttle_events(self, out: TickOutput, track: GpuTrack, r: Reading) -> None:
+        now = r.throttle_reasons or 0
+        before = track.throttle
+        for mask, start, stop, what in (
+            (POWER_THROTTLE_MASK, EventKind.POWER_THROTTLE_START, EventKind.POWER_THROTTLE_STOP, "power"),
+            (THERMAL_THROTTLE_MASK, EventKind.THERMAL_THROTTLE_START, EventKind.THERMAL_THROTTLE_STOP, "thermal"),
+        ):
+            if now & mask and not before & mask:
+                self._event(out, track, r.ts, start, Severity.WARNING, f"{what} throttling started",
+                            metric="throttle_reasons", value=float(now), reasons=hex(now))
+                track.sampler.snap()
+            elif before & mask and not now & mask:
+                self._event(out, track, r.ts, stop, Severity.INFO, f"{what} throttling stopped",
+                            metric="throttle_reasons", value=float(now))
+        track.throttle = now
+
+    # ------------------------------------------------------------------ the loop
+
+    def tick(self, now: float | None = None) -> TickOutput:
+        now = self.clock() if now is None else now
+        out = TickOutput()
+        for x in self.collector.xid_events():
+            track = self.tracks[x.gpu_index]
+            track.health.learn_xid(x.ts, x.xid)
+            track.last_xid = x.xid
+            critical = x.xid in CRITICAL_XIDS
+            self._event(out, track, x.ts, EventKind.XID, Severity.CRITICAL if critical else Severity.WARNING,
+                        f"XID {x.xid}", metric="xid", value=float(x.xid), xid=str(x.xid))
+            track.sampler.snap()
+            self._health_events(out, track, x.ts)
+        if now + 1e-9 < self.next_watch:
+            return out
+        self.next_watch = now + self.policy.floor_s
+        for track in self.tracks:
+            if track.lost:
+                continue
+            try:
+                watch = self.collector.read(track.device.index, full=False)
+            except GpuLost as exc:
+                track.lost = True
+                track.health.learn_lost(now)
+                self._event(out, track, now, EventKind.HEALTH_CHANGE, Severity.CRITICAL, str(exc),
+                            metric="health_score", value=0.0, old_band=track.health.band.value, new_band="CRITICAL")
+                track.health.band = HealthBand.CRITICAL
+                continue
+            self.watch_reads += 1
+            track.last_watch = watch
+            self._throttle_events(out, track, watch)
+            for f in track.detectors.learn_one(watch):
+                kind = EventKind.ECC_SBE if f.detector == "ecc_sbe_rate" else EventKind.ANOMALY
+                if kind is EventKind.ANOMALY:
+                    track.health.learn_anomaly(watch.ts, f.detector)
+                self._event(out, track, watch.ts, kind, Severity.WARNING, f.message, metric=f.metric,
+                            value=f.value, score=f.score, detector=f.detector)
+                track.sampler.snap()
+            dbe_before = track.health._last_dbe
+            track.health.learn_one(watch)
+            if dbe_before is not None and (watch.ecc_dbe_volatile or 0) > dbe_before:
+                self._event(out, track, watch.ts, EventKind.ECC_DBE, Severity.CRITICAL,
+                            f"{watch.ecc_dbe_volatile - dbe_before} new double-bit ECC error(s)",
+                            metric="ecc_dbe_volatile", value=float(watch.ecc_dbe_volatile))
+                track.sampler.snap()
+            self._health_events(out, track, watch.ts)
+            if track.sampler.due(watch):
+                moved = track.sampler.urgent or track.sampler.outside_deadband(watch) is not None
+                try:
+                    sample = self.collector.read(track.device.index, full=True)
+                except GpuLost:
+                    continue  # seen as lost on the next watch read
+                track.seq += 1
+                self.samples_taken += 1
+                track.sampler.taken(sample, moved)
+                track.last_sample = sample
+                out.samples.append((track.device.index, track.seq, sample))
+        return out
+
+
+def _q(x: float | None, scale: float = 1.0) -> int | None:
+    return None if x is None else int(round(x * scale))
+
+
+class BatchBuilder:
+    """Collects one node's samples into a ``TelemetryBatch`` per flush window."""
+
+    def __init__(self, node: str, devices: list[GpuDevice]):
+        self.node = node
+        self.devices = {d.index: d for d in devices}
+        self.batch_seq = 0
+        self.pending: list[tuple[int, int, Reading]] = []
+
+    def add(self, samples: list[tuple[int, int, Reading]]) -> None:
+        self.pending.extend(samples)
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def build(self) -> TelemetryBatch | None:
+        if not self.pending:
+            return None
+        pending, self.pending = self.pending, []
+        self.batch_seq += 1
+        base_ms = int(min(r.ts for _, _, r in pending) * 1000)
+        order = sorted({i for i, _, _ in pending})
+        slot = {idx: n for n, idx in enumerate(order)}
+        gpus = [GpuInfo(self.devices[i].uuid, i, self.devices[i].model, self.devices[i].fb_total_mib) for i in order]
+        samples = [
+            GpuSample(
+                gpu=slot[i], seq=seq, dt_ms=int(r.ts * 1000) - base_ms,
+                util_gpu=_q(r.util_gpu) or 0, util_mem=_q(r.util_mem) or 0, fb_used_mib=_q(r.fb_used_mib) or 0,
+                power_dw=_q(r.power_w, 10) or 0, temp_c=_q(r.temp_c) or 0, sm_clock_mhz=r.sm_clock_mhz,
+                mem_temp_c=_q(r.mem_temp_c), ecc_sbe=r.ecc_sbe_volatile, ecc_dbe=r.ecc_dbe_volatile,
+                throttle_reasons=r.throttle_reasons, pcie_replays=r.pcie_replays, energy_mj=r.energy_mj,
+                sm_active_pm=_q(r.prof_sm_active, 1000), tensor_active_pm=_q(r.prof_tensor_active, 1000),
+                dram_active_pm=_q(r.prof_dram_active, 1000),
+            )
+            for i, seq, r in pending
+        ]
+        return TelemetryBatch(self.node, self.batch_seq, base_ms, gpus, samples)

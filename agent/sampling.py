@@ -1,0 +1,157 @@
+"""Adaptive sampling: how often a GPU's full sample is taken and published.
+
+Two rates, like DCGM's field watches. A handful of cheap *watch* fields (utilisation, memory,
+temperature, power, ECC counters, throttle reasons) are read at the policy's floor so faults are
+seen within a second or two. The *full sample* (every field, published on
+``gpu.telemetry.v1``) is taken at an interval that moves between floor and ceiling:
+
+- it grows by ``backoff`` after each sample while the watched metrics stay inside their deadbands;
+- it snaps to the floor when a watched metric leaves its deadband around the last published
+  value (so the published timeline never drifts further than the deadband), or on an anomaly,
+  a health-band change or an XID.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agent.readings import Reading
+
+
+class Deadbands(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    util_gpu: float = Field(3.0, gt=0, description="percentage points")
+    fb_used_pct: float = Field(2.0, gt=0, description="percent of the framebuffer")
+    temp_c: float = Field(3.0, gt=0)
+    power_pct: float = Field(8.0, gt=0, description="percent of the power limit")
+
+
+class PolicyOverride(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    floor_s: float | None = Field(None, ge=0.1, le=60)
+    ceiling_s: float | None = Field(None, ge=0.1, le=3600)
+    backoff: float | None = Field(None, gt=1, le=4)
+
+
+class SamplingPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    floor_s: float = Field(1.0, ge=0.1, le=60, description="fastest full-sample interval; also the watch interval")
+    ceiling_s: float = Field(30.0, ge=0.1, le=3600, description="slowest full-sample interval")
+    backoff: float = Field(1.5, gt=1, le=4, description="interval growth per stable sample")
+    deadbands: Deadbands = Deadbands()
+    flush_s: float = Field(5.0, ge=0.1, le=300, description="telemetry batch window")
+    nodes: dict[str, PolicyOverride] = Field(default_factory=dict, description="per-node overrides by node name")
+
+    @model_validator(mode="after")
+    def _check(self) -> SamplingPolicy:
+        if self.floor_s > self.ceiling_s:
+            raise ValueError(f"floor_s: {self.floor_s} is above ceiling_s {self.ceiling_s}")
+        for node, o in self.nodes.items():
+            floor = o.floor_s if o.floor_s is not None else self.floor_s
+            ceiling = o.ceiling_s if o.ceiling_s is not None else self.ceiling_s
+            if floor > ceiling:
+                raise ValueError(f"nodes.{node}.floor_s: {floor} is above ceiling_s {ceiling}")
+        return self
+
+    def for_node(self, node: str) -> SamplingPolicy:
+        o = self.nodes.get(node)
+        if o is None:
+            return self
+        return self.model_copy(update={k: v for k, v in o.model_dump().items() if v is not None} | {"nodes": {}})
+
+
+class PolicyError(ValueError):
+    """A sampling policy was rejected; the message names the field and the reason."""
+
+
+def parse_policy(text: str, source: str = "policy") -> SamplingPolicy:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"{source}: not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise PolicyError(f"{source}: top level must be a mapping, not {type(data).__name__}")
+    try:
+        return SamplingPolicy.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<policy>'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
+        raise PolicyError(f"{source}: {problems}") from None
+
+
+def load_policy(path: str | Path) -> SamplingPolicy:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise PolicyError(f"{p}: cannot read: {exc.strerror}") from exc
+    return parse_policy(text, str(p))
+
+
+class AdaptiveSampler:
+    """Per-GPU interval state. ``due(reading)`` says whether to take a full sample now."""
+
+    def __init__(self, policy: SamplingPolicy, fb_total_mib: float, power_limit_w: float):
+        self.policy = policy
+        self.fb_total_mib = fb_total_mib or 1.0
+        self.power_limit_w = power_limit_w or 1.0
+        self.interval = policy.floor_s
+        self.next_due = 0.0
+        self.last: Reading | None = None
+        self.urgent = False
+
+    def set_policy(self, policy: SamplingPolicy) -> None:
+        self.policy = policy
+        self.interval = min(max(self.interval, policy.floor_s), policy.ceiling_s)
+        self.next_due = min(self.next_due, (self.last.ts if self.last else 0.0) + self.interval)
+
+    def snap(self) -> None:
+        """An anomaly, health change or XID: sample now and at the floor after."""
+        self.urgent = True
+
+    def outside_deadband(self, r: Reading) -> str | None:
+        last = self.last
+        if last is None:
+            return "first"
+        d = self.policy.deadbands
+        checks = (
+            ("util_gpu", r.util_gpu, last.util_gpu, d.util_gpu),
+            ("fb_used", r.fb_used_mib, last.fb_used_mib, d.fb_used_pct * self.fb_total_mib / 100),
+            ("temp", r.temp_c, last.temp_c, d.temp_c),
+            ("power", r.power_w, last.power_w, d.power_pct * self.power_limit_w / 100),
+        )
+        for name, now, before, band in checks:
+            if now is not None and before is not None and abs(now - before) > band:
+                return name
+        if (r.ecc_sbe_volatile, r.ecc_dbe_volatile, r.throttle_reasons) != (
+            last.ecc_sbe_volatile, last.ecc_dbe_volatile, last.throttle_reasons):
+            return "counters"
+        return None
+
+    def due(self, watch: Reading) -> bool:
+        moved = self.outside_deadband(watch)
+        if self.urgent or moved is not None:
+            self.interval = self.policy.floor_s
+            return True
+        return watch.ts >= self.next_due
+
+    def taken(self, sample: Reading, changed: bool) -> float:
+        """Record a full sample; ``changed`` is whether it was taken because something moved."""
+        if changed or self.urgent:
+            self.interval = self.policy.floor_s
+        else:
+            self.interval = min(self.policy.ceiling_s, self.interval * self.policy.backoff)
+        self.urgent = False
+        self.last = sample
+        self.next_due = sample.ts + self.interval
+        return self.interval
