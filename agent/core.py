@@ -177,7 +177,7 @@ class AgentCore:
 
 
 def _q(x: float | None, scale: float = 1.0) -> int | None:
-    return None if x is None else int(round(x * scale))
+    return None if x is None else round(x * scale)
 
 
 class BatchBuilder:

@@ -141,7 +141,8 @@ def evaluate(paths: list[Path] | None = None, policy: SamplingPolicy | None = No
         "samples_adaptive": adaptive,
         "sample_reduction": round(fixed / max(adaptive, 1), 2),
         "watch_reads": sum(r.watch_reads for r in results),
-        "util_mae_pct_points": round(sum(r.abs_err_sum for r in results) / max(1, sum(r.abs_err_n for r in results)), 3),
+        "util_mae_pct_points": round(
+            sum(r.abs_err_sum for r in results) / max(1, sum(r.abs_err_n for r in results)), 3),
         "faults_injected": len(faults),
         "faults_detected": sum(f.detected for f in faults),
         "detection_delay_p95_s": round(float(np.percentile(delays, 95)), 2) if delays else None,

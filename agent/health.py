@@ -1,21 +1,12 @@
 """GPU health score 0-100, explainable: the sum of per-component penalties, each decaying as faults age.
 
-    score = clamp(100 - Σ penalty_c, 0, 100);  component health_c = 100 - penalty_c
+    score = clamp(100 - sum of penalty_c, 0, 100);  component health_c = 100 - penalty_c
 
-| component | penalty | half-life |
-| --- | --- | --- |
-| ecc | SBE rate: min(40, 12·log10(1 + errors/min)); each new DBE +60; uncorrectable remapped rows +20; remap failure 100 | 6 h (DBE), 10 min (rate) |
-| xid | critical XID (79, 48, 94, 95, 119, ...) +70; other XIDs +10 | 1 h |
-| thermal | 0 with ≥ 15 °C headroom to slowdown, rising linearly to 40 at slowdown; 60 while thermally throttled | 10 min |
-| power | 15 while power-capped or power-braked | 10 min |
-| throttle | 30 while HW slowdown is asserted | 10 min |
-| pcie | min(20, 6·log10(1 + replays/min)) | 30 min |
-| anomaly | per edge anomaly: stuck-busy +35, thermal runaway +20, multivariate +10 | 30 min |
-| availability | 100 when the GPU stops answering | none (until it answers) |
-
-Penalties take the larger of the instant value and the decayed stored value, so a fault's mark
-fades smoothly. Bands: healthy ≥ 80, degraded ≥ 50, critical below; the band only improves once
-the score is 3 points past the boundary, so it does not flap.
+The components (ecc, xid, thermal, power, throttle, pcie, anomaly, availability), their penalties
+and half-lives are tabled in docs/agent.md ("Health score"). Penalties take the larger of the
+instant value and the decayed stored value, so a fault's mark fades smoothly. Bands: healthy >= 80,
+degraded >= 50, critical below; the band only improves once the score is 3 points past the
+boundary, so it does not flap.
 """
 
 from __future__ import annotations

@@ -173,7 +173,7 @@ class SimGpu:
         return float(series[i]) * (1 - frac) + float(series[(i + 1) % len(series)]) * frac
 
     def advance_to(self, t: float, epoch: float) -> None:
-        target = int(math.floor(t))
+        target = math.floor(t)
         while self.second < target:
             self.second += 1
             self._step(self.second, epoch)
