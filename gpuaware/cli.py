@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -180,32 +181,169 @@ def show_config(obj: Context) -> None:
     click.echo(cfg.model_dump_json(indent=2))
 
 
+# --------------------------------------------------------------------------- agent
+
+
+@cli.command()
+@click.option("--collector", type=click.Choice(["nvml", "sim"]), default=None,
+              help="nvml: the GPUs of this node (default); sim: simulated GPUs replaying the GenTD26 traces.")
+@click.option("--scenario", default=None, help="sim: scenario name (agent/scenarios) or YAML file (default baseline).")
+@click.option("--nodes", "sim_nodes", type=int, default=None, help="sim: number of simulated nodes.")
+@click.option("--gpus-per-node", "sim_gpus", type=int, default=None, help="sim: GPUs per simulated node.")
+@click.option("--node-name", default=None, help="Node name (default: NODE_NAME env, then the hostname).")
+@click.option("--policy", "policy_path", default=None, help="Sampling policy YAML, hot-reloaded on change.")
+@click.option("--spool-dir", default=None, help="Disk spool for records not yet acknowledged by Kafka.")
+@click.option("--metrics-port", type=int, default=None, help="Port of /metrics (default 9400; 0 disables).")
+@click.option("--duration", type=float, default=None, help="Stop after this many seconds (default: run until stopped).")
+@click.pass_obj
+def agent(obj: Context, collector: str | None, scenario: str | None, sim_nodes: int | None, sim_gpus: int | None,
+          node_name: str | None, policy_path: str | None, spool_dir: str | None, metrics_port: int | None,
+          duration: float | None) -> None:
+    """Run the node agent: read GPUs, sample adaptively, detect anomalies, score health, publish to Kafka.
+
+    Serves dcgm-exporter-compatible metrics on /metrics; keeps sampling and spools to disk while
+    Kafka is unreachable; follows agent.control.v1 for sampling policies and power caps.
+    """
+    import asyncio
+
+    from agent.main import run_agent
+    from agent.sampling import PolicyError
+
+    cfg = obj.config(**{"agent.collector": collector, "agent.scenario": scenario, "agent.sim_nodes": sim_nodes,
+                        "agent.sim_gpus_per_node": sim_gpus, "agent.node_name": node_name,
+                        "agent.policy_path": policy_path, "agent.spool_dir": spool_dir,
+                        "metrics.port": metrics_port})
+    _setup("agent", cfg)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        runtime = await run_agent(cfg.agent, cfg.kafka, cfg.metrics.host, cfg.metrics.port, duration, stop)
+        log.info("agent stopped: %d samples, %d events published, %d records spooled, %d dropped",
+                 runtime.samples_published, runtime.events_published, runtime.spool.depth, runtime.spool.dropped)
+
+    try:
+        asyncio.run(main())
+    except (PolicyError, ValueError, RuntimeError, FileNotFoundError) as exc:
+        click.echo(f"gpuaware agent: {exc}", err=True)
+        sys.exit(2)
+
+
+# --------------------------------------------------------------------------- eval
+
+
+@cli.group("eval")
+def eval_group() -> None:
+    """Evaluate the pipeline's models against the real traces; figures print as JSON."""
+
+
+@eval_group.command("sampling")
+@click.option("--scenario", "scenarios", multiple=True,
+              help="Scenario name or YAML (repeatable; default: every scenario in agent/scenarios).")
+@click.option("--policy", "policy_path", default=None, help="Sampling policy YAML to evaluate (default policy).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def eval_sampling(scenarios: tuple[str, ...], policy_path: str | None, as_json: bool) -> None:
+    """Adaptive sampling vs fixed 1 s sampling over the fault scenarios (simulated clock).
+
+    Reports sample_reduction, util_mae_pct_points, faults_injected, faults_detected,
+    detection_delay_p95_s and false_alarms.
+    """
+    from pathlib import Path
+
+    from agent.collectors.sim import SCENARIO_DIR
+    from agent.evaluation import evaluate
+    from agent.sampling import PolicyError, load_policy
+
+    try:
+        policy = load_policy(policy_path) if policy_path else None
+        paths = [Path(s) if Path(s).exists() else SCENARIO_DIR / f"{s}.yaml" for s in scenarios] or None
+        result = evaluate(paths, policy)
+    except (PolicyError, ValueError, FileNotFoundError) as exc:
+        click.echo(f"gpuaware eval sampling: {exc}", err=True)
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    for key in ("sample_reduction", "util_mae_pct_points", "faults_injected", "faults_detected",
+                "detection_delay_p95_s", "false_alarms"):
+        click.echo(f"{key:24} {result[key]}")
+
+
+@eval_group.command("forecast", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def eval_forecast(ctx: click.Context) -> None:
+    """Prequential forecast evaluation on the GenTD26 series. Not built yet: tracked in issue 4."""
+    click.echo("gpuaware eval forecast: not built yet (tracked in issue 4).", err=True)
+    ctx.exit(NOT_BUILT_EXIT)
+
+
+# --------------------------------------------------------------------------- bench
+
+
+@cli.group()
+def bench() -> None:
+    """Benchmarks that print JSON figures (never timed assertions in tests)."""
+
+
+@bench.command("agent")
+@click.option("--seconds", type=float, default=60.0, show_default=True, help="Measured wall time.")
+@click.option("--gpus", type=int, default=8, show_default=True, help="Simulated GPUs on the node.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.pass_obj
+def bench_agent_cmd(obj: Context, seconds: float, gpus: int, as_json: bool) -> None:
+    """The agent's own cost at a 1 s floor: CPU, memory, bytes per GPU sample, DCGM text size.
+
+    Uses the broker named by --bootstrap-servers/GPUAWARE_KAFKA__BOOTSTRAP_SERVERS if given,
+    otherwise starts the embedded broker for the run.
+    """
+    from agent.benchmark import bench_agent
+
+    cfg = obj.config()
+    observability.setup("bench", log_level="warning")
+    if obj.flag_overrides.get("kafka.bootstrap_servers") or "GPUAWARE_KAFKA__BOOTSTRAP_SERVERS" in os.environ:
+        result = bench_agent(cfg.kafka, seconds=seconds, gpus=gpus)
+    else:
+        with LocalBroker(cfg.broker.model_copy(update={"port": 0})) as local:
+            result = bench_agent(local.kafka_settings(), seconds=seconds, gpus=gpus)
+    click.echo(json.dumps(result, indent=2) if as_json else "\n".join(f"{k:28} {v}" for k, v in result.items()))
+
+
+# (the stream, scheduler and pipeline benchmarks are added below, with the other parts not built yet)
+
+
 # --------------------------------------------------------------------------- parts built by later issues
 
 _LATER = {
-    "agent": ("Run the node agent (NVML or simulated GPUs) that streams telemetry to Kafka.", 3),
     "stream": ("Run the Faust stream workers: per-GPU state, River forecasts, derived-state topics.", 4),
     "scheduler": ("Run the scheduler (custom scheduler or extender) on live state from Kafka.", 6),
     "simulate": ("Replay the openb traces through the scheduling core and report the figures.", 5),
-    "eval": ("Evaluate sampling and forecasting against the real traces (JSON figures).", 3),
-    "bench": ("Benchmarks of the agent, stream, scheduler and pipeline (JSON figures).", 9),
 }
 
 
-def _not_built(name: str, issue: int) -> click.Command:
+def _not_built(name: str, help_text: str, issue: int, parent: str = "") -> click.Command:
+    full = f"gpuaware {parent + ' ' if parent else ''}{name}"
+
     @click.pass_context
     def run(ctx: click.Context, **_: Any) -> None:
-        click.echo(f"gpuaware {name}: not built yet (tracked in issue {issue}).", err=True)
+        click.echo(f"{full}: not built yet (tracked in issue {issue}).", err=True)
         ctx.exit(NOT_BUILT_EXIT)
 
     return click.Command(
-        name, callback=run, help=_LATER[name][0] + f"\n\nNot built yet: tracked in issue {issue}.",
+        name, callback=run, help=help_text + f"\n\nNot built yet: tracked in issue {issue}.",
         context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
     )
 
 
 for _name, (_help, _issue) in _LATER.items():
-    cli.add_command(_not_built(_name, _issue))
+    cli.add_command(_not_built(_name, _help, _issue))
+for _name, _help, _issue in (
+    ("stream", "Sustained GPU-samples/s through one Faust worker, end-to-end p99 latency.", 4),
+    ("scheduler", "Pods bound per second through the fake API server, p99 create-to-bind.", 6),
+    ("pipeline", "The whole pipeline at rising fleet sizes.", 9),
+):
+    bench.add_command(_not_built(_name, _help, _issue, parent="bench"))
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agent.settings import AgentSettings
 from gpuaware.localbroker import BrokerSettings
 from stream.kafka_settings import KafkaSettings
 
@@ -43,6 +44,7 @@ class GpuawareConfig(BaseModel):
     broker: BrokerSettings = BrokerSettings()
     log: LogSettings = LogSettings()
     metrics: MetricsSettings = MetricsSettings()
+    agent: AgentSettings = AgentSettings()
 
 
 class ConfigError(ValueError):

@@ -1,0 +1,60 @@
+"""Assemble and run the agent from configuration: collectors, runtime, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from agent.collectors.base import Collector
+from agent.collectors.sim import SimCluster, load_scenario
+from agent.exporter import AgentCollector
+from agent.runtime import AgentRuntime
+from agent.sampling import SamplingPolicy, load_policy
+from agent.settings import AgentSettings
+from stream.kafka_settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+
+def build_collectors(settings: AgentSettings) -> list[Collector]:
+    if settings.collector == "nvml":
+        from agent.collectors.nvml import NvmlCollector
+
+        return [NvmlCollector(settings.node_name or os.environ.get("NODE_NAME") or socket.gethostname())]
+    scenario = load_scenario(settings.scenario)
+    updates = {k: v for k, v in (("nodes", settings.sim_nodes), ("gpus_per_node", settings.sim_gpus_per_node))
+               if v is not None}
+    if updates:
+        scenario = scenario.model_validate({**scenario.model_dump(), **updates})
+    return list(SimCluster(scenario).collectors())
+
+
+def serve_metrics(runtime: AgentRuntime, host: str, port: int) -> None:
+    if port:
+        registry = CollectorRegistry()
+        registry.register(AgentCollector(runtime.cores, runtime.stats))
+        start_http_server(port, addr=host, registry=registry)
+        log.info("serving /metrics on %s:%d", host, port)
+
+
+async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host: str, metrics_port: int,
+                    duration_s: float | None, stop: asyncio.Event) -> AgentRuntime:
+    policy = load_policy(settings.policy_path) if settings.policy_path else SamplingPolicy()
+    collectors = build_collectors(settings)
+    Path(settings.spool_dir).mkdir(parents=True, exist_ok=True)
+    runtime = AgentRuntime(collectors, kafka, policy, settings.spool_dir, settings.policy_path,
+                           spool_max_bytes=settings.spool_max_mib * 2**20)
+    serve_metrics(runtime, metrics_host, metrics_port)
+    log.info("agent running: %d node(s), %d GPU(s), collector %s", len(runtime.cores),
+             sum(len(c.devices) for c in runtime.cores), settings.collector)
+    try:
+        await runtime.run(stop, duration_s)
+    finally:
+        for c in collectors:
+            c.close()
+    return runtime

@@ -1,0 +1,105 @@
+"""Delivery to Kafka through the disk spool: write-ahead, send in order, acknowledge, retry.
+
+Every record is appended to the spool first and removed only after Kafka acknowledged it, so
+while the broker is down the agent keeps sampling and the spool grows (bounded; the oldest is
+dropped and counted only past the bound). When the broker returns the backlog is replayed in
+order, then new records follow. Delivery is at-least-once: a record whose acknowledgement was
+lost is sent again (consumers deduplicate telemetry by node, GPU and sample ``seq``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from agent.exporter import AgentStats
+from agent.spool import DiskSpool, SpoolRecord
+from stream.kafka_settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+
+class Publisher:
+    def __init__(self, settings: KafkaSettings, spool: DiskSpool, stats: AgentStats, batch: int = 500,
+                 send_timeout_s: float = 10.0):
+        self.settings = settings
+        self.spool = spool
+        self.stats = stats
+        self.batch = batch
+        self.send_timeout_s = send_timeout_s
+        self.producer: AIOKafkaProducer | None = None
+        self._wake = asyncio.Event()
+        stats.spool_depth = lambda: spool.depth
+        stats.spool_bytes = lambda: spool.bytes
+        stats.dropped = lambda: spool.dropped
+
+    def enqueue(self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None = None):
+        self.spool.push(SpoolRecord(topic, key, value, headers or []))
+        self._wake.set()
+
+    async def _producer(self) -> AIOKafkaProducer:
+        if self.producer is None:
+            producer = AIOKafkaProducer(**self.settings.producer_kwargs())
+            try:
+                await asyncio.wait_for(producer.start(), self.send_timeout_s)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(producer.stop(), 5)
+                raise
+            self.producer = producer
+        return self.producer
+
+    async def _drop_producer(self) -> None:
+        producer, self.producer = self.producer, None
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), 5)
+
+    async def send_pending(self) -> int:
+        """Send what the spool holds, in order; return how many were acknowledged."""
+        sent = 0
+        while self.spool.depth:
+            records = self.spool.peek(self.batch)
+            producer = await self._producer()
+            futures = [await producer.send(r.topic, r.value, key=r.key, headers=r.headers or None) for r in records]
+            results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), self.send_timeout_s)
+            ok = 0
+            for r in results:
+                if isinstance(r, BaseException):
+                    break
+                ok += 1
+            self.spool.ack(ok)
+            sent += ok
+            self.stats.records_sent += ok
+            self.stats.bytes_sent += sum(len(r.value) + len(r.key or b"") for r in records[:ok])
+            if ok < len(records):
+                raise next(r for r in results if isinstance(r, BaseException))
+        return sent
+
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff = 0.5
+        while not stop.is_set():
+            if not self.spool.depth:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 0.5)
+                continue
+            try:
+                await self.send_pending()
+                backoff = 0.5
+            except (KafkaError, OSError, TimeoutError) as exc:
+                self.stats.publish_errors += 1
+                log.warning("publish failed, %d records spooled, retrying in %.1fs: %s", self.spool.depth, backoff,
+                            exc)
+                await self._drop_producer()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), backoff)
+                backoff = min(backoff * 2, 5.0)
+        # A last attempt so a clean shutdown leaves nothing behind when the broker is up.
+        with contextlib.suppress(KafkaError, OSError, TimeoutError):
+            await asyncio.wait_for(self.send_pending(), self.send_timeout_s)
+        await self._drop_producer()

@@ -1,0 +1,207 @@
+"""The live agent: one asyncio task per concern around the pure ``AgentCore``.
+
+Tasks: sampling (tick every node's core at the watch interval), flushing (telemetry batches per
+window, at once on an event), publishing (spool -> Kafka), control (``agent.control.v1``: policy
+and power caps), and the policy file watcher (hot reload of the mounted ConfigMap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+from aiokafka.structs import TopicPartition
+
+from agent.collectors.base import Collector
+from agent.core import AgentCore, BatchBuilder
+from agent.exporter import AgentStats
+from agent.publisher import Publisher
+from agent.sampling import PolicyError, SamplingPolicy, load_policy, parse_policy
+from agent.spool import DiskSpool
+from stream import events, observability, topics
+from stream.events import AgentControl, ControlKind
+from stream.kafka_settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+tracer = observability.tracer("gpuaware.agent")
+
+
+class AgentRuntime:
+    def __init__(self, collectors: Sequence[Collector], settings: KafkaSettings, policy: SamplingPolicy,
+                 spool_dir: str | Path, policy_path: str | Path | None = None,
+                 clock: Callable[[], float] = time.time, spool_max_bytes: int = 256 * 2**20):
+        self.settings = settings
+        self.policy = policy
+        self.policy_path = Path(policy_path) if policy_path else None
+        self.clock = clock
+        self.cores = [AgentCore(c, policy, clock) for c in collectors]
+        self.builders = [BatchBuilder(core.node, core.devices) for core in self.cores]
+        self.stats = AgentStats()
+        self.spool = DiskSpool(spool_dir, max_bytes=spool_max_bytes, segment_bytes=min(4 * 2**20, spool_max_bytes // 4))
+        self.publisher = Publisher(settings, self.spool, self.stats)
+        self._flush_now = asyncio.Event()
+        self.events_published = 0
+        self.samples_published = 0
+
+    # ------------------------------------------------------------------ policy
+
+    def apply_policy(self, policy: SamplingPolicy, nodes: set[str] | None = None) -> None:
+        for core in self.cores:
+            if nodes is None or core.node in nodes:
+                core.set_policy(policy)
+        if nodes is None:
+            self.policy = policy
+        self.stats.policy_reloads += 1
+
+    def apply_policy_text(self, text: str, source: str, nodes: set[str] | None = None) -> bool:
+        try:
+            policy = parse_policy(text, source)
+        except PolicyError as exc:
+            self.stats.policy_errors += 1
+            log.error("sampling policy rejected, keeping the current one: %s", exc)
+            return False
+        self.apply_policy(policy, nodes)
+        log.info("sampling policy applied from %s", source)
+        return True
+
+    async def watch_policy_file(self, stop: asyncio.Event, every_s: float = 2.0) -> None:
+        if self.policy_path is None:
+            return
+        last = None
+        while not stop.is_set():
+            try:
+                # ConfigMap volumes swap a symlink; stat() follows it, so mtime changes on update.
+                mtime = os.stat(self.policy_path).st_mtime_ns
+            except OSError:
+                mtime = None
+            if mtime is not None and mtime != last:
+                if last is not None:
+                    try:
+                        self.apply_policy(load_policy(self.policy_path))
+                        log.info("sampling policy reloaded from %s", self.policy_path)
+                    except PolicyError as exc:
+                        self.stats.policy_errors += 1
+                        log.error("sampling policy rejected, keeping the current one: %s", exc)
+                last = mtime
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every_s)
+
+    # ------------------------------------------------------------------ control topic
+
+    def handle_control(self, cmd: AgentControl) -> None:
+        targets = {c.node for c in self.cores} if cmd.target == "*" else {cmd.target}
+        mine = [c for c in self.cores if c.node in targets]
+        if not mine:
+            return
+        self.stats.control_commands[cmd.kind] = self.stats.control_commands.get(cmd.kind, 0) + 1
+        if cmd.kind is ControlKind.SAMPLING_POLICY and cmd.sampling_policy_yaml is not None:
+            self.apply_policy_text(cmd.sampling_policy_yaml, f"control {cmd.command_id}",
+                                   None if cmd.target == "*" else targets)
+        elif cmd.kind is ControlKind.POWER_CAP and cmd.power_cap_w is not None:
+            for core in mine:
+                for d in core.devices:
+                    if cmd.gpu_uuid in (None, d.uuid):
+                        try:
+                            core.collector.set_power_limit(d.index, cmd.power_cap_w)
+                            log.info("power cap %d W on %s", cmd.power_cap_w, d.uuid)
+                        except (ValueError, RuntimeError) as exc:
+                            log.error("power cap %s on %s rejected: %s", cmd.power_cap_w, d.uuid, exc)
+        else:
+            log.warning("control command %s of kind %s ignored", cmd.command_id, cmd.kind)
+
+    async def consume_control(self, stop: asyncio.Event) -> None:
+        """Read the compacted control topic from the beginning (last policy wins), then follow it."""
+        while not stop.is_set():
+            consumer = AIOKafkaConsumer(**self.settings.consumer_kwargs(None))
+            try:
+                await consumer.start()
+                parts = consumer.partitions_for_topic(topics.CONTROL) or {0}
+                tps = [TopicPartition(topics.CONTROL, p) for p in parts]
+                consumer.assign(tps)
+                await consumer.seek_to_beginning(*tps)
+                while not stop.is_set():
+                    batches = await consumer.getmany(timeout_ms=500)
+                    for records in batches.values():
+                        for rec in records:
+                            try:
+                                cmd = events.decode_for_topic(topics.CONTROL, rec.value)
+                            except events.DecodeError as exc:
+                                log.error("undecodable control record at offset %d: %s", rec.offset, exc)
+                                dlq, headers = events.dead_letter(topics.CONTROL, rec.partition, rec.offset, exc,
+                                                                  list(rec.headers or ()))
+                                self.publisher.enqueue(dlq, rec.key, rec.value or b"", headers)
+                                continue
+                            self.handle_control(cmd)
+            except (KafkaError, OSError) as exc:
+                log.warning("control consumer: %s; retrying", exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 2.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(consumer.stop(), 5)
+
+    # ------------------------------------------------------------------ sampling and flushing
+
+    def tick(self, now: float) -> None:
+        for core, builder in zip(self.cores, self.builders, strict=True):
+            out = core.tick(now)
+            builder.add(out.samples)
+            for ev in out.events:
+                with tracer.start_as_current_span("agent.event", attributes={"gpu": ev.gpu_uuid, "kind": ev.kind}):
+                    self.publisher.enqueue(topics.EVENTS, ev.key(), events.encode(ev), observability.inject_headers())
+                self.events_published += 1
+                self._flush_now.set()
+
+    def flush(self) -> None:
+        for builder in self.builders:
+            batch = builder.build()
+            if batch is None:
+                continue
+            with tracer.start_as_current_span("agent.publish", attributes={"node": batch.node,
+                                                                           "samples": len(batch.samples)}):
+                self.publisher.enqueue(topics.TELEMETRY, batch.key(), events.encode(batch),
+                                       observability.inject_headers())
+            self.samples_published += len(batch.samples)
+
+    async def sample_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            started = self.clock()
+            self.tick(started)
+            delay = max(0.0, min(c.policy.floor_s for c in self.cores) - (self.clock() - started))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+
+    async def flush_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._flush_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flush_now.wait(), self.policy.flush_s)
+            self.flush()
+        self.flush()
+
+    async def run(self, stop: asyncio.Event, duration_s: float | None = None, control: bool = True) -> None:
+        inner = asyncio.Event()
+
+        async def watchdog() -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), duration_s)
+            inner.set()
+
+        producers = [self.sample_loop(inner), self.flush_loop(inner), self.watch_policy_file(inner)]
+        if control:
+            producers.append(self.consume_control(inner))
+        publisher_stop = asyncio.Event()
+        publisher = asyncio.create_task(self.publisher.run(publisher_stop))
+        try:
+            await asyncio.gather(watchdog(), *producers)
+        finally:
+            # Stop sampling first, then let the publisher drain what the last flush spooled.
+            publisher_stop.set()
+            await publisher

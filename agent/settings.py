@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AgentSettings(BaseModel):
+    """The ``agent:`` section of the configuration (env ``GPUAWARE_AGENT__*``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    collector: Literal["nvml", "sim"] = "nvml"
+    node_name: str | None = Field(None, description="defaults to NODE_NAME (downward API), then the hostname")
+    scenario: str = Field("baseline", description="sim: a scenario name from agent/scenarios or a YAML path")
+    sim_nodes: int | None = Field(None, ge=1, le=4096, description="sim: override the scenario's node count")
+    sim_gpus_per_node: int | None = Field(None, ge=1, le=16)
+    policy_path: str | None = Field(None, description="sampling policy YAML, hot-reloaded")
+    spool_dir: str = "/var/lib/gpuaware/spool"
+    spool_max_mib: int = Field(256, ge=1, le=65536)
