@@ -2,10 +2,13 @@
 
 Each child is started with PR_SET_PDEATHSIG, so the kernel kills it if this process dies in any
 way (SIGKILL included); ``stop()`` handles the orderly path: SIGTERM, a grace period, SIGKILL.
+The signal fires when the *thread* that forked the child exits, so every child is forked from one
+long-lived spawner thread, whatever thread asks for it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import logging
@@ -21,6 +24,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuaware-spawner")
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -86,14 +90,10 @@ class ChildProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
             try:
-                self.proc = subprocess.Popen(
-                    self.argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=self.env,
-                    preexec_fn=_die_with_parent,
-                )
+                self.proc = _SPAWNER.submit(
+                    subprocess.Popen, self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    env=self.env, preexec_fn=_die_with_parent,
+                ).result()
             except OSError as exc:
                 raise RuntimeError(f"cannot run {self.name} ({self.argv[0]}): {exc}") from exc
         log.debug("started %s pid=%s", self.name, self.proc.pid)

@@ -125,13 +125,51 @@ def test_config_shows_the_merged_configuration_without_secrets():
     assert "hunter2" not in result.stdout
 
 
-@pytest.mark.parametrize("command", ["agent", "stream", "scheduler", "simulate", "eval", "bench", "broker", "up"])
+@pytest.mark.parametrize("command", ["agent", "stream", "scheduler", "simulate", "eval", "bench", "broker", "up",
+                                     "config"])
 def test_every_subcommand_has_help(command):
     result = run(command, "--help")
     assert result.returncode == 0 and "Usage: gpuaware" in result.stdout
 
 
 def test_parts_not_built_yet_say_so_and_fail():
-    result = run("agent", "--collector", "sim")
+    result = run("stream", "--workers", "2")
     assert result.returncode == 3
     assert "not built yet" in result.stderr
+
+
+@pytest.mark.broker
+def test_agent_runs_on_simulated_gpus_and_stops_cleanly(kafka_bootstrap, tmp_path):
+    env = {**ENV, "GPUAWARE_KAFKA__EMBEDDED_BROKER_COMPAT": "true"}
+    result = run("--bootstrap-servers", kafka_bootstrap, "agent", "--collector", "sim", "--scenario", "xid",
+                 "--spool-dir", str(tmp_path / "spool"), "--metrics-port", "0", "--duration", "4", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "agent stopped" in result.stderr and "0 records spooled, 0 dropped" in result.stderr
+
+
+def test_agent_rejects_a_bad_policy_at_start(tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("floor_s: 0\n")
+    result = run("agent", "--collector", "sim", "--policy", str(policy), "--spool-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "floor_s" in result.stderr
+
+
+def test_eval_sampling_prints_the_figures_as_json():
+    result = run("eval", "sampling", "--scenario", "ecc", "--scenario", "stuck-dead", "--json", timeout=120)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    for key in ("sample_reduction", "util_mae_pct_points", "faults_injected", "faults_detected",
+                "detection_delay_p95_s", "false_alarms"):
+        assert key in figures
+    assert figures["faults_injected"] == 4 and figures["scenarios"] == ["ecc", "stuck-dead"]
+
+
+@pytest.mark.broker
+def test_bench_agent_prints_the_figures_as_json():
+    result = run("bench", "agent", "--seconds", "3", "--gpus", "2", "--json", timeout=120)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    for key in ("cpu_percent_of_core", "rss_mib", "bytes_per_gpu_sample", "dcgm_text_bytes_per_gpu"):
+        assert figures[key] > 0, key
+    assert figures["gpus"] == 2 and figures["spool_dropped"] == 0
