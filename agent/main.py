@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from agent.collectors.base import Collector
 from agent.collectors.sim import SimCluster, load_scenario
 from agent.exporter import AgentCollector
+from agent.podresources import PodResourcesWatcher
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy, load_policy
 from agent.settings import AgentSettings
@@ -34,10 +35,10 @@ def build_collectors(settings: AgentSettings) -> list[Collector]:
     return list(SimCluster(scenario).collectors())
 
 
-def serve_metrics(runtime: AgentRuntime, host: str, port: int) -> None:
+def serve_metrics(runtime: AgentRuntime, host: str, port: int, pods: PodResourcesWatcher | None = None) -> None:
     if port:
         registry = CollectorRegistry()
-        registry.register(AgentCollector(runtime.cores, runtime.stats))
+        registry.register(AgentCollector(runtime.cores, runtime.stats, pods.lookup if pods else None))
         start_http_server(port, addr=host, registry=registry)
         log.info("serving /metrics on %s:%d", host, port)
 
@@ -49,12 +50,16 @@ async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host:
     Path(settings.spool_dir).mkdir(parents=True, exist_ok=True)
     runtime = AgentRuntime(collectors, kafka, policy, settings.spool_dir, settings.policy_path,
                            spool_max_bytes=settings.spool_max_mib * 2**20)
-    serve_metrics(runtime, metrics_host, metrics_port)
+    pods = PodResourcesWatcher(settings.pod_resources_socket).start()
+    if pods.available:
+        log.info("mapping GPUs to pods through %s", settings.pod_resources_socket)
+    serve_metrics(runtime, metrics_host, metrics_port, pods)
     log.info("agent running: %d node(s), %d GPU(s), collector %s", len(runtime.cores),
              sum(len(c.devices) for c in runtime.cores), settings.collector)
     try:
         await runtime.run(stop, duration_s)
     finally:
+        pods.stop()
         for c in collectors:
             c.close()
     return runtime

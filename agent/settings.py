@@ -18,3 +18,5 @@ class AgentSettings(BaseModel):
     policy_path: str | None = Field(None, description="sampling policy YAML, hot-reloaded")
     spool_dir: str = "/var/lib/gpuaware/spool"
     spool_max_mib: int = Field(256, ge=1, le=65536)
+    pod_resources_socket: str = Field("/var/lib/kubelet/pod-resources/kubelet.sock",
+                                      description="kubelet PodResources API; GPU metrics get pod labels when present")
