@@ -1,0 +1,54 @@
+"""On a machine with an NVIDIA GPU: exercise the NVML collector and the agent core, print what they read.
+
+Run from the project root: ``python bench/nvml_check.py`` (start a GPU load beside it to see non-idle values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from agent.collectors.nvml import NvmlCollector
+from agent.core import AgentCore
+from agent.exporter import AgentCollector, AgentStats
+from agent.sampling import SamplingPolicy
+
+
+def main() -> None:
+    c = NvmlCollector("gpu-box")
+    devs = c.devices()
+    print("DEVICES", json.dumps([dataclasses.asdict(d) for d in devs], default=str))
+
+    def present(r):
+        return {k: v for k, v in dataclasses.asdict(r).items() if v is not None}
+
+    for i in range(2):
+        print("FULL", i, json.dumps(present(c.read(0, full=True)), default=str))
+        time.sleep(1)
+    print("WATCH", json.dumps(present(c.read(0, full=False)), default=str))
+    for full in (False, True):
+        t, n = time.perf_counter(), 0
+        while time.perf_counter() - t < 2:
+            c.read(0, full=full)
+            n += 1
+        print(f"READ_US full={full}", round(2e6 / n, 1))
+    core = AgentCore(c, SamplingPolicy())
+    for i in range(6):
+        out = core.tick(time.time())
+        print("TICK", i, "samples", len(out.samples), "events", [(e.kind.value, e.message) for e in out.events],
+              "interval", core.tracks[0].sampler.interval)
+        time.sleep(1)
+    registry = CollectorRegistry()
+    registry.register(AgentCollector([core], AgentStats()))
+    wanted = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_PROF_PIPE_TENSOR", "DCGM_FI_PROF_SM_ACTIVE",
+              "gpuaware_gpu_health_score", "DCGM_FI_DEV_CLOCK_THROTTLE")
+    print("METRICS\n" + "\n".join(x for x in generate_latest(registry).decode().splitlines() if x.startswith(wanted)))
+    print("XIDS", c.xid_events())
+    c.close()
+
+
+if __name__ == "__main__":
+    main()
