@@ -313,12 +313,76 @@ def bench_agent_cmd(obj: Context, seconds: float, gpus: int, as_json: bool) -> N
 # (the stream, scheduler and pipeline benchmarks are added below, with the other parts not built yet)
 
 
+# --------------------------------------------------------------------------- simulate
+
+_OPENB = "../shared/traces/alibaba-openb"
+
+
+@cli.command()
+@click.option("--experiment", type=click.Choice(["fragmentation", "dynamic"]), default="fragmentation",
+              show_default=True, help="fragmentation: the ATC'23 FGD protocol; dynamic: lifetimes, tenants, faults.")
+@click.option("--nodes", "nodes_csv", default=f"{_OPENB}/openb_node_list_gpu_node.csv", show_default=True,
+              help="Node CSV (sn, cpu_milli, memory_mib, gpu, model).")
+@click.option("--pods", "pods_csv", default=f"{_OPENB}/openb_pod_list_default.csv", show_default=True,
+              help="Pod CSV of the openb columns.")
+@click.option("--policy", "policies", multiple=True, help="Policy (repeatable, or 'all'; default all).")
+@click.option("--seed", "seed_list", type=int, multiple=True, help="A seed (repeatable).")
+@click.option("--seeds", default=None, help="Seeds as '0-4' or '0,3' (default 0-4 unless --seed is given).")
+@click.option("--out", "out_dir", default=None, help="Directory for the JSON report and PNG plots.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on stdout.")
+def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str, ...], seed_list: tuple[int, ...],
+             seeds: str | None, out_dir: str | None, as_json: bool) -> None:
+    """Replay the openb traces through the scheduling core and report the figures.
+
+    Progress goes to stderr; with one policy, --json prints that policy's figures (policy,
+    unallocated_pct, decisions_per_s, p99_decision_ms), otherwise a report with every policy.
+    """
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from scheduler.sim.experiments import fragmentation_experiment, parse_seeds, resolve_policies
+    from scheduler.sim.openb import TraceError
+
+    try:
+        names = resolve_policies(list(policies))
+        seed_values = list(seed_list) or parse_seeds(seeds or "0-4")
+        if seeds and seed_list:
+            seed_values = sorted(set(seed_values) | set(parse_seeds(seeds)))
+        with Progress(transient=True, console=Console(stderr=True)) as bar:
+            task = bar.add_task("simulating", total=len(names) * len(seed_values))
+            done: set[str] = set()
+
+            def progress(label: str, fraction: float) -> None:
+                bar.update(task, description=label)
+                if fraction >= 1.0 and label not in done:
+                    done.add(label)
+                    bar.advance(task)
+
+            if experiment == "fragmentation":
+                report = fragmentation_experiment(nodes_csv, pods_csv, names, seed_values,
+                                                  Path(out_dir) if out_dir else None, progress)
+            else:
+                from scheduler.sim.dynamic import dynamic_experiment
+
+                report = dynamic_experiment(nodes_csv, pods_csv, names, seed_values,
+                                            Path(out_dir) if out_dir else None, progress)
+    except (TraceError, ValueError) as exc:
+        click.echo(f"gpuaware simulate: {exc}", err=True)
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(report["results"][0] if len(names) == 1 else report, indent=2))
+        return
+    for r in report["results"]:
+        click.echo(json.dumps(r))
+
+
 # --------------------------------------------------------------------------- parts built by later issues
 
 _LATER = {
     "stream": ("Run the Faust stream workers: per-GPU state, River forecasts, derived-state topics.", 4),
     "scheduler": ("Run the scheduler (custom scheduler or extender) on live state from Kafka.", 6),
-    "simulate": ("Replay the openb traces through the scheduling core and report the figures.", 5),
 }
 
 

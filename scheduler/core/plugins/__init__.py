@@ -1,0 +1,1 @@
+"""Scheduling plugins, one per file: filters return masks, scores return one value per candidate."""

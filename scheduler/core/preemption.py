@@ -1,0 +1,84 @@
+"""Victim selection: free enough capacity on one node at the least cost.
+
+Cost of evicting a running workload = a priority term (never evict equal or higher priority),
+the work lost since its last checkpoint (all of it when it cannot checkpoint), and a restart
+overhead. Borrowed work (its tenant over quota) is cheaper to reclaim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler.core.cluster import Allocation, ClusterState
+from scheduler.core.workload import Workload
+
+RESTART_OVERHEAD_S = 120.0
+PRIORITY_COST_S = 1e6
+
+
+@dataclass
+class Running:
+    workload: Workload
+    allocation: Allocation
+    started_s: float
+    done_s: float  # work already banked (checkpointed) before this start
+    checkpoint_every_s: float | None  # None: cannot checkpoint
+    borrowed: bool = False
+
+    def lost_if_evicted(self, now: float) -> float:
+        ran = max(0.0, now - self.started_s)
+        if self.checkpoint_every_s is None:
+            return self.done_s + ran
+        return ran % self.checkpoint_every_s
+
+
+def _fits(free: np.ndarray, cpu_free: int, mem_free: int, w: Workload) -> bool:
+    if cpu_free < w.cpu_milli or mem_free < w.memory_mib:
+        return False
+    if w.num_gpu == 0:
+        return True
+    if w.num_gpu == 1:
+        return bool((free >= w.gpu_milli).any())
+    return int((free >= 1000).sum()) >= w.num_gpu
+
+
+def select_victims(cluster: ClusterState, w: Workload, running: dict[str, Running], now: float,
+                   allowed_nodes: np.ndarray | None = None, max_nodes: int = 32,
+                   reclaim_borrowed: bool = False) -> tuple[int, list[Running]] | None:
+    """The node and the cheapest victims that make ``w`` fit there, or None.
+
+    Victims are preemptible workloads of lower priority, plus (``reclaim_borrowed``: ``w`` is within
+    its tenant's quota) other tenants' workloads running on borrowed capacity.
+    """
+    by_node: dict[int, list[Running]] = {}
+    for r in running.values():
+        lower = r.workload.priority < w.priority and r.workload.preemptible
+        reclaim = reclaim_borrowed and r.borrowed and r.workload.tenant != w.tenant
+        if lower or reclaim:
+            by_node.setdefault(r.allocation.node, []).append(r)
+    best: tuple[float, int, list[Running]] | None = None
+    # Most reclaimable GPU first: those nodes are likeliest to fit with the fewest victims.
+    order = sorted(by_node, key=lambda n: -sum(sum(r.allocation.milli) for r in by_node[n]))
+    for n in order[:max_nodes]:
+        if allowed_nodes is not None and not allowed_nodes[n]:
+            continue
+        free = cluster.gpu_free[n].copy()
+        free[~cluster.gpu_exists[n] | (cluster.band[n] >= 2)] = -1
+        cpu, mem = int(cluster.cpu_free[n]), int(cluster.mem_free[n])
+        chosen, cost = [], 0.0
+        victims = sorted(by_node[n], key=lambda r: (not r.borrowed, r.workload.priority, r.lost_if_evicted(now)))
+        for r in victims:
+            if _fits(free, cpu, mem, w):
+                break
+            chosen.append(r)
+            cost += (PRIORITY_COST_S * (r.workload.priority + 1) * (0.5 if r.borrowed else 1.0)
+                     + r.lost_if_evicted(now) + RESTART_OVERHEAD_S)
+            for g, m in zip(r.allocation.gpus, r.allocation.milli, strict=True):
+                free[g] += m
+            cpu += r.allocation.cpu_milli
+            mem += r.allocation.memory_mib
+        if chosen and _fits(free, cpu, mem, w) and (best is None or cost < best[0]):
+            best = (cost, n, chosen)
+    return None if best is None else (best[1], best[2])

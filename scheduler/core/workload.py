@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Workload:
+    """A request to place. ``num_gpu`` GPUs of ``gpu_milli`` each (fractions only for one GPU).
+
+    A plain ``nvidia.com/gpu: N`` request is ``num_gpu=N, gpu_milli=1000``.
+    """
+
+    id: str
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    num_gpu: int = 0
+    gpu_milli: int = 1000
+    gpu_memory_mib: int = 0
+    models: tuple[str, ...] = ()  # allowed GPU models; empty = any
+    tenant: str = "default"
+    priority: int = 0
+    qos: str = "BE"
+    preemptible: bool = True
+    checkpointable: bool = False
+    deferrable: bool = False
+    gang: str | None = None
+    duration_s: float | None = None
+    submit_s: float = 0.0
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_gpu < 0 or not 0 < self.gpu_milli <= 1000:
+            raise ValueError(f"{self.id}: num_gpu must be >= 0 and gpu_milli in (0, 1000]")
+        if self.num_gpu > 1 and self.gpu_milli != 1000:
+            raise ValueError(f"{self.id}: fractions are for one GPU only ({self.num_gpu} x {self.gpu_milli})")
+
+    @property
+    def shares_gpu(self) -> bool:
+        return self.num_gpu == 1 and self.gpu_milli < 1000
+
+    @property
+    def gpu_milli_total(self) -> int:
+        return self.num_gpu * self.gpu_milli if self.num_gpu else 0

@@ -1,0 +1,320 @@
+"""The dynamic experiment: the trace with its lifetimes, synthesized tenants and priorities, GPU faults.
+
+What the trace lacks is synthesized, deterministically from the seed and the pod name:
+
+- **time**: arrivals keep their order and relative spacing, compressed (bisection on the factor) so
+  the mean requested GPU of the jobs that would be running, over the arrival span, is
+  ``target_load`` of the cluster's capacity; durations are deletion - creation, capped at
+  ``max_duration_s``;
+- **priority** from QoS: LS -> high (2), Burstable/Guaranteed -> medium (1), BE -> low (0);
+  high is not preemptible; BE work checkpoints every ``checkpoint_every_s``;
+- **tenants**: four, with weights 4:3:2:1, by a hash of the pod name; quotas proportional to weight;
+- **faults**: every ``fault_every_s`` a random GPU turns critical for ``fault_duration_s``.
+
+``gpuaware`` runs its full stack: FGD+best-fit placement with GPU sharing, DRF-fair queue order,
+quotas with borrowing, checkpoint-aware preemption, and migration (checkpoint then move) off a
+failing GPU. Every other policy runs what a cluster does today around its placement plugin:
+priority-then-FIFO order, kube-style preemption (victims restart from scratch), and a failing GPU
+kills its workloads (they restart from scratch). ``k8s-default`` also rounds fractions up to whole GPUs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from scheduler.core.cluster import ClusterState
+from scheduler.core.framework import Scheduler
+from scheduler.core.policies import profile
+from scheduler.core.preemption import Running, select_victims
+from scheduler.core.queue import Tenant, TenantLedger, fair_order
+from scheduler.core.workload import Workload
+from scheduler.sim.openb import load_nodes, load_pods, task_types
+from stream.events import HealthBand
+
+PRIORITY_NAMES = {2: "high", 1: "medium", 0: "low"}
+QOS_PRIORITY = {"LS": 2, "Guaranteed": 1, "Burstable": 1, "BE": 0}
+TENANT_WEIGHTS = {"team-a": 4.0, "team-b": 3.0, "team-c": 2.0, "team-d": 1.0}
+
+
+@dataclass
+class DynamicConfig:
+    target_load: float = 1.1
+    max_duration_s: float = 24 * 3600.0
+    checkpoint_every_s: float = 600.0
+    fault_every_s: float = 6 * 3600.0
+    fault_duration_s: float = 2 * 3600.0
+    max_pods: int | None = None
+    pass_budget: int = 64
+
+
+@dataclass
+class JobStats:
+    workload: Workload
+    duration_s: float
+    banked_s: float = 0.0
+    first_start_s: float | None = None
+    finish_s: float | None = None
+    epoch: int = 0
+
+
+@dataclass
+class DynamicResult:
+    policy: str
+    seed: int
+    jobs: dict[str, JobStats] = field(default_factory=dict)
+    preemptions: int = 0
+    migrations: int = 0
+    killed_by_faults: int = 0
+    requested_gpu_s: float = 0.0
+    allocated_gpu_s: float = 0.0
+    served_by_tenant: dict[str, float] = field(default_factory=dict)
+    demand_by_tenant: dict[str, float] = field(default_factory=dict)
+    latencies_s: list[float] = field(default_factory=list)
+    end_s: float = 0.0
+
+
+def _tenant(name: str, seed: int) -> str:
+    h = zlib.crc32(f"{seed}:{name}".encode()) % 10
+    return "team-a" if h < 4 else "team-b" if h < 7 else "team-c" if h < 9 else "team-d"
+
+
+def offered_load(arrivals: np.ndarray, durations: np.ndarray, milli: np.ndarray, capacity: float) -> float:
+    """Mean requested GPU of the jobs running, over the arrival span, as a share of capacity."""
+    grid = np.linspace(0.0, max(arrivals[-1], 1.0), 512)
+    starts = np.searchsorted(grid, arrivals)
+    ends = np.searchsorted(grid, arrivals + durations)
+    delta = np.zeros(len(grid) + 1)
+    np.add.at(delta, starts, milli)
+    np.add.at(delta, ends, -milli)
+    return float(np.cumsum(delta)[: len(grid)].mean() / capacity)
+
+
+def time_factor(arrivals: np.ndarray, durations: np.ndarray, milli: np.ndarray, capacity: float,
+                target: float) -> float:
+    lo, hi = 1e-7, 1.0  # log-space bisection: a smaller factor packs arrivals closer, raising the load
+    if offered_load(arrivals * hi, durations, milli, capacity) >= target:
+        return hi
+    for _ in range(40):
+        mid = (lo * hi) ** 0.5
+        if offered_load(arrivals * mid, durations, milli, capacity) >= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def make_jobs(pods, capacity_milli: int, seed: int, cfg: DynamicConfig) -> list[tuple[float, Workload, float]]:
+    usable = [p for p in pods if p.deletion_s is not None and p.deletion_s > p.creation_s]
+    usable.sort(key=lambda p: (p.creation_s, p.workload.id))
+    if cfg.max_pods:
+        usable = usable[: cfg.max_pods]
+    durations = [min(p.deletion_s - p.creation_s, cfg.max_duration_s) for p in usable]
+    factor = time_factor(np.array([p.creation_s - usable[0].creation_s for p in usable]), np.array(durations),
+                         np.array([p.workload.gpu_milli_total for p in usable], dtype=float), capacity_milli,
+                         cfg.target_load)
+    jobs = []
+    for p, d in zip(usable, durations, strict=True):
+        prio = QOS_PRIORITY.get(p.workload.qos, 0)
+        w = Workload(p.workload.id, p.workload.cpu_milli, p.workload.memory_mib, p.workload.num_gpu,
+                     p.workload.gpu_milli, models=p.workload.models, tenant=_tenant(p.workload.id, seed),
+                     priority=prio, qos=p.workload.qos, preemptible=prio < 2, checkpointable=prio == 0,
+                     duration_s=d, submit_s=(p.creation_s - usable[0].creation_s) * factor)
+        jobs.append((w.submit_s, w, d))
+    return jobs
+
+
+def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None = None,
+                progress: Callable[[float], None] | None = None) -> DynamicResult:
+    cfg = cfg or DynamicConfig()
+    full = policy == "gpuaware"
+    cluster = ClusterState(nodes)
+    scheduler = Scheduler(profile(policy, task_types(pods), seed, task_types(pods, with_models=True)), seed=seed)
+    rng = np.random.default_rng(seed)
+    total_w = sum(TENANT_WEIGHTS.values())
+    ledger = TenantLedger({t: Tenant(t, wt, int(cluster.total_gpu_milli * wt / total_w)) for t, wt in
+                           TENANT_WEIGHTS.items()}, cluster.total_gpu_milli, int(cluster.mem_cap.sum()))
+    res = DynamicResult(policy, seed)
+    events: list[tuple[float, int, str, object]] = []
+    seq = 0
+
+    def push(t: float, kind: str, payload: object) -> None:
+        nonlocal seq
+        heapq.heappush(events, (t, seq, kind, payload))
+        seq += 1
+
+    jobs = make_jobs(pods, cluster.total_gpu_milli, seed, cfg)
+    for t, w, d in jobs:
+        res.jobs[w.id] = JobStats(w, d)
+        res.demand_by_tenant[w.tenant] = res.demand_by_tenant.get(w.tenant, 0.0) + w.gpu_milli_total * d
+        push(t, "arrive", w)
+    horizon = jobs[-1][0] + cfg.max_duration_s
+    t = cfg.fault_every_s
+    gpus = np.argwhere(cluster.gpu_exists)
+    while t < horizon:
+        n, g = gpus[int(rng.integers(len(gpus)))]
+        push(t, "fault", (int(n), int(g)))
+        push(t + cfg.fault_duration_s, "recover", (int(n), int(g)))
+        t += cfg.fault_every_s
+
+    pending: list[Workload] = []
+    running: dict[str, Running] = {}
+
+    def account(r: Running, now: float) -> float:
+        ran = max(0.0, now - r.started_s)
+        req = r.workload.gpu_milli_total / 1000 * ran
+        res.requested_gpu_s += req
+        res.allocated_gpu_s += sum(r.allocation.milli) / 1000 * ran
+        res.served_by_tenant[r.workload.tenant] = res.served_by_tenant.get(r.workload.tenant, 0.0) + req * 1000
+        return ran
+
+    def stop(r: Running, now: float, keep_progress: bool) -> None:
+        cluster.release(r.workload.id)
+        ledger.charge(r.workload, -1)
+        del running[r.workload.id]
+        ran = account(r, now)
+        job = res.jobs[r.workload.id]
+        if keep_progress:
+            job.banked_s += ran if r.checkpoint_every_s is None else ran - ran % r.checkpoint_every_s
+        else:
+            job.banked_s = 0.0
+        job.epoch += 1
+        pending.append(r.workload)
+
+    def start(w: Workload, alloc, now: float) -> None:
+        job = res.jobs[w.id]
+        borrowed = full and not ledger.within_quota(w)
+        ledger.charge(w, 1)
+        running[w.id] = Running(w, alloc, now, job.banked_s,
+                                cfg.checkpoint_every_s if (w.checkpointable and full) else None, borrowed)
+        if job.first_start_s is None:
+            job.first_start_s = now
+        push(now + max(1.0, job.duration_s - job.banked_s), "finish", (w.id, job.epoch))
+
+    def schedule_pass(now: float) -> None:
+        order = fair_order(pending, ledger if full else None)
+        blocked: set[tuple] = set()
+        attempts = 0
+        for w in order:
+            if attempts >= cfg.pass_budget:
+                break
+            shape = (w.priority, w.cpu_milli, w.memory_mib, w.num_gpu, w.gpu_milli, w.models)
+            if shape in blocked:
+                continue
+            attempts += 1
+            d = scheduler.schedule(cluster, w)
+            res.latencies_s.append(d.latency_s)
+            if d.allocation is None and w.priority > 0 or (d.allocation is None and full and ledger.within_quota(w)):
+                pick = select_victims(cluster, w, running, now,
+                                      reclaim_borrowed=full and ledger.within_quota(w))
+                if pick is not None:
+                    for victim in pick[1]:
+                        stop(victim, now, keep_progress=full)
+                        res.preemptions += 1
+                    d = scheduler.schedule(cluster, w)
+            if d.allocation is None:
+                blocked.add(shape)
+                continue
+            pending.remove(w)
+            start(w, d.allocation, now)
+
+    total_events = len(events)
+    handled = 0
+    while events:
+        now, _, kind, payload = heapq.heappop(events)
+        handled += 1
+        if kind == "arrive":
+            pending.append(payload)
+        elif kind == "finish":
+            wid, epoch = payload
+            job = res.jobs[wid]
+            if wid not in running or epoch != job.epoch:
+                continue
+            r = running.pop(wid)
+            running[wid] = r  # stop() expects it registered
+            cluster.release(wid)
+            ledger.charge(r.workload, -1)
+            del running[wid]
+            account(r, now)
+            job.finish_s = now
+        elif kind == "fault":
+            n, g = payload
+            cluster.set_band(n, g, HealthBand.CRITICAL)
+            for r in [r for r in running.values() if r.allocation.node == n and g in r.allocation.gpus]:
+                stop(r, now, keep_progress=full)
+                if full:
+                    res.migrations += 1
+                else:
+                    res.killed_by_faults += 1
+        elif kind == "recover":
+            cluster.set_band(*payload, HealthBand.HEALTHY)
+        if pending:
+            schedule_pass(now)
+        res.end_s = now
+        if progress and handled % 2000 == 0:
+            progress(handled / max(total_events, 1))
+    return res
+
+
+def summarize(results: list[DynamicResult]) -> dict:
+    def per_priority(fn) -> dict[str, float | None]:
+        out = {}
+        for prio, name in PRIORITY_NAMES.items():
+            vals = [v for r in results for j in r.jobs.values() if j.workload.priority == prio
+                    and (v := fn(j)) is not None]
+            out[name] = vals
+        return out
+
+    waits = per_priority(lambda j: None if j.first_start_s is None else j.first_start_s - j.workload.submit_s)
+    jcts = per_priority(lambda j: None if j.finish_s is None else j.finish_s - j.workload.submit_s)
+    jain = []
+    for r in results:
+        x = np.array([min(1.0, r.served_by_tenant.get(t, 0.0) / d) for t, d in r.demand_by_tenant.items() if d > 0])
+        jain.append(float(x.sum() ** 2 / (len(x) * (x**2).sum())) if len(x) and (x**2).sum() > 0 else 1.0)
+    lat = np.concatenate([np.asarray(r.latencies_s) for r in results])
+    unfinished = sum(1 for r in results for j in r.jobs.values() if j.finish_s is None)
+    return {
+        "policy": results[0].policy,
+        "seeds": [r.seed for r in results],
+        "jobs": sum(len(r.jobs) for r in results),
+        "unfinished": unfinished,
+        "queue_wait_mean_s": {k: round(float(np.mean(v)), 1) if v else None for k, v in waits.items()},
+        "queue_wait_p95_s": {k: round(float(np.percentile(v, 95)), 1) if v else None for k, v in waits.items()},
+        "mean_jct_s": {k: round(float(np.mean(v)), 1) if v else None for k, v in jcts.items()},
+        "busy_share_of_allocated": round(sum(r.requested_gpu_s for r in results)
+                                         / max(sum(r.allocated_gpu_s for r in results), 1e-9), 4),
+        "jain_fairness": round(float(np.mean(jain)), 4),
+        "preemptions": sum(r.preemptions for r in results),
+        "migrations": sum(r.migrations for r in results),
+        "killed_by_faults": sum(r.killed_by_faults for r in results),
+        "decisions_per_s": round(float(len(lat) / max(lat.sum(), 1e-9)), 1),
+        "p99_decision_ms": round(float(np.percentile(lat, 99) * 1000), 3) if len(lat) else None,
+    }
+
+
+def dynamic_experiment(nodes_csv: str, pods_csv: str, policies: list[str], seeds: list[int],
+                       out_dir: Path | None = None, progress=None, cfg: DynamicConfig | None = None) -> dict:
+    nodes = load_nodes(nodes_csv)
+    pods = load_pods(pods_csv)
+    summaries = []
+    for policy in policies:
+        runs = []
+        for seed in seeds:
+            label = f"{policy} seed {seed}"
+            runs.append(run_dynamic(nodes, pods, policy, seed, cfg,
+                                    (lambda f, label=label: progress(label, f)) if progress else None))
+            if progress:
+                progress(label, 1.0)
+        summaries.append(summarize(runs))
+    report = {"experiment": "dynamic", "nodes": nodes_csv, "pods": pods_csv, "seeds": seeds,
+              "config": (cfg or DynamicConfig()).__dict__, "results": summaries}
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"dynamic-{Path(pods_csv).stem}.json").write_text(json.dumps(report, indent=2))
+    return report

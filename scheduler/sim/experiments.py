@@ -1,0 +1,64 @@
+"""Entry points of ``gpuaware simulate``: run an experiment for policies and seeds, write the report."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from scheduler.core.policies import POLICIES
+from scheduler.sim.fragmentation import run_fragmentation, summarize
+from scheduler.sim.openb import load_nodes, load_pods
+
+Progress = Callable[[str, float], None]
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-4' or '0,2,7' -> seeds."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            out.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            out.append(int(part))
+    if not out:
+        raise ValueError(f"no seeds in {text!r}")
+    return out
+
+
+def resolve_policies(names: list[str]) -> list[str]:
+    if not names or names == ["all"]:
+        return list(POLICIES)
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policy {unknown}; known: {', '.join(POLICIES)}")
+    return names
+
+
+def fragmentation_experiment(nodes_csv: str, pods_csv: str, policies: list[str], seeds: list[int],
+                             out_dir: Path | None = None, progress: Progress | None = None) -> dict:
+    nodes = load_nodes(nodes_csv)
+    pods = load_pods(pods_csv)
+    summaries = []
+    for policy in policies:
+        runs = []
+        for seed in seeds:
+            label = f"{policy} seed {seed}"
+            runs.append(run_fragmentation(nodes, pods, policy, seed,
+                                          (lambda f, label=label: progress(label, f)) if progress else None))
+            if progress:
+                progress(label, 1.0)
+        summaries.append(summarize(runs))
+    report = {"experiment": "fragmentation", "nodes": nodes_csv, "pods": pods_csv, "gpus": sum(n.gpus for n in nodes),
+              "seeds": seeds, "results": summaries}
+    if out_dir is not None:
+        from scheduler.sim.report import plot_fragmentation
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stem = Path(pods_csv).stem
+        (out_dir / f"fragmentation-{stem}.json").write_text(json.dumps(report, indent=2))
+        report["plot"] = str(plot_fragmentation(summaries, out_dir / f"fragmentation-{stem}.png",
+                                                f"{stem}: {len(nodes)} nodes, {report['gpus']} GPUs, seeds {seeds}"))
+    return report

@@ -1,0 +1,190 @@
+"""The scheduling core: each plugin alone, and the invariants over random clusters (hypothesis)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
+from scheduler.core.framework import CycleContext, Profile, Scheduler
+from scheduler.core.plugins.bestfit import BestFit
+from scheduler.core.plugins.clustering import Clustering
+from scheduler.core.plugins.fgd import FragmentationGradient, TaskTypes, fragmentation
+from scheduler.core.plugins.health import HealthFilter
+from scheduler.core.plugins.least_allocated import LeastAllocated
+from scheduler.core.plugins.model_affinity import ModelAffinity
+from scheduler.core.plugins.packing import GpuPacking
+from scheduler.core.policies import POLICIES, profile
+from scheduler.core.preemption import Running, select_victims
+from scheduler.core.queue import Tenant, TenantLedger, fair_order
+from scheduler.core.workload import Workload
+from stream.events import HealthBand
+
+TYPES = TaskTypes.from_counts({(1000, 1024, 1, 1000): 3, (1000, 1024, 1, 500): 1, (0, 0, 0, 0): 1})
+
+
+def cluster(*gpus_per_node: int, model: str = "V100", cpu: int = 32000) -> ClusterState:
+    return ClusterState([NodeSpec(f"n{i}", cpu, 262144, g, model, 16384) for i, g in enumerate(gpus_per_node)])
+
+
+def scheduler_with(*scores, filters=None) -> Scheduler:
+    return Scheduler(Profile("t", filters or [ModelAffinity(), HealthFilter()], [(s, 1.0) for s in scores]))
+
+
+def test_a_plain_gpu_request_is_whole_gpus():
+    w = Workload("plain", 1000, 1024, num_gpu=2)
+    assert w.gpu_milli == 1000 and not w.shares_gpu and w.gpu_milli_total == 2000
+    with pytest.raises(ValueError, match="fractions are for one GPU only"):
+        Workload("bad", num_gpu=2, gpu_milli=500)
+
+
+def test_model_affinity_keeps_workloads_on_allowed_models():
+    c = ClusterState([NodeSpec("t4", 32000, 65536, 2, "T4"), NodeSpec("v100", 32000, 65536, 2, "V100")])
+    d = scheduler_with(LeastAllocated()).schedule(c, Workload("w", 1000, 1024, 1, 1000, models=("V100",)))
+    assert c.names[d.allocation.node] == "v100"
+    d = scheduler_with(LeastAllocated()).schedule(c, Workload("x", 1000, 1024, 1, 1000, models=("A100",)))
+    assert d.allocation is None and "gpu model not allowed" in d.reasons[0]
+
+
+def test_critical_gpus_take_nothing_and_degraded_only_preemptible_work():
+    c = cluster(2)
+    c.set_band(0, 0, HealthBand.CRITICAL)
+    c.set_band(0, 1, HealthBand.DEGRADED)
+    s = scheduler_with(LeastAllocated())
+    assert s.schedule(c, Workload("strict", 0, 0, 1, 500, preemptible=False)).allocation is None
+    d = s.schedule(c, Workload("batch", 0, 0, 1, 500, preemptible=True))
+    assert d.allocation.gpus == [1]
+
+
+def test_least_allocated_spreads_and_best_fit_packs():
+    c = cluster(4, 4)
+    c.allocate(Allocation("busy", 0, [0, 1], [1000, 1000], 8000, 1024))
+    assert scheduler_with(LeastAllocated()).schedule(c, Workload("a", 1000, 1024, 1, 1000)).allocation.node == 1
+    assert scheduler_with(BestFit()).schedule(c, Workload("b", 1000, 1024, 1, 1000)).allocation.node == 0
+
+
+def test_packing_fills_a_shared_gpu_first():
+    c = cluster(2, 2)
+    c.allocate(Allocation("half", 1, [1], [500], 1000, 1024))
+    d = scheduler_with(GpuPacking()).schedule(c, Workload("w", 1000, 1024, 1, 300))
+    assert (d.allocation.node, d.allocation.gpus) == (1, [1])
+
+
+def test_clustering_puts_like_with_like():
+    c = cluster(4, 4)
+    c.allocate(Allocation("same-shape", 1, [0], [300], 1000, 1024))
+    c.allocate(Allocation("other-shape", 0, [0], [1000], 1000, 1024))
+    d = scheduler_with(Clustering()).schedule(c, Workload("w", 1000, 1024, 1, 300))
+    assert d.allocation.node == 1
+
+
+def test_fragmentation_measure_by_hand():
+    free = np.array([[1000, 500, 200, 0]])
+    frag = fragmentation(free, np.array([4000]), np.array([8192]), TYPES)
+    # whole-GPU type: partial GPUs (500 + 200) are fragments; 500-milli type: the 200 is; CPU type: none.
+    assert frag.tolist() == [[700.0, 200.0, 0.0]]
+    no_cpu = fragmentation(free, np.array([0]), np.array([8192]), TYPES)
+    assert no_cpu.tolist() == [[1700.0, 1700.0, 0.0]]  # the CPU-only type (0 CPU) still fits
+
+
+def test_fgd_fills_a_half_used_gpu_rather_than_breaking_a_whole_one():
+    c = cluster(2, 2)
+    c.allocate(Allocation("half", 0, [0], [500], 1000, 1024))
+    d = scheduler_with(FragmentationGradient(TYPES)).schedule(c, Workload("w", 1000, 1024, 1, 500))
+    assert (d.allocation.node, d.allocation.gpus) == (0, [0])
+
+
+def test_multi_gpu_workloads_stay_on_one_nvlink_island():
+    c = ClusterState([NodeSpec("dgx", 96000, 1048576, 8, "H100", 81920, nvlink_groups=[0, 0, 0, 0, 1, 1, 1, 1])])
+    c.allocate(Allocation("one", 0, [0], [1000], 1000, 1024))
+    d = scheduler_with(LeastAllocated()).schedule(c, Workload("pair", 2000, 4096, num_gpu=4))
+    assert d.allocation.gpus == [4, 5, 6, 7]
+    d = scheduler_with(LeastAllocated()).schedule(c, Workload("two", 2000, 4096, num_gpu=2))
+    assert set(d.allocation.gpus) <= {1, 2, 3}
+
+
+def test_k8s_default_rounds_fractions_up_to_whole_gpus():
+    c = cluster(2)
+    s = Scheduler(profile("k8s-default", TYPES))
+    assert s.schedule(c, Workload("a", 0, 0, 1, 300)).allocation.milli == [1000]
+
+
+def _running(wid: str, node: int, gpu: int, prio: int, lost_s: float, now: float = 1000.0, **kw) -> Running:
+    w = Workload(wid, 1000, 1024, 1, 1000, priority=prio, **kw)
+    return Running(w, Allocation(wid, node, [gpu], [1000], 1000, 1024), now - lost_s, 0.0, None)
+
+
+def test_preemption_evicts_the_cheapest_lower_priority_victims_only():
+    c = cluster(2, 2)
+    running = {}
+    for r in (_running("low-young", 0, 0, 0, 10), _running("low-old", 0, 1, 0, 900),
+              _running("high", 1, 0, 2, 5), _running("low-b", 1, 1, 0, 500)):
+        c.allocate(r.allocation)
+        running[r.workload.id] = r
+    urgent = Workload("urgent", 1000, 1024, 1, 1000, priority=2)
+    node, victims = select_victims(c, urgent, running, now=1000.0)
+    assert [v.workload.id for v in victims] == ["low-young"]  # least work lost
+    assert node == 0
+    peer = Workload("peer", 1000, 1024, 1, 1000, priority=0)
+    assert select_victims(c, peer, running, now=1000.0) is None  # never equal or higher priority
+
+
+def test_borrowed_work_is_reclaimed_for_a_tenant_within_quota():
+    c = cluster(1)
+    r = _running("borrowed", 0, 0, 1, 100, tenant="team-b")
+    r.borrowed = True
+    c.allocate(r.allocation)
+    owner = Workload("owner", 1000, 1024, 1, 1000, priority=1, tenant="team-a")
+    assert select_victims(c, owner, {"borrowed": r}, 1000.0) is None
+    node, victims = select_victims(c, owner, {"borrowed": r}, 1000.0, reclaim_borrowed=True)
+    assert [v.workload.id for v in victims] == ["borrowed"]
+
+
+def test_fair_order_is_priority_then_dominant_share_then_arrival():
+    ledger = TenantLedger({"a": Tenant("a", 1.0), "b": Tenant("b", 1.0)}, 10_000, 100_000)
+    ledger.charge(Workload("x", 0, 0, 4, 1000, tenant="a"))
+    pending = [Workload("a1", num_gpu=1, tenant="a", submit_s=1), Workload("b1", num_gpu=1, tenant="b", submit_s=2),
+               Workload("a0", num_gpu=1, tenant="a", priority=2, submit_s=3)]
+    assert [w.id for w in fair_order(pending, ledger)] == ["a0", "b1", "a1"]
+    assert [w.id for w in fair_order(pending, None)] == ["a0", "a1", "b1"]
+
+
+node_st = st.lists(st.tuples(st.integers(0, 8), st.sampled_from(["V100", "T4"])), min_size=1, max_size=6)
+work_st = st.lists(st.tuples(st.integers(0, 4000), st.sampled_from([0, 1, 1, 1, 2, 4, 8]),
+                             st.sampled_from([100, 250, 500, 1000]), st.booleans(), st.sampled_from([(), ("T4",)])),
+                   min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(node_st, work_st, st.sampled_from(POLICIES), st.integers(0, 3))
+def test_invariants_hold_for_every_policy_on_random_clusters(nodes, works, policy, seed):
+    c = ClusterState([NodeSpec(f"n{i}", 16000, 65536, g, m, 16384) for i, (g, m) in enumerate(nodes)])
+    if c.gpu_exists.any():
+        n, g = np.argwhere(c.gpu_exists)[0]
+        c.set_band(int(n), int(g), HealthBand.CRITICAL)
+    s = Scheduler(profile(policy, TYPES, seed), seed=seed)
+    placed = []
+    for i, (cpu, k, milli, preemptible, models) in enumerate(works):
+        w = Workload(f"w{i}", cpu, 1024, k, milli if k == 1 else 1000, models=models, preemptible=preemptible)
+        d = s.schedule(c, w)
+        c.check_invariants()  # never over-allocate a GPU's milli or memory, a node's CPU or memory
+        if d.allocation is None:
+            continue
+        a = d.allocation
+        assert len(a.gpus) == k and len(set(a.gpus)) == k  # a gang of GPUs is all or nothing, on one node
+        assert all(c.band[a.node, g] < 2 for g in a.gpus)  # a critical GPU gets nothing
+        if models and k:
+            assert c.models[a.node] in models  # a GPU-model constraint binds GPU workloads
+        placed.append(w.id)
+    for wid in placed:
+        c.release(wid)
+    assert (c.gpu_free == c.gpu_cap).all() and (c.cpu_free == c.cpu_cap).all()
+
+
+def test_scheduling_context_exposes_the_gpu_mask_to_plugins():
+    c = cluster(2)
+    ctx = CycleContext(c, Workload("w", 0, 0, 1, 500))
+    cand, _ = Scheduler(Profile("t", [], [])).candidates(ctx)
+    assert len(cand) == 2 and ctx.cache["gpu_ok"].shape == c.gpu_free.shape
