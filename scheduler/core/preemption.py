@@ -7,6 +7,7 @@ overhead. Borrowed work (its tenant over quota) is cheaper to reclaim.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,17 +47,16 @@ def _fits(free: np.ndarray, cpu_free: int, mem_free: int, w: Workload) -> bool:
 
 def select_victims(cluster: ClusterState, w: Workload, running: dict[str, Running], now: float,
                    allowed_nodes: np.ndarray | None = None, max_nodes: int = 32,
-                   reclaim_borrowed: bool = False) -> tuple[int, list[Running]] | None:
+                   reclaimable: Callable[[Running], bool] | None = None) -> tuple[int, list[Running]] | None:
     """The node and the cheapest victims that make ``w`` fit there, or None.
 
-    Victims are preemptible workloads of lower priority, plus (``reclaim_borrowed``: ``w`` is within
-    its tenant's quota) other tenants' workloads running on borrowed capacity.
+    Victims are preemptible workloads of lower priority, plus those ``reclaimable`` says run on
+    capacity their tenant borrowed and ``w``'s tenant is owed.
     """
     by_node: dict[int, list[Running]] = {}
     for r in running.values():
         lower = r.workload.priority < w.priority and r.workload.preemptible
-        reclaim = reclaim_borrowed and r.borrowed and r.workload.tenant != w.tenant
-        if lower or reclaim:
+        if lower or (reclaimable is not None and r.workload.preemptible and reclaimable(r)):
             by_node.setdefault(r.allocation.node, []).append(r)
     best: tuple[float, int, list[Running]] | None = None
     # Most reclaimable GPU first: those nodes are likeliest to fit with the fewest victims.

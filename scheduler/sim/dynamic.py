@@ -2,10 +2,12 @@
 
 What the trace lacks is synthesized, deterministically from the seed and the pod name:
 
-- **time**: arrivals keep their order and relative spacing, compressed (bisection on the factor) so
-  the mean requested GPU of the jobs that would be running, over the arrival span, is
-  ``target_load`` of the cluster's capacity; durations are deletion - creation, capped at
-  ``max_duration_s``;
+- **arrivals**: ``jobs`` pods drawn (seeded, with replacement) from the trace, arriving as a Poisson
+  stream whose rate makes the offered GPU load (rate x mean requested GPU x mean duration)
+  ``target_load`` of the cluster's capacity; durations are the trace's deletion - creation, capped
+  at ``max_duration_s``;
+- **cluster**: a seeded sample of ``node_fraction`` of the nodes (the model mix kept in expectation),
+  so that a few thousand jobs reach a steady state with queues in a few simulated hours;
 - **priority** from QoS: LS -> high (2), Burstable/Guaranteed -> medium (1), BE -> low (0);
   high is not preemptible; BE work checkpoints every ``checkpoint_every_s``;
 - **tenants**: four, with weights 4:3:2:1, by a hash of the pod name; quotas proportional to weight;
@@ -45,12 +47,13 @@ TENANT_WEIGHTS = {"team-a": 4.0, "team-b": 3.0, "team-c": 2.0, "team-d": 1.0}
 
 @dataclass
 class DynamicConfig:
-    target_load: float = 1.1
-    max_duration_s: float = 24 * 3600.0
+    jobs: int = 4000
+    node_fraction: float = 0.05
+    target_load: float = 1.2
+    max_duration_s: float = 2 * 3600.0
     checkpoint_every_s: float = 600.0
-    fault_every_s: float = 6 * 3600.0
-    fault_duration_s: float = 2 * 3600.0
-    max_pods: int | None = None
+    fault_every_s: float = 1800.0
+    fault_duration_s: float = 3600.0
     pass_budget: int = 64
 
 
@@ -85,48 +88,25 @@ def _tenant(name: str, seed: int) -> str:
     return "team-a" if h < 4 else "team-b" if h < 7 else "team-c" if h < 9 else "team-d"
 
 
-def offered_load(arrivals: np.ndarray, durations: np.ndarray, milli: np.ndarray, capacity: float) -> float:
-    """Mean requested GPU of the jobs running, over the arrival span, as a share of capacity."""
-    grid = np.linspace(0.0, max(arrivals[-1], 1.0), 512)
-    starts = np.searchsorted(grid, arrivals)
-    ends = np.searchsorted(grid, arrivals + durations)
-    delta = np.zeros(len(grid) + 1)
-    np.add.at(delta, starts, milli)
-    np.add.at(delta, ends, -milli)
-    return float(np.cumsum(delta)[: len(grid)].mean() / capacity)
-
-
-def time_factor(arrivals: np.ndarray, durations: np.ndarray, milli: np.ndarray, capacity: float,
-                target: float) -> float:
-    lo, hi = 1e-7, 1.0  # log-space bisection: a smaller factor packs arrivals closer, raising the load
-    if offered_load(arrivals * hi, durations, milli, capacity) >= target:
-        return hi
-    for _ in range(40):
-        mid = (lo * hi) ** 0.5
-        if offered_load(arrivals * mid, durations, milli, capacity) >= target:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 def make_jobs(pods, capacity_milli: int, seed: int, cfg: DynamicConfig) -> list[tuple[float, Workload, float]]:
     usable = [p for p in pods if p.deletion_s is not None and p.deletion_s > p.creation_s]
-    usable.sort(key=lambda p: (p.creation_s, p.workload.id))
-    if cfg.max_pods:
-        usable = usable[: cfg.max_pods]
-    durations = [min(p.deletion_s - p.creation_s, cfg.max_duration_s) for p in usable]
-    factor = time_factor(np.array([p.creation_s - usable[0].creation_s for p in usable]), np.array(durations),
-                         np.array([p.workload.gpu_milli_total for p in usable], dtype=float), capacity_milli,
-                         cfg.target_load)
+    if not usable:
+        raise ValueError("the pod trace has no pods with creation and deletion times (needed for lifetimes)")
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(len(usable), size=cfg.jobs)
+    durations = np.array([min(usable[i].deletion_s - usable[i].creation_s, cfg.max_duration_s) for i in picks])
+    milli = np.array([usable[i].workload.gpu_milli_total for i in picks], dtype=float)
+    rate = cfg.target_load * capacity_milli / max(float((milli * durations).mean()), 1e-9)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, size=cfg.jobs))
     jobs = []
-    for p, d in zip(usable, durations, strict=True):
-        prio = QOS_PRIORITY.get(p.workload.qos, 0)
-        w = Workload(p.workload.id, p.workload.cpu_milli, p.workload.memory_mib, p.workload.num_gpu,
-                     p.workload.gpu_milli, models=p.workload.models, tenant=_tenant(p.workload.id, seed),
-                     priority=prio, qos=p.workload.qos, preemptible=prio < 2, checkpointable=prio == 0,
-                     duration_s=d, submit_s=(p.creation_s - usable[0].creation_s) * factor)
-        jobs.append((w.submit_s, w, d))
+    for k, (i, t, d) in enumerate(zip(picks, arrivals, durations, strict=True)):
+        p = usable[i].workload
+        prio = QOS_PRIORITY.get(p.qos, 0)
+        wid = f"{p.id}-{k}"
+        w = Workload(wid, p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, models=p.models,
+                     tenant=_tenant(wid, seed), priority=prio, qos=p.qos, preemptible=prio < 2,
+                     checkpointable=prio == 0, duration_s=float(d), submit_s=float(t))
+        jobs.append((float(t), w, float(d)))
     return jobs
 
 
@@ -134,6 +114,8 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
                 progress: Callable[[float], None] | None = None) -> DynamicResult:
     cfg = cfg or DynamicConfig()
     full = policy == "gpuaware"
+    pick = np.random.default_rng(seed + 7919).random(len(nodes)) < cfg.node_fraction
+    nodes = [n for n, keep in zip(nodes, pick, strict=True) if keep] or nodes[:1]
     cluster = ClusterState(nodes)
     scheduler = Scheduler(profile(policy, task_types(pods), seed, task_types(pods, with_models=True)), seed=seed)
     rng = np.random.default_rng(seed)
@@ -197,8 +179,9 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
             job.first_start_s = now
         push(now + max(1.0, job.duration_s - job.banked_s), "finish", (w.id, job.epoch))
 
-    def schedule_pass(now: float) -> None:
-        order = fair_order(pending, ledger if full else None)
+    def schedule_pass(now: float, only: list[Workload] | None = None) -> None:
+        # An arrival alone cannot unblock others: try just it. Freed capacity re-activates the queue.
+        order = only if only is not None else fair_order(pending, ledger if full else None)
         blocked: set[tuple] = set()
         attempts = 0
         for w in order:
@@ -210,9 +193,13 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
             attempts += 1
             d = scheduler.schedule(cluster, w)
             res.latencies_s.append(d.latency_s)
-            if d.allocation is None and w.priority > 0 or (d.allocation is None and full and ledger.within_quota(w)):
-                pick = select_victims(cluster, w, running, now,
-                                      reclaim_borrowed=full and ledger.within_quota(w))
+            owed = full and ledger.within_quota(w)
+            if d.allocation is None and (w.priority > 0 or owed):
+                # Reclaim only from tenants over their quota, at no higher priority: this converges
+                # (a tenant under quota is never a reclaim victim) instead of trading GPUs back and forth.
+                reclaim = (lambda r, w=w: r.workload.tenant != w.tenant and r.workload.priority <= w.priority
+                           and ledger.over_quota(r.workload.tenant) > 0) if owed else None
+                pick = select_victims(cluster, w, running, now, reclaimable=reclaim)
                 if pick is not None:
                     for victim in pick[1]:
                         stop(victim, now, keep_progress=full)
@@ -231,6 +218,9 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
         handled += 1
         if kind == "arrive":
             pending.append(payload)
+            schedule_pass(now, only=[payload])
+            res.end_s = now
+            continue
         elif kind == "finish":
             wid, epoch = payload
             job = res.jobs[wid]
@@ -275,8 +265,16 @@ def summarize(results: list[DynamicResult]) -> dict:
     jcts = per_priority(lambda j: None if j.finish_s is None else j.finish_s - j.workload.submit_s)
     jain = []
     for r in results:
-        x = np.array([min(1.0, r.served_by_tenant.get(t, 0.0) / d) for t, d in r.demand_by_tenant.items() if d > 0])
-        jain.append(float(x.sum() ** 2 / (len(x) * (x**2).sum())) if len(x) and (x**2).sum() > 0 else 1.0)
+        # Per tenant, the mean share of a job's time in the system spent running (1 = never waited);
+        # Jain's index over tenants of that: 1 when every tenant is served equally promptly.
+        x = []
+        for t in sorted({j.workload.tenant for j in r.jobs.values()}):
+            eff = [j.duration_s / max(j.finish_s - j.workload.submit_s, j.duration_s) for j in r.jobs.values()
+                   if j.workload.tenant == t and j.finish_s is not None]
+            if eff:
+                x.append(float(np.mean(eff)))
+        x_arr = np.array(x)
+        jain.append(float(x_arr.sum() ** 2 / (len(x_arr) * (x_arr**2).sum())) if len(x_arr) else 1.0)
     lat = np.concatenate([np.asarray(r.latencies_s) for r in results])
     unfinished = sum(1 for r in results for j in r.jobs.values() if j.finish_s is None)
     return {

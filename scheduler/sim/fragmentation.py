@@ -79,7 +79,7 @@ def summarize(runs: list[FragmentationRun]) -> dict:
         "unallocated_pct": {str(x): round(float(np.mean([r.unallocated_at(x) for r in runs])), 2) for x in LOAD_POINTS},
         "unallocated_pct_std": {str(x): round(float(np.std([r.unallocated_at(x) for r in runs])), 2)
                                 for x in LOAD_POINTS},
-        "decisions": int(len(lat)),
+        "decisions": len(lat),
         "decisions_per_s": round(float(len(lat) / lat.sum()), 1),
         "p99_decision_ms": round(float(np.percentile(lat, 99) * 1000), 3),
         "failed_placements": int(sum(r.failed for r in runs)),

@@ -7,9 +7,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from scheduler.sim.fragmentation import LOAD_POINTS  # noqa: E402
+from scheduler.sim.fragmentation import LOAD_POINTS
 
 
 def plot_fragmentation(summaries: list[dict], path: Path, title: str) -> Path:
