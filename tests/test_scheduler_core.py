@@ -138,7 +138,7 @@ def test_borrowed_work_is_reclaimed_for_a_tenant_within_quota():
     c.allocate(r.allocation)
     owner = Workload("owner", 1000, 1024, 1, 1000, priority=1, tenant="team-a")
     assert select_victims(c, owner, {"borrowed": r}, 1000.0) is None
-    node, victims = select_victims(c, owner, {"borrowed": r}, 1000.0, reclaimable=lambda v: v.borrowed)
+    _, victims = select_victims(c, owner, {"borrowed": r}, 1000.0, reclaimable=lambda v: v.borrowed)
     assert [v.workload.id for v in victims] == ["borrowed"]
 
 

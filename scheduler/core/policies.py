@@ -17,8 +17,9 @@ POLICIES = ("random", "k8s-default", "bestfit", "dotprod", "packing", "clusterin
 
 
 def profile(name: str, types: TaskTypes, seed: int = 0, model_types: TaskTypes | None = None) -> Profile:
-    """``types``: the workload's shapes (what FGD uses); ``model_types``: the same with each shape's
-    allowed GPU models, which ``gpuaware`` uses so type-constrained demand counts where it can run."""
+    """``types``: the workload's 64 most common shapes (what FGD uses); ``model_types``: the same with
+    each shape's allowed GPU models, which ``gpuaware`` uses so type-constrained demand counts only on
+    the nodes it may use."""
     filters = [ModelAffinity(), HealthFilter()]
     if name == "random":
         return Profile(name, filters, [(RandomScore(seed), 1.0)])

@@ -38,7 +38,9 @@ class TenantLedger:
 
     def within_quota(self, w: Workload) -> bool:
         t = self.tenants.get(w.tenant)
-        return t is None or not t.quota_gpu_milli or self.gpu_used.get(w.tenant, 0) + w.gpu_milli_total <= t.quota_gpu_milli
+        if t is None or not t.quota_gpu_milli:
+            return True
+        return self.gpu_used.get(w.tenant, 0) + w.gpu_milli_total <= t.quota_gpu_milli
 
     def over_quota(self, tenant: str) -> int:
         t = self.tenants.get(tenant)

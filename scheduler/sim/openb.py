@@ -59,6 +59,11 @@ class TracePod:
     scheduled_s: float | None
 
 
+def _time(row: dict[str, str], key: str) -> float | None:
+    value = row.get(key)
+    return float(value) if value not in ("", None) else None
+
+
 def load_pods(path: str | Path) -> list[TracePod]:
     out = []
     for i, r in enumerate(_rows(Path(path), POD_COLUMNS), start=2):
@@ -68,10 +73,8 @@ def load_pods(path: str | Path) -> list[TracePod]:
             w = Workload(r["name"], int(r["cpu_milli"]), int(r["memory_mib"]), num_gpu, max(1, min(milli, 1000)),
                          models=tuple(m for m in (r.get("gpu_spec") or "").split("|") if m), qos=r.get("qos") or "BE")
 
-            def t(key: str) -> float | None:
-                return float(r[key]) if r.get(key) not in ("", None) else None
-
-            out.append(TracePod(w, t("creation_time") or 0.0, t("deletion_time"), t("scheduled_time")))
+            out.append(TracePod(w, _time(r, "creation_time") or 0.0, _time(r, "deletion_time"),
+                                _time(r, "scheduled_time")))
         except ValueError as exc:
             raise TraceError(f"{path}:{i}: {exc}") from exc
     if not out:
@@ -79,7 +82,7 @@ def load_pods(path: str | Path) -> list[TracePod]:
     return out
 
 
-def task_types(pods: list[TracePod], top: int = 64, with_models: bool = False) -> TaskTypes:
+def task_types(pods: list[TracePod], top: int | None = 64, with_models: bool = False) -> TaskTypes:
     """The workload's popularity by (cpu, memory, GPUs, milli) shape, for FGD; ``with_models`` adds
     each shape's allowed GPU models, so a node counts as fragmented for types it may not host."""
     counts = Counter((p.workload.cpu_milli, p.workload.memory_mib, p.workload.num_gpu,

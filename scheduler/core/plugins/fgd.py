@@ -28,7 +28,7 @@ class TaskTypes:
     models: list[tuple[str, ...]] | None = None  # allowed GPU models per type (empty tuple = any)
 
     @classmethod
-    def from_counts(cls, counts: dict[tuple, float], top: int = 64) -> TaskTypes:
+    def from_counts(cls, counts: dict[tuple, float], top: int | None = 64) -> TaskTypes:
         """Keys are (cpu, mem, num_gpu, milli) or (cpu, mem, num_gpu, milli, models)."""
         items = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
         arr = np.array([k[:4] for k, _ in items], dtype=np.int64).reshape(-1, 4)
@@ -111,7 +111,7 @@ class FragmentationGradient:
         if w.num_gpu == 1:
             # GPUs of one node with the same free share give the same after-state: score each once.
             keys = cand.node * 2048 + c.gpu_free[cand.node, cand.gpu]
-            uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+            _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
             n, g = cand.node[first], cand.gpu[first]
             free = c.gpu_free[n].copy()
             free[np.arange(len(n)), g] -= w.gpu_milli
