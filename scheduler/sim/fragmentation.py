@@ -36,9 +36,9 @@ class FragmentationRun:
     failed: int = 0
 
     def unallocated_at(self, load: float) -> float:
+        """Unallocated share of GPU capacity just before the arrived load passes ``load`` percent."""
         arrived = np.asarray(self.arrived_pct)
-        i = int(np.searchsorted(arrived, load))
-        i = min(i, len(arrived) - 1)
+        i = max(0, int(np.searchsorted(arrived, load, side="right")) - 1)
         return 100.0 - self.allocated_pct[i]
 
 
