@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
-from scheduler.core.framework import CycleContext, Profile, Scheduler
+from scheduler.core.framework import Candidates, CycleContext, Profile, Scheduler
 from scheduler.core.plugins.bestfit import BestFit
 from scheduler.core.plugins.clustering import Clustering
 from scheduler.core.plugins.fgd import FragmentationGradient, TaskTypes, fragmentation
@@ -188,3 +190,55 @@ def test_scheduling_context_exposes_the_gpu_mask_to_plugins():
     ctx = CycleContext(c, Workload("w", 0, 0, 1, 500))
     cand, _ = Scheduler(Profile("t", [], [])).candidates(ctx)
     assert len(cand) == 2 and ctx.cache["gpu_ok"].shape == c.gpu_free.shape
+
+
+GAVEL = Path(__file__).resolve().parents[2] / "shared" / "traces" / "gavel" / "simulation_throughputs.json"
+
+
+def test_gavel_table_orders_gpus_and_learns_online():
+    from scheduler.core.throughput import ThroughputTable
+
+    t = ThroughputTable.from_gavel(GAVEL)
+    job = "ResNet-50 (batch size 64)"
+    k80, p100, v100 = t.relative(job, ["K80", "P100", "V100M32"])
+    assert k80 < p100 < v100 == 1.0
+    assert t.throughput(job, "H100") > t.throughput(job, "V100M16")  # the FP32 prior for unmeasured models
+    assert 0 < t.colocated_speed(job, "ResNet-18 (batch size 64)", "V100M16") < 1
+    before = t.throughput(job, "T4")
+    for _ in range(50):
+        t.learn_one(job, "T4", 1.0)
+    assert t.throughput(job, "T4") < before and abs(t.throughput(job, "T4") - 1.0) < 0.01
+
+
+def test_heterogeneity_prefers_the_faster_model_and_interference_the_quieter_gpu():
+    from scheduler.core.plugins.heterogeneity import HeterogeneityAffinity
+    from scheduler.core.plugins.interference import InterferenceAware
+    from scheduler.core.throughput import ThroughputTable
+
+    table = ThroughputTable.from_gavel(GAVEL)
+    c = ClusterState([NodeSpec("k80", 32000, 65536, 2, "K80"), NodeSpec("v100", 32000, 65536, 2, "V100M16")])
+    job = {"gavel_class": "ResNet-50 (batch size 64)"}
+    d = scheduler_with(HeterogeneityAffinity(table)).schedule(c, Workload("w", 1000, 1024, 1, 1000, labels=job))
+    assert c.names[d.allocation.node] == "v100"
+    c2 = cluster(2)
+    classes = {"noisy": "ResNet-50 (batch size 64)"}
+    c2.allocate(Allocation("noisy", 0, [0], [500], 1000, 1024, sharing="shared"))
+    c2.allocate(Allocation("other", 0, [1], [500], 1000, 1024, sharing="shared"))
+    scores = InterferenceAware(table, classes).score(
+        CycleContext(c2, Workload("new", 0, 0, 1, 400, labels=job)),
+        Candidates(np.array([0, 0]), np.array([0, 1])))
+    assert scores[0] < 1.0 and scores[1] == 1.0  # the GPU with a measured co-runner costs throughput
+
+
+def test_forecast_headroom_and_thermal_spreading():
+    from scheduler.core.plugins.forecast_headroom import ForecastHeadroom
+    from scheduler.core.plugins.thermal import ThermalSpread
+
+    c = cluster(2)
+    c.forecast_util[0, 0] = 80.0
+    w = Workload("w", 0, 0, 1, 300)  # expects ~30% of a GPU
+    d = Scheduler(Profile("t", [ForecastHeadroom()], [(ForecastHeadroom(), 1.0)])).schedule(c, w)
+    assert d.allocation.gpus == [1]
+    c = cluster(2)
+    c.temp[0] = [83.0, 55.0]
+    assert scheduler_with(ThermalSpread()).schedule(c, Workload("x", 0, 0, 1, 1000)).allocation.gpus == [1]

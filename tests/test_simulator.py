@@ -34,7 +34,7 @@ def test_trace_errors_name_the_file_and_the_problem(tmp_path):
     with pytest.raises(TraceError, match="missing columns"):
         load_pods(bad)
     bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,lots,1,1,1000\n")
-    with pytest.raises(TraceError, match="pods.csv:2"):
+    with pytest.raises(TraceError, match=r"pods\.csv:2"):
         load_pods(bad)
     with pytest.raises(TraceError, match="cannot read"):
         load_nodes(tmp_path / "absent.csv")
@@ -92,6 +92,6 @@ def test_simulate_cli_prints_json_and_writes_report_and_plot(small_nodes, tmp_pa
     assert figures["policy"] == "fgd" and set(figures["unallocated_pct"]) == {"80", "90", "100", "110", "120", "130"}
     assert figures["decisions_per_s"] > 0 and figures["p99_decision_ms"] > 0
     assert (out / "fragmentation-openb_pod_list_default.png").read_bytes()[:4] == b"\x89PNG"
-    bad = subprocess.run([sys.executable, "-m", "gpuaware", "simulate", "--policy", "nope", "--nodes", str(small_nodes)],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run([sys.executable, "-m", "gpuaware", "simulate", "--policy", "nope", "--nodes",
+                          str(small_nodes)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown policy" in bad.stderr
