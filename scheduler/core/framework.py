@@ -79,10 +79,14 @@ class Scheduler:
             return Workload(**{**w.__dict__, "gpu_milli": 1000})
         return w
 
-    def candidates(self, ctx: CycleContext) -> tuple[Candidates, list[str]]:
+    def candidates(self, ctx: CycleContext, node_mask: np.ndarray | None = None) -> tuple[Candidates, list[str]]:
         c, w = ctx.cluster, ctx.workload
         reasons: list[str] = []
         node_ok = (c.cpu_free >= w.cpu_milli) & (c.mem_free >= w.memory_mib)
+        if node_mask is not None:
+            if (node_ok & ~node_mask).any():
+                reasons.append(f"{int((node_ok & ~node_mask).sum())} reserved for higher-priority work")
+            node_ok &= node_mask
         if (~node_ok).any():
             reasons.append(f"{int((~node_ok).sum())} insufficient cpu/memory")
         gpu_ok = gpu_fit(ctx) if w.num_gpu else None
@@ -122,11 +126,12 @@ class Scheduler:
                 best = members.tolist()  # the smallest island that fits keeps bigger ones whole
         return (best or free.tolist())[: w.num_gpu]
 
-    def schedule(self, cluster: ClusterState, workload: Workload) -> Decision:
+    def schedule(self, cluster: ClusterState, workload: Workload, node_mask: np.ndarray | None = None) -> Decision:
+        """One scheduling cycle; ``node_mask`` (False = off limits) carries reservations."""
         started = time.perf_counter()
         w = self.effective(workload)
         ctx = CycleContext(cluster, w)
-        cand, reasons = self.candidates(ctx)
+        cand, reasons = self.candidates(ctx, node_mask)
         if len(cand) == 0:
             why = f"0/{len(cluster)} nodes available: " + (", ".join(reasons) or "no feasible node")
             return Decision(workload, None, [why], latency_s=time.perf_counter() - started)

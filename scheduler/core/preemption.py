@@ -82,3 +82,33 @@ def select_victims(cluster: ClusterState, w: Workload, running: dict[str, Runnin
         if chosen and _fits(free, cpu, mem, w) and (best is None or cost < best[0]):
             best = (cost, n, chosen)
     return None if best is None else (best[1], best[2])
+
+
+def earliest_fit(cluster: ClusterState, w: Workload, running: dict[str, Running], finish_at: dict[str, float],
+                 now: float) -> tuple[int, float] | None:
+    """The node where ``w`` would fit soonest as running work ends (expected finish times), and when.
+
+    The reservation that backfill respects: later work may use that node only if it ends before then.
+    """
+    by_node: dict[int, list[Running]] = {}
+    for r in running.values():
+        by_node.setdefault(r.allocation.node, []).append(r)
+    best: tuple[int, float] | None = None
+    for n, rs in by_node.items():
+        if w.models and str(cluster.models[n]) not in w.models:
+            continue
+        free = cluster.gpu_free[n].copy()
+        free[~cluster.gpu_exists[n] | (cluster.band[n] >= 2)] = -1
+        cpu, mem = int(cluster.cpu_free[n]), int(cluster.mem_free[n])
+        for r in sorted(rs, key=lambda r: finish_at.get(r.workload.id, now)):
+            for g, m in zip(r.allocation.gpus, r.allocation.milli, strict=True):
+                if free[g] >= 0:
+                    free[g] += m
+            cpu += r.allocation.cpu_milli
+            mem += r.allocation.memory_mib
+            if _fits(free, cpu, mem, w):
+                t = finish_at.get(r.workload.id, now)
+                if best is None or t < best[1]:
+                    best = (n, t)
+                break
+    return best

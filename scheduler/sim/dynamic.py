@@ -14,9 +14,11 @@ What the trace lacks is synthesized, deterministically from the seed and the pod
 - **faults**: every ``fault_every_s`` a random GPU turns critical for ``fault_duration_s``.
 
 ``gpuaware`` runs its full stack: FGD+best-fit placement with GPU sharing, DRF-fair queue order,
-quotas with borrowing, checkpoint-aware preemption, and migration (checkpoint then move) off a
-failing GPU. Every other policy runs what a cluster does today around its placement plugin:
-priority-then-FIFO order, kube-style preemption (victims restart from scratch), and a failing GPU
+quotas with borrowing, checkpoint-aware preemption, migration (checkpoint then move) off a
+failing GPU, a reservation for the first blocked high-priority job with backfill of work that ends
+before it, and deferral of deferrable work (a share of the low-priority jobs) while the cluster is
+above ``peak_util`` allocated, up to ``defer_max_s``. Every other policy runs what a cluster does
+today around its placement plugin: priority-then-FIFO order, kube-style preemption (victims restart from scratch), and a failing GPU
 kills its workloads (they restart from scratch). ``k8s-default`` also rounds fractions up to whole GPUs.
 """
 
@@ -34,7 +36,7 @@ import numpy as np
 from scheduler.core.cluster import ClusterState
 from scheduler.core.framework import Scheduler
 from scheduler.core.policies import profile
-from scheduler.core.preemption import Running, select_victims
+from scheduler.core.preemption import Running, earliest_fit, select_victims
 from scheduler.core.queue import Tenant, TenantLedger, fair_order
 from scheduler.core.workload import Workload
 from scheduler.sim.openb import load_nodes, load_pods, task_types
@@ -54,6 +56,9 @@ class DynamicConfig:
     checkpoint_every_s: float = 600.0
     fault_every_s: float = 1800.0
     fault_duration_s: float = 3600.0
+    deferrable_share: float = 0.3  # of low-priority jobs
+    peak_util: float = 0.9
+    defer_max_s: float = 3600.0
     pass_budget: int = 64
 
 
@@ -81,6 +86,8 @@ class DynamicResult:
     demand_by_tenant: dict[str, float] = field(default_factory=dict)
     latencies_s: list[float] = field(default_factory=list)
     end_s: float = 0.0
+    deferred: set[str] = field(default_factory=set)
+    backfilled: int = 0
 
 
 def _tenant(name: str, seed: int) -> str:
@@ -105,7 +112,8 @@ def make_jobs(pods, capacity_milli: int, seed: int, cfg: DynamicConfig) -> list[
         wid = f"{p.id}-{k}"
         w = Workload(wid, p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, models=p.models,
                      tenant=_tenant(wid, seed), priority=prio, qos=p.qos, preemptible=prio < 2,
-                     checkpointable=prio == 0, duration_s=float(d), submit_s=float(t))
+                     checkpointable=prio == 0, duration_s=float(d), submit_s=float(t),
+                     deferrable=prio == 0 and (zlib.crc32(wid.encode()) % 1000) < cfg.deferrable_share * 1000)
         jobs.append((float(t), w, float(d)))
     return jobs
 
@@ -147,6 +155,7 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
 
     pending: list[Workload] = []
     running: dict[str, Running] = {}
+    finish_at: dict[str, float] = {}
 
     def account(r: Running, now: float) -> float:
         ran = max(0.0, now - r.started_s)
@@ -177,21 +186,33 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
                                 cfg.checkpoint_every_s if (w.checkpointable and full) else None, borrowed)
         if job.first_start_s is None:
             job.first_start_s = now
-        push(now + max(1.0, job.duration_s - job.banked_s), "finish", (w.id, job.epoch))
+        finish_at[w.id] = now + max(1.0, job.duration_s - job.banked_s)
+        push(finish_at[w.id], "finish", (w.id, job.epoch))
 
     def schedule_pass(now: float, only: list[Workload] | None = None) -> None:
         # An arrival alone cannot unblock others: try just it. Freed capacity re-activates the queue.
         order = only if only is not None else fair_order(pending, ledger if full else None)
         blocked: set[tuple] = set()
         attempts = 0
+        reservation: tuple[int, float, int] | None = None  # (node, time, priority)
+        peak = full and cluster.allocated_gpu_milli >= cfg.peak_util * cluster.total_gpu_milli
         for w in order:
             if attempts >= cfg.pass_budget:
                 break
             shape = (w.priority, w.cpu_milli, w.memory_mib, w.num_gpu, w.gpu_milli, w.models)
             if shape in blocked:
                 continue
+            if peak and w.deferrable and now - w.submit_s < cfg.defer_max_s:
+                res.deferred.add(w.id)
+                continue
             attempts += 1
-            d = scheduler.schedule(cluster, w)
+            mask = None
+            if reservation is not None and w.priority < reservation[2] and now + (w.duration_s or 0) > reservation[1]:
+                mask = np.ones(len(cluster), dtype=bool)
+                mask[reservation[0]] = False  # would delay the reserved job: not on its node
+            d = scheduler.schedule(cluster, w, mask)
+            if d.allocation is not None and reservation is not None and w.priority < reservation[2]:
+                res.backfilled += 1
             res.latencies_s.append(d.latency_s)
             owed = full and ledger.within_quota(w)
             if d.allocation is None and (w.priority > 0 or owed):
@@ -207,6 +228,10 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
                     d = scheduler.schedule(cluster, w)
             if d.allocation is None:
                 blocked.add(shape)
+                if full and reservation is None and w.priority == 2:
+                    fit = earliest_fit(cluster, w, running, finish_at, now)
+                    if fit is not None:
+                        reservation = (fit[0], fit[1], w.priority)
                 continue
             pending.remove(w)
             start(w, d.allocation, now)
@@ -291,6 +316,8 @@ def summarize(results: list[DynamicResult]) -> dict:
         "preemptions": sum(r.preemptions for r in results),
         "migrations": sum(r.migrations for r in results),
         "killed_by_faults": sum(r.killed_by_faults for r in results),
+        "deferred_jobs": sum(len(r.deferred) for r in results),
+        "backfilled": sum(r.backfilled for r in results),
         "decisions_per_s": round(float(len(lat) / max(lat.sum(), 1e-9)), 1),
         "p99_decision_ms": round(float(np.percentile(lat, 99) * 1000), 3) if len(lat) else None,
     }
