@@ -18,8 +18,9 @@ quotas with borrowing, checkpoint-aware preemption, migration (checkpoint then m
 failing GPU, a reservation for the first blocked high-priority job with backfill of work that ends
 before it, and deferral of deferrable work (a share of the low-priority jobs) while the cluster is
 above ``peak_util`` allocated, up to ``defer_max_s``. Every other policy runs what a cluster does
-today around its placement plugin: priority-then-FIFO order, kube-style preemption (victims restart from scratch), and a failing GPU
-kills its workloads (they restart from scratch). ``k8s-default`` also rounds fractions up to whole GPUs.
+today around its placement plugin: priority-then-FIFO order, kube-style preemption (victims restart
+from scratch), and a failing GPU kills its workloads (they restart from scratch). ``k8s-default``
+also rounds fractions up to whole GPUs.
 """
 
 from __future__ import annotations
