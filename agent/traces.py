@@ -4,29 +4,14 @@ from __future__ import annotations
 
 import csv
 import gzip
-import os
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 
+from stream.traces import traces_dir
+
 DUTY_CYCLE = "pod_gpu_duty_cycle_anon.csv.gz"
 MEMORY_USED = "pod_gpu_memory_used_bytes_anon.csv.gz"
-
-
-def traces_dir() -> Path:
-    """``GPUAWARE_TRACES_DIR``, else ``../shared/traces`` beside the project checkout or the cwd."""
-    env = os.environ.get("GPUAWARE_TRACES_DIR")
-    candidates = [Path(env)] if env else []
-    candidates += [Path(__file__).resolve().parents[2] / "shared" / "traces", Path.cwd().parent / "shared" / "traces",
-                   Path.cwd() / "shared" / "traces"]
-    for c in candidates:
-        if (c / "alibaba-gentd26").is_dir():
-            return c
-    raise FileNotFoundError(
-        "GenTD26 traces not found; set GPUAWARE_TRACES_DIR to the folder holding alibaba-gentd26/ (tried: "
-        + ", ".join(str(c) for c in candidates) + ")"
-    )
 
 
 @cache

@@ -67,7 +67,9 @@ def test_fgd_leaves_fewer_gpus_unallocated_than_random_here(small_nodes):
 
 def test_dynamic_runs_finish_every_job_and_leave_the_cluster_empty(small_nodes):
     nodes, pods = load_nodes(small_nodes), load_pods(PODS)
-    cfg = DynamicConfig(jobs=400, node_fraction=1.0, fault_every_s=300.0, fault_duration_s=600.0)
+    # Heterogeneity off: then no job can finish faster than its trace duration.
+    cfg = DynamicConfig(jobs=400, node_fraction=1.0, fault_every_s=300.0, fault_duration_s=600.0,
+                        heterogeneity=False)
     results = {p: run_dynamic(nodes, pods, p, seed=1, cfg=cfg) for p in ("k8s-default", "gpuaware")}
     for r in results.values():
         assert all(j.finish_s is not None for j in r.jobs.values())
@@ -95,3 +97,13 @@ def test_simulate_cli_prints_json_and_writes_report_and_plot(small_nodes, tmp_pa
     bad = subprocess.run([sys.executable, "-m", "gpuaware", "simulate", "--policy", "nope", "--nodes",
                           str(small_nodes)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown policy" in bad.stderr
+
+
+def test_heterogeneity_scales_durations_by_the_gpu_model(small_nodes):
+    nodes, pods = load_nodes(small_nodes), load_pods(PODS)
+    cfg = DynamicConfig(jobs=200, node_fraction=1.0, target_load=0.3)
+    r = run_dynamic(nodes, pods, "gpuaware", seed=2, cfg=cfg)
+    gpu_jobs = [j for j in r.jobs.values() if j.workload.num_gpu]
+    assert all(j.workload.labels.get("gavel_class") for j in gpu_jobs)
+    ratios = [(j.finish_s - j.first_start_s) / j.duration_s for j in gpu_jobs]
+    assert min(ratios) < 0.99 or max(ratios) > 1.01  # some model is faster or slower than the V100 reference

@@ -11,7 +11,12 @@ What the trace lacks is synthesized, deterministically from the seed and the pod
 - **priority** from QoS: LS -> high (2), Burstable/Guaranteed -> medium (1), BE -> low (0);
   high is not preemptible; BE work checkpoints every ``checkpoint_every_s``;
 - **tenants**: four, with weights 4:3:2:1, by a hash of the pod name; quotas proportional to weight;
-- **faults**: every ``fault_every_s`` a random GPU turns critical for ``fault_duration_s``.
+- **faults**: every ``fault_every_s`` a random GPU turns critical for ``fault_duration_s``;
+- **heterogeneity** (``heterogeneity``): each GPU job gets a Gavel model class (by a hash of its
+  name, among classes measured on K80, P100 and V100); the trace duration is taken as its time on
+  a V100 and scales with the class's measured (or, for models Gavel lacks, FP32-prior) throughput
+  on the GPU model it runs on; models with no data at all (openb's undisclosed G1-G3) run at V100
+  speed.
 
 ``gpuaware`` runs its full stack: FGD+best-fit placement with GPU sharing, DRF-fair queue order,
 quotas with borrowing, checkpoint-aware preemption, migration (checkpoint then move) off a
@@ -30,18 +35,33 @@ import json
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 import numpy as np
 
-from scheduler.core.cluster import ClusterState
+from scheduler.core.cluster import Allocation, ClusterState
 from scheduler.core.framework import Scheduler
 from scheduler.core.policies import profile
 from scheduler.core.preemption import Running, earliest_fit, select_victims
 from scheduler.core.queue import Tenant, TenantLedger, fair_order
+from scheduler.core.rebalance import consolidation_moves
+from scheduler.core.throughput import ThroughputTable
 from scheduler.core.workload import Workload
 from scheduler.sim.openb import load_nodes, load_pods, task_types
 from stream.events import HealthBand
+from stream.traces import traces_dir
+
+REFERENCE_MODEL = "V100M16"
+
+
+@cache
+def gavel_table() -> ThroughputTable:
+    return ThroughputTable.from_gavel(traces_dir() / "gavel" / "simulation_throughputs.json")
+
+
+def gavel_classes(table: ThroughputTable) -> list[str]:
+    return sorted(j for j, per_gpu in table.solo.items() if {"k80", "p100", "v100"} <= set(per_gpu) and " x" not in j)
 
 PRIORITY_NAMES = {2: "high", 1: "medium", 0: "low"}
 QOS_PRIORITY = {"LS": 2, "Guaranteed": 1, "Burstable": 1, "BE": 0}
@@ -58,6 +78,10 @@ class DynamicConfig:
     fault_every_s: float = 1800.0
     fault_duration_s: float = 3600.0
     deferrable_share: float = 0.3  # of low-priority jobs
+    heterogeneity: bool = True
+    reclaim_after_s: float = 300.0  # an owner waits this long before its borrowed quota is reclaimed
+    rebalance_every_s: float = 600.0
+    migration_overhead_s: float = 30.0
     peak_util: float = 0.9
     defer_max_s: float = 3600.0
     pass_budget: int = 64
@@ -79,7 +103,9 @@ class DynamicResult:
     seed: int
     jobs: dict[str, JobStats] = field(default_factory=dict)
     preemptions: int = 0
+    reclaims: int = 0  # preemptions of borrowed work at the preemptor's priority or above
     migrations: int = 0
+    consolidations: int = 0
     killed_by_faults: int = 0
     requested_gpu_s: float = 0.0
     allocated_gpu_s: float = 0.0
@@ -105,6 +131,7 @@ def make_jobs(pods, capacity_milli: int, seed: int, cfg: DynamicConfig) -> list[
     durations = np.array([min(usable[i].deletion_s - usable[i].creation_s, cfg.max_duration_s) for i in picks])
     milli = np.array([usable[i].workload.gpu_milli_total for i in picks], dtype=float)
     rate = cfg.target_load * capacity_milli / max(float((milli * durations).mean()), 1e-9)
+    classes = gavel_classes(gavel_table()) if cfg.heterogeneity else []
     arrivals = np.cumsum(rng.exponential(1.0 / rate, size=cfg.jobs))
     jobs = []
     for k, (i, t, d) in enumerate(zip(picks, arrivals, durations, strict=True)):
@@ -114,7 +141,9 @@ def make_jobs(pods, capacity_milli: int, seed: int, cfg: DynamicConfig) -> list[
         w = Workload(wid, p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, models=p.models,
                      tenant=_tenant(wid, seed), priority=prio, qos=p.qos, preemptible=prio < 2,
                      checkpointable=prio == 0, duration_s=float(d), submit_s=float(t),
-                     deferrable=prio == 0 and (zlib.crc32(wid.encode()) % 1000) < cfg.deferrable_share * 1000)
+                     deferrable=prio == 0 and (zlib.crc32(wid.encode()) % 1000) < cfg.deferrable_share * 1000,
+                     labels={"gavel_class": classes[zlib.crc32(wid.encode()) % len(classes)]}
+                     if classes and p.num_gpu else {})
         jobs.append((float(t), w, float(d)))
     return jobs
 
@@ -126,7 +155,21 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
     pick = np.random.default_rng(seed + 7919).random(len(nodes)) < cfg.node_fraction
     nodes = [n for n, keep in zip(nodes, pick, strict=True) if keep] or nodes[:1]
     cluster = ClusterState(nodes)
-    scheduler = Scheduler(profile(policy, task_types(pods), seed, task_types(pods, with_models=True)), seed=seed)
+    table = gavel_table() if cfg.heterogeneity else None
+    scheduler = Scheduler(profile(policy, task_types(pods), seed, task_types(pods, with_models=True), table),
+                          seed=seed)
+    ref_speed: dict[str, float | None] = {}
+
+    def speed(w: Workload, node: int) -> float:
+        """Work per wall second on this node's GPU model, relative to the reference model."""
+        job = w.labels.get("gavel_class")
+        if table is None or not job:
+            return 1.0
+        if job not in ref_speed:
+            ref_speed[job] = table.throughput(job, REFERENCE_MODEL)
+        here = table.throughput(job, str(cluster.models[node]))
+        return here / ref_speed[job] if here and ref_speed[job] else 1.0
+
     rng = np.random.default_rng(seed)
     total_w = sum(TENANT_WEIGHTS.values())
     ledger = TenantLedger({t: Tenant(t, wt, int(cluster.total_gpu_milli * wt / total_w)) for t, wt in
@@ -148,6 +191,9 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
     horizon = jobs[-1][0] + cfg.max_duration_s
     t = cfg.fault_every_s
     gpus = np.argwhere(cluster.gpu_exists)
+    if full:
+        for k in range(1, int(horizon // cfg.rebalance_every_s) + 1):
+            push(k * cfg.rebalance_every_s, "rebalance", None)
     while t < horizon:
         n, g = gpus[int(rng.integers(len(gpus)))]
         push(t, "fault", (int(n), int(g)))
@@ -157,6 +203,7 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
     pending: list[Workload] = []
     running: dict[str, Running] = {}
     finish_at: dict[str, float] = {}
+    speed_of: dict[str, float] = {}
 
     def account(r: Running, now: float) -> float:
         ran = max(0.0, now - r.started_s)
@@ -166,14 +213,15 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
         res.served_by_tenant[r.workload.tenant] = res.served_by_tenant.get(r.workload.tenant, 0.0) + req * 1000
         return ran
 
-    def stop(r: Running, now: float, keep_progress: bool) -> None:
+    def stop(r: Running, now: float, keep_progress: bool, checkpoint_now: bool = False) -> None:
         cluster.release(r.workload.id)
         ledger.charge(r.workload, -1)
         del running[r.workload.id]
         ran = account(r, now)
         job = res.jobs[r.workload.id]
         if keep_progress:
-            job.banked_s += ran if r.checkpoint_every_s is None else ran - ran % r.checkpoint_every_s
+            kept = ran if r.checkpoint_every_s is None or checkpoint_now else ran - ran % r.checkpoint_every_s
+            job.banked_s += kept * speed_of.pop(r.workload.id, 1.0)
         else:
             job.banked_s = 0.0
         job.epoch += 1
@@ -187,7 +235,8 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
                                 cfg.checkpoint_every_s if (w.checkpointable and full) else None, borrowed)
         if job.first_start_s is None:
             job.first_start_s = now
-        finish_at[w.id] = now + max(1.0, job.duration_s - job.banked_s)
+        speed_of[w.id] = speed(w, alloc.node)
+        finish_at[w.id] = now + max(1.0, (job.duration_s - job.banked_s) / speed_of[w.id])
         push(finish_at[w.id], "finish", (w.id, job.epoch))
 
     def schedule_pass(now: float, only: list[Workload] | None = None) -> None:
@@ -215,7 +264,7 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
             if d.allocation is not None and reservation is not None and w.priority < reservation[2]:
                 res.backfilled += 1
             res.latencies_s.append(d.latency_s)
-            owed = full and ledger.within_quota(w)
+            owed = full and ledger.within_quota(w) and now - w.submit_s >= cfg.reclaim_after_s
             if d.allocation is None and (w.priority > 0 or owed):
                 # Reclaim only from tenants over their quota, at no higher priority: this converges
                 # (a tenant under quota is never a reclaim victim) instead of trading GPUs back and forth.
@@ -226,6 +275,8 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
                     for victim in pick[1]:
                         stop(victim, now, keep_progress=full)
                         res.preemptions += 1
+                        if victim.workload.priority >= w.priority:
+                            res.reclaims += 1
                     d = scheduler.schedule(cluster, w)
             if d.allocation is None:
                 blocked.add(shape)
@@ -263,13 +314,26 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
             n, g = payload
             cluster.set_band(n, g, HealthBand.CRITICAL)
             for r in [r for r in running.values() if r.allocation.node == n and g in r.allocation.gpus]:
-                stop(r, now, keep_progress=full)
+                stop(r, now, keep_progress=full, checkpoint_now=full)
                 if full:
                     res.migrations += 1
                 else:
                     res.killed_by_faults += 1
         elif kind == "recover":
             cluster.set_band(*payload, HealthBand.HEALTHY)
+        elif kind == "rebalance":
+            movable = {wid for wid, r in running.items() if r.workload.preemptible}
+            for m in consolidation_moves(cluster, movable=movable):
+                r = running[m.workload_id]
+                stop(r, now, keep_progress=True, checkpoint_now=True)
+                pending.remove(r.workload)
+                a = r.allocation
+                moved = Allocation(a.workload_id, m.to_node, [m.to_gpu], a.milli, a.cpu_milli, a.memory_mib,
+                                   a.gpu_memory_mib, a.sharing)
+                cluster.allocate(moved)
+                res.jobs[m.workload_id].banked_s -= cfg.migration_overhead_s * speed(r.workload, m.to_node)
+                start(r.workload, moved, now)
+                res.consolidations += 1
         if pending:
             schedule_pass(now)
         res.end_s = now
@@ -315,7 +379,9 @@ def summarize(results: list[DynamicResult]) -> dict:
                                          / max(sum(r.allocated_gpu_s for r in results), 1e-9), 4),
         "jain_fairness": round(float(np.mean(jain)), 4),
         "preemptions": sum(r.preemptions for r in results),
+        "quota_reclaims": sum(r.reclaims for r in results),
         "migrations": sum(r.migrations for r in results),
+        "consolidations": sum(r.consolidations for r in results),
         "killed_by_faults": sum(r.killed_by_faults for r in results),
         "deferred_jobs": sum(len(r.deferred) for r in results),
         "backfilled": sum(r.backfilled for r in results),
