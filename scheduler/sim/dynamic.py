@@ -12,6 +12,12 @@ What the trace lacks is synthesized, deterministically from the seed and the pod
   high is not preemptible; BE work checkpoints every ``checkpoint_every_s``;
 - **tenants**: four, with weights 4:3:2:1, by a hash of the pod name; quotas proportional to weight;
 - **faults**: every ``fault_every_s`` a random GPU turns critical for ``fault_duration_s``;
+- **power**: a GPU draws idle + (board - idle) x its allocated share (board power by model, 300 W
+  for unknown models); each node's GPU budget is ``power_budget`` of its GPUs' board power, checked
+  every ``rebalance_every_s``. ``gpuaware`` caps GPUs to 70% power, lowest priority first, until
+  the node is within budget; under every other policy the node's own power capping caps all its
+  GPUs alike. A capped GPU's jobs run at ``capped_speed``. ``power_over_budget_node_h`` counts
+  node-hours whose uncapped draw was over budget;
 - **heterogeneity** (``heterogeneity``): each GPU job gets a Gavel model class (by a hash of its
   name, among classes measured on K80, P100 and V100); the trace duration is taken as its time on
   a V100 and scales with the class's measured (or, for models Gavel lacks, FP32-prior) throughput
@@ -46,6 +52,7 @@ from scheduler.core.policies import profile
 from scheduler.core.preemption import Running, earliest_fit, select_victims
 from scheduler.core.queue import Tenant, TenantLedger, fair_order
 from scheduler.core.rebalance import consolidation_moves
+from scheduler.core.throttle import throttle_decisions
 from scheduler.core.throughput import ThroughputTable
 from scheduler.core.workload import Workload
 from scheduler.sim.openb import load_nodes, load_pods, task_types
@@ -53,6 +60,7 @@ from stream.events import HealthBand
 from stream.traces import traces_dir
 
 REFERENCE_MODEL = "V100M16"
+BOARD_POWER_W = {"P100": 250.0, "T4": 70.0, "V100M16": 300.0, "V100M32": 300.0, "A10": 150.0}
 
 
 @cache
@@ -81,6 +89,9 @@ class DynamicConfig:
     heterogeneity: bool = True
     reclaim_after_s: float = 300.0  # an owner waits this long before its borrowed quota is reclaimed
     rebalance_every_s: float = 600.0
+    preemption_tries_per_pass: int = 4  # victim searches are the expensive part of a pass
+    power_budget: float = 0.8
+    capped_speed: float = 0.85
     migration_overhead_s: float = 30.0
     peak_util: float = 0.9
     defer_max_s: float = 3600.0
@@ -106,6 +117,8 @@ class DynamicResult:
     reclaims: int = 0  # preemptions of borrowed work at the preemptor's priority or above
     migrations: int = 0
     consolidations: int = 0
+    throttles: int = 0
+    over_budget_node_s: float = 0.0
     killed_by_faults: int = 0
     requested_gpu_s: float = 0.0
     allocated_gpu_s: float = 0.0
@@ -191,9 +204,12 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
     horizon = jobs[-1][0] + cfg.max_duration_s
     t = cfg.fault_every_s
     gpus = np.argwhere(cluster.gpu_exists)
-    if full:
-        for k in range(1, int(horizon // cfg.rebalance_every_s) + 1):
-            push(k * cfg.rebalance_every_s, "rebalance", None)
+    for k in range(1, int(horizon // cfg.rebalance_every_s) + 1):
+        push(k * cfg.rebalance_every_s, "rebalance", None)
+    board = np.array([BOARD_POWER_W.get(str(m), 300.0) for m in cluster.models])[:, None] * cluster.gpu_exists
+    idle = 0.2 * board
+    budget = cfg.power_budget * board.sum(axis=1)
+    capped: set[tuple[int, int]] = set()
     while t < horizon:
         n, g = gpus[int(rng.integers(len(gpus)))]
         push(t, "fault", (int(n), int(g)))
@@ -235,9 +251,25 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
                                 cfg.checkpoint_every_s if (w.checkpointable and full) else None, borrowed)
         if job.first_start_s is None:
             job.first_start_s = now
-        speed_of[w.id] = speed(w, alloc.node)
+        speed_of[w.id] = run_speed(w, alloc)
         finish_at[w.id] = now + max(1.0, (job.duration_s - job.banked_s) / speed_of[w.id])
         push(finish_at[w.id], "finish", (w.id, job.epoch))
+
+    def run_speed(w: Workload, alloc: Allocation) -> float:
+        slow = any((alloc.node, g) in capped for g in alloc.gpus)
+        return speed(w, alloc.node) * (cfg.capped_speed if slow else 1.0)
+
+    def respeed(r: Running, now: float, new_speed: float) -> None:
+        """Bank the progress made at the old speed, then continue at ``new_speed``."""
+        job = res.jobs[r.workload.id]
+        job.banked_s += max(0.0, now - r.started_s) * speed_of[r.workload.id]
+        account(r, now)
+        r.started_s = now
+        r.done_s = job.banked_s
+        speed_of[r.workload.id] = new_speed
+        job.epoch += 1
+        finish_at[r.workload.id] = now + max(1.0, (job.duration_s - job.banked_s) / speed_of[r.workload.id])
+        push(finish_at[r.workload.id], "finish", (r.workload.id, job.epoch))
 
     def schedule_pass(now: float, only: list[Workload] | None = None) -> None:
         # An arrival alone cannot unblock others: try just it. Freed capacity re-activates the queue.
@@ -245,6 +277,7 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
         blocked: set[tuple] = set()
         attempts = 0
         reservation: tuple[int, float, int] | None = None  # (node, time, priority)
+        victim_searches = 0
         peak = full and cluster.allocated_gpu_milli >= cfg.peak_util * cluster.total_gpu_milli
         for w in order:
             if attempts >= cfg.pass_budget:
@@ -265,7 +298,8 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
                 res.backfilled += 1
             res.latencies_s.append(d.latency_s)
             owed = full and ledger.within_quota(w) and now - w.submit_s >= cfg.reclaim_after_s
-            if d.allocation is None and (w.priority > 0 or owed):
+            if d.allocation is None and (w.priority > 0 or owed) and victim_searches < cfg.preemption_tries_per_pass:
+                victim_searches += 1
                 # Reclaim only from tenants over their quota, at no higher priority: this converges
                 # (a tenant under quota is never a reclaim victim) instead of trading GPUs back and forth.
                 reclaim = (lambda r, w=w: r.workload.tenant != w.tenant and r.workload.priority <= w.priority
@@ -322,6 +356,28 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
         elif kind == "recover":
             cluster.set_band(*payload, HealthBand.HEALTHY)
         elif kind == "rebalance":
+            share = (cluster.gpu_cap - cluster.gpu_free) / 1000.0
+            power = np.where(cluster.gpu_exists, idle + (board - idle) * share, 0.0)
+            if full:
+                prio = np.full(cluster.gpu_free.shape, -1)
+                for r in running.values():
+                    for g in r.allocation.gpus:
+                        prio[r.allocation.node, g] = max(prio[r.allocation.node, g], r.workload.priority)
+                now_capped = {(a.node, a.gpu) for a in
+                              throttle_decisions(power, cluster.temp, cluster.gpu_exists, budget, prio)}
+            else:
+                # No scheduler-level throttling: the node's own power capping (BMC) caps every GPU alike.
+                over = np.flatnonzero(power.sum(axis=1) > budget + 1e-6)
+                now_capped = {(int(n_), int(g_)) for n_ in over for g_ in np.flatnonzero(cluster.gpu_exists[n_])}
+            res.over_budget_node_s += float((power.sum(axis=1) > budget + 1e-6).sum()) * cfg.rebalance_every_s
+            res.throttles += len(now_capped - capped)
+            capped = now_capped
+            for r in running.values():
+                want = run_speed(r.workload, r.allocation)
+                if abs(want - speed_of[r.workload.id]) > 1e-9:
+                    respeed(r, now, want)
+            if not full:
+                continue
             movable = {wid for wid, r in running.items() if r.workload.preemptible}
             for m in consolidation_moves(cluster, movable=movable):
                 r = running[m.workload_id]
@@ -382,6 +438,8 @@ def summarize(results: list[DynamicResult]) -> dict:
         "quota_reclaims": sum(r.reclaims for r in results),
         "migrations": sum(r.migrations for r in results),
         "consolidations": sum(r.consolidations for r in results),
+        "throttles": sum(r.throttles for r in results),
+        "power_over_budget_node_h": round(sum(r.over_budget_node_s for r in results) / 3600, 2),
         "killed_by_faults": sum(r.killed_by_faults for r in results),
         "deferred_jobs": sum(len(r.deferred) for r in results),
         "backfilled": sum(r.backfilled for r in results),
