@@ -22,7 +22,7 @@ def plot_fragmentation(summaries: list[dict], path: Path, title: str) -> Path:
     ax.set_ylabel("GPU capacity unallocated, %")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
