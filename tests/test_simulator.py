@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from scheduler.sim.dynamic import DynamicConfig, run_dynamic, summarize
 from scheduler.sim.fragmentation import run_fragmentation
@@ -69,7 +71,7 @@ def test_dynamic_runs_finish_every_job_and_leave_the_cluster_empty(small_nodes):
     nodes, pods = load_nodes(small_nodes), load_pods(PODS)
     # Heterogeneity off: then no job can finish faster than its trace duration.
     cfg = DynamicConfig(jobs=400, node_fraction=1.0, fault_every_s=300.0, fault_duration_s=600.0,
-                        heterogeneity=False)
+                        heterogeneity=False, check_invariants=True)
     results = {p: run_dynamic(nodes, pods, p, seed=1, cfg=cfg) for p in ("k8s-default", "gpuaware")}
     for r in results.values():
         assert all(j.finish_s is not None for j in r.jobs.values())
@@ -107,3 +109,13 @@ def test_heterogeneity_scales_durations_by_the_gpu_model(small_nodes):
     assert all(j.workload.labels.get("gavel_class") for j in gpu_jobs)
     ratios = [(j.finish_s - j.first_start_s) / j.duration_s for j in gpu_jobs]
     assert min(ratios) < 0.99 or max(ratios) > 1.01  # some model is faster or slower than the V100 reference
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.floats(0.5, 2.0), st.sampled_from(["gpuaware", "fgd", "k8s-default"]))
+def test_dynamic_invariants_hold_under_random_load(small_nodes, seed, load, policy):
+    """No over-allocation after any event; a tenant exceeds its quota only with borrowed (reclaimable) work."""
+    nodes, pods = load_nodes(small_nodes), load_pods(PODS)
+    cfg = DynamicConfig(jobs=150, node_fraction=0.5, target_load=load, check_invariants=True)
+    r = run_dynamic(nodes, pods, policy, seed=seed, cfg=cfg)
+    assert all(j.finish_s is not None for j in r.jobs.values())

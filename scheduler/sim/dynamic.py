@@ -90,6 +90,7 @@ class DynamicConfig:
     reclaim_after_s: float = 300.0  # an owner waits this long before its borrowed quota is reclaimed
     rebalance_every_s: float = 600.0
     preemption_tries_per_pass: int = 4  # victim searches are the expensive part of a pass
+    check_invariants: bool = False  # after every event (slow; for tests)
     power_budget: float = 0.8
     capped_speed: float = 0.85
     migration_overhead_s: float = 30.0
@@ -393,6 +394,13 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
         if pending:
             schedule_pass(now)
         res.end_s = now
+        if cfg.check_invariants:
+            cluster.check_invariants()
+            if full:
+                for t_name, tenant in ledger.tenants.items():
+                    own = sum(r.workload.gpu_milli_total for r in running.values()
+                              if r.workload.tenant == t_name and not r.borrowed)
+                    assert own <= tenant.quota_gpu_milli, f"{t_name} runs {own} milli of its own over its quota"
         if progress and handled % 2000 == 0:
             progress(handled / max(total_events, 1))
     return res
