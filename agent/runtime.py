@@ -47,6 +47,7 @@ class AgentRuntime:
         self.spool = DiskSpool(spool_dir, max_bytes=spool_max_bytes, segment_bytes=min(4 * 2**20, spool_max_bytes // 4))
         self.publisher = Publisher(settings, self.spool, self.stats)
         self._flush_now = asyncio.Event()
+        self.event_listeners: list[Callable[[events.GpuEvent], None]] = []
         self.events_published = 0
         self.samples_published = 0
 
@@ -158,6 +159,8 @@ class AgentRuntime:
                     self.publisher.enqueue(topics.EVENTS, ev.key(), events.encode(ev), observability.inject_headers())
                 self.events_published += 1
                 self._flush_now.set()
+                for listener in self.event_listeners:
+                    listener(ev)
 
     def flush(self) -> None:
         for builder in self.builders:

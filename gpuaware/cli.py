@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,7 +16,7 @@ import click
 
 from gpuaware.config import ConfigError, GpuawareConfig, load_config
 from gpuaware.localbroker import BrokerError, LocalBroker
-from stream import observability, topics
+from stream import observability
 
 log = logging.getLogger("gpuaware")
 
@@ -123,51 +122,48 @@ def broker(obj: Context, host: str | None, port: int | None, storage: str | None
 
 @cli.command()
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds (default: until Ctrl-C).")
-@click.option("--json", "as_json", is_flag=True, help="Print the run summary as JSON on stdout.")
+@click.option("--json", "as_json", is_flag=True, help="No live view; print the run summary as JSON on stdout.")
 @click.option("--port", type=int, default=None, help="Broker port (default 9092; 0 picks a free one).")
 @click.option("--durable", is_flag=True, help="Keep the broker's log in a local S3 store (SeaweedFS).")
+@click.option("--scenario", default="demo", show_default=True,
+              help="Simulated cluster and its faults: a name from agent/scenarios or a YAML file.")
 @click.pass_obj
-def up(obj: Context, duration: float | None, as_json: bool, port: int | None, durable: bool) -> None:
-    """Run the whole pipeline on this machine: broker, simulated GPU nodes, stream workers, scheduler.
+def up(obj: Context, duration: float | None, as_json: bool, port: int | None, durable: bool, scenario: str) -> None:
+    """Run the pipeline on this machine: the broker, simulated GPU nodes with their agents, a live view.
 
-    At this stage only the broker and the topic contract are built; the other parts report
-    that they are not built yet (see the open issues).
+    The default scenario is 16 nodes x 8 GPUs of mixed models replaying the GenTD26 traces, with
+    faults injected in the first two minutes. The stream workers and the scheduler are not built
+    yet (see the open issues); the summary says so. Ctrl-C stops everything.
     """
+    import asyncio
+
+    from gpuaware.stack import run_stack
+
     cfg = obj.config(**{"broker.port": port, "broker.storage": "s3" if durable else None})
-    _setup("up", cfg)
-    started = time.monotonic()
+    observability.setup("up", log_level="warning" if not as_json else cfg.log.level, log_format=cfg.log.format)
     local = LocalBroker(cfg.broker)
-    with stop_signals() as stop:
-        try:
-            local.start()
-        except BrokerError as exc:
-            click.echo(f"gpuaware up: {exc}", err=True)
-            sys.exit(1)
-        try:
-            pending = {"agent": "not built yet", "stream": "not built yet", "scheduler": "not built yet"}
-            if not as_json:
-                click.echo(f"broker ready on {local.bootstrap} ({cfg.broker.storage} storage), "
-                           f"{len(topics.ALL_TOPICS)} topics created")
-                for part, state in pending.items():
-                    click.echo(f"  {part}: {state}")
-                click.echo("Ctrl-C stops everything." if duration is None else f"running for {duration:.0f}s")
-            while not stop.wait(0.5):
-                if duration is not None and time.monotonic() - started >= duration:
-                    break
-                if not local.running():
-                    click.echo("gpuaware up: the broker exited unexpectedly", err=True)
-                    sys.exit(1)
-        finally:
-            local.stop()
-    summary = {
-        "bootstrap": local.bootstrap,
-        "storage": cfg.broker.storage,
-        "topics": sorted(t.name for t in topics.ALL_TOPICS),
-        "components": pending,
-        "duration_s": round(time.monotonic() - started, 3),
-    }
-    if as_json:
-        click.echo(json.dumps(summary, indent=2))
+    try:
+        local.start()
+    except BrokerError as exc:
+        click.echo(f"gpuaware up: {exc}", err=True)
+        sys.exit(1)
+
+    async def main() -> dict:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await run_stack(local, scenario, duration, live=not as_json, stop=stop)
+
+    try:
+        summary = asyncio.run(main())
+    except ValueError as exc:
+        click.echo(f"gpuaware up: {exc}", err=True)
+        sys.exit(2)
+    finally:
+        local.stop()
+    click.echo(json.dumps(summary, indent=2) if as_json else
+               f"stopped after {summary['duration_s']:.0f}s: {summary['samples']} samples, {summary['events']} events")
 
 
 # --------------------------------------------------------------------------- config

@@ -96,12 +96,22 @@ def test_a_taken_port_makes_broker_exit_with_a_clear_message():
 
 
 @pytest.mark.broker
-def test_up_runs_for_a_duration_and_prints_a_json_summary():
-    result = run("up", "--port", "0", "--duration", "1", "--json")
+def test_up_runs_the_simulated_cluster_and_every_fault_gets_a_reaction(tmp_path):
+    scenario = tmp_path / "quick.yaml"
+    scenario.write_text(
+        "name: quick\nseed: 9\nnodes: 2\ngpus_per_node: 4\nmodels: [H100]\nfaults:\n"
+        "  - {kind: xid, node: 0, gpu: 1, at_s: 2, xid: 79}\n"
+        "  - {kind: ecc_dbe, node: 1, gpu: 3, at_s: 3}\n"
+        "  - {kind: dead, node: 1, gpu: 0, at_s: 3}\n")
+    result = run("up", "--port", "0", "--duration", "7", "--json", "--scenario", str(scenario))
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["topics"] == sorted(t.name for t in topics.ALL_TOPICS)
-    assert summary["duration_s"] >= 1
+    assert summary["nodes"] == 2 and summary["gpus"] == 8 and summary["samples"] > 0
+    assert summary["watch_reads"] >= 8 * 5
+    assert [f["injected"] for f in summary["faults"]] == [True, True, True]
+    assert all(f["agent_reaction_s"] is not None and f["agent_reaction_s"] <= 3 for f in summary["faults"])
+    assert summary["health_bands"]["lost"] == 1 and summary["health_bands"]["critical"] >= 1
 
 
 def test_bad_config_names_the_field_and_exits_2(tmp_path):
