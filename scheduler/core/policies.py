@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from scheduler.core.framework import Profile
 from scheduler.core.plugins.bestfit import BestFit
+from scheduler.core.plugins.capabilities import Capabilities
 from scheduler.core.plugins.clustering import Clustering
 from scheduler.core.plugins.dotprod import DotProduct
 from scheduler.core.plugins.fgd import FragmentationGradient, TaskTypes
@@ -24,7 +25,7 @@ def profile(name: str, types: TaskTypes, seed: int = 0, model_types: TaskTypes |
     each shape's allowed GPU models, which ``gpuaware`` uses so type-constrained demand counts only on
     the nodes it may use. With a ``throughput`` table ``gpuaware`` also weighs each workload's speed
     on each GPU model (workloads without a ``gavel_class`` label score the same everywhere)."""
-    filters = [ModelAffinity(), HealthFilter()]
+    filters = [ModelAffinity(), Capabilities(), HealthFilter()]
     if name == "random":
         return Profile(name, filters, [(RandomScore(seed), 1.0)])
     if name == "k8s-default":

@@ -17,6 +17,10 @@ class Workload:
     gpu_milli: int = 1000
     gpu_memory_mib: int = 0
     models: tuple[str, ...] = ()  # allowed GPU models; empty = any
+    min_gpu_memory_gib: float = 0.0  # required capabilities, met by the GPU model's published specs
+    min_memory_bandwidth_gbs: float = 0.0
+    needs_tensor_cores: bool = False
+    needs_nvlink: bool = False
     tenant: str = "default"
     priority: int = 0
     qos: str = "BE"
@@ -33,6 +37,11 @@ class Workload:
             raise ValueError(f"{self.id}: num_gpu must be >= 0 and gpu_milli in (0, 1000]")
         if self.num_gpu > 1 and self.gpu_milli != 1000:
             raise ValueError(f"{self.id}: fractions are for one GPU only ({self.num_gpu} x {self.gpu_milli})")
+
+    @property
+    def requires_capabilities(self) -> bool:
+        return bool(self.min_gpu_memory_gib or self.min_memory_bandwidth_gbs or self.needs_tensor_cores
+                    or self.needs_nvlink)
 
     @property
     def shares_gpu(self) -> bool:
