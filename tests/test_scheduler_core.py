@@ -285,3 +285,17 @@ def test_capability_requests_pick_models_that_meet_them():
     assert none.allocation is None and "gpu capabilities" in none.reasons[0]
     plain = s.schedule(c, Workload("plain", 0, 0, 1, 1000))  # no capability asked: any model, G2 included
     assert plain.allocation is not None
+
+
+def test_mig_gpus_take_whole_slices_and_record_the_sharing_mode():
+    c = ClusterState([NodeSpec("mig", 32000, 65536, 1, "A100", 81920, mig=[True]),
+                      NodeSpec("plain", 32000, 65536, 1, "A100", 81920)])
+    s = scheduler_with(BestFit())
+    c.allocate(Allocation("fill-plain", 1, [0], [900], 0, 0))
+    d = s.schedule(c, Workload("small", 0, 0, 1, 200))  # 200 milli does not fit the plain GPU's 100 left
+    assert (d.allocation.node, d.allocation.milli, d.allocation.sharing) == (0, [286], "mig")  # two 1/7 slices
+    c.release("fill-plain")
+    c.allocate(Allocation("fill-mig", 0, [0], [714], 0, 0))
+    d = s.schedule(c, Workload("mps", 0, 0, 1, 500, labels={"sharing": "mps"}))
+    assert (d.allocation.node, d.allocation.milli, d.allocation.sharing) == (1, [500], "mps")
+    c.check_invariants()

@@ -12,6 +12,15 @@ import numpy as np
 
 from stream.events import HealthBand
 
+MIG_SLICE_MILLI = 143  # one of the seven compute slices of an A100/H100 in MIG mode (1g)
+
+
+def mig_round(milli: np.ndarray | int) -> np.ndarray | int:
+    """A request on a MIG GPU takes whole slices (a 7/7 request is the whole GPU)."""
+    return np.minimum(-(-np.asarray(milli) // MIG_SLICE_MILLI) * MIG_SLICE_MILLI, 1000) if np.ndim(milli) else \
+        min(-(-int(milli) // MIG_SLICE_MILLI) * MIG_SLICE_MILLI, 1000)
+
+
 BAND_CODE = {HealthBand.HEALTHY: 0, HealthBand.DEGRADED: 1, HealthBand.CRITICAL: 2, HealthBand.UNKNOWN: 0}
 
 
@@ -24,6 +33,7 @@ class NodeSpec:
     model: str
     gpu_memory_mib: int = 0
     nvlink_groups: list[int] | None = None  # per GPU; None = all GPUs on one island
+    mig: list[bool] | None = None  # per GPU: MIG mode on (compute only in 1/7 slices)
 
 
 @dataclass
@@ -68,6 +78,11 @@ class ClusterState:
             if x.nvlink_groups is not None:
                 groups[i, : len(x.nvlink_groups)] = x.nvlink_groups
         self.nvlink = groups
+        mig = np.zeros((n, g), dtype=bool)
+        for i, x in enumerate(nodes):
+            if x.mig is not None:
+                mig[i, : len(x.mig)] = x.mig
+        self.mig = mig
         self.allocations: dict[str, Allocation] = {}
         self.node_workloads = np.zeros(n, dtype=np.int64)
         self.version = np.zeros(n, dtype=np.int64)  # bumped on every change of a node, for plugin caches

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from scheduler.core.cluster import Allocation, ClusterState
+from scheduler.core.cluster import Allocation, ClusterState, mig_round
 from scheduler.core.workload import Workload
 
 
@@ -63,7 +63,8 @@ class Profile:
 def gpu_fit(ctx: CycleContext) -> np.ndarray:
     c, w = ctx.cluster, ctx.workload
     milli = 1000 if w.num_gpu > 1 else w.gpu_milli
-    ok = c.gpu_exists & (c.gpu_free >= milli)
+    need = np.where(c.mig, mig_round(milli), milli) if c.mig.any() else milli
+    ok = c.gpu_exists & (c.gpu_free >= need)
     if w.gpu_memory_mib:
         ok &= (c.gpu_mem_cap == 0) | (c.gpu_mem_free >= w.gpu_memory_mib)
     return ok
@@ -149,12 +150,19 @@ class Scheduler:
         if w.num_gpu == 0:
             gpus, milli = [], []
         elif w.num_gpu == 1:
-            gpus, milli = [gpu], [w.gpu_milli]
+            on_mig = bool(cluster.mig[node, gpu])
+            gpus, milli = [gpu], [mig_round(w.gpu_milli) if on_mig else w.gpu_milli]
         else:
             gpus = self.pick_gpus(ctx, node)
             milli = [1000] * len(gpus)
+        if w.num_gpu == 1 and cluster.mig[node, gpus[0]]:
+            sharing = "mig"
+        elif w.shares_gpu:
+            sharing = "mps" if w.labels.get("sharing") == "mps" else "shared"  # shared = time-slicing
+        else:
+            sharing = "exclusive"
         alloc = Allocation(workload.id, node, gpus, milli, w.cpu_milli, w.memory_mib,
-                           [w.gpu_memory_mib] * len(gpus), "shared" if w.shares_gpu else "exclusive")
+                           [w.gpu_memory_mib] * len(gpus), sharing)
         cluster.allocate(alloc)
         why = [f"{cluster.names[node]} gpus={gpus} by {'+'.join(parts) or 'first fit'}",
                f"{len(cand)} candidates"]
