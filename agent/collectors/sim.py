@@ -93,6 +93,7 @@ class Scenario(BaseModel):
     node_prefix: str = "sim-node"
     jitter_pct: float = Field(0.5, ge=0, le=20, description="utilisation jitter, percentage points")
     faults: list[Fault] = Field(default_factory=list)
+    library: bool = Field(True, description="part of the evaluation library (eval sampling, fault tests)")
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:
@@ -124,7 +125,8 @@ SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 
 
 def scenario_library() -> list[Path]:
-    return sorted(SCENARIO_DIR.glob("*.yaml"))
+    """The scenarios `gpuaware eval sampling` and the fault tests run (not the long `gpuaware up` demo)."""
+    return sorted(p for p in SCENARIO_DIR.glob("*.yaml") if load_scenario(p).library)
 
 
 def _jitter(seed: int, gpu: int, second: int) -> float:
