@@ -83,6 +83,7 @@ class ClusterState:
             if x.mig is not None:
                 mig[i, : len(x.mig)] = x.mig
         self.mig = mig
+        self.has_mig = bool(mig.any())
         self.allocations: dict[str, Allocation] = {}
         self.node_workloads = np.zeros(n, dtype=np.int64)
         self.version = np.zeros(n, dtype=np.int64)  # bumped on every change of a node, for plugin caches

@@ -63,7 +63,7 @@ class Profile:
 def gpu_fit(ctx: CycleContext) -> np.ndarray:
     c, w = ctx.cluster, ctx.workload
     milli = 1000 if w.num_gpu > 1 else w.gpu_milli
-    need = np.where(c.mig, mig_round(milli), milli) if c.mig.any() else milli
+    need = np.where(c.mig, mig_round(milli), milli) if c.has_mig else milli
     ok = c.gpu_exists & (c.gpu_free >= need)
     if w.gpu_memory_mib:
         ok &= (c.gpu_mem_cap == 0) | (c.gpu_mem_free >= w.gpu_memory_mib)

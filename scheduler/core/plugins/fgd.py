@@ -57,10 +57,11 @@ def fragmentation(free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, types: Tas
     out = np.broadcast_to(total, fits.shape).copy()
     share = (types.num_gpu == 1) & (types.milli < 1000)
     if share.any():
-        d = types.milli[share]
-        usable = free[:, :, None] >= d[None, None, :]  # (R, G, S)
-        frag = (free[:, :, None] * ~usable).sum(axis=1)  # (R, S)
-        any_usable = usable.any(axis=1)
+        # Types that differ only in CPU, memory or models share a GPU threshold: compute each once.
+        d, inverse = np.unique(types.milli[share], return_inverse=True)
+        usable = free[:, :, None] >= d[None, None, :]  # (R, G, D)
+        frag = (free[:, :, None] * ~usable).sum(axis=1)[:, inverse]  # (R, S)
+        any_usable = usable.any(axis=1)[:, inverse]
         out[:, share] = np.where(fits[:, share] & any_usable, frag, total)
     whole = types.num_gpu >= 1
     whole &= ~share
