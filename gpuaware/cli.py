@@ -338,7 +338,7 @@ def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str
     from rich.console import Console
     from rich.progress import Progress
 
-    from scheduler.sim.experiments import fragmentation_experiment, parse_seeds, resolve_policies
+    from scheduler.sim.experiments import dynamic_experiment, fragmentation_experiment, parse_seeds, resolve_policies
     from scheduler.sim.openb import TraceError
 
     try:
@@ -360,8 +360,6 @@ def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str
                 report = fragmentation_experiment(nodes_csv, pods_csv, names, seed_values,
                                                   Path(out_dir) if out_dir else None, progress)
             else:
-                from scheduler.sim.dynamic import dynamic_experiment
-
                 report = dynamic_experiment(nodes_csv, pods_csv, names, seed_values,
                                             Path(out_dir) if out_dir else None, progress)
     except (TraceError, ValueError) as exc:

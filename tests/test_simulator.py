@@ -118,4 +118,5 @@ def test_dynamic_invariants_hold_under_random_load(small_nodes, seed, load, poli
     nodes, pods = load_nodes(small_nodes), load_pods(PODS)
     cfg = DynamicConfig(jobs=150, node_fraction=0.5, target_load=load, check_invariants=True)
     r = run_dynamic(nodes, pods, policy, seed=seed, cfg=cfg)
-    assert all(j.finish_s is not None for j in r.jobs.values())
+    assert all(j.finish_s is not None for j in r.jobs.values())  # every job that fits some node completes
+    assert len(r.jobs) + len(r.unschedulable) == cfg.jobs

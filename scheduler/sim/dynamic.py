@@ -37,12 +37,10 @@ also rounds fractions up to whole GPUs.
 from __future__ import annotations
 
 import heapq
-import json
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 
@@ -55,7 +53,7 @@ from scheduler.core.rebalance import consolidation_moves
 from scheduler.core.throttle import throttle_decisions
 from scheduler.core.throughput import ThroughputTable
 from scheduler.core.workload import Workload
-from scheduler.sim.openb import load_nodes, load_pods, task_types
+from scheduler.sim.openb import task_types
 from stream.events import HealthBand
 from stream.traces import traces_dir
 
@@ -128,6 +126,7 @@ class DynamicResult:
     latencies_s: list[float] = field(default_factory=list)
     end_s: float = 0.0
     deferred: set[str] = field(default_factory=set)
+    unschedulable: list[str] = field(default_factory=list)
     backfilled: int = 0
 
 
@@ -160,6 +159,13 @@ def make_jobs(pods, capacity_milli: int, seed: int, cfg: DynamicConfig) -> list[
                      if classes and p.num_gpu else {})
         jobs.append((float(t), w, float(d)))
     return jobs
+
+
+def _could_ever_fit(cluster: ClusterState, w: Workload) -> bool:
+    ok = (cluster.cpu_cap >= w.cpu_milli) & (cluster.mem_cap >= w.memory_mib) & (cluster.gpu_count >= w.num_gpu)
+    if w.models and w.num_gpu:
+        ok &= np.isin(cluster.models, list(w.models))
+    return bool(ok.any())
 
 
 def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None = None,
@@ -199,6 +205,9 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
 
     jobs = make_jobs(pods, cluster.total_gpu_milli, seed, cfg)
     for t, w, d in jobs:
+        if not _could_ever_fit(cluster, w):
+            res.unschedulable.append(w.id)  # no node of the sample is big enough, even empty
+            continue
         res.jobs[w.id] = JobStats(w, d)
         res.demand_by_tenant[w.tenant] = res.demand_by_tenant.get(w.tenant, 0.0) + w.gpu_milli_total * d
         push(t, "arrive", w)
@@ -436,6 +445,7 @@ def summarize(results: list[DynamicResult]) -> dict:
         "seeds": [r.seed for r in results],
         "jobs": sum(len(r.jobs) for r in results),
         "unfinished": unfinished,
+        "unschedulable": sum(len(r.unschedulable) for r in results),
         "queue_wait_mean_s": {k: round(float(np.mean(v)), 1) if v else None for k, v in waits.items()},
         "queue_wait_p95_s": {k: round(float(np.percentile(v, 95)), 1) if v else None for k, v in waits.items()},
         "mean_jct_s": {k: round(float(np.mean(v)), 1) if v else None for k, v in jcts.items()},
@@ -454,25 +464,3 @@ def summarize(results: list[DynamicResult]) -> dict:
         "decisions_per_s": round(float(len(lat) / max(lat.sum(), 1e-9)), 1),
         "p99_decision_ms": round(float(np.percentile(lat, 99) * 1000), 3) if len(lat) else None,
     }
-
-
-def dynamic_experiment(nodes_csv: str, pods_csv: str, policies: list[str], seeds: list[int],
-                       out_dir: Path | None = None, progress=None, cfg: DynamicConfig | None = None) -> dict:
-    nodes = load_nodes(nodes_csv)
-    pods = load_pods(pods_csv)
-    summaries = []
-    for policy in policies:
-        runs = []
-        for seed in seeds:
-            label = f"{policy} seed {seed}"
-            runs.append(run_dynamic(nodes, pods, policy, seed, cfg,
-                                    (lambda f, label=label: progress(label, f)) if progress else None))
-            if progress:
-                progress(label, 1.0)
-        summaries.append(summarize(runs))
-    report = {"experiment": "dynamic", "nodes": nodes_csv, "pods": pods_csv, "seeds": seeds,
-              "config": (cfg or DynamicConfig()).__dict__, "results": summaries}
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / f"dynamic-{Path(pods_csv).stem}.json").write_text(json.dumps(report, indent=2))
-    return report

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scheduler.core.policies import POLICIES
+from scheduler.sim.dynamic import DynamicConfig, run_dynamic
+from scheduler.sim.dynamic import summarize as summarize_dynamic
 from scheduler.sim.fragmentation import run_fragmentation, summarize
 from scheduler.sim.openb import load_nodes, load_pods
 
@@ -37,20 +39,27 @@ def resolve_policies(names: list[str]) -> list[str]:
     return names
 
 
-def fragmentation_experiment(nodes_csv: str, pods_csv: str, policies: list[str], seeds: list[int],
-                             out_dir: Path | None = None, progress: Progress | None = None) -> dict:
-    nodes = load_nodes(nodes_csv)
-    pods = load_pods(pods_csv)
+def run_grid(run: Callable, summarize: Callable[[list], dict], policies: list[str], seeds: list[int],
+             progress: Progress | None) -> list[dict]:
+    """Every policy over every seed with the same core; one summary per policy."""
     summaries = []
     for policy in policies:
         runs = []
         for seed in seeds:
             label = f"{policy} seed {seed}"
-            runs.append(run_fragmentation(nodes, pods, policy, seed,
-                                          (lambda f, label=label: progress(label, f)) if progress else None))
+            runs.append(run(policy, seed, (lambda f, label=label: progress(label, f)) if progress else None))
             if progress:
                 progress(label, 1.0)
         summaries.append(summarize(runs))
+    return summaries
+
+
+def fragmentation_experiment(nodes_csv: str, pods_csv: str, policies: list[str], seeds: list[int],
+                             out_dir: Path | None = None, progress: Progress | None = None) -> dict:
+    nodes = load_nodes(nodes_csv)
+    pods = load_pods(pods_csv)
+    summaries = run_grid(lambda policy, seed, cb: run_fragmentation(nodes, pods, policy, seed, cb), summarize,
+                         policies, seeds, progress)
     report = {"experiment": "fragmentation", "nodes": nodes_csv, "pods": pods_csv, "gpus": sum(n.gpus for n in nodes),
               "seeds": seeds, "results": summaries}
     if out_dir is not None:
@@ -61,4 +70,19 @@ def fragmentation_experiment(nodes_csv: str, pods_csv: str, policies: list[str],
         (out_dir / f"fragmentation-{stem}.json").write_text(json.dumps(report, indent=2))
         report["plot"] = str(plot_fragmentation(summaries, out_dir / f"fragmentation-{stem}.png",
                                                 f"{stem}: {len(nodes)} nodes, {report['gpus']} GPUs, seeds {seeds}"))
+    return report
+
+
+def dynamic_experiment(nodes_csv: str, pods_csv: str, policies: list[str], seeds: list[int],
+                       out_dir: Path | None = None, progress: Progress | None = None,
+                       cfg: DynamicConfig | None = None) -> dict:
+    nodes = load_nodes(nodes_csv)
+    pods = load_pods(pods_csv)
+    summaries = run_grid(lambda policy, seed, cb: run_dynamic(nodes, pods, policy, seed, cfg, cb), summarize_dynamic,
+                         policies, seeds, progress)
+    report = {"experiment": "dynamic", "nodes": nodes_csv, "pods": pods_csv, "seeds": seeds,
+              "config": (cfg or DynamicConfig()).__dict__, "results": summaries}
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"dynamic-{Path(pods_csv).stem}.json").write_text(json.dumps(report, indent=2))
     return report
