@@ -83,6 +83,11 @@ def dynamic_experiment(nodes_csv: str, pods_csv: str, policies: list[str], seeds
     report = {"experiment": "dynamic", "nodes": nodes_csv, "pods": pods_csv, "seeds": seeds,
               "config": (cfg or DynamicConfig()).__dict__, "results": summaries}
     if out_dir is not None:
+        from scheduler.sim.report import plot_dynamic
+
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / f"dynamic-{Path(pods_csv).stem}.json").write_text(json.dumps(report, indent=2))
+        stem = Path(pods_csv).stem
+        (out_dir / f"dynamic-{stem}.json").write_text(json.dumps(report, indent=2))
+        report["plot"] = str(plot_dynamic(summaries, out_dir / f"dynamic-{stem}.png",
+                                          f"dynamic, {stem}, seeds {seeds}"))
     return report
