@@ -267,12 +267,36 @@ def eval_sampling(scenarios: tuple[str, ...], policy_path: str | None, as_json: 
         click.echo(f"{key:24} {result[key]}")
 
 
-@eval_group.command("forecast", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.pass_context
-def eval_forecast(ctx: click.Context) -> None:
-    """Prequential forecast evaluation on the GenTD26 series. Not built yet: tracked in issue 4."""
-    click.echo("gpuaware eval forecast: not built yet (tracked in issue 4).", err=True)
-    ctx.exit(NOT_BUILT_EXIT)
+@eval_group.command("forecast")
+@click.option("--series", "series_path", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="A GenTD26-style CSV(.gz): value, timestamp_anon, container_ip (one series per container).")
+@click.option("--horizon", type=int, default=5, show_default=True, help="Steps ahead (one step = one sample).")
+@click.option("--max-value", type=float, default=None,
+              help="Physical upper bound for clamping (default: 100 for duty-cycle files, none otherwise).")
+@click.option("--limit", type=int, default=None, help="Only the first N series (sorted by id).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def eval_forecast(series_path: str, horizon: int, max_value: float | None, limit: int | None, as_json: bool) -> None:
+    """Prequential (predict, then learn) forecast evaluation over every series of a trace.
+
+    Reports mae, persistence_mae (last value), ratio = mae / persistence_mae,
+    interval_coverage_80 of the 80% interval, and us_per_update.
+    """
+    from agent.traces import load_series
+    from stream.forecast import prequential
+
+    if horizon < 1:
+        click.echo("gpuaware eval forecast: --horizon must be at least 1", err=True)
+        sys.exit(2)
+    try:
+        series = load_series(series_path)
+    except (ValueError, OSError) as exc:
+        click.echo(f"gpuaware eval forecast: {exc}", err=True)
+        sys.exit(2)
+    if limit:
+        series = dict(list(series.items())[:limit])
+    upper = max_value if max_value is not None else (100.0 if "duty_cycle" in series_path else None)
+    result = {"series_file": series_path, **prequential(series, horizon=horizon, upper=upper)}
+    click.echo(json.dumps(result, indent=2) if as_json else "\n".join(f"{k:22} {v}" for k, v in result.items()))
 
 
 # --------------------------------------------------------------------------- bench
@@ -375,7 +399,7 @@ def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str
 # --------------------------------------------------------------------------- parts built by later issues
 
 _LATER = {
-    "stream": ("Run the Faust stream workers: per-GPU state, River forecasts, derived-state topics.", 4),
+    "stream": ("Run the Faust stream workers: per-GPU state, forecasts, derived-state topics.", 4),
     "scheduler": ("Run the scheduler (custom scheduler or extender) on live state from Kafka.", 6),
 }
 
