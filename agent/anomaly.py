@@ -55,26 +55,6 @@ class RingBuffer:
         return self.times[idx], self.values[idx]
 
 
-class RobustZ:
-    """Robust z-score of a value against the median/MAD of a trailing window."""
-
-    def __init__(self, window: int = 120, warmup: int = 30, min_abs: float = 1.0):
-        self.buf = RingBuffer(window)
-        self.warmup = warmup
-        self.min_abs = min_abs
-
-    def score_one(self, x: float) -> float:
-        if self.buf.n < self.warmup:
-            return 0.0
-        w = self.buf.window()
-        med = float(np.median(w))
-        mad = float(np.median(np.abs(w - med))) * 1.4826
-        return (x - med) / max(mad, self.min_abs)
-
-    def learn_one(self, t: float, x: float) -> None:
-        self.buf.push(t, x)
-
-
 class ThermalRunaway:
     """Temperature climbing faster than any power change explains (failed fan, blocked airflow)."""
 

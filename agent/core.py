@@ -163,7 +163,7 @@ class AgentCore:
                 track.sampler.snap()
             self._health_events(out, track, watch.ts)
             if track.sampler.due(watch):
-                moved = track.sampler.urgent or track.sampler.outside_deadband(watch) is not None
+                moved = track.sampler.urgent or track.sampler.moved is not None
                 try:
                     sample = self.collector.read(track.device.index, full=True)
                 except GpuLost:

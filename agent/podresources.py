@@ -62,38 +62,34 @@ def fields(data: bytes) -> Iterator[tuple[int, int, bytes | int]]:
             raise ProtobufError(f"unsupported wire type {wire}")
 
 
+def _by_number(message: bytes) -> dict[int, list[bytes | int]]:
+    out: dict[int, list[bytes | int]] = {}
+    for number, _, value in fields(message):
+        out.setdefault(number, []).append(value)
+    return out
+
+
+def _text(message: dict[int, list[bytes | int]], number: int) -> str:
+    values = message.get(number)
+    return values[-1].decode() if values and isinstance(values[-1], bytes) else ""
+
+
 def parse_list_response(data: bytes) -> dict[str, tuple[str, str, str]]:
-    """GPU device id (UUID) -> (pod, namespace, container) from a ListPodResourcesResponse."""
+    """GPU device id (UUID) -> (pod, namespace, container) from a ListPodResourcesResponse.
+
+    PodResources{1 name, 2 namespace, 3 containers}; ContainerResources{1 name, 2 devices};
+    ContainerDevices{1 resource_name, 2 device_ids}.
+    """
     owners: dict[str, tuple[str, str, str]] = {}
-    for num, _, pod in fields(data):
-        if num != 1 or not isinstance(pod, bytes):
-            continue
-        name = namespace = ""
-        containers: list[bytes] = []
-        for pnum, _, pval in fields(pod):
-            if pnum == 1:
-                name = pval.decode()
-            elif pnum == 2:
-                namespace = pval.decode()
-            elif pnum == 3:
-                containers.append(pval)
-        for container in containers:
-            cname, devices = "", []
-            for cnum, _, cval in fields(container):
-                if cnum == 1:
-                    cname = cval.decode()
-                elif cnum == 2:
-                    devices.append(cval)
-            for dev in devices:
-                resource, ids = "", []
-                for dnum, _, dval in fields(dev):
-                    if dnum == 1:
-                        resource = dval.decode()
-                    elif dnum == 2:
-                        ids.append(dval.decode())
-                if resource.startswith(GPU_RESOURCES):
-                    for device_id in ids:
-                        owners[device_id] = (name, namespace, cname)
+    for pod_bytes in _by_number(data).get(1, []):
+        pod = _by_number(pod_bytes)
+        for container_bytes in pod.get(3, []):
+            container = _by_number(container_bytes)
+            for device_bytes in container.get(2, []):
+                device = _by_number(device_bytes)
+                if _text(device, 1).startswith(GPU_RESOURCES):
+                    for device_id in device.get(2, []):
+                        owners[device_id.decode()] = (_text(pod, 1), _text(pod, 2), _text(container, 1))
     return owners
 
 

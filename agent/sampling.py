@@ -109,6 +109,7 @@ class AdaptiveSampler:
         self.next_due = 0.0
         self.last: Reading | None = None
         self.urgent = False
+        self.moved: str | None = None  # why the last due() fired early, if it did
 
     def set_policy(self, policy: SamplingPolicy) -> None:
         self.policy = policy
@@ -139,7 +140,7 @@ class AdaptiveSampler:
         return None
 
     def due(self, watch: Reading) -> bool:
-        moved = self.outside_deadband(watch)
+        moved = self.moved = self.outside_deadband(watch)
         if self.urgent or moved is not None:
             self.interval = self.policy.floor_s
             return True

@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuaware.processes import ChildProcess, free_port, port_in_use, wait_port_closed
-from stream import admin, topics
+from stream import admin
 from stream.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -250,6 +250,3 @@ class LocalBroker:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-
-def topic_names() -> list[str]:
-    return [t.name for t in topics.ALL_TOPICS]

@@ -62,3 +62,14 @@ def kafka_bootstrap(kafka_settings: KafkaSettings) -> str:
 def unique() -> str:
     """A suffix that keeps topics and consumer groups of one test apart from every other's."""
     return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def seaweedfs() -> None:
+    """Skip unless the SeaweedFS binary (the `durable` extra) is installed."""
+    from gpuaware.localbroker import BrokerError, seaweed_binary
+
+    try:
+        seaweed_binary()
+    except BrokerError as exc:
+        pytest.skip(str(exc))

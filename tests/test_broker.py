@@ -159,11 +159,7 @@ async def _produce_values(settings: KafkaSettings, topic: str, values: list[byte
 
 
 @pytest.mark.durable
-def test_s3_storage_keeps_the_log_across_a_broker_restart(tmp_path):
-    try:
-        localbroker.seaweed_binary()
-    except BrokerError as exc:
-        pytest.skip(str(exc))
+def test_s3_storage_keeps_the_log_across_a_broker_restart(tmp_path, seaweedfs):
     with LocalBroker(BrokerSettings(port=0, storage="s3", data_dir=str(tmp_path / "s3")), run_dir=tmp_path) as b:
         settings = b.kafka_settings()
         values = [f"sample-{i}".encode() for i in range(50)]

@@ -62,15 +62,8 @@ def fragmentation_experiment(nodes_csv: str, pods_csv: str, policies: list[str],
                          policies, seeds, progress)
     report = {"experiment": "fragmentation", "nodes": nodes_csv, "pods": pods_csv, "gpus": sum(n.gpus for n in nodes),
               "seeds": seeds, "results": summaries}
-    if out_dir is not None:
-        from scheduler.sim.report import plot_fragmentation
-
-        out_dir.mkdir(parents=True, exist_ok=True)
-        stem = Path(pods_csv).stem
-        (out_dir / f"fragmentation-{stem}.json").write_text(json.dumps(report, indent=2))
-        report["plot"] = str(plot_fragmentation(summaries, out_dir / f"fragmentation-{stem}.png",
-                                                f"{stem}: {len(nodes)} nodes, {report['gpus']} GPUs, seeds {seeds}"))
-    return report
+    title = f"{Path(pods_csv).stem}: {len(nodes)} nodes, {report['gpus']} GPUs, seeds {seeds}"
+    return _write(report, out_dir, "plot_fragmentation", title)
 
 
 def dynamic_experiment(nodes_csv: str, pods_csv: str, policies: list[str], seeds: list[int],
@@ -82,12 +75,17 @@ def dynamic_experiment(nodes_csv: str, pods_csv: str, policies: list[str], seeds
                          policies, seeds, progress)
     report = {"experiment": "dynamic", "nodes": nodes_csv, "pods": pods_csv, "seeds": seeds,
               "config": (cfg or DynamicConfig()).__dict__, "results": summaries}
-    if out_dir is not None:
-        from scheduler.sim.report import plot_dynamic
+    return _write(report, out_dir, "plot_dynamic", f"dynamic, {Path(report['pods']).stem}, seeds {seeds}")
 
-        out_dir.mkdir(parents=True, exist_ok=True)
-        stem = Path(pods_csv).stem
-        (out_dir / f"dynamic-{stem}.json").write_text(json.dumps(report, indent=2))
-        report["plot"] = str(plot_dynamic(summaries, out_dir / f"dynamic-{stem}.png",
-                                          f"dynamic, {stem}, seeds {seeds}"))
+
+def _write(report: dict, out_dir: Path | None, plotter: str, title: str) -> dict:
+    """<experiment>-<pod trace>.json and .png under ``out_dir`` (nothing without one)."""
+    if out_dir is None:
+        return report
+    from scheduler.sim import report as plots  # matplotlib only when a plot is asked for
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{report['experiment']}-{Path(report['pods']).stem}"
+    (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    report["plot"] = str(getattr(plots, plotter)(report["results"], out_dir / f"{stem}.png", title))
     return report
