@@ -96,7 +96,8 @@ class AgentCore:
         parts = ", ".join(f"{c}={v:.0f}" for c, v in track.health.components().items() if v < 100)
         self._event(out, track, ts, EventKind.HEALTH_CHANGE, severity,
                     f"health {old.value.lower()} -> {new.value.lower()} (score {track.health.score:.0f}; {parts})",
-                    metric="health_score", value=track.health.score, old_band=old.value, new_band=new.value)
+                    metric="health_score", value=track.health.score, old_band=old.value, new_band=new.value,
+                    **{f"component.{c}": f"{v:.1f}" for c, v in track.health.components().items()})
         track.sampler.snap()
 
     def _throttle_events(self, out: TickOutput, track: GpuTrack, r: Reading) -> None:

@@ -227,6 +227,32 @@ def agent(obj: Context, collector: str | None, scenario: str | None, sim_nodes: 
         sys.exit(2)
 
 
+# --------------------------------------------------------------------------- stream
+
+
+@cli.command()
+@click.option("--metrics-port", type=int, default=None, help="Port of /metrics (default 9400; 0 disables).")
+@click.option("--app-id", default=None, help="Faust app id = consumer group (default gpuaware-stream).")
+@click.option("--data-dir", default=None, help="Faust's working directory (default /tmp/gpuaware-stream).")
+@click.pass_obj
+def stream(obj: Context, metrics_port: int | None, app_id: str | None, data_dir: str | None) -> None:
+    """Run one Faust stream worker: per-GPU state, forecasts, fingerprints, derived-state topics.
+
+    Reads gpu.telemetry.v1 and gpu.events.v1, keeps each GPU's state in a changelog-backed table,
+    and publishes gpu.state.v1, node.state.v1 and cluster.forecast.v1. Start several with the same
+    app id to share the partitions; bad records go to <topic>.dlq. Ctrl-C stops it.
+    """
+    from stream.main import run_worker
+
+    cfg = obj.config(**{"metrics.port": metrics_port, "stream.app_id": app_id, "stream.data_dir": data_dir})
+    _setup("stream", cfg)
+    try:
+        run_worker(cfg.kafka, cfg.stream, cfg.cluster, cfg.metrics.host, cfg.metrics.port, cfg.log.level)
+    except (TimeoutError, RuntimeError, OSError) as exc:
+        click.echo(f"gpuaware stream: {exc}", err=True)
+        sys.exit(2)
+
+
 # --------------------------------------------------------------------------- eval
 
 
@@ -399,7 +425,6 @@ def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str
 # --------------------------------------------------------------------------- parts built by later issues
 
 _LATER = {
-    "stream": ("Run the Faust stream workers: per-GPU state, forecasts, derived-state topics.", 4),
     "scheduler": ("Run the scheduler (custom scheduler or extender) on live state from Kafka.", 6),
 }
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from agent.settings import AgentSettings
 from gpuaware.localbroker import BrokerSettings
 from stream.kafka_settings import KafkaSettings
+from stream.settings import StreamSettings
 
 ENV_PREFIX = "GPUAWARE_"
 
@@ -45,6 +46,7 @@ class GpuawareConfig(BaseModel):
     log: LogSettings = LogSettings()
     metrics: MetricsSettings = MetricsSettings()
     agent: AgentSettings = AgentSettings()
+    stream: StreamSettings = StreamSettings()
 
 
 class ConfigError(ValueError):

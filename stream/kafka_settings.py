@@ -150,4 +150,8 @@ class KafkaSettings(BaseModel):
             "producer_compression_type": None if self.compression == "none" else self.compression,
             "producer_linger": self.linger_ms / 1000,
             "producer_request_timeout": self.request_timeout_ms / 1000,
+            # Faust's defaults (60 s) make a group join take ~30 s on Tansu; use ours.
+            "broker_session_timeout": self.session_timeout_ms / 1000,
+            "broker_heartbeat_interval": max(0.1, self.session_timeout_ms / 3000),
+            "broker_rebalance_timeout": self.session_timeout_ms / 1000,
         }

@@ -61,6 +61,17 @@ MODELS: dict[str, ModelSpec] = {
 AMBIENT_C = 30.0
 THERMAL_TAU_S = 40.0
 
+WorkloadKind = Literal["trace", "training-compute", "training-memory", "inference-bursty", "idle-holding"]
+
+# What each synthetic workload kind looks like: memory-bandwidth share of busy time, framebuffer share.
+WORKLOAD_SHAPE: dict[str, tuple[float, float]] = {
+    "trace": (0.6, 0.0),
+    "training-compute": (0.3, 0.7),
+    "training-memory": (0.9, 0.9),
+    "inference-bursty": (0.5, 0.3),
+    "idle-holding": (0.0, 0.4),
+}
+
 FaultKind = Literal["ecc_sbe_storm", "ecc_dbe", "xid", "thermal_runaway", "power_cap", "stuck_util", "dead"]
 
 
@@ -92,6 +103,9 @@ class Scenario(BaseModel):
     models: list[str] = Field(default_factory=lambda: ["H100", "A100"], min_length=1)
     node_prefix: str = "sim-node"
     jitter_pct: float = Field(0.5, ge=0, le=20, description="utilisation jitter, percentage points")
+    workloads: list[WorkloadKind] = Field(
+        default_factory=lambda: ["trace"], min_length=1,
+        description="per GPU, cycled: 'trace' replays GenTD26; the others are synthetic workload kinds")
     faults: list[Fault] = Field(default_factory=list)
     library: bool = Field(True, description="part of the evaluation library (eval sampling, fault tests)")
 
@@ -145,6 +159,9 @@ class SimGpu:
         self.index = index
         self.gid = node * scenario.gpus_per_node + index
         self.spec = MODELS[scenario.models[self.gid % len(scenario.models)]]
+        self.workload = scenario.workloads[self.gid % len(scenario.workloads)]
+        self.mem_bw_share, fb_share = WORKLOAD_SHAPE[self.workload]
+        self.fb_target = fb_share * self.spec.fb_total_mib
         self.util_series = util
         mem_peak = float(mem.max()) or 1.0
         # Scale the pod's memory curve onto this GPU: its peak uses up to 90% of the framebuffer.
@@ -192,10 +209,10 @@ class SimGpu:
             self.dead = True
             return
         jitter = self.scenario.jitter_pct * _jitter(self.scenario.seed, self.gid, s)
-        util = min(100.0, max(0.0, self._series_at(self.util_series, s) + jitter))
+        util, mem = self._workload_at(s, jitter)
         stuck = self._active("stuck_util", s)
         self.util = 100.0 if stuck else util
-        self.mem = min(spec.fb_total_mib * 0.98, max(0.0, self._series_at(self.mem_series, s)))
+        self.mem = min(spec.fb_total_mib * 0.98, max(0.0, mem))
         # A hung kernel reads 100% busy while the SMs draw little: power follows real work.
         work = 0.03 if stuck else util / 100.0
         uncapped = spec.idle_power_w + (spec.board_power_w - spec.idle_power_w) * work**0.9
@@ -228,6 +245,26 @@ class SimGpu:
         for f in self._onset("xid", s):
             self.pending_xids.append(XidEvent(self.index, epoch + s, f.xid))
 
+    def _workload_at(self, s: int, jitter: float) -> tuple[float, float]:
+        """Utilisation (%) and framebuffer used (MiB) of this GPU's workload at second ``s``."""
+        kind = self.workload
+        if kind == "trace":
+            util = self._series_at(self.util_series, s) + jitter
+            return min(100.0, max(0.0, util)), self._series_at(self.mem_series, s)
+        noise = _jitter(self.scenario.seed + 17, self.gid, s)
+        if kind == "training-compute":
+            util = 95.0 + 3.0 * noise
+        elif kind == "training-memory":
+            util = 85.0 + 5.0 * noise
+        elif kind == "inference-bursty":
+            # Requests arrive in bursts: a few seconds near 100%, then mostly idle.
+            util = 90.0 + 10.0 * noise if (s // 3) % 4 == 0 or noise > 0.8 else 4.0 + 3.0 * abs(noise)
+        else:  # idle-holding: memory allocated, nothing running
+            util = 0.0
+        # Training grows its footprint over the first minutes; the others hold it flat.
+        ramp = min(1.0, 0.5 + s / 600.0) if kind.startswith("training") else 1.0
+        return min(100.0, max(0.0, util)), self.fb_target * ramp * (1.0 + 0.01 * noise)
+
     def reading(self, ts: float, full: bool) -> Reading:
         if self.dead:
             raise GpuLost(f"{self.uuid}: GPU is lost (simulated fall off the bus)")
@@ -238,7 +275,7 @@ class SimGpu:
             ecc_sbe_volatile=self.ecc_sbe, ecc_dbe_volatile=self.ecc_dbe,
         )
         if full:
-            r.util_mem = round(self.util * 0.6, 1)
+            r.util_mem = round(self.util * self.mem_bw_share, 1)
             r.fb_free_mib = spec.fb_total_mib - r.fb_used_mib
             r.sm_clock_mhz = self.sm_clock
             r.mem_clock_mhz = spec.mem_clock_mhz
@@ -253,7 +290,7 @@ class SimGpu:
             r.prof_gr_engine_active = round(busy, 3)
             r.prof_sm_active = round(busy * 0.8, 3)
             r.prof_tensor_active = round(busy * 0.4, 3)
-            r.prof_dram_active = round(busy * 0.5, 3)
+            r.prof_dram_active = round(busy * self.mem_bw_share, 3)
         return r
 
 

@@ -1,0 +1,219 @@
+"""The Faust app: agents and timers around ``StreamProcessor``.
+
+Tasks, one per concern:
+- ``process``: telemetry (keyed by node) and GPU events re-keyed by node, on co-partitioned topics,
+  into the changelog-backed ``gpus`` table; publishes ``gpu.state.v1`` on change.
+- ``rekey_events``: ``gpu.events.v1`` is keyed by GPU UUID; events are forwarded, verbatim, to an
+  internal topic keyed by node so each GPU's events meet its telemetry in one partition.
+- ``heartbeat`` / ``node_rollup`` timers: bounded-rate republishing and ``node.state.v1``.
+- ``demand_partials`` timer + ``cluster_forecast`` agent: every worker publishes per-model demand of
+  its partitions to a one-partition internal topic; its single owner merges them into
+  ``cluster.forecast.v1``.
+Undecodable or invalid records go to ``<topic>.dlq`` with the error in headers; processing goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import faust
+from aiokafka.structs import TopicPartition
+
+from stream import topics
+from stream.admin import end_offsets
+from stream.events import ClusterForecast, DecodeError, GpuEvent, TelemetryBatch, dead_letter, decode, encode
+from stream.gpu_state import TrackerSettings
+from stream.kafka_settings import KafkaSettings
+from stream.metrics import StreamStats
+from stream.processor import InvalidRecord, StreamProcessor
+from stream.rollup import Partial, merge_demand
+from stream.settings import StreamSettings
+
+log = logging.getLogger(__name__)
+
+PARTIAL_MAX_AGE_MS = 60_000
+
+
+def internal_topics(settings: StreamSettings) -> list[topics.TopicSpec]:
+    """Faust's own topics, created up front with the right partition counts (Tansu would guess 4)."""
+    n = topics.spec(topics.TELEMETRY).partitions
+    return [
+        topics.TopicSpec(f"{settings.app_id}-events-by-node", n, "delete", topics.HOUR_MS, "node name",
+                         "gpu.events.v1 re-keyed by node"),
+        topics.TopicSpec(f"{settings.app_id}-gpus-changelog", n, "compact", None, "GPU UUID",
+                         "changelog of the per-GPU state table"),
+        topics.TopicSpec(f"{settings.app_id}-model-demand", 1, "delete", topics.HOUR_MS, "partition",
+                         "per-partition demand partials"),
+        topics.TopicSpec(f"{settings.app_id}-__assignor-__leader", 1, "delete", None, "", "Faust leader election"),
+    ]
+
+
+def _patch_end_offsets(kafka: KafkaSettings) -> None:
+    """Tansu answers ListOffsets(latest) wrongly; table recovery must read true ends (see docs/broker.md)."""
+    from faust.transport.drivers import aiokafka as driver
+
+    async def _highwaters(self: Any, partitions: list) -> dict:
+        if not partitions:
+            return {}
+        ends = await end_offsets(kafka, [TopicPartition(tp.topic, tp.partition) for tp in partitions])
+        return {tp: ends[TopicPartition(tp.topic, tp.partition)] for tp in partitions}
+
+    driver.AIOKafkaConsumerThread._highwaters = _highwaters
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "local",
+               stats: StreamStats | None = None) -> tuple[faust.App, StreamProcessor]:
+    if kafka.embedded_broker_compat:
+        _patch_end_offsets(kafka)
+    stats = stats or StreamStats()
+    partitions = topics.spec(topics.TELEMETRY).partitions
+    app = faust.App(
+        settings.app_id,
+        **kafka.faust_settings(),
+        store="memory://",
+        topic_partitions=partitions,
+        topic_replication_factor=settings.replication_factor,
+        table_standby_replicas=settings.standby_replicas,
+        consumer_auto_offset_reset="earliest",
+        web_enabled=False,
+        datadir=settings.data_dir,
+    )
+    raw = {"key_serializer": "raw", "value_serializer": "raw"}
+    events = app.topic(topics.EVENTS, **raw)
+    by_node_name = f"{settings.app_id}-events-by-node"
+    events_by_node = app.topic(by_node_name, partitions=partitions, **raw)
+    demand_topic = app.topic(f"{settings.app_id}-model-demand", partitions=1, **raw)
+    inputs = app.topic(topics.TELEMETRY, by_node_name, **raw)
+    out = {name: app.topic(name, **raw) for name in (topics.GPU_STATE, topics.NODE_STATE, topics.CLUSTER_FORECAST)}
+    dlqs: dict[str, faust.Topic] = {}
+    table = app.Table("gpus", partitions=partitions)  # GPU UUID -> GpuTracker snapshot, both JSON
+    tracker_settings = TrackerSettings(
+        horizons_min=tuple(settings.horizons_min), min_interval_ms=settings.min_publish_interval_ms,
+        max_interval_ms=settings.max_publish_interval_ms,
+    )
+    processor = StreamProcessor(table, tracker_settings, stats)
+    positions: dict[tuple[str, int], int] = {}
+
+    def assigned(topic: str = topics.TELEMETRY) -> set[int]:
+        return {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == topic}
+
+    def send(topic: str, record: Any) -> None:
+        out[topic].send_soon(key=record.key(), value=encode(record))
+        stats.published[topic] += 1
+
+    def to_dlq(message: Any, error: Exception) -> None:
+        name, headers = dead_letter(message.topic, message.partition, message.offset, error)
+        if name not in dlqs:
+            dlqs[name] = app.topic(name, **raw)
+        dlqs[name].send_soon(key=message.key, value=message.value, headers=headers)
+        stats.dlq[message.topic] += 1
+        log.warning("dead-lettered %s/%s@%s: %s", message.topic, message.partition, message.offset, error)
+
+    @app.agent(inputs, name="process")
+    async def process(stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            stats.records[message.topic] += 1
+            positions[(message.topic, message.partition)] = message.offset
+            try:
+                if message.topic == topics.TELEMETRY:
+                    states = processor.on_telemetry(decode(message.value, TelemetryBatch), message.partition, now_ms())
+                else:
+                    states = processor.on_event(decode(message.value, GpuEvent), message.partition, now_ms())
+            except (DecodeError, InvalidRecord) as exc:
+                # Records re-keyed from gpu.events.v1 were checked there; this is telemetry.
+                to_dlq(message, exc)
+                continue
+            for state in states:
+                send(topics.GPU_STATE, state)
+
+    @app.agent(events, name="rekey-events")
+    async def rekey_events(stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            stats.records[message.topic] += 1
+            positions[(message.topic, message.partition)] = message.offset
+            try:
+                ev = decode(message.value, GpuEvent)
+            except DecodeError as exc:
+                to_dlq(message, exc)
+                continue
+            await events_by_node.send(key=ev.node.encode(), value=message.value)
+
+    @app.timer(1.0, name="heartbeat")
+    async def heartbeat() -> None:
+        for state in processor.heartbeats(now_ms(), assigned()):
+            send(topics.GPU_STATE, state)
+
+    @app.timer(settings.node_state_interval_s, name="node-rollup")
+    async def node_rollup() -> None:
+        for state in processor.node_states(now_ms(), assigned()):
+            send(topics.NODE_STATE, state)
+
+    @app.timer(settings.cluster_forecast_interval_s, name="demand-partials")
+    async def demand_partials() -> None:
+        ts = now_ms()
+        for partition, partial in processor.demand_partials(sorted(assigned())).items():
+            body = json.dumps({"ts_ms": ts, "demand": partial}).encode()
+            await demand_topic.send(key=str(partition).encode(), value=body)
+
+    partials: dict[str, tuple[int, Partial]] = {}
+    last_forecast = [0]
+
+    @app.agent(demand_topic, name="cluster-forecast")
+    async def cluster_forecast(stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            positions[(message.topic, message.partition)] = message.offset
+            try:
+                body = json.loads(message.value)
+                partials[message.key.decode()] = (int(body["ts_ms"]), body["demand"])
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                to_dlq(message, exc)
+                continue
+            ts = now_ms()
+            if ts - last_forecast[0] < settings.cluster_forecast_interval_s * 500:
+                continue
+            last_forecast[0] = ts
+            fresh = {k: p for k, (t, p) in partials.items() if ts - t <= PARTIAL_MAX_AGE_MS}
+            send(topics.CLUSTER_FORECAST, ClusterForecast(cluster, ts, merge_demand(fresh)))
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(sender: Any, revoked: set, **_: Any) -> None:
+        processor.forget({tp.partition for tp in revoked if tp.topic == topics.TELEMETRY})
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(sender: Any, assigned_tps: set, **_: Any) -> None:
+        # Newly assigned partitions are reloaded from the recovered table, never from a stale cache.
+        processor.forget({tp.partition for tp in assigned_tps if tp.topic == topics.TELEMETRY})
+
+    consumed = {topics.TELEMETRY, topics.EVENTS, by_node_name, demand_topic.get_topic_name()}
+    app.gpuaware_lag = lambda: _lag(app, positions, consumed)  # type: ignore[attr-defined]
+    return app, processor
+
+
+def _lag(app: faust.App, positions: dict[tuple[str, int], int], consumed: set[str]) -> dict[tuple[str, int], int]:
+    """Log end minus position for the partitions this worker processes (not the changelogs it restores)."""
+    out: dict[tuple[str, int], int] = {}
+    try:
+        actives = app.assignor.assigned_actives()
+    except Exception:  # not assigned yet
+        return out
+    for tp in actives:
+        if tp.topic not in consumed:
+            continue
+        try:
+            hw = app.consumer.highwater(tp)
+        except Exception:
+            continue
+        if hw is None:
+            continue
+        out[(tp.topic, tp.partition)] = max(0, hw - positions.get((tp.topic, tp.partition), -1) - 1)
+    return out

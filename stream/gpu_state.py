@@ -1,0 +1,220 @@
+"""What the stream knows about one GPU, and when it says so.
+
+``GpuTracker`` is pure (no Kafka, no Faust): it learns samples and edge events, keeps smoothed
+metrics, one-minute history, health, recent events, the workload fingerprint and per-horizon
+forecasters, renders a ``GpuState`` record, and decides when that record is worth publishing
+(on change, at most every ``min_interval_ms``, at least every ``max_interval_ms``).
+
+Its snapshot (``to_dict``) is what the Faust table's changelog stores. Forecasters are not
+serialised: they are rebuilt by replaying the retained minute history, which reproduces their
+windows and most of their loss and residual statistics (measured in tests/test_stream_state.py).
+Duplicate samples (an agent replaying its spool after an outage, or the stream re-reading after a
+crash) are recognised by the per-GPU ``seq`` and timestamp and applied once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from stream.events import EventKind, Forecast, GpuEvent, GpuInfo, GpuSample, GpuState, HealthBand
+from stream.fingerprint import WorkloadFingerprint
+from stream.forecast import ExpertForecaster
+
+MINUTE_MS = 60_000
+SMOOTHING = 0.3
+HISTORY_MINUTES = 60
+RECENT_EVENTS = 8
+METRICS = ("util_gpu", "fb_used_mib")
+
+
+@dataclass(frozen=True)
+class TrackerSettings:
+    horizons_min: tuple[int, ...] = (1, 5, 15)
+    min_interval_ms: int = 1000
+    max_interval_ms: int = 30_000
+    util_change: float = 5.0  # percentage points that count as a change worth publishing
+    fb_change_share: float = 0.05
+
+
+@dataclass
+class GpuTracker:
+    uuid: str
+    node: str = ""
+    model: str = ""
+    index: int = 0
+    fb_total_mib: int = 0
+    samples: int = 0
+    duplicates: int = 0
+    last_seq: int = -1
+    sample_ts_ms: int = 0
+    smoothed: dict[str, float] = field(default_factory=dict)
+    minute: int | None = None
+    bucket: list[float] = field(default_factory=lambda: [0.0, 0.0, 0])  # util sum, fb sum, count
+    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_MINUTES))  # (minute, util, fb)
+    health_score: float = 100.0
+    health_band: str = HealthBand.HEALTHY.value
+    health_components: dict[str, float] = field(default_factory=dict)
+    recent_events: deque = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
+    fingerprint: WorkloadFingerprint = field(default_factory=WorkloadFingerprint)
+    forecasts: list[Forecast] = field(default_factory=list)
+    last_published_ms: int = 0
+    published_signature: tuple | None = None
+    settings: TrackerSettings = field(default_factory=TrackerSettings)
+    _forecasters: dict[tuple[str, int], ExpertForecaster] | None = None
+
+    # ------------------------------------------------------------------ learning
+
+    def learn_sample(self, node: str, info: GpuInfo, sample: GpuSample, ts_ms: int) -> bool:
+        """Fold one sample in; False (and nothing changes) when it was seen before."""
+        if sample.seq <= self.last_seq and ts_ms <= self.sample_ts_ms:
+            self.duplicates += 1
+            return False
+        self.node, self.model, self.index, self.fb_total_mib = node, info.model, info.index, info.fb_total_mib
+        self.last_seq = sample.seq
+        self.sample_ts_ms = max(self.sample_ts_ms, ts_ms)
+        self.samples += 1
+        values = {
+            "util_gpu": float(sample.util_gpu), "util_mem": float(sample.util_mem),
+            "fb_used_mib": float(sample.fb_used_mib), "power_w": sample.power_dw / 10.0, "temp_c": float(sample.temp_c),
+        }
+        for name, v in values.items():
+            prev = self.smoothed.get(name)
+            self.smoothed[name] = v if prev is None else prev + SMOOTHING * (v - prev)
+        self.fingerprint.learn_one(ts_ms, values["util_gpu"], values["util_mem"], values["fb_used_mib"],
+                                   float(info.fb_total_mib), values["power_w"])
+        self._bucket(ts_ms // MINUTE_MS, values["util_gpu"], values["fb_used_mib"])
+        return True
+
+    def _bucket(self, minute: int, util: float, fb: float) -> None:
+        if self.minute is not None and minute > self.minute and self.bucket[2]:
+            count = self.bucket[2]
+            closed = (self.minute, self.bucket[0] / count, self.bucket[1] / count)
+            self._models()  # built (from the history so far) before this minute joins it
+            self.history.append(closed)
+            self._learn_minute(closed[1], closed[2])
+            self.bucket = [0.0, 0.0, 0]
+        if self.minute is None or minute >= self.minute:
+            self.minute = minute
+            self.bucket[0] += util
+            self.bucket[1] += fb
+            self.bucket[2] += 1
+
+    def _models(self) -> dict[tuple[str, int], ExpertForecaster]:
+        if self._forecasters is None:
+            self._forecasters = {}
+            for metric in METRICS:
+                upper = 100.0 if metric == "util_gpu" else float(self.fb_total_mib or 1e12)
+                for h in self.settings.horizons_min:
+                    self._forecasters[(metric, h)] = ExpertForecaster(horizon=h, upper_bound=upper)
+            # Rebuild from the retained history (after a restart or a rebalance).
+            last = len(self.history) - 1
+            for i, (_, util, fb) in enumerate(self.history):
+                self._learn_minute(util, fb, render=i == last)
+        return self._forecasters
+
+    def _learn_minute(self, util: float, fb: float, render: bool = True) -> None:
+        models = self._models()
+        for (metric, _), model in models.items():
+            model.learn_one(util if metric == "util_gpu" else fb)
+        if render:
+            self._render_forecasts()
+        else:
+            for model in models.values():
+                model.forecast()  # registers the pending forecast, as the live path does
+
+    def _render_forecasts(self) -> None:
+        out = []
+        for (metric, h), model in self._models().items():
+            f = model.forecast()
+            out.append(Forecast(metric, h * 60, round(f.mean, 2), round(f.lower, 2), round(f.upper, 2)))
+        self.forecasts = out
+
+    def forecast_abs_errors(self) -> dict[tuple[str, int], float]:
+        """Mean absolute error of the recent chosen forecasts, per (metric, horizon in minutes)."""
+        if self._forecasters is None:
+            return {}
+        return {k: sum(abs(e) for e in m.errors) / len(m.errors) for k, m in self._forecasters.items() if m.errors}
+
+    def learn_event(self, event: GpuEvent) -> None:
+        self.recent_events.append((event.ts_ms, event.kind.value, event.severity.value, event.message[:160]))
+        if event.kind == EventKind.HEALTH_CHANGE:
+            if event.value is not None:
+                self.health_score = float(event.value)
+            band = event.attributes.get("new_band")
+            if band in HealthBand.__members__:
+                self.health_band = band
+            components = {k.removeprefix("component."): v for k, v in event.attributes.items()
+                          if k.startswith("component.")}
+            parsed = {}
+            for k, v in components.items():
+                try:
+                    parsed[k] = float(v)
+                except ValueError:
+                    continue
+            if parsed:
+                self.health_components = parsed
+        if not self.node:
+            self.node = event.node
+
+    # ------------------------------------------------------------------ output
+
+    def state(self, now_ms: int) -> GpuState:
+        s = self.smoothed
+        cls, confidence = self.fingerprint.predict_one()
+        return GpuState(
+            gpu_uuid=self.uuid, node=self.node, model=self.model, sample_ts_ms=self.sample_ts_ms, published_ms=now_ms,
+            util_gpu=round(s.get("util_gpu", 0.0), 2), util_mem=round(s.get("util_mem", 0.0), 2),
+            fb_used_mib=round(s.get("fb_used_mib", 0.0), 1), fb_total_mib=self.fb_total_mib,
+            power_w=round(s.get("power_w", 0.0), 1), temp_c=round(s.get("temp_c", 0.0), 1),
+            health_score=round(self.health_score, 1), health_band=HealthBand(self.health_band),
+            health_components=dict(self.health_components), forecasts=list(self.forecasts),
+            workload_class=cls, class_confidence=confidence, samples=self.samples,
+        )
+
+    def _signature(self) -> tuple:
+        s = self.smoothed
+        fb_step = max(self.fb_total_mib * self.settings.fb_change_share, 1.0)
+        return (
+            round(s.get("util_gpu", 0.0) / self.settings.util_change),
+            round(s.get("fb_used_mib", 0.0) / fb_step),
+            self.health_band, self.fingerprint.last_class, len(self.history), self.minute,
+        )
+
+    def due(self, now_ms: int) -> bool:
+        """Publish now? On a meaningful change (rate-limited) or when the last one is getting old."""
+        since = now_ms - self.last_published_ms
+        if since >= self.settings.max_interval_ms:
+            return True
+        return since >= self.settings.min_interval_ms and self._signature() != self.published_signature
+
+    def mark_published(self, now_ms: int) -> None:
+        self.last_published_ms = now_ms
+        self.published_signature = self._signature()
+
+    # ------------------------------------------------------------------ snapshot
+
+    def to_dict(self) -> dict:
+        return {
+            "uuid": self.uuid, "node": self.node, "model": self.model, "index": self.index,
+            "fb_total_mib": self.fb_total_mib, "samples": self.samples, "duplicates": self.duplicates,
+            "last_seq": self.last_seq, "sample_ts_ms": self.sample_ts_ms, "smoothed": self.smoothed,
+            "minute": self.minute, "bucket": self.bucket, "history": list(self.history),
+            "health_score": self.health_score, "health_band": self.health_band,
+            "health_components": self.health_components, "recent_events": list(self.recent_events),
+            "fingerprint": self.fingerprint.to_dict(), "last_published_ms": self.last_published_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict, settings: TrackerSettings | None = None) -> GpuTracker:
+        t = cls(uuid=data["uuid"], settings=settings or TrackerSettings())
+        for name in ("node", "model", "index", "fb_total_mib", "samples", "duplicates", "last_seq", "sample_ts_ms",
+                     "smoothed", "minute", "bucket", "health_score", "health_band", "health_components",
+                     "last_published_ms"):
+            setattr(t, name, data[name])
+        t.history = deque((tuple(h) for h in data["history"]), maxlen=HISTORY_MINUTES)
+        t.recent_events = deque((tuple(e) for e in data["recent_events"]), maxlen=RECENT_EVENTS)
+        t.fingerprint = WorkloadFingerprint.from_dict(data["fingerprint"])
+        if t.history:
+            t._models()
+        return t

@@ -1,0 +1,95 @@
+"""Prometheus metrics of the stream workers: a custom Collector over plain counters.
+
+The hot path only bumps integers in ``StreamStats``; metric families are built on scrape.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from stream.gpu_state import GpuTracker
+
+LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+@dataclass
+class StreamStats:
+    records: Counter = field(default_factory=Counter)  # topic -> records read
+    dlq: Counter = field(default_factory=Counter)  # source topic -> records dead-lettered
+    samples: int = 0
+    duplicates: int = 0
+    published: Counter = field(default_factory=Counter)  # output topic -> records written
+    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
+    latency_sum: float = 0.0
+
+    def observe_latency(self, seconds: float) -> None:
+        for i, bound in enumerate(LATENCY_BUCKETS_S):
+            if seconds <= bound:
+                self.latency_counts[i] += 1
+                break
+        else:
+            self.latency_counts[-1] += 1
+        self.latency_sum += seconds
+
+
+class StreamCollector(Collector):
+    def __init__(self, stats: StreamStats, trackers: Callable[[], Iterable[GpuTracker]],
+                 lag: Callable[[], dict[tuple[str, int], int]]):
+        self.stats = stats
+        self.trackers = trackers
+        self.lag = lag
+
+    def collect(self) -> Iterator:
+        s = self.stats
+        records = CounterMetricFamily("gpuaware_stream_records", "Records read, per topic", labels=["topic"])
+        for topic, n in sorted(s.records.items()):
+            records.add_metric([topic], n)
+        yield records
+        dlq = CounterMetricFamily("gpuaware_stream_dlq", "Records sent to the dead-letter topic, per source topic",
+                                  labels=["topic"])
+        for topic, n in sorted(s.dlq.items()):
+            dlq.add_metric([topic], n)
+        yield dlq
+        yield CounterMetricFamily("gpuaware_stream_samples", "GPU samples applied to per-GPU state", value=s.samples)
+        yield CounterMetricFamily("gpuaware_stream_duplicate_samples",
+                                  "GPU samples recognised as already applied (replays)", value=s.duplicates)
+        published = CounterMetricFamily("gpuaware_stream_published", "Derived records written, per topic",
+                                        labels=["topic"])
+        for topic, n in sorted(s.published.items()):
+            published.add_metric([topic], n)
+        yield published
+        lag = GaugeMetricFamily("gpuaware_stream_consumer_lag", "Records not yet processed (log end - position)",
+                                labels=["topic", "partition"])
+        for (topic, partition), n in sorted(self.lag().items()):
+            lag.add_metric([topic, str(partition)], n)
+        yield lag
+        cumulative, buckets = 0, []
+        for bound, n in zip((*LATENCY_BUCKETS_S, float("inf")), s.latency_counts, strict=True):
+            cumulative += n
+            buckets.append(("+Inf" if bound == float("inf") else str(bound), cumulative))
+        yield HistogramMetricFamily("gpuaware_stream_sample_to_state_seconds",
+                                    "From a sample's timestamp to its GPU state being published",
+                                    buckets=buckets, sum_value=s.latency_sum)
+        trackers = list(self.trackers())
+        yield GaugeMetricFamily("gpuaware_stream_gpus", "GPUs whose state this worker holds", value=len(trackers))
+        errors: dict[tuple[str, int], list[float]] = {}
+        classes: Counter = Counter()
+        for t in trackers:
+            for key, err in t.forecast_abs_errors().items():
+                errors.setdefault(key, []).append(err)
+            classes[t.fingerprint.predict_one()[0]] += 1
+        mae = GaugeMetricFamily("gpuaware_stream_forecast_mae", "Mean absolute error of recent forecasts",
+                                labels=["metric", "horizon_minutes"])
+        for (metric, horizon), values in sorted(errors.items()):
+            mae.add_metric([metric, str(horizon)], sum(values) / len(values))
+        yield mae
+        by_class = GaugeMetricFamily("gpuaware_stream_workload_class_gpus", "GPUs per fingerprinted workload class",
+                                     labels=["class"])
+        for cls, n in sorted(classes.items()):
+            by_class.add_metric([cls], n)
+        yield by_class

@@ -1,0 +1,132 @@
+"""The stream's logic without Faust: records in, per-GPU state in a table, derived records out.
+
+``StreamProcessor`` owns the in-memory ``GpuTracker`` of every GPU in the partitions this worker
+holds, backed by a mapping of snapshots (a Faust table with a changelog in the app, a dict in
+tests). Every applied telemetry batch writes the touched GPUs' snapshots, so a worker that takes
+over a partition carries on from the last processed batch; duplicates replayed after a crash are
+recognised per GPU and applied once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, MutableMapping
+
+from stream.events import GpuEvent, GpuState, NodeState, TelemetryBatch
+from stream.gpu_state import GpuTracker, TrackerSettings
+from stream.metrics import StreamStats
+from stream.rollup import Partial, model_demand, node_state
+
+NODE_HEARTBEAT_MS = 30_000
+
+
+class InvalidRecord(ValueError):
+    """A record that decodes but breaks the contract's rules (dead-lettered like undecodable ones)."""
+
+
+def check_batch(batch: TelemetryBatch) -> None:
+    slots = len(batch.gpus)
+    bad = sorted({s.gpu for s in batch.samples if not 0 <= s.gpu < slots})
+    if bad:
+        raise InvalidRecord(f"telemetry batch {batch.node}#{batch.batch_seq}: samples name GPU slots {bad} "
+                            f"but the batch lists {slots} GPUs")
+    if not batch.node:
+        raise InvalidRecord("telemetry batch without a node name")
+
+
+class StreamProcessor:
+    def __init__(self, snapshots: MutableMapping[str, dict], settings: TrackerSettings | None = None,
+                 stats: StreamStats | None = None):
+        self.snapshots = snapshots
+        self.settings = settings or TrackerSettings()
+        self.stats = stats or StreamStats()
+        self.trackers: dict[str, GpuTracker] = {}
+        self.partition_of: dict[str, int] = {}
+        self.node_published: dict[str, tuple[int, tuple]] = {}
+
+    # ------------------------------------------------------------------ state
+
+    def tracker(self, key: str, partition: int) -> GpuTracker:
+        t = self.trackers.get(key)
+        if t is None:
+            snapshot = self.snapshots.get(key)
+            t = (GpuTracker.from_dict(snapshot, self.settings) if snapshot
+                 else GpuTracker(uuid=key, settings=self.settings))
+            self.trackers[key] = t
+        self.partition_of[key] = partition
+        return t
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Drop cached trackers of these partitions: they are reloaded from the table when next needed."""
+        gone = set(partitions)
+        for key in [k for k, p in self.partition_of.items() if p in gone]:
+            self.trackers.pop(key, None)
+            self.partition_of.pop(key, None)
+
+    def owned(self, partitions: set[int] | None) -> list[GpuTracker]:
+        return [t for k, t in self.trackers.items() if partitions is None or self.partition_of.get(k) in partitions]
+
+    # ------------------------------------------------------------------ input
+
+    def on_telemetry(self, batch: TelemetryBatch, partition: int, now_ms: int) -> list[GpuState]:
+        check_batch(batch)
+        touched: dict[str, GpuTracker] = {}
+        for sample in batch.samples:
+            info = batch.gpus[sample.gpu]
+            key = info.uuid
+            t = touched.get(key) or self.tracker(key, partition)
+            if t.learn_sample(batch.node, info, sample, batch.base_ts_ms + sample.dt_ms):
+                self.stats.samples += 1
+            else:
+                self.stats.duplicates += 1
+            touched[key] = t
+        for key, t in touched.items():
+            self.snapshots[key] = t.to_dict()
+        return self._due(touched.values(), now_ms, observe=True)
+
+    def on_event(self, event: GpuEvent, partition: int, now_ms: int) -> list[GpuState]:
+        key = event.gpu_uuid
+        t = self.tracker(key, partition)
+        t.learn_event(event)
+        self.snapshots[key] = t.to_dict()
+        return self._due([t], now_ms, observe=False)
+
+    # ------------------------------------------------------------------ output
+
+    def _due(self, trackers: Iterable[GpuTracker], now_ms: int, observe: bool) -> list[GpuState]:
+        out = []
+        for t in trackers:
+            if t.samples and t.due(now_ms):
+                state = t.state(now_ms)
+                t.mark_published(now_ms)
+                if observe:
+                    self.stats.observe_latency(max(0.0, (now_ms - t.sample_ts_ms) / 1000.0))
+                out.append(state)
+        return out
+
+    def heartbeats(self, now_ms: int, partitions: set[int] | None) -> list[GpuState]:
+        """States not published for ``max_interval_ms`` (their freshness timestamps tell how old the data is)."""
+        return self._due(self.owned(partitions), now_ms, observe=False)
+
+    def node_states(self, now_ms: int, partitions: set[int] | None) -> list[NodeState]:
+        """Node rollups that changed, or that were last published ``NODE_HEARTBEAT_MS`` ago."""
+        by_node: dict[str, list[GpuTracker]] = defaultdict(list)
+        for t in self.owned(partitions):
+            if t.node and t.samples:
+                by_node[t.node].append(t)
+        out = []
+        for node, gpus in sorted(by_node.items()):
+            state = node_state(node, gpus, now_ms)
+            signature = (tuple((g.uuid, g.health_band) for g in state.gpus), state.free_gpu_milli // 250,
+                         state.free_fb_mib // 4096)
+            last = self.node_published.get(node)
+            if last is None or last[1] != signature or now_ms - last[0] >= NODE_HEARTBEAT_MS:
+                self.node_published[node] = (now_ms, signature)
+                out.append(state)
+        return out
+
+    def demand_partials(self, partitions: Iterable[int]) -> dict[int, Partial]:
+        by_partition: dict[int, list[GpuTracker]] = defaultdict(list)
+        for key, t in self.trackers.items():
+            by_partition[self.partition_of[key]].append(t)
+        return {p: model_demand(by_partition.get(p, [])) for p in partitions}

@@ -1,0 +1,28 @@
+"""The ``stream:`` section of the configuration (env ``GPUAWARE_STREAM__*``)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class StreamSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    app_id: str = Field("gpuaware-stream", pattern=r"^[A-Za-z0-9._-]+$",
+                        description="Faust app id: the consumer group and the prefix of internal topics")
+    horizons_min: list[int] = Field(default_factory=lambda: [1, 5, 15], min_length=1,
+                                    description="forecast horizons in minutes")
+    min_publish_interval_ms: int = Field(1000, ge=0, description="a GPU's state is published at most this often")
+    max_publish_interval_ms: int = Field(30_000, ge=1000, description="... and at least this often")
+    node_state_interval_s: float = Field(5.0, gt=0, description="how often node rollups are considered")
+    cluster_forecast_interval_s: float = Field(10.0, gt=0, description="how often per-model demand is published")
+    replication_factor: int = Field(1, ge=1, le=5, description="of the internal topics (3 on a production Kafka)")
+    standby_replicas: int = Field(0, ge=0, le=3, description="Faust standby table replicas per partition")
+    data_dir: str = Field("/tmp/gpuaware-stream", description="Faust's working directory")
+
+    @field_validator("horizons_min")
+    @classmethod
+    def _horizons(cls, v: list[int]) -> list[int]:
+        if any(h < 1 or h > 24 * 60 for h in v) or len(set(v)) != len(v):
+            raise ValueError("horizons must be distinct whole minutes between 1 and 1440")
+        return sorted(v)

@@ -1,0 +1,231 @@
+"""Stream workers as real processes on a real broker: state out, DLQ, sharing, crash recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+
+from stream import topics
+from stream.events import (
+    DLQ_ERROR_HEADER,
+    EventKind,
+    GpuEvent,
+    GpuInfo,
+    GpuSample,
+    GpuState,
+    HealthBand,
+    NodeState,
+    Severity,
+    TelemetryBatch,
+    decode,
+    encode,
+)
+from stream.kafka_settings import KafkaSettings
+
+pytestmark = pytest.mark.timeout(300)
+MINUTE_MS = 60_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Worker:
+    def __init__(self, settings: KafkaSettings, app_id: str, workdir: Path, name: str):
+        env = {
+            **os.environ,
+            "GPUAWARE_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+            "GPUAWARE_KAFKA__EMBEDDED_BROKER_COMPAT": str(settings.embedded_broker_compat).lower(),
+            "GPUAWARE_KAFKA__SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
+            "GPUAWARE_STREAM__CLUSTER_FORECAST_INTERVAL_S": "2",
+            "GPUAWARE_STREAM__NODE_STATE_INTERVAL_S": "1",
+        }
+        self.log = workdir / f"{name}.log"
+        self.metrics_port = _free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuaware", "stream", "--app-id", app_id, "--metrics-port", str(self.metrics_port),
+             "--data-dir", str(workdir / name)],
+            env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+        )
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait(10)
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        return urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+
+
+@pytest.fixture
+def workers(kafka_settings: KafkaSettings, tmp_path: Path, unique: str) -> Iterator[Callable[[str], Worker]]:
+    started: list[Worker] = []
+
+    def start(name: str) -> Worker:
+        w = Worker(kafka_settings, f"test-stream-{unique}", tmp_path, name)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+def _batch(node: str, seq: int, ts_ms: int, gpus: int = 2, util: int = 60) -> TelemetryBatch:
+    return TelemetryBatch(
+        node, seq, ts_ms, [GpuInfo(f"GPU-{node}-{i}", i, "NVIDIA A100-SXM4-80GB", 81920) for i in range(gpus)],
+        [GpuSample(i, seq, 0, min(100, util + 5 * i + seq % 7), 20, 20_000 + 10 * seq, 2500, 60) for i in range(gpus)],
+    )
+
+
+async def _produce(settings: KafkaSettings, records: list[tuple[str, bytes, bytes]]) -> None:
+    producer = AIOKafkaProducer(**settings.producer_kwargs())
+    await producer.start()
+    try:
+        for topic, key, value in records:
+            await producer.send(topic, value, key=key)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def _watch(settings: KafkaSettings, topic: str, done: Callable[[list], bool], keep: Callable[[object], bool],
+                 timeout_s: float = 90.0, raw: bool = False) -> list:
+    """Read ``topic`` from the beginning, collecting what ``keep`` accepts, until ``done`` says so."""
+    consumer = AIOKafkaConsumer(**settings.consumer_kwargs(None))
+    await consumer.start()
+    seen: list = []
+    try:
+        parts = [TopicPartition(topic, p) for p in range(topics.spec(topic).partitions)]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for msgs in (await consumer.getmany(timeout_ms=300)).values():
+                for m in msgs:
+                    item = m if raw else decode(m.value)
+                    if keep(item):
+                        seen.append(item)
+            if done(seen):
+                return seen
+        raise AssertionError(f"{topic}: condition not met in {timeout_s}s; kept {len(seen)}: {seen[-3:]}")
+    finally:
+        await consumer.stop()
+
+
+def _latest(states: list[GpuState]) -> dict[str, GpuState]:
+    out: dict[str, GpuState] = {}
+    for s in states:
+        out[s.gpu_uuid] = s
+    return out
+
+
+def test_telemetry_in_state_out_with_forecasts_health_and_dlq(kafka_settings, workers, unique) -> None:
+    node = f"st-{unique}"
+    now = int(time.time() * 1000)
+    # 20 minutes of history at 10 s steps, ending now: minutes close, forecasts form.
+    batches = [_batch(node, seq, now - 20 * MINUTE_MS + seq * 10_000) for seq in range(1, 121)]
+    sick = GpuEvent(f"e-{unique}", now, node, f"GPU-{node}-1", EventKind.HEALTH_CHANGE, Severity.CRITICAL,
+                    "health_score", 20.0, None, "health healthy -> critical",
+                    {"old_band": "HEALTHY", "new_band": "CRITICAL", "component.ecc": "40.0"})
+    poison = b"\xa7\x01\x01not avro at all " + unique.encode()
+    records = [(topics.TELEMETRY, node.encode(), encode(b)) for b in batches[:60]]
+    records += [(topics.TELEMETRY, node.encode(), poison), (topics.EVENTS, sick.key(), poison)]
+    records += [(topics.TELEMETRY, node.encode(), encode(b)) for b in batches[60:]]
+    records += [(topics.EVENTS, sick.key(), encode(sick))]
+    asyncio.run(_produce(kafka_settings, records))
+    worker = workers("w1")
+
+    mine = {f"GPU-{node}-0", f"GPU-{node}-1"}
+
+    def complete(states: list[GpuState]) -> bool:
+        latest = _latest(states)
+        return (set(latest) == mine and all(s.samples == 120 and len(s.forecasts) == 6 for s in latest.values())
+                and latest[f"GPU-{node}-1"].health_band == HealthBand.CRITICAL)
+
+    states = asyncio.run(_watch(kafka_settings, topics.GPU_STATE, complete,
+                                lambda s: isinstance(s, GpuState) and s.gpu_uuid in mine))
+    latest = _latest(states)
+    sick_state = latest[f"GPU-{node}-1"]
+    assert sick_state.health_score == 20.0 and sick_state.health_components == {"ecc": 40.0}
+    for s in latest.values():
+        assert s.node == node and s.fb_total_mib == 81920 and s.sample_ts_ms == batches[-1].base_ts_ms
+        assert {(f.metric, f.horizon_s) for f in s.forecasts} == {
+            (m, h) for m in ("util_gpu", "fb_used_mib") for h in (60, 300, 900)}
+        assert all(0 <= f.lower <= f.mean <= f.upper <= 100 for f in s.forecasts if f.metric == "util_gpu")
+        assert s.workload_class != "unknown"
+    # The poisoned records are in the DLQs, verbatim, with the reason; processing went on past them.
+    for topic in (topics.TELEMETRY, topics.EVENTS):
+        (dead,) = asyncio.run(_watch(kafka_settings, topics.dlq_name(topic), lambda seen: len(seen) == 1,
+                                     lambda m: m.value == poison, raw=True))
+        assert dict(dead.headers)[DLQ_ERROR_HEADER]
+    nodes = asyncio.run(_watch(kafka_settings, topics.NODE_STATE, lambda seen: bool(seen),
+                               lambda s: isinstance(s, NodeState) and s.node == node))
+    assert {g.uuid for g in nodes[-1].gpus} == mine
+    text = worker.metrics()
+    assert 'gpuaware_stream_dlq_total{topic="gpu.telemetry.v1"} 1.0' in text
+    assert "gpuaware_stream_forecast_mae" in text
+
+
+def test_workers_share_partitions_and_a_killed_worker_loses_nothing(kafka_settings, workers, unique) -> None:
+    nodes = [f"rc-{unique}-{n}" for n in range(6)]
+    mine = {f"GPU-{n}-{i}" for n in nodes for i in range(2)}
+    start = int(time.time() * 1000) - 30 * MINUTE_MS
+    seq = [0]
+
+    def send_round(count: int) -> None:
+        records = []
+        for _ in range(count):
+            seq[0] += 1
+            for n in nodes:
+                records.append((topics.TELEMETRY, n.encode(), encode(_batch(n, seq[0], start + seq[0] * 5000))))
+        asyncio.run(_produce(kafka_settings, records))
+
+    def all_at(samples: int) -> Callable[[list[GpuState]], bool]:
+        return lambda states: (set(_latest(states)) == mine
+                               and all(s.samples == samples for s in _latest(states).values()))
+
+    def keep(s: object) -> bool:
+        return isinstance(s, GpuState) and s.gpu_uuid in mine
+
+    a = workers("a")
+    send_round(100)
+    asyncio.run(_watch(kafka_settings, topics.GPU_STATE, all_at(100), keep))
+    b = workers("b")  # joins: the partitions are split between a and b
+    time.sleep(8)
+    send_round(100)
+    asyncio.run(_watch(kafka_settings, topics.GPU_STATE, all_at(200), keep))
+    assert "gpuaware_stream_samples_total" in b.metrics()
+    a.kill()  # no goodbye: b must take over a's partitions from the changelog
+    send_round(100)
+    states = asyncio.run(_watch(kafka_settings, topics.GPU_STATE, all_at(300), keep, timeout_s=120))
+    # Every GPU's state went on from where it was: 300 samples, none lost, none applied twice,
+    # and the forecasters (rebuilt from the table's history) kept forecasting.
+    for s in _latest(states).values():
+        assert s.samples == 300 and len(s.forecasts) == 6
+    for uuid in mine:  # in publish order, a GPU's sample count never went back (no state was lost)
+        counts = [s.samples for s in states if s.gpu_uuid == uuid]
+        assert counts == sorted(counts) and counts[-1] == 300
