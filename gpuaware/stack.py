@@ -1,6 +1,7 @@
-"""`gpuaware up`: the local stack on one machine: broker, simulated nodes with their agents, live view.
+"""`gpuaware up`: the local stack on one machine: broker, simulated nodes with their agents, stream
+workers, live view.
 
-The stream workers and the scheduler join here as their issues land; until then the summary says so.
+The scheduler joins here as its issue lands; until then the summary says so.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import tempfile
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rich.console import Group
 from rich.live import Live
@@ -19,8 +21,10 @@ from agent.collectors.sim import SimCluster, load_scenario
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy
 from gpuaware.localbroker import LocalBroker
+from gpuaware.stream_workers import StreamWorkerProcess
 from stream import topics
-from stream.events import GpuEvent, HealthBand
+from stream.events import ClusterForecast, DecodeError, GpuEvent, GpuState, HealthBand, decode
+from stream.kafka_settings import KafkaSettings
 
 
 @dataclass
@@ -31,10 +35,45 @@ class StackState:
     first_event: dict[str, float] = field(default_factory=dict)  # gpu uuid -> first event time (unix s)
     all_events: list[GpuEvent] = field(default_factory=list)
 
+    gpu_states: dict[str, GpuState] = field(default_factory=dict)
+    state_records: Counter[str] = field(default_factory=Counter)
+    forecast: ClusterForecast | None = None
+    band_seen: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # uuid -> (arrival, band)
+
     def on_event(self, ev: GpuEvent) -> None:
         self.events.append(ev)
         self.kinds[ev.kind.value] += 1
         self.all_events.append(ev)
+
+    def on_derived(self, topic: str, value: bytes) -> None:
+        try:
+            record = decode(value)
+        except DecodeError:
+            return
+        self.state_records[topic] += 1
+        if isinstance(record, GpuState):
+            before = self.gpu_states.get(record.gpu_uuid)
+            if before is None or before.health_band != record.health_band:
+                self.band_seen.setdefault(record.gpu_uuid, []).append((time.time(), record.health_band.value))
+            self.gpu_states[record.gpu_uuid] = record
+        elif isinstance(record, ClusterForecast):
+            self.forecast = record
+
+
+async def watch_derived(kafka: KafkaSettings, state: StackState, stop: asyncio.Event) -> None:
+    """Follow what the stream publishes (gpu/node state, cluster forecast) for the view and the summary."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(topics.GPU_STATE, topics.NODE_STATE, topics.CLUSTER_FORECAST,
+                                **kafka.consumer_kwargs(None))
+    await consumer.start()
+    try:
+        while not stop.is_set():
+            for tp, msgs in (await consumer.getmany(timeout_ms=500)).items():
+                for m in msgs:
+                    state.on_derived(tp.topic, m.value)
+    finally:
+        await consumer.stop()
 
 
 def _view(runtime: AgentRuntime, state: StackState, bootstrap: str) -> Group:
@@ -60,26 +99,54 @@ def _view(runtime: AgentRuntime, state: StackState, bootstrap: str) -> Group:
     for ev in reversed(state.events):
         recent.add_row(time.strftime("%H:%M:%S", time.localtime(ev.ts_ms / 1000)), ev.node, ev.gpu_uuid[-12:],
                        ev.kind.value, ev.message[:70])
+    classes = Counter(s.workload_class or "unknown" for s in state.gpu_states.values())
+    derived = Table(title="stream: workload classes and demand forecast (GPUs busy)")
+    derived.add_column("workload class")
+    derived.add_column("GPUs", justify="right")
+    derived.add_column("GPU model")
+    derived.add_column("now+5 min [80% interval]", justify="right")
+    derived.add_column("capacity", justify="right")
+    demand = [d for d in (state.forecast.models if state.forecast else []) if d.horizon_s == 300]
+    for i in range(max(len(classes), len(demand))):
+        cls = sorted(classes.items())[i] if i < len(classes) else ("", "")
+        d = demand[i] if i < len(demand) else None
+        derived.add_row(cls[0], str(cls[1]), d.model if d else "",
+                        f"{d.demand_gpus:.1f} [{d.lower:.1f}, {d.upper:.1f}]" if d else "",
+                        f"{d.capacity_gpus:.0f}" if d else "")
     totals = (f"samples published {runtime.samples_published}   events {runtime.events_published}   "
-              f"spooled {runtime.spool.depth}   stream workers: not built yet   scheduler: not built yet")
-    return Group(fleet, recent, totals)
+              f"spooled {runtime.spool.depth}   gpu states {state.state_records[topics.GPU_STATE]}   "
+              f"scheduler: not built yet")
+    return Group(fleet, recent, derived, totals)
 
 
 async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float | None, live: bool,
-                    stop: asyncio.Event) -> dict:
+                    stop: asyncio.Event, stream_workers: int = 1) -> dict:
     scenario = load_scenario(scenario_name)
-    cluster = SimCluster(scenario)
     state = StackState()
-    with tempfile.TemporaryDirectory(prefix="gpuaware-spool-") as spool:
-        runtime = AgentRuntime(cluster.collectors(), broker.kafka_settings(), SamplingPolicy(), spool)
+    kafka = broker.kafka_settings(session_timeout_ms=2000)
+    with tempfile.TemporaryDirectory(prefix="gpuaware-up-") as workdir:
+        workers = [StreamWorkerProcess(kafka, "gpuaware-stream", Path(workdir), f"stream-{i}")
+                   for i in range(stream_workers)]
+        for w in workers:
+            w.start()
+        cluster = SimCluster(scenario)
+        runtime = AgentRuntime(cluster.collectors(), kafka, SamplingPolicy(), str(Path(workdir) / "spool"))
         runtime.event_listeners.append(state.on_event)
+        watching = asyncio.Event()
+        watcher = asyncio.create_task(watch_derived(kafka, state, watching))
         task = asyncio.create_task(runtime.run(stop, duration_s))
-        if live:
-            with Live(_view(runtime, state, broker.bootstrap), refresh_per_second=2) as screen:
-                while not task.done():
-                    await asyncio.sleep(1.0)
-                    screen.update(_view(runtime, state, broker.bootstrap))
-        await task
+        try:
+            if live:
+                with Live(_view(runtime, state, broker.bootstrap), refresh_per_second=2) as screen:
+                    while not task.done():
+                        await asyncio.sleep(1.0)
+                        screen.update(_view(runtime, state, broker.bootstrap))
+            await task
+            await asyncio.sleep(2.0)  # the last states of the run
+        finally:
+            watching.set()
+            await watcher
+            exits = {w.name: w.stop() for w in workers}
     uuid_of = {(n, t.device.index): t.device.uuid for n, core in enumerate(runtime.cores) for t in core.tracks}
     elapsed = time.time() - cluster.epoch
     faults = []
@@ -88,8 +155,12 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
         # Event times are whole milliseconds: allow that rounding at the fault's onset.
         reacted = [max(0.0, e.ts_ms / 1000 - cluster.epoch - f.at_s) for e in state.all_events
                    if e.gpu_uuid == uuid and e.ts_ms / 1000 - cluster.epoch >= f.at_s - 0.002]
+        # The stream's reaction: its first gpu.state with a worse health band after the fault.
+        moved = [t - cluster.epoch - f.at_s for t, band in state.band_seen.get(uuid, [])
+                 if band != HealthBand.HEALTHY.value and t - cluster.epoch >= f.at_s]
         faults.append({"kind": f.kind, "node": scenario.node_name(f.node), "gpu": f.gpu, "at_s": f.at_s,
-                       "injected": f.at_s <= elapsed, "agent_reaction_s": round(min(reacted), 2) if reacted else None})
+                       "injected": f.at_s <= elapsed, "agent_reaction_s": round(min(reacted), 2) if reacted else None,
+                       "stream_reaction_s": round(min(moved), 2) if moved else None})
     bands = Counter(("lost" if t.lost else t.health.band.value.lower()) for c in runtime.cores for t in c.tracks)
     return {
         "bootstrap": broker.bootstrap,
@@ -107,6 +178,14 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
                                                        "lost")},
         "spool_dropped": runtime.spool.dropped,
         "faults": faults,
-        "components": {"broker": "running", "agents": "running",
-                       "stream": "not built yet (issue 4)", "scheduler": "not built yet (issue 6)"},
+        "stream": {
+            "workers": stream_workers,
+            "worker_exit_codes": exits,
+            "records": dict(state.state_records),
+            "gpus_with_state": len(state.gpu_states),
+            "workload_classes": dict(Counter(s.workload_class or "unknown" for s in state.gpu_states.values())),
+            "demand_forecast": [vars(d) for d in state.forecast.models] if state.forecast else [],
+        },
+        "components": {"broker": "running", "agents": "running", "stream": "running",
+                       "scheduler": "not built yet (issue 6)"},
     }

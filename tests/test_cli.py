@@ -112,6 +112,12 @@ def test_up_runs_the_simulated_cluster_and_every_fault_gets_a_reaction(tmp_path)
     assert [f["injected"] for f in summary["faults"]] == [True, True, True]
     assert all(f["agent_reaction_s"] is not None and f["agent_reaction_s"] <= 3 for f in summary["faults"])
     assert summary["health_bands"]["lost"] == 1 and summary["health_bands"]["critical"] >= 1
+    # The stream worker ran beside the agents, published state, and stopped cleanly.
+    stream = summary["stream"]
+    assert stream["worker_exit_codes"] == {"stream-0": 0}
+    assert stream["records"].get("gpu.state.v1", 0) > 0 and stream["gpus_with_state"] >= 7
+    dbe = summary["faults"][1]
+    assert dbe["stream_reaction_s"] is not None
 
 
 def test_bad_config_names_the_field_and_exits_2(tmp_path):
@@ -143,7 +149,7 @@ def test_every_subcommand_has_help(command):
 
 
 def test_parts_not_built_yet_say_so_and_fail():
-    result = run("stream", "--workers", "2")
+    result = run("scheduler", "--mode", "extender")
     assert result.returncode == 3
     assert "not built yet" in result.stderr
 

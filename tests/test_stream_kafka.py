@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +11,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
+from gpuaware.stream_workers import StreamWorkerProcess
 from stream import topics
 from stream.events import (
     DLQ_ERROR_HEADER,
@@ -37,55 +33,15 @@ pytestmark = pytest.mark.timeout(300)
 MINUTE_MS = 60_000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Worker:
-    def __init__(self, settings: KafkaSettings, app_id: str, workdir: Path, name: str):
-        env = {
-            **os.environ,
-            "GPUAWARE_KAFKA__BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-            "GPUAWARE_KAFKA__EMBEDDED_BROKER_COMPAT": str(settings.embedded_broker_compat).lower(),
-            "GPUAWARE_KAFKA__SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
-            "GPUAWARE_STREAM__CLUSTER_FORECAST_INTERVAL_S": "2",
-            "GPUAWARE_STREAM__NODE_STATE_INTERVAL_S": "1",
-        }
-        self.log = workdir / f"{name}.log"
-        self.metrics_port = _free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuaware", "stream", "--app-id", app_id, "--metrics-port", str(self.metrics_port),
-             "--data-dir", str(workdir / name)],
-            env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-        )
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait(10)
-
-    def metrics(self) -> str:
-        import urllib.request
-
-        return urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
-
-
 @pytest.fixture
-def workers(kafka_settings: KafkaSettings, tmp_path: Path, unique: str) -> Iterator[Callable[[str], Worker]]:
-    started: list[Worker] = []
+def workers(kafka_settings: KafkaSettings, tmp_path: Path,
+            unique: str) -> Iterator[Callable[[str], StreamWorkerProcess]]:
+    started: list[StreamWorkerProcess] = []
 
-    def start(name: str) -> Worker:
-        w = Worker(kafka_settings, f"test-stream-{unique}", tmp_path, name)
+    def start(name: str) -> StreamWorkerProcess:
+        w = StreamWorkerProcess(kafka_settings, f"test-stream-{unique}", tmp_path, name,
+                                cluster_forecast_interval_s=2, node_state_interval_s=1)
+        w.start()
         started.append(w)
         return w
 
@@ -186,7 +142,8 @@ def test_telemetry_in_state_out_with_forecasts_health_and_dlq(kafka_settings, wo
                                lambda s: isinstance(s, NodeState) and s.node == node))
     assert {g.uuid for g in nodes[-1].gpus} == mine
     text = worker.metrics()
-    assert 'gpuaware_stream_dlq_total{topic="gpu.telemetry.v1"} 1.0' in text
+    (dlq_line,) = [x for x in text.splitlines() if x.startswith('gpuaware_stream_dlq_total{topic="gpu.telemetry.v1"}')]
+    assert float(dlq_line.split()[1]) >= 1
     assert "gpuaware_stream_forecast_mae" in text
 
 

@@ -1,0 +1,54 @@
+"""Stream workers as supervised child processes (`gpuaware up`, `bench stream`, the tests)."""
+
+from __future__ import annotations
+
+import sys
+import urllib.request
+from pathlib import Path
+
+from gpuaware.processes import ChildProcess, free_port
+from stream.kafka_settings import KafkaSettings
+
+
+def worker_env(kafka: KafkaSettings, **stream: object) -> dict[str, str]:
+    """The environment that points a `gpuaware stream` child at ``kafka`` (secrets included, never argv)."""
+    env = {
+        "GPUAWARE_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+        "GPUAWARE_KAFKA__EMBEDDED_BROKER_COMPAT": str(kafka.embedded_broker_compat).lower(),
+        "GPUAWARE_KAFKA__SESSION_TIMEOUT_MS": str(kafka.session_timeout_ms),
+        "GPUAWARE_KAFKA__SECURITY_PROTOCOL": kafka.security_protocol,
+    }
+    env.update({f"GPUAWARE_STREAM__{k.upper()}": str(v) for k, v in stream.items()})
+    return env
+
+
+class StreamWorkerProcess(ChildProcess):
+    def __init__(self, kafka: KafkaSettings, app_id: str, workdir: Path, name: str, **stream: object):
+        self.metrics_port = free_port()
+        super().__init__(
+            name,
+            [sys.executable, "-m", "gpuaware", "--log-level", "warning", "stream", "--app-id", app_id,
+             "--metrics-port", str(self.metrics_port), "--data-dir", str(workdir / name)],
+            workdir / f"{name}.log", worker_env(kafka, **stream),
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye, no commit, no flush (what a crash looks like)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def counter(self, name: str) -> float:
+        """The value of an unlabelled sample (0 while the endpoint is not up yet)."""
+        try:
+            text = self.metrics()
+        except OSError:
+            return 0.0
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return 0.0
