@@ -22,7 +22,7 @@ from typing import Any
 import faust
 from aiokafka.structs import TopicPartition
 
-from stream import topics
+from stream import observability, topics
 from stream.admin import end_offsets
 from stream.events import ClusterForecast, DecodeError, GpuEvent, TelemetryBatch, dead_letter, decode, encode
 from stream.gpu_state import TrackerSettings
@@ -99,13 +99,14 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         max_interval_ms=settings.max_publish_interval_ms,
     )
     processor = StreamProcessor(table, tracker_settings, stats)
+    tracer = observability.tracer("gpuaware.stream")
     positions: dict[tuple[str, int], int] = {}
 
     def assigned(topic: str = topics.TELEMETRY) -> set[int]:
         return {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == topic}
 
-    def send(topic: str, record: Any) -> None:
-        out[topic].send_soon(key=record.key(), value=encode(record))
+    def send(topic: str, record: Any, headers: list[tuple[str, bytes]] | None = None) -> None:
+        out[topic].send_soon(key=record.key(), value=encode(record), headers=headers)
         stats.published[topic] += 1
 
     def to_dlq(message: Any, error: Exception) -> None:
@@ -122,17 +123,23 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
             message = event.message
             stats.records[message.topic] += 1
             positions[(message.topic, message.partition)] = message.offset
-            try:
-                if message.topic == topics.TELEMETRY:
-                    states = processor.on_telemetry(decode(message.value, TelemetryBatch), message.partition, now_ms())
-                else:
-                    states = processor.on_event(decode(message.value, GpuEvent), message.partition, now_ms())
-            except (DecodeError, InvalidRecord) as exc:
-                # Records re-keyed from gpu.events.v1 were checked there; this is telemetry.
-                to_dlq(message, exc)
-                continue
-            for state in states:
-                send(topics.GPU_STATE, state)
+            # The agent's trace goes on here and into the states this record causes.
+            parent = observability.extract_context(_headers(message))
+            with tracer.start_as_current_span("stream.process", context=parent,
+                                              attributes={"messaging.source": message.topic}):
+                try:
+                    if message.topic == topics.TELEMETRY:
+                        batch = decode(message.value, TelemetryBatch)
+                        states = processor.on_telemetry(batch, message.partition, now_ms())
+                    else:
+                        states = processor.on_event(decode(message.value, GpuEvent), message.partition, now_ms())
+                except (DecodeError, InvalidRecord) as exc:
+                    # Records re-keyed from gpu.events.v1 were checked there; this is telemetry.
+                    to_dlq(message, exc)
+                    continue
+                headers = observability.inject_headers() if states else None
+                for state in states:
+                    send(topics.GPU_STATE, state, headers)
 
     @app.agent(events, name="rekey-events")
     async def rekey_events(stream: Any) -> None:
@@ -145,7 +152,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
             except DecodeError as exc:
                 to_dlq(message, exc)
                 continue
-            await events_by_node.send(key=ev.node.encode(), value=message.value)
+            await events_by_node.send(key=ev.node.encode(), value=message.value, headers=_headers(message))
 
     @app.timer(1.0, name="heartbeat")
     async def heartbeat() -> None:
@@ -197,6 +204,12 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     consumed = {topics.TELEMETRY, topics.EVENTS, by_node_name, demand_topic.get_topic_name()}
     app.gpuaware_lag = lambda: _lag(app, positions, consumed)  # type: ignore[attr-defined]
     return app, processor
+
+
+def _headers(message: Any) -> list[tuple[str, bytes]]:
+    """Faust gives headers as a list of pairs or as a mapping, depending on the path."""
+    headers = message.headers or []
+    return list(headers.items()) if hasattr(headers, "items") else list(headers)
 
 
 def _lag(app: faust.App, positions: dict[tuple[str, int], int], consumed: set[str]) -> dict[tuple[str, int], int]:

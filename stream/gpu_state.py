@@ -182,10 +182,13 @@ class GpuTracker:
         )
 
     def due(self, now_ms: int) -> bool:
-        """Publish now? On a meaningful change (rate-limited) or when the last one is getting old."""
+        """Publish now? On a health band change, on another meaningful change (rate-limited), or when the
+        last one is getting old."""
         since = now_ms - self.last_published_ms
         if since >= self.settings.max_interval_ms:
             return True
+        if self.published_signature is not None and self.health_band != self.published_signature[2]:
+            return True  # a health band change is what the scheduler acts on: never held back
         return since >= self.settings.min_interval_ms and self._signature() != self.published_signature
 
     def mark_published(self, now_ms: int) -> None:

@@ -57,12 +57,13 @@ def _batch(node: str, seq: int, ts_ms: int, gpus: int = 2, util: int = 60) -> Te
     )
 
 
-async def _produce(settings: KafkaSettings, records: list[tuple[str, bytes, bytes]]) -> None:
+async def _produce(settings: KafkaSettings, records: list[tuple[str, bytes, bytes]],
+                   headers: list[tuple[str, bytes]] | None = None) -> None:
     producer = AIOKafkaProducer(**settings.producer_kwargs())
     await producer.start()
     try:
         for topic, key, value in records:
-            await producer.send(topic, value, key=key)
+            await producer.send(topic, value, key=key, headers=headers)
         await producer.flush()
     finally:
         await producer.stop()
@@ -111,8 +112,11 @@ def test_telemetry_in_state_out_with_forecasts_health_and_dlq(kafka_settings, wo
     records = [(topics.TELEMETRY, node.encode(), encode(b)) for b in batches[:60]]
     records += [(topics.TELEMETRY, node.encode(), poison), (topics.EVENTS, sick.key(), poison)]
     records += [(topics.TELEMETRY, node.encode(), encode(b)) for b in batches[60:]]
-    records += [(topics.EVENTS, sick.key(), encode(sick))]
     asyncio.run(_produce(kafka_settings, records))
+    # The event comes with the agent's trace context: the state it causes must carry the same trace.
+    trace_id = unique.ljust(32, "0")
+    traceparent = f"00-{trace_id}-{'1' * 16}-01".encode()
+    asyncio.run(_produce(kafka_settings, [(topics.EVENTS, sick.key(), encode(sick))], [("traceparent", traceparent)]))
     worker = workers("w1")
 
     mine = {f"GPU-{node}-0", f"GPU-{node}-1"}
@@ -125,6 +129,10 @@ def test_telemetry_in_state_out_with_forecasts_health_and_dlq(kafka_settings, wo
     states = asyncio.run(_watch(kafka_settings, topics.GPU_STATE, complete,
                                 lambda s: isinstance(s, GpuState) and s.gpu_uuid in mine))
     latest = _latest(states)
+    traced = asyncio.run(_watch(
+        kafka_settings, topics.GPU_STATE, lambda seen: bool(seen),
+        lambda m: dict(m.headers).get("traceparent", b"").decode().split("-")[1:2] == [trace_id], raw=True))
+    assert decode(traced[0].value).gpu_uuid == f"GPU-{node}-1"
     sick_state = latest[f"GPU-{node}-1"]
     assert sick_state.health_score == 20.0 and sick_state.health_components == {"ecc": 40.0}
     for s in latest.values():

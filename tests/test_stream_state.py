@@ -126,7 +126,7 @@ def test_health_events_set_score_band_and_components() -> None:
     ev = GpuEvent("e1", t0 + 10, "n", "GPU-n-0", EventKind.HEALTH_CHANGE, Severity.CRITICAL, "health_score", 22.0,
                   None, "health healthy -> critical", {"old_band": "HEALTHY", "new_band": "CRITICAL",
                                                         "component.ecc": "40.0", "component.xid": "30.0"})
-    (state,) = proc.on_event(ev, 0, t0 + 2000)
+    (state,) = proc.on_event(ev, 0, t0 + 20)  # a band change is published at once, not rate-limited
     assert state.health_band == HealthBand.CRITICAL and state.health_score == 22.0
     assert state.health_components == {"ecc": 40.0, "xid": 30.0}
     assert proc.snapshots["GPU-n-0"]["recent_events"][-1][1] == "HEALTH_CHANGE"
