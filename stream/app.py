@@ -117,12 +117,16 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         stats.dlq[message.topic] += 1
         log.warning("dead-lettered %s/%s@%s: %s", message.topic, message.partition, message.offset, error)
 
+    def received(event: Any) -> Any:
+        message = event.message
+        stats.records[message.topic] += 1
+        positions[(message.topic, message.partition)] = message.offset
+        return message
+
     @app.agent(inputs, name="process")
     async def process(stream: Any) -> None:
         async for event in stream.events():
-            message = event.message
-            stats.records[message.topic] += 1
-            positions[(message.topic, message.partition)] = message.offset
+            message = received(event)
             # The agent's trace goes on here and into the states this record causes.
             parent = observability.extract_context(_headers(message))
             with tracer.start_as_current_span("stream.process", context=parent,
@@ -144,9 +148,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     @app.agent(events, name="rekey-events")
     async def rekey_events(stream: Any) -> None:
         async for event in stream.events():
-            message = event.message
-            stats.records[message.topic] += 1
-            positions[(message.topic, message.partition)] = message.offset
+            message = received(event)
             try:
                 ev = decode(message.value, GpuEvent)
             except DecodeError as exc:
@@ -177,8 +179,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     @app.agent(demand_topic, name="cluster-forecast")
     async def cluster_forecast(stream: Any) -> None:
         async for event in stream.events():
-            message = event.message
-            positions[(message.topic, message.partition)] = message.offset
+            message = received(event)
             try:
                 body = json.loads(message.value)
                 partials[message.key.decode()] = (int(body["ts_ms"]), body["demand"])

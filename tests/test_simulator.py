@@ -85,6 +85,16 @@ def test_dynamic_runs_finish_every_job_and_leave_the_cluster_empty(small_nodes):
     assert summarize([results["k8s-default"]])["busy_share_of_allocated"] < 1  # fractions rounded up
 
 
+def test_gpuaware_waits_instead_of_preempting_when_room_frees_soon(small_nodes):
+    nodes, pods = load_nodes(small_nodes), load_pods(PODS)
+    base = dict(jobs=600, node_fraction=0.3, target_load=2.0, fault_every_s=1e9, check_invariants=True)
+    eager = run_dynamic(nodes, pods, "gpuaware", seed=3, cfg=DynamicConfig(**base, preempt_grace_s=(0.0, 0.0, 0.0)))
+    patient = run_dynamic(nodes, pods, "gpuaware", seed=3, cfg=DynamicConfig(**base))
+    assert eager.preemptions_avoided == 0 and eager.preemptions > 0
+    assert patient.preemptions_avoided > 0 and patient.preemptions < eager.preemptions
+    assert all(j.finish_s is not None for j in patient.jobs.values())
+
+
 def test_simulate_cli_prints_json_and_writes_report_and_plot(small_nodes, tmp_path):
     out = tmp_path / "out"
     result = subprocess.run(
