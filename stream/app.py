@@ -28,7 +28,7 @@ from stream.events import ClusterForecast, DecodeError, GpuEvent, TelemetryBatch
 from stream.gpu_state import TrackerSettings
 from stream.kafka_settings import KafkaSettings
 from stream.metrics import StreamStats
-from stream.processor import InvalidRecord, StreamProcessor
+from stream.processor import InvalidRecord, StreamProcessor, check_event
 from stream.rollup import Partial, merge_demand
 from stream.settings import StreamSettings
 
@@ -138,7 +138,6 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
                     else:
                         states = processor.on_event(decode(message.value, GpuEvent), message.partition, now_ms())
                 except (DecodeError, InvalidRecord) as exc:
-                    # Records re-keyed from gpu.events.v1 were checked there; this is telemetry.
                     to_dlq(message, exc)
                     continue
                 headers = observability.inject_headers() if states else None
@@ -151,7 +150,8 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
             message = received(event)
             try:
                 ev = decode(message.value, GpuEvent)
-            except DecodeError as exc:
+                check_event(ev)
+            except (DecodeError, InvalidRecord) as exc:
                 to_dlq(message, exc)
                 continue
             await events_by_node.send(key=ev.node.encode(), value=message.value, headers=_headers(message))

@@ -14,6 +14,7 @@ crash) are recognised by the per-GPU ``seq`` and timestamp and applied once.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -149,9 +150,11 @@ class GpuTracker:
             parsed = {}
             for k, v in components.items():
                 try:
-                    parsed[k] = float(v)
+                    value = float(v)
                 except ValueError:
                     continue
+                if math.isfinite(value):
+                    parsed[k] = value
             if parsed:
                 self.health_components = parsed
         if not self.node:

@@ -9,6 +9,7 @@ recognised per GPU and applied once.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, MutableMapping
 
@@ -32,6 +33,24 @@ def check_batch(batch: TelemetryBatch) -> None:
                             f"but the batch lists {slots} GPUs")
     if not batch.node:
         raise InvalidRecord("telemetry batch without a node name")
+    for g in batch.gpus:
+        if not g.uuid or g.fb_total_mib <= 0:
+            raise InvalidRecord(f"telemetry batch {batch.node}#{batch.batch_seq}: GPU slot {g.index} needs a UUID "
+                                f"and a positive framebuffer size (got {g.uuid!r}, {g.fb_total_mib} MiB)")
+    for s in batch.samples:
+        if not (0 <= s.util_gpu <= 100 and 0 <= s.util_mem <= 100 and s.fb_used_mib >= 0 and s.power_dw >= 0):
+            raise InvalidRecord(f"telemetry batch {batch.node}#{batch.batch_seq}: sample seq {s.seq} of slot {s.gpu} "
+                                f"is out of physical range (util {s.util_gpu}/{s.util_mem} %, fb {s.fb_used_mib} MiB, "
+                                f"power {s.power_dw} dW)")
+
+
+def check_event(event: GpuEvent) -> None:
+    if not event.gpu_uuid:
+        raise InvalidRecord("GPU event without a GPU UUID")
+    for name in ("value", "score"):
+        v = getattr(event, name)
+        if v is not None and not math.isfinite(v):
+            raise InvalidRecord(f"GPU event {event.event_id}: {name} is {v}")
 
 
 class StreamProcessor:
@@ -85,6 +104,7 @@ class StreamProcessor:
         return self._due(touched.values(), now_ms, observe=True)
 
     def on_event(self, event: GpuEvent, partition: int, now_ms: int) -> list[GpuState]:
+        check_event(event)
         key = event.gpu_uuid
         t = self.tracker(key, partition)
         t.learn_event(event)
