@@ -1,0 +1,159 @@
+"""The scheduler's view of live state: ``gpu.state.v1``, ``node.state.v1`` and ``cluster.forecast.v1``.
+
+``StateView`` is pure: it keeps the newest record per key and writes what the scheduling core
+needs (health band, live and forecast utilisation, temperature) into a ``ClusterState``. A GPU
+whose state is older than ``stale_after_ms`` is treated conservatively: at least degraded, so it
+takes only preemptible work, and its forecast is taken as fully busy.
+
+``StateFeed`` reads the three compacted topics from the beginning with a plain consumer (no
+group: every scheduler replica needs all of it), and ``catch_up()`` returns only once it has
+read up to the log ends it saw at start, so no decision is made on a partial picture. Undecodable
+records go to the topic's ``.dlq`` and are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+
+from scheduler.core.cluster import BAND_CODE, ClusterState
+from stream import topics
+from stream.admin import end_offsets
+from stream.events import ClusterForecast, DecodeError, GpuState, HealthBand, NodeState, dead_letter, decode_for_topic
+from stream.kafka_settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+FEED_TOPICS = (topics.GPU_STATE, topics.NODE_STATE, topics.CLUSTER_FORECAST)
+FORECAST_HORIZON_S = 300
+
+
+@dataclass
+class StateView:
+    stale_after_ms: int = 90_000
+    gpus: dict[str, GpuState] = field(default_factory=dict)
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+    forecast: ClusterForecast | None = None
+
+    def learn(self, record: object) -> None:
+        if isinstance(record, GpuState):
+            old = self.gpus.get(record.gpu_uuid)
+            if old is None or record.published_ms >= old.published_ms:
+                self.gpus[record.gpu_uuid] = record
+        elif isinstance(record, NodeState):
+            old_node = self.nodes.get(record.node)
+            if old_node is None or record.ts_ms >= old_node.ts_ms:
+                self.nodes[record.node] = record
+        elif isinstance(record, ClusterForecast) and (self.forecast is None or record.ts_ms >= self.forecast.ts_ms):
+            self.forecast = record
+
+    def is_stale(self, state: GpuState, now_ms: int) -> bool:
+        # The sample time, not the publish time: a live stream republishing a silent GPU is still stale data.
+        return now_ms - state.sample_ts_ms > self.stale_after_ms
+
+    def stale(self, now_ms: int) -> list[str]:
+        return sorted(u for u, s in self.gpus.items() if self.is_stale(s, now_ms))
+
+    def apply(self, cluster: ClusterState, locate: Callable[[str], tuple[int, int] | None], now_ms: int) -> int:
+        """Write live state into ``cluster`` for every GPU ``locate`` places; returns how many were placed."""
+        placed = 0
+        for uuid, s in self.gpus.items():
+            where = locate(uuid)
+            if where is None:
+                continue
+            node, gpu = where
+            band = s.health_band
+            util, forecast = s.util_gpu, _forecast(s)
+            if self.is_stale(s, now_ms):
+                band = HealthBand.CRITICAL if band == HealthBand.CRITICAL else HealthBand.DEGRADED
+                forecast = 100.0
+            if cluster.band[node, gpu] != BAND_CODE[band]:
+                cluster.set_band(node, gpu, band)
+            cluster.util[node, gpu] = util
+            cluster.forecast_util[node, gpu] = forecast
+            cluster.temp[node, gpu] = s.temp_c
+            placed += 1
+        return placed
+
+
+def _forecast(s: GpuState) -> float:
+    """Forecast utilisation at the planning horizon: the upper end of its interval (headroom is for the worst case)."""
+    ups = [f.upper for f in s.forecasts if f.metric == "util_gpu" and f.horizon_s == FORECAST_HORIZON_S]
+    return ups[0] if ups else s.util_gpu
+
+
+class StateFeed:
+    """Follows the derived-state topics into a ``StateView`` (one asyncio task)."""
+
+    def __init__(self, kafka: KafkaSettings, view: StateView):
+        self.kafka = kafka
+        self.view = view
+        self.records = 0
+        self.dead_lettered = 0
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._task: asyncio.Task | None = None
+        self._caught_up = asyncio.Event()
+
+    async def start(self) -> None:
+        parts = [TopicPartition(t, p) for t in FEED_TOPICS for p in range(topics.spec(t).partitions)]
+        targets = await end_offsets(self.kafka, parts)
+        self._consumer = AIOKafkaConsumer(**self.kafka.consumer_kwargs(None))
+        await self._consumer.start()
+        self._consumer.assign(parts)
+        await self._consumer.seek_to_beginning(*parts)
+        self._producer = AIOKafkaProducer(**self.kafka.producer_kwargs())
+        await self._producer.start()
+        self._task = asyncio.create_task(self._run(targets), name="state-feed")
+
+    async def catch_up(self, timeout_s: float = 60.0) -> None:
+        """Wait until everything published before ``start()`` has been read."""
+        await asyncio.wait_for(self._caught_up.wait(), timeout_s)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for client in (self._consumer, self._producer):
+            if client is not None:
+                await client.stop()
+
+    async def _run(self, targets: dict[TopicPartition, int]) -> None:
+        assert self._consumer is not None
+        pending = {tp: end for tp, end in targets.items() if end > 0}
+        if not pending:
+            self._caught_up.set()
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=500, max_records=2000)
+            for msgs in batches.values():
+                for m in msgs:
+                    await self._take(m)
+            # Positions, not the last offsets seen: compaction may leave gaps before the end.
+            for tp in [tp for tp in pending if await self._consumer.position(tp) >= pending[tp]]:
+                del pending[tp]
+            if not pending and not self._caught_up.is_set():
+                log.info("state feed caught up: %d GPUs, %d nodes", len(self.view.gpus), len(self.view.nodes))
+                self._caught_up.set()
+
+    async def _take(self, m) -> None:
+        self.records += 1
+        try:
+            self.view.learn(decode_for_topic(m.topic, m.value))
+        except DecodeError as exc:
+            self.dead_lettered += 1
+            name, headers = dead_letter(m.topic, m.partition, m.offset, exc, list(m.headers or []))
+            assert self._producer is not None
+            await self._producer.send(name, m.value, key=m.key, headers=headers)
+            log.warning("dead-lettered %s/%s@%s: %s", m.topic, m.partition, m.offset, exc)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
