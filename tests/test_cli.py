@@ -103,7 +103,7 @@ def test_up_runs_the_simulated_cluster_and_every_fault_gets_a_reaction(tmp_path)
         "  - {kind: xid, node: 0, gpu: 1, at_s: 2, xid: 79}\n"
         "  - {kind: ecc_dbe, node: 1, gpu: 3, at_s: 3}\n"
         "  - {kind: dead, node: 1, gpu: 0, at_s: 3}\n")
-    result = run("up", "--port", "0", "--duration", "7", "--json", "--scenario", str(scenario))
+    result = run("up", "--port", "0", "--duration", "10", "--json", "--scenario", str(scenario))
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["topics"] == sorted(t.name for t in topics.ALL_TOPICS)

@@ -113,21 +113,28 @@ def test_telemetry_in_state_out_with_forecasts_health_and_dlq(kafka_settings, wo
     records += [(topics.TELEMETRY, node.encode(), poison), (topics.EVENTS, sick.key(), poison)]
     records += [(topics.TELEMETRY, node.encode(), encode(b)) for b in batches[60:]]
     asyncio.run(_produce(kafka_settings, records))
+    worker = workers("w1")
+    mine = {f"GPU-{node}-0", f"GPU-{node}-1"}
+
+    def keep(s: object) -> bool:
+        return isinstance(s, GpuState) and s.gpu_uuid in mine
+
+    def applied(states: list[GpuState]) -> bool:
+        latest = _latest(states)
+        return set(latest) == mine and all(s.samples == 120 and len(s.forecasts) == 6 for s in latest.values())
+
+    asyncio.run(_watch(kafka_settings, topics.GPU_STATE, applied, keep))
     # The event comes with the agent's trace context: the state it causes must carry the same trace.
+    # (Sent once the telemetry is in: the two topics are consumed independently, and a GPU the stream
+    # has no sample of yet gets no state of its own.)
     trace_id = unique.ljust(32, "0")
     traceparent = f"00-{trace_id}-{'1' * 16}-01".encode()
     asyncio.run(_produce(kafka_settings, [(topics.EVENTS, sick.key(), encode(sick))], [("traceparent", traceparent)]))
-    worker = workers("w1")
-
-    mine = {f"GPU-{node}-0", f"GPU-{node}-1"}
 
     def complete(states: list[GpuState]) -> bool:
-        latest = _latest(states)
-        return (set(latest) == mine and all(s.samples == 120 and len(s.forecasts) == 6 for s in latest.values())
-                and latest[f"GPU-{node}-1"].health_band == HealthBand.CRITICAL)
+        return applied(states) and _latest(states)[f"GPU-{node}-1"].health_band == HealthBand.CRITICAL
 
-    states = asyncio.run(_watch(kafka_settings, topics.GPU_STATE, complete,
-                                lambda s: isinstance(s, GpuState) and s.gpu_uuid in mine))
+    states = asyncio.run(_watch(kafka_settings, topics.GPU_STATE, complete, keep))
     latest = _latest(states)
     traced = asyncio.run(_watch(
         kafka_settings, topics.GPU_STATE, lambda seen: bool(seen),
