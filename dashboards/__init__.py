@@ -1,0 +1,1 @@
+"""Grafana dashboards as code and Prometheus rules for gpuaware (see docs/dashboards.md)."""

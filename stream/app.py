@@ -191,7 +191,8 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
                 continue
             last_forecast[0] = ts
             fresh = {k: p for k, (t, p) in partials.items() if ts - t <= PARTIAL_MAX_AGE_MS}
-            send(topics.CLUSTER_FORECAST, ClusterForecast(cluster, ts, merge_demand(fresh)))
+            stats.demand = merge_demand(fresh)
+            send(topics.CLUSTER_FORECAST, ClusterForecast(cluster, ts, stats.demand))
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: set, **_: Any) -> None:

@@ -26,6 +26,7 @@ class StreamStats:
     published: Counter = field(default_factory=Counter)  # output topic -> records written
     latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
     latency_sum: float = 0.0
+    demand: list = field(default_factory=list)  # the newest cluster forecast's ModelDemand lines (owner only)
 
     def observe_latency(self, seconds: float) -> None:
         for i, bound in enumerate(LATENCY_BUCKETS_S):
@@ -75,6 +76,18 @@ class StreamCollector(Collector):
         yield HistogramMetricFamily("gpuaware_stream_sample_to_state_seconds",
                                     "From a sample's timestamp to its GPU state being published",
                                     buckets=buckets, sum_value=s.latency_sum)
+        demand = GaugeMetricFamily("gpuaware_cluster_demand_gpus",
+                                   "Forecast GPU demand per model and horizon, in busy GPUs (mean and 80% bounds)",
+                                   labels=["model", "horizon_s", "bound"])
+        capacity = GaugeMetricFamily("gpuaware_cluster_capacity_gpus", "GPUs per model that are not critical",
+                                     labels=["model"])
+        for d in s.demand:
+            for bound, value in (("mean", d.demand_gpus), ("lower", d.lower), ("upper", d.upper)):
+                demand.add_metric([d.model, str(d.horizon_s), bound], value)
+        for model, cap in sorted({d.model: d.capacity_gpus for d in s.demand}.items()):
+            capacity.add_metric([model], cap)
+        yield demand
+        yield capacity
         trackers = list(self.trackers())
         yield GaugeMetricFamily("gpuaware_stream_gpus", "GPUs whose state this worker holds", value=len(trackers))
         errors: dict[tuple[str, int], list[float]] = {}

@@ -1,0 +1,135 @@
+"""The dashboards: fleet, GPU health, forecasts and capacity, pipeline health.
+
+Queries use the dcgm-exporter names the agent exports (existing DCGM dashboards keep working)
+and the ``gpuaware_*`` metrics of the agent and the stream workers. The scheduler and tenants
+dashboard joins when the live scheduler exports its metrics (issue 6).
+"""
+
+from __future__ import annotations
+
+from dashboards.model import Dashboard, Panel, Target, Variable
+
+GPU = 'Hostname=~"$node", modelName=~"$model"'
+
+VARIABLES = [
+    Variable("node", "label_values(DCGM_FI_DEV_GPU_UTIL, Hostname)", "Node"),
+    Variable("model", "label_values(DCGM_FI_DEV_GPU_UTIL, modelName)", "GPU model"),
+]
+
+
+def fleet_overview() -> Dashboard:
+    return Dashboard("gpuaware-fleet", "gpuaware / Fleet overview",
+                     "GPUs by model and node, how busy they are, and how much of what is allocated is used.", [
+        Panel("GPUs by model", [Target(f"count by (modelName) (DCGM_FI_DEV_GPU_UTIL{{{GPU}}})", "{{modelName}}")],
+              kind="bargauge", width=8),
+        Panel("Mean GPU utilization", [Target(f"avg(DCGM_FI_DEV_GPU_UTIL{{{GPU}}})")], kind="stat", unit="percent",
+              width=4, thresholds=[(None, "red"), (30, "orange"), (60, "green")]),
+        Panel("Idle GPUs holding memory", [Target(
+            f"count((DCGM_FI_DEV_GPU_UTIL{{{GPU}}} < 5) and (DCGM_FI_DEV_FB_USED{{{GPU}}} > 1024))")],
+              kind="stat", width=4, description="Busy under 5% with more than 1 GiB allocated: reclaim candidates.",
+              thresholds=[(None, "green"), (1, "orange"), (10, "red")]),
+        Panel("Power draw", [Target(f"sum(DCGM_FI_DEV_POWER_USAGE{{{GPU}}})")], kind="stat", unit="watt", width=4),
+        Panel("Energy in the range", [Target(
+            f"sum(increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{GPU}}}[$__range])) / 3.6e9")],
+              kind="stat", unit="kwatth", width=4),
+        Panel("Utilization heatmap", [Target(f"DCGM_FI_DEV_GPU_UTIL{{{GPU}}}", "{{Hostname}}/{{gpu}}")],
+              kind="heatmap", unit="percent", width=24, height=10),
+        Panel("Utilization by model", [Target(f"avg by (modelName) (DCGM_FI_DEV_GPU_UTIL{{{GPU}}})",
+                                              "{{modelName}}")], unit="percent", min=0, max=100),
+        Panel("Framebuffer used by model", [Target(
+            f"sum by (modelName) (DCGM_FI_DEV_FB_USED{{{GPU}}}) * 1048576", "{{modelName}}")], unit="bytes"),
+        Panel("Power by node", [Target(f"sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE{{{GPU}}})", "{{Hostname}}")],
+              unit="watt"),
+        Panel("Temperature (max per node)", [Target(f"max by (Hostname) (DCGM_FI_DEV_GPU_TEMP{{{GPU}}})",
+                                                    "{{Hostname}}")], unit="celsius",
+              thresholds=[(None, "green"), (80, "orange"), (87, "red")]),
+    ], VARIABLES)
+
+
+def gpu_health() -> Dashboard:
+    return Dashboard("gpuaware-health", "gpuaware / GPU health",
+                     "Explainable health scores from the agents, and the error signals behind them.", [
+        Panel("GPUs per health band", [Target(f"sum by (band) (gpuaware_gpu_health_band{{{GPU}}})", "{{band}}")],
+              kind="bargauge", width=8),
+        Panel("Lowest health score", [Target(f"min(gpuaware_gpu_health_score{{{GPU}}})")], kind="stat", width=4,
+              thresholds=[(None, "red"), (50, "orange"), (80, "green")], min=0, max=100),
+        Panel("Lost GPUs", [Target(f"sum(gpuaware_gpu_lost{{{GPU}}})")], kind="stat", width=4,
+              thresholds=[(None, "green"), (1, "red")]),
+        Panel("Edge events per minute", [Target(
+            f"sum by (kind) (rate(gpuaware_agent_events_total{{{GPU}}}[5m])) * 60", "{{kind}}")], width=8),
+        Panel("Health score per GPU (lowest 20)", [Target(
+            f"bottomk(20, gpuaware_gpu_health_score{{{GPU}}})", "{{Hostname}}/{{gpu}}")], min=0, max=100,
+              thresholds=[(None, "red"), (50, "orange"), (80, "green")], width=24),
+        Panel("Health components below 100", [Target(
+            f"gpuaware_gpu_health_component{{{GPU}}} < 100", "{{Hostname}}/{{gpu}} {{component}}")],
+              min=0, max=100),
+        Panel("Edge detector scores", [Target(f"gpuaware_gpu_anomaly_score{{{GPU}}} > 0",
+                                              "{{Hostname}}/{{gpu}} {{detector}}")]),
+        Panel("ECC errors (volatile)", [
+            Target(f"sum by (Hostname, gpu) (DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{{GPU}}})", "SBE {{Hostname}}/{{gpu}}"),
+            Target(f"sum by (Hostname, gpu) (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{GPU}}})", "DBE {{Hostname}}/{{gpu}}")]),
+        Panel("Last XID", [Target(f"DCGM_FI_DEV_XID_ERRORS{{{GPU}}} > 0", "{{Hostname}}/{{gpu}}")]),
+        Panel("Throttled GPUs (thermal or power)", [Target(
+            f"count by (modelName) (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{{{GPU}}} > 1)", "{{modelName}}")]),
+        Panel("Temperature, hottest 10", [Target(f"topk(10, DCGM_FI_DEV_GPU_TEMP{{{GPU}}})",
+                                                 "{{Hostname}}/{{gpu}}")], unit="celsius",
+              thresholds=[(None, "green"), (80, "orange"), (87, "red")]),
+    ], VARIABLES)
+
+
+def forecasts() -> Dashboard:
+    return Dashboard("gpuaware-forecasts", "gpuaware / Forecasts and capacity",
+                     "Per-model GPU demand forecast by the stream workers, with its 80% interval, against capacity.", [
+        Panel("Demand forecast, 5 min ahead (busy GPUs)", [
+            Target('gpuaware_cluster_demand_gpus{horizon_s="300", bound="mean"}', "{{model}} forecast"),
+            Target('gpuaware_cluster_demand_gpus{horizon_s="300", bound="upper"}', "{{model}} upper 80%"),
+            Target('gpuaware_cluster_demand_gpus{horizon_s="300", bound="lower"}', "{{model}} lower 80%"),
+            Target("gpuaware_cluster_capacity_gpus", "{{model}} capacity")], width=24, height=10),
+        Panel("Actual busy GPUs by model", [Target(
+            "sum by (modelName) (DCGM_FI_DEV_GPU_UTIL) / 100", "{{modelName}}")], width=12),
+        Panel("Forecast headroom (capacity - upper bound, 15 min)", [Target(
+            'min by (model) (gpuaware_cluster_capacity_gpus - on (model) '
+            'gpuaware_cluster_demand_gpus{horizon_s="900", bound="upper"})', "{{model}}")], width=12),
+        Panel("Forecast error (MAE) per horizon", [Target(
+            "avg by (metric, horizon_minutes) (gpuaware_stream_forecast_mae)",
+            "{{metric}} {{horizon_minutes}} min")], width=12),
+        Panel("GPUs per workload class", [Target("sum by (class) (gpuaware_stream_workload_class_gpus)",
+                                                 "{{class}}")], kind="bargauge", width=12),
+    ])
+
+
+def pipeline_health() -> Dashboard:
+    return Dashboard("gpuaware-pipeline", "gpuaware / Pipeline health",
+                     "Agents' sampling and cost, the Kafka path, and the stream workers.", [
+        Panel("Samples/s (agents)", [Target("sum(rate(gpuaware_agent_samples_total[5m]))")], kind="stat", width=6,
+              unit="ops"),
+        Panel("Bytes/s to Kafka (agents)", [Target("sum(rate(gpuaware_agent_bytes_sent_total[5m]))")], kind="stat",
+              width=6, unit="Bps"),
+        Panel("Spooled records", [Target("sum(gpuaware_agent_spool_depth)")], kind="stat", width=6,
+              thresholds=[(None, "green"), (1, "orange"), (10000, "red")]),
+        Panel("Dead-lettered records (1 h)", [Target("sum(increase(gpuaware_stream_dlq_total[1h]))")], kind="stat",
+              width=6, thresholds=[(None, "green"), (1, "orange")]),
+        Panel("Sampling interval per GPU", [Target(f"gpuaware_agent_sampling_interval_seconds{{{GPU}}}",
+                                                   "{{Hostname}}/{{gpu}}")], unit="s"),
+        Panel("Samples and watch reads per second", [
+            Target("sum by (Hostname) (rate(gpuaware_agent_samples_total[5m]))", "samples {{Hostname}}"),
+            Target("sum by (Hostname) (rate(gpuaware_agent_watch_reads_total[5m]))", "watch reads {{Hostname}}")]),
+        Panel("Publish errors and spool drops", [
+            Target("sum(rate(gpuaware_agent_publish_errors_total[5m]))", "publish errors/s"),
+            Target("sum(rate(gpuaware_agent_spool_dropped_total[5m]))", "spool drops/s")]),
+        Panel("Stream records/s by topic", [Target(
+            "sum by (topic) (rate(gpuaware_stream_records_total[5m]))", "{{topic}}")], unit="ops"),
+        Panel("Consumer lag by topic", [Target("sum by (topic) (gpuaware_stream_consumer_lag)", "{{topic}}")]),
+        Panel("Sample to state latency (p50, p99)", [
+            Target("histogram_quantile(0.5, sum by (le) (rate(gpuaware_stream_sample_to_state_seconds_bucket[5m])))",
+                   "p50"),
+            Target("histogram_quantile(0.99, sum by (le) (rate(gpuaware_stream_sample_to_state_seconds_bucket[5m])))",
+                   "p99")], unit="s"),
+        Panel("Derived records/s by topic", [Target(
+            "sum by (topic) (rate(gpuaware_stream_published_total[5m]))", "{{topic}}")], unit="ops"),
+        Panel("Duplicate samples applied once (/s)", [Target(
+            "sum(rate(gpuaware_stream_duplicate_samples_total[5m]))", "duplicates/s")]),
+    ])
+
+
+DASHBOARDS = {d.uid: d for d in (fleet_overview(), gpu_health(), forecasts(), pipeline_health())}

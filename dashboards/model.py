@@ -1,0 +1,96 @@
+"""A small typed model of Grafana dashboard JSON (schemaVersion 39), just what gpuaware needs.
+
+Plain dataclasses rather than grafanalib or the foundation SDK: no extra dependency to pin, the
+JSON is readable, and a test checks every query against the metrics the code exports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+GRID_COLUMNS = 24
+
+
+@dataclass
+class Target:
+    expr: str
+    legend: str = ""
+
+    def to_json(self, ref: str) -> dict[str, Any]:
+        return {"datasource": DATASOURCE, "expr": self.expr, "legendFormat": self.legend, "refId": ref}
+
+
+@dataclass
+class Panel:
+    title: str
+    targets: list[Target]
+    kind: str = "timeseries"  # timeseries | stat | heatmap | table | bargauge
+    unit: str = "short"
+    width: int = 12
+    height: int = 8
+    description: str = ""
+    thresholds: list[tuple[float | None, str]] = field(default_factory=lambda: [(None, "green")])
+    min: float | None = None
+    max: float | None = None
+
+    def to_json(self, pid: int, x: int, y: int) -> dict[str, Any]:
+        defaults: dict[str, Any] = {
+            "unit": self.unit,
+            "thresholds": {"mode": "absolute",
+                           "steps": [{"value": v, "color": c} for v, c in self.thresholds]},
+        }
+        if self.min is not None:
+            defaults["min"] = self.min
+        if self.max is not None:
+            defaults["max"] = self.max
+        return {
+            "id": pid, "type": self.kind, "title": self.title, "description": self.description,
+            "datasource": DATASOURCE, "gridPos": {"x": x, "y": y, "w": self.width, "h": self.height},
+            "fieldConfig": {"defaults": defaults, "overrides": []},
+            "options": {"legend": {"displayMode": "list", "placement": "bottom"}} if self.kind == "timeseries" else {},
+            "targets": [t.to_json(chr(ord("A") + i)) for i, t in enumerate(self.targets)],
+        }
+
+
+@dataclass
+class Variable:
+    name: str
+    query: str  # label_values(...)
+    label: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "label": self.label, "type": "query", "datasource": DATASOURCE,
+                "query": {"query": self.query, "refId": "vars"}, "definition": self.query, "refresh": 2,
+                "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "sort": 1}
+
+
+@dataclass
+class Dashboard:
+    uid: str
+    title: str
+    description: str
+    panels: list[Panel]
+    variables: list[Variable] = field(default_factory=list)
+    tags: list[str] = field(default_factory=lambda: ["gpuaware"])
+
+    def to_json(self) -> dict[str, Any]:
+        laid_out, x, y, row_h = [], 0, 0, 0
+        for i, p in enumerate(self.panels, start=1):
+            if x + p.width > GRID_COLUMNS:
+                x, y, row_h = 0, y + row_h, 0
+            laid_out.append(p.to_json(i, x, y))
+            x, row_h = x + p.width, max(row_h, p.height)
+        datasource = {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
+                      "current": {}, "hide": 0}
+        return {
+            "uid": self.uid, "title": self.title, "description": self.description, "tags": self.tags,
+            "schemaVersion": 39, "version": 1, "editable": True, "graphTooltip": 1,
+            "time": {"from": "now-1h", "to": "now"}, "refresh": "30s", "timezone": "browser",
+            "templating": {"list": [datasource, *(v.to_json() for v in self.variables)]},
+            "annotations": {"list": []}, "panels": laid_out,
+        }
+
+    def queries(self) -> list[str]:
+        return [t.expr for p in self.panels for t in p.targets]
