@@ -63,8 +63,8 @@ def gpu_health() -> Dashboard:
         Panel("Health components below 100", [Target(
             f"gpuaware_gpu_health_component{{{GPU}}} < 100", "{{Hostname}}/{{gpu}} {{component}}")],
               min=0, max=100),
-        Panel("Edge detector scores", [Target(f"gpuaware_gpu_anomaly_score{{{GPU}}} > 0",
-                                              "{{Hostname}}/{{gpu}} {{detector}}")]),
+        Panel("Edge detector scores, highest 10", [Target(f"topk(10, gpuaware_gpu_anomaly_score{{{GPU}}})",
+                                                          "{{Hostname}}/{{gpu}} {{detector}}")]),
         Panel("ECC errors (volatile)", [
             Target(f"sum by (Hostname, gpu) (DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{{GPU}}})", "SBE {{Hostname}}/{{gpu}}"),
             Target(f"sum by (Hostname, gpu) (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{GPU}}})", "DBE {{Hostname}}/{{gpu}}")]),

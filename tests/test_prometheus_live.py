@@ -1,0 +1,130 @@
+"""A real Prometheus scraping a real agent and stream worker: every panel query returns data and a
+fault's alert fires (Debian package `prometheus`; skipped where it is not installed)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dashboards.definitions import DASHBOARDS
+from gpuaware.processes import ChildProcess, free_port
+from gpuaware.stream_workers import StreamWorkerProcess, worker_env
+from stream import topics
+from stream.events import GpuInfo, GpuSample, TelemetryBatch, encode
+from stream.kafka_settings import KafkaSettings
+
+pytestmark = [pytest.mark.timeout(300),
+              pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian package prometheus not installed")]
+RULES = Path(__file__).resolve().parent.parent / "dashboards" / "prometheus" / "rules.yml"
+
+SCENARIO = """name: live
+seed: 4
+nodes: 1
+gpus_per_node: 6
+models: [H100, A100]
+workloads: [training-compute, idle-holding, inference-bursty, trace, training-memory, trace]
+faults:
+  - {kind: ecc_dbe, node: 0, gpu: 3, at_s: 6}
+  - {kind: xid, node: 0, gpu: 4, at_s: 5, xid: 79}
+  - {kind: power_cap, node: 0, gpu: 0, at_s: 2, cap_w: 300}
+  - {kind: dead, node: 0, gpu: 5, at_s: 7}
+"""
+
+
+def _history(node: str) -> list[tuple[str, bytes, bytes]]:
+    """20 minutes of telemetry ending now, so forecasts (and their errors) exist from the start."""
+    now = int(time.time() * 1000)
+    out = []
+    for seq in range(1, 121):
+        batch = TelemetryBatch(node, seq, now - 20 * 60_000 + seq * 10_000,
+                               [GpuInfo(f"GPU-{node}-0", 0, "NVIDIA A100-SXM4-80GB", 81920)],
+                               [GpuSample(0, seq, 0, 40 + seq % 20, 20, 20_000, 2500, 60)])
+        out.append((topics.TELEMETRY, node.encode(), encode(batch)))
+    out.append((topics.TELEMETRY, node.encode(), b"\xa7garbage"))  # one DLQ entry
+    return out
+
+
+async def _produce(kafka: KafkaSettings, records: list[tuple[str, bytes, bytes]]) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(**kafka.producer_kwargs())
+    await producer.start()
+    try:
+        for topic, key, value in records:
+            await producer.send(topic, value, key=key)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def _api(port: int, path: str, **params: str) -> dict:
+    url = f"http://127.0.0.1:{port}{path}" + ("?" + urllib.parse.urlencode(params) if params else "")
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _query(port: int, expr: str) -> list:
+    expr = expr.replace("$node", ".*").replace("$model", ".*").replace("$__range", "10m")
+    body = _api(port, "/api/v1/query", query=expr)
+    assert body["status"] == "success", (expr, body)
+    return body["data"]["result"]
+
+
+def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaSettings, tmp_path: Path,
+                                                          unique: str) -> None:
+    (tmp_path / "live.yaml").write_text(SCENARIO.replace("name: live", f"name: live-{unique}")
+                                        + f"node_prefix: live-{unique}\n")
+    asyncio.run(_produce(kafka_settings, _history(f"hist-{unique}")))
+    agent_port, prom_port = free_port(), free_port()
+    agent = ChildProcess("agent", [sys.executable, "-m", "gpuaware", "--log-level", "warning", "agent",
+                                   "--collector", "sim", "--scenario", str(tmp_path / "live.yaml"),
+                                   "--spool-dir", str(tmp_path / "spool"), "--metrics-port", str(agent_port)],
+                         tmp_path / "agent.log", worker_env(kafka_settings))
+    stream = StreamWorkerProcess(kafka_settings, f"live-{unique}", tmp_path, "stream",
+                                 cluster_forecast_interval_s=2, node_state_interval_s=1)
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(RULES)],
+        "scrape_configs": [
+            {"job_name": "gpuaware-agent", "static_configs": [{"targets": [f"127.0.0.1:{agent_port}"]}]},
+            {"job_name": "gpuaware-stream", "static_configs": [{"targets": [f"127.0.0.1:{stream.metrics_port}"]}]},
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+    prometheus = ChildProcess("prometheus", [
+        "prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{prom_port}"], tmp_path / "prometheus.log")
+    for child in (agent, stream, prometheus):
+        child.start()
+    try:
+        queries = [(uid, q) for uid, d in DASHBOARDS.items() for q in d.queries()]
+        deadline = time.monotonic() + 150
+        empty = queries
+        while time.monotonic() < deadline:
+            time.sleep(3)
+            for child in (agent, stream, prometheus):
+                assert child.running(), f"{child.name} exited:\n{child.log_tail()}"
+            try:
+                empty = [(uid, q) for uid, q in queries if not _query(prom_port, q)]
+            except OSError:
+                continue  # Prometheus still starting
+            if not empty:
+                break
+        assert not empty, f"{len(empty)} of {len(queries)} panel queries returned no data: {empty}"
+        firing: set[str] = set()
+        while time.monotonic() < deadline and not {"GpuDoubleBitEcc", "GpuLost"} <= firing:
+            alerts = _api(prom_port, "/api/v1/alerts")["data"]["alerts"]
+            firing = {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}
+            time.sleep(1)
+        assert {"GpuDoubleBitEcc", "GpuLost"} <= firing, firing
+    finally:
+        for child in (prometheus, stream, agent):
+            child.stop()
