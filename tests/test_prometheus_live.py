@@ -20,6 +20,7 @@ from gpuaware.stream_workers import StreamWorkerProcess, worker_env
 from stream import topics
 from stream.events import GpuInfo, GpuSample, TelemetryBatch, encode
 from stream.kafka_settings import KafkaSettings
+from tests.test_stream_kafka import _produce
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian package prometheus not installed")]
@@ -50,19 +51,6 @@ def _history(node: str) -> list[tuple[str, bytes, bytes]]:
         out.append((topics.TELEMETRY, node.encode(), encode(batch)))
     out.append((topics.TELEMETRY, node.encode(), b"\xa7garbage"))  # one DLQ entry
     return out
-
-
-async def _produce(kafka: KafkaSettings, records: list[tuple[str, bytes, bytes]]) -> None:
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(**kafka.producer_kwargs())
-    await producer.start()
-    try:
-        for topic, key, value in records:
-            await producer.send(topic, value, key=key)
-        await producer.flush()
-    finally:
-        await producer.stop()
 
 
 def _api(port: int, path: str, **params: str) -> dict:
