@@ -129,11 +129,13 @@ def broker(obj: Context, host: str | None, port: int | None, storage: str | None
               help="Simulated cluster and its faults: a name from agent/scenarios or a YAML file.")
 @click.option("--stream-workers", type=click.IntRange(1, 8), default=1, show_default=True,
               help="Faust stream worker processes.")
+@click.option("--prometheus/--no-prometheus", default=None,
+              help="Run a local Prometheus with the alert rules (default: when the prometheus binary is installed).")
 @click.pass_obj
 def up(obj: Context, duration: float | None, as_json: bool, port: int | None, durable: bool, scenario: str,
-       stream_workers: int) -> None:
+       stream_workers: int, prometheus: bool | None) -> None:
     """Run the pipeline on this machine: the broker, simulated GPU nodes with their agents, the stream
-    workers, and a live view.
+    workers, a local Prometheus with the alert rules when one is installed, and a live view.
 
     The default scenario is 16 nodes x 8 GPUs of mixed models replaying the GenTD26 traces, with
     faults injected in the first two minutes. The scheduler is not built yet (see the open issues);
@@ -157,8 +159,13 @@ def up(obj: Context, duration: float | None, as_json: bool, port: int | None, du
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        from gpuaware.local_prometheus import available
+
+        if prometheus and not available():
+            raise ValueError("--prometheus: no prometheus binary on PATH (Debian package prometheus)")
         return await run_stack(local, scenario, duration, live=not as_json, stop=stop,
-                               stream_workers=stream_workers)
+                               stream_workers=stream_workers,
+                               prometheus=available() if prometheus is None else prometheus)
 
     try:
         summary = asyncio.run(main())
@@ -168,7 +175,8 @@ def up(obj: Context, duration: float | None, as_json: bool, port: int | None, du
     finally:
         local.stop()
     click.echo(json.dumps(summary, indent=2) if as_json else
-               f"stopped after {summary['duration_s']:.0f}s: {summary['samples']} samples, {summary['events']} events")
+               f"\nstopped after {summary['duration_s']:.0f}s: {summary['samples']} samples, "
+               f"{summary['events']} events")
 
 
 # --------------------------------------------------------------------------- config

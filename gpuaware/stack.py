@@ -18,9 +18,12 @@ from rich.live import Live
 from rich.table import Table
 
 from agent.collectors.sim import SimCluster, load_scenario
+from agent.main import serve_metrics
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy
+from gpuaware.local_prometheus import LocalPrometheus
 from gpuaware.localbroker import LocalBroker
+from gpuaware.processes import free_port
 from gpuaware.stream_workers import StreamWorkerProcess
 from stream import topics
 from stream.events import ClusterForecast, DecodeError, GpuEvent, GpuState, HealthBand, decode
@@ -39,6 +42,19 @@ class StackState:
     state_records: Counter[str] = field(default_factory=Counter)
     forecast: ClusterForecast | None = None
     band_seen: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # uuid -> (arrival, band)
+    prometheus: LocalPrometheus | None = None
+    firing: dict[str, float] = field(default_factory=dict)  # alert name -> first seen firing (unix s)
+
+    def refresh_alerts(self) -> None:
+        if self.prometheus is None:
+            return
+        try:
+            alerts = self.prometheus.alerts()
+        except (OSError, ValueError, KeyError):
+            return  # not up yet
+        for a in alerts:
+            if a.get("state") == "firing":
+                self.firing.setdefault(a["labels"]["alertname"], time.time())
 
     def on_event(self, ev: GpuEvent) -> None:
         self.events.append(ev)
@@ -113,14 +129,15 @@ def _view(runtime: AgentRuntime, state: StackState, bootstrap: str) -> Group:
         derived.add_row(cls[0], str(cls[1]), d.model if d else "",
                         f"{d.demand_gpus:.1f} [{d.lower:.1f}, {d.upper:.1f}]" if d else "",
                         f"{d.capacity_gpus:.0f}" if d else "")
+    alerts = ", ".join(sorted(state.firing)) or ("none" if state.prometheus else "no Prometheus")
     totals = (f"samples published {runtime.samples_published}   events {runtime.events_published}   "
               f"spooled {runtime.spool.depth}   gpu states {state.state_records[topics.GPU_STATE]}   "
-              f"scheduler: not built yet")
+              f"scheduler: not built yet\nalerts firing: {alerts}")
     return Group(fleet, recent, derived, totals)
 
 
 async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float | None, live: bool,
-                    stop: asyncio.Event, stream_workers: int = 1) -> dict:
+                    stop: asyncio.Event, stream_workers: int = 1, prometheus: bool = False) -> dict:
     scenario = load_scenario(scenario_name)
     state = StackState()
     kafka = broker.kafka_settings(session_timeout_ms=2000)
@@ -132,6 +149,14 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
         cluster = SimCluster(scenario)
         runtime = AgentRuntime(cluster.collectors(), kafka, SamplingPolicy(), str(Path(workdir) / "spool"))
         runtime.event_listeners.append(state.on_event)
+        prom = None
+        if prometheus:
+            agent_port = free_port()
+            serve_metrics(runtime, "127.0.0.1", agent_port)
+            prom = LocalPrometheus(Path(workdir) / "prometheus", {
+                "gpuaware-agent": [agent_port], "gpuaware-stream": [w.metrics_port for w in workers]})
+            prom.start()
+            state.prometheus = prom
         watching = asyncio.Event()
         watcher = asyncio.create_task(watch_derived(kafka, state, watching))
         task = asyncio.create_task(runtime.run(stop, duration_s))
@@ -140,12 +165,21 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
                 with Live(_view(runtime, state, broker.bootstrap), refresh_per_second=2) as screen:
                     while not task.done():
                         await asyncio.sleep(1.0)
+                        await asyncio.to_thread(state.refresh_alerts)
                         screen.update(_view(runtime, state, broker.bootstrap))
+            while not task.done():
+                if prom is not None:
+                    await asyncio.to_thread(state.refresh_alerts)
+                await asyncio.sleep(1.0)
             await task
             await asyncio.sleep(2.0)  # the last states of the run
+            if prom is not None:
+                state.refresh_alerts()
         finally:
             watching.set()
             await watcher
+            if prom is not None:
+                prom.stop()
             exits = {w.name: w.stop() for w in workers}
     uuid_of = {(n, t.device.index): t.device.uuid for n, core in enumerate(runtime.cores) for t in core.tracks}
     elapsed = time.time() - cluster.epoch
@@ -186,6 +220,7 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
             "workload_classes": dict(Counter(s.workload_class or "unknown" for s in state.gpu_states.values())),
             "demand_forecast": [vars(d) for d in state.forecast.models] if state.forecast else [],
         },
+        "prometheus": {"url": prom.url, "alerts_firing": sorted(state.firing)} if prom is not None else None,
         "components": {"broker": "running", "agents": "running", "stream": "running",
                        "scheduler": "not built yet (issue 6)"},
     }

@@ -118,6 +118,12 @@ def test_up_runs_the_simulated_cluster_and_every_fault_gets_a_reaction(tmp_path)
     assert stream["records"].get("gpu.state.v1", 0) > 0 and stream["gpus_with_state"] >= 7
     dbe = summary["faults"][1]
     assert dbe["stream_reaction_s"] is not None
+    from gpuaware.local_prometheus import available
+
+    if available():  # the local Prometheus evaluated the rules on the agent's metrics: the lost GPU pages
+        assert "GpuLost" in summary["prometheus"]["alerts_firing"], summary["prometheus"]
+    else:
+        assert summary["prometheus"] is None
 
 
 def test_bad_config_names_the_field_and_exits_2(tmp_path):

@@ -4,17 +4,14 @@ fault's alert fires (Debian package `prometheus`; skipped where it is not instal
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
 import sys
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from dashboards.definitions import DASHBOARDS
+from gpuaware.local_prometheus import LocalPrometheus, available
 from gpuaware.processes import ChildProcess, free_port
 from gpuaware.stream_workers import StreamWorkerProcess, worker_env
 from stream import topics
@@ -23,8 +20,7 @@ from stream.kafka_settings import KafkaSettings
 from tests.test_stream_kafka import _produce
 
 pytestmark = [pytest.mark.timeout(300),
-              pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian package prometheus not installed")]
-RULES = Path(__file__).resolve().parent.parent / "dashboards" / "prometheus" / "rules.yml"
+              pytest.mark.skipif(not available(), reason="Debian package prometheus not installed")]
 
 SCENARIO = """name: live
 seed: 4
@@ -53,17 +49,8 @@ def _history(node: str) -> list[tuple[str, bytes, bytes]]:
     return out
 
 
-def _api(port: int, path: str, **params: str) -> dict:
-    url = f"http://127.0.0.1:{port}{path}" + ("?" + urllib.parse.urlencode(params) if params else "")
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
-
-
-def _query(port: int, expr: str) -> list:
-    expr = expr.replace("$node", ".*").replace("$model", ".*").replace("$__range", "10m")
-    body = _api(port, "/api/v1/query", query=expr)
-    assert body["status"] == "success", (expr, body)
-    return body["data"]["result"]
+def _query(prometheus: LocalPrometheus, expr: str) -> list:
+    return prometheus.query(expr.replace("$node", ".*").replace("$model", ".*").replace("$__range", "10m"))
 
 
 def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaSettings, tmp_path: Path,
@@ -71,25 +58,15 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
     (tmp_path / "live.yaml").write_text(SCENARIO.replace("name: live", f"name: live-{unique}")
                                         + f"node_prefix: live-{unique}\n")
     asyncio.run(_produce(kafka_settings, _history(f"hist-{unique}")))
-    agent_port, prom_port = free_port(), free_port()
+    agent_port = free_port()
     agent = ChildProcess("agent", [sys.executable, "-m", "gpuaware", "--log-level", "warning", "agent",
                                    "--collector", "sim", "--scenario", str(tmp_path / "live.yaml"),
                                    "--spool-dir", str(tmp_path / "spool"), "--metrics-port", str(agent_port)],
                          tmp_path / "agent.log", worker_env(kafka_settings))
     stream = StreamWorkerProcess(kafka_settings, f"live-{unique}", tmp_path, "stream",
                                  cluster_forecast_interval_s=2, node_state_interval_s=1)
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(RULES)],
-        "scrape_configs": [
-            {"job_name": "gpuaware-agent", "static_configs": [{"targets": [f"127.0.0.1:{agent_port}"]}]},
-            {"job_name": "gpuaware-stream", "static_configs": [{"targets": [f"127.0.0.1:{stream.metrics_port}"]}]},
-        ],
-    }
-    (tmp_path / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
-    prometheus = ChildProcess("prometheus", [
-        "prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-        f"--web.listen-address=127.0.0.1:{prom_port}"], tmp_path / "prometheus.log")
+    prometheus = LocalPrometheus(tmp_path / "prometheus",
+                                 {"gpuaware-agent": [agent_port], "gpuaware-stream": [stream.metrics_port]})
     for child in (agent, stream, prometheus):
         child.start()
     try:
@@ -101,7 +78,7 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
             for child in (agent, stream, prometheus):
                 assert child.running(), f"{child.name} exited:\n{child.log_tail()}"
             try:
-                empty = [(uid, q) for uid, q in queries if not _query(prom_port, q)]
+                empty = [(uid, q) for uid, q in queries if not _query(prometheus, q)]
             except OSError:
                 continue  # Prometheus still starting
             if not empty:
@@ -109,8 +86,7 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
         assert not empty, f"{len(empty)} of {len(queries)} panel queries returned no data: {empty}"
         firing: set[str] = set()
         while time.monotonic() < deadline and not {"GpuDoubleBitEcc", "GpuLost"} <= firing:
-            alerts = _api(prom_port, "/api/v1/alerts")["data"]["alerts"]
-            firing = {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}
+            firing = {a["labels"]["alertname"] for a in prometheus.alerts() if a["state"] == "firing"}
             time.sleep(1)
         assert {"GpuDoubleBitEcc", "GpuLost"} <= firing, firing
     finally:

@@ -1,0 +1,53 @@
+"""A local Prometheus (Debian's `prometheus` binary, when installed) with gpuaware's rules."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from gpuaware.processes import ChildProcess, free_port
+
+RULES = Path(__file__).resolve().parent.parent / "dashboards" / "prometheus" / "rules.yml"
+
+
+def available() -> bool:
+    return shutil.which("prometheus") is not None
+
+
+class LocalPrometheus(ChildProcess):
+    """Scrapes ``targets`` (job name -> ports on 127.0.0.1) every second and evaluates the rules."""
+
+    def __init__(self, workdir: Path, targets: dict[str, list[int]], interval_s: int = 1):
+        self.port = free_port()
+        config = {
+            "global": {"scrape_interval": f"{interval_s}s", "evaluation_interval": f"{interval_s}s"},
+            "rule_files": [str(RULES)],
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports]}]}
+                               for job, ports in targets.items()],
+        }
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "prometheus.yml").write_text(json.dumps(config, indent=2))  # JSON is YAML
+        super().__init__("prometheus", [
+            "prometheus", f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{self.port}"], workdir / "prometheus.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def api(self, path: str, **params: str) -> dict:
+        query = "?" + urllib.parse.urlencode(params) if params else ""
+        with urllib.request.urlopen(f"{self.url}{path}{query}", timeout=10) as r:
+            return json.loads(r.read())
+
+    def query(self, expr: str) -> list:
+        body = self.api("/api/v1/query", query=expr)
+        if body.get("status") != "success":
+            raise RuntimeError(f"query {expr!r} failed: {body}")
+        return body["data"]["result"]
+
+    def alerts(self) -> list[dict]:
+        return self.api("/api/v1/alerts")["data"]["alerts"]
