@@ -18,6 +18,7 @@ machine sustains, not one worker alone.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import tempfile
 import time
@@ -67,7 +68,7 @@ class Fleet:
         return out
 
 
-async def _produce(kafka: KafkaSettings, batches: list[TelemetryBatch], producer: AIOKafkaProducer) -> None:
+async def _produce(batches: list[TelemetryBatch], producer: AIOKafkaProducer) -> None:
     futures = [await producer.send(topics.TELEMETRY, encode(b), key=b.key()) for b in batches]
     await asyncio.gather(*futures)
 
@@ -120,7 +121,7 @@ async def _latency(kafka: KafkaSettings, fleet: Fleet, rate: float, seconds: flo
     started = time.monotonic()
     next_round = started
     while time.monotonic() - started < seconds + LATENCY_WARMUP_S:
-        await _produce(kafka, fleet.batches(int(time.time() * 1000), 1000), producer)
+        await _produce(fleet.batches(int(time.time() * 1000), 1000), producer)
         next_round += interval
         await asyncio.sleep(max(0.0, next_round - time.monotonic()))
     await asyncio.sleep(3.0)  # let the last states arrive
@@ -142,7 +143,7 @@ async def run_phase(kafka: KafkaSettings, workdir: Path, workers: int, gpus: int
         rounds = max(1, backlog // per_round)
         now = int(time.time() * 1000)
         for r in range(rounds):
-            await _produce(kafka, fleet.batches(now - (rounds - r) * samples_per_batch * 1000, 1000), producer)
+            await _produce(fleet.batches(now - (rounds - r) * samples_per_batch * 1000, 1000), producer)
         total = rounds * per_round
         procs = [StreamWorkerProcess(kafka, app_id, workdir, f"{app_id}-{i}") for i in range(workers)]
         for p in procs:
@@ -191,8 +192,6 @@ def _rss_mib(pid: int | None) -> float:
 
 
 def _cpu_seconds(pid: int | None) -> float:
-    import os
-
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -214,6 +213,6 @@ def run_bench(kafka: KafkaSettings, worker_counts: list[int], gpus: int, samples
     return {
         "results": results,
         "scaling": {str(r["workers"]): round(r["gpu_samples_per_s"] / one, 2) for r in results} if one else {},
-        "cpus": __import__("os").cpu_count(),
+        "cpus": os.cpu_count(),
         "targets": {"gpu_samples_per_s_per_worker": 10_000, "p99_latency_s": 2.0},
     }

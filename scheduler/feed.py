@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -153,7 +152,3 @@ class StateFeed:
             assert self._producer is not None
             await self._producer.send(name, m.value, key=m.key, headers=headers)
             log.warning("dead-lettered %s/%s@%s: %s", m.topic, m.partition, m.offset, exc)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

@@ -61,6 +61,7 @@ class GpuTracker:
     forecasts: list[Forecast] = field(default_factory=list)
     last_published_ms: int = 0
     published_signature: tuple | None = None
+    published_band: str | None = None
     settings: TrackerSettings = field(default_factory=TrackerSettings)
     _forecasters: dict[tuple[str, int], ExpertForecaster] | None = None
 
@@ -190,13 +191,14 @@ class GpuTracker:
         since = now_ms - self.last_published_ms
         if since >= self.settings.max_interval_ms:
             return True
-        if self.published_signature is not None and self.health_band != self.published_signature[2]:
+        if self.published_band is not None and self.health_band != self.published_band:
             return True  # a health band change is what the scheduler acts on: never held back
         return since >= self.settings.min_interval_ms and self._signature() != self.published_signature
 
     def mark_published(self, now_ms: int) -> None:
         self.last_published_ms = now_ms
         self.published_signature = self._signature()
+        self.published_band = self.health_band
 
     # ------------------------------------------------------------------ snapshot
 
