@@ -45,10 +45,12 @@ from functools import cache
 import numpy as np
 
 from scheduler.core.cluster import Allocation, ClusterState
+from scheduler.core.cycle import PassStats, QueuePolicy, QueueState
+from scheduler.core.cycle import schedule_pass as run_pass
 from scheduler.core.framework import Scheduler
 from scheduler.core.policies import profile
-from scheduler.core.preemption import Running, earliest_fit, select_victims
-from scheduler.core.queue import Tenant, TenantLedger, fair_order
+from scheduler.core.preemption import Running
+from scheduler.core.queue import Tenant, TenantLedger
 from scheduler.core.rebalance import consolidation_moves
 from scheduler.core.throttle import throttle_decisions
 from scheduler.core.throughput import ThroughputTable
@@ -285,63 +287,24 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
         finish_at[r.workload.id] = now + max(1.0, (job.duration_s - job.banked_s) / speed_of[r.workload.id])
         push(finish_at[r.workload.id], "finish", (r.workload.id, job.epoch))
 
-    def schedule_pass(now: float, only: list[Workload] | None = None) -> None:
-        # An arrival alone cannot unblock others: try just it. Freed capacity re-activates the queue.
-        order = only if only is not None else fair_order(pending, ledger if full else None)
-        blocked: set[tuple] = set()
-        attempts = 0
-        reservation: tuple[int, float, int] | None = None  # (node, time, priority)
-        victim_searches = 0
-        peak = full and cluster.allocated_gpu_milli >= cfg.peak_util * cluster.total_gpu_milli
-        for w in order:
-            if attempts >= cfg.pass_budget:
-                break
-            shape = (w.priority, w.cpu_milli, w.memory_mib, w.num_gpu, w.gpu_milli, w.models)
-            if shape in blocked:
-                continue
-            if peak and w.deferrable and now - w.submit_s < cfg.defer_max_s:
-                res.deferred.add(w.id)
-                continue
-            attempts += 1
-            mask = None
-            if reservation is not None and w.priority < reservation[2] and now + (w.duration_s or 0) > reservation[1]:
-                mask = np.ones(len(cluster), dtype=bool)
-                mask[reservation[0]] = False  # would delay the reserved job: not on its node
-            d = scheduler.schedule(cluster, w, mask)
-            if d.allocation is not None and reservation is not None and w.priority < reservation[2]:
-                res.backfilled += 1
-            res.latencies_s.append(d.latency_s)
-            owed = full and ledger.within_quota(w) and now - w.submit_s >= cfg.reclaim_after_s
-            wants_victims = d.allocation is None and (w.priority > 0 or owed)
-            grace = cfg.preempt_grace_s[min(w.priority, 2)]
-            if wants_victims and full and not owed and grace > 0:
-                fit = earliest_fit(cluster, w, running, finish_at, now)
-                if fit is not None and fit[1] - now <= grace:
-                    wants_victims = False  # room frees up soon: wait (reserved below) instead of evicting
-                    res.preemptions_avoided += 1
-            if wants_victims and victim_searches < cfg.preemption_tries_per_pass:
-                victim_searches += 1
-                # Reclaim only from tenants over their quota, at no higher priority: this converges
-                # (a tenant under quota is never a reclaim victim) instead of trading GPUs back and forth.
-                reclaim = (lambda r, w=w: r.workload.tenant != w.tenant and r.workload.priority <= w.priority
-                           and ledger.over_quota(r.workload.tenant) > 0) if owed else None
-                pick = select_victims(cluster, w, running, now, reclaimable=reclaim)
-                if pick is not None:
-                    for victim in pick[1]:
-                        stop(victim, now, keep_progress=full)
-                        res.preemptions += 1
-                        if victim.workload.priority >= w.priority:
-                            res.reclaims += 1
-                    d = scheduler.schedule(cluster, w)
-            if d.allocation is None:
-                blocked.add(shape)
-                if full and reservation is None and w.priority == 2:
-                    fit = earliest_fit(cluster, w, running, finish_at, now)
-                    if fit is not None:
-                        reservation = (fit[0], fit[1], w.priority)
-                continue
+    class Hooks:
+        def evict(self, victim: Running, preemptor: Workload, now: float) -> None:
+            stop(victim, now, keep_progress=full)
+
+        def start(self, w: Workload, decision, now: float) -> None:
             pending.remove(w)
-            start(w, d.allocation, now)
+            start(w, decision.allocation, now)
+
+    queue = QueueState(pending, running, finish_at, ledger)
+    knobs = dict(pass_budget=cfg.pass_budget, preemption_tries_per_pass=cfg.preemption_tries_per_pass,
+                 preempt_grace_s=cfg.preempt_grace_s, reclaim_after_s=cfg.reclaim_after_s,
+                 peak_util=cfg.peak_util, defer_max_s=cfg.defer_max_s)
+    queue_policy = QueuePolicy(**knobs) if full else QueuePolicy.kube(**knobs)
+    stats = PassStats(deferred=res.deferred, latencies_s=res.latencies_s)
+    hooks = Hooks()
+
+    def schedule_pass(now: float, only: list[Workload] | None = None) -> None:
+        run_pass(scheduler, cluster, queue, queue_policy, hooks, stats, now, only)
 
     total_events = len(events)
     handled = 0
@@ -423,6 +386,8 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
                     assert own <= tenant.quota_gpu_milli, f"{t_name} runs {own} milli of its own over its quota"
         if progress and handled % 2000 == 0:
             progress(handled / max(total_events, 1))
+    res.preemptions, res.reclaims = stats.preemptions, stats.reclaims
+    res.preemptions_avoided, res.backfilled = stats.preemptions_avoided, stats.backfilled
     return res
 
 

@@ -1,0 +1,156 @@
+"""One scheduling pass over the queue: the part the simulator and the live scheduler share.
+
+A pass walks the pending workloads in queue order and, for each, runs the framework's cycle
+(``Scheduler.schedule``); when nothing fits it may preempt (checkpoint-aware victim selection,
+reclaim of borrowed quota), wait for room that frees up soon instead, or reserve the node where a
+blocked high-priority job will fit first and backfill only work that ends before then. Deferrable
+work waits while the cluster runs above its peak threshold.
+
+The pass itself does no I/O and keeps no clock: what happens to a started or evicted workload is
+the caller's (``PassHooks``): the simulator moves its event clock, the live scheduler binds pods
+and calls the Eviction API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from scheduler.core.cluster import ClusterState
+from scheduler.core.framework import Decision, Scheduler
+from scheduler.core.preemption import Running, earliest_fit, select_victims
+from scheduler.core.queue import TenantLedger, fair_order
+from scheduler.core.workload import Workload
+
+HIGH_PRIORITY = 2
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """How a pass treats the queue. ``gpuaware`` turns everything on; ``kube`` is what a cluster does today."""
+
+    fair_share: bool = True  # DRF order within a priority; off: FIFO
+    defer_when_peak: bool = True
+    patient_preemption: bool = True  # wait (per-priority grace) when running work frees room soon
+    reclaim_borrowed: bool = True
+    reserve_and_backfill: bool = True
+    pass_budget: int = 64  # cycles per pass
+    preemption_tries_per_pass: int = 4  # victim searches are the expensive part of a pass
+    preempt_grace_s: tuple[float, float, float] = (0.0, 300.0, 30.0)  # per priority (low, medium, high)
+    reclaim_after_s: float = 300.0  # an owner waits this long before its borrowed quota is reclaimed
+    peak_util: float = 0.9
+    defer_max_s: float = 3600.0
+
+    @classmethod
+    def kube(cls, **kw) -> QueuePolicy:
+        return cls(fair_share=False, defer_when_peak=False, patient_preemption=False, reclaim_borrowed=False,
+                   reserve_and_backfill=False, **kw)
+
+
+@dataclass
+class PassStats:
+    deferred: set[str] = field(default_factory=set)
+    backfilled: int = 0
+    preemptions: int = 0
+    reclaims: int = 0  # preemptions of borrowed work at the preemptor's priority or above
+    preemptions_avoided: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+
+
+class PassHooks(Protocol):
+    def evict(self, victim: Running, preemptor: Workload, now: float) -> None:
+        """Release the victim's allocation from the cluster model and requeue it."""
+
+    def start(self, workload: Workload, decision: Decision, now: float) -> None:
+        """The workload got ``decision.allocation``: take it off the queue and record it running."""
+
+
+@dataclass
+class QueueState:
+    """What a pass reads: the queue, the running work, and when each running workload should end."""
+
+    pending: list[Workload]
+    running: dict[str, Running]
+    finish_at: dict[str, float]
+    ledger: TenantLedger | None
+
+
+def _shape(w: Workload) -> tuple:
+    return (w.priority, w.cpu_milli, w.memory_mib, w.num_gpu, w.gpu_milli, w.models)
+
+
+def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState, policy: QueuePolicy,
+                  hooks: PassHooks, stats: PassStats, now: float, only: list[Workload] | None = None) -> None:
+    """Place what fits, in queue order. ``only``: try just these (an arrival alone cannot unblock others)."""
+    ledger = queue.ledger if policy.fair_share else None
+    order = only if only is not None else fair_order(queue.pending, ledger)
+    blocked: set[tuple] = set()
+    attempts = 0
+    reservation: tuple[int, float, int] | None = None  # (node, time, priority)
+    victim_searches = 0
+    peak = policy.defer_when_peak and cluster.allocated_gpu_milli >= policy.peak_util * cluster.total_gpu_milli
+    for w in order:
+        if attempts >= policy.pass_budget:
+            break
+        if _shape(w) in blocked:
+            continue
+        if peak and w.deferrable and now - w.submit_s < policy.defer_max_s:
+            stats.deferred.add(w.id)
+            continue
+        attempts += 1
+        mask = None
+        if reservation is not None and w.priority < reservation[2] and now + (w.duration_s or 0) > reservation[1]:
+            mask = np.ones(len(cluster), dtype=bool)
+            mask[reservation[0]] = False  # would delay the reserved job: not on its node
+        d = scheduler.schedule(cluster, w, mask)
+        if d.allocation is not None and reservation is not None and w.priority < reservation[2]:
+            stats.backfilled += 1
+        stats.latencies_s.append(d.latency_s)
+        if d.allocation is None:
+            d, searched = _preempt_for(scheduler, cluster, queue, policy, hooks, stats, now, w, d,
+                                       can_search=victim_searches < policy.preemption_tries_per_pass)
+            victim_searches += searched
+        if d.allocation is None:
+            blocked.add(_shape(w))
+            if policy.reserve_and_backfill and reservation is None and w.priority == HIGH_PRIORITY:
+                fit = earliest_fit(cluster, w, queue.running, queue.finish_at, now)
+                if fit is not None:
+                    reservation = (fit[0], fit[1], w.priority)
+            continue
+        hooks.start(w, d, now)
+
+
+def _preempt_for(scheduler: Scheduler, cluster: ClusterState, queue: QueueState, policy: QueuePolicy,
+                 hooks: PassHooks, stats: PassStats, now: float, w: Workload, d: Decision,
+                 can_search: bool) -> tuple[Decision, bool]:
+    """Make room for ``w`` by preempting, if its priority or owed quota allows; (decision, searched)."""
+    ledger = queue.ledger
+    owed = (policy.reclaim_borrowed and ledger is not None and ledger.within_quota(w)
+            and now - w.submit_s >= policy.reclaim_after_s)
+    wants_victims = w.priority > 0 or owed
+    grace = policy.preempt_grace_s[min(w.priority, 2)]
+    if wants_victims and policy.patient_preemption and not owed and grace > 0:
+        fit = earliest_fit(cluster, w, queue.running, queue.finish_at, now)
+        if fit is not None and fit[1] - now <= grace:
+            stats.preemptions_avoided += 1  # room frees up soon: wait (and reserve) instead of evicting
+            return d, False
+    if not wants_victims or not can_search:
+        return d, False
+    # Reclaim only from tenants over their quota, at no higher priority: this converges (a tenant
+    # under quota is never a reclaim victim) instead of trading GPUs back and forth.
+    reclaim = (lambda r: r.workload.tenant != w.tenant and r.workload.priority <= w.priority
+               and ledger.over_quota(r.workload.tenant) > 0) if owed and ledger is not None else None
+    pick = select_victims(cluster, w, queue.running, now, reclaimable=reclaim)
+    if pick is None:
+        return Decision(w, None, [*d.reasons, "no node frees enough by preempting"], None, d.latency_s), True
+    for victim in pick[1]:
+        hooks.evict(victim, w, now)
+        stats.preemptions += 1
+        if victim.workload.priority >= w.priority:
+            stats.reclaims += 1
+    again = scheduler.schedule(cluster, w)
+    victims = ", ".join(v.workload.id for v in pick[1])
+    return Decision(w, again.allocation, [*again.reasons, f"preempted {victims}"], again.score,
+                    d.latency_s + again.latency_s), True
