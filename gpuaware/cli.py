@@ -266,6 +266,47 @@ def stream(obj: Context, metrics_port: int | None, app_id: str | None, data_dir:
         sys.exit(2)
 
 
+# --------------------------------------------------------------------------- scheduler
+
+
+@cli.command("scheduler")
+@click.option("--name", default=None, help="schedulerName of the pods it places (default gpuaware).")
+@click.option("--policy", default=None, help="Placement policy (default gpuaware; any simulator policy).")
+@click.option("--extender-port", type=int, default=None,
+              help="Port of the extender endpoints and /healthz, /readyz (default 8888; 0 disables).")
+@click.option("--leader-elect/--no-leader-elect", default=None,
+              help="Hold a Lease so that only one replica schedules (default off).")
+@click.option("--lease-namespace", default=None, help="Namespace of the Lease (default gpuaware).")
+@click.option("--api-server", default=None,
+              help="Kubernetes API URL (default: in-cluster service account, then ~/.kube/config).")
+@click.option("--metrics-port", type=int, default=None, help="Port of /metrics (default 9400; 0 disables).")
+@click.option("--state-feed/--no-state-feed", default=True,
+              help="Read live GPU state from Kafka (default on; off: capacity only, no health).")
+@click.pass_obj
+def scheduler_cmd(obj: Context, name: str | None, policy: str | None, extender_port: int | None,
+                  leader_elect: bool | None, lease_namespace: str | None, api_server: str | None,
+                  metrics_port: int | None, state_feed: bool) -> None:
+    """Run the scheduler on a Kubernetes cluster: custom scheduler and extender, one core.
+
+    Places pods with schedulerName gpuaware (Binding API, GPU annotations, Events), answers
+    kube-scheduler's extender calls (/filter, /prioritize, /preempt) for everything else, reads
+    gpu.state.v1 / node.state.v1 / cluster.forecast.v1 to know GPU health, cordons critical GPUs
+    and moves their pods (checkpoint, then the Eviction API), and publishes every decision on
+    scheduler.decisions.v1. Ctrl-C or SIGTERM stops it.
+    """
+    from scheduler.main import run_scheduler
+
+    cfg = obj.config(**{"scheduler.name": name, "scheduler.policy": policy, "scheduler.extender_port": extender_port,
+                        "scheduler.leader_elect": leader_elect, "scheduler.lease_namespace": lease_namespace,
+                        "scheduler.api_server": api_server, "metrics.port": metrics_port})
+    _setup("scheduler", cfg)
+    try:
+        run_scheduler(cfg.kafka if state_feed else None, cfg.scheduler, cfg.metrics.host, cfg.metrics.port)
+    except (TimeoutError, RuntimeError, OSError) as exc:
+        click.echo(f"gpuaware scheduler: {exc}", err=True)
+        sys.exit(2)
+
+
 # --------------------------------------------------------------------------- eval
 
 
@@ -483,9 +524,7 @@ def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str
 
 # --------------------------------------------------------------------------- parts built by later issues
 
-_LATER = {
-    "scheduler": ("Run the scheduler (custom scheduler or extender) on live state from Kafka.", 6),
-}
+_LATER: dict[str, tuple[str, int]] = {}
 
 
 def _not_built(name: str, help_text: str, issue: int, parent: str = "") -> click.Command:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.settings import AgentSettings
 from gpuaware.localbroker import BrokerSettings
+from scheduler.settings import SchedulerSettings
 from stream.kafka_settings import KafkaSettings
 from stream.settings import StreamSettings
 
@@ -47,6 +48,7 @@ class GpuawareConfig(BaseModel):
     metrics: MetricsSettings = MetricsSettings()
     agent: AgentSettings = AgentSettings()
     stream: StreamSettings = StreamSettings()
+    scheduler: SchedulerSettings = SchedulerSettings()
 
 
 class ConfigError(ValueError):

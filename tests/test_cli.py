@@ -155,9 +155,56 @@ def test_every_subcommand_has_help(command):
 
 
 def test_parts_not_built_yet_say_so_and_fail():
-    result = run("scheduler", "--mode", "extender")
+    result = run("bench", "pipeline", "--json")
     assert result.returncode == 3
     assert "not built yet" in result.stderr
+
+
+def test_scheduler_process_binds_pods_serves_metrics_and_stops_on_sigterm():
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    from scheduler.kube.fake_api import FakeApiServer, make_node, make_pod
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    metrics, extender = free_port(), free_port()
+    with FakeApiServer() as fake:
+        fake.create("nodes", make_node("n0", gpus=4))
+        for i in range(3):
+            fake.create("pods", make_pod(f"p{i}", gpus=1))
+        proc = subprocess.Popen([*GPUAWARE, "scheduler", "--api-server", fake.url, "--no-state-feed",
+                                 "--metrics-port", str(metrics), "--extender-port", str(extender)],
+                                env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not all(p["spec"].get("nodeName") for p in fake.objects("pods")):
+                time.sleep(0.1)
+            assert all(p["spec"].get("nodeName") == "n0" for p in fake.objects("pods"))
+            ready = urllib.request.urlopen(f"http://127.0.0.1:{extender}/readyz", timeout=5)
+            assert ready.status == 200
+            text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+            assert 'gpuaware_scheduler_decisions_total{action="PLACE",reason="fits"} 3.0' in text
+            assert "gpuaware_scheduler_leader 1.0" in text
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"GPUAWARE_SCHEDULER__POLICY": "fastest"}, "scheduler.policy: 'fastest' is not one of"),
+    ({"GPUAWARE_SCHEDULER__RENEW_EVERY_S": "20"}, "scheduler.renew_every_s: 20.0 must be below lease_duration_s"),
+])
+def test_scheduler_rejects_bad_config_with_the_field(env, message):
+    result = run("scheduler", env={**ENV, **env})
+    assert result.returncode == 2
+    assert message in result.stderr
 
 
 @pytest.mark.broker

@@ -66,6 +66,9 @@ class PassHooks(Protocol):
     def start(self, workload: Workload, decision: Decision, now: float) -> None:
         """The workload got ``decision.allocation``: take it off the queue and record it running."""
 
+    def blocked(self, workload: Workload, decision: Decision, now: float) -> None:
+        """Nothing fits ``workload`` this pass; ``decision.reasons`` says why."""
+
 
 @dataclass
 class QueueState:
@@ -75,6 +78,7 @@ class QueueState:
     running: dict[str, Running]
     finish_at: dict[str, float]
     ledger: TenantLedger | None
+    node_mask: np.ndarray | None = None  # False: the node takes no new work (cordoned, not ready)
 
 
 def _shape(w: Workload) -> tuple:
@@ -100,9 +104,9 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
             stats.deferred.add(w.id)
             continue
         attempts += 1
-        mask = None
+        mask = queue.node_mask
         if reservation is not None and w.priority < reservation[2] and now + (w.duration_s or 0) > reservation[1]:
-            mask = np.ones(len(cluster), dtype=bool)
+            mask = np.ones(len(cluster), dtype=bool) if mask is None else mask.copy()
             mask[reservation[0]] = False  # would delay the reserved job: not on its node
         d = scheduler.schedule(cluster, w, mask)
         if d.allocation is not None and reservation is not None and w.priority < reservation[2]:
@@ -113,6 +117,7 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
                                        can_search=victim_searches < policy.preemption_tries_per_pass)
             victim_searches += searched
         if d.allocation is None:
+            hooks.blocked(w, d, now)
             blocked.add(_shape(w))
             if policy.reserve_and_backfill and reservation is None and w.priority == HIGH_PRIORITY:
                 fit = earliest_fit(cluster, w, queue.running, queue.finish_at, now)
@@ -142,7 +147,7 @@ def _preempt_for(scheduler: Scheduler, cluster: ClusterState, queue: QueueState,
     # under quota is never a reclaim victim) instead of trading GPUs back and forth.
     reclaim = (lambda r: r.workload.tenant != w.tenant and r.workload.priority <= w.priority
                and ledger.over_quota(r.workload.tenant) > 0) if owed and ledger is not None else None
-    pick = select_victims(cluster, w, queue.running, now, reclaimable=reclaim)
+    pick = select_victims(cluster, w, queue.running, now, allowed_nodes=queue.node_mask, reclaimable=reclaim)
     if pick is None:
         return Decision(w, None, [*d.reasons, "no node frees enough by preempting"], None, d.latency_s), True
     for victim in pick[1]:
@@ -150,7 +155,22 @@ def _preempt_for(scheduler: Scheduler, cluster: ClusterState, queue: QueueState,
         stats.preemptions += 1
         if victim.workload.priority >= w.priority:
             stats.reclaims += 1
-    again = scheduler.schedule(cluster, w)
+    again = scheduler.schedule(cluster, w, queue.node_mask)
     victims = ", ".join(v.workload.id for v in pick[1])
     return Decision(w, again.allocation, [*again.reasons, f"preempted {victims}"], again.score,
                     d.latency_s + again.latency_s), True
+
+
+def place_gang(scheduler: Scheduler, cluster: ClusterState, members: list[Workload],
+               node_mask: np.ndarray | None = None) -> tuple[list[Decision], list[str]]:
+    """All members placed, or none: (decisions, []) on success, ([], reasons) with the cluster unchanged."""
+    placed: list[Decision] = []
+    for w in sorted(members, key=lambda m: (-m.gpu_milli_total, m.id)):  # biggest first: hardest to fit
+        d = scheduler.schedule(cluster, w, node_mask)
+        if d.allocation is None:
+            for done in placed:
+                cluster.release(done.workload.id)
+            return [], [f"gang {w.gang}: member {w.id} does not fit ({'; '.join(d.reasons)}); "
+                        f"none of its {len(members)} members placed"]
+        placed.append(d)
+    return placed, []

@@ -98,7 +98,11 @@ class Scheduler:
                     reasons.append(f"{int((node_ok & ~m).sum())} {p.name}")
                 node_ok &= m
             if gpu_ok is not None and hasattr(p, "filter_gpus"):
-                gpu_ok &= p.filter_gpus(ctx)
+                m = p.filter_gpus(ctx)
+                dropped = gpu_ok & ~m
+                if dropped.any():
+                    reasons.append(f"{int(dropped.sum())} GPUs excluded by {p.name}")
+                gpu_ok &= m
         ctx.cache["gpu_ok"] = gpu_ok
         if w.num_gpu == 0:
             nodes = np.flatnonzero(node_ok)
@@ -127,6 +131,33 @@ class Scheduler:
                 best = members.tolist()  # the smallest island that fits keeps bigger ones whole
         return (best or free.tolist())[: w.num_gpu]
 
+    def total_score(self, ctx: CycleContext, cand: Candidates) -> tuple[np.ndarray, list[str]]:
+        """Weighted sum of every score plugin, each normalised to 0-100 over the candidates."""
+        total = np.zeros(len(cand))
+        parts = []
+        for plugin, weight in self.profile.scores:
+            s = np.asarray(plugin.score(ctx, cand), dtype=np.float64)
+            lo, hi = s.min(), s.max()
+            norm = (s - lo) / (hi - lo) * 100 if hi > lo else np.zeros_like(s)
+            total += weight * norm
+            parts.append(plugin.name)
+        return total, parts
+
+    def rank(self, cluster: ClusterState, workload: Workload,
+             node_mask: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
+        """Every node's best score for ``workload`` (-inf where it cannot go) and why nodes failed.
+
+        Nothing is reserved: this is the question kube-scheduler's extender asks (filter, prioritize).
+        """
+        w = self.effective(workload)
+        ctx = CycleContext(cluster, w)
+        cand, reasons = self.candidates(ctx, node_mask)
+        best = np.full(len(cluster), -np.inf)
+        if len(cand):
+            total, _ = self.total_score(ctx, cand)
+            np.maximum.at(best, cand.node, total)
+        return best, reasons
+
     def schedule(self, cluster: ClusterState, workload: Workload, node_mask: np.ndarray | None = None) -> Decision:
         """One scheduling cycle; ``node_mask`` (False = off limits) carries reservations."""
         started = time.perf_counter()
@@ -136,14 +167,7 @@ class Scheduler:
         if len(cand) == 0:
             why = f"0/{len(cluster)} nodes available: " + (", ".join(reasons) or "no feasible node")
             return Decision(workload, None, [why], latency_s=time.perf_counter() - started)
-        total = np.zeros(len(cand))
-        parts = []
-        for plugin, weight in self.profile.scores:
-            s = np.asarray(plugin.score(ctx, cand), dtype=np.float64)
-            lo, hi = s.min(), s.max()
-            norm = (s - lo) / (hi - lo) * 100 if hi > lo else np.zeros_like(s)
-            total += weight * norm
-            parts.append(plugin.name)
+        total, parts = self.total_score(ctx, cand)
         best = np.flatnonzero(total >= total.max() - 1e-9)
         i = int(best[0]) if len(best) == 1 else int(self.rng.choice(best))
         node, gpu = int(cand.node[i]), int(cand.gpu[i])

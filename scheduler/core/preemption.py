@@ -35,7 +35,7 @@ class Running:
         return ran % self.checkpoint_every_s
 
 
-def _fits(free: np.ndarray, cpu_free: int, mem_free: int, w: Workload) -> bool:
+def fits_on_node(free: np.ndarray, cpu_free: int, mem_free: int, w: Workload) -> bool:
     if cpu_free < w.cpu_milli or mem_free < w.memory_mib:
         return False
     if w.num_gpu == 0:
@@ -70,7 +70,7 @@ def select_victims(cluster: ClusterState, w: Workload, running: dict[str, Runnin
         chosen, cost = [], 0.0
         victims = sorted(by_node[n], key=lambda r: (not r.borrowed, r.workload.priority, r.lost_if_evicted(now)))
         for r in victims:
-            if _fits(free, cpu, mem, w):
+            if fits_on_node(free, cpu, mem, w):
                 break
             chosen.append(r)
             cost += (PRIORITY_COST_S * (r.workload.priority + 1) * (0.5 if r.borrowed else 1.0)
@@ -79,7 +79,7 @@ def select_victims(cluster: ClusterState, w: Workload, running: dict[str, Runnin
                 free[g] += m
             cpu += r.allocation.cpu_milli
             mem += r.allocation.memory_mib
-        if chosen and _fits(free, cpu, mem, w) and (best is None or cost < best[0]):
+        if chosen and fits_on_node(free, cpu, mem, w) and (best is None or cost < best[0]):
             best = (cost, n, chosen)
     return None if best is None else (best[1], best[2])
 
@@ -106,7 +106,7 @@ def earliest_fit(cluster: ClusterState, w: Workload, running: dict[str, Running]
                     free[g] += m
             cpu += r.allocation.cpu_milli
             mem += r.allocation.memory_mib
-            if _fits(free, cpu, mem, w):
+            if fits_on_node(free, cpu, mem, w):
                 t = finish_at.get(r.workload.id, now)
                 if best is None or t < best[1]:
                     best = (n, t)

@@ -54,3 +54,10 @@ def fair_order(pending: list[Workload], ledger: TenantLedger | None) -> list[Wor
     if ledger is None:
         return sorted(pending, key=lambda w: (-w.priority, w.submit_s))
     return sorted(pending, key=lambda w: (-w.priority, ledger.dominant_share(w.tenant), w.submit_s))
+
+
+def jain_index(shares: list[float]) -> float | None:
+    """Jain's fairness index of non-negative shares (1 = all equal); None without any positive share."""
+    if not shares or not any(shares):
+        return None
+    return sum(shares) ** 2 / (len(shares) * sum(x * x for x in shares))

@@ -50,7 +50,7 @@ from scheduler.core.cycle import schedule_pass as run_pass
 from scheduler.core.framework import Scheduler
 from scheduler.core.policies import profile
 from scheduler.core.preemption import Running
-from scheduler.core.queue import Tenant, TenantLedger
+from scheduler.core.queue import Tenant, TenantLedger, jain_index
 from scheduler.core.rebalance import consolidation_moves
 from scheduler.core.throttle import throttle_decisions
 from scheduler.core.throughput import ThroughputTable
@@ -295,6 +295,9 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
             pending.remove(w)
             start(w, decision.allocation, now)
 
+        def blocked(self, w: Workload, decision, now: float) -> None:
+            pass
+
     queue = QueueState(pending, running, finish_at, ledger)
     knobs = dict(pass_budget=cfg.pass_budget, preemption_tries_per_pass=cfg.preemption_tries_per_pass,
                  preempt_grace_s=cfg.preempt_grace_s, reclaim_after_s=cfg.reclaim_after_s,
@@ -413,7 +416,7 @@ def summarize(results: list[DynamicResult]) -> dict:
             if eff:
                 x.append(float(np.mean(eff)))
         x_arr = np.array(x)
-        jain.append(float(x_arr.sum() ** 2 / (len(x_arr) * (x_arr**2).sum())) if len(x_arr) else 1.0)
+        jain.append(jain_index(x_arr.tolist()) or 1.0)
     lat = np.concatenate([np.asarray(r.latencies_s) for r in results])
     unfinished = sum(1 for r in results for j in r.jobs.values() if j.finish_s is None)
     return {

@@ -1,0 +1,248 @@
+"""The Kubernetes API as the scheduler uses it: the official ``kubernetes`` client, raw JSON.
+
+Responses are read without the client's model deserialisation (``_preload_content=False``): the
+scheduler needs a few fields of thousands of objects, and the typed models cost more than the
+whole scheduling cycle. ``Informer`` is list + watch for one resource with the contract of
+client-go's reflector: resume from the last resourceVersion (bookmarks keep it fresh), re-list on
+410 Gone, and hand every change to the caller in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def connect(host: str | None = None, pool_size: int = 32) -> client.ApiClient:
+    """An API client: ``host`` (tests, benchmarks), else in-cluster config, else the kubeconfig."""
+    cfg = client.Configuration()
+    if host:
+        cfg.host = host
+    else:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = pool_size  # binds and events run in parallel
+    return client.ApiClient(cfg)
+
+
+def _json(resp: Any) -> dict[str, Any]:
+    return json.loads(resp.data or b"{}")
+
+
+def api_error(exc: ApiException) -> tuple[int, str, str]:
+    """(code, reason, message) of a failed call, from the Status body when there is one."""
+    try:
+        body = json.loads(exc.body or b"{}")
+    except ValueError:
+        body = {}
+    return exc.status or 0, body.get("reason", exc.reason or ""), body.get("message", str(exc))
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class KubeApi:
+    """The calls the scheduler makes; each returns the API's JSON or raises ``ApiException``."""
+
+    def __init__(self, api_client: client.ApiClient):
+        self.client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    # Pods
+    def bind(self, namespace: str, name: str, node: str) -> None:
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": namespace},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None]) -> dict[str, Any]:
+        return _json(self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}},
+                                                    _content_type=MERGE_PATCH, _preload_content=False))
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return _json(self.core.read_namespaced_pod(name, namespace, _preload_content=False))
+
+    def evict(self, namespace: str, name: str) -> None:
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        self.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False)
+
+    def event(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal",
+              component: str = "gpuaware-scheduler") -> None:
+        meta = obj["metadata"]
+        ns = meta.get("namespace") or "default"
+        ts = now_rfc3339()
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": ns},
+            "involvedObject": {"apiVersion": obj.get("apiVersion", "v1"), "kind": obj.get("kind", "Pod"),
+                               "name": meta["name"], "namespace": ns, "uid": meta.get("uid"),
+                               "resourceVersion": meta.get("resourceVersion")},
+            "reason": reason, "message": message[:1024], "type": type_,
+            "source": {"component": component}, "reportingComponent": component,
+            "reportingInstance": component, "firstTimestamp": ts[:19] + "Z", "lastTimestamp": ts[:19] + "Z",
+            "eventTime": ts, "action": reason, "count": 1,
+        }
+        self.core.create_namespaced_event(ns, body, _preload_content=False)
+
+    # Nodes
+    def annotate_node(self, name: str, annotations: dict[str, str | None]) -> None:
+        self.core.patch_node(name, {"metadata": {"annotations": annotations}}, _content_type=MERGE_PATCH,
+                             _preload_content=False)
+
+    # Leases
+    def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return _json(self.coordination.read_namespaced_lease(name, namespace, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return _json(self.coordination.create_namespaced_lease(namespace, body, _preload_content=False))
+
+    def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return _json(self.coordination.replace_namespaced_lease(name, namespace, body, _preload_content=False))
+
+    # gpuaware.io
+    def patch_queue_status(self, name: str, status: dict[str, Any]) -> None:
+        self.custom.patch_cluster_custom_object_status("gpuaware.io", "v1alpha1", "gpuqueues", name,
+                                                       {"status": status}, _content_type=MERGE_PATCH,
+                                                       _preload_content=False)
+
+
+@dataclass(frozen=True)
+class WatchSpec:
+    """What an informer follows: a list function of the client and its field selector."""
+
+    name: str
+    list_fn: Callable[..., Any]
+    field_selector: str | None = None
+    list_kwargs: tuple[tuple[str, Any], ...] = ()
+
+
+class Informer:
+    """List + watch in a thread. ``on_sync(items)`` after every (re-)list, ``on_event(type, obj)`` per change.
+
+    Both callbacks run in the informer's thread, in order; they must hand work off quickly (the
+    watch does not read further until they return, which is the back-pressure).
+    """
+
+    def __init__(self, spec: WatchSpec, on_sync: Callable[[list[dict[str, Any]]], None],
+                 on_event: Callable[[str, dict[str, Any]], None], watch_timeout_s: int = 300):
+        self.spec = spec
+        self.on_sync = on_sync
+        self.on_event = on_event
+        self.watch_timeout_s = watch_timeout_s
+        self.resource_version: str | None = None
+        self.relists = 0
+        self.synced = threading.Event()
+        self._stop = threading.Event()
+        self._resp: Any = None
+        self._thread = threading.Thread(target=self._run, name=f"informer-{spec.name}", daemon=True)
+
+    def start(self) -> Informer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        resp = self._resp
+        if resp is not None:
+            with contextlib.suppress(Exception):  # a stream that is closing anyway
+                resp.close()  # unblocks a watch waiting for its next line
+        self._thread.join(timeout=5)
+
+    def _kwargs(self) -> dict[str, Any]:
+        kw = dict(self.spec.list_kwargs)
+        if self.spec.field_selector:
+            kw["field_selector"] = self.spec.field_selector
+        return kw
+
+    def _list(self) -> None:
+        body = _json(self.spec.list_fn(**self._kwargs(), _preload_content=False))
+        self.resource_version = body["metadata"]["resourceVersion"]
+        self.relists += 1
+        self.on_sync(body.get("items") or [])
+        self.synced.set()
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                if self.resource_version is None:
+                    self._list()
+                self._watch()
+                backoff = 0.5
+            except ApiException as exc:
+                code, reason, message = api_error(exc)
+                if code == 410:
+                    log.info("%s: watch expired (%s), re-listing", self.spec.name, message)
+                    self.resource_version = None
+                    continue
+                log.warning("%s: %s %s: %s; retrying in %.1fs", self.spec.name, code, reason, message, backoff)
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                log.warning("%s: %s; retrying in %.1fs", self.spec.name, exc, backoff)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+    def _watch(self) -> None:
+        resp = self.spec.list_fn(**self._kwargs(), watch=True, resource_version=self.resource_version,
+                                 allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout_s,
+                                 _preload_content=False)
+        self._resp = resp
+        try:
+            for line in iter_resp_lines(resp):
+                if self._stop.is_set():
+                    return
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event["type"], event["object"]
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone(obj)
+                    raise ApiException(status=obj.get("code"), reason=f"{obj.get('reason')}: {obj.get('message')}")
+                self.resource_version = obj["metadata"]["resourceVersion"]
+                if kind != "BOOKMARK":
+                    self.on_event(kind, obj)
+        except _Gone as gone:
+            log.info("%s: %s, re-listing", self.spec.name, gone.message)
+            self.resource_version = None
+        finally:
+            self._resp = None
+            resp.release_conn()
+
+
+class _Gone(Exception):
+    def __init__(self, status: dict[str, Any]):
+        super().__init__(status.get("message"))
+        self.message = status.get("message", "410 Gone")
+
+
+def wait_synced(informers: list[Informer], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    for inf in informers:
+        if not inf.synced.wait(max(0.0, deadline - time.monotonic())):
+            raise TimeoutError(f"informer {inf.spec.name} did not list within {timeout_s:.0f}s")

@@ -1,0 +1,234 @@
+"""The scheduler's picture of the cluster, built from what the informers saw (pure, one thread).
+
+Nodes become the core's ``ClusterState``; every bound, non-terminal pod holds an allocation in it
+(the GPUs gpuaware annotated on it, or, for pods another scheduler bound, the first GPUs free on
+its node: the device plugin's choice is not visible from the API); pods with ``schedulerName:
+gpuaware`` and no node are the queue. Node changes rebuild the arrays (rare); pod changes are
+applied incrementally (the hot path).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from scheduler.core.cluster import Allocation, ClusterState
+from scheduler.core.preemption import Running
+from scheduler.core.workload import Workload
+from scheduler.kube import objects
+from scheduler.kube.objects import PodSpecError, PodWorkload
+from stream.events import HealthBand
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TENANT = "default"
+TERMINAL = ("Succeeded", "Failed")
+CHECKPOINT_LOSS_S = 60.0
+
+
+def created_s(obj: dict[str, Any]) -> float:
+    ts = obj["metadata"].get("creationTimestamp")
+    if not ts:
+        return 0.0
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass
+class Rejected:
+    pod: dict[str, Any]
+    reason: str
+
+
+@dataclass
+class ClusterCache:
+    scheduler_name: str = "gpuaware"
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # every non-terminal pod we know
+    tenants_by_namespace: dict[str, str] = field(default_factory=dict)
+    cluster: ClusterState = field(default_factory=lambda: ClusterState([]))
+    running: dict[str, Running] = field(default_factory=dict)  # pods holding an allocation
+    pending: dict[str, PodWorkload] = field(default_factory=dict)  # our unbound pods
+    rejected: dict[str, Rejected] = field(default_factory=dict)  # our pods whose annotations are wrong
+    reservations: dict[str, Running] = field(default_factory=dict)  # placed by us, binding in flight
+    cordoned: dict[str, set[int]] = field(default_factory=dict)  # node -> GPU indices
+    _reserved_node: dict[str, str] = field(default_factory=dict)
+    node_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # False: takes nothing new
+
+    # ------------------------------------------------------------------ nodes
+    def sync_nodes(self, items: list[dict[str, Any]]) -> None:
+        self.nodes = {n["metadata"]["name"]: n for n in items}
+        self.rebuild()
+
+    def node_event(self, kind: str, node: dict[str, Any]) -> None:
+        name = node["metadata"]["name"]
+        old = self.nodes.get(name)
+        if kind == "DELETED":
+            self.nodes.pop(name, None)
+            self.rebuild()
+            return
+        self.nodes[name] = node
+        if old is None or objects.node_spec(old) != objects.node_spec(node) or \
+                objects.schedulable(old) != objects.schedulable(node):
+            self.rebuild()
+        elif objects.cordoned_gpus(old) != objects.cordoned_gpus(node):
+            self._apply_cordons()
+
+    def rebuild(self) -> None:
+        """Arrays from the nodes, then every bound pod's allocation again."""
+        specs = [objects.node_spec(n) for name, n in sorted(self.nodes.items())]
+        self.cluster = ClusterState(specs)
+        # Nothing new lands on a cordoned or NotReady node; what runs there stays accounted.
+        self.node_mask = np.array([objects.schedulable(self.nodes[name]) for name in self.cluster.names], dtype=bool)
+        self.running.clear()
+        for key in sorted(self.pods, key=lambda k: created_s(self.pods[k])):
+            if self.pods[key].get("spec", {}).get("nodeName"):
+                self._account(self.pods[key])
+        for key, r in list(self.reservations.items()):
+            node = self.cluster.index.get(self._reserved_node.get(key, ""))
+            try:
+                if node is None:
+                    raise ValueError("node gone")
+                r.allocation.node = node
+                self.cluster.allocate(r.allocation)
+                self.running[key] = r
+            except ValueError:
+                del self.reservations[key]  # the bind task will fail or the pod will show up bound
+        self._apply_cordons()
+
+    def _apply_cordons(self) -> None:
+        self.cordoned = {name: objects.cordoned_gpus(n) for name, n in self.nodes.items()}
+        for name, gpus in self.cordoned.items():
+            i = self.cluster.index.get(name)
+            for g in gpus:
+                if i is not None and g < self.cluster.max_gpus:
+                    self.cluster.set_band(i, g, HealthBand.CRITICAL)
+
+    # ------------------------------------------------------------------ pods
+    def sync_pods(self, items: list[dict[str, Any]]) -> None:
+        self.pods = {objects.key(p): p for p in items if p.get("status", {}).get("phase") not in TERMINAL}
+        self.pending.clear()
+        self.rejected.clear()
+        self.rebuild()
+        for p in self.pods.values():
+            self._queue_if_ours(p)
+
+    def pod_event(self, kind: str, pod: dict[str, Any]) -> str | None:
+        """Apply one change; returns the key of a pod that left (deleted or finished), else None."""
+        key = objects.key(pod)
+        gone = kind == "DELETED" or pod.get("status", {}).get("phase") in TERMINAL
+        if gone:
+            self.pods.pop(key, None)
+            self.pending.pop(key, None)
+            self.rejected.pop(key, None)
+            self.unreserve(key)
+            if key in self.running:
+                self.release(key)
+            return key
+        self.pods[key] = pod
+        if pod.get("spec", {}).get("nodeName"):
+            self.pending.pop(key, None)
+            self.unreserve(key)  # our binding is confirmed (or someone else bound it)
+            running = self.running.get(key)
+            if running is None or self.cluster.names[running.allocation.node] != pod["spec"]["nodeName"]:
+                if running is not None:
+                    self.release(key)
+                self._account(pod)
+        elif key not in self.reservations and key not in self.running:
+            self._queue_if_ours(pod)
+        return None
+
+    def _queue_if_ours(self, pod: dict[str, Any]) -> None:
+        key = objects.key(pod)
+        spec = pod.get("spec", {})
+        if spec.get("nodeName") or spec.get("schedulerName") != self.scheduler_name:
+            return
+        if pod["metadata"].get("deletionTimestamp") or key in self.pending or key in self.reservations:
+            return
+        try:
+            self.pending[key] = objects.workload_of(pod, self.tenant_of(pod), created_s(pod))
+            self.rejected.pop(key, None)
+        except PodSpecError as exc:
+            self.rejected[key] = Rejected(pod, str(exc))
+
+    def tenant_of(self, pod: dict[str, Any]) -> str:
+        return self.tenants_by_namespace.get(pod["metadata"].get("namespace", ""), DEFAULT_TENANT)
+
+    def workload(self, pod: dict[str, Any]) -> Workload:
+        try:
+            return objects.workload_of(pod, self.tenant_of(pod), created_s(pod)).workload
+        except PodSpecError:
+            # A bound pod still holds what it asked for; unreadable gpuaware annotations count as plain GPUs.
+            return Workload(objects.key(pod), num_gpu=objects.gpu_request(pod), tenant=self.tenant_of(pod))
+
+    def _account(self, pod: dict[str, Any]) -> None:
+        """Charge a bound pod's resources to its node."""
+        key = objects.key(pod)
+        node = self.cluster.index.get(pod["spec"]["nodeName"])
+        if node is None or key in self.running:
+            return
+        w = self.workload(pod)
+        try:
+            alloc = objects.allocation_of(pod, node, w)
+        except PodSpecError as exc:
+            log.warning("%s: %s; counting its GPUs as the first free ones", key, exc)
+            alloc = Allocation(w.id, node, [], [], w.cpu_milli, w.memory_mib)
+        if w.num_gpu and not alloc.gpus:
+            alloc = self._first_free(alloc, w)
+        self._clamp(alloc)
+        try:
+            self.cluster.allocate(alloc)
+        except ValueError as exc:
+            # Over-committed by others (or a race we lost): count it, never go negative.
+            log.warning("%s on %s does not fit the model (%s); counted as far as it fits",
+                        key, pod["spec"]["nodeName"], exc)
+            alloc = Allocation(w.id, node, [], [], 0, 0)
+            self.cluster.allocate(alloc)
+        # A checkpointable pod is asked to checkpoint before it is evicted: it loses about the time
+        # that takes (CHECKPOINT_LOSS_S); anything else loses all its work.
+        self.running[key] = Running(w, alloc, started_s=created_s(pod), done_s=0.0,
+                                    checkpoint_every_s=CHECKPOINT_LOSS_S if w.checkpointable else None)
+
+    def _first_free(self, alloc: Allocation, w: Workload) -> Allocation:
+        free = self.cluster.gpu_free[alloc.node]
+        milli = w.gpu_milli if w.num_gpu == 1 else 1000
+        idx = [int(g) for g in np.flatnonzero(free >= milli)[: w.num_gpu]]
+        return Allocation(alloc.workload_id, alloc.node, idx, [milli] * len(idx), alloc.cpu_milli,
+                          alloc.memory_mib, [w.gpu_memory_mib] * len(idx), alloc.sharing)
+
+    def _clamp(self, alloc: Allocation) -> None:
+        n = alloc.node
+        alloc.cpu_milli = min(alloc.cpu_milli, int(self.cluster.cpu_free[n]))
+        alloc.memory_mib = min(alloc.memory_mib, int(self.cluster.mem_free[n]))
+
+    def reserve(self, key: str, running: Running) -> None:
+        """A placement of ours whose binding is in flight (already allocated in the model)."""
+        self.pending.pop(key, None)
+        self.reservations[key] = running
+        self._reserved_node[key] = self.cluster.names[running.allocation.node]
+        self.running[key] = running
+
+    def unreserve(self, key: str) -> None:
+        self.reservations.pop(key, None)
+        self._reserved_node.pop(key, None)
+
+    def release(self, key: str) -> None:
+        self.running.pop(key, None)
+        if key in self.cluster.allocations:
+            self.cluster.release(key)
+
+    # ------------------------------------------------------------------ queues
+    def sync_queues(self, items: list[dict[str, Any]]) -> None:
+        mapping: dict[str, str] = {}
+        for q in sorted(items, key=created_s):
+            spec = q.get("spec") or {}
+            for ns in spec.get("namespaces") or []:
+                # First queue to claim a namespace keeps it; a later claim is a conflict, reported by the loop.
+                mapping.setdefault(ns, spec.get("tenant", DEFAULT_TENANT))
+        self.tenants_by_namespace = mapping
+
+    def node_name(self, index: int) -> str:
+        return self.cluster.names[index]

@@ -1,0 +1,522 @@
+"""A small, faithful fake of the kube-apiserver, for tests and benchmarks (no apiserver can run here).
+
+It speaks the real REST paths, JSON and semantics the scheduler relies on, so the real
+``kubernetes`` client drives it unchanged:
+
+- ``/api/v1/...`` and ``/apis/{group}/{version}/...``, cluster-scoped and namespaced, for pods,
+  nodes, namespaces, events, leases, PodDisruptionBudgets and gpuaware's GPUQueue/GPUWorkload;
+- list (``metadata.resourceVersion``), get, create (409 AlreadyExists), replace (409 Conflict on a
+  stale ``metadata.resourceVersion``), merge / strategic-merge patch (maps merged, lists replaced,
+  ``null`` deletes), delete; field selectors on ``metadata.name``/``metadata.namespace``/
+  ``spec.nodeName``/``spec.schedulerName``/``status.phase`` with ``=``, ``==``, ``!=``;
+- watch as a chunked stream of JSON lines (``ADDED``/``MODIFIED``/``DELETED``), ``BOOKMARK`` events
+  with ``allowWatchBookmarks``, ``timeoutSeconds``, and ``ERROR`` with a 410 ``Expired`` Status when
+  the asked ``resourceVersion`` is older than the retained event window (as after etcd compaction);
+- the ``pods/binding`` subresource (409 Conflict when the pod is already assigned to a node) and
+  ``pods/eviction`` (policy/v1; 429 TooManyRequests when a matching PodDisruptionBudget allows no
+  disruption, else the pod is deleted), and ``/status`` subresources.
+
+Errors are ``Status`` objects with the real reasons and codes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str  # "" = core
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+RESOURCES = [
+    Resource("", "v1", "pods", "Pod", True),
+    Resource("", "v1", "nodes", "Node", False),
+    Resource("", "v1", "namespaces", "Namespace", False),
+    Resource("", "v1", "events", "Event", True),
+    Resource("events.k8s.io", "v1", "events", "Event", True),
+    Resource("coordination.k8s.io", "v1", "leases", "Lease", True),
+    Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
+    Resource("gpuaware.io", "v1alpha1", "gpuqueues", "GPUQueue", False),
+    Resource("gpuaware.io", "v1alpha1", "gpuworkloads", "GPUWorkload", True),
+]
+BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details or {}
+
+    def status(self) -> dict[str, Any]:
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": self.message,
+                "reason": self.reason, "details": self.details, "code": self.code}
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 merge patch (also used for strategic merge: lists are replaced, which is what a
+    strategic merge does for lists without a patch strategy, such as annotations' values)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+def _field(obj: dict[str, Any], path: str) -> str:
+    cur: Any = obj
+    for part in path.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return "" if cur is None else str(cur)
+
+
+def _selector_matches(obj: dict[str, Any], selector: str | None) -> bool:
+    if not selector:
+        return True
+    for term in selector.split(","):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if _field(obj, k.strip()) == v.strip():
+                return False
+        else:
+            k, v = term.replace("==", "=").split("=", 1)
+            if _field(obj, k.strip()) != v.strip():
+                return False
+    return True
+
+
+def _labels_match(labels: dict[str, str], selector: dict[str, Any]) -> bool:
+    if all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items()):
+        for expr in selector.get("matchExpressions") or []:
+            value, op, values = labels.get(expr["key"]), expr["operator"], expr.get("values") or []
+            if (op == "In" and value not in values) or (op == "NotIn" and value in values) or \
+                    (op == "Exists" and value is None) or (op == "DoesNotExist" and value is not None):
+                return False
+        return True
+    return False
+
+
+class Store:
+    """Objects plus the event log watches read from; one lock, one resourceVersion counter."""
+
+    def __init__(self, window: int = 50_000):
+        self.objects: dict[tuple[Resource, str, str], dict[str, Any]] = {}
+        self.rv = 1
+        self.log: deque[tuple[int, Resource, str, dict[str, Any]]] = deque(maxlen=window)
+        self.cond = threading.Condition()
+        self.requests: dict[str, int] = {}
+
+    # -------------------------------------------------------------- writes (hold the lock)
+    def _emit(self, res: Resource, kind: str, obj: dict[str, Any]) -> None:
+        self.log.append((self.rv, res, kind, copy.deepcopy(obj)))
+        self.cond.notify_all()
+
+    def _bump(self, obj: dict[str, Any]) -> None:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+
+    def create(self, res: Resource, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+        with self.cond:
+            obj = copy.deepcopy(obj)
+            meta = obj.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            name = meta.get("name")
+            if not name:
+                raise ApiError(422, "Invalid", f"{res.kind} \"\" is invalid: metadata.name: Required value")
+            if (res, ns, name) in self.objects:
+                raise ApiError(409, "AlreadyExists", f'{res.plural} "{name}" already exists',
+                               {"name": name, "kind": res.plural})
+            if res.namespaced:
+                meta["namespace"] = ns
+            meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
+            obj["apiVersion"], obj["kind"] = res.api_version, res.kind
+            if res.kind == "Pod":
+                obj.setdefault("status", {}).setdefault("phase", "Pending")
+                obj.setdefault("spec", {}).setdefault("schedulerName", "default-scheduler")
+            self._bump(obj)
+            self.objects[(res, ns, name)] = obj
+            self._emit(res, "ADDED", obj)
+            return copy.deepcopy(obj)
+
+    def get(self, res: Resource, ns: str, name: str) -> dict[str, Any]:
+        with self.cond:
+            return copy.deepcopy(self._get(res, ns, name))
+
+    def _get(self, res: Resource, ns: str, name: str) -> dict[str, Any]:
+        try:
+            return self.objects[(res, ns, name)]
+        except KeyError:
+            raise ApiError(404, "NotFound", f'{res.plural} "{name}" not found',
+                           {"name": name, "kind": res.plural}) from None
+
+    def replace(self, res: Resource, ns: str, name: str, obj: dict[str, Any], status_only: bool = False):
+        with self.cond:
+            old = self._get(res, ns, name)
+            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if rv and rv != old["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": the object '
+                               "has been modified; please apply your changes to the latest version and try again",
+                               {"name": name, "kind": res.plural})
+            new = copy.deepcopy(old)
+            if status_only:
+                new["status"] = copy.deepcopy(obj.get("status"))
+            else:
+                keep = {k: old["metadata"][k] for k in ("uid", "creationTimestamp", "namespace")
+                        if k in old["metadata"]}
+                new = copy.deepcopy(obj)
+                new.setdefault("metadata", {}).update(keep)
+                new["apiVersion"], new["kind"] = res.api_version, res.kind
+                if new.get("spec") != old.get("spec"):
+                    new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+            return self._commit(res, ns, name, new)
+
+    def patch(self, res: Resource, ns: str, name: str, patch: dict[str, Any], status_only: bool = False):
+        with self.cond:
+            old = self._get(res, ns, name)
+            rv = (patch.get("metadata") or {}).get("resourceVersion")
+            if rv and rv != old["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": the object '
+                               "has been modified; please apply your changes to the latest version and try again")
+            if status_only:
+                patch = {"status": patch.get("status")}
+            new = merge_patch(old, patch)
+            for k in ("uid", "creationTimestamp", "namespace", "name"):
+                if k in old["metadata"]:
+                    new["metadata"][k] = old["metadata"][k]
+            return self._commit(res, ns, name, new)
+
+    def _commit(self, res: Resource, ns: str, name: str, new: dict[str, Any]) -> dict[str, Any]:
+        self._bump(new)
+        self.objects[(res, ns, name)] = new
+        self._emit(res, "MODIFIED", new)
+        return copy.deepcopy(new)
+
+    def delete(self, res: Resource, ns: str, name: str) -> dict[str, Any]:
+        with self.cond:
+            obj = self._get(res, ns, name)
+            del self.objects[(res, ns, name)]
+            self._bump(obj)
+            self._emit(res, "DELETED", obj)
+            return copy.deepcopy(obj)
+
+    def bind(self, ns: str, name: str, binding: dict[str, Any], run: bool) -> None:
+        pods = BY_PATH[("", "v1", "pods")]
+        with self.cond:
+            pod = self._get(pods, ns, name)
+            target = (binding.get("target") or {}).get("name")
+            if not target:
+                raise ApiError(422, "Invalid", "Binding.target.name: Required value")
+            if pod.get("spec", {}).get("nodeName"):
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} '
+                               f'is already assigned to node "{pod["spec"]["nodeName"]}"',
+                               {"name": name, "kind": "pods/binding"})
+            new = copy.deepcopy(pod)
+            new["spec"]["nodeName"] = target
+            status = new.setdefault("status", {})
+            status.setdefault("conditions", []).append({"type": "PodScheduled", "status": "True",
+                                                        "lastTransitionTime": _now()})
+            if run:  # the kubelet's part, for tests that need running pods
+                status["phase"] = "Running"
+            self._commit(pods, ns, name, new)
+
+    def evict(self, ns: str, name: str) -> None:
+        pods = BY_PATH[("", "v1", "pods")]
+        pdbs = BY_PATH[("policy", "v1", "poddisruptionbudgets")]
+        with self.cond:
+            pod = self._get(pods, ns, name)
+            labels = pod["metadata"].get("labels") or {}
+            for (res, pns, _), pdb in list(self.objects.items()):
+                if res != pdbs or pns != ns or not _labels_match(labels, pdb["spec"].get("selector") or {}):
+                    continue
+                covered = [o for (r, ons, _), o in self.objects.items() if r == pods and ons == ns
+                           and _labels_match(o["metadata"].get("labels") or {}, pdb["spec"].get("selector") or {})]
+                healthy = sum(1 for o in covered if o.get("status", {}).get("phase") == "Running")
+                spec = pdb["spec"]
+                if "minAvailable" in spec:
+                    allowed = healthy - int(spec["minAvailable"])
+                else:
+                    allowed = int(spec.get("maxUnavailable", 1)) - (len(covered) - healthy)
+                if allowed < 1:
+                    raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's "
+                                   "disruption budget.", {"causes": [{
+                                       "reason": "DisruptionBudget",
+                                       "message": f"The disruption budget {pdb['metadata']['name']} needs "
+                                                  f"{spec.get('minAvailable', len(covered) - 1)} healthy pods "
+                                                  f"and has {healthy} currently"}]})
+            self.delete(pods, ns, name)
+
+    # -------------------------------------------------------------- reads
+    def list(self, res: Resource, ns: str | None, selector: str | None) -> tuple[list[dict[str, Any]], int]:
+        with self.cond:
+            items = [copy.deepcopy(o) for (r, ons, _), o in self.objects.items()
+                     if r == res and (ns is None or ons == ns) and _selector_matches(o, selector)]
+            return items, self.rv
+
+    def events_after(self, rv: int, res: Resource, ns: str | None, timeout: float):
+        """Events newer than ``rv`` for ``res``; raises 410 when ``rv`` fell out of the window."""
+        with self.cond:
+            if self.log and rv < self.log[0][0] - 1 and rv < self.rv:
+                raise ApiError(410, "Expired", f"too old resource version: {rv} ({self.log[0][0] - 1})")
+            if not self.log or self.log[-1][0] <= rv:
+                self.cond.wait(timeout)
+            lo, hi = 0, len(self.log)
+            while lo < hi:  # the log is in resourceVersion order: find the first newer event
+                mid = (lo + hi) // 2
+                if self.log[mid][0] <= rv:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            return [(erv, kind, obj) for erv, r, kind, obj in list(self.log)[lo:]
+                    if r == res and (ns is None or obj["metadata"].get("namespace") == ns)], self.rv
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients hanging up (a stopped watch, a closed pool) are normal here; anything else is printed.
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
+class FakeApiServer:
+    """Runs the fake on 127.0.0.1 in a thread: ``with FakeApiServer() as api: api.url``."""
+
+    def __init__(self, port: int = 0, window: int = 50_000, run_bound_pods: bool = True,
+                 bookmark_every_s: float = 1.0):
+        self.store = Store(window)
+        self.run_bound_pods = run_bound_pods
+        self.bookmark_every_s = bookmark_every_s
+        self._server = _Server(("127.0.0.1", port), self._handler())
+        self._thread: threading.Thread | None = None
+        self.stopping = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> FakeApiServer:
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-apiserver", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping = True
+        self._server.shutdown()
+        self._server.server_close()
+        with self.store.cond:
+            self.store.cond.notify_all()
+
+    def __enter__(self) -> FakeApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # Direct access for test setup, as an admin would have with kubectl.
+    def create(self, plural: str, obj: dict[str, Any], group: str = "", version: str = "v1") -> dict[str, Any]:
+        res = BY_PATH[(group, version, plural)]
+        ns = obj.get("metadata", {}).get("namespace", "default") if res.namespaced else ""
+        return self.store.create(res, ns, obj)
+
+    def objects(self, plural: str, group: str = "", version: str = "v1") -> list[dict[str, Any]]:
+        return self.store.list(BY_PATH[(group, version, plural)], None, None)[0]
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _body(self) -> Any:
+                n = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(n) if n else b""
+                try:
+                    return json.loads(raw or b"{}")
+                except ValueError:
+                    raise ApiError(400, "BadRequest", "the request body is not JSON") from None
+
+            def _route(self) -> tuple[Resource, str | None, str | None, str | None, dict[str, list[str]]]:
+                url = urlsplit(self.path)
+                parts = [p for p in url.path.split("/") if p]
+                query = parse_qs(url.query)
+                if parts[:2] == ["api", "v1"]:
+                    group, version, rest = "", "v1", parts[2:]
+                elif parts[:1] == ["apis"] and len(parts) >= 3:
+                    group, version, rest = parts[1], parts[2], parts[3:]
+                else:
+                    raise ApiError(404, "NotFound", f"the server could not find the requested resource ({url.path})")
+                ns = None
+                if rest[:1] == ["namespaces"] and len(rest) >= 3:
+                    ns, rest = rest[1], rest[2:]
+                if not rest:
+                    raise ApiError(404, "NotFound", "the server could not find the requested resource")
+                res = BY_PATH.get((group, version, rest[0]))
+                if res is None:
+                    raise ApiError(404, "NotFound", f"the server could not find the requested resource ({rest[0]})")
+                name = rest[1] if len(rest) > 1 else None
+                sub = rest[2] if len(rest) > 2 else None
+                if ns is not None and not res.namespaced:
+                    raise ApiError(404, "NotFound", f"{res.plural} is not namespaced")
+                return res, ns, name, sub, query
+
+            def _do(self, method: str) -> None:
+                fake.store.requests[method] = fake.store.requests.get(method, 0) + 1
+                try:
+                    res, ns, name, sub, query = self._route()
+                    store = fake.store
+                    scope = ns if res.namespaced else ""
+                    if method == "GET" and name is None:
+                        if query.get("watch", ["false"])[0] in ("true", "1"):
+                            return self._watch(res, ns, query)
+                        items, rv = store.list(res, ns, (query.get("fieldSelector") or [None])[0])
+                        return self._send(200, {"kind": f"{res.kind}List", "apiVersion": res.api_version,
+                                                "metadata": {"resourceVersion": str(rv)}, "items": items})
+                    if method == "GET":
+                        return self._send(200, store.get(res, scope or "", name))
+                    if method == "POST" and name is None:
+                        return self._send(201, store.create(res, scope or "", self._body()))
+                    if method == "POST" and res.kind == "Pod" and sub == "binding":
+                        store.bind(scope or "", name, self._body(), fake.run_bound_pods)
+                        return self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                                "status": "Success", "code": 201})
+                    if method == "POST" and res.kind == "Pod" and sub == "eviction":
+                        self._body()
+                        store.evict(scope or "", name)
+                        return self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                                "status": "Success", "code": 201})
+                    if method == "PUT" and name is not None and sub in (None, "status"):
+                        return self._send(200, store.replace(res, scope or "", name, self._body(), sub == "status"))
+                    if method == "PATCH" and name is not None and sub in (None, "status"):
+                        ctype = (self.headers.get("Content-Type") or "").split(";")[0]
+                        if ctype not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+                            raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown "
+                                           f"format - accepted media types include: application/merge-patch+json, "
+                                           f"application/strategic-merge-patch+json (got {ctype})")
+                        return self._send(200, store.patch(res, scope or "", name, self._body(), sub == "status"))
+                    if method == "DELETE" and name is not None:
+                        return self._send(200, store.delete(res, scope or "", name))
+                    raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
+                except ApiError as e:
+                    self._send(e.code, e.status())
+
+            def _watch(self, res: Resource, ns: str | None, query: dict[str, list[str]]) -> None:
+                selector = (query.get("fieldSelector") or [None])[0]
+                rv = int((query.get("resourceVersion") or ["0"])[0] or 0)
+                bookmarks = (query.get("allowWatchBookmarks") or ["false"])[0] == "true"
+                deadline = time.monotonic() + float((query.get("timeoutSeconds") or ["1800"])[0])
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                store = fake.store
+                if rv == 0:  # "any": start with the current objects as ADDED, as the real server does
+                    items, rv = store.list(res, ns, selector)
+                    for obj in items:
+                        self._chunk({"type": "ADDED", "object": obj})
+                last_sent = time.monotonic()
+                try:
+                    while time.monotonic() < deadline and not fake.stopping:
+                        try:
+                            events, head = store.events_after(rv, res, ns, timeout=min(0.5, fake.bookmark_every_s))
+                        except ApiError as e:
+                            self._chunk({"type": "ERROR", "object": e.status()})
+                            break
+                        for erv, kind, obj in events:
+                            rv = erv
+                            if _selector_matches(obj, selector):
+                                self._chunk({"type": kind, "object": obj})
+                                last_sent = time.monotonic()
+                        if bookmarks and time.monotonic() - last_sent >= fake.bookmark_every_s:
+                            rv = max(rv, head)
+                            self._chunk({"type": "BOOKMARK", "object": {
+                                "kind": res.kind, "apiVersion": res.api_version,
+                                "metadata": {"resourceVersion": str(rv)}}})
+                            last_sent = time.monotonic()
+                    self.wfile.write(b"0\r\n\r\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def _chunk(self, event: dict[str, Any]) -> None:
+                data = json.dumps(event).encode() + b"\n"
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+            def do_GET(self) -> None:
+                self._do("GET")
+
+            def do_POST(self) -> None:
+                self._do("POST")
+
+            def do_PUT(self) -> None:
+                self._do("PUT")
+
+            def do_PATCH(self) -> None:
+                self._do("PATCH")
+
+            def do_DELETE(self) -> None:
+                self._do("DELETE")
+
+        return Handler
+
+
+# --------------------------------------------------------------------------- objects for tests and benchmarks
+def make_node(name: str, gpus: int = 8, product: str = "NVIDIA-H100-80GB-HBM3", cpu: str = "96",
+              memory: str = "1Ti", ready: bool = True) -> dict[str, Any]:
+    """A GPU node as the kubelet and the GPU Operator's feature discovery describe it."""
+    return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product, "nvidia.com/gpu.present": "true",
+                                                  "kubernetes.io/hostname": name}},
+            "spec": {},
+            "status": {"capacity": {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus), "pods": "110"},
+                       "allocatable": {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus), "pods": "110"},
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def make_pod(name: str, namespace: str = "default", gpus: int = 1, cpu: str = "1", memory: str = "1Gi",
+             annotations: dict[str, str] | None = None, scheduler: str = "gpuaware", priority: int = 0,
+             labels: dict[str, str] | None = None) -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    return {"metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {}),
+                         "labels": dict(labels or {})},
+            "spec": {"schedulerName": scheduler, "priority": priority,
+                     "containers": [{"name": "main", "image": "registry.example.com/job:1.0",
+                                     "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": limits}}]}}

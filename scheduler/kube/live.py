@@ -1,0 +1,551 @@
+"""The custom scheduler: pods with ``schedulerName: gpuaware`` placed by the same core as the simulator.
+
+One asyncio task per concern:
+- informers (threads) list + watch nodes, pods and GPUQueues into a bounded inbox (back-pressure);
+- the loop applies changes to ``ClusterCache`` and, while this replica leads, runs a scheduling
+  pass (``scheduler.core.cycle``) on the queue, plus all-or-nothing placement of complete gangs;
+- each placement is a bind task: annotate the pod with its GPUs and sharing mode, wait for any
+  preempted victims to be gone, POST the Binding, write a ``Scheduled`` Event, publish the
+  decision; a 409 (already bound) or 404 (gone) releases the reservation;
+- each eviction (preemption, migration off a critical GPU) is a task: ask a checkpointable pod to
+  checkpoint (annotation, then wait for its answer or the timeout), then the Eviction API, retried
+  while a PodDisruptionBudget blocks it;
+- live GPU state from Kafka (``scheduler.feed``) marks GPUs degraded/critical and stale; a GPU
+  turning critical is cordoned on its node (annotation) and its pods are checkpointed and evicted.
+
+Restart-safe by construction: the queue and the allocations are rebuilt from the API (bound pods
+carry their GPUs in annotations), pending pods are ordered by creation time, and the Binding API
+refuses a second binding of a pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, place_gang, schedule_pass
+from scheduler.core.framework import Decision, Scheduler
+from scheduler.core.plugins.fgd import TaskTypes
+from scheduler.core.policies import profile
+from scheduler.core.preemption import Running
+from scheduler.core.queue import Tenant, TenantLedger, jain_index
+from scheduler.core.workload import Workload
+from scheduler.feed import StateView
+from scheduler.kube import objects
+from scheduler.kube.api import Informer, KubeApi, WatchSpec, api_error, now_rfc3339, wait_synced
+from scheduler.kube.cache import ClusterCache, created_s
+from scheduler.kube.objects import PodWorkload
+from scheduler.metrics import PRIORITY_NAMES, QueueSnapshot, SchedulerStats
+from scheduler.settings import SchedulerSettings
+from stream.events import DecisionAction, GpuAssignment, HealthBand, SchedulerDecision
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_DURATION_S = 24 * 3600.0  # running work without a duration estimate: assume it stays a day
+MIX_REBUILD_EVERY = 256  # new pod shapes seen before FGD's workload mix is rebuilt
+
+
+@dataclass
+class Outcome:
+    """What happened to one pod, for tests and the decision log."""
+
+    key: str
+    action: DecisionAction
+    node: str | None = None
+    reasons: list[str] = field(default_factory=list)
+
+
+class DecisionSink:
+    """Where decisions go besides Events: ``scheduler.decisions.v1`` (set by the runner) and a bounded log."""
+
+    def __init__(self, keep: int = 10_000):
+        self.recent: list[Outcome] = []
+        self.keep = keep
+        self.publish: Any = None  # async callable(SchedulerDecision) | None
+
+    async def record(self, outcome: Outcome, w: Workload | None, assignments: list[GpuAssignment] | None = None,
+                     sharing: str | None = None, score: float | None = None, latency_s: float | None = None) -> None:
+        self.recent.append(outcome)
+        if len(self.recent) > self.keep:
+            del self.recent[: len(self.recent) - self.keep]
+        if self.publish is None:
+            return
+        record = SchedulerDecision(
+            decision_id=uuid.uuid4().hex, ts_ms=int(time.time() * 1000), workload_id=outcome.key,
+            action=outcome.action, tenant=w.tenant if w else None,
+            priority=PRIORITY_NAMES.get(w.priority) if w else None, node=outcome.node,
+            assignments=assignments or [], sharing=sharing, reasons=outcome.reasons[:8], score=score,
+            latency_us=int(latency_s * 1e6) if latency_s is not None else None)
+        try:
+            await self.publish(record)
+        except Exception as exc:  # the decision stands; losing its log line must not stop scheduling
+            log.warning("could not publish decision for %s: %s", outcome.key, exc)
+
+
+class LiveScheduler:
+    def __init__(self, api: KubeApi, settings: SchedulerSettings, view: StateView | None = None,
+                 stats: SchedulerStats | None = None, sink: DecisionSink | None = None):
+        self.api, self.settings, self.view = api, settings, view
+        self.stats = stats or SchedulerStats()
+        self.sink = sink or DecisionSink()
+        self.cache = ClusterCache(scheduler_name=settings.name)
+        self.queue_policy = QueuePolicy(pass_budget=settings.pass_budget) if settings.policy == "gpuaware" \
+            else QueuePolicy.kube(pass_budget=settings.pass_budget)
+        self.leading = asyncio.Event()
+        self._inbox: asyncio.Queue[tuple[str, str, Any]] = asyncio.Queue(maxsize=10_000)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._informers: list[Informer] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._bind_slots = asyncio.Semaphore(settings.bind_workers)
+        self._gone: dict[str, asyncio.Event] = {}
+        self._evicting: set[str] = set()
+        self._reported: dict[str, str] = {}  # pod -> last FailedScheduling message written
+        self._critical_seen: set[tuple[str, int]] = set()
+        self._mix: Counter = Counter()
+        self._mix_at_build = -1
+        self._scheduler: Scheduler | None = None
+        self._dirty = True
+        self._pass_stats = PassStats()
+        self._queues: dict[str, dict[str, Any]] = {}
+        self.snapshot = QueueSnapshot()
+        self.passes = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, sync_timeout_s: float = 60.0) -> None:
+        self._loop = asyncio.get_running_loop()
+        core, custom = self.api.core, self.api.custom
+        specs = [
+            WatchSpec("nodes", core.list_node),
+            WatchSpec("pods", core.list_pod_for_all_namespaces, "status.phase!=Succeeded,status.phase!=Failed"),
+            WatchSpec("gpuqueues", lambda **kw: custom.list_cluster_custom_object(
+                "gpuaware.io", "v1alpha1", "gpuqueues", **kw)),
+        ]
+        for spec in specs:
+            self._informers.append(Informer(spec, self._on_sync(spec.name), self._on_event(spec.name)).start())
+        await asyncio.to_thread(wait_synced, self._informers, sync_timeout_s)
+
+    async def stop(self) -> None:
+        for inf in self._informers:
+            await asyncio.to_thread(inf.stop)
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _on_sync(self, name: str):
+        return lambda items: self._put((name, "SYNC", items))
+
+    def _on_event(self, name: str):
+        return lambda kind, obj: self._put((name, kind, obj))
+
+    def _put(self, item: tuple[str, str, Any]) -> None:
+        """From an informer thread: blocks while the inbox is full (back-pressure on the watch)."""
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(self._inbox.put(item), self._loop).result()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Apply changes and schedule until ``stop``; schedules only while ``leading`` is set."""
+        last_pass = 0.0
+        while not stop.is_set():
+            try:
+                item = await asyncio.wait_for(self._inbox.get(), self.settings.pass_interval_s)
+                self._apply(item)
+                while not self._inbox.empty():
+                    self._apply(self._inbox.get_nowait())
+            except TimeoutError:
+                pass
+            self.stats.leader = self.leading.is_set()
+            due = self._dirty or time.monotonic() - last_pass >= 1.0
+            if self.leading.is_set() and due:
+                await asyncio.sleep(self.settings.pass_interval_s)  # batch what arrives together
+                while not self._inbox.empty():
+                    self._apply(self._inbox.get_nowait())
+                self.schedule_once()
+                last_pass = time.monotonic()
+            self._snapshot()
+
+    # ------------------------------------------------------------------ changes
+    def _apply(self, item: tuple[str, str, Any]) -> None:
+        try:
+            self._apply_one(item)
+        except Exception:  # one odd object must not stop the scheduler; the next re-list repairs the cache
+            log.exception("could not apply %s %s", item[0], item[1])
+
+    def _apply_one(self, item: tuple[str, str, Any]) -> None:
+        name, kind, obj = item
+        self._dirty = True
+        if name == "nodes":
+            self.cache.sync_nodes(obj) if kind == "SYNC" else self.cache.node_event(kind, obj)
+            self._scheduler = None  # its plugin caches are per cluster arrays
+        elif name == "pods":
+            if kind == "SYNC":
+                self.cache.sync_pods(obj)
+                for pod in obj:
+                    self._learn_shape(pod)
+                return
+            left = self.cache.pod_event(kind, obj)
+            if left is not None:
+                self._reported.pop(left, None)
+                event = self._gone.pop(left, None)
+                if event is not None:
+                    event.set()
+            elif kind == "ADDED":
+                self._learn_shape(obj)
+        elif name == "gpuqueues":
+            items = obj if kind == "SYNC" else self._queue_items(kind, obj)
+            self._queues = {q["metadata"]["name"]: q for q in items}
+            self.cache.sync_queues(items)
+
+    def _queue_items(self, kind: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        queues = dict(self._queues)
+        if kind == "DELETED":
+            queues.pop(obj["metadata"]["name"], None)
+        else:
+            queues[obj["metadata"]["name"]] = obj
+        return list(queues.values())
+
+    def _learn_shape(self, pod: dict[str, Any]) -> None:
+        w = self.cache.workload(pod)
+        self._mix[(w.cpu_milli, w.memory_mib, w.num_gpu, w.gpu_milli if w.num_gpu else 0)] += 1
+
+    def core(self) -> Scheduler:
+        """The framework with the configured policy; FGD's workload mix follows the pods seen."""
+        seen = sum(self._mix.values())
+        if self._scheduler is None or seen - self._mix_at_build >= MIX_REBUILD_EVERY:
+            mix = dict(self._mix) or {(1000, 1024, 1, 1000): 1}
+            types = TaskTypes.from_counts(mix)
+            self._scheduler = Scheduler(profile(self.settings.policy, types, 0))
+            self._mix_at_build = seen
+        return self._scheduler
+
+    # ------------------------------------------------------------------ the pass
+    def _ledger(self) -> TenantLedger:
+        c = self.cache.cluster
+        tenants: dict[str, Tenant] = {}
+        for q in self._queues.values():
+            spec = q.get("spec") or {}
+            quota = sum(float(e.get("gpus", 0)) for e in spec.get("quota") or [])
+            borrow = (spec.get("borrowing") or {}).get("enabled", True)
+            tenants[spec.get("tenant", "default")] = Tenant(spec.get("tenant", "default"), float(spec.get("weight", 1)),
+                                                            int(quota * 1000), borrow)
+        ledger = TenantLedger(tenants, max(c.total_gpu_milli, 1), max(int(c.mem_cap.sum()), 1))
+        for r in self.cache.running.values():
+            ledger.charge(r.workload)
+        return ledger
+
+    def schedule_once(self) -> None:
+        """One pass: live state in, gangs, then the queue. Placements and evictions start as tasks."""
+        started = time.perf_counter()
+        self._dirty = False
+        now = time.time()
+        self._apply_live_state(now)
+        self._report_rejected()
+        cache = self.cache
+        if not cache.pending or len(cache.cluster) == 0:
+            return
+        core = self.core()
+        ledger = self._ledger()
+        hooks = _Hooks(self)
+        singles, gangs = [], {}
+        for _key, pw in cache.pending.items():
+            if pw.workload.gang:
+                gangs.setdefault(pw.workload.gang, []).append(pw)
+            else:
+                singles.append(pw.workload)
+        for gang, members in gangs.items():
+            self._place_gang(core, gang, members, hooks, now)
+        finish_at = {k: r.started_s + (r.workload.duration_s or UNKNOWN_DURATION_S) for k, r in cache.running.items()}
+        queue = QueueState(singles, cache.running, finish_at, ledger, cache.node_mask)
+        before = len(self._pass_stats.latencies_s)
+        schedule_pass(core, cache.cluster, queue, self.queue_policy, hooks, self._pass_stats, now)
+        for lat in self._pass_stats.latencies_s[before:]:
+            self.stats.decision_latency.observe(lat)
+        del self._pass_stats.latencies_s[:]
+        for w in singles:
+            if w.id in cache.pending:
+                self._unschedulable(w, hooks.reasons.get(
+                    w.id, "not tried this pass: an identical request did not fit, or the pass budget ran out"))
+        self.passes += 1
+        self.stats.pass_latency.observe(time.perf_counter() - started)
+
+    def _place_gang(self, core: Scheduler, gang: str, members: list[PodWorkload], hooks: _Hooks, now: float) -> None:
+        size = max(m.gang_size for m in members)
+        bound = sum(1 for r in self.cache.running.values() if r.workload.gang == gang)
+        if len(members) + bound < size:
+            for m in members:
+                self._unschedulable(m.workload, f"gang {gang}: {len(members) + bound} of {size} members exist; "
+                                                "waiting for all before placing any")
+            return
+        decisions, reasons = place_gang(core, self.cache.cluster, [m.workload for m in members], self.cache.node_mask)
+        if not decisions:
+            for m in members:
+                self._unschedulable(m.workload, reasons[0])
+            return
+        for d in decisions:
+            hooks.start(d.workload, d, now)
+
+    def _unschedulable(self, w: Workload, reason: str) -> None:
+        pod = self.cache.pods.get(w.id)
+        if pod is None or self._reported.get(w.id) == reason:
+            return
+        self._reported[w.id] = reason
+        self.stats.decisions[("UNSCHEDULABLE", _reason_class(reason))] += 1
+        self._spawn(self._event(pod, "FailedScheduling", reason, "Warning"))
+        self._spawn(self.sink.record(Outcome(w.id, DecisionAction.UNSCHEDULABLE, None, [reason]), w))
+
+    def _report_rejected(self) -> None:
+        for key, rej in self.cache.rejected.items():
+            if self._reported.get(key) != rej.reason:
+                self._reported[key] = rej.reason
+                self.stats.decisions[("UNSCHEDULABLE", "invalid-request")] += 1
+                self._spawn(self._event(rej.pod, "FailedScheduling", f"invalid gpuaware request: {rej.reason}",
+                                        "Warning"))
+
+    # ------------------------------------------------------------------ live GPU state
+    def _apply_live_state(self, now: float) -> None:
+        if self.view is None:
+            return
+        c = self.cache.cluster
+        where: dict[str, tuple[int, int]] = {}
+        for node_name, ns in self.view.nodes.items():
+            i = c.index.get(node_name)
+            if i is not None:
+                for g in ns.gpus:
+                    if g.index < c.max_gpus:
+                        where[g.uuid] = (i, g.index)
+        self.view.apply(c, where.get, int(now * 1000))
+        self.cache._apply_cordons()  # a cordon stands whatever the stream says
+        for gpu_uuid, state in self.view.gpus.items():
+            if state.health_band != HealthBand.CRITICAL or gpu_uuid not in where:
+                continue
+            i, g = where[gpu_uuid]
+            if (c.names[i], g) not in self._critical_seen:
+                self._critical_seen.add((c.names[i], g))
+                self._spawn(self._cordon_and_migrate(c.names[i], g))
+
+    async def _cordon_and_migrate(self, node: str, gpu: int) -> None:
+        cordoned = sorted(self.cache.cordoned.get(node, set()) | {gpu})
+        try:
+            await asyncio.to_thread(self.api.annotate_node, node, {objects.ANN_CORDONED: ",".join(map(str, cordoned))})
+            self.stats.decisions[("CORDON", "gpu-critical")] += 1
+            await self.sink.record(Outcome(f"{node}/gpu{gpu}", DecisionAction.CORDON, node,
+                                           [f"GPU {gpu} of {node} is critical: cordoned"]), None)
+        except ApiException as exc:
+            self._api_failed("patch-node", exc)
+        i = self.cache.cluster.index.get(node)
+        victims = [r for r in list(self.cache.running.values()) if r.allocation.node == i and gpu in r.allocation.gpus]
+        for r in victims:
+            pod = self.cache.pods.get(r.workload.id)
+            if pod is None or r.workload.id in self._evicting:
+                continue
+            self.cache.release(r.workload.id)
+            self._evicting.add(r.workload.id)
+            reason = f"GPU {gpu} of {node} turned critical: checkpoint and move"
+            self.stats.decisions[("MIGRATE", "gpu-critical")] += 1
+            await self.sink.record(Outcome(r.workload.id, DecisionAction.MIGRATE, node, [reason]), r.workload)
+            self._spawn(self._evict(pod, r, reason, "Migrated"))
+
+    # ------------------------------------------------------------------ actions
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _api_failed(self, verb: str, exc: ApiException) -> tuple[int, str, str]:
+        code, reason, message = api_error(exc)
+        self.stats.api_errors[(verb, code)] += 1
+        return code, reason, message
+
+    async def _event(self, pod: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        try:
+            await asyncio.to_thread(self.api.event, pod, reason, message, type_)
+        except ApiException as exc:
+            self._api_failed("create-event", exc)
+
+    async def bind(self, w: Workload, d: Decision, victims: list[str]) -> None:
+        key, alloc = w.id, d.allocation
+        assert alloc is not None
+        ns, name = key.split("/", 1)
+        node = self.cache.node_name(alloc.node)
+        uuids = self._uuids(node)
+        async with self._bind_slots:
+            started = time.perf_counter()
+            try:
+                for v in victims:  # the preemptor lands only once its victims are gone
+                    gone = self._gone.setdefault(v, asyncio.Event())
+                    if v in self.cache.pods:
+                        await asyncio.wait_for(gone.wait(), self.settings.checkpoint_timeout_s
+                                               + self.settings.eviction_timeout_s)
+                await asyncio.to_thread(self.api.annotate_pod, ns, name, {
+                    objects.ANN_GPUS: objects.gpus_annotation(alloc, uuids),
+                    objects.ANN_SHARING: objects.sharing_annotation(alloc)})
+                await asyncio.to_thread(self.api.bind, ns, name, node)
+            except TimeoutError:
+                self._requeue(key, f"victims of {key} were not gone in time; placement withdrawn")
+                return
+            except ApiException as exc:
+                code, reason, message = self._api_failed("bind", exc)
+                self.cache.unreserve(key)
+                self.cache.release(key)
+                if code == 409:
+                    log.info("%s: %s (already bound elsewhere: keeping the API's answer)", key, message)
+                elif code != 404:
+                    log.warning("%s: bind failed %s %s: %s; requeued", key, code, reason, message)
+                    self._requeue(key, f"bind failed: {reason}")
+                self._dirty = True
+                return
+            self.stats.bind_latency.observe(time.perf_counter() - started)
+        pod = self.cache.pods.get(key, {"metadata": {"name": name, "namespace": ns}})
+        gpus = ", ".join(f"{g}:{m}m" for g, m in zip(alloc.gpus, alloc.milli, strict=True)) or "none"
+        self.stats.decisions[("PLACE", "preempted" if victims else "fits")] += 1
+        self.stats.waited(w.tenant, w.priority, time.time() - w.submit_s)
+        self._reported.pop(key, None)
+        assignments = [GpuAssignment(uuids.get(g) or f"{node}/{g}", m, w.gpu_memory_mib)
+                       for g, m in zip(alloc.gpus, alloc.milli, strict=True)]
+        await asyncio.gather(
+            self._event(pod, "Scheduled", f"Successfully assigned {key} to {node} (GPUs {gpus}; "
+                                          f"{'; '.join(d.reasons)})"),
+            self.sink.record(Outcome(key, DecisionAction.PLACE, node, d.reasons), w, assignments,
+                             objects.sharing_annotation(alloc), d.score, d.latency_s))
+
+    def _requeue(self, key: str, why: str) -> None:
+        self.cache.unreserve(key)
+        self.cache.release(key)
+        pod = self.cache.pods.get(key)
+        if pod is not None and not pod.get("spec", {}).get("nodeName"):
+            self.cache._queue_if_ours(pod)
+        log.info("%s: %s", key, why)
+        self._dirty = True
+
+    async def _evict(self, pod: dict[str, Any], r: Running, reason: str, event_reason: str) -> None:
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        key = objects.key(pod)
+        try:
+            if r.workload.checkpointable and self.settings.checkpoint_timeout_s > 0:
+                asked = now_rfc3339()
+                await asyncio.to_thread(self.api.annotate_pod, ns, name, {objects.ANN_CHECKPOINT_REQUEST: asked})
+                await self._await_checkpoint(key, asked)
+            await self._event(pod, event_reason, reason, "Normal")
+            deadline = time.monotonic() + self.settings.eviction_timeout_s
+            while True:
+                try:
+                    await asyncio.to_thread(self.api.evict, ns, name)
+                    return
+                except ApiException as exc:
+                    code, _, message = self._api_failed("evict", exc)
+                    if code == 404:
+                        return
+                    if code != 429 or time.monotonic() > deadline:
+                        raise
+                    log.info("%s: eviction blocked (%s); retrying", key, message)
+                    await asyncio.sleep(self.settings.eviction_retry_s)
+        except ApiException as exc:
+            code, reason_, message = api_error(exc)
+            log.warning("%s: could not evict (%s %s: %s); it keeps its GPUs", key, code, reason_, message)
+            await self._event(pod, "EvictionFailed", f"{reason}: eviction failed: {message}", "Warning")
+            self.cache.rebuild()  # it still runs: account it again
+        finally:
+            self._evicting.discard(key)
+
+    async def _await_checkpoint(self, key: str, asked: str) -> None:
+        deadline = time.monotonic() + self.settings.checkpoint_timeout_s
+        while time.monotonic() < deadline:
+            pod = self.cache.pods.get(key)
+            if pod is None:
+                return
+            done = (pod["metadata"].get("annotations") or {}).get(objects.ANN_CHECKPOINT_DONE, "")
+            if done and done >= asked:
+                return
+            await asyncio.sleep(0.2)
+        log.info("%s: no checkpoint within %.0fs; evicting anyway", key, self.settings.checkpoint_timeout_s)
+
+    def _uuids(self, node: str) -> dict[int, str]:
+        if self.view is None or node not in self.view.nodes:
+            return {}
+        return {g.index: g.uuid for g in self.view.nodes[node].gpus}
+
+    # ------------------------------------------------------------------ gauges
+    def _snapshot(self) -> None:
+        c, now = self.cache.cluster, time.time()
+        snap = QueueSnapshot()
+        for pw in self.cache.pending.values():
+            k = (pw.workload.tenant, PRIORITY_NAMES.get(pw.workload.priority, "low"))
+            snap.pending[k] = snap.pending.get(k, 0) + 1
+            snap.oldest_wait_s[k] = max(snap.oldest_wait_s.get(k, 0.0), now - pw.workload.submit_s)
+        weights = {}
+        for q in self._queues.values():
+            spec = q.get("spec") or {}
+            t = spec.get("tenant", "default")
+            snap.gpus_quota[t] = sum(float(e.get("gpus", 0)) for e in spec.get("quota") or [])
+            weights[t] = float(spec.get("weight", 1))
+        for r in self.cache.running.values():
+            t = r.workload.tenant
+            snap.gpus_used[t] = snap.gpus_used.get(t, 0.0) + sum(r.allocation.milli) / 1000
+        for t, used in snap.gpus_used.items():
+            if t in snap.gpus_quota:
+                snap.gpus_borrowed[t] = max(0.0, used - snap.gpus_quota[t])
+        shares = [snap.gpus_used.get(t, 0.0) / w for t, w in weights.items()]
+        snap.jain = jain_index(shares)
+        snap.running = len(self.cache.running)
+        snap.cordoned_gpus = sum(len(v) for v in self.cache.cordoned.values())
+        if self.view is not None:
+            snap.stale_gpus = len(self.view.stale(int(now * 1000)))
+        snap.allocated_gpu_share = c.allocated_gpu_milli / c.total_gpu_milli if c.total_gpu_milli else 0.0
+        self.snapshot = snap
+
+
+class _Hooks:
+    """What a pass's decisions do in a live cluster."""
+
+    def __init__(self, live: LiveScheduler):
+        self.live = live
+        self.victims: dict[str, list[str]] = {}
+        self.reasons: dict[str, str] = {}
+
+    def evict(self, victim: Running, preemptor: Workload, now: float) -> None:
+        live, key = self.live, victim.workload.id
+        pod = live.cache.pods.get(key)
+        live.cache.release(key)
+        self.victims.setdefault(preemptor.id, []).append(key)
+        if pod is None or key in live._evicting:
+            return
+        live._evicting.add(key)
+        live._gone.setdefault(key, asyncio.Event())
+        reason = f"preempted by {preemptor.id} (priority {PRIORITY_NAMES.get(preemptor.priority)})"
+        live.stats.decisions[("PREEMPT", "priority")] += 1
+        live._spawn(live.sink.record(Outcome(key, DecisionAction.PREEMPT, live.cache.cluster.names[
+            victim.allocation.node], [reason]), victim.workload))
+        live._spawn(live._evict(pod, victim, reason, "Preempted"))
+
+    def blocked(self, workload: Workload, decision: Decision, now: float) -> None:
+        self.reasons[workload.id] = "; ".join(decision.reasons)
+
+    def start(self, workload: Workload, decision: Decision, now: float) -> None:
+        live, key = self.live, workload.id
+        assert decision.allocation is not None
+        live.cache.reserve(key, Running(workload, decision.allocation, now, 0.0, None))
+        live._spawn(live.bind(workload, decision, self.victims.pop(key, [])))
+
+
+def _reason_class(reason: str) -> str:
+    """A low-cardinality label for a FailedScheduling reason."""
+    for needle, label in (("gang", "gang-incomplete"), ("insufficient cpu", "cpu-memory"),
+                          ("free GPUs", "gpus"), ("enough free compute", "gpus"), ("health", "health"),
+                          ("model", "gpu-model"), ("capabilit", "capabilities"), ("reserved", "reservation")):
+        if needle in reason:
+            return label
+    return "other"
+
+
+def submitted(pod: dict[str, Any]) -> float:
+    return created_s(pod)

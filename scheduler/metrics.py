@@ -1,0 +1,146 @@
+"""The scheduler's Prometheus metrics: counters kept by the loop, families yielded on scrape.
+
+Names (``gpuaware_scheduler_*``) are what the scheduler dashboard and the alert rules query.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+PRIORITY_NAMES = {2: "high", 1: "medium", 0: "low"}
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+
+
+@dataclass
+class Histogram:
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.buckets) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def family_buckets(self) -> list[tuple[str, int]]:
+        out, running = [], 0
+        for bound, c in zip((*self.buckets, math.inf), self.counts, strict=True):
+            running += c
+            out.append(("+Inf" if bound == math.inf else repr(bound), running))
+        return out
+
+
+@dataclass
+class SchedulerStats:
+    decisions: Counter = field(default_factory=Counter)  # (action, reason)
+    pass_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    decision_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    bind_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    queue_wait: dict[tuple[str, str], Histogram] = field(default_factory=dict)  # (tenant, priority)
+    api_errors: Counter = field(default_factory=Counter)  # (verb, code)
+    leader: bool = False
+    feed_records: int = 0
+    feed_dead_lettered: int = 0
+
+    def waited(self, tenant: str, priority: int, seconds: float) -> None:
+        key = (tenant, PRIORITY_NAMES.get(priority, str(priority)))
+        self.queue_wait.setdefault(key, Histogram(WAIT_BUCKETS)).observe(max(0.0, seconds))
+
+
+@dataclass
+class QueueSnapshot:
+    """What the loop last saw, for gauges: pending per (tenant, priority), quota use, fairness."""
+
+    pending: dict[tuple[str, str], int] = field(default_factory=dict)
+    oldest_wait_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    gpus_used: dict[str, float] = field(default_factory=dict)  # tenant -> GPUs (milli / 1000)
+    gpus_quota: dict[str, float] = field(default_factory=dict)
+    gpus_borrowed: dict[str, float] = field(default_factory=dict)
+    jain: float | None = None
+    running: int = 0
+    stale_gpus: int = 0
+    cordoned_gpus: int = 0
+    allocated_gpu_share: float = 0.0
+
+
+class SchedulerCollector(Collector):
+    def __init__(self, stats: SchedulerStats, snapshot: Callable[[], QueueSnapshot]):
+        self.stats, self.snapshot = stats, snapshot
+
+    def _histogram(self, name: str, doc: str, h: Histogram, labels: dict[str, str] | None = None):
+        fam = HistogramMetricFamily(name, doc, labels=list(labels or {}))
+        fam.add_metric(list((labels or {}).values()), h.family_buckets(), h.total)
+        return fam
+
+    def collect(self) -> Iterator:
+        s, snap = self.stats, self.snapshot()
+        dec = CounterMetricFamily("gpuaware_scheduler_decisions", "Scheduling decisions by action and reason",
+                                  labels=["action", "reason"])
+        for (action, reason), n in sorted(s.decisions.items()):
+            dec.add_metric([action, reason], n)
+        yield dec
+        yield self._histogram("gpuaware_scheduler_decision_latency_seconds",
+                              "Time of one scheduling cycle (filter, score, reserve)", s.decision_latency)
+        yield self._histogram("gpuaware_scheduler_pass_latency_seconds", "Time of one pass over the queue",
+                              s.pass_latency)
+        yield self._histogram("gpuaware_scheduler_bind_latency_seconds",
+                              "Annotate + Binding + Event API calls of one placement", s.bind_latency)
+        wait = HistogramMetricFamily("gpuaware_scheduler_queue_wait_seconds",
+                                     "Pod creation to placement, per tenant and priority",
+                                     labels=["tenant", "priority"])
+        for (tenant, prio), h in sorted(s.queue_wait.items()):
+            wait.add_metric([tenant, prio], h.family_buckets(), h.total)
+        yield wait
+        pending = GaugeMetricFamily("gpuaware_scheduler_pending_pods", "Pods waiting for placement",
+                                    labels=["tenant", "priority"])
+        oldest = GaugeMetricFamily("gpuaware_scheduler_oldest_pending_seconds", "Age of the oldest waiting pod",
+                                   labels=["tenant", "priority"])
+        for key, n in sorted(snap.pending.items()):
+            pending.add_metric(list(key), n)
+            oldest.add_metric(list(key), snap.oldest_wait_s.get(key, 0.0))
+        yield pending
+        yield oldest
+        for name, doc, values in (
+            ("gpuaware_scheduler_tenant_gpus", "GPUs allocated to the tenant's pods", snap.gpus_used),
+            ("gpuaware_scheduler_tenant_quota_gpus", "The tenant's guaranteed GPUs (GPUQueue quota)", snap.gpus_quota),
+            ("gpuaware_scheduler_tenant_borrowed_gpus", "GPUs the tenant uses beyond its quota", snap.gpus_borrowed),
+        ):
+            fam = GaugeMetricFamily(name, doc, labels=["tenant"])
+            for tenant, v in sorted(values.items()):
+                fam.add_metric([tenant], v)
+            yield fam
+        if snap.jain is not None:
+            yield GaugeMetricFamily("gpuaware_scheduler_jain_fairness",
+                                    "Jain's index over tenants' weighted GPU shares (1 = fair)", value=snap.jain)
+        for name, doc, v in (
+            ("gpuaware_scheduler_running_pods", "Pods holding GPUs or CPU in the scheduler's model", snap.running),
+            ("gpuaware_scheduler_stale_gpus", "GPUs whose live state is older than the staleness bound",
+             snap.stale_gpus),
+            ("gpuaware_scheduler_cordoned_gpus", "GPUs that take no new work", snap.cordoned_gpus),
+            ("gpuaware_scheduler_allocated_gpu_ratio", "Allocated share of the cluster's GPU capacity",
+             snap.allocated_gpu_share),
+            ("gpuaware_scheduler_leader", "1 while this replica holds the scheduling lease", int(s.leader)),
+        ):
+            yield GaugeMetricFamily(name, doc, value=v)
+        errors = CounterMetricFamily("gpuaware_scheduler_api_errors", "Failed Kubernetes API calls",
+                                     labels=["verb", "code"])
+        for (verb, code), n in sorted(s.api_errors.items()):
+            errors.add_metric([verb, str(code)], n)
+        yield errors
+        yield CounterMetricFamily("gpuaware_scheduler_feed_records", "State records read from Kafka",
+                                  value=s.feed_records)
+        yield CounterMetricFamily("gpuaware_scheduler_feed_dead_lettered",
+                                  "State records sent to a DLQ (undecodable)", value=s.feed_dead_lettered)
+

@@ -1,0 +1,40 @@
+"""The ``scheduler:`` section of the configuration (env ``GPUAWARE_SCHEDULER__*``)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from scheduler.core.policies import POLICIES
+
+
+class SchedulerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("gpuaware", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                      description="schedulerName of the pods this scheduler places")
+    policy: str = Field("gpuaware", description=f"placement policy, one of {', '.join(POLICIES)}")
+    pass_interval_s: float = Field(0.05, gt=0, le=10, description="batching window between scheduling passes")
+    pass_budget: int = Field(512, ge=1, le=100_000, description="scheduling cycles per pass")
+    bind_workers: int = Field(16, ge=1, le=256, description="binds (and their API calls) in flight at once")
+    checkpoint_timeout_s: float = Field(120.0, ge=0, le=3600,
+                                        description="how long a checkpointable pod may take before it is evicted")
+    eviction_timeout_s: float = Field(300.0, gt=0, le=86400,
+                                      description="how long an eviction blocked by a PodDisruptionBudget is retried")
+    eviction_retry_s: float = Field(5.0, gt=0, le=600)
+    stale_after_s: float = Field(90.0, gt=0, description="a GPU with no state this long is treated as degraded")
+    leader_elect: bool = Field(False, description="hold a Lease so that one replica schedules")
+    lease_name: str = "gpuaware-scheduler"
+    lease_namespace: str = "gpuaware"
+    lease_duration_s: float = Field(15.0, gt=1, le=300)
+    renew_every_s: float = Field(5.0, gt=0.1, le=100)
+    extender_port: int = Field(8888, ge=0, le=65535, description="HTTP port of the extender and /healthz; 0 disables")
+    api_server: str | None = Field(None, description="Kubernetes API URL; default: in-cluster config, then kubeconfig")
+
+    @model_validator(mode="after")
+    def _check(self) -> SchedulerSettings:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy: {self.policy!r} is not one of {', '.join(POLICIES)}")
+        if self.renew_every_s >= self.lease_duration_s:
+            raise ValueError(f"renew_every_s: {self.renew_every_s} must be below lease_duration_s "
+                             f"{self.lease_duration_s}, or the lease lapses between renewals")
+        return self
