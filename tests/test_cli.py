@@ -193,7 +193,7 @@ def test_scheduler_process_binds_pods_serves_metrics_and_stops_on_sigterm():
             assert "gpuaware_scheduler_leader 1.0" in text
         finally:
             proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=30)
+            _out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
 
 
