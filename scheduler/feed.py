@@ -40,8 +40,10 @@ class StateView:
     gpus: dict[str, GpuState] = field(default_factory=dict)
     nodes: dict[str, NodeState] = field(default_factory=dict)
     forecast: ClusterForecast | None = None
+    version: int = 0  # bumped by every record learned: readers re-apply only after a change
 
     def learn(self, record: object) -> None:
+        self.version += 1
         if isinstance(record, GpuState):
             old = self.gpus.get(record.gpu_uuid)
             if old is None or record.published_ms >= old.published_ms:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -53,6 +53,7 @@ class SchedulerStats:
     leader: bool = False
     feed_records: int = 0
     feed_dead_lettered: int = 0
+    decision_latencies: deque = field(default_factory=lambda: deque(maxlen=100_000))  # raw, for benchmarks
 
     def waited(self, tenant: str, priority: int, seconds: float) -> None:
         key = (tenant, PRIORITY_NAMES.get(priority, str(priority)))

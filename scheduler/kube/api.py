@@ -69,8 +69,10 @@ class KubeApi:
         self.custom = client.CustomObjectsApi(api_client)
 
     # Pods
-    def bind(self, namespace: str, name: str, node: str) -> None:
-        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": namespace},
+    def bind(self, namespace: str, name: str, node: str, annotations: dict[str, str] | None = None) -> None:
+        """POST pods/binding; the API server sets ``annotations`` on the pod in the same write as its node."""
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
 

@@ -61,6 +61,7 @@ class ClusterCache:
     # ------------------------------------------------------------------ nodes
     def sync_nodes(self, items: list[dict[str, Any]]) -> None:
         self.nodes = {n["metadata"]["name"]: n for n in items}
+        self.cordoned = {name: gpus for name, n in self.nodes.items() if (gpus := objects.cordoned_gpus(n))}
         self.rebuild()
 
     def node_event(self, kind: str, node: dict[str, Any]) -> None:
@@ -68,9 +69,15 @@ class ClusterCache:
         old = self.nodes.get(name)
         if kind == "DELETED":
             self.nodes.pop(name, None)
+            self.cordoned.pop(name, None)
             self.rebuild()
             return
         self.nodes[name] = node
+        gpus = objects.cordoned_gpus(node)
+        if gpus:
+            self.cordoned[name] = gpus
+        else:
+            self.cordoned.pop(name, None)
         if old is None or objects.node_spec(old) != objects.node_spec(node) or \
                 objects.schedulable(old) != objects.schedulable(node):
             self.rebuild()
@@ -100,12 +107,15 @@ class ClusterCache:
         self._apply_cordons()
 
     def _apply_cordons(self) -> None:
-        self.cordoned = {name: objects.cordoned_gpus(n) for name, n in self.nodes.items()}
+        """Cordoned GPUs are critical in the model, whatever their live state says."""
         for name, gpus in self.cordoned.items():
             i = self.cluster.index.get(name)
             for g in gpus:
-                if i is not None and g < self.cluster.max_gpus:
+                if i is not None and g < self.cluster.max_gpus and self.cluster.band[i, g] != 2:
                     self.cluster.set_band(i, g, HealthBand.CRITICAL)
+
+    def apply_cordons(self) -> None:
+        self._apply_cordons()
 
     # ------------------------------------------------------------------ pods
     def sync_pods(self, items: list[dict[str, Any]]) -> None:

@@ -12,7 +12,8 @@ It speaks the real REST paths, JSON and semantics the scheduler relies on, so th
 - watch as a chunked stream of JSON lines (``ADDED``/``MODIFIED``/``DELETED``), ``BOOKMARK`` events
   with ``allowWatchBookmarks``, ``timeoutSeconds``, and ``ERROR`` with a 410 ``Expired`` Status when
   the asked ``resourceVersion`` is older than the retained event window (as after etcd compaction);
-- the ``pods/binding`` subresource (409 Conflict when the pod is already assigned to a node) and
+- the ``pods/binding`` subresource (409 Conflict when the pod is already assigned to a node; the
+  Binding's annotations are set on the pod with its node, as kube-apiserver does) and
   ``pods/eviction`` (policy/v1; 429 TooManyRequests when a matching PodDisruptionBudget allows no
   disruption, else the pod is deleted), and ``/status`` subresources.
 
@@ -21,18 +22,18 @@ Errors are ``Status`` objects with the real reasons and codes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import json
-import sys
 import threading
 import time
 import uuid
-from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+
+from aiohttp import web
 
 
 @dataclass(frozen=True)
@@ -129,18 +130,30 @@ class Store:
     def __init__(self, window: int = 50_000):
         self.objects: dict[tuple[Resource, str, str], dict[str, Any]] = {}
         self.rv = 1
-        self.log: deque[tuple[int, Resource, str, dict[str, Any]]] = deque(maxlen=window)
-        self.cond = threading.Condition()
+        self.window = window
+        self.log: list[tuple[int, Resource, str, dict[str, Any]]] = []  # in resourceVersion order
+        self.cond = threading.RLock()  # writes come from the server's loop and from test code
+        self.on_change: Any = None  # called (under the lock) after every event, to wake watches
         self.requests: dict[str, int] = {}
+        self.bound_at: dict[str, float] = {}  # pod key -> time.monotonic() of its binding (for benchmarks)
 
     # -------------------------------------------------------------- writes (hold the lock)
+    # A committed object is never changed in place: every write builds a new dict (sharing untouched
+    # subtrees), so the event log and readers hold references instead of copies.
     def _emit(self, res: Resource, kind: str, obj: dict[str, Any]) -> None:
-        self.log.append((self.rv, res, kind, copy.deepcopy(obj)))
-        self.cond.notify_all()
+        self.log.append((self.rv, res, kind, obj))
+        if len(self.log) > 2 * self.window:  # compaction: keep the newest ``window`` events
+            del self.log[: len(self.log) - self.window]
+        if self.on_change is not None:
+            self.on_change()
 
-    def _bump(self, obj: dict[str, Any]) -> None:
+    def _commit(self, res: Resource, ns: str, name: str, new: dict[str, Any], kind: str = "MODIFIED"):
+        new["metadata"] = dict(new["metadata"])
         self.rv += 1
-        obj["metadata"]["resourceVersion"] = str(self.rv)
+        new["metadata"]["resourceVersion"] = str(self.rv)
+        self.objects[(res, ns, name)] = new
+        self._emit(res, kind, new)
+        return new
 
     def create(self, res: Resource, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
         with self.cond:
@@ -161,14 +174,11 @@ class Store:
             if res.kind == "Pod":
                 obj.setdefault("status", {}).setdefault("phase", "Pending")
                 obj.setdefault("spec", {}).setdefault("schedulerName", "default-scheduler")
-            self._bump(obj)
-            self.objects[(res, ns, name)] = obj
-            self._emit(res, "ADDED", obj)
-            return copy.deepcopy(obj)
+            return self._commit(res, ns, name, obj, "ADDED")
 
     def get(self, res: Resource, ns: str, name: str) -> dict[str, Any]:
         with self.cond:
-            return copy.deepcopy(self._get(res, ns, name))
+            return self._get(res, ns, name)
 
     def _get(self, res: Resource, ns: str, name: str) -> dict[str, Any]:
         try:
@@ -177,22 +187,24 @@ class Store:
             raise ApiError(404, "NotFound", f'{res.plural} "{name}" not found',
                            {"name": name, "kind": res.plural}) from None
 
+    def _check_version(self, res: Resource, name: str, old: dict[str, Any], body: dict[str, Any]) -> None:
+        rv = (body.get("metadata") or {}).get("resourceVersion")
+        if rv and rv != old["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": the object '
+                           "has been modified; please apply your changes to the latest version and try again",
+                           {"name": name, "kind": res.plural})
+
     def replace(self, res: Resource, ns: str, name: str, obj: dict[str, Any], status_only: bool = False):
         with self.cond:
             old = self._get(res, ns, name)
-            rv = (obj.get("metadata") or {}).get("resourceVersion")
-            if rv and rv != old["metadata"]["resourceVersion"]:
-                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": the object '
-                               "has been modified; please apply your changes to the latest version and try again",
-                               {"name": name, "kind": res.plural})
-            new = copy.deepcopy(old)
+            self._check_version(res, name, old, obj)
             if status_only:
-                new["status"] = copy.deepcopy(obj.get("status"))
+                new = {**old, "status": copy.deepcopy(obj.get("status"))}
             else:
-                keep = {k: old["metadata"][k] for k in ("uid", "creationTimestamp", "namespace")
-                        if k in old["metadata"]}
                 new = copy.deepcopy(obj)
-                new.setdefault("metadata", {}).update(keep)
+                new["metadata"] = {**(new.get("metadata") or {}),
+                                   **{k: old["metadata"][k] for k in ("uid", "creationTimestamp", "namespace")
+                                      if k in old["metadata"]}}
                 new["apiVersion"], new["kind"] = res.api_version, res.kind
                 if new.get("spec") != old.get("spec"):
                     new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
@@ -201,31 +213,23 @@ class Store:
     def patch(self, res: Resource, ns: str, name: str, patch: dict[str, Any], status_only: bool = False):
         with self.cond:
             old = self._get(res, ns, name)
-            rv = (patch.get("metadata") or {}).get("resourceVersion")
-            if rv and rv != old["metadata"]["resourceVersion"]:
-                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": the object '
-                               "has been modified; please apply your changes to the latest version and try again")
+            self._check_version(res, name, old, patch)
             if status_only:
                 patch = {"status": patch.get("status")}
             new = merge_patch(old, patch)
-            for k in ("uid", "creationTimestamp", "namespace", "name"):
-                if k in old["metadata"]:
-                    new["metadata"][k] = old["metadata"][k]
+            new["metadata"] = {**new["metadata"], **{k: old["metadata"][k] for k in
+                                                     ("uid", "creationTimestamp", "namespace", "name")
+                                                     if k in old["metadata"]}}
             return self._commit(res, ns, name, new)
-
-    def _commit(self, res: Resource, ns: str, name: str, new: dict[str, Any]) -> dict[str, Any]:
-        self._bump(new)
-        self.objects[(res, ns, name)] = new
-        self._emit(res, "MODIFIED", new)
-        return copy.deepcopy(new)
 
     def delete(self, res: Resource, ns: str, name: str) -> dict[str, Any]:
         with self.cond:
             obj = self._get(res, ns, name)
             del self.objects[(res, ns, name)]
-            self._bump(obj)
-            self._emit(res, "DELETED", obj)
-            return copy.deepcopy(obj)
+            self.rv += 1
+            gone = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.rv)}}
+            self._emit(res, "DELETED", gone)
+            return gone
 
     def bind(self, ns: str, name: str, binding: dict[str, Any], run: bool) -> None:
         pods = BY_PATH[("", "v1", "pods")]
@@ -238,14 +242,19 @@ class Store:
                 raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} '
                                f'is already assigned to node "{pod["spec"]["nodeName"]}"',
                                {"name": name, "kind": "pods/binding"})
-            new = copy.deepcopy(pod)
-            new["spec"]["nodeName"] = target
-            status = new.setdefault("status", {})
-            status.setdefault("conditions", []).append({"type": "PodScheduled", "status": "True",
-                                                        "lastTransitionTime": _now()})
+            status = dict(pod.get("status") or {})
+            status["conditions"] = [*(status.get("conditions") or []),
+                                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()}]
             if run:  # the kubelet's part, for tests that need running pods
                 status["phase"] = "Running"
-            self._commit(pods, ns, name, new)
+            # As kube-apiserver does: the Binding's annotations land on the pod together with its node.
+            meta = pod["metadata"]
+            extra = (binding.get("metadata") or {}).get("annotations") or {}
+            if extra:
+                meta = {**meta, "annotations": {**(meta.get("annotations") or {}), **extra}}
+            self._commit(pods, ns, name, {**pod, "metadata": meta, "spec": {**pod["spec"], "nodeName": target},
+                                          "status": status})
+            self.bound_at[f"{ns}/{name}"] = time.monotonic()
 
     def evict(self, ns: str, name: str) -> None:
         pods = BY_PATH[("", "v1", "pods")]
@@ -276,17 +285,15 @@ class Store:
     # -------------------------------------------------------------- reads
     def list(self, res: Resource, ns: str | None, selector: str | None) -> tuple[list[dict[str, Any]], int]:
         with self.cond:
-            items = [copy.deepcopy(o) for (r, ons, _), o in self.objects.items()
+            items = [o for (r, ons, _), o in self.objects.items()
                      if r == res and (ns is None or ons == ns) and _selector_matches(o, selector)]
             return items, self.rv
 
-    def events_after(self, rv: int, res: Resource, ns: str | None, timeout: float):
-        """Events newer than ``rv`` for ``res``; raises 410 when ``rv`` fell out of the window."""
+    def events_after(self, rv: int, res: Resource, ns: str | None):
+        """Events newer than ``rv`` for ``res`` and the head version; 410 when ``rv`` fell out of the window."""
         with self.cond:
-            if self.log and rv < self.log[0][0] - 1 and rv < self.rv:
+            if self.log and len(self.log) >= self.window and rv < self.log[0][0] - 1 and rv < self.rv:
                 raise ApiError(410, "Expired", f"too old resource version: {rv} ({self.log[0][0] - 1})")
-            if not self.log or self.log[-1][0] <= rv:
-                self.cond.wait(timeout)
             lo, hi = 0, len(self.log)
             while lo < hi:  # the log is in resourceVersion order: find the first newer event
                 mid = (lo + hi) // 2
@@ -294,46 +301,46 @@ class Store:
                     lo = mid + 1
                 else:
                     hi = mid
-            return [(erv, kind, obj) for erv, r, kind, obj in list(self.log)[lo:]
+            return [(erv, kind, obj) for erv, r, kind, obj in self.log[lo:]
                     if r == res and (ns is None or obj["metadata"].get("namespace") == ns)], self.rv
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Clients hanging up (a stopped watch, a closed pool) are normal here; anything else is printed.
-        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
-            super().handle_error(request, client_address)
-
-
 class FakeApiServer:
-    """Runs the fake on 127.0.0.1 in a thread: ``with FakeApiServer() as api: api.url``."""
+    """Runs the fake on 127.0.0.1 (aiohttp, its own thread and loop): ``with FakeApiServer() as api: api.url``."""
 
     def __init__(self, port: int = 0, window: int = 50_000, run_bound_pods: bool = True,
                  bookmark_every_s: float = 1.0):
         self.store = Store(window)
         self.run_bound_pods = run_bound_pods
         self.bookmark_every_s = bookmark_every_s
-        self._server = _Server(("127.0.0.1", port), self._handler())
-        self._thread: threading.Thread | None = None
         self.stopping = False
+        self._port = port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._ready = threading.Event()
+        self._waiters: list[asyncio.Future] = []
+        self._wake_pending = False
+        self._bound_port = 0
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://127.0.0.1:{self._bound_port}"
 
     def start(self) -> FakeApiServer:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-apiserver", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="fake-apiserver", daemon=True)
         self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("fake API server did not start")
         return self
 
     def stop(self) -> None:
         self.stopping = True
-        self._server.shutdown()
-        self._server.server_close()
-        with self.store.cond:
-            self.store.cond.notify_all()
+        if self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
 
     def __enter__(self) -> FakeApiServer:
         return self.start()
@@ -345,158 +352,173 @@ class FakeApiServer:
     def create(self, plural: str, obj: dict[str, Any], group: str = "", version: str = "v1") -> dict[str, Any]:
         res = BY_PATH[(group, version, plural)]
         ns = obj.get("metadata", {}).get("namespace", "default") if res.namespaced else ""
-        return self.store.create(res, ns, obj)
+        return copy.deepcopy(self.store.create(res, ns, obj))
 
     def objects(self, plural: str, group: str = "", version: str = "v1") -> list[dict[str, Any]]:
-        return self.store.list(BY_PATH[(group, version, plural)], None, None)[0]
+        return copy.deepcopy(self.store.list(BY_PATH[(group, version, plural)], None, None)[0])
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
+    # -------------------------------------------------------------- the server's loop
+    def _serve(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", self._port, backlog=1024)
+        loop.run_until_complete(site.start())
+        self._bound_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.store.on_change = lambda: self._schedule_wake()
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    async def _shutdown(self) -> None:
+        self._wake()
+        if self._runner is not None:
+            await self._runner.cleanup()
 
-            def log_message(self, *args: object) -> None:
-                pass
+    def _schedule_wake(self) -> None:
+        # Many writes in a row wake the watches once.
+        if not self._wake_pending and self._loop is not None and not self._loop.is_closed():
+            self._wake_pending = True
+            self._loop.call_soon_threadsafe(self._wake)
 
-            def _send(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+    def _wake(self) -> None:
+        self._wake_pending = False
+        waiters, self._waiters = self._waiters, []
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
 
-            def _body(self) -> Any:
-                n = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(n) if n else b""
-                try:
-                    return json.loads(raw or b"{}")
-                except ValueError:
-                    raise ApiError(400, "BadRequest", "the request body is not JSON") from None
+    async def _changed(self, timeout: float) -> None:
+        assert self._loop is not None
+        f = self._loop.create_future()
+        self._waiters.append(f)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(f, timeout)
 
-            def _route(self) -> tuple[Resource, str | None, str | None, str | None, dict[str, list[str]]]:
-                url = urlsplit(self.path)
-                parts = [p for p in url.path.split("/") if p]
-                query = parse_qs(url.query)
-                if parts[:2] == ["api", "v1"]:
-                    group, version, rest = "", "v1", parts[2:]
-                elif parts[:1] == ["apis"] and len(parts) >= 3:
-                    group, version, rest = parts[1], parts[2], parts[3:]
+    # -------------------------------------------------------------- requests
+    @staticmethod
+    def _route(request: web.Request) -> tuple[Resource, str | None, str | None, str | None]:
+        parts = [p for p in request.path.split("/") if p]
+        if parts[:2] == ["api", "v1"]:
+            group, version, rest = "", "v1", parts[2:]
+        elif parts[:1] == ["apis"] and len(parts) >= 3:
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
+        ns = None
+        if rest[:1] == ["namespaces"] and len(rest) >= 3:
+            ns, rest = rest[1], rest[2:]
+        if not rest:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        res = BY_PATH.get((group, version, rest[0]))
+        if res is None:
+            raise ApiError(404, "NotFound", f"the server could not find the requested resource ({rest[0]})")
+        if ns is not None and not res.namespaced:
+            raise ApiError(404, "NotFound", f"{res.plural} is not namespaced")
+        return res, ns, rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
+
+    @staticmethod
+    async def _body(request: web.Request) -> Any:
+        raw = await request.read()
+        try:
+            return json.loads(raw or b"{}")
+        except ValueError:
+            raise ApiError(400, "BadRequest", "the request body is not JSON") from None
+
+    @staticmethod
+    def _json(code: int, body: Any) -> web.Response:
+        return web.Response(status=code, body=json.dumps(body).encode(), content_type="application/json")
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        store, method, query = self.store, request.method, request.query
+        store.requests[method] = store.requests.get(method, 0) + 1
+        try:
+            res, ns, name, sub = self._route(request)
+            scope = (ns or "") if res.namespaced else ""
+            if method == "GET" and name is None:
+                if query.get("watch") in ("true", "1"):
+                    return await self._watch(request, res, ns)
+                items, rv = store.list(res, ns, query.get("fieldSelector"))
+                return self._json(200, {"kind": f"{res.kind}List", "apiVersion": res.api_version,
+                                        "metadata": {"resourceVersion": str(rv)}, "items": items})
+            if method == "GET":
+                return self._json(200, store.get(res, scope, name))
+            if method == "POST" and name is None:
+                return self._json(201, store.create(res, scope, await self._body(request)))
+            if method == "POST" and res.kind == "Pod" and sub in ("binding", "eviction"):
+                body = await self._body(request)
+                if sub == "binding":
+                    store.bind(scope, name, body, self.run_bound_pods)
                 else:
-                    raise ApiError(404, "NotFound", f"the server could not find the requested resource ({url.path})")
-                ns = None
-                if rest[:1] == ["namespaces"] and len(rest) >= 3:
-                    ns, rest = rest[1], rest[2:]
-                if not rest:
-                    raise ApiError(404, "NotFound", "the server could not find the requested resource")
-                res = BY_PATH.get((group, version, rest[0]))
-                if res is None:
-                    raise ApiError(404, "NotFound", f"the server could not find the requested resource ({rest[0]})")
-                name = rest[1] if len(rest) > 1 else None
-                sub = rest[2] if len(rest) > 2 else None
-                if ns is not None and not res.namespaced:
-                    raise ApiError(404, "NotFound", f"{res.plural} is not namespaced")
-                return res, ns, name, sub, query
+                    store.evict(scope, name)
+                return self._json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                        "code": 201})
+            if method == "PUT" and name is not None and sub in (None, "status"):
+                return self._json(200, store.replace(res, scope, name, await self._body(request), sub == "status"))
+            if method == "PATCH" and name is not None and sub in (None, "status"):
+                ctype = request.content_type
+                if ctype not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
+                    raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
+                                   "accepted media types include: application/merge-patch+json, "
+                                   f"application/strategic-merge-patch+json (got {ctype})")
+                return self._json(200, store.patch(res, scope, name, await self._body(request), sub == "status"))
+            if method == "DELETE" and name is not None:
+                return self._json(200, store.delete(res, scope, name))
+            raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
+        except ApiError as e:
+            return self._json(e.code, e.status())
 
-            def _do(self, method: str) -> None:
-                fake.store.requests[method] = fake.store.requests.get(method, 0) + 1
+    async def _watch(self, request: web.Request, res: Resource, ns: str | None) -> web.StreamResponse:
+        query = request.query
+        selector = query.get("fieldSelector")
+        rv = int(query.get("resourceVersion") or 0)
+        bookmarks = query.get("allowWatchBookmarks") == "true"
+        deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+
+        async def send(event: dict[str, Any]) -> None:
+            await resp.write(json.dumps(event).encode() + b"\n")
+
+        try:
+            if rv == 0:  # "any": start with the current objects as ADDED, as the real server does
+                items, rv = self.store.list(res, ns, selector)
+                for obj in items:
+                    await send({"type": "ADDED", "object": obj})
+            last_sent = time.monotonic()
+            while time.monotonic() < deadline and not self.stopping:
                 try:
-                    res, ns, name, sub, query = self._route()
-                    store = fake.store
-                    scope = ns if res.namespaced else ""
-                    if method == "GET" and name is None:
-                        if query.get("watch", ["false"])[0] in ("true", "1"):
-                            return self._watch(res, ns, query)
-                        items, rv = store.list(res, ns, (query.get("fieldSelector") or [None])[0])
-                        return self._send(200, {"kind": f"{res.kind}List", "apiVersion": res.api_version,
-                                                "metadata": {"resourceVersion": str(rv)}, "items": items})
-                    if method == "GET":
-                        return self._send(200, store.get(res, scope or "", name))
-                    if method == "POST" and name is None:
-                        return self._send(201, store.create(res, scope or "", self._body()))
-                    if method == "POST" and res.kind == "Pod" and sub == "binding":
-                        store.bind(scope or "", name, self._body(), fake.run_bound_pods)
-                        return self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                                                "status": "Success", "code": 201})
-                    if method == "POST" and res.kind == "Pod" and sub == "eviction":
-                        self._body()
-                        store.evict(scope or "", name)
-                        return self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                                                "status": "Success", "code": 201})
-                    if method == "PUT" and name is not None and sub in (None, "status"):
-                        return self._send(200, store.replace(res, scope or "", name, self._body(), sub == "status"))
-                    if method == "PATCH" and name is not None and sub in (None, "status"):
-                        ctype = (self.headers.get("Content-Type") or "").split(";")[0]
-                        if ctype not in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
-                            raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown "
-                                           f"format - accepted media types include: application/merge-patch+json, "
-                                           f"application/strategic-merge-patch+json (got {ctype})")
-                        return self._send(200, store.patch(res, scope or "", name, self._body(), sub == "status"))
-                    if method == "DELETE" and name is not None:
-                        return self._send(200, store.delete(res, scope or "", name))
-                    raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
+                    events, head = self.store.events_after(rv, res, ns)
                 except ApiError as e:
-                    self._send(e.code, e.status())
-
-            def _watch(self, res: Resource, ns: str | None, query: dict[str, list[str]]) -> None:
-                selector = (query.get("fieldSelector") or [None])[0]
-                rv = int((query.get("resourceVersion") or ["0"])[0] or 0)
-                bookmarks = (query.get("allowWatchBookmarks") or ["false"])[0] == "true"
-                deadline = time.monotonic() + float((query.get("timeoutSeconds") or ["1800"])[0])
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                store = fake.store
-                if rv == 0:  # "any": start with the current objects as ADDED, as the real server does
-                    items, rv = store.list(res, ns, selector)
-                    for obj in items:
-                        self._chunk({"type": "ADDED", "object": obj})
-                last_sent = time.monotonic()
-                try:
-                    while time.monotonic() < deadline and not fake.stopping:
-                        try:
-                            events, head = store.events_after(rv, res, ns, timeout=min(0.5, fake.bookmark_every_s))
-                        except ApiError as e:
-                            self._chunk({"type": "ERROR", "object": e.status()})
-                            break
-                        for erv, kind, obj in events:
-                            rv = erv
-                            if _selector_matches(obj, selector):
-                                self._chunk({"type": kind, "object": obj})
-                                last_sent = time.monotonic()
-                        if bookmarks and time.monotonic() - last_sent >= fake.bookmark_every_s:
-                            rv = max(rv, head)
-                            self._chunk({"type": "BOOKMARK", "object": {
-                                "kind": res.kind, "apiVersion": res.api_version,
-                                "metadata": {"resourceVersion": str(rv)}}})
-                            last_sent = time.monotonic()
-                    self.wfile.write(b"0\r\n\r\n")
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-            def _chunk(self, event: dict[str, Any]) -> None:
-                data = json.dumps(event).encode() + b"\n"
-                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-                self.wfile.flush()
-
-            def do_GET(self) -> None:
-                self._do("GET")
-
-            def do_POST(self) -> None:
-                self._do("POST")
-
-            def do_PUT(self) -> None:
-                self._do("PUT")
-
-            def do_PATCH(self) -> None:
-                self._do("PATCH")
-
-            def do_DELETE(self) -> None:
-                self._do("DELETE")
-
-        return Handler
+                    await send({"type": "ERROR", "object": e.status()})
+                    break
+                if events:
+                    lines = []
+                    for erv, kind, obj in events:
+                        rv = erv
+                        if _selector_matches(obj, selector):
+                            lines.append(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                    if lines:
+                        await resp.write(b"".join(lines))
+                        last_sent = time.monotonic()
+                elif bookmarks and time.monotonic() - last_sent >= self.bookmark_every_s:
+                    rv = max(rv, head)
+                    await send({"type": "BOOKMARK", "object": {"kind": res.kind, "apiVersion": res.api_version,
+                                                               "metadata": {"resourceVersion": str(rv)}}})
+                    last_sent = time.monotonic()
+                else:
+                    await self._changed(min(0.5, self.bookmark_every_s))
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        return resp
 
 
 # --------------------------------------------------------------------------- objects for tests and benchmarks

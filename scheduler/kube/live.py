@@ -4,9 +4,10 @@ One asyncio task per concern:
 - informers (threads) list + watch nodes, pods and GPUQueues into a bounded inbox (back-pressure);
 - the loop applies changes to ``ClusterCache`` and, while this replica leads, runs a scheduling
   pass (``scheduler.core.cycle``) on the queue, plus all-or-nothing placement of complete gangs;
-- each placement is a bind task: annotate the pod with its GPUs and sharing mode, wait for any
-  preempted victims to be gone, POST the Binding, write a ``Scheduled`` Event, publish the
-  decision; a 409 (already bound) or 404 (gone) releases the reservation;
+- each placement is a bind task: wait for any preempted victims to be gone, POST the Binding
+  carrying the GPUs and sharing mode as annotations (kube-apiserver sets a Binding's annotations
+  on the pod with its node, in one write), write a ``Scheduled`` Event, publish the decision; a
+  409 (already bound) or 404 (gone) releases the reservation;
 - each eviction (preemption, migration off a critical GPU) is a task: ask a checkpointable pod to
   checkpoint (annotation, then wait for its answer or the timeout), then the Eviction API, retried
   while a PodDisruptionBudget blocks it;
@@ -22,13 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, place_gang, schedule_pass
@@ -49,6 +53,7 @@ from stream.events import DecisionAction, GpuAssignment, HealthBand, SchedulerDe
 
 log = logging.getLogger(__name__)
 
+TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, OSError)
 UNKNOWN_DURATION_S = 24 * 3600.0  # running work without a duration estimate: assume it stays a day
 MIX_REBUILD_EVERY = 256  # new pod shapes seen before FGD's workload mix is rebuilt
 
@@ -115,6 +120,11 @@ class LiveScheduler:
         self._dirty = True
         self._pass_stats = PassStats()
         self._queues: dict[str, dict[str, Any]] = {}
+        self._applied_view: tuple[int, int] | None = None
+        self._applied_at = 0.0
+        # API calls block (the official client is synchronous): they get threads of their own,
+        # enough for ``bind_workers`` binds plus evictions and events.
+        self._pool = ThreadPoolExecutor(max_workers=settings.bind_workers + 8, thread_name_prefix="kube-api")
         self.snapshot = QueueSnapshot()
         self.passes = 0
 
@@ -140,6 +150,7 @@ class LiveScheduler:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _on_sync(self, name: str):
         return lambda items: self._put((name, "SYNC", items))
@@ -269,6 +280,7 @@ class LiveScheduler:
         schedule_pass(core, cache.cluster, queue, self.queue_policy, hooks, self._pass_stats, now)
         for lat in self._pass_stats.latencies_s[before:]:
             self.stats.decision_latency.observe(lat)
+            self.stats.decision_latencies.append(lat)
         del self._pass_stats.latencies_s[:]
         for w in singles:
             if w.id in cache.pending:
@@ -314,6 +326,11 @@ class LiveScheduler:
     def _apply_live_state(self, now: float) -> None:
         if self.view is None:
             return
+        # New records, a rebuilt model, or time passing (staleness) change what the model should say.
+        key = (self.view.version, id(self.cache.cluster))
+        if key == self._applied_view and now - self._applied_at < 1.0:
+            return
+        self._applied_view, self._applied_at = key, now
         c = self.cache.cluster
         where: dict[str, tuple[int, int]] = {}
         for node_name, ns in self.view.nodes.items():
@@ -323,7 +340,7 @@ class LiveScheduler:
                     if g.index < c.max_gpus:
                         where[g.uuid] = (i, g.index)
         self.view.apply(c, where.get, int(now * 1000))
-        self.cache._apply_cordons()  # a cordon stands whatever the stream says
+        self.cache.apply_cordons()  # a cordon stands whatever the stream says
         for gpu_uuid, state in self.view.gpus.items():
             if state.health_band != HealthBand.CRITICAL or gpu_uuid not in where:
                 continue
@@ -335,12 +352,15 @@ class LiveScheduler:
     async def _cordon_and_migrate(self, node: str, gpu: int) -> None:
         cordoned = sorted(self.cache.cordoned.get(node, set()) | {gpu})
         try:
-            await asyncio.to_thread(self.api.annotate_node, node, {objects.ANN_CORDONED: ",".join(map(str, cordoned))})
+            await self._call(self.api.annotate_node, node, {objects.ANN_CORDONED: ",".join(map(str, cordoned))})
             self.stats.decisions[("CORDON", "gpu-critical")] += 1
             await self.sink.record(Outcome(f"{node}/gpu{gpu}", DecisionAction.CORDON, node,
                                            [f"GPU {gpu} of {node} is critical: cordoned"]), None)
         except ApiException as exc:
             self._api_failed("patch-node", exc)
+        except TRANSPORT_ERRORS as exc:
+            self.stats.api_errors[("patch-node", 0)] += 1
+            log.warning("could not cordon GPU %d of %s: %s", gpu, node, exc)
         i = self.cache.cluster.index.get(node)
         victims = [r for r in list(self.cache.running.values()) if r.allocation.node == i and gpu in r.allocation.gpus]
         for r in victims:
@@ -355,6 +375,9 @@ class LiveScheduler:
             self._spawn(self._evict(pod, r, reason, "Migrated"))
 
     # ------------------------------------------------------------------ actions
+    async def _call(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
@@ -368,9 +391,12 @@ class LiveScheduler:
 
     async def _event(self, pod: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
         try:
-            await asyncio.to_thread(self.api.event, pod, reason, message, type_)
+            await self._call(self.api.event, pod, reason, message, type_)
         except ApiException as exc:
             self._api_failed("create-event", exc)
+        except TRANSPORT_ERRORS as exc:  # an Event is best effort, as in kube-scheduler
+            self.stats.api_errors[("create-event", 0)] += 1
+            log.warning("event %s on %s not written: %s", reason, objects.key(pod), exc)
 
     async def bind(self, w: Workload, d: Decision, victims: list[str]) -> None:
         key, alloc = w.id, d.allocation
@@ -386,12 +412,18 @@ class LiveScheduler:
                     if v in self.cache.pods:
                         await asyncio.wait_for(gone.wait(), self.settings.checkpoint_timeout_s
                                                + self.settings.eviction_timeout_s)
-                await asyncio.to_thread(self.api.annotate_pod, ns, name, {
+                # One write: the GPUs are on the pod from the moment it has a node (the device plugin reads them).
+                await self._call(self.api.bind, ns, name, node, {
                     objects.ANN_GPUS: objects.gpus_annotation(alloc, uuids),
                     objects.ANN_SHARING: objects.sharing_annotation(alloc)})
-                await asyncio.to_thread(self.api.bind, ns, name, node)
             except TimeoutError:
                 self._requeue(key, f"victims of {key} were not gone in time; placement withdrawn")
+                return
+            except TRANSPORT_ERRORS as exc:
+                self.stats.api_errors[("bind", 0)] += 1
+                # Unknown whether the Binding landed: the pod's next watch event says; until then it is requeued
+                # and a second Binding would get 409 (kept as the API's answer).
+                self._requeue(key, f"bind interrupted: {exc}")
                 return
             except ApiException as exc:
                 code, reason, message = self._api_failed("bind", exc)
@@ -433,13 +465,13 @@ class LiveScheduler:
         try:
             if r.workload.checkpointable and self.settings.checkpoint_timeout_s > 0:
                 asked = now_rfc3339()
-                await asyncio.to_thread(self.api.annotate_pod, ns, name, {objects.ANN_CHECKPOINT_REQUEST: asked})
+                await self._call(self.api.annotate_pod, ns, name, {objects.ANN_CHECKPOINT_REQUEST: asked})
                 await self._await_checkpoint(key, asked)
             await self._event(pod, event_reason, reason, "Normal")
             deadline = time.monotonic() + self.settings.eviction_timeout_s
             while True:
                 try:
-                    await asyncio.to_thread(self.api.evict, ns, name)
+                    await self._call(self.api.evict, ns, name)
                     return
                 except ApiException as exc:
                     code, _, message = self._api_failed("evict", exc)
@@ -449,8 +481,13 @@ class LiveScheduler:
                         raise
                     log.info("%s: eviction blocked (%s); retrying", key, message)
                     await asyncio.sleep(self.settings.eviction_retry_s)
-        except ApiException as exc:
-            code, reason_, message = api_error(exc)
+                except TRANSPORT_ERRORS:
+                    self.stats.api_errors[("evict", 0)] += 1
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(self.settings.eviction_retry_s)
+        except (ApiException, *TRANSPORT_ERRORS) as exc:
+            code, reason_, message = api_error(exc) if isinstance(exc, ApiException) else (0, "transport", str(exc))
             log.warning("%s: could not evict (%s %s: %s); it keeps its GPUs", key, code, reason_, message)
             await self._event(pod, "EvictionFailed", f"{reason}: eviction failed: {message}", "Warning")
             self.cache.rebuild()  # it still runs: account it again
