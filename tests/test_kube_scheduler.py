@@ -171,6 +171,7 @@ async def test_pending_pods_are_bound_to_the_gpus_the_core_chose_with_annotation
             await wait_for(lambda: all(pods(fake)[n]["spec"].get("nodeName") for n in ("whole", "frac")),
                            what="binding")
             await wait_for(lambda: events(fake, "FailedScheduling"), what="FailedScheduling")
+            await wait_for(lambda: len(events(fake, "Scheduled")) == 2, what="Scheduled events")  # written after binding
             p = pods(fake)
             whole, frac = gpus_of(p["whole"]), gpus_of(p["frac"])
             assert [g["milli"] for g in whole] == [1000, 1000] and len({g["index"] for g in whole}) == 2
@@ -303,7 +304,7 @@ async def test_gpu_turning_critical_on_the_broker_cordons_it_checkpoints_and_evi
                 await wait_for(lambda: any(e["involvedObject"]["name"] == "ckpt-2"
                                            for e in events(fake, "FailedScheduling")), what="replacement refused")
                 assert not pods(fake)["ckpt-2"]["spec"].get("nodeName")
-                assert ("MIGRATE", "gpu-critical") in live.stats.decisions
+                assert live.stats.decisions[("MIGRATE", "gpu-critical")] == 1
     finally:
         await feed.stop()
         await producer.stop()
@@ -326,7 +327,7 @@ async def test_preemption_evicts_lower_priority_work_for_high_priority_pods():
             await wait_for(lambda: pods(fake).get("high", {}).get("spec", {}).get("nodeName"), what="high placed")
             assert sum(1 for n in pods(fake) if n.startswith("low")) == 1
             assert len(events(fake, "Preempted")) == 1
-            assert live.stats.decisions[("PLACE", "preempted")] == 1
+            await wait_for(lambda: live.stats.decisions[("PLACE", "preempted")] == 1, what="decision counted")
 
 
 # --------------------------------------------------------------------------- leader election
