@@ -110,6 +110,10 @@ class AgentRuntime:
                 for d in core.devices:
                     if cmd.gpu_uuid in (None, d.uuid):
                         try:
+                            if cmd.power_cap_w <= 0:  # 0: the cap is lifted
+                                core.collector.reset_power_limit(d.index)
+                                log.info("power cap lifted on %s", d.uuid)
+                                continue
                             core.collector.set_power_limit(d.index, cmd.power_cap_w)
                             log.info("power cap %d W on %s", cmd.power_cap_w, d.uuid)
                         except (ValueError, RuntimeError) as exc:

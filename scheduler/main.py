@@ -28,7 +28,7 @@ from scheduler.metrics import SchedulerCollector, SchedulerStats
 from scheduler.settings import SchedulerSettings
 from stream import topics
 from stream.admin import wait_ready
-from stream.events import SchedulerDecision, encode
+from stream.events import AgentControl, SchedulerDecision, encode
 from stream.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,12 @@ async def serve(kafka: KafkaSettings | None, settings: SchedulerSettings, metric
                 assert producer is not None
                 await producer.send(topics.DECISIONS, encode(record), key=record.key())
 
+            async def control(record: AgentControl) -> None:
+                assert producer is not None
+                await producer.send(topics.CONTROL, encode(record), key=record.key())
+
             live.sink.publish = publish
+            live.control_publish = control
         await live.start()
         if feed is not None:
             await feed.catch_up()

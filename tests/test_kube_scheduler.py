@@ -171,7 +171,8 @@ async def test_pending_pods_are_bound_to_the_gpus_the_core_chose_with_annotation
             await wait_for(lambda: all(pods(fake)[n]["spec"].get("nodeName") for n in ("whole", "frac")),
                            what="binding")
             await wait_for(lambda: events(fake, "FailedScheduling"), what="FailedScheduling")
-            await wait_for(lambda: len(events(fake, "Scheduled")) == 2, what="Scheduled events")  # written after binding
+            # Events are written after the binding: wait for them too.
+            await wait_for(lambda: len(events(fake, "Scheduled")) == 2, what="Scheduled events")
             p = pods(fake)
             whole, frac = gpus_of(p["whole"]), gpus_of(p["frac"])
             assert [g["milli"] for g in whole] == [1000, 1000] and len({g["index"] for g in whole}) == 2
@@ -391,3 +392,63 @@ async def test_extender_answers_kube_scheduler_json():
                 bad = await http.post("/filter", data=b"not json")
                 assert bad.status == 400
                 assert (await http.get("/healthz")).status == 200 and (await http.get("/readyz")).status == 200
+
+
+# --------------------------------------------------------------------------- tenants, queue status, throttling
+async def test_tenant_comes_from_the_namespace_queue_and_queue_status_is_kept_current():
+    with FakeApiServer() as fake:
+        fake.create("nodes", make_node("n0", gpus=4, product="NVIDIA-A100-SXM4-80GB"))
+        fake.create("gpuqueues", {"metadata": {"name": "vision"}, "spec": {
+            "tenant": "vision", "namespaces": ["vision-train"], "weight": 2, "quota": [{"model": "*", "gpus": 1}]}},
+            group="gpuaware.io", version="v1alpha1")
+        # A pod cannot name its tenant: the annotation is not part of the contract and is ignored.
+        fake.create("pods", make_pod("a", namespace="vision-train", gpus=2,
+                                     annotations={"gpuaware.io/tenant": "someone-else"}))
+        fake.create("pods", make_pod("b", namespace="other", gpus=1))
+        settings = FAST.model_copy(update={"queue_status_every_s": 0.1})
+        async with running(fake, settings) as live:
+            await wait_for(lambda: all(p["spec"].get("nodeName") for p in pods(fake).values()), what="placed")
+            assert live.cache.running["vision-train/a"].workload.tenant == "vision"
+            assert live.cache.running["other/b"].workload.tenant == "default"
+
+            def status():
+                (q,) = fake.objects("gpuqueues", group="gpuaware.io", version="v1alpha1")
+                return q.get("status") or {}
+
+            await wait_for(lambda: status().get("running") == 1, what="queue status")
+            assert status()["quotaUsed"] == [{"model": "A100", "gpus": 2.0}]
+            assert status()["borrowedGpus"] == 1.0  # 2 GPUs on a quota of 1
+            assert live.snapshot.gpus_used == {"vision": 2.0, "default": 1.0}
+
+
+async def test_hot_gpu_gets_a_power_cap_on_the_control_topic_and_it_is_lifted_when_cool():
+    now_ms = int(time.time() * 1000)
+    view = StateView()
+    view.learn(NodeState("n0", now_ms, None, None, [NodeGpu(f"GPU-hot-{g}", g, "H100", 81920, 0, HealthBand.HEALTHY)
+                                                    for g in range(2)], 2000, 0))
+
+    def state(g: int, temp: float) -> GpuState:
+        ts = int(time.time() * 1000)
+        return GpuState(f"GPU-hot-{g}", "n0", "H100", ts, ts, 90.0, 50.0, 1000.0, 81920, 600.0, temp, 90.0,
+                        HealthBand.HEALTHY, {}, [], None, None, 1)
+
+    view.learn(state(0, 91.0))
+    view.learn(state(1, 60.0))
+    sent: list = []
+
+    async def control(record) -> None:
+        sent.append(record)
+
+    with FakeApiServer() as fake:
+        fake.create("nodes", make_node("n0", gpus=2))
+        settings = FAST.model_copy(update={"throttle_every_s": 0.1})
+        async with running(fake, settings, view=view) as live:
+            live.control_publish = control
+            await wait_for(lambda: sent, what="power cap")
+            (cap,) = sent
+            assert (cap.target, cap.gpu_uuid, cap.kind.value) == ("n0", "GPU-hot-0", "POWER_CAP")
+            assert cap.power_cap_w == 420  # 70% of its 600 W draw
+            view.learn(state(0, 70.0))
+            await wait_for(lambda: len(sent) == 2, what="cap lifted")
+            assert sent[1].gpu_uuid == "GPU-hot-0" and sent[1].power_cap_w == 0
+            assert live.stats.decisions[("THROTTLE", "thermal")] == 1

@@ -257,6 +257,14 @@ class NvmlCollector:
         except pynvml.NVMLError as exc:
             raise RuntimeError(f"NVML refused power limit {watts} W on {d.uuid}: {exc}") from exc
 
+    def reset_power_limit(self, index: int) -> None:
+        d = self._devices[index]
+        try:
+            default_mw = pynvml.nvmlDeviceGetPowerManagementDefaultLimit(self.handles[index])
+            pynvml.nvmlDeviceSetPowerManagementLimit(self.handles[index], default_mw)
+        except pynvml.NVMLError as exc:
+            raise RuntimeError(f"NVML refused to restore the default power limit of {d.uuid}: {exc}") from exc
+
     def close(self) -> None:
         self._stop.set()
         self._xid_thread.join(timeout=3)

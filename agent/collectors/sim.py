@@ -370,5 +370,9 @@ class SimCollector:
         gpu.faults = [f for f in gpu.faults if f.kind != "power_cap"]
         gpu.faults.append(Fault(kind="power_cap", node=gpu.node, gpu=gpu.index, at_s=gpu.second + 1, cap_w=watts))
 
+    def reset_power_limit(self, index: int) -> None:
+        gpu = self._gpus[index]
+        gpu.faults = [f for f in gpu.faults if f.kind != "power_cap"]
+
     def close(self) -> None:
         pass

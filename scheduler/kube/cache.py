@@ -238,7 +238,17 @@ class ClusterCache:
             for ns in spec.get("namespaces") or []:
                 # First queue to claim a namespace keeps it; a later claim is a conflict, reported by the loop.
                 mapping.setdefault(ns, spec.get("tenant", DEFAULT_TENANT))
+        if mapping == self.tenants_by_namespace:
+            return
         self.tenants_by_namespace = mapping
+        # Queues may arrive after the pods: every workload's tenant is derived again.
+        for r in self.running.values():
+            pod = self.pods.get(r.workload.id)
+            if pod is not None:
+                r.workload.tenant = self.tenant_of(pod)
+        for key in list(self.pending):
+            del self.pending[key]
+            self._queue_if_ours(self.pods[key])
 
     def node_name(self, index: int) -> str:
         return self.cluster.names[index]

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
@@ -41,6 +42,7 @@ from scheduler.core.plugins.fgd import TaskTypes
 from scheduler.core.policies import profile
 from scheduler.core.preemption import Running
 from scheduler.core.queue import Tenant, TenantLedger, jain_index
+from scheduler.core.throttle import throttle_decisions
 from scheduler.core.workload import Workload
 from scheduler.feed import StateView
 from scheduler.kube import objects
@@ -49,7 +51,7 @@ from scheduler.kube.cache import ClusterCache, created_s
 from scheduler.kube.objects import PodWorkload
 from scheduler.metrics import PRIORITY_NAMES, QueueSnapshot, SchedulerStats
 from scheduler.settings import SchedulerSettings
-from stream.events import DecisionAction, GpuAssignment, HealthBand, SchedulerDecision
+from stream.events import AgentControl, ControlKind, DecisionAction, GpuAssignment, HealthBand, SchedulerDecision
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,12 @@ class LiveScheduler:
         self._pass_stats = PassStats()
         self._queues: dict[str, dict[str, Any]] = {}
         self._applied_view: tuple[int, int] | None = None
+        self._where: dict[str, tuple[int, int]] = {}
+        self._capped: dict[tuple[str, int], int] = {}  # (node, GPU index) -> cap in W we asked for
+        self._queue_status_sent: dict[str, dict[str, Any]] = {}
+        self._last_throttle = 0.0
+        self._last_queue_status = 0.0
+        self.control_publish: Any = None  # async callable(AgentControl) | None
         self._applied_at = 0.0
         # API calls block (the official client is synchronous): they get threads of their own,
         # enough for ``bind_workers`` binds plus evictions and events.
@@ -182,6 +190,8 @@ class LiveScheduler:
                     self._apply(self._inbox.get_nowait())
                 self.schedule_once()
                 last_pass = time.monotonic()
+            if self.leading.is_set():
+                self._periodic(time.time())
             self._snapshot()
 
     # ------------------------------------------------------------------ changes
@@ -339,6 +349,7 @@ class LiveScheduler:
                 for g in ns.gpus:
                     if g.index < c.max_gpus:
                         where[g.uuid] = (i, g.index)
+        self._where = where
         self.view.apply(c, where.get, int(now * 1000))
         self.cache.apply_cordons()  # a cordon stands whatever the stream says
         for gpu_uuid, state in self.view.gpus.items():
@@ -510,6 +521,85 @@ class LiveScheduler:
         if self.view is None or node not in self.view.nodes:
             return {}
         return {g.index: g.uuid for g in self.view.nodes[node].gpus}
+
+    # ------------------------------------------------------------------ throttling and queue status
+    def _periodic(self, now: float) -> None:
+        if now - self._last_throttle >= self.settings.throttle_every_s:
+            self._last_throttle = now
+            self._throttle()
+        if now - self._last_queue_status >= self.settings.queue_status_every_s and self._queues:
+            self._last_queue_status = now
+            self._spawn(self._write_queue_status())
+
+    def _throttle(self) -> None:
+        """Power caps from the core's throttle policy, sent to the agents on agent.control.v1."""
+        if self.view is None:
+            return
+        c = self.cache.cluster
+        power = np.zeros(c.gpu_free.shape)
+        for gpu_uuid, (i, g) in self._where.items():
+            state = self.view.gpus.get(gpu_uuid)
+            if state is not None:
+                power[i, g] = state.power_w
+        prio = np.full(c.gpu_free.shape, -1)
+        for r in self.cache.running.values():
+            for g in r.allocation.gpus:
+                prio[r.allocation.node, g] = max(prio[r.allocation.node, g], r.workload.priority)
+        budget = np.full(len(c), self.settings.node_power_budget_w or np.inf)
+        actions = throttle_decisions(power, c.temp, c.gpu_exists, budget, prio)
+        want = {(c.names[a.node], a.gpu): (max(1, int(a.cap_w)), a.reason) for a in actions}
+        uuid_of = {v: k for k, v in self._where.items()}
+        for (node, g), (cap, reason) in want.items():
+            if self._capped.get((node, g)) != cap:
+                self._capped[(node, g)] = cap
+                self._spawn(self._send_cap(node, g, uuid_of.get((c.index[node], g)), cap, reason))
+        for (node, g) in [k for k in self._capped if k not in want]:
+            del self._capped[(node, g)]
+            i = c.index.get(node)
+            self._spawn(self._send_cap(node, g, uuid_of.get((i, g)) if i is not None else None, 0,
+                                       "back within budget and temperature"))
+
+    async def _send_cap(self, node: str, gpu: int, gpu_uuid: str | None, cap_w: int, reason: str) -> None:
+        what = f"power cap {cap_w} W on GPU {gpu} of {node}" if cap_w else f"power cap lifted on GPU {gpu} of {node}"
+        self.stats.decisions[("THROTTLE", "thermal" if reason.startswith("thermal") else
+                              "power" if cap_w else "lifted")] += 1
+        await self.sink.record(Outcome(f"{node}/gpu{gpu}", DecisionAction.THROTTLE, node, [what, reason]), None)
+        if self.control_publish is None or gpu_uuid is None:
+            return
+        try:
+            await self.control_publish(AgentControl(uuid.uuid4().hex, int(time.time() * 1000), node,
+                                                    ControlKind.POWER_CAP, None, gpu_uuid, cap_w, self.settings.name))
+        except Exception as exc:  # the next round sends it again
+            self._capped.pop((node, gpu), None)
+            log.warning("could not send %s: %s", what, exc)
+
+    async def _write_queue_status(self) -> None:
+        """GPUQueue status: admitted, running and pending pods, GPUs used per model and borrowed."""
+        c = self.cache.cluster
+        for name, q in list(self._queues.items()):
+            tenant = (q.get("spec") or {}).get("tenant", "default")
+            quota = sum(float(e.get("gpus", 0)) for e in (q.get("spec") or {}).get("quota") or [])
+            running = [r for r in self.cache.running.values() if r.workload.tenant == tenant]
+            by_model: dict[str, float] = {}
+            for r in running:
+                model = str(c.models[r.allocation.node])
+                by_model[model] = by_model.get(model, 0.0) + sum(r.allocation.milli) / 1000
+            used = sum(by_model.values())
+            status = {
+                "admitted": len(running),  # placed: bound, or binding in flight
+                "running": sum(1 for r in running if r.workload.id not in self.cache.reservations),
+                "pending": sum(1 for pw in self.cache.pending.values() if pw.workload.tenant == tenant),
+                "borrowedGpus": round(max(0.0, used - quota), 3),
+                "quotaUsed": [{"model": m, "gpus": round(v, 3)} for m, v in sorted(by_model.items())],
+                "observedGeneration": q["metadata"].get("generation", 1),
+            }
+            if self._queue_status_sent.get(name) == status:
+                continue
+            try:
+                await self._call(self.api.patch_queue_status, name, status)
+                self._queue_status_sent[name] = status
+            except (ApiException, *TRANSPORT_ERRORS) as exc:
+                self.stats.api_errors[("patch-queue-status", getattr(exc, "status", 0) or 0)] += 1
 
     # ------------------------------------------------------------------ gauges
     def _snapshot(self) -> None:
