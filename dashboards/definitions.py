@@ -1,20 +1,26 @@
 """The dashboards: fleet, GPU health, forecasts and capacity, pipeline health.
 
 Queries use the dcgm-exporter names the agent exports (existing DCGM dashboards keep working)
-and the ``gpuaware_*`` metrics of the agent and the stream workers. The scheduler and tenants
-dashboard joins when the live scheduler exports its metrics (issue 6).
+and the ``gpuaware_*`` metrics of the agent, the stream workers and the scheduler. ``$cluster``
+matches the ``cluster`` label the PodMonitors set (deploy/base/monitoring); targets without it
+match the "All" value.
 """
 
 from __future__ import annotations
 
 from dashboards.model import Dashboard, Panel, Target, Variable
 
-GPU = 'Hostname=~"$node", modelName=~"$model"'
+GPU = 'cluster=~"$cluster", Hostname=~"$node", modelName=~"$model"'
+SCHED = 'cluster=~"$cluster"'
+TENANT = 'cluster=~"$cluster", tenant=~"$tenant"'
 
+CLUSTER = Variable("cluster", "label_values(up, cluster)", "Cluster")
 VARIABLES = [
+    CLUSTER,
     Variable("node", "label_values(DCGM_FI_DEV_GPU_UTIL, Hostname)", "Node"),
     Variable("model", "label_values(DCGM_FI_DEV_GPU_UTIL, modelName)", "GPU model"),
 ]
+SCHEDULER_VARIABLES = [CLUSTER, Variable("tenant", "label_values(gpuaware_scheduler_tenant_gpus, tenant)", "Tenant")]
 
 
 def fleet_overview() -> Dashboard:
@@ -132,4 +138,58 @@ def pipeline_health() -> Dashboard:
     ])
 
 
-DASHBOARDS = {d.uid: d for d in (fleet_overview(), gpu_health(), forecasts(), pipeline_health())}
+def scheduler_tenants() -> Dashboard:
+    wait = f"gpuaware_scheduler_queue_wait_seconds_bucket{{{TENANT}}}"
+    return Dashboard("gpuaware-scheduler", "gpuaware / Scheduler and tenants",
+                     "Queues, waits, quota use and fairness per tenant; what the scheduler decided and how fast.", [
+        Panel("Pending pods", [Target(f"sum(gpuaware_scheduler_pending_pods{{{TENANT}}})")], kind="stat", width=4,
+              thresholds=[(None, "green"), (10, "orange"), (100, "red")]),
+        Panel("Oldest pending pod", [Target(f"max(gpuaware_scheduler_oldest_pending_seconds{{{TENANT}}})")],
+              kind="stat", unit="s", width=4, thresholds=[(None, "green"), (300, "orange"), (1800, "red")]),
+        Panel("Jain's fairness index", [Target(f"min(gpuaware_scheduler_jain_fairness{{{SCHED}}})")], kind="stat",
+              width=4, min=0, max=1, thresholds=[(None, "red"), (0.8, "orange"), (0.95, "green")],
+              description="Over tenants' GPU use divided by their weights: 1 when every tenant gets its share."),
+        Panel("Allocated share of GPU capacity", [Target(
+            f"max(gpuaware_scheduler_allocated_gpu_ratio{{{SCHED}}})")], kind="stat", unit="percentunit", width=4,
+              min=0, max=1),
+        Panel("Scheduling leader", [Target(f"sum(gpuaware_scheduler_leader{{{SCHED}}})")], kind="stat", width=4,
+              thresholds=[(None, "red"), (1, "green"), (2, "red")],
+              description="Replicas holding the Lease: exactly 1 is healthy."),
+        Panel("Stale / cordoned GPUs", [
+            Target(f"max(gpuaware_scheduler_stale_gpus{{{SCHED}}})", "stale"),
+            Target(f"max(gpuaware_scheduler_cordoned_gpus{{{SCHED}}})", "cordoned")], kind="stat", width=4),
+        Panel("Queue depth by tenant and priority", [Target(
+            f"sum by (tenant, priority) (gpuaware_scheduler_pending_pods{{{TENANT}}})", "{{tenant}} {{priority}}")],
+              width=12),
+        Panel("Queue wait p95 by tenant and priority", [Target(
+            f"histogram_quantile(0.95, sum by (le, tenant, priority) (rate({wait}[5m])))",
+            "{{tenant}} {{priority}}")], unit="s", width=12),
+        Panel("Decisions per minute by action and reason", [Target(
+            f"sum by (action, reason) (rate(gpuaware_scheduler_decisions_total{{{SCHED}}}[5m])) * 60",
+            "{{action}} {{reason}}")], width=12,
+              description="PLACE, UNSCHEDULABLE, PREEMPT, MIGRATE, THROTTLE, CORDON, each with a reason class."),
+        Panel("Placements, preemptions, migrations, throttles per minute", [Target(
+            f"sum by (action) (rate(gpuaware_scheduler_decisions_total{{{SCHED}}}[5m])) * 60", "{{action}}")],
+              width=12),
+        Panel("GPUs used vs quota by tenant", [
+            Target(f"sum by (tenant) (gpuaware_scheduler_tenant_gpus{{{TENANT}}})", "{{tenant}} used"),
+            Target(f"sum by (tenant) (gpuaware_scheduler_tenant_quota_gpus{{{TENANT}}})", "{{tenant}} quota")],
+              width=12),
+        Panel("Borrowed GPUs by tenant", [Target(
+            f"sum by (tenant) (gpuaware_scheduler_tenant_borrowed_gpus{{{TENANT}}})", "{{tenant}}")], width=12,
+              description="Use beyond quota, out of other tenants' idle quota; reclaimed when an owner waits."),
+        Panel("Decision latency (p50, p99)", [
+            Target("histogram_quantile(0.5, sum by (le) (rate(gpuaware_scheduler_decision_latency_seconds_bucket"
+                   f"{{{SCHED}}}[5m])))", "p50"),
+            Target("histogram_quantile(0.99, sum by (le) (rate(gpuaware_scheduler_decision_latency_seconds_bucket"
+                   f"{{{SCHED}}}[5m])))", "p99")], unit="s", width=12),
+        Panel("Bind latency p99 and API errors/s", [
+            Target("histogram_quantile(0.99, sum by (le) (rate(gpuaware_scheduler_bind_latency_seconds_bucket"
+                   f"{{{SCHED}}}[5m])))", "bind p99 (s)"),
+            Target(f"sum(rate(gpuaware_scheduler_api_errors_total{{{SCHED}}}[5m])) or vector(0)", "API errors/s")],
+              width=12),
+    ], SCHEDULER_VARIABLES)
+
+
+DASHBOARDS = {d.uid: d for d in (fleet_overview(), gpu_health(), forecasts(), pipeline_health(),
+                                 scheduler_tenants())}

@@ -1,9 +1,14 @@
-"""A real Prometheus scraping a real agent and stream worker: every panel query returns data and a
-fault's alert fires (Debian package `prometheus`; skipped where it is not installed)."""
+"""A real Prometheus scraping a real agent, stream worker and scheduler: every panel query returns
+data and a fault's alert fires (Debian package `prometheus`; skipped where it is not installed).
+
+The scheduler runs as ``gpuaware scheduler`` against the fake API server (nodes named as the
+simulated agent's, so live GPU state applies), with two tenants' queues, pods it places, and pods
+nobody can place (so queue gauges have series)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -14,6 +19,7 @@ from dashboards.definitions import DASHBOARDS
 from gpuaware.local_prometheus import LocalPrometheus, available
 from gpuaware.processes import ChildProcess, free_port
 from gpuaware.stream_workers import StreamWorkerProcess, worker_env
+from scheduler.kube.fake_api import FakeApiServer, make_node, make_pod
 from stream import topics
 from stream.events import GpuInfo, GpuSample, TelemetryBatch, encode
 from stream.kafka_settings import KafkaSettings
@@ -50,7 +56,25 @@ def _history(node: str) -> list[tuple[str, bytes, bytes]]:
 
 
 def _query(prometheus: LocalPrometheus, expr: str) -> list:
-    return prometheus.query(expr.replace("$node", ".*").replace("$model", ".*").replace("$__range", "10m"))
+    for variable in ("$cluster", "$node", "$model", "$tenant"):  # what Grafana's "All" sends
+        expr = expr.replace(variable, ".*")
+    return prometheus.query(expr.replace("$__range", "10m"))
+
+
+def _cluster(fake: FakeApiServer, unique: str) -> None:
+    fake.create("nodes", make_node(f"live-{unique}-000", gpus=6))
+    fake.create("nodes", make_node(f"spare-{unique}", gpus=8, product="NVIDIA-A100-SXM4-80GB"))
+    for tenant, weight, quota in (("vision", 2, 4), ("speech", 1, 2)):
+        fake.create("gpuqueues", {"metadata": {"name": tenant}, "spec": {
+            "tenant": tenant, "namespaces": [tenant], "weight": weight, "quota": [{"model": "*", "gpus": quota}]}},
+            group="gpuaware.io", version="v1alpha1")
+    for i in range(4):
+        fake.create("pods", make_pod(f"train-{i}", namespace="vision", gpus=1))
+    fake.create("pods", make_pod("asr", namespace="speech", gpus=0, annotations={"gpuaware.io/gpu-milli": "500"}))
+    # Nobody has a B200: these wait, so the queue gauges have series.
+    fake.create("pods", make_pod("waiting", namespace="speech", gpus=1, annotations={"gpuaware.io/gpu-models": "B200"},
+                                 priority=200_000))
+    fake.create("pods", make_pod("waiting", namespace="vision", gpus=1, annotations={"gpuaware.io/gpu-models": "B200"}))
 
 
 def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaSettings, tmp_path: Path,
@@ -65,9 +89,18 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
                          tmp_path / "agent.log", worker_env(kafka_settings))
     stream = StreamWorkerProcess(kafka_settings, f"live-{unique}", tmp_path, "stream",
                                  cluster_forecast_interval_s=2, node_state_interval_s=1)
+    fake = FakeApiServer().start()
+    _cluster(fake, unique)
+    scheduler_port = free_port()
+    scheduler = ChildProcess("scheduler", [sys.executable, "-m", "gpuaware", "--log-level", "warning", "scheduler",
+                                           "--api-server", fake.url, "--metrics-port", str(scheduler_port),
+                                           "--extender-port", "0"],
+                             tmp_path / "scheduler.log", worker_env(kafka_settings))
     prometheus = LocalPrometheus(tmp_path / "prometheus",
-                                 {"gpuaware-agent": [agent_port], "gpuaware-stream": [stream.metrics_port]})
-    for child in (agent, stream, prometheus):
+                                 {"gpuaware-agent": [agent_port], "gpuaware-stream": [stream.metrics_port],
+                                  "gpuaware-scheduler": [scheduler_port]})
+    children = (agent, stream, scheduler, prometheus)
+    for child in children:
         child.start()
     try:
         queries = [(uid, q) for uid, d in DASHBOARDS.items() for q in d.queries()]
@@ -75,7 +108,7 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
         empty = queries
         while time.monotonic() < deadline:
             time.sleep(3)
-            for child in (agent, stream, prometheus):
+            for child in children:
                 assert child.running(), f"{child.name} exited:\n{child.log_tail()}"
             try:
                 empty = [(uid, q) for uid, q in queries if not _query(prometheus, q)]
@@ -89,6 +122,25 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
             firing = {a["labels"]["alertname"] for a in prometheus.alerts() if a["state"] == "firing"}
             time.sleep(1)
         assert {"GpuDoubleBitEcc", "GpuLost"} <= firing, firing
+        # The agent's failing GPUs reached the scheduler through the stream: cordoned, nothing left on them.
+        live_node = f"live-{unique}-000"
+
+        def cordoned() -> set[int]:
+            (node,) = [n for n in fake.objects("nodes") if n["metadata"]["name"] == live_node]
+            raw = (node["metadata"].get("annotations") or {}).get("gpuaware.io/cordoned-gpus", "")
+            return {int(g) for g in raw.split(",") if g}
+
+        while time.monotonic() < deadline and not {3, 4, 5} <= cordoned():
+            time.sleep(1)
+        assert {3, 4, 5} <= cordoned()
+        time.sleep(2)
+        pods = fake.objects("pods")
+        on_failed = [p["metadata"]["name"] for p in pods if p["spec"].get("nodeName") == live_node
+                     and {g["index"] for g in json.loads(p["metadata"]["annotations"]["gpuaware.io/gpus"])}
+                     & cordoned()]
+        assert not on_failed
+        assert not [p for p in pods if p["metadata"]["name"] == "waiting" and p["spec"].get("nodeName")]
     finally:
-        for child in (prometheus, stream, agent):
+        for child in (prometheus, scheduler, stream, agent):
             child.stop()
+        fake.stop()
