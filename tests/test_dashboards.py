@@ -19,6 +19,7 @@ from agent.exporter import AgentCollector, AgentStats
 from agent.sampling import SamplingPolicy
 from dashboards.build import rendered
 from dashboards.definitions import DASHBOARDS
+from scheduler.metrics import QueueSnapshot, SchedulerCollector, SchedulerStats
 from stream.events import ModelDemand
 from stream.gpu_state import GpuTracker
 from stream.metrics import StreamCollector, StreamStats
@@ -29,7 +30,7 @@ METRIC = re.compile(r"\b(DCGM_FI_[A-Z_]+|gpuaware_[a-z_]+|gpuaware:[a-z_:0-9]+|u
 
 
 def _exported_names() -> set[str]:
-    """Every sample name the agent and a stream worker expose, from their real collectors."""
+    """Every sample name the agent, a stream worker and the scheduler expose, from their real collectors."""
     scenario = load_scenario("xid")
     clock = [0.0]
     cluster = SimCluster(scenario, clock=lambda: clock[0], epoch=0.0)
@@ -50,6 +51,14 @@ def _exported_names() -> set[str]:
     for v in range(30):
         tracker._learn_minute(float(v), 100.0)
     registry.register(StreamCollector(stats, lambda: [tracker], lambda: {("gpu.telemetry.v1", 0): 3}))
+    sched = SchedulerStats()
+    sched.decisions[("PLACE", "fits")] += 1
+    sched.api_errors[("bind", 409)] += 1
+    sched.waited("vision", 2, 3.0)
+    snapshot = QueueSnapshot(pending={("vision", "high"): 1}, oldest_wait_s={("vision", "high"): 5.0},
+                             gpus_used={"vision": 2.0}, gpus_quota={"vision": 1.0}, gpus_borrowed={"vision": 1.0},
+                             jain=0.9)
+    registry.register(SchedulerCollector(sched, lambda: snapshot))
     text = generate_latest(registry).decode()
     return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
 
