@@ -1,7 +1,6 @@
 """`gpuaware up`: the local stack on one machine: broker, simulated nodes with their agents, stream
-workers, live view.
-
-The scheduler joins here as its issue lands; until then the summary says so.
+workers, the scheduler on the simulated nodes as a Kubernetes cluster (``stack_scheduler``), an
+optional local Prometheus, and the live view.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from agent.sampling import SamplingPolicy
 from gpuaware.local_prometheus import LocalPrometheus
 from gpuaware.localbroker import LocalBroker
 from gpuaware.processes import free_port
+from gpuaware.stack_scheduler import StackScheduler
 from gpuaware.stream_workers import StreamWorkerProcess
 from stream import topics
 from stream.events import ClusterForecast, DecodeError, GpuEvent, GpuState, HealthBand, decode
@@ -92,7 +92,26 @@ async def watch_derived(kafka: KafkaSettings, state: StackState, stop: asyncio.E
         await consumer.stop()
 
 
-def _view(runtime: AgentRuntime, state: StackState, bootstrap: str) -> Group:
+def _scheduler_tables(sched: StackScheduler) -> list[Table]:
+    live = sched.live
+    tenants = Table(title="scheduler: queues per tenant")
+    for col in ("tenant", "pending (high/medium/low)", "running pods", "GPUs used", "quota"):
+        tenants.add_column(col, justify="left" if col == "tenant" else "right")
+    snap = live.snapshot
+    running = Counter(r.workload.tenant for r in live.cache.running.values())
+    for t in sorted(set(snap.gpus_quota) | set(snap.gpus_used)):
+        pend = "/".join(str(snap.pending.get((t, p), 0)) for p in ("high", "medium", "low"))
+        tenants.add_row(t, pend, str(running.get(t, 0)), f"{snap.gpus_used.get(t, 0.0):.1f}",
+                        f"{snap.gpus_quota.get(t, 0.0):.0f}")
+    decisions = Table(title="scheduler: recent decisions")
+    for col in ("action", "pod / GPU", "node", "why"):
+        decisions.add_column(col)
+    for o in list(live.sink.recent)[-6:][::-1]:
+        decisions.add_row(o.action.value, o.key[-28:], o.node or "", "; ".join(o.reasons)[:70])
+    return [tenants, decisions]
+
+
+def _view(runtime: AgentRuntime, state: StackState, bootstrap: str, sched: StackScheduler | None = None) -> Group:
     by_model: dict[str, Counter[str]] = {}
     util: dict[str, list[float]] = {}
     for core in runtime.cores:
@@ -130,14 +149,16 @@ def _view(runtime: AgentRuntime, state: StackState, bootstrap: str) -> Group:
                         f"{d.demand_gpus:.1f} [{d.lower:.1f}, {d.upper:.1f}]" if d else "",
                         f"{d.capacity_gpus:.0f}" if d else "")
     alerts = ", ".join(sorted(state.firing)) or ("none" if state.prometheus else "no Prometheus")
+    placed = sum(n for (a, _), n in sched.live.stats.decisions.items() if a == "PLACE") if sched else 0
     totals = (f"samples published {runtime.samples_published}   events {runtime.events_published}   "
               f"spooled {runtime.spool.depth}   gpu states {state.state_records[topics.GPU_STATE]}   "
-              f"scheduler: not built yet\nalerts firing: {alerts}")
-    return Group(fleet, recent, derived, totals)
+              + (f"pods placed {placed}" if sched else "scheduler off") + f"\nalerts firing: {alerts}")
+    return Group(fleet, recent, derived, *(_scheduler_tables(sched) if sched else []), totals)
 
 
 async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float | None, live: bool,
-                    stop: asyncio.Event, stream_workers: int = 1, prometheus: bool = False) -> dict:
+                    stop: asyncio.Event, stream_workers: int = 1, prometheus: bool = False,
+                    scheduler: bool = True) -> dict:
     scenario = load_scenario(scenario_name)
     state = StackState()
     kafka = broker.kafka_settings(session_timeout_ms=2000)
@@ -146,15 +167,23 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
                    for i in range(stream_workers)]
         for w in workers:
             w.start()
-        cluster = SimCluster(scenario)
+        sched = StackScheduler(kafka, scenario, seed=scenario.seed) if scheduler else None
+        sched_stop = asyncio.Event()
+        sched_task = None
+        if sched is not None:
+            await sched.start()
+            sched_task = asyncio.create_task(sched.run(sched_stop))
+        cluster = SimCluster(scenario)  # the simulated clock starts now: fault times count from here
         runtime = AgentRuntime(cluster.collectors(), kafka, SamplingPolicy(), str(Path(workdir) / "spool"))
         runtime.event_listeners.append(state.on_event)
         prom = None
         if prometheus:
             agent_port = free_port()
             serve_metrics(runtime, "127.0.0.1", agent_port)
-            prom = LocalPrometheus(Path(workdir) / "prometheus", {
-                "gpuaware-agent": [agent_port], "gpuaware-stream": [w.metrics_port for w in workers]})
+            targets = {"gpuaware-agent": [agent_port], "gpuaware-stream": [w.metrics_port for w in workers]}
+            if sched is not None:
+                targets["gpuaware-scheduler"] = [sched.serve_metrics()]
+            prom = LocalPrometheus(Path(workdir) / "prometheus", targets)
             prom.start()
             state.prometheus = prom
         watching = asyncio.Event()
@@ -162,11 +191,11 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
         task = asyncio.create_task(runtime.run(stop, duration_s))
         try:
             if live:
-                with Live(_view(runtime, state, broker.bootstrap), refresh_per_second=2) as screen:
+                with Live(_view(runtime, state, broker.bootstrap, sched), refresh_per_second=2) as screen:
                     while not task.done():
                         await asyncio.sleep(1.0)
                         await asyncio.to_thread(state.refresh_alerts)
-                        screen.update(_view(runtime, state, broker.bootstrap))
+                        screen.update(_view(runtime, state, broker.bootstrap, sched))
             while not task.done():
                 if prom is not None:
                     await asyncio.to_thread(state.refresh_alerts)
@@ -176,6 +205,12 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
             if prom is not None:
                 state.refresh_alerts()
         finally:
+            sched_stop.set()
+            if sched_task is not None:
+                await sched_task
+            scheduler_summary = sched.summary() if sched is not None else None
+            if sched is not None:
+                await sched.stop()
             watching.set()
             await watcher
             if prom is not None:
@@ -194,7 +229,9 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
                  if band != HealthBand.HEALTHY.value and t - cluster.epoch >= f.at_s]
         faults.append({"kind": f.kind, "node": scenario.node_name(f.node), "gpu": f.gpu, "at_s": f.at_s,
                        "injected": f.at_s <= elapsed, "agent_reaction_s": round(min(reacted), 2) if reacted else None,
-                       "stream_reaction_s": round(min(moved), 2) if moved else None})
+                       "stream_reaction_s": round(min(moved), 2) if moved else None,
+                       "scheduler_reaction_s": sched.reaction_s(scenario.node_name(f.node), f.gpu,
+                                                                cluster.epoch + f.at_s) if sched else None})
     bands = Counter(("lost" if t.lost else t.health.band.value.lower()) for c in runtime.cores for t in c.tracks)
     return {
         "bootstrap": broker.bootstrap,
@@ -220,7 +257,8 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
             "workload_classes": dict(Counter(s.workload_class or "unknown" for s in state.gpu_states.values())),
             "demand_forecast": [vars(d) for d in state.forecast.models] if state.forecast else [],
         },
+        "scheduler": scheduler_summary,
         "prometheus": {"url": prom.url, "alerts_firing": sorted(state.firing)} if prom is not None else None,
         "components": {"broker": "running", "agents": "running", "stream": "running",
-                       "scheduler": "not built yet (issue 6)"},
+                       "scheduler": "running" if sched is not None else "off (--no-scheduler)"},
     }

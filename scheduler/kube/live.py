@@ -27,7 +27,7 @@ import functools
 import logging
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,6 +124,7 @@ class LiveScheduler:
         self._queues: dict[str, dict[str, Any]] = {}
         self._applied_view: tuple[int, int] | None = None
         self._where: dict[str, tuple[int, int]] = {}
+        self.band_changes: deque[tuple[float, str, int, int]] = deque(maxlen=10_000)  # (unix s, node, GPU, band)
         self._capped: dict[tuple[str, int], int] = {}  # (node, GPU index) -> cap in W we asked for
         self._queue_status_sent: dict[str, dict[str, Any]] = {}
         self._last_throttle = 0.0
@@ -350,8 +351,11 @@ class LiveScheduler:
                     if g.index < c.max_gpus:
                         where[g.uuid] = (i, g.index)
         self._where = where
+        before = c.band.copy()
         self.view.apply(c, where.get, int(now * 1000))
         self.cache.apply_cordons()  # a cordon stands whatever the stream says
+        for i, g in np.argwhere(c.band != before):
+            self.band_changes.append((now, c.names[int(i)], int(g), int(c.band[i, g])))
         for gpu_uuid, state in self.view.gpus.items():
             if state.health_band != HealthBand.CRITICAL or gpu_uuid not in where:
                 continue

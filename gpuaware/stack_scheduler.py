@@ -1,0 +1,288 @@
+"""The scheduler in `gpuaware up`: the simulated nodes as a Kubernetes cluster, openb pods, tenants.
+
+Production code, local parts: the scheduler is ``LiveScheduler`` (``gpuaware scheduler``'s loop)
+reading live GPU state from the broker; the cluster is the fake API server holding the scenario's
+nodes (each labelled with its first GPU's model: the simulator mixes models within a node, a real
+node does not); ``PodLoad`` plays users and controllers:
+
+- four tenants (``team-a``..``team-d``, weights 4:3:2:1, quotas proportional) own one namespace
+  each through their ``GPUQueue``;
+- pods sampled from the openb pod trace (seeded) arrive as a Poisson stream sized to ``load`` of
+  the cluster's GPUs; priority from the trace's QoS (LS high, Burstable/Guaranteed medium, BE
+  low, checkpointable); run time is the trace's lifetime / ``time_scale``, 20 s to 3 min;
+- a pod that ran its time completes (deleted); a pod that disappears before (evicted: preempted,
+  or moved off a failing GPU) is resubmitted, as its Job controller would.
+
+GPU utilisation in ``up`` comes from the replayed GenTD26 traces, not from these pods: the
+busy share of allocated GPUs measured here is the pipeline's figure, not the scheduler's merit
+(the simulator's dynamic experiment measures that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from aiokafka import AIOKafkaProducer
+from prometheus_client import CollectorRegistry, start_http_server
+
+from agent.collectors.sim import MODELS, Scenario
+from gpuaware.processes import free_port
+from scheduler.core.queue import jain_index
+from scheduler.feed import StateFeed, StateView
+from scheduler.kube.api import KubeApi, connect
+from scheduler.kube.fake_api import BY_PATH, FakeApiServer, make_node, make_pod
+from scheduler.kube.live import LiveScheduler
+from scheduler.metrics import PRIORITY_NAMES, SchedulerCollector
+from scheduler.settings import SchedulerSettings
+from scheduler.sim.openb import TracePod, load_pods
+from stream import topics
+from stream.events import AgentControl, SchedulerDecision, encode
+from stream.kafka_settings import KafkaSettings
+from stream.traces import traces_dir
+
+TENANTS = {"team-a": 4.0, "team-b": 3.0, "team-c": 2.0, "team-d": 1.0}
+QOS_PRIORITY = {"LS": 200_000, "Guaranteed": 5_000, "Burstable": 5_000, "BE": 0}
+PODS = BY_PATH[("", "v1", "pods")]
+
+
+@dataclass
+class Submitted:
+    name: str
+    namespace: str
+    tenant: str
+    priority: int
+    created: float  # time.monotonic()
+    run_s: float
+    spec: dict[str, Any]
+    bound: float | None = None
+    finished: float | None = None
+    done: bool = False
+    resubmits: int = 0
+
+
+@dataclass
+class PodLoad:
+    fake: FakeApiServer
+    gpus: int
+    seed: int = 0
+    load: float = 1.1
+    time_scale: float = 120.0
+    pods: list[TracePod] = field(default_factory=list)
+    submitted: dict[str, Submitted] = field(default_factory=dict)
+    completed: int = 0
+    resubmitted: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        if not self.pods:
+            self.pods = [p for p in load_pods(traces_dir() / "alibaba-openb" / "openb_pod_list_default.csv")
+                         if p.workload.num_gpu <= 8]
+        sample = [self._shape(self.rng.choice(self.pods))[1] for _ in range(500)]
+        mean_gpus = np.mean([g for g, _ in sample])
+        mean_run = np.mean([r for _, r in sample])
+        self.rate = self.load * self.gpus / max(mean_gpus * mean_run, 1e-6)
+
+    def _shape(self, pod: TracePod) -> tuple[TracePod, tuple[float, float]]:
+        w = pod.workload
+        lifetime = (pod.deletion_s - pod.creation_s) if pod.deletion_s else 600.0
+        run_s = float(np.clip(lifetime / self.time_scale, 20.0, 180.0))
+        return pod, (w.num_gpu * (w.gpu_milli / 1000 if w.num_gpu == 1 else 1.0), run_s)
+
+    def submit(self, seq: int) -> Submitted:
+        pod, (_, run_s) = self._shape(self.rng.choice(self.pods))
+        w = pod.workload
+        tenant = sorted(TENANTS)[zlib.crc32(w.id.encode()) % len(TENANTS)]
+        frac = w.num_gpu == 1 and w.gpu_milli < 1000
+        ann = {"gpuaware.io/duration-s": str(int(run_s))}
+        if frac:
+            ann["gpuaware.io/gpu-milli"] = str(w.gpu_milli)
+        priority = QOS_PRIORITY.get(w.qos, 0)
+        if priority == 0:
+            ann["gpuaware.io/checkpoint"] = "true"
+        spec = make_pod(f"job-{seq:05d}", namespace=tenant, gpus=0 if frac else w.num_gpu,
+                        cpu=f"{min(w.cpu_milli, 16000)}m", memory=f"{min(w.memory_mib, 65536)}Mi",
+                        annotations=ann, priority=priority)
+        return self._create(Submitted(spec["metadata"]["name"], tenant, tenant, priority, time.monotonic(), run_s,
+                                      spec))
+
+    def _create(self, s: Submitted) -> Submitted:
+        self.fake.create("pods", s.spec)
+        self.submitted[f"{s.namespace}/{s.name}"] = s
+        return s
+
+    def tick(self) -> None:
+        """Complete pods that ran their time; resubmit pods that vanished before (evicted)."""
+        live = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in
+                self.fake.store.list(PODS, None, None)[0]}
+        now = time.monotonic()
+        for key, s in list(self.submitted.items()):
+            if s.done:
+                continue
+            bound_at = self.fake.store.bound_at.get(key)
+            if bound_at is not None and s.bound is None:
+                s.bound = bound_at
+            if key not in live:
+                s.done = True  # evicted: a controller would create a replacement
+                spec = {**s.spec, "metadata": {**s.spec["metadata"], "name": f"{s.name}-r{s.resubmits + 1}"}}
+                again = Submitted(spec["metadata"]["name"], s.namespace, s.tenant, s.priority, now, s.run_s, spec,
+                                  resubmits=s.resubmits + 1)
+                self._create(again)
+                self.resubmitted += 1
+            elif s.bound is not None and now - s.bound >= s.run_s:
+                s.done = True
+                s.finished = now
+                self.fake.store.delete(PODS, s.namespace, s.name)
+                self.completed += 1
+
+    async def run(self, stop: asyncio.Event) -> None:
+        seq = 0
+        next_at = time.monotonic()
+        last_tick = 0.0
+        while not stop.is_set():
+            now = time.monotonic()
+            while next_at <= now:
+                self.submit(seq)
+                seq += 1
+                next_at += self.rng.expovariate(self.rate)
+            if now - last_tick >= 0.5:
+                self.tick()
+                last_tick = now
+            await asyncio.sleep(0.05)
+
+    def jain(self) -> float | None:
+        """As the simulator's dynamic experiment: per tenant, the mean share of a completed pod's time in
+        the system spent running (1 = never waited); Jain's index over tenants of that."""
+        per: dict[str, list[float]] = {}
+        for s in self.submitted.values():
+            if s.finished is not None:
+                per.setdefault(s.tenant, []).append(s.run_s / max(s.finished - s.created, s.run_s))
+        return jain_index([float(np.mean(v)) for v in per.values()])
+
+    def waits(self) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        for s in self.submitted.values():
+            if s.bound is not None:
+                level = 2 if s.priority >= 100_000 else 1 if s.priority >= 1_000 else 0
+                out.setdefault(PRIORITY_NAMES[level], []).append(s.bound - s.created)
+        return out
+
+
+def cluster_objects(scenario: Scenario) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    nodes = []
+    for n in range(scenario.nodes):
+        first = MODELS[scenario.models[(n * scenario.gpus_per_node) % len(scenario.models)]]
+        nodes.append(make_node(scenario.node_name(n), gpus=scenario.gpus_per_node,
+                               product=first.name.replace(" ", "-"), cpu="64", memory="512Gi"))
+    total = scenario.nodes * scenario.gpus_per_node
+    weights = sum(TENANTS.values())
+    queues = [{"metadata": {"name": t}, "spec": {"tenant": t, "namespaces": [t], "weight": w,
+                                                 "quota": [{"model": "*", "gpus": round(total * w / weights, 1)}]}}
+              for t, w in TENANTS.items()]
+    return nodes, queues
+
+
+@dataclass
+class StackScheduler:
+    """The scheduler side of `up`: fake cluster, load, LiveScheduler with its state feed and decision log."""
+
+    kafka: KafkaSettings
+    scenario: Scenario
+    seed: int = 0
+    fake: FakeApiServer = field(default_factory=FakeApiServer)
+    busy: list[float] = field(default_factory=list)
+    allocated: list[float] = field(default_factory=list)
+    jain: list[float] = field(default_factory=list)
+
+    async def start(self) -> None:
+        self.fake.start()
+        nodes, queues = cluster_objects(self.scenario)
+        for n in nodes:
+            self.fake.create("nodes", n)
+        for q in queues:
+            self.fake.create("gpuqueues", q, group="gpuaware.io", version="v1alpha1")
+        self.view = StateView()
+        self.feed = StateFeed(self.kafka, self.view)
+        await self.feed.start()
+        self.producer = AIOKafkaProducer(**self.kafka.producer_kwargs())
+        await self.producer.start()
+        self.live = LiveScheduler(KubeApi(connect(self.fake.url)), SchedulerSettings(throttle_every_s=10),
+                                  self.view)
+
+        async def publish(record: SchedulerDecision) -> None:
+            await self.producer.send(topics.DECISIONS, encode(record), key=record.key())
+
+        async def control(record: AgentControl) -> None:
+            await self.producer.send(topics.CONTROL, encode(record), key=record.key())
+
+        self.live.sink.publish = publish
+        self.live.control_publish = control
+        await self.live.start()
+        await self.feed.catch_up()
+        self.live.leading.set()
+        self.load = PodLoad(self.fake, self.scenario.nodes * self.scenario.gpus_per_node, self.seed)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        tasks = [asyncio.create_task(self.live.run(stop), name="scheduler"),
+                 asyncio.create_task(self.load.run(stop), name="pod-load"),
+                 asyncio.create_task(self._measure(stop), name="scheduler-figures")]
+        await asyncio.gather(*tasks)
+
+    async def _measure(self, stop: asyncio.Event) -> None:
+        """Once a second: utilisation of the allocated GPUs (live state), and fairness."""
+        while not stop.is_set():
+            c = self.live.cache.cluster
+            busy = alloc = 0.0
+            for r in self.live.cache.running.values():
+                for g, m in zip(r.allocation.gpus, r.allocation.milli, strict=True):
+                    busy += float(c.util[r.allocation.node, g]) / 100 * m / 1000
+                    alloc += m / 1000
+            if alloc:
+                self.busy.append(busy)
+                self.allocated.append(alloc)
+            if self.live.snapshot.jain is not None:
+                self.jain.append(self.live.snapshot.jain)
+            await asyncio.sleep(1.0)
+
+    def serve_metrics(self) -> int:
+        """The scheduler's /metrics on a free port (for the local Prometheus); returns the port."""
+        registry = CollectorRegistry()
+        registry.register(SchedulerCollector(self.live.stats, lambda: self.live.snapshot))
+        port = free_port()
+        start_http_server(port, addr="127.0.0.1", registry=registry)
+        return port
+
+    async def stop(self) -> None:
+        await self.live.stop()
+        await self.feed.stop()
+        await self.producer.stop()
+        self.fake.stop()
+
+    def reaction_s(self, node: str, gpu: int, injected_unix: float) -> float | None:
+        """From a fault's injection to the scheduler's model taking the GPU out of healthy service."""
+        after = [t - injected_unix for t, n, g, band in self.live.band_changes
+                 if n == node and g == gpu and band > 0 and t >= injected_unix]
+        return round(min(after), 2) if after else None
+
+    def summary(self) -> dict[str, Any]:
+        d = self.live.stats.decisions
+        count = lambda action: sum(n for (a, _), n in d.items() if a == action)  # noqa: E731
+        waits = self.load.waits()
+        return {
+            "pods_submitted": len(self.load.submitted), "pods_completed": self.load.completed,
+            "pods_resubmitted_after_eviction": self.load.resubmitted,
+            "placements": count("PLACE"), "migrations": count("MIGRATE"), "preemptions": count("PREEMPT"),
+            "throttles": count("THROTTLE"), "cordons": count("CORDON"),
+            "pending_at_end": len(self.live.cache.pending),
+            "queue_wait_mean_s": {p: round(float(np.mean(v)), 2) for p, v in sorted(waits.items())},
+            "queue_wait_p95_s": {p: round(float(np.percentile(v, 95)), 2) for p, v in sorted(waits.items())},
+            "busy_share_of_allocated": round(sum(self.busy) / sum(self.allocated), 3) if self.allocated else None,
+            "jain_fairness": round(j, 4) if (j := self.load.jain()) is not None else None,
+            "weighted_share_jain_mean": round(float(np.mean(self.jain)), 4) if self.jain else None,
+            "api_errors": {f"{v}:{c}": n for (v, c), n in self.live.stats.api_errors.items()},
+        }
