@@ -118,6 +118,12 @@ def test_up_runs_the_simulated_cluster_and_every_fault_gets_a_reaction(tmp_path)
     assert stream["records"].get("gpu.state.v1", 0) > 0 and stream["gpus_with_state"] >= 7
     dbe = summary["faults"][1]
     assert dbe["stream_reaction_s"] is not None
+    # The scheduler placed openb pods on the simulated nodes and took the failing GPUs out of service.
+    assert summary["components"]["scheduler"] == "running"
+    sched = summary["scheduler"]
+    assert sched["placements"] > 0 and sched["pods_submitted"] >= sched["placements"] - sched["migrations"]
+    assert all(f["scheduler_reaction_s"] is not None for f in summary["faults"]), summary["faults"]
+    assert sched["cordons"] >= 1
     from gpuaware.local_prometheus import available
 
     if available():  # the local Prometheus evaluated the rules on the agent's metrics: the lost GPU pages
