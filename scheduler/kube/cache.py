@@ -37,6 +37,13 @@ def created_s(obj: dict[str, Any]) -> float:
     return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
+def _spec_or_none(node: dict[str, Any]):
+    try:
+        return objects.node_spec(node)
+    except PodSpecError:
+        return None
+
+
 @dataclass
 class Rejected:
     pod: dict[str, Any]
@@ -78,7 +85,7 @@ class ClusterCache:
             self.cordoned[name] = gpus
         else:
             self.cordoned.pop(name, None)
-        if old is None or objects.node_spec(old) != objects.node_spec(node) or \
+        if old is None or _spec_or_none(old) != _spec_or_none(node) or \
                 objects.schedulable(old) != objects.schedulable(node):
             self.rebuild()
         elif objects.cordoned_gpus(old) != objects.cordoned_gpus(node):
@@ -86,7 +93,12 @@ class ClusterCache:
 
     def rebuild(self) -> None:
         """Arrays from the nodes, then every bound pod's allocation again."""
-        specs = [objects.node_spec(n) for name, n in sorted(self.nodes.items())]
+        specs = []
+        for name, n in sorted(self.nodes.items()):
+            try:
+                specs.append(objects.node_spec(n))
+            except PodSpecError as exc:  # the API validates quantities; this is defence, not a path
+                log.warning("node %s left out: %s", name, exc)
         self.cluster = ClusterState(specs)
         # Nothing new lands on a cordoned or NotReady node; what runs there stays accounted.
         self.node_mask = np.array([objects.schedulable(self.nodes[name]) for name in self.cluster.names], dtype=bool)
@@ -172,7 +184,11 @@ class ClusterCache:
             return objects.workload_of(pod, self.tenant_of(pod), created_s(pod)).workload
         except PodSpecError:
             # A bound pod still holds what it asked for; unreadable gpuaware annotations count as plain GPUs.
-            return Workload(objects.key(pod), num_gpu=objects.gpu_request(pod), tenant=self.tenant_of(pod))
+            try:
+                gpus = objects.gpu_request(pod)
+            except PodSpecError:
+                gpus = 0
+            return Workload(objects.key(pod), num_gpu=gpus, tenant=self.tenant_of(pod))
 
     def _account(self, pod: dict[str, Any]) -> None:
         """Charge a bound pod's resources to its node."""

@@ -20,6 +20,7 @@ What the scheduler writes on a pod: ``gpuaware.io/gpus`` (JSON list of ``{"index
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,27 +53,40 @@ def key(obj: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta['name']}"
 
 
-def quantity_milli(value: str | int | float) -> int:
-    """A Kubernetes quantity in thousandths (cpu: millicores)."""
-    s = str(value)
-    if s.endswith("m"):
-        return int(float(s[:-1]))
-    return round(float(s) * 1000)
+QUANTITY = re.compile(r"^\+?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[mkMGTPE])?$")
+_SUFFIX = {"m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
-_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+def quantity(value: str | int | float, what: str = "quantity") -> float:
+    """A non-negative Kubernetes quantity ("500m", "2Gi", "1.5", "1e3") as a number of base units."""
+    raw = str(value).strip()
+    m = QUANTITY.match(raw)
+    if not m:
+        raise PodSpecError(f"{what}: {value!r} is not a Kubernetes quantity")
+    number, suffix = m.group(1), m.group(3) or ""
+    result = float(number + suffix) if suffix[:1] in ("e", "E") else float(number) * _SUFFIX[suffix]
+    if not result < 1e21:  # beyond any machine (and catches inf)
+        raise PodSpecError(f"{what}: {value!r} is out of range")
+    return result
 
 
-def quantity_mib(value: str | int | float) -> int:
+def quantity_milli(value: str | int | float, what: str = "cpu") -> int:
+    """A quantity in thousandths (cpu: millicores)."""
+    return round(quantity(value, what) * 1000)
+
+
+def quantity_mib(value: str | int | float, what: str = "memory") -> int:
     """A memory quantity in MiB (rounded down)."""
-    s = str(value)
-    for suffix, mult in (*_BINARY.items(), *_DECIMAL.items()):
-        if s.endswith(suffix):
-            return int(float(s[: -len(suffix)]) * mult // 2**20)
-    if s.endswith("m"):  # milli-bytes: legal, silly
-        return int(float(s[:-1]) / 1000 // 2**20)
-    return int(float(s) // 2**20)
+    return int(quantity(value, what) // 2**20)
+
+
+def whole(value: str | int | float, what: str) -> int:
+    """An extended resource count: a whole, non-negative number."""
+    q = quantity(value, what)
+    if q != int(q):
+        raise PodSpecError(f"{what}: {value!r} is not a whole number")
+    return int(q)
 
 
 def short_model(product: str) -> str:
@@ -88,12 +102,13 @@ def node_spec(node: Mapping[str, Any]) -> NodeSpec:
     meta, status = node["metadata"], node.get("status", {})
     alloc = status.get("allocatable") or status.get("capacity") or {}
     labels = meta.get("labels") or {}
-    gpus = int(alloc.get(GPU_RESOURCE, 0) or 0)
+    gpus = whole(alloc.get(GPU_RESOURCE, 0) or 0, f"node {meta['name']} allocatable {GPU_RESOURCE}")
     model = short_model(labels.get(LABEL_PRODUCT, "unknown")) if gpus else "none"
     mem = labels.get(LABEL_GPU_MEMORY)
     spec = spec_of(model)
     gpu_mem = int(mem) if mem and mem.isdigit() else int(spec.memory_gib * 1024) if spec else 0
-    return NodeSpec(meta["name"], quantity_milli(alloc.get("cpu", "0")), quantity_mib(alloc.get("memory", "0")),
+    return NodeSpec(meta["name"], quantity_milli(alloc.get("cpu", "0"), f"node {meta['name']} allocatable cpu"),
+                    quantity_mib(alloc.get("memory", "0"), f"node {meta['name']} allocatable memory"),
                     gpus, model, gpu_mem)
 
 
@@ -150,7 +165,7 @@ def gpu_request(pod: Mapping[str, Any]) -> int:
     for c in pod.get("spec", {}).get("containers", []):
         res = c.get("resources") or {}
         raw = (res.get("limits") or {}).get(GPU_RESOURCE) or (res.get("requests") or {}).get(GPU_RESOURCE)
-        total += int(raw or 0)
+        total += whole(raw or 0, f"container {c.get('name')} {GPU_RESOURCE}")
     return total
 
 
@@ -162,10 +177,11 @@ def _requests(pod: Mapping[str, Any]) -> tuple[int, int]:
         res = c.get("resources") or {}
         return (res.get("requests") or {}).get(name) or (res.get("limits") or {}).get(name) or "0"
 
-    cpu = sum(quantity_milli(req(c, "cpu")) for c in spec.get("containers", []))
-    mem = sum(quantity_mib(req(c, "memory")) for c in spec.get("containers", []))
+    cpu = sum(quantity_milli(req(c, "cpu"), f"container {c.get('name')} cpu") for c in spec.get("containers", []))
+    mem = sum(quantity_mib(req(c, "memory"), f"container {c.get('name')} memory") for c in spec.get("containers", []))
     for c in spec.get("initContainers", []):
-        cpu, mem = max(cpu, quantity_milli(req(c, "cpu"))), max(mem, quantity_mib(req(c, "memory")))
+        cpu = max(cpu, quantity_milli(req(c, "cpu"), f"init container {c.get('name')} cpu"))
+        mem = max(mem, quantity_mib(req(c, "memory"), f"init container {c.get('name')} memory"))
     return cpu, mem
 
 
