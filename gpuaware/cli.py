@@ -21,7 +21,6 @@ from stream import observability
 
 log = logging.getLogger("gpuaware")
 
-NOT_BUILT_EXIT = 3
 
 
 class Context:
@@ -559,31 +558,38 @@ def bench_scheduler_cmd(obj: Context, node_csv: str, pod_csv: str, burst: int, r
     click.echo(json.dumps(result, indent=2) if as_json else "\n".join(f"{k:28} {v}" for k, v in result.items()))
 
 
-# --------------------------------------------------------------------------- parts built by later issues
+@bench.command("pipeline")
+@click.option("--sizes", default="64,256,1024,4096", show_default=True, help="Fleet sizes in GPUs, comma-separated.")
+@click.option("--seconds", type=float, default=30.0, show_default=True, help="Measured time per size.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.pass_obj
+def bench_pipeline_cmd(obj: Context, sizes: str, seconds: float, as_json: bool) -> None:
+    """The whole pipeline (agents, a stream worker, the scheduler) at rising fleet sizes on this machine.
 
-_LATER: dict[str, tuple[str, int]] = {}
+    Per size: samples/s, p99 sample-to-state latency, the stream's max consumer lag and whether it
+    grows, the scheduler's p99 cycle time, CPU and memory of each process; and the largest fleet
+    sustained without growing lag. Progress on stderr, figures on stdout.
+    """
+    from gpuaware.pipeline_bench import run_pipeline_bench
 
-
-def _not_built(name: str, help_text: str, issue: int, parent: str = "") -> click.Command:
-    full = f"gpuaware {parent + ' ' if parent else ''}{name}"
-
-    @click.pass_context
-    def run(ctx: click.Context, **_: Any) -> None:
-        click.echo(f"{full}: not built yet (tracked in issue {issue}).", err=True)
-        ctx.exit(NOT_BUILT_EXIT)
-
-    return click.Command(
-        name, callback=run, help=help_text + f"\n\nNot built yet: tracked in issue {issue}.",
-        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-    )
-
-
-for _name, (_help, _issue) in _LATER.items():
-    cli.add_command(_not_built(_name, _help, _issue))
-for _name, _help, _issue in (
-    ("pipeline", "The whole pipeline at rising fleet sizes.", 9),
-):
-    bench.add_command(_not_built(_name, _help, _issue, parent="bench"))
+    try:
+        fleet = [int(x) for x in sizes.split(",") if x.strip()]
+        if not fleet or min(fleet) < 8:
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter(f"{sizes!r}: give GPU counts of 8 or more like 64,256", param_hint="--sizes") from None
+    cfg = obj.config()
+    observability.setup("bench", log_level="warning")
+    progress = lambda m: click.echo(f"bench pipeline: {m}", err=True)  # noqa: E731
+    if obj.flag_overrides.get("kafka.bootstrap_servers") or "GPUAWARE_KAFKA__BOOTSTRAP_SERVERS" in os.environ:
+        result = run_pipeline_bench(cfg.kafka, fleet, seconds, None, progress=progress)
+    else:
+        with LocalBroker(cfg.broker.model_copy(update={"port": 0})) as local:
+            result = run_pipeline_bench(local.kafka_settings(session_timeout_ms=2000), fleet, seconds, local.pid,
+                                        progress=progress)
+    click.echo(json.dumps(result, indent=2) if as_json else
+               "\n".join(json.dumps(r) for r in result["results"])
+               + f"\nlargest sustained: {result['largest_sustained_gpus']} GPUs")
 
 
 def main() -> None:

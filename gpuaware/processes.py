@@ -121,3 +121,29 @@ class ChildProcess:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.proc.wait(5)
         return self.proc.returncode
+
+
+def _proc_status(pid: int | None, key: str) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return float("nan")
+
+
+def peak_rss_mib(pid: int | None) -> float:
+    """Peak resident memory of a process (Linux /proc), NaN when unknown."""
+    return _proc_status(pid, "VmHWM") / 1024
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a process (Linux /proc), NaN when unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return float("nan")

@@ -30,6 +30,7 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
+from gpuaware.processes import cpu_seconds, peak_rss_mib
 from gpuaware.stream_workers import StreamWorkerProcess
 from stream import topics
 from stream.events import GpuInfo, GpuSample, TelemetryBatch, decode, encode
@@ -151,8 +152,8 @@ async def run_phase(kafka: KafkaSettings, workdir: Path, workers: int, gpus: int
         first, last = await _wait_applied(procs, total, timeout_s=600)
         rate_backlog = total / max(last - first, 1e-3)
         latencies = await _latency(kafka, fleet, rate, latency_s, producer)
-        cpu = [_cpu_seconds(p.pid) for p in procs]
-        rss = [_rss_mib(p.pid) for p in procs]
+        cpu = [cpu_seconds(p.pid) for p in procs]
+        rss = [peak_rss_mib(p.pid) for p in procs]
         lat = np.array(latencies) if latencies else np.array([np.nan])
         return {
             "workers": workers,
@@ -174,30 +175,6 @@ async def run_phase(kafka: KafkaSettings, workdir: Path, workers: int, gpus: int
         await producer.stop()
         for p in procs:
             p.stop()
-
-
-def _proc_status(pid: int | None, key: str) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return float(line.split()[1])
-    except OSError:
-        pass
-    return float("nan")
-
-
-def _rss_mib(pid: int | None) -> float:
-    return _proc_status(pid, "VmHWM") / 1024
-
-
-def _cpu_seconds(pid: int | None) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except OSError:
-        return float("nan")
 
 
 def run_bench(kafka: KafkaSettings, worker_counts: list[int], gpus: int, samples_per_batch: int, backlog: int,

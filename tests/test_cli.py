@@ -160,12 +160,6 @@ def test_every_subcommand_has_help(command):
     assert result.returncode == 0 and "Usage: gpuaware" in result.stdout
 
 
-def test_parts_not_built_yet_say_so_and_fail():
-    result = run("bench", "pipeline", "--json")
-    assert result.returncode == 3
-    assert "not built yet" in result.stderr
-
-
 def test_scheduler_process_binds_pods_serves_metrics_and_stops_on_sigterm():
     import signal
     import socket
