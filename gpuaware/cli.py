@@ -415,13 +415,25 @@ def bench_agent_cmd(obj: Context, seconds: float, gpus: int, as_json: bool) -> N
 
 
 @contextmanager
-def _bench_kafka(obj: Context, cfg: GpuawareConfig) -> Iterator[Any]:
-    """The broker named by --bootstrap-servers/GPUAWARE_KAFKA__BOOTSTRAP_SERVERS, else a fresh embedded one."""
+def _bench_kafka(obj: Context, cfg: GpuawareConfig) -> Iterator[tuple[Any, int | None]]:
+    """(settings, broker pid or None): the broker named by --bootstrap-servers/GPUAWARE_KAFKA__BOOTSTRAP_SERVERS,
+    else a fresh embedded one."""
     if obj.flag_overrides.get("kafka.bootstrap_servers") or "GPUAWARE_KAFKA__BOOTSTRAP_SERVERS" in os.environ:
-        yield cfg.kafka
+        yield cfg.kafka, None
     else:
         with LocalBroker(cfg.broker.model_copy(update={"port": 0})) as local:
-            yield local.kafka_settings(session_timeout_ms=2000)
+            yield local.kafka_settings(session_timeout_ms=2000), local.pid
+
+
+def _int_list(text: str, minimum: int, param_hint: str, example: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+        if not values or min(values) < minimum:
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give numbers of {minimum} or more like {example}",
+                                 param_hint=param_hint) from None
+    return values
 
 
 @bench.command("stream")
@@ -446,15 +458,10 @@ def bench_stream_cmd(obj: Context, worker_counts: str, gpus: int, samples_per_ba
     """
     from gpuaware.stream_bench import run_bench
 
-    try:
-        counts = [int(x) for x in worker_counts.split(",") if x.strip()]
-        if not counts or min(counts) < 1:
-            raise ValueError
-    except ValueError:
-        raise click.BadParameter(f"{worker_counts!r}: give worker counts like 1,2", param_hint="--workers") from None
+    counts = _int_list(worker_counts, 1, "--workers", "1,2")
     cfg = obj.config()
     observability.setup("bench", log_level="warning")
-    with _bench_kafka(obj, cfg) as kafka:
+    with _bench_kafka(obj, cfg) as (kafka, _):
         result = run_bench(kafka, counts, gpus, samples_per_batch, backlog, rate, latency_seconds,
                            progress=lambda m: click.echo(f"bench stream: {m}", err=True))
     click.echo(json.dumps(result, indent=2) if as_json else json.dumps(result))
@@ -552,7 +559,7 @@ def bench_scheduler_cmd(obj: Context, node_csv: str, pod_csv: str, burst: int, r
             raise click.BadParameter(f"{path}: no such file (the openb traces live in ../shared/traces)")
     cfg = obj.config()
     observability.setup("bench", log_level="warning")
-    with _bench_kafka(obj, cfg) as kafka:
+    with _bench_kafka(obj, cfg) as (kafka, _):
         result = run_bench(kafka, node_csv, pod_csv, burst, rate, seconds, seed,
                            progress=lambda m: click.echo(f"bench scheduler: {m}", err=True))
     click.echo(json.dumps(result, indent=2) if as_json else "\n".join(f"{k:28} {v}" for k, v in result.items()))
@@ -572,21 +579,12 @@ def bench_pipeline_cmd(obj: Context, sizes: str, seconds: float, as_json: bool) 
     """
     from gpuaware.pipeline_bench import run_pipeline_bench
 
-    try:
-        fleet = [int(x) for x in sizes.split(",") if x.strip()]
-        if not fleet or min(fleet) < 8:
-            raise ValueError
-    except ValueError:
-        raise click.BadParameter(f"{sizes!r}: give GPU counts of 8 or more like 64,256", param_hint="--sizes") from None
+    fleet = _int_list(sizes, 8, "--sizes", "64,256")
     cfg = obj.config()
     observability.setup("bench", log_level="warning")
-    progress = lambda m: click.echo(f"bench pipeline: {m}", err=True)  # noqa: E731
-    if obj.flag_overrides.get("kafka.bootstrap_servers") or "GPUAWARE_KAFKA__BOOTSTRAP_SERVERS" in os.environ:
-        result = run_pipeline_bench(cfg.kafka, fleet, seconds, None, progress=progress)
-    else:
-        with LocalBroker(cfg.broker.model_copy(update={"port": 0})) as local:
-            result = run_pipeline_bench(local.kafka_settings(session_timeout_ms=2000), fleet, seconds, local.pid,
-                                        progress=progress)
+    with _bench_kafka(obj, cfg) as (kafka, broker_pid):
+        result = run_pipeline_bench(kafka, fleet, seconds, broker_pid,
+                                    progress=lambda m: click.echo(f"bench pipeline: {m}", err=True))
     click.echo(json.dumps(result, indent=2) if as_json else
                "\n".join(json.dumps(r) for r in result["results"])
                + f"\nlargest sustained: {result['largest_sustained_gpus']} GPUs")

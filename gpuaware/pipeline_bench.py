@@ -4,8 +4,10 @@ Per size (``gpus`` simulated GPUs, 8 per node, replaying GenTD26 with adaptive s
 ``seconds`` after a warm-up, on the broker named or a fresh embedded one:
 - the agents (this process) publish telemetry; ``samples_per_s`` is what they published;
 - one stream worker (its own process) turns it into ``gpu.state.v1``; ``p99_sample_to_state_s`` is
-  from a sample's timestamp to the arrival of the state carrying it (so it includes the agents'
-  5 s telemetry batching window), ``max_lag`` the worker's highest consumer lag seen, and
+  from a sample's timestamp to the arrival of the first state carrying it (so it includes the
+  agents' 5 s telemetry batching window and the stream's 1 s minimum publish interval; a sample
+  that changes nothing is published only with the 30 s heartbeat, with a newer sample, and is not
+  counted), ``max_lag`` the worker's highest consumer lag seen, and
   ``lag_growing`` whether the lag at the end is well above the lag at the start;
 - the scheduler (this process, as in ``gpuaware up``) places openb pods on the fleet from that
   state; ``scheduler_p99_ms`` is one scheduling cycle's p99;
@@ -53,8 +55,11 @@ def _lag(worker: StreamWorkerProcess) -> float | None:
 
 
 async def _watch_states(kafka: KafkaSettings, prefix: str, latencies: list[float], stop: asyncio.Event) -> None:
+    """Sample-to-state latency of every state that carries a new sample (heartbeat republishes of an
+    unchanged GPU repeat their sample's time and are not counted)."""
     consumer = AIOKafkaConsumer(topics.GPU_STATE, **kafka.consumer_kwargs(None, from_beginning=False))
     await consumer.start()
+    newest: dict[str, int] = {}
     try:
         while not stop.is_set():
             for msgs in (await consumer.getmany(timeout_ms=200)).values():
@@ -64,8 +69,11 @@ async def _watch_states(kafka: KafkaSettings, prefix: str, latencies: list[float
                         s = decode(m.value)
                     except DecodeError:
                         continue
-                    if isinstance(s, GpuState) and s.node.startswith(prefix):
-                        latencies.append(now - s.sample_ts_ms / 1000)
+                    if isinstance(s, GpuState) and s.node.startswith(prefix) and \
+                            s.sample_ts_ms > newest.get(s.gpu_uuid, 0):
+                        if s.gpu_uuid in newest:  # the first state seen may be an old one
+                            latencies.append(now - s.sample_ts_ms / 1000)
+                        newest[s.gpu_uuid] = s.sample_ts_ms
     finally:
         await consumer.stop()
 
