@@ -8,7 +8,7 @@ match the "All" value.
 
 from __future__ import annotations
 
-from dashboards.model import Dashboard, Panel, Target, Variable
+from dashboards.model import Annotation, Dashboard, Panel, Target, Variable
 
 GPU = 'cluster=~"$cluster", Hostname=~"$node", modelName=~"$model"'
 SCHED = 'cluster=~"$cluster"'
@@ -34,6 +34,10 @@ def fleet_overview() -> Dashboard:
             f"count((DCGM_FI_DEV_GPU_UTIL{{{GPU}}} < 5) and (DCGM_FI_DEV_FB_USED{{{GPU}}} > 1024))")],
               kind="stat", width=4, description="Busy under 5% with more than 1 GiB allocated: reclaim candidates.",
               thresholds=[(None, "green"), (1, "orange"), (10, "red")]),
+        Panel("GPU busy share of allocated time", [Target(
+            f"avg(gpuaware_scheduler_allocated_busy_ratio{{{SCHED}}})")], kind="stat", unit="percentunit", width=4,
+              min=0, max=1, thresholds=[(None, "red"), (0.4, "orange"), (0.7, "green")],
+              description="Utilisation of the GPUs the scheduler has allocated, weighted by the share allocated."),
         Panel("Power draw", [Target(f"sum(DCGM_FI_DEV_POWER_USAGE{{{GPU}}})")], kind="stat", unit="watt", width=4),
         Panel("Energy in the range", [Target(
             f"sum(increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{GPU}}}[$__range])) / 3.6e9")],
@@ -80,7 +84,9 @@ def gpu_health() -> Dashboard:
         Panel("Temperature, hottest 10", [Target(f"topk(10, DCGM_FI_DEV_GPU_TEMP{{{GPU}}})",
                                                  "{{Hostname}}/{{gpu}}")], unit="celsius",
               thresholds=[(None, "green"), (80, "orange"), (87, "red")]),
-    ], VARIABLES)
+    ], VARIABLES, annotations=[Annotation(
+        "Edge events", f"sum by (Hostname, gpu, kind) (increase(gpuaware_agent_events_total{{{GPU}}}[1m])) > 0",
+        "{{kind}} on {{Hostname}}/{{gpu}}")])
 
 
 def forecasts() -> Dashboard:

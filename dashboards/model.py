@@ -67,6 +67,20 @@ class Variable:
 
 
 @dataclass
+class Annotation:
+    """Events drawn over every time-series panel: a Prometheus query whose samples mark moments."""
+
+    name: str
+    expr: str
+    title: str  # Grafana's titleFormat, e.g. "{{kind}} on {{Hostname}}/{{gpu}}"
+    color: str = "red"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "datasource": DATASOURCE, "enable": True, "expr": self.expr, "iconColor": self.color,
+                "step": "30s", "titleFormat": self.title, "tagKeys": "kind,Hostname,gpu", "useValueForTime": False}
+
+
+@dataclass
 class Dashboard:
     uid: str
     title: str
@@ -74,6 +88,7 @@ class Dashboard:
     panels: list[Panel]
     variables: list[Variable] = field(default_factory=list)
     tags: list[str] = field(default_factory=lambda: ["gpuaware"])
+    annotations: list[Annotation] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         laid_out, x, y, row_h = [], 0, 0, 0
@@ -89,8 +104,8 @@ class Dashboard:
             "schemaVersion": 39, "version": 1, "editable": True, "graphTooltip": 1,
             "time": {"from": "now-1h", "to": "now"}, "refresh": "30s", "timezone": "browser",
             "templating": {"list": [datasource, *(v.to_json() for v in self.variables)]},
-            "annotations": {"list": []}, "panels": laid_out,
+            "annotations": {"list": [a.to_json() for a in self.annotations]}, "panels": laid_out,
         }
 
     def queries(self) -> list[str]:
-        return [t.expr for p in self.panels for t in p.targets]
+        return [t.expr for p in self.panels for t in p.targets] + [a.expr for a in self.annotations]

@@ -7,7 +7,8 @@ Per size (``gpus`` simulated GPUs, 8 per node, replaying GenTD26 with adaptive s
   from a sample's timestamp to the arrival of the first state carrying it (so it includes the
   agents' 5 s telemetry batching window and the stream's 1 s minimum publish interval; a sample
   that changes nothing is published only with the 30 s heartbeat, with a newer sample, and is not
-  counted), ``max_lag`` the worker's highest consumer lag seen, and
+  counted); ``stream_p99_sample_to_state_s`` is the worker's own figure for states published as
+  samples arrive (its /metrics histogram); ``max_lag`` the worker's highest consumer lag seen, and
   ``lag_growing`` whether the lag at the end is well above the lag at the start;
 - the scheduler (this process, as in ``gpuaware up``) places openb pods on the fleet from that
   state; ``scheduler_p99_ms`` is one scheduling cycle's p99;
@@ -43,6 +44,36 @@ from stream.events import DecodeError, GpuState, decode
 from stream.kafka_settings import KafkaSettings
 
 WARMUP_S = 10.0
+
+
+def _buckets(worker: StreamWorkerProcess) -> dict[float, float]:
+    """The worker's sample-to-state histogram (cumulative counts by upper bound)."""
+    try:
+        text = worker.metrics()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("gpuaware_stream_sample_to_state_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float("inf") if le == "+Inf" else float(le)] = float(line.split()[-1])
+    return out
+
+
+def _quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float | None:
+    """histogram_quantile over the increase between two scrapes (linear within a bucket, as Prometheus does)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    rank, lower, prev = q * counts[-1], 0.0, 0.0
+    for bound, count in zip(bounds, counts, strict=True):
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * (rank - prev) / max(count - prev, 1e-12)
+        lower, prev = bound, count
+    return None
 
 
 def _lag(worker: StreamWorkerProcess) -> float | None:
@@ -101,12 +132,14 @@ async def run_size(kafka: KafkaSettings, gpus: int, seconds: float, broker_pid: 
         cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
         samples0, t0, first = runtime.samples_published, time.monotonic(), len(latencies)
         decisions0 = len(sched.live.stats.decision_latencies)
+        hist0 = await asyncio.to_thread(_buckets, worker)
         while time.monotonic() - t0 < seconds:
             await asyncio.sleep(2.0)
             lag = await asyncio.to_thread(_lag, worker)
             if lag is not None:
                 lags.append(lag)
         elapsed = time.monotonic() - t0
+        worker_p99 = _quantile(0.99, hist0, await asyncio.to_thread(_buckets, worker))
         samples = runtime.samples_published - samples0
         cpu = {k: round(100 * (cpu_seconds(p) - cpu0[k]) / elapsed, 1) for k, p in pids.items()}
         rss = {k: round(peak_rss_mib(p), 1) for k, p in pids.items()}
@@ -120,6 +153,7 @@ async def run_size(kafka: KafkaSettings, gpus: int, seconds: float, broker_pid: 
             "states": len(measured),
             "p50_sample_to_state_s": round(float(np.percentile(measured, 50)), 2) if measured else None,
             "p99_sample_to_state_s": round(float(np.percentile(measured, 99)), 2) if measured else None,
+            "stream_p99_sample_to_state_s": round(worker_p99, 2) if worker_p99 is not None else None,
             "max_lag": int(max(lags)) if lags else None, "lag_growing": growing,
             "scheduler_p99_ms": round(float(np.percentile(decisions, 99)), 2) if len(decisions) else None,
             "scheduler_placements": sum(n for (a, _), n in sched.live.stats.decisions.items() if a == "PLACE"),

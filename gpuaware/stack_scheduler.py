@@ -196,7 +196,6 @@ class StackScheduler:
     seed: int = 0
     fake: FakeApiServer = field(default_factory=FakeApiServer)
     busy: list[float] = field(default_factory=list)
-    allocated: list[float] = field(default_factory=list)
     jain: list[float] = field(default_factory=list)
 
     async def start(self) -> None:
@@ -234,19 +233,13 @@ class StackScheduler:
         await asyncio.gather(*tasks)
 
     async def _measure(self, stop: asyncio.Event) -> None:
-        """Once a second: utilisation of the allocated GPUs (live state), and fairness."""
+        """Once a second: utilisation of the allocated GPUs (live state) and the weighted-share fairness."""
         while not stop.is_set():
-            c = self.live.cache.cluster
-            busy = alloc = 0.0
-            for r in self.live.cache.running.values():
-                for g, m in zip(r.allocation.gpus, r.allocation.milli, strict=True):
-                    busy += float(c.util[r.allocation.node, g]) / 100 * m / 1000
-                    alloc += m / 1000
-            if alloc:
-                self.busy.append(busy)
-                self.allocated.append(alloc)
-            if self.live.snapshot.jain is not None:
-                self.jain.append(self.live.snapshot.jain)
+            snap = self.live.snapshot
+            if snap.allocated_busy_ratio is not None:
+                self.busy.append(snap.allocated_busy_ratio)
+            if snap.jain is not None:
+                self.jain.append(snap.jain)
             await asyncio.sleep(1.0)
 
     def serve_metrics(self) -> int:
@@ -281,7 +274,7 @@ class StackScheduler:
             "pending_at_end": len(self.live.cache.pending),
             "queue_wait_mean_s": {p: round(float(np.mean(v)), 2) for p, v in sorted(waits.items())},
             "queue_wait_p95_s": {p: round(float(np.percentile(v, 95)), 2) for p, v in sorted(waits.items())},
-            "busy_share_of_allocated": round(sum(self.busy) / sum(self.allocated), 3) if self.allocated else None,
+            "busy_share_of_allocated": round(float(np.mean(self.busy)), 3) if self.busy else None,
             "jain_fairness": round(j, 4) if (j := self.load.jain()) is not None else None,
             "weighted_share_jain_mean": round(float(np.mean(self.jain)), 4) if self.jain else None,
             "api_errors": {f"{v}:{c}": n for (v, c), n in self.live.stats.api_errors.items()},

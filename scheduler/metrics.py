@@ -74,6 +74,7 @@ class QueueSnapshot:
     stale_gpus: int = 0
     cordoned_gpus: int = 0
     allocated_gpu_share: float = 0.0
+    allocated_busy_ratio: float | None = None  # live utilisation of allocated GPUs, weighted by allocated share
 
 
 class SchedulerCollector(Collector):
@@ -122,6 +123,10 @@ class SchedulerCollector(Collector):
             for tenant, v in sorted(values.items()):
                 fam.add_metric([tenant], v)
             yield fam
+        if snap.allocated_busy_ratio is not None:
+            yield GaugeMetricFamily("gpuaware_scheduler_allocated_busy_ratio",
+                                    "GPU busy time as a share of allocated time (live utilisation of allocated GPUs)",
+                                    value=snap.allocated_busy_ratio)
         if snap.jain is not None:
             yield GaugeMetricFamily("gpuaware_scheduler_jain_fairness",
                                     "Jain's index over tenants' weighted GPU shares (1 = fair)", value=snap.jain)

@@ -57,7 +57,7 @@ def _exported_names() -> set[str]:
     sched.waited("vision", 2, 3.0)
     snapshot = QueueSnapshot(pending={("vision", "high"): 1}, oldest_wait_s={("vision", "high"): 5.0},
                              gpus_used={"vision": 2.0}, gpus_quota={"vision": 1.0}, gpus_borrowed={"vision": 1.0},
-                             jain=0.9)
+                             jain=0.9, allocated_busy_ratio=0.5)
     registry.register(SchedulerCollector(sched, lambda: snapshot))
     text = generate_latest(registry).decode()
     return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}

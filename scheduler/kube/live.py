@@ -619,9 +619,15 @@ class LiveScheduler:
             t = spec.get("tenant", "default")
             snap.gpus_quota[t] = sum(float(e.get("gpus", 0)) for e in spec.get("quota") or [])
             weights[t] = float(spec.get("weight", 1))
+        busy = allocated = 0.0
         for r in self.cache.running.values():
             t = r.workload.tenant
             snap.gpus_used[t] = snap.gpus_used.get(t, 0.0) + sum(r.allocation.milli) / 1000
+            for g, m in zip(r.allocation.gpus, r.allocation.milli, strict=True):
+                busy += float(c.util[r.allocation.node, g]) / 100 * m / 1000
+                allocated += m / 1000
+        if allocated and self.view is not None:  # without live state there is no utilisation to speak of
+            snap.allocated_busy_ratio = round(busy / allocated, 4)
         for t, used in snap.gpus_used.items():
             if t in snap.gpus_quota:
                 snap.gpus_borrowed[t] = max(0.0, used - snap.gpus_quota[t])
