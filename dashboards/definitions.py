@@ -13,6 +13,7 @@ from dashboards.model import Annotation, Dashboard, Panel, Target, Variable
 GPU = 'cluster=~"$cluster", Hostname=~"$node", modelName=~"$model"'
 SCHED = 'cluster=~"$cluster"'
 TENANT = 'cluster=~"$cluster", tenant=~"$tenant"'
+EVENTS = f"gpuaware_agent_events_total{{{GPU}}}"
 
 CLUSTER = Variable("cluster", "label_values(up, cluster)", "Cluster")
 VARIABLES = [
@@ -85,7 +86,9 @@ def gpu_health() -> Dashboard:
                                                  "{{Hostname}}/{{gpu}}")], unit="celsius",
               thresholds=[(None, "green"), (80, "orange"), (87, "red")]),
     ], VARIABLES, annotations=[Annotation(
-        "Edge events", f"sum by (Hostname, gpu, kind) (increase(gpuaware_agent_events_total{{{GPU}}}[1m])) > 0",
+        # An event counter is born at 1 (no increase to see): a series new in the last minute counts too.
+        "Edge events", f"(sum by (Hostname, gpu, kind) (increase({EVENTS}[1m])) > 0) or (sum by (Hostname, gpu, kind) "
+                       f"({EVENTS}) unless sum by (Hostname, gpu, kind) ({EVENTS} offset 1m))",
         "{{kind}} on {{Hostname}}/{{gpu}}")])
 
 
