@@ -15,6 +15,7 @@ from agent.collectors.sim import Scenario, SimCluster
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy
 from gpuaware.localbroker import BrokerSettings, LocalBroker
+from gpuaware.stream_workers import StreamWorkerProcess
 from stream import events, observability, topics
 from stream.events import AgentControl, ControlKind, EventKind
 from stream.kafka_settings import KafkaSettings
@@ -105,9 +106,20 @@ def test_a_broker_down_for_30s_loses_no_sample(tmp_path, seaweedfs):
         asyncio.run(scenario())
         assert runtime.spool.depth == 0 and runtime.spool.dropped == 0
         telemetry = asyncio.run(_read_all(settings, topics.TELEMETRY, prefix, idle_s=3))
-    got = {(b.gpus[s.gpu].uuid, s.seq) for b in (events.decode(r.value) for r in telemetry) for s in b.samples}
-    want = {(t.device.uuid, seq) for t in runtime.cores[0].tracks for seq in range(1, t.seq + 1)}
-    assert got == want, f"missing {len(want - got)} of {len(want)} samples"
+        got = {(b.gpus[s.gpu].uuid, s.seq) for b in (events.decode(r.value) for r in telemetry) for s in b.samples}
+        want = {(t.device.uuid, seq) for t in runtime.cores[0].tracks for seq in range(1, t.seq + 1)}
+        assert got == want, f"missing {len(want - got)} of {len(want)} samples"
+        # Downstream, a stream worker applies each of them once, replays and resends included.
+        worker = StreamWorkerProcess(settings, f"outage-{prefix}", tmp_path, "stream")
+        worker.start()
+        try:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and worker.counter("gpuaware_stream_samples_total") < len(want):
+                time.sleep(0.5)
+            time.sleep(2)  # anything beyond the expected count would show up now
+            assert worker.counter("gpuaware_stream_samples_total") == len(want)
+        finally:
+            worker.stop()
 
 
 async def test_a_bad_policy_file_is_rejected_and_the_agent_keeps_running(kafka_settings, tmp_path):
