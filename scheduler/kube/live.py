@@ -489,9 +489,9 @@ class LiveScheduler:
                     await self._call(self.api.evict, ns, name)
                     return
                 except ApiException as exc:
-                    code, _, message = self._api_failed("evict", exc)
-                    if code == 404:
+                    if exc.status == 404:  # already gone (finished, or deleted by its owner): nothing to do
                         return
+                    code, _, message = self._api_failed("evict", exc)
                     if code != 429 or time.monotonic() > deadline:
                         raise
                     log.info("%s: eviction blocked (%s); retrying", key, message)
