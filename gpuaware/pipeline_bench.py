@@ -156,7 +156,7 @@ async def run_size(kafka: KafkaSettings, gpus: int, seconds: float, broker_pid: 
             "stream_p99_sample_to_state_s": round(worker_p99, 2) if worker_p99 is not None else None,
             "max_lag": int(max(lags)) if lags else None, "lag_growing": growing,
             "scheduler_p99_ms": round(float(np.percentile(decisions, 99)), 2) if len(decisions) else None,
-            "scheduler_placements": sum(n for (a, _), n in sched.live.stats.decisions.items() if a == "PLACE"),
+            "scheduler_placements": sched.live.stats.by_action()["PLACE"],
             "cpu_percent": cpu, "rss_mib": rss,
         }
     finally:

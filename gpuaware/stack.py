@@ -149,7 +149,7 @@ def _view(runtime: AgentRuntime, state: StackState, bootstrap: str, sched: Stack
                         f"{d.demand_gpus:.1f} [{d.lower:.1f}, {d.upper:.1f}]" if d else "",
                         f"{d.capacity_gpus:.0f}" if d else "")
     alerts = ", ".join(sorted(state.firing)) or ("none" if state.prometheus else "no Prometheus")
-    placed = sum(n for (a, _), n in sched.live.stats.decisions.items() if a == "PLACE") if sched else 0
+    placed = sched.live.stats.by_action()["PLACE"] if sched else 0
     totals = (f"samples published {runtime.samples_published}   events {runtime.events_published}   "
               f"spooled {runtime.spool.depth}   gpu states {state.state_records[topics.GPU_STATE]}   "
               + (f"pods placed {placed}" if sched else "scheduler off") + f"\nalerts firing: {alerts}")

@@ -38,6 +38,7 @@ from scheduler.feed import StateFeed, StateView
 from scheduler.kube.api import KubeApi, connect
 from scheduler.kube.fake_api import BY_PATH, FakeApiServer, make_node, make_pod
 from scheduler.kube.live import LiveScheduler
+from scheduler.kube.objects import level_of
 from scheduler.metrics import PRIORITY_NAMES, SchedulerCollector
 from scheduler.settings import SchedulerSettings
 from scheduler.sim.openb import TracePod, load_pods
@@ -168,8 +169,7 @@ class PodLoad:
         out: dict[str, list[float]] = {}
         for s in self.submitted.values():
             if s.bound is not None:
-                level = 2 if s.priority >= 100_000 else 1 if s.priority >= 1_000 else 0
-                out.setdefault(PRIORITY_NAMES[level], []).append(s.bound - s.created)
+                out.setdefault(PRIORITY_NAMES[level_of(s.priority)], []).append(s.bound - s.created)
         return out
 
 
@@ -263,14 +263,13 @@ class StackScheduler:
         return round(min(after), 2) if after else None
 
     def summary(self) -> dict[str, Any]:
-        d = self.live.stats.decisions
-        count = lambda action: sum(n for (a, _), n in d.items() if a == action)  # noqa: E731
+        count = self.live.stats.by_action()
         waits = self.load.waits()
         return {
             "pods_submitted": len(self.load.submitted), "pods_completed": self.load.completed,
             "pods_resubmitted_after_eviction": self.load.resubmitted,
-            "placements": count("PLACE"), "migrations": count("MIGRATE"), "preemptions": count("PREEMPT"),
-            "throttles": count("THROTTLE"), "cordons": count("CORDON"),
+            "placements": count["PLACE"], "migrations": count["MIGRATE"], "preemptions": count["PREEMPT"],
+            "throttles": count["THROTTLE"], "cordons": count["CORDON"],
             "pending_at_end": len(self.live.cache.pending),
             "queue_wait_mean_s": {p: round(float(np.mean(v)), 2) for p, v in sorted(waits.items())},
             "queue_wait_p95_s": {p: round(float(np.percentile(v, 95)), 2) for p, v in sorted(waits.items())},

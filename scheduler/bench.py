@@ -181,8 +181,7 @@ async def _measure(kafka: KafkaSettings, url: str, conn, pod_csv: str, burst: in
             "p99_create_to_bind_s": round(float(np.percentile(steady_lat, 99)), 3) if steady_lat else None,
             "rate_unbound": steady_missing,
             "p99_decision_ms": round(float(np.percentile(decisions, 99)), 3) if len(decisions) else None,
-            "unschedulable_events": int(sum(n for (a, _), n in live.stats.decisions.items()
-                                            if a == "UNSCHEDULABLE")),
+            "unschedulable_events": live.stats.by_action()["UNSCHEDULABLE"],
             "api_errors": {f"{v}:{c}": n for (v, c), n in live.stats.api_errors.items()},
         }
     finally:

@@ -55,6 +55,13 @@ class SchedulerStats:
     feed_dead_lettered: int = 0
     decision_latencies: deque = field(default_factory=lambda: deque(maxlen=100_000))  # raw, for benchmarks
 
+    def by_action(self) -> Counter:
+        """Decisions per action, over every reason."""
+        out: Counter = Counter()
+        for (action, _), n in self.decisions.items():
+            out[action] += n
+        return out
+
     def waited(self, tenant: str, priority: int, seconds: float) -> None:
         key = (tenant, PRIORITY_NAMES.get(priority, str(priority)))
         self.queue_wait.setdefault(key, Histogram(WAIT_BUCKETS)).observe(max(0.0, seconds))

@@ -250,7 +250,7 @@ async def test_stale_gpu_state_takes_only_preemptible_work():
             await wait_for(lambda: pods(fake)["batch-job"]["spec"].get("nodeName"), what="batch placed")
             await wait_for(lambda: events(fake, "FailedScheduling"), what="high refused")
             assert not pods(fake)["critical-job"]["spec"].get("nodeName")
-            assert live.snapshot.stale_gpus == 2
+            await wait_for(lambda: live.snapshot.stale_gpus == 2, what="gauges (refreshed every second)")
             assert "health" in events(fake, "FailedScheduling")[0]["message"]
 
 
@@ -418,7 +418,7 @@ async def test_tenant_comes_from_the_namespace_queue_and_queue_status_is_kept_cu
             await wait_for(lambda: status().get("running") == 1, what="queue status")
             assert status()["quotaUsed"] == [{"model": "A100", "gpus": 2.0}]
             assert status()["borrowedGpus"] == 1.0  # 2 GPUs on a quota of 1
-            assert live.snapshot.gpus_used == {"vision": 2.0, "default": 1.0}
+            await wait_for(lambda: live.snapshot.gpus_used == {"vision": 2.0, "default": 1.0}, what="gauges")
 
 
 async def test_hot_gpu_gets_a_power_cap_on_the_control_topic_and_it_is_lifted_when_cool():

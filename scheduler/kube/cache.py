@@ -44,6 +44,28 @@ def _spec_or_none(node: dict[str, Any]):
         return None
 
 
+@dataclass(frozen=True)
+class Queue:
+    """What the scheduler reads of a GPUQueue."""
+
+    name: str
+    tenant: str
+    namespaces: tuple[str, ...]
+    weight: float
+    quota_gpus: float  # the sum over models: the core's ledger keeps one GPU quota per tenant
+    borrow: bool
+    generation: int
+    created: float
+
+    @classmethod
+    def of(cls, obj: dict[str, Any]) -> Queue:
+        spec = obj.get("spec") or {}
+        return cls(obj["metadata"]["name"], spec.get("tenant", DEFAULT_TENANT), tuple(spec.get("namespaces") or ()),
+                   float(spec.get("weight", 1)), sum(float(e.get("gpus", 0)) for e in spec.get("quota") or []),
+                   bool((spec.get("borrowing") or {}).get("enabled", True)),
+                   int(obj["metadata"].get("generation", 1)), created_s(obj))
+
+
 @dataclass
 class Rejected:
     pod: dict[str, Any]
@@ -56,6 +78,7 @@ class ClusterCache:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # every non-terminal pod we know
     tenants_by_namespace: dict[str, str] = field(default_factory=dict)
+    queues: dict[str, Queue] = field(default_factory=dict)
     cluster: ClusterState = field(default_factory=lambda: ClusterState([]))
     running: dict[str, Running] = field(default_factory=dict)  # pods holding an allocation
     pending: dict[str, PodWorkload] = field(default_factory=dict)  # our unbound pods
@@ -89,7 +112,7 @@ class ClusterCache:
                 objects.schedulable(old) != objects.schedulable(node):
             self.rebuild()
         elif objects.cordoned_gpus(old) != objects.cordoned_gpus(node):
-            self._apply_cordons()
+            self.apply_cordons()
 
     def rebuild(self) -> None:
         """Arrays from the nodes, then every bound pod's allocation again."""
@@ -116,18 +139,15 @@ class ClusterCache:
                 self.running[key] = r
             except ValueError:
                 del self.reservations[key]  # the bind task will fail or the pod will show up bound
-        self._apply_cordons()
+        self.apply_cordons()
 
-    def _apply_cordons(self) -> None:
+    def apply_cordons(self) -> None:
         """Cordoned GPUs are critical in the model, whatever their live state says."""
         for name, gpus in self.cordoned.items():
             i = self.cluster.index.get(name)
             for g in gpus:
                 if i is not None and g < self.cluster.max_gpus and self.cluster.band[i, g] != 2:
                     self.cluster.set_band(i, g, HealthBand.CRITICAL)
-
-    def apply_cordons(self) -> None:
-        self._apply_cordons()
 
     # ------------------------------------------------------------------ pods
     def sync_pods(self, items: list[dict[str, Any]]) -> None:
@@ -171,7 +191,7 @@ class ClusterCache:
         if pod["metadata"].get("deletionTimestamp") or key in self.pending or key in self.reservations:
             return
         try:
-            self.pending[key] = objects.workload_of(pod, self.tenant_of(pod), created_s(pod))
+            self.pending[key] = self.parse(pod)
             self.rejected.pop(key, None)
         except PodSpecError as exc:
             self.rejected[key] = Rejected(pod, str(exc))
@@ -179,9 +199,13 @@ class ClusterCache:
     def tenant_of(self, pod: dict[str, Any]) -> str:
         return self.tenants_by_namespace.get(pod["metadata"].get("namespace", ""), DEFAULT_TENANT)
 
+    def parse(self, pod: dict[str, Any]) -> PodWorkload:
+        """The pod as the core's workload, with its tenant and arrival; raises ``PodSpecError``."""
+        return objects.workload_of(pod, self.tenant_of(pod), created_s(pod))
+
     def workload(self, pod: dict[str, Any]) -> Workload:
         try:
-            return objects.workload_of(pod, self.tenant_of(pod), created_s(pod)).workload
+            return self.parse(pod).workload
         except PodSpecError:
             # A bound pod still holds what it asked for; unreadable gpuaware annotations count as plain GPUs.
             try:
@@ -248,12 +272,22 @@ class ClusterCache:
 
     # ------------------------------------------------------------------ queues
     def sync_queues(self, items: list[dict[str, Any]]) -> None:
+        self.queues = {q.name: q for q in map(Queue.of, items)}
+        self._retenant()
+
+    def queue_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.queues.pop(obj["metadata"]["name"], None)
+        else:
+            q = Queue.of(obj)
+            self.queues[q.name] = q
+        self._retenant()
+
+    def _retenant(self) -> None:
         mapping: dict[str, str] = {}
-        for q in sorted(items, key=created_s):
-            spec = q.get("spec") or {}
-            for ns in spec.get("namespaces") or []:
-                # First queue to claim a namespace keeps it; a later claim is a conflict, reported by the loop.
-                mapping.setdefault(ns, spec.get("tenant", DEFAULT_TENANT))
+        for q in sorted(self.queues.values(), key=lambda q: q.created):
+            for ns in q.namespaces:
+                mapping.setdefault(ns, q.tenant)  # the oldest queue claiming a namespace keeps it
         if mapping == self.tenants_by_namespace:
             return
         self.tenants_by_namespace = mapping

@@ -24,7 +24,7 @@ from aiohttp import web
 from scheduler.core.framework import Scheduler
 from scheduler.core.preemption import fits_on_node
 from scheduler.kube import objects
-from scheduler.kube.cache import ClusterCache, created_s
+from scheduler.kube.cache import ClusterCache
 from scheduler.kube.objects import PodSpecError
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,10 @@ class Extender:
         self.requests: dict[str, int] = {}
 
     # ------------------------------------------------------------------ pure handlers (JSON in, JSON out)
-    def _workload(self, pod: dict[str, Any]):
-        return objects.workload_of(pod, self.cache.tenant_of(pod), created_s(pod)).workload
+    def _rank(self, pod: dict[str, Any]) -> tuple[np.ndarray, list[str]]:
+        """Every node's score for the pod (-inf: it cannot go there) and why nodes failed; raises PodSpecError."""
+        mask = self.cache.node_mask if len(self.cache.node_mask) else None
+        return self.core().rank(self.cache.cluster, self.cache.parse(pod).workload, mask)
 
     @staticmethod
     def _names(args: dict[str, Any]) -> list[str]:
@@ -55,12 +57,11 @@ class Extender:
         if not objects.is_gpuaware(pod):
             return result
         try:
-            w = self._workload(pod)
+            scores, reasons = self._rank(pod)
         except PodSpecError as exc:
             result["Error"] = f"invalid gpuaware request: {exc}"
             return result
         c = self.cache.cluster
-        scores, reasons = self.core().rank(c, w, self.cache.node_mask if len(self.cache.node_mask) else None)
         why = "; ".join(reasons) or "does not fit"
         keep = []
         for name in names:
@@ -86,11 +87,10 @@ class Extender:
         if not objects.is_gpuaware(pod):
             return [{"Host": n, "Score": 0} for n in names]
         try:
-            w = self._workload(pod)
+            scores, _ = self._rank(pod)
         except PodSpecError:
             return [{"Host": n, "Score": 0} for n in names]
         c = self.cache.cluster
-        scores, _ = self.core().rank(c, w, self.cache.node_mask if len(self.cache.node_mask) else None)
         known = [scores[c.index[n]] for n in names if n in c.index and np.isfinite(scores[c.index[n]])]
         lo, hi = (min(known), max(known)) if known else (0.0, 0.0)
         out = []
@@ -112,7 +112,7 @@ class Extender:
         if not objects.is_gpuaware(pod):
             return {"NodeNameToMetaVictims": meta}
         try:
-            w = self._workload(pod)
+            w = self.cache.parse(pod).workload
         except PodSpecError:
             return {"NodeNameToMetaVictims": {}}
         c = self.cache.cluster

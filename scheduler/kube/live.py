@@ -47,7 +47,7 @@ from scheduler.core.workload import Workload
 from scheduler.feed import StateView
 from scheduler.kube import objects
 from scheduler.kube.api import Informer, KubeApi, WatchSpec, api_error, now_rfc3339, wait_synced
-from scheduler.kube.cache import ClusterCache, created_s
+from scheduler.kube.cache import ClusterCache
 from scheduler.kube.objects import PodWorkload
 from scheduler.metrics import PRIORITY_NAMES, QueueSnapshot, SchedulerStats
 from scheduler.settings import SchedulerSettings
@@ -120,8 +120,6 @@ class LiveScheduler:
         self._mix_at_build = -1
         self._scheduler: Scheduler | None = None
         self._dirty = True
-        self._pass_stats = PassStats()
-        self._queues: dict[str, dict[str, Any]] = {}
         self._applied_view: tuple[int, int] | None = None
         self._where: dict[str, tuple[int, int]] = {}
         self.band_changes: deque[tuple[float, str, int, int]] = deque(maxlen=10_000)  # (unix s, node, GPU, band)
@@ -135,7 +133,6 @@ class LiveScheduler:
         # enough for ``bind_workers`` binds plus evictions and events.
         self._pool = ThreadPoolExecutor(max_workers=settings.bind_workers + 8, thread_name_prefix="kube-api")
         self.snapshot = QueueSnapshot()
-        self.passes = 0
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, sync_timeout_s: float = 60.0) -> None:
@@ -174,7 +171,7 @@ class LiveScheduler:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Apply changes and schedule until ``stop``; schedules only while ``leading`` is set."""
-        last_pass = 0.0
+        last_pass = last_snapshot = 0.0
         while not stop.is_set():
             try:
                 item = await asyncio.wait_for(self._inbox.get(), self.settings.pass_interval_s)
@@ -193,7 +190,9 @@ class LiveScheduler:
                 last_pass = time.monotonic()
             if self.leading.is_set():
                 self._periodic(time.time())
-            self._snapshot()
+            if time.monotonic() - last_snapshot >= 1.0:  # gauges for scrapes and the live view
+                self._snapshot()
+                last_snapshot = time.monotonic()
 
     # ------------------------------------------------------------------ changes
     def _apply(self, item: tuple[str, str, Any]) -> None:
@@ -223,17 +222,7 @@ class LiveScheduler:
             elif kind == "ADDED":
                 self._learn_shape(obj)
         elif name == "gpuqueues":
-            items = obj if kind == "SYNC" else self._queue_items(kind, obj)
-            self._queues = {q["metadata"]["name"]: q for q in items}
-            self.cache.sync_queues(items)
-
-    def _queue_items(self, kind: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
-        queues = dict(self._queues)
-        if kind == "DELETED":
-            queues.pop(obj["metadata"]["name"], None)
-        else:
-            queues[obj["metadata"]["name"]] = obj
-        return list(queues.values())
+            self.cache.sync_queues(obj) if kind == "SYNC" else self.cache.queue_event(kind, obj)
 
     def _learn_shape(self, pod: dict[str, Any]) -> None:
         w = self.cache.workload(pod)
@@ -252,13 +241,8 @@ class LiveScheduler:
     # ------------------------------------------------------------------ the pass
     def _ledger(self) -> TenantLedger:
         c = self.cache.cluster
-        tenants: dict[str, Tenant] = {}
-        for q in self._queues.values():
-            spec = q.get("spec") or {}
-            quota = sum(float(e.get("gpus", 0)) for e in spec.get("quota") or [])
-            borrow = (spec.get("borrowing") or {}).get("enabled", True)
-            tenants[spec.get("tenant", "default")] = Tenant(spec.get("tenant", "default"), float(spec.get("weight", 1)),
-                                                            int(quota * 1000), borrow)
+        tenants = {q.tenant: Tenant(q.tenant, q.weight, int(q.quota_gpus * 1000), q.borrow)
+                   for q in self.cache.queues.values()}
         ledger = TenantLedger(tenants, max(c.total_gpu_milli, 1), max(int(c.mem_cap.sum()), 1))
         for r in self.cache.running.values():
             ledger.charge(r.workload)
@@ -287,17 +271,15 @@ class LiveScheduler:
             self._place_gang(core, gang, members, hooks, now)
         finish_at = {k: r.started_s + (r.workload.duration_s or UNKNOWN_DURATION_S) for k, r in cache.running.items()}
         queue = QueueState(singles, cache.running, finish_at, ledger, cache.node_mask)
-        before = len(self._pass_stats.latencies_s)
-        schedule_pass(core, cache.cluster, queue, self.queue_policy, hooks, self._pass_stats, now)
-        for lat in self._pass_stats.latencies_s[before:]:
+        pass_stats = PassStats()
+        schedule_pass(core, cache.cluster, queue, self.queue_policy, hooks, pass_stats, now)
+        for lat in pass_stats.latencies_s:
             self.stats.decision_latency.observe(lat)
             self.stats.decision_latencies.append(lat)
-        del self._pass_stats.latencies_s[:]
         for w in singles:
             if w.id in cache.pending:
                 self._unschedulable(w, hooks.reasons.get(
                     w.id, "not tried this pass: an identical request did not fit, or the pass budget ran out"))
-        self.passes += 1
         self.stats.pass_latency.observe(time.perf_counter() - started)
 
     def _place_gang(self, core: Scheduler, gang: str, members: list[PodWorkload], hooks: _Hooks, now: float) -> None:
@@ -531,7 +513,7 @@ class LiveScheduler:
         if now - self._last_throttle >= self.settings.throttle_every_s:
             self._last_throttle = now
             self._throttle()
-        if now - self._last_queue_status >= self.settings.queue_status_every_s and self._queues:
+        if now - self._last_queue_status >= self.settings.queue_status_every_s and self.cache.queues:
             self._last_queue_status = now
             self._spawn(self._write_queue_status())
 
@@ -580,9 +562,8 @@ class LiveScheduler:
     async def _write_queue_status(self) -> None:
         """GPUQueue status: admitted, running and pending pods, GPUs used per model and borrowed."""
         c = self.cache.cluster
-        for name, q in list(self._queues.items()):
-            tenant = (q.get("spec") or {}).get("tenant", "default")
-            quota = sum(float(e.get("gpus", 0)) for e in (q.get("spec") or {}).get("quota") or [])
+        for name, q in list(self.cache.queues.items()):
+            tenant, quota = q.tenant, q.quota_gpus
             running = [r for r in self.cache.running.values() if r.workload.tenant == tenant]
             by_model: dict[str, float] = {}
             for r in running:
@@ -595,7 +576,7 @@ class LiveScheduler:
                 "pending": sum(1 for pw in self.cache.pending.values() if pw.workload.tenant == tenant),
                 "borrowedGpus": round(max(0.0, used - quota), 3),
                 "quotaUsed": [{"model": m, "gpus": round(v, 3)} for m, v in sorted(by_model.items())],
-                "observedGeneration": q["metadata"].get("generation", 1),
+                "observedGeneration": q.generation,
             }
             if self._queue_status_sent.get(name) == status:
                 continue
@@ -614,11 +595,9 @@ class LiveScheduler:
             snap.pending[k] = snap.pending.get(k, 0) + 1
             snap.oldest_wait_s[k] = max(snap.oldest_wait_s.get(k, 0.0), now - pw.workload.submit_s)
         weights = {}
-        for q in self._queues.values():
-            spec = q.get("spec") or {}
-            t = spec.get("tenant", "default")
-            snap.gpus_quota[t] = sum(float(e.get("gpus", 0)) for e in spec.get("quota") or [])
-            weights[t] = float(spec.get("weight", 1))
+        for q in self.cache.queues.values():
+            snap.gpus_quota[q.tenant] = q.quota_gpus
+            weights[q.tenant] = q.weight
         busy = allocated = 0.0
         for r in self.cache.running.values():
             t = r.workload.tenant
@@ -683,6 +662,3 @@ def _reason_class(reason: str) -> str:
             return label
     return "other"
 
-
-def submitted(pod: dict[str, Any]) -> float:
-    return created_s(pod)

@@ -125,9 +125,13 @@ def schedulable(node: Mapping[str, Any]) -> bool:
     return not ready or ready[0].get("status") == "True"
 
 
+def level_of(priority_value: int) -> int:
+    """gpuaware's priority level (2 high, 1 medium, 0 low) of a PriorityClass value."""
+    return 2 if priority_value >= HIGH_PRIORITY_VALUE else 1 if priority_value >= MEDIUM_PRIORITY_VALUE else 0
+
+
 def priority_level(pod: Mapping[str, Any]) -> int:
-    value = int(pod.get("spec", {}).get("priority") or 0)
-    return 2 if value >= HIGH_PRIORITY_VALUE else 1 if value >= MEDIUM_PRIORITY_VALUE else 0
+    return level_of(int(pod.get("spec", {}).get("priority") or 0))
 
 
 def _flag(ann: Mapping[str, str], name: str, default: bool) -> bool:
