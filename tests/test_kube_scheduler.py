@@ -317,6 +317,23 @@ def objects_time() -> str:
     return now_rfc3339()
 
 
+def test_gpus_cordoned_at_once_are_all_kept_with_an_operators_own_cordon():
+    """Several GPUs of one node turning critical together are cordoned by concurrent writers; a
+    read-modify-write without the resourceVersion precondition keeps only the last writer's GPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with FakeApiServer() as fake:
+        node = make_node("n0", gpus=8)
+        node["metadata"]["annotations"] = {objects.ANN_CORDONED: "7"}
+        fake.create("nodes", node)
+        apis = [KubeApi(connect(fake.url)) for _ in range(6)]
+        with ThreadPoolExecutor(6) as pool:
+            list(pool.map(lambda a: a[1].cordon_gpu("n0", a[0]), enumerate(apis)))
+        (node,) = fake.objects("nodes")
+        assert objects.cordoned_gpus(node) == {0, 1, 2, 3, 4, 5, 7}
+        assert node["metadata"]["annotations"][objects.ANN_CORDONED] == "0,1,2,3,4,5,7"
+
+
 async def test_preemption_evicts_lower_priority_work_for_high_priority_pods():
     with FakeApiServer() as fake:
         fake.create("nodes", make_node("n0", gpus=2))

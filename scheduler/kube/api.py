@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
+
+from scheduler.kube import objects
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +109,25 @@ class KubeApi:
         self.core.create_namespaced_event(ns, body, _preload_content=False)
 
     # Nodes
-    def annotate_node(self, name: str, annotations: dict[str, str | None]) -> None:
-        self.core.patch_node(name, {"metadata": {"annotations": annotations}}, _content_type=MERGE_PATCH,
-                             _preload_content=False)
+    def cordon_gpu(self, name: str, gpu: int, attempts: int = 20) -> set[int]:
+        """Add ``gpu`` to the node's cordoned-GPU annotation and return the set now recorded.
+
+        Read-modify-write guarded by the node's resourceVersion (409 Conflict -> read again), so two
+        GPUs turning critical at once, or an operator editing the annotation, never lose a cordon."""
+        attempt = 0
+        while True:
+            attempt += 1
+            node = _json(self.core.read_node(name, _preload_content=False))
+            cordoned = objects.cordoned_gpus(node) | {gpu}
+            patch = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"],
+                                  "annotations": {objects.ANN_CORDONED: ",".join(map(str, sorted(cordoned)))}}}
+            try:
+                self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _preload_content=False)
+                return cordoned
+            except ApiException as exc:
+                if exc.status != 409 or attempt >= attempts:
+                    raise
+                time.sleep(random.uniform(0, 0.01 * attempt))  # writers that collided do not collide again
 
     # Leases
     def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -347,16 +347,17 @@ class LiveScheduler:
                 self._spawn(self._cordon_and_migrate(c.names[i], g))
 
     async def _cordon_and_migrate(self, node: str, gpu: int) -> None:
-        cordoned = sorted(self.cache.cordoned.get(node, set()) | {gpu})
         try:
-            await self._call(self.api.annotate_node, node, {objects.ANN_CORDONED: ",".join(map(str, cordoned))})
+            await self._call(self.api.cordon_gpu, node, gpu)
             self.stats.decisions[("CORDON", "gpu-critical")] += 1
             await self.sink.record(Outcome(f"{node}/gpu{gpu}", DecisionAction.CORDON, node,
                                            [f"GPU {gpu} of {node} is critical: cordoned"]), None)
         except ApiException as exc:
             self._api_failed("patch-node", exc)
+            self._critical_seen.discard((node, gpu))  # tried again on the next state update
         except TRANSPORT_ERRORS as exc:
             self.stats.api_errors[("patch-node", 0)] += 1
+            self._critical_seen.discard((node, gpu))
             log.warning("could not cordon GPU %d of %s: %s", gpu, node, exc)
         i = self.cache.cluster.index.get(node)
         victims = [r for r in list(self.cache.running.values()) if r.allocation.node == i and gpu in r.allocation.gpus]
