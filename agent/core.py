@@ -42,6 +42,7 @@ class GpuTrack:
     lost: bool = False
     throttle: int = 0
     last_xid: int | None = None
+    cordoned: bool = False
     events: dict[str, int] = field(default_factory=dict)
 
 
@@ -72,6 +73,20 @@ class AgentCore:
         self.policy = policy.for_node(self.node)
         for t in self.tracks:
             t.sampler.set_policy(self.policy)
+
+    def set_cordoned(self, indices: set[int]) -> list[int]:
+        """The GPUs the node's ``gpuaware.io/cordoned-gpus`` annotation names: sampled at the floor
+        while they drain and are looked at (the scheduler places nothing on them). Returns the GPUs
+        whose state changed."""
+        changed = []
+        for track in self.tracks:
+            cordoned = track.device.index in indices
+            if cordoned != track.cordoned:
+                track.cordoned = track.sampler.pinned = cordoned
+                changed.append(track.device.index)
+                if cordoned:
+                    track.sampler.snap()
+        return changed
 
     # ------------------------------------------------------------------ events
 

@@ -74,6 +74,7 @@ class AgentStats:
     policy_errors: int = 0
     policy_reloads: int = 0
     control_commands: dict[str, int] = field(default_factory=dict)
+    cordon_read_errors: int = 0
 
 
 PodLookup = Callable[[str], tuple[str, str, str] | None]
@@ -129,6 +130,9 @@ class AgentCollector(Collector):
         events = CounterMetricFamily("gpuaware_agent_events", "Edge events raised, by kind.",
                                      labels=[*glabels, "kind"])
         lost = GaugeMetricFamily("gpuaware_gpu_lost", "1 when the GPU stopped answering.", labels=glabels)
+        cordoned = GaugeMetricFamily("gpuaware_gpu_cordoned",
+                                     "1 while the node's gpuaware.io/cordoned-gpus annotation names the GPU.",
+                                     labels=glabels)
         for core, track, labels in rows:
             gl = [labels[0], labels[1], core.node, labels[3]]
             health.add_metric(gl, track.health.score)
@@ -141,7 +145,8 @@ class AgentCollector(Collector):
             for kind, n in track.events.items():
                 events.add_metric([*gl, str(kind).lower()], n)
             lost.add_metric(gl, 1.0 if track.lost else 0.0)
-        yield from (health, band, comp, anomaly, interval, events, lost)
+            cordoned.add_metric(gl, 1.0 if track.cordoned else 0.0)
+        yield from (health, band, comp, anomaly, interval, events, lost, cordoned)
 
         nl = ["Hostname"]
         samples = CounterMetricFamily("gpuaware_agent_samples", "Full GPU samples taken.", labels=nl)
@@ -155,6 +160,9 @@ class AgentCollector(Collector):
         yield CounterMetricFamily("gpuaware_agent_bytes_sent", "Bytes of record values and keys delivered to Kafka.",
                                   value=s.bytes_sent)
         yield CounterMetricFamily("gpuaware_agent_records_sent", "Records delivered to Kafka.", value=s.records_sent)
+        yield CounterMetricFamily("gpuaware_agent_cordon_read_errors",
+                                  "Failed reads of the node's cordoned-GPU annotation (the last known cordons stand).",
+                                  value=s.cordon_read_errors)
         yield CounterMetricFamily("gpuaware_agent_publish_errors", "Failed delivery attempts (retried from the spool).",
                                   value=s.publish_errors)
         yield GaugeMetricFamily("gpuaware_agent_spool_depth", "Records waiting in the disk spool.",

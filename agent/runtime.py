@@ -2,7 +2,8 @@
 
 Tasks: sampling (tick every node's core at the watch interval), flushing (telemetry batches per
 window, at once on an event), publishing (spool -> Kafka), control (``agent.control.v1``: policy
-and power caps), and the policy file watcher (hot reload of the mounted ConfigMap).
+and power caps), the policy file watcher (hot reload of the mounted ConfigMap), and, where the
+Kubernetes API can be read, the node's GPU cordons (``agent.cordons``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
@@ -28,6 +30,9 @@ from agent.spool import DiskSpool
 from stream import events, observability, topics
 from stream.events import AgentControl, ControlKind
 from stream.kafka_settings import KafkaSettings
+
+if TYPE_CHECKING:
+    from agent.cordons import CordonWatcher
 
 log = logging.getLogger(__name__)
 tracer = observability.tracer("gpuaware.agent")
@@ -44,6 +49,7 @@ class AgentRuntime:
         self.cores = [AgentCore(c, policy, clock) for c in collectors]
         self.builders = [BatchBuilder(core.node, core.devices) for core in self.cores]
         self.stats = AgentStats()
+        self.cordons: CordonWatcher | None = None  # set when the Kubernetes API can be read
         self.spool = DiskSpool(spool_dir, max_bytes=spool_max_bytes, segment_bytes=min(4 * 2**20, spool_max_bytes // 4))
         self.publisher = Publisher(settings, self.spool, self.stats)
         self._flush_now = asyncio.Event()
@@ -204,6 +210,8 @@ class AgentRuntime:
         producers = [self.sample_loop(inner), self.flush_loop(inner), self.watch_policy_file(inner)]
         if control:
             producers.append(self.consume_control(inner))
+        if self.cordons is not None:
+            producers.append(self.cordons.run(inner))
         publisher_stop = asyncio.Event()
         publisher = asyncio.create_task(self.publisher.run(publisher_stop))
         try:

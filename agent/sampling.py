@@ -110,6 +110,7 @@ class AdaptiveSampler:
         self.last: Reading | None = None
         self.urgent = False
         self.moved: str | None = None  # why the last due() fired early, if it did
+        self.pinned = False  # a cordoned GPU is watched at the floor until it is released
 
     def set_policy(self, policy: SamplingPolicy) -> None:
         self.policy = policy
@@ -148,7 +149,7 @@ class AdaptiveSampler:
 
     def taken(self, sample: Reading, changed: bool) -> float:
         """Record a full sample; ``changed`` is whether it was taken because something moved."""
-        if changed or self.urgent:
+        if changed or self.urgent or self.pinned:
             self.interval = self.policy.floor_s
         else:
             self.interval = min(self.policy.ceiling_s, self.interval * self.policy.backoff)

@@ -18,5 +18,9 @@ class AgentSettings(BaseModel):
     policy_path: str | None = Field(None, description="sampling policy YAML, hot-reloaded")
     spool_dir: str = "/var/lib/gpuaware/spool"
     spool_max_mib: int = Field(256, ge=1, le=65536)
+    cordon_poll_s: float = Field(15.0, ge=0, le=3600,
+                                 description="how often the node's cordoned-GPU annotation is read (0: never)")
+    api_server: str | None = Field(None, description="Kubernetes API URL for reading the node; default: in-cluster "
+                                                      "config when running in a pod, else no reads")
     pod_resources_socket: str = Field("/var/lib/kubelet/pod-resources/kubelet.sock",
                                       description="kubelet PodResources API; GPU metrics get pod labels when present")

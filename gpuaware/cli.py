@@ -207,15 +207,18 @@ def show_config(obj: Context) -> None:
 @click.option("--policy", "policy_path", default=None, help="Sampling policy YAML, hot-reloaded on change.")
 @click.option("--spool-dir", default=None, help="Disk spool for records not yet acknowledged by Kafka.")
 @click.option("--metrics-port", type=int, default=None, help="Port of /metrics (default 9400; 0 disables).")
+@click.option("--api-server", default=None,
+              help="Kubernetes API URL to read this node's cordoned GPUs from (default: in-cluster config in a pod).")
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds (default: run until stopped).")
 @click.pass_obj
 def agent(obj: Context, collector: str | None, scenario: str | None, sim_nodes: int | None, sim_gpus: int | None,
           node_name: str | None, policy_path: str | None, spool_dir: str | None, metrics_port: int | None,
-          duration: float | None) -> None:
+          api_server: str | None, duration: float | None) -> None:
     """Run the node agent: read GPUs, sample adaptively, detect anomalies, score health, publish to Kafka.
 
     Serves dcgm-exporter-compatible metrics on /metrics; keeps sampling and spools to disk while
-    Kafka is unreachable; follows agent.control.v1 for sampling policies and power caps.
+    Kafka is unreachable; follows agent.control.v1 for sampling policies and power caps; samples
+    the GPUs its node's gpuaware.io/cordoned-gpus annotation names at the floor.
     """
     import asyncio
 
@@ -225,7 +228,7 @@ def agent(obj: Context, collector: str | None, scenario: str | None, sim_nodes: 
     cfg = obj.config(**{"agent.collector": collector, "agent.scenario": scenario, "agent.sim_nodes": sim_nodes,
                         "agent.sim_gpus_per_node": sim_gpus, "agent.node_name": node_name,
                         "agent.policy_path": policy_path, "agent.spool_dir": spool_dir,
-                        "metrics.port": metrics_port})
+                        "agent.api_server": api_server, "metrics.port": metrics_port})
     _setup("agent", cfg)
 
     async def main() -> None:

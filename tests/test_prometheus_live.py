@@ -82,15 +82,16 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
     (tmp_path / "live.yaml").write_text(SCENARIO.replace("name: live", f"name: live-{unique}")
                                         + f"node_prefix: live-{unique}\n")
     asyncio.run(_produce(kafka_settings, _history(f"hist-{unique}")))
+    fake = FakeApiServer().start()
+    _cluster(fake, unique)
     agent_port = free_port()
     agent = ChildProcess("agent", [sys.executable, "-m", "gpuaware", "--log-level", "warning", "agent",
                                    "--collector", "sim", "--scenario", str(tmp_path / "live.yaml"),
-                                   "--spool-dir", str(tmp_path / "spool"), "--metrics-port", str(agent_port)],
-                         tmp_path / "agent.log", worker_env(kafka_settings))
+                                   "--spool-dir", str(tmp_path / "spool"), "--metrics-port", str(agent_port),
+                                   "--api-server", fake.url],
+                         tmp_path / "agent.log", {**worker_env(kafka_settings), "GPUAWARE_AGENT__CORDON_POLL_S": "1"})
     stream = StreamWorkerProcess(kafka_settings, f"live-{unique}", tmp_path, "stream",
                                  cluster_forecast_interval_s=2, node_state_interval_s=1)
-    fake = FakeApiServer().start()
-    _cluster(fake, unique)
     scheduler_port = free_port()
     scheduler = ChildProcess("scheduler", [sys.executable, "-m", "gpuaware", "--log-level", "warning", "scheduler",
                                            "--api-server", fake.url, "--metrics-port", str(scheduler_port),
@@ -141,6 +142,16 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
                      and {g["index"] for g in json.loads(p["metadata"]["annotations"]["gpuaware.io/gpus"])}
                      & cordoned()]
         assert not on_failed
+        # The agent read the cordons from its node and honours them (sampled at the floor, shown on /metrics).
+
+        def agent_cordoned() -> set[int]:
+            rows = prometheus.query(f'gpuaware_gpu_cordoned{{Hostname="{live_node}"}} == 1')
+            return {int(r["metric"]["gpu"]) for r in rows}
+
+        deadline = max(deadline, time.monotonic() + 30)
+        while time.monotonic() < deadline and agent_cordoned() != cordoned():
+            time.sleep(1)
+        assert agent_cordoned() == cordoned()
         assert not [p for p in pods if p["metadata"]["name"] == "waiting" and p["spec"].get("nodeName")]
     finally:
         for child in (prometheus, scheduler, stream, agent):

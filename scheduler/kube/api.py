@@ -109,6 +109,9 @@ class KubeApi:
         self.core.create_namespaced_event(ns, body, _preload_content=False)
 
     # Nodes
+    def read_node(self, name: str) -> dict[str, Any]:
+        return _json(self.core.read_node(name, _preload_content=False))
+
     def cordon_gpu(self, name: str, gpu: int, attempts: int = 20) -> set[int]:
         """Add ``gpu`` to the node's cordoned-GPU annotation and return the set now recorded.
 
@@ -117,7 +120,7 @@ class KubeApi:
         attempt = 0
         while True:
             attempt += 1
-            node = _json(self.core.read_node(name, _preload_content=False))
+            node = self.read_node(name)
             cordoned = objects.cordoned_gpus(node) | {gpu}
             patch = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"],
                                   "annotations": {objects.ANN_CORDONED: ",".join(map(str, sorted(cordoned)))}}}

@@ -1,0 +1,82 @@
+"""The agent's side of a GPU cordon: the node's ``gpuaware.io/cordoned-gpus`` annotation.
+
+The scheduler cordons a GPU (not the node) when the stream reports it critical, by naming it in
+that annotation; an operator may edit it too. The agent reads its node's annotation every
+``cordon_poll_s`` (a GET the DaemonSet's RBAC allows) and honours it: a cordoned GPU is sampled
+at the policy's floor while it drains and is looked at, and ``gpuaware_gpu_cordoned`` shows it.
+A failed read keeps the last known cordons and is counted, never fatal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Sequence
+
+from agent.core import AgentCore
+from agent.exporter import AgentStats
+
+log = logging.getLogger(__name__)
+
+
+class CordonWatcher:
+    def __init__(self, cores: Sequence[AgentCore], api, stats: AgentStats, every_s: float = 15.0):
+        self.cores = list(cores)
+        self.api = api  # scheduler.kube.api.KubeApi
+        self.stats = stats
+        self.every_s = every_s
+        self._missing: set[str] = set()
+
+    @classmethod
+    def from_settings(cls, cores: Sequence[AgentCore], stats: AgentStats, api_server: str | None,
+                      every_s: float) -> CordonWatcher | None:
+        """None when there is no API to ask: no ``api_server`` and not running in a pod, or polling off."""
+        if every_s <= 0 or not (api_server or os.environ.get("KUBERNETES_SERVICE_HOST")):
+            return None
+        from scheduler.kube.api import KubeApi, connect
+
+        return cls(cores, KubeApi(connect(api_server, pool_size=2)), stats, every_s)
+
+    def read(self) -> dict[str, set[int] | None]:
+        """Each node's cordoned GPUs; None where the read failed (blocking: run it in a thread)."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        from scheduler.kube import objects
+
+        out: dict[str, set[int] | None] = {}
+        for core in self.cores:
+            try:
+                out[core.node] = objects.cordoned_gpus(self.api.read_node(core.node))
+                self._missing.discard(core.node)
+            except ApiException as exc:
+                out[core.node] = None
+                if exc.status == 404:  # not a node of this cluster (a simulated one, or renamed)
+                    if core.node not in self._missing:
+                        self._missing.add(core.node)
+                        log.warning("node %s not found in the API: its GPUs cannot be cordoned", core.node)
+                    continue
+                self.stats.cordon_read_errors += 1
+                log.warning("reading node %s for cordons failed: %s %s", core.node, exc.status, exc.reason)
+            except (HTTPError, OSError) as exc:
+                out[core.node] = None
+                self.stats.cordon_read_errors += 1
+                log.warning("reading node %s for cordons failed: %s", core.node, exc)
+        return out
+
+    def apply(self, cordons: dict[str, set[int] | None]) -> None:
+        for core in self.cores:
+            gpus = cordons.get(core.node)
+            if gpus is None:
+                continue
+            for index in core.set_cordoned(gpus):
+                log.warning("GPU %d of %s %s", index, core.node, "cordoned" if index in gpus else "released")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            # The read blocks; applying it stays on the loop that ticks the cores.
+            self.apply(await asyncio.to_thread(self.read))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.every_s)

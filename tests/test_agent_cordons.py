@@ -1,0 +1,75 @@
+"""The agent honours the scheduler's GPU cordons: it reads its node's annotation from the API
+(the fake API server, through the real ``kubernetes`` client) and samples cordoned GPUs at the floor."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.collectors.sim import SimCluster, load_scenario
+from agent.cordons import CordonWatcher
+from agent.core import AgentCore
+from agent.exporter import AgentCollector, AgentStats
+from agent.sampling import SamplingPolicy
+from scheduler.kube import objects
+from scheduler.kube.api import KubeApi, connect
+from scheduler.kube.fake_api import FakeApiServer, make_node
+
+
+def _core() -> tuple[AgentCore, list[float]]:
+    clock = [0.0]
+    cluster = SimCluster(load_scenario("baseline").model_copy(update={"nodes": 2, "gpus_per_node": 4}),
+                         clock=lambda: clock[0], epoch=0.0)
+    policy = SamplingPolicy(floor_s=1, ceiling_s=30, backoff=2)
+    return [AgentCore(cluster.node(i), policy, clock=lambda: clock[0]) for i in range(2)], clock
+
+
+def _cordoned_gauge(cores) -> dict[tuple[str, str], float]:
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(cores, AgentStats()))
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    return {(s.labels["Hostname"], s.labels["gpu"]): s.value for s in families["gpuaware_gpu_cordoned"].samples}
+
+
+def test_cordoned_gpus_are_read_from_the_node_and_sampled_at_the_floor():
+    cores, clock = _core()
+    stats = AgentStats()
+    with FakeApiServer() as fake:
+        node = make_node(cores[0].node, gpus=4)
+        node["metadata"]["annotations"] = {objects.ANN_CORDONED: "1,3"}
+        fake.create("nodes", node)  # the second simulated node is not in this cluster
+        watcher = CordonWatcher(cores, KubeApi(connect(fake.url)), stats)
+        watcher.apply(watcher.read())
+        assert [t.cordoned for t in cores[0].tracks] == [False, True, False, True]
+        assert not any(t.cordoned for t in cores[1].tracks)
+        for s in range(120):
+            clock[0] = float(s)
+            for core in cores:
+                core.tick(float(s))
+        intervals = [t.sampler.interval for t in cores[0].tracks]
+        assert intervals[1] == intervals[3] == 1  # cordoned: at the floor
+        assert intervals[0] > 1 and intervals[2] > 1  # the others backed off while stable
+        gauge = _cordoned_gauge(cores)
+        assert gauge[(cores[0].node, "1")] == 1 and gauge[(cores[0].node, "0")] == 0
+        assert gauge[(cores[1].node, "1")] == 0
+
+        # An operator releases GPU 3: it backs off again.
+        KubeApi(connect(fake.url)).core.patch_node(cores[0].node, {"metadata": {"annotations": {
+            objects.ANN_CORDONED: "1"}}}, _content_type="application/merge-patch+json")
+        watcher.apply(watcher.read())
+        assert [t.cordoned for t in cores[0].tracks] == [False, True, False, False]
+        assert not cores[0].tracks[3].sampler.pinned
+        assert stats.cordon_read_errors == 0  # a node the API does not know is not an error
+
+    # The API gone: the read fails, is counted, and the last known cordons stand.
+    watcher.apply(watcher.read())
+    assert stats.cordon_read_errors == 2
+    assert [t.cordoned for t in cores[0].tracks] == [False, True, False, False]
+
+
+def test_no_api_means_no_watcher(monkeypatch):
+    cores, _ = _core()
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert CordonWatcher.from_settings(cores, AgentStats(), None, 15.0) is None
+    assert CordonWatcher.from_settings(cores, AgentStats(), "http://127.0.0.1:1", 0) is None
+    assert CordonWatcher.from_settings(cores, AgentStats(), "http://127.0.0.1:1", 5.0) is not None
