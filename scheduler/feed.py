@@ -41,13 +41,18 @@ class StateView:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     forecast: ClusterForecast | None = None
     version: int = 0  # bumped by every record learned: readers re-apply only after a change
+    # Per GPU, the Kafka headers of the state that last changed its health band: the trace context
+    # (agent event -> stream state) that a scheduler action on that GPU continues.
+    band_trace: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)
 
-    def learn(self, record: object) -> None:
+    def learn(self, record: object, headers: list[tuple[str, bytes]] | None = None) -> None:
         self.version += 1
         if isinstance(record, GpuState):
             old = self.gpus.get(record.gpu_uuid)
             if old is None or record.published_ms >= old.published_ms:
                 self.gpus[record.gpu_uuid] = record
+                if headers and (old is None or old.health_band != record.health_band):
+                    self.band_trace[record.gpu_uuid] = headers
         elif isinstance(record, NodeState):
             old_node = self.nodes.get(record.node)
             if old_node is None or record.ts_ms >= old_node.ts_ms:
@@ -147,7 +152,7 @@ class StateFeed:
     async def _take(self, m) -> None:
         self.records += 1
         try:
-            self.view.learn(decode_for_topic(m.topic, m.value))
+            self.view.learn(decode_for_topic(m.topic, m.value), list(m.headers or ()))
         except DecodeError as exc:
             self.dead_lettered += 1
             name, headers = dead_letter(m.topic, m.partition, m.offset, exc, list(m.headers or []))

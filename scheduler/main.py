@@ -26,7 +26,7 @@ from scheduler.kube.leader import LeaderElector
 from scheduler.kube.live import LiveScheduler
 from scheduler.metrics import SchedulerCollector, SchedulerStats
 from scheduler.settings import SchedulerSettings
-from stream import topics
+from stream import observability, topics
 from stream.admin import wait_ready
 from stream.events import AgentControl, SchedulerDecision, encode
 from stream.kafka_settings import KafkaSettings
@@ -71,7 +71,9 @@ async def serve(kafka: KafkaSettings | None, settings: SchedulerSettings, metric
 
             async def publish(record: SchedulerDecision) -> None:
                 assert producer is not None
-                await producer.send(topics.DECISIONS, encode(record), key=record.key())
+                # Inside an action's span (a cordon continuing the agent's trace) the record carries it on.
+                await producer.send(topics.DECISIONS, encode(record), key=record.key(),
+                                    headers=observability.inject_headers())
 
             async def control(record: AgentControl) -> None:
                 assert producer is not None

@@ -22,7 +22,7 @@ from scheduler.kube.fake_api import FakeApiServer, make_node, make_pod
 from scheduler.kube.leader import LeaderElector
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
-from stream import topics
+from stream import observability, topics
 from stream.events import GpuState, HealthBand, NodeGpu, NodeState, encode
 from stream.kafka_settings import KafkaSettings
 
@@ -262,11 +262,12 @@ async def test_gpu_turning_critical_on_the_broker_cordons_it_checkpoints_and_evi
     producer = AIOKafkaProducer(**kafka_settings.producer_kwargs())
     await producer.start()
 
-    async def publish_state(g: int, band: HealthBand) -> None:
+    async def publish_state(g: int, band: HealthBand, headers: list[tuple[str, bytes]] | None = None) -> None:
         ts = int(time.time() * 1000)
         await producer.send_and_wait(topics.GPU_STATE, encode(GpuState(
             uuids[g], node, "H100", ts, ts + 10, 50.0, 20.0, 1000.0, 81920, 300.0, 60.0,
-            95.0 if band == HealthBand.HEALTHY else 10.0, band, {}, [], None, None, 1)), key=uuids[g].encode())
+            95.0 if band == HealthBand.HEALTHY else 10.0, band, {}, [], None, None, 1)), key=uuids[g].encode(),
+            headers=headers)
 
     await producer.send_and_wait(topics.NODE_STATE, encode(NodeState(node, now_ms, None, None, [
         NodeGpu(u, g, "H100", 81920, 0, HealthBand.HEALTHY) for g, u in enumerate(uuids)], 2000, 0)),
@@ -288,7 +289,17 @@ async def test_gpu_turning_critical_on_the_broker_cordons_it_checkpoints_and_evi
                 assert {g["uuid"] for p in pods(fake).values() for g in gpus_of(p)} == set(uuids)
                 victim = "ckpt"
                 bad_gpu = on_gpu[victim]
-                await publish_state(bad_gpu, HealthBand.CRITICAL)
+                published: list[tuple[str, str]] = []
+
+                async def capture(record) -> None:  # what scheduler.main publishes, with the same headers
+                    traceparent = dict(observability.inject_headers()).get("traceparent", b"").decode()
+                    published.append((str(record.action), traceparent))
+
+                live.sink.publish = capture
+                # The stream's state carries the trace begun at the agent's event.
+                trace_id = "5a" * 16
+                traceparent = f"00-{trace_id}-{'3' * 16}-01".encode()
+                await publish_state(bad_gpu, HealthBand.CRITICAL, [("traceparent", traceparent)])
                 # The workload is asked to checkpoint first; it answers through the documented annotation.
                 await wait_for(lambda: objects.ANN_CHECKPOINT_REQUEST in pods(fake)[victim]["metadata"]["annotations"],
                                what="checkpoint request")
@@ -306,6 +317,9 @@ async def test_gpu_turning_critical_on_the_broker_cordons_it_checkpoints_and_evi
                                            for e in events(fake, "FailedScheduling")), what="replacement refused")
                 assert not pods(fake)["ckpt-2"]["spec"].get("nodeName")
                 assert live.stats.decisions[("MIGRATE", "gpu-critical")] == 1
+                # The cordon and the migration continue that trace on scheduler.decisions.v1.
+                actions = {a: tp for a, tp in published if a.endswith(("CORDON", "MIGRATE"))}
+                assert len(actions) == 2 and all(tp.split("-")[1] == trace_id for tp in actions.values()), published
     finally:
         await feed.stop()
         await producer.stop()

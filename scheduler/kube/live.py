@@ -51,6 +51,7 @@ from scheduler.kube.cache import ClusterCache
 from scheduler.kube.objects import PodWorkload
 from scheduler.metrics import PRIORITY_NAMES, QueueSnapshot, SchedulerStats
 from scheduler.settings import SchedulerSettings
+from stream import observability
 from stream.events import AgentControl, ControlKind, DecisionAction, GpuAssignment, HealthBand, SchedulerDecision
 
 log = logging.getLogger(__name__)
@@ -344,9 +345,19 @@ class LiveScheduler:
             i, g = where[gpu_uuid]
             if (c.names[i], g) not in self._critical_seen:
                 self._critical_seen.add((c.names[i], g))
-                self._spawn(self._cordon_and_migrate(c.names[i], g))
+                self._spawn(self._cordon_and_migrate(c.names[i], g, gpu_uuid))
 
-    async def _cordon_and_migrate(self, node: str, gpu: int) -> None:
+    async def _cordon_and_migrate(self, node: str, gpu: int, gpu_uuid: str) -> None:
+        # The span continues the trace of the state that turned the GPU critical (agent event -> stream
+        # state), so the decisions published inside it carry that trace to scheduler.decisions.v1.
+        parent = observability.extract_context(self.view.band_trace.get(gpu_uuid) if self.view else None)
+        attributes = {"gpuaware.node": node, "gpuaware.gpu.index": gpu, "gpuaware.gpu.uuid": gpu_uuid}
+        with observability.tracer(__name__).start_as_current_span("scheduler.cordon_and_migrate", context=parent,
+                                                                  attributes=attributes):
+            await self._cordon(node, gpu)
+            await self._migrate_off(node, gpu)
+
+    async def _cordon(self, node: str, gpu: int) -> None:
         try:
             await self._call(self.api.cordon_gpu, node, gpu)
             self.stats.decisions[("CORDON", "gpu-critical")] += 1
@@ -359,6 +370,8 @@ class LiveScheduler:
             self.stats.api_errors[("patch-node", 0)] += 1
             self._critical_seen.discard((node, gpu))
             log.warning("could not cordon GPU %d of %s: %s", gpu, node, exc)
+
+    async def _migrate_off(self, node: str, gpu: int) -> None:
         i = self.cache.cluster.index.get(node)
         victims = [r for r in list(self.cache.running.values()) if r.allocation.node == i and gpu in r.allocation.gpus]
         for r in victims:
