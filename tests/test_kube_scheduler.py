@@ -317,6 +317,18 @@ async def test_gpu_turning_critical_on_the_broker_cordons_it_checkpoints_and_evi
                                            for e in events(fake, "FailedScheduling")), what="replacement refused")
                 assert not pods(fake)["ckpt-2"]["spec"].get("nodeName")
                 assert live.stats.decisions[("MIGRATE", "gpu-critical")] == 1
+                # Repaired: the operator releases the cordon and the GPU reports healthy; the waiting pod
+                # lands there, and when the GPU turns critical again it is cordoned and moved again.
+                await publish_state(bad_gpu, HealthBand.HEALTHY)
+                KubeApi(connect(fake.url)).core.patch_node(node, {"metadata": {"annotations": {
+                    objects.ANN_CORDONED: None}}}, _content_type="application/merge-patch+json")
+                await wait_for(lambda: pods(fake)["ckpt-2"]["spec"].get("nodeName"), what="placed after repair")
+                assert gpus_of(pods(fake)["ckpt-2"])[0]["index"] == bad_gpu
+                await publish_state(bad_gpu, HealthBand.CRITICAL)
+                await wait_for(lambda: "ckpt-2" not in pods(fake), what="evicted again")
+                nodes = {n["metadata"]["name"]: n for n in fake.objects("nodes")}
+                assert nodes[node]["metadata"]["annotations"][objects.ANN_CORDONED] == str(bad_gpu)
+                assert live.stats.decisions[("MIGRATE", "gpu-critical")] == 2
                 # The cordon and the migration continue that trace on scheduler.decisions.v1.
                 actions = {a: tp for a, tp in published if a.endswith(("CORDON", "MIGRATE"))}
                 assert len(actions) == 2 and all(tp.split("-")[1] == trace_id for tp in actions.values()), published

@@ -340,11 +340,14 @@ class LiveScheduler:
         for i, g in np.argwhere(c.band != before):
             self.band_changes.append((now, c.names[int(i)], int(g), int(c.band[i, g])))
         for gpu_uuid, state in self.view.gpus.items():
-            if state.health_band != HealthBand.CRITICAL or gpu_uuid not in where:
+            if gpu_uuid not in where:
                 continue
             i, g = where[gpu_uuid]
-            if (c.names[i], g) not in self._critical_seen:
-                self._critical_seen.add((c.names[i], g))
+            key = (c.names[i], g)
+            if state.health_band != HealthBand.CRITICAL:
+                self._critical_seen.discard(key)  # turning critical again (after a repair) acts again
+            elif key not in self._critical_seen:
+                self._critical_seen.add(key)
                 self._spawn(self._cordon_and_migrate(c.names[i], g, gpu_uuid))
 
     async def _cordon_and_migrate(self, node: str, gpu: int, gpu_uuid: str) -> None:
