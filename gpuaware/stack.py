@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 
 from agent.collectors.sim import SimCluster, load_scenario
+from agent.cordons import CordonWatcher
 from agent.main import serve_metrics
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy
@@ -176,6 +177,8 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
         cluster = SimCluster(scenario)  # the simulated clock starts now: fault times count from here
         runtime = AgentRuntime(cluster.collectors(), kafka, SamplingPolicy(), str(Path(workdir) / "spool"))
         runtime.event_listeners.append(state.on_event)
+        if sched is not None:  # the agents honour the scheduler's GPU cordons, as on a cluster
+            runtime.cordons = CordonWatcher.from_settings(runtime.cores, runtime.stats, sched.fake.url, 2.0)
         prom = None
         if prometheus:
             agent_port = free_port()
@@ -248,6 +251,7 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
         "health_bands": {b: bands.get(b, 0) for b in (HealthBand.HEALTHY.value.lower(), "degraded", "critical",
                                                        "lost")},
         "spool_dropped": runtime.spool.dropped,
+        "agent_cordoned_gpus": sum(t.cordoned for c in runtime.cores for t in c.tracks),
         "faults": faults,
         "stream": {
             "workers": stream_workers,
