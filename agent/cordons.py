@@ -41,10 +41,8 @@ class CordonWatcher:
 
     def read(self) -> dict[str, set[int] | None]:
         """Each node's cordoned GPUs; None where the read failed (blocking: run it in a thread)."""
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
         from scheduler.kube import objects
+        from scheduler.kube.api import TRANSPORT_ERRORS, ApiException
 
         out: dict[str, set[int] | None] = {}
         for core in self.cores:
@@ -60,7 +58,7 @@ class CordonWatcher:
                     continue
                 self.stats.cordon_read_errors += 1
                 log.warning("reading node %s for cordons failed: %s %s", core.node, exc.status, exc.reason)
-            except (HTTPError, OSError) as exc:
+            except TRANSPORT_ERRORS as exc:
                 out[core.node] = None
                 self.stats.cordon_read_errors += 1
                 log.warning("reading node %s for cordons failed: %s", core.node, exc)

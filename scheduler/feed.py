@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -45,14 +45,14 @@ class StateView:
     # (agent event -> stream state) that a scheduler action on that GPU continues.
     band_trace: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)
 
-    def learn(self, record: object, headers: list[tuple[str, bytes]] | None = None) -> None:
+    def learn(self, record: object, headers: Sequence[tuple[str, bytes]] | None = None) -> None:
         self.version += 1
         if isinstance(record, GpuState):
             old = self.gpus.get(record.gpu_uuid)
             if old is None or record.published_ms >= old.published_ms:
                 self.gpus[record.gpu_uuid] = record
                 if headers and (old is None or old.health_band != record.health_band):
-                    self.band_trace[record.gpu_uuid] = headers
+                    self.band_trace[record.gpu_uuid] = list(headers)
         elif isinstance(record, NodeState):
             old_node = self.nodes.get(record.node)
             if old_node is None or record.ts_ms >= old_node.ts_ms:
@@ -152,7 +152,7 @@ class StateFeed:
     async def _take(self, m) -> None:
         self.records += 1
         try:
-            self.view.learn(decode_for_topic(m.topic, m.value), list(m.headers or ()))
+            self.view.learn(decode_for_topic(m.topic, m.value), m.headers)
         except DecodeError as exc:
             self.dead_lettered += 1
             name, headers = dead_letter(m.topic, m.partition, m.offset, exc, list(m.headers or []))

@@ -12,7 +12,7 @@ from agent.core import AgentCore
 from agent.exporter import AgentCollector, AgentStats
 from agent.sampling import SamplingPolicy
 from scheduler.kube import objects
-from scheduler.kube.api import KubeApi, connect
+from scheduler.kube.api import MERGE_PATCH, KubeApi, connect
 from scheduler.kube.fake_api import FakeApiServer, make_node
 
 
@@ -55,7 +55,7 @@ def test_cordoned_gpus_are_read_from_the_node_and_sampled_at_the_floor():
 
         # An operator releases GPU 3: it backs off again.
         KubeApi(connect(fake.url)).core.patch_node(cores[0].node, {"metadata": {"annotations": {
-            objects.ANN_CORDONED: "1"}}}, _content_type="application/merge-patch+json")
+            objects.ANN_CORDONED: "1"}}}, _content_type=MERGE_PATCH)
         watcher.apply(watcher.read())
         assert [t.cordoned for t in cores[0].tracks] == [False, True, False, False]
         assert not cores[0].tracks[3].sampler.pinned

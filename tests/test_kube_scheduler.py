@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 
 from scheduler.feed import StateFeed, StateView
 from scheduler.kube import objects
-from scheduler.kube.api import Informer, KubeApi, WatchSpec, connect
+from scheduler.kube.api import MERGE_PATCH, Informer, KubeApi, WatchSpec, connect
 from scheduler.kube.extender import Extender
 from scheduler.kube.fake_api import FakeApiServer, make_node, make_pod
 from scheduler.kube.leader import LeaderElector
@@ -321,7 +321,7 @@ async def test_gpu_turning_critical_on_the_broker_cordons_it_checkpoints_and_evi
                 # lands there, and when the GPU turns critical again it is cordoned and moved again.
                 await publish_state(bad_gpu, HealthBand.HEALTHY)
                 KubeApi(connect(fake.url)).core.patch_node(node, {"metadata": {"annotations": {
-                    objects.ANN_CORDONED: None}}}, _content_type="application/merge-patch+json")
+                    objects.ANN_CORDONED: None}}}, _content_type=MERGE_PATCH)
                 await wait_for(lambda: pods(fake)["ckpt-2"]["spec"].get("nodeName"), what="placed after repair")
                 assert gpus_of(pods(fake)["ckpt-2"])[0]["index"] == bad_gpu
                 await publish_state(bad_gpu, HealthBand.CRITICAL)

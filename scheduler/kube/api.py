@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
@@ -29,6 +30,8 @@ from scheduler.kube import objects
 log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
+# The API server unreachable or the connection broken (as opposed to an answer: ApiException).
+TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, OSError)
 
 
 def connect(host: str | None = None, pool_size: int = 32) -> client.ApiClient:
@@ -112,8 +115,8 @@ class KubeApi:
     def read_node(self, name: str) -> dict[str, Any]:
         return _json(self.core.read_node(name, _preload_content=False))
 
-    def cordon_gpu(self, name: str, gpu: int, attempts: int = 20) -> set[int]:
-        """Add ``gpu`` to the node's cordoned-GPU annotation and return the set now recorded.
+    def cordon_gpu(self, name: str, gpu: int, attempts: int = 20) -> None:
+        """Add ``gpu`` to the node's cordoned-GPU annotation.
 
         Read-modify-write guarded by the node's resourceVersion (409 Conflict -> read again), so two
         GPUs turning critical at once, or an operator editing the annotation, never lose a cordon."""
@@ -126,7 +129,7 @@ class KubeApi:
                                   "annotations": {objects.ANN_CORDONED: ",".join(map(str, sorted(cordoned)))}}}
             try:
                 self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _preload_content=False)
-                return cordoned
+                return
             except ApiException as exc:
                 if exc.status != 409 or attempt >= attempts:
                     raise

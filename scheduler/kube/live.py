@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, place_gang, schedule_pass
@@ -46,7 +45,7 @@ from scheduler.core.throttle import throttle_decisions
 from scheduler.core.workload import Workload
 from scheduler.feed import StateView
 from scheduler.kube import objects
-from scheduler.kube.api import Informer, KubeApi, WatchSpec, api_error, now_rfc3339, wait_synced
+from scheduler.kube.api import TRANSPORT_ERRORS, Informer, KubeApi, WatchSpec, api_error, now_rfc3339, wait_synced
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.objects import PodWorkload
 from scheduler.metrics import PRIORITY_NAMES, QueueSnapshot, SchedulerStats
@@ -56,7 +55,6 @@ from stream.events import AgentControl, ControlKind, DecisionAction, GpuAssignme
 
 log = logging.getLogger(__name__)
 
-TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, OSError)
 UNKNOWN_DURATION_S = 24 * 3600.0  # running work without a duration estimate: assume it stays a day
 MIX_REBUILD_EVERY = 256  # new pod shapes seen before FGD's workload mix is rebuilt
 
