@@ -13,18 +13,23 @@ from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
 from scheduler.core.framework import Candidates, CycleContext, Profile, Scheduler
 from scheduler.core.plugins.bestfit import BestFit
 from scheduler.core.plugins.clustering import Clustering
+from scheduler.core.plugins.cpu_for_gpus import CpuForGpus
 from scheduler.core.plugins.fgd import FragmentationGradient, TaskTypes, fragmentation
 from scheduler.core.plugins.health import HealthFilter
 from scheduler.core.plugins.least_allocated import LeastAllocated
 from scheduler.core.plugins.model_affinity import ModelAffinity
+from scheduler.core.plugins.model_reservation import ModelReservation
 from scheduler.core.plugins.packing import GpuPacking
 from scheduler.core.policies import POLICIES, profile
 from scheduler.core.preemption import Running, select_victims
 from scheduler.core.queue import Tenant, TenantLedger, fair_order
 from scheduler.core.workload import Workload
+from scheduler.core.workload_mix import WorkloadMix
 from stream.events import HealthBand
 
 TYPES = TaskTypes.from_counts({(1000, 1024, 1, 1000): 3, (1000, 1024, 1, 500): 1, (0, 0, 0, 0): 1})
+MIX = WorkloadMix.of([Workload(f"w{i}", 1000, 1024, 1, 1000) for i in range(3)]
+                     + [Workload("half", 1000, 1024, 1, 500), Workload("cpu", 1000, 1024, 0)])
 
 
 def cluster(*gpus_per_node: int, model: str = "V100", cpu: int = 32000) -> ClusterState:
@@ -98,6 +103,56 @@ def test_fgd_fills_a_half_used_gpu_rather_than_breaking_a_whole_one():
     assert (d.allocation.node, d.allocation.gpus) == (0, [0])
 
 
+def test_the_mix_merges_rare_shapes_per_gpu_request_and_knows_constrained_demand():
+    common = [Workload(f"c{i}", 4000, 8192, 1, 1000) for i in range(6)]
+    rare = [Workload("r1", 1000, 1024, 1, 160), Workload("r2", 3000, 2048, 1, 160), Workload("r3", 2000, 4096, 1, 160)]
+    t4 = [Workload(f"t{i}", 4000, 8192, 1, 500, models=("T4",)) for i in range(2)]
+    mix = WorkloadMix.of(common + rare + t4)
+    assert len(mix.task_types(top=1).p) == 1  # FGD's artifact: typical shapes only
+    merged = mix.task_types(top=1, aggregate_tail=True)
+    # the three rare 160-milli shapes become one type at their median CPU and memory
+    rows = zip(merged.cpu.tolist(), merged.mem.tolist(), merged.milli.tolist(), merged.p.round(3).tolist(), strict=True)
+    assert sorted(rows) == [(2000, 2048, 160, 0.273), (4000, 8192, 500, 0.182), (4000, 8192, 1000, 0.545)]
+    demand = 6 * 1000 + 3 * 160 + 2 * 500
+    assert mix.model_demand() == {frozenset({"T4"}): 1000 / demand}
+    assert mix.cpu_per_gpu() == pytest.approx((6 * 4000 + 6000 + 8000) / (demand / 1000))
+
+
+def test_model_reservation_keeps_a_scarce_models_gpus_for_the_work_only_it_can_serve():
+    c = ClusterState([NodeSpec("t4", 32000, 65536, 2, "T4"), NodeSpec("g2", 32000, 65536, 8, "G2")])
+    reserve = ModelReservation({frozenset({"T4"}): 0.5})
+    anywhere = Workload("any", 1000, 1024, 1, 1000)
+    # Half the demand needs a T4 and only two of ten GPUs are T4s: work that could run anywhere goes elsewhere
+    d = scheduler_with(reserve, LeastAllocated()).schedule(c, anywhere)
+    assert c.names[d.allocation.node] == "g2"
+    # ... while a T4-only workload is not held back by its own reservation
+    ctx = CycleContext(c, Workload("t4-only", 1000, 1024, 1, 1000, models=("T4",)))
+    assert not reserve.score(ctx, Candidates(np.array([0, 0]), np.array([0, 1]))).any()
+    # Sharing a GPU already in use takes no whole T4 and costs nothing; the last whole T4 falls short of
+    # half of the 7 whole GPUs left after it
+    c.allocate(Allocation("half", 0, [0], [500], 1000, 1024))
+    ctx = CycleContext(c, Workload("small", 1000, 1024, 1, 300))
+    assert reserve.score(ctx, Candidates(np.array([0, 0]), np.array([0, 1]))).tolist() == [0.0, -3500.0]
+    # With no constrained demand the score is flat
+    flat = ModelReservation({}).score(CycleContext(c, anywhere), Candidates(np.array([0, 1]), np.array([1, 0])))
+    assert not flat.any()
+
+
+def test_cpu_only_work_keeps_off_the_cpu_that_free_gpus_need():
+    c = ClusterState([NodeSpec("gpus-free", 16000, 65536, 2, "V100"), NodeSpec("gpus-taken", 16000, 65536, 2, "V100")])
+    c.allocate(Allocation("busy", 1, [0, 1], [1000, 1000], 4000, 1024))
+    etl = Workload("etl", 8000, 1024, 0)
+    assert c.names[scheduler_with(LeastAllocated()).schedule(c, etl).allocation.node] == "gpus-free"  # spreading
+    c.release("etl")
+    assert c.names[scheduler_with(CpuForGpus(cpu_per_gpu=6000.0)).schedule(c, etl).allocation.node] == "gpus-taken"
+    c.release("etl")
+    both = Candidates(np.array([0, 1]), np.array([-1, -1]))
+    # two free GPUs need 12 cores; 16 free, 8 taken: 4 short. The other node has no free GPU to starve.
+    assert CpuForGpus(6000.0).score(CycleContext(c, etl), both).tolist() == [-4000.0, 0.0]
+    gpu_work = Workload("g", 1000, 1024, 1)
+    assert not CpuForGpus(6000.0).score(CycleContext(c, gpu_work), Candidates(np.array([0]), np.array([0]))).any()
+
+
 def test_multi_gpu_workloads_stay_on_one_nvlink_island():
     c = ClusterState([NodeSpec("dgx", 96000, 1048576, 8, "H100", 81920, nvlink_groups=[0, 0, 0, 0, 1, 1, 1, 1])])
     c.allocate(Allocation("one", 0, [0], [1000], 1000, 1024))
@@ -109,7 +164,7 @@ def test_multi_gpu_workloads_stay_on_one_nvlink_island():
 
 def test_k8s_default_rounds_fractions_up_to_whole_gpus():
     c = cluster(2)
-    s = Scheduler(profile("k8s-default", TYPES))
+    s = Scheduler(profile("k8s-default", MIX))
     assert s.schedule(c, Workload("a", 0, 0, 1, 300)).allocation.milli == [1000]
 
 
@@ -166,7 +221,7 @@ def test_invariants_hold_for_every_policy_on_random_clusters(nodes, works, polic
     if c.gpu_exists.any():
         n, g = np.argwhere(c.gpu_exists)[0]
         c.set_band(int(n), int(g), HealthBand.CRITICAL)
-    s = Scheduler(profile(policy, TYPES, seed), seed=seed)
+    s = Scheduler(profile(policy, MIX, seed), seed=seed)
     placed = []
     for i, (cpu, k, milli, preemptible, models) in enumerate(works):
         w = Workload(f"w{i}", cpu, 1024, k, milli if k == 1 else 1000, models=models, preemptible=preemptible)
@@ -312,7 +367,7 @@ def test_a_gang_is_placed_whole_or_leaves_the_cluster_exactly_as_it_was(node_gpu
         cluster.allocate(Allocation("already", 0, list(range(busy)), [1000] * busy, 0, 0))
     before = (cluster.gpu_free.copy(), cluster.cpu_free.copy(), dict(cluster.allocations))
     members = [Workload(f"m{i}", 1000, 1024, g, gang="g") for i, g in enumerate(member_gpus)]
-    scheduler = Scheduler(profile("gpuaware", TaskTypes.from_counts({(1000, 1024, 1, 1000): 1})))
+    scheduler = Scheduler(profile("gpuaware", WorkloadMix.of([Workload("w", 1000, 1024, 1, 1000)])))
     placed, reasons = place_gang(scheduler, cluster, members)
     cluster.check_invariants()
     if placed:

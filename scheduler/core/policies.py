@@ -6,25 +6,28 @@ from scheduler.core.framework import Profile
 from scheduler.core.plugins.bestfit import BestFit
 from scheduler.core.plugins.capabilities import Capabilities
 from scheduler.core.plugins.clustering import Clustering
+from scheduler.core.plugins.cpu_for_gpus import CpuForGpus
 from scheduler.core.plugins.dotprod import DotProduct
-from scheduler.core.plugins.fgd import FragmentationGradient, TaskTypes
+from scheduler.core.plugins.fgd import FragmentationGradient
 from scheduler.core.plugins.health import HealthFilter
 from scheduler.core.plugins.heterogeneity import HeterogeneityAffinity
 from scheduler.core.plugins.least_allocated import LeastAllocated
 from scheduler.core.plugins.model_affinity import ModelAffinity
+from scheduler.core.plugins.model_reservation import ModelReservation
 from scheduler.core.plugins.packing import GpuPacking
 from scheduler.core.plugins.random_score import RandomScore
 from scheduler.core.throughput import ThroughputTable
+from scheduler.core.workload_mix import WorkloadMix
 
 POLICIES = ("random", "k8s-default", "bestfit", "dotprod", "packing", "clustering", "fgd", "gpuaware")
 
 
-def profile(name: str, types: TaskTypes, seed: int = 0, model_types: TaskTypes | None = None,
-            throughput: ThroughputTable | None = None) -> Profile:
-    """``types``: the workload's 64 most common shapes (what FGD uses); ``model_types``: the same with
-    each shape's allowed GPU models, which ``gpuaware`` uses so type-constrained demand counts only on
-    the nodes it may use. With a ``throughput`` table ``gpuaware`` also weighs each workload's speed
-    on each GPU model (workloads without a ``gavel_class`` label score the same everywhere)."""
+def profile(name: str, mix: WorkloadMix, seed: int = 0, throughput: ThroughputTable | None = None) -> Profile:
+    """``mix``: the pod shapes expected to keep arriving. ``fgd`` uses its 64 most common shapes, as the
+    FGD artifact keeps only typical pods; ``gpuaware`` uses every shape (the rare ones merged per GPU
+    request) and reserves whole GPUs of each model for the demand only that model may serve. With a
+    ``throughput`` table ``gpuaware`` also weighs each workload's speed on each GPU model (workloads
+    without a ``gavel_class`` label score the same everywhere)."""
     filters = [ModelAffinity(), Capabilities(), HealthFilter()]
     if name == "random":
         return Profile(name, filters, [(RandomScore(seed), 1.0)])
@@ -39,11 +42,14 @@ def profile(name: str, types: TaskTypes, seed: int = 0, model_types: TaskTypes |
     if name == "clustering":
         return Profile(name, filters, [(Clustering(), 1.0)])
     if name == "fgd":
-        return Profile(name, filters, [(FragmentationGradient(types), 1.0)])
+        return Profile(name, filters, [(FragmentationGradient(mix.task_types(top=64)), 1.0)])
     if name == "gpuaware":
-        # FGD decides; best fit only breaks its (near-)ties, which FGD leaves to chance: measured to leave
-        # fewer GPUs unallocated than FGD alone (docs/scheduling.md).
-        scores = [(FragmentationGradient(model_types or types), 1.0), (BestFit(), 0.01)]
+        # FGD over the whole mix decides; best fit only breaks its (near-)ties, which FGD leaves to chance;
+        # the model reservation counts only where a placement would eat into a GPU model's share of
+        # constrained demand; CPU-only pods keep off the CPU that free GPUs need. Weights measured on the
+        # openb traces (docs/scheduling.md).
+        scores = [(FragmentationGradient(mix.task_types(top=64, aggregate_tail=True)), 1.0), (BestFit(), 0.01),
+                  (ModelReservation(mix.model_demand()), 0.15), (CpuForGpus(mix.cpu_per_gpu()), 0.05)]
         if throughput is not None:
             scores.append((HeterogeneityAffinity(throughput), 0.3))
         return Profile(name, filters, scores)

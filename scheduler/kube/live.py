@@ -27,7 +27,7 @@ import functools
 import logging
 import time
 import uuid
-from collections import Counter, deque
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,12 +37,12 @@ from kubernetes.client.exceptions import ApiException
 
 from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, place_gang, schedule_pass
 from scheduler.core.framework import Decision, Scheduler
-from scheduler.core.plugins.fgd import TaskTypes
 from scheduler.core.policies import profile
 from scheduler.core.preemption import Running
 from scheduler.core.queue import Tenant, TenantLedger, jain_index
 from scheduler.core.throttle import throttle_decisions
 from scheduler.core.workload import Workload
+from scheduler.core.workload_mix import WorkloadMix
 from scheduler.feed import StateView
 from scheduler.kube import objects
 from scheduler.kube.api import TRANSPORT_ERRORS, Informer, KubeApi, WatchSpec, api_error, now_rfc3339, wait_synced
@@ -56,7 +56,7 @@ from stream.events import AgentControl, ControlKind, DecisionAction, GpuAssignme
 log = logging.getLogger(__name__)
 
 UNKNOWN_DURATION_S = 24 * 3600.0  # running work without a duration estimate: assume it stays a day
-MIX_REBUILD_EVERY = 256  # new pod shapes seen before FGD's workload mix is rebuilt
+MIX_REBUILD_EVERY = 256  # pods seen before the scores built from the workload mix (FGD, model reservation) are rebuilt
 
 
 @dataclass
@@ -115,7 +115,7 @@ class LiveScheduler:
         self._evicting: set[str] = set()
         self._reported: dict[str, str] = {}  # pod -> last FailedScheduling message written
         self._critical_seen: set[tuple[str, int]] = set()
-        self._mix: Counter = Counter()
+        self._mix = WorkloadMix()
         self._mix_at_build = -1
         self._scheduler: Scheduler | None = None
         self._dirty = True
@@ -224,16 +224,13 @@ class LiveScheduler:
             self.cache.sync_queues(obj) if kind == "SYNC" else self.cache.queue_event(kind, obj)
 
     def _learn_shape(self, pod: dict[str, Any]) -> None:
-        w = self.cache.workload(pod)
-        self._mix[(w.cpu_milli, w.memory_mib, w.num_gpu, w.gpu_milli if w.num_gpu else 0)] += 1
+        self._mix.add(self.cache.workload(pod))
 
     def core(self) -> Scheduler:
-        """The framework with the configured policy; FGD's workload mix follows the pods seen."""
-        seen = sum(self._mix.values())
+        """The framework with the configured policy; the workload mix its scores read follows the pods seen."""
+        seen = len(self._mix)
         if self._scheduler is None or seen - self._mix_at_build >= MIX_REBUILD_EVERY:
-            mix = dict(self._mix) or {(1000, 1024, 1, 1000): 1}
-            types = TaskTypes.from_counts(mix)
-            self._scheduler = Scheduler(profile(self.settings.policy, types, 0))
+            self._scheduler = Scheduler(profile(self.settings.policy, self._mix, 0))
             self._mix_at_build = seen
         return self._scheduler
 

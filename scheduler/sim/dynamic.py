@@ -55,7 +55,7 @@ from scheduler.core.rebalance import consolidation_moves
 from scheduler.core.throttle import throttle_decisions
 from scheduler.core.throughput import ThroughputTable
 from scheduler.core.workload import Workload
-from scheduler.sim.openb import task_types
+from scheduler.core.workload_mix import WorkloadMix
 from stream.events import HealthBand
 from stream.traces import traces_dir
 
@@ -182,8 +182,7 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
     nodes = [n for n, keep in zip(nodes, pick, strict=True) if keep] or nodes[:1]
     cluster = ClusterState(nodes)
     table = gavel_table() if cfg.heterogeneity else None
-    scheduler = Scheduler(profile(policy, task_types(pods), seed, task_types(pods, with_models=True), table),
-                          seed=seed)
+    scheduler = Scheduler(profile(policy, WorkloadMix.of(p.workload for p in pods), seed, table), seed=seed)
     ref_speed: dict[str, float | None] = {}
 
     def speed(w: Workload, node: int) -> float:

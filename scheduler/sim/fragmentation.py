@@ -21,7 +21,8 @@ from scheduler.core.cluster import ClusterState, NodeSpec
 from scheduler.core.framework import Scheduler
 from scheduler.core.policies import profile
 from scheduler.core.workload import Workload
-from scheduler.sim.openb import TracePod, task_types
+from scheduler.core.workload_mix import WorkloadMix
+from scheduler.sim.openb import TracePod
 
 LOAD_POINTS = (80, 90, 100, 110, 120, 130)
 
@@ -46,7 +47,7 @@ def run_fragmentation(nodes: list[NodeSpec], pods: list[TracePod], policy: str, 
                       progress: Callable[[float], None] | None = None) -> FragmentationRun:
     cluster = ClusterState(nodes)
     capacity = cluster.total_gpu_milli
-    scheduler = Scheduler(profile(policy, task_types(pods), seed, task_types(pods, with_models=True)), seed=seed)
+    scheduler = Scheduler(profile(policy, WorkloadMix.of(p.workload for p in pods), seed), seed=seed)
     rng = np.random.default_rng(seed)
     run = FragmentationRun(policy, seed)
     requested = 0

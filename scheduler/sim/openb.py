@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import csv
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.core.cluster import NodeSpec
-from scheduler.core.plugins.fgd import TaskTypes
 from scheduler.core.workload import Workload
 
 # Published memory sizes; G1-G3 are undisclosed types whose memory is unknown (0: not tracked).
@@ -81,11 +79,3 @@ def load_pods(path: str | Path) -> list[TracePod]:
         raise TraceError(f"{path}: no pods")
     return out
 
-
-def task_types(pods: list[TracePod], top: int | None = 64, with_models: bool = False) -> TaskTypes:
-    """The workload's popularity by (cpu, memory, GPUs, milli) shape, for FGD; ``with_models`` adds
-    each shape's allowed GPU models, so a node counts as fragmented for types it may not host."""
-    counts = Counter((p.workload.cpu_milli, p.workload.memory_mib, p.workload.num_gpu,
-                      p.workload.gpu_milli if p.workload.num_gpu else 0)
-                     + ((tuple(sorted(p.workload.models)),) if with_models else ()) for p in pods)
-    return TaskTypes.from_counts(dict(counts), top=top)

@@ -25,39 +25,24 @@ class TaskTypes:
     num_gpu: np.ndarray
     milli: np.ndarray
     p: np.ndarray
-    models: list[tuple[str, ...]] | None = None  # allowed GPU models per type (empty tuple = any)
 
     @classmethod
-    def from_counts(cls, counts: dict[tuple, float], top: int | None = 64) -> TaskTypes:
-        """Keys are (cpu, mem, num_gpu, milli) or (cpu, mem, num_gpu, milli, models)."""
+    def from_counts(cls, counts: dict[tuple[int, int, int, int], float], top: int | None = 64) -> TaskTypes:
+        """Keys are (cpu, mem, num_gpu, milli); the ``top`` most common are kept."""
         items = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
         arr = np.array([k[:4] for k, _ in items], dtype=np.int64).reshape(-1, 4)
         p = np.array([v for _, v in items], dtype=np.float64)
-        models = [tuple(k[4]) for k, _ in items] if items and len(items[0][0]) > 4 else None
-        return cls(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], p / p.sum(), models)
-
-    def model_ok(self, node_models: np.ndarray) -> np.ndarray | None:
-        """(N, T): whether each type may run on each node's GPU model; None when no type is constrained."""
-        if not self.models or not any(self.models):
-            return None
-        return np.stack([np.ones(len(node_models), dtype=bool) if not m else np.isin(node_models, list(m))
-                         for m in self.models], axis=1)
+        return cls(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], p / p.sum())
 
 
-def fragmentation(free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, types: TaskTypes,
-                  model_ok: np.ndarray | None = None) -> np.ndarray:
-    """(R, T) fragmentation of R node states (free: (R, G) milli) for every task type.
-
-    ``model_ok`` (R, T) marks where a type's GPU-model constraint allows the node.
-    """
+def fragmentation(free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, types: TaskTypes) -> np.ndarray:
+    """(R, T) fragmentation of R node states (free: (R, G) milli) for every task type."""
     total = free.sum(axis=1)[:, None].astype(np.float64)  # (R, 1)
     fits = (cpu[:, None] >= types.cpu[None, :]) & (mem[:, None] >= types.mem[None, :])
-    if model_ok is not None:
-        fits &= model_ok
     out = np.broadcast_to(total, fits.shape).copy()
     share = (types.num_gpu == 1) & (types.milli < 1000)
     if share.any():
-        # Types that differ only in CPU, memory or models share a GPU threshold: compute each once.
+        # Types that differ only in CPU or memory share a GPU threshold: compute each once.
         d, inverse = np.unique(types.milli[share], return_inverse=True)
         usable = free[:, :, None] >= d[None, None, :]  # (R, G, D)
         frag = (free[:, :, None] * ~usable).sum(axis=1)[:, inverse]  # (R, S)
@@ -81,7 +66,6 @@ class FragmentationGradient:
 
     def __init__(self, types: TaskTypes):
         self.types = types
-        self._model_ok: np.ndarray | None = None
         self._cluster_id: int | None = None
         self._versions: np.ndarray | None = None
         self._node_frag: np.ndarray | None = None
@@ -91,19 +75,14 @@ class FragmentationGradient:
         if self._cluster_id != id(c) or self._versions is None or len(self._versions) != len(c):
             self._cluster_id = id(c)
             self._versions = c.version.copy()
-            self._model_ok = self.types.model_ok(c.models)
-            self._node_frag = fragmentation(c.gpu_free, c.cpu_free, c.mem_free, self.types,
-                                            self._model_ok) @ self.types.p
+            self._node_frag = fragmentation(c.gpu_free, c.cpu_free, c.mem_free, self.types) @ self.types.p
             return self._node_frag
         changed = np.flatnonzero(c.version != self._versions)
         if len(changed):
             self._node_frag[changed] = fragmentation(c.gpu_free[changed], c.cpu_free[changed], c.mem_free[changed],
-                                                     self.types, self._rows(changed)) @ self.types.p
+                                                     self.types) @ self.types.p
             self._versions[changed] = c.version[changed]
         return self._node_frag
-
-    def _rows(self, nodes: np.ndarray) -> np.ndarray | None:
-        return None if self._model_ok is None else self._model_ok[nodes]
 
     def delta(self, ctx: CycleContext, cand: Candidates) -> np.ndarray:
         """Expected fragmentation after minus before, per candidate (milli-GPU)."""
@@ -125,8 +104,8 @@ class FragmentationGradient:
                 ok = ctx.cache["gpu_ok"][n]
                 take = np.cumsum(ok, axis=1) <= w.num_gpu
                 free -= np.where(ok & take, 1000, 0)
-        after = fragmentation(free, c.cpu_free[n] - w.cpu_milli, c.mem_free[n] - w.memory_mib, self.types,
-                              self._rows(n)) @ self.types.p
+        after = fragmentation(free, c.cpu_free[n] - w.cpu_milli, c.mem_free[n] - w.memory_mib,
+                              self.types) @ self.types.p
         if inverse is not None:
             after = after[inverse.ravel()]
         return after - before
