@@ -138,7 +138,7 @@ def test_model_reservation_keeps_a_scarce_models_gpus_for_the_work_only_it_can_s
     assert not flat.any()
 
 
-def test_cpu_only_work_keeps_off_the_cpu_that_free_gpus_need():
+def test_placements_leave_each_node_the_cpu_its_free_gpus_need():
     c = ClusterState([NodeSpec("gpus-free", 16000, 65536, 2, "V100"), NodeSpec("gpus-taken", 16000, 65536, 2, "V100")])
     c.allocate(Allocation("busy", 1, [0, 1], [1000, 1000], 4000, 1024))
     etl = Workload("etl", 8000, 1024, 0)
@@ -149,8 +149,11 @@ def test_cpu_only_work_keeps_off_the_cpu_that_free_gpus_need():
     both = Candidates(np.array([0, 1]), np.array([-1, -1]))
     # two free GPUs need 12 cores; 16 free, 8 taken: 4 short. The other node has no free GPU to starve.
     assert CpuForGpus(6000.0).score(CycleContext(c, etl), both).tolist() == [-4000.0, 0.0]
-    gpu_work = Workload("g", 1000, 1024, 1)
-    assert not CpuForGpus(6000.0).score(CycleContext(c, gpu_work), Candidates(np.array([0]), np.array([0]))).any()
+    # A GPU pod takes its GPU's share of CPU along: a lean one leaves no shortage, a CPU-hungry one does
+    one_gpu = Candidates(np.array([0]), np.array([0]))
+    assert CpuForGpus(6000.0).score(CycleContext(c, Workload("lean", 4000, 1024, 1)), one_gpu).tolist() == [0.0]
+    hungry = Workload("hungry", 14000, 1024, 1)  # leaves 2 cores beside a free GPU that needs 6
+    assert CpuForGpus(6000.0).score(CycleContext(c, hungry), one_gpu).tolist() == [-4000.0]
 
 
 def test_multi_gpu_workloads_stay_on_one_nvlink_island():

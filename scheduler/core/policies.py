@@ -44,12 +44,12 @@ def profile(name: str, mix: WorkloadMix, seed: int = 0, throughput: ThroughputTa
     if name == "fgd":
         return Profile(name, filters, [(FragmentationGradient(mix.task_types(top=64)), 1.0)])
     if name == "gpuaware":
-        # FGD over the whole mix decides; best fit only breaks its (near-)ties, which FGD leaves to chance;
-        # the model reservation counts only where a placement would eat into a GPU model's share of
-        # constrained demand; CPU-only pods keep off the CPU that free GPUs need. Weights measured on the
-        # openb traces (docs/scheduling.md).
+        # FGD over the whole mix, and at the same weight two things FGD does not see: a GPU model's share of
+        # demand only it can serve (model reservation) and the CPU a node's free GPUs will need (CPU for
+        # GPUs); best fit breaks the near-ties FGD leaves to chance. Weights measured on the openb traces
+        # (docs/scheduling.md).
         scores = [(FragmentationGradient(mix.task_types(top=64, aggregate_tail=True)), 1.0), (BestFit(), 0.01),
-                  (ModelReservation(mix.model_demand()), 0.15), (CpuForGpus(mix.cpu_per_gpu()), 0.05)]
+                  (ModelReservation(mix.model_demand()), 1.0), (CpuForGpus(mix.cpu_per_gpu()), 1.0)]
         if throughput is not None:
             scores.append((HeterogeneityAffinity(throughput), 0.3))
         return Profile(name, filters, scores)
