@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scheduler.core.cluster import ClusterState, NodeSpec
-from scheduler.core.framework import Scheduler
+from scheduler.core.framework import Profile, Scheduler
 from scheduler.core.policies import profile
 from scheduler.core.workload import Workload
 from scheduler.core.workload_mix import WorkloadMix
@@ -44,10 +44,12 @@ class FragmentationRun:
 
 
 def run_fragmentation(nodes: list[NodeSpec], pods: list[TracePod], policy: str, seed: int,
-                      progress: Callable[[float], None] | None = None) -> FragmentationRun:
+                      progress: Callable[[float], None] | None = None,
+                      make_profile: Callable[[str, WorkloadMix, int], Profile] = profile) -> FragmentationRun:
+    """``make_profile`` builds the named policy from the mix (the ablation bench passes its own)."""
     cluster = ClusterState(nodes)
     capacity = cluster.total_gpu_milli
-    scheduler = Scheduler(profile(policy, WorkloadMix.of(p.workload for p in pods), seed), seed=seed)
+    scheduler = Scheduler(make_profile(policy, WorkloadMix.of(p.workload for p in pods), seed), seed=seed)
     rng = np.random.default_rng(seed)
     run = FragmentationRun(policy, seed)
     requested = 0

@@ -26,6 +26,13 @@ class TaskTypes:
     milli: np.ndarray
     p: np.ndarray
 
+    def __post_init__(self) -> None:
+        self.share = (self.num_gpu == 1) & (self.milli < 1000)
+        self.whole = (self.num_gpu >= 1) & ~self.share
+        self.cpu_only = self.num_gpu == 0
+        # Types that differ only in CPU or memory share a GPU threshold: the GPU side is computed once each.
+        self.thresholds, self.threshold_of = np.unique(self.milli[self.share], return_inverse=True)
+
     @classmethod
     def from_counts(cls, counts: dict[tuple[int, int, int, int], float], top: int | None = 64) -> TaskTypes:
         """Keys are (cpu, mem, num_gpu, milli); the ``top`` most common are kept."""
@@ -35,30 +42,62 @@ class TaskTypes:
         return cls(arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], p / p.sum())
 
 
-def fragmentation(free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, types: TaskTypes) -> np.ndarray:
-    """(R, T) fragmentation of R node states (free: (R, G) milli) for every task type."""
-    total = free.sum(axis=1)[:, None].astype(np.float64)  # (R, 1)
+@dataclass
+class GpuFigures:
+    """What fragmentation needs to know of R nodes' GPUs, per node (D: the types' share thresholds)."""
+
+    total: np.ndarray  # (R,) free milli
+    below: np.ndarray  # (R, D) free milli on GPUs with less free than the threshold
+    usable: np.ndarray  # (R, D) GPUs with at least the threshold free
+    full: np.ndarray  # (R,) wholly free GPUs
+    partial: np.ndarray  # (R,) free milli on GPUs not wholly free
+
+    @classmethod
+    def of(cls, free: np.ndarray, thresholds: np.ndarray) -> GpuFigures:
+        at_least = free[:, :, None] >= thresholds[None, None, :]  # (R, G, D)
+        return cls(free.sum(axis=1).astype(np.float64), (free[:, :, None] * ~at_least).sum(axis=1).astype(np.float64),
+                   at_least.sum(axis=1), (free == 1000).sum(axis=1),
+                   np.where(free < 1000, free, 0).sum(axis=1).astype(np.float64))
+
+    def rows(self, index: np.ndarray) -> GpuFigures:
+        return GpuFigures(self.total[index], self.below[index], self.usable[index], self.full[index],
+                          self.partial[index])
+
+    def set_rows(self, index: np.ndarray, new: GpuFigures) -> None:
+        for name in ("total", "below", "usable", "full", "partial"):
+            getattr(self, name)[index] = getattr(new, name)
+
+    def after_taking(self, was: np.ndarray, take: int, thresholds: np.ndarray) -> GpuFigures:
+        """The same nodes after ``take`` milli (> 0) left one GPU per node that had ``was`` free."""
+        now = was - take
+        was_c, now_c, d = was[:, None], now[:, None], thresholds[None, :]
+        return GpuFigures(self.total - take,
+                          self.below - np.where(was_c < d, was_c, 0) + np.where(now_c < d, now_c, 0),
+                          self.usable - (was_c >= d) + (now_c >= d),
+                          self.full - (was == 1000),
+                          self.partial - np.where(was < 1000, was, 0) + now)
+
+
+def fragmentation_of(gpus: GpuFigures, cpu: np.ndarray, mem: np.ndarray, types: TaskTypes) -> np.ndarray:
+    """(R, T) fragmentation of R node states for every task type."""
+    total = gpus.total[:, None]
     fits = (cpu[:, None] >= types.cpu[None, :]) & (mem[:, None] >= types.mem[None, :])
     out = np.broadcast_to(total, fits.shape).copy()
-    share = (types.num_gpu == 1) & (types.milli < 1000)
-    if share.any():
-        # Types that differ only in CPU or memory share a GPU threshold: compute each once.
-        d, inverse = np.unique(types.milli[share], return_inverse=True)
-        usable = free[:, :, None] >= d[None, None, :]  # (R, G, D)
-        frag = (free[:, :, None] * ~usable).sum(axis=1)[:, inverse]  # (R, S)
-        any_usable = usable.any(axis=1)[:, inverse]
-        out[:, share] = np.where(fits[:, share] & any_usable, frag, total)
-    whole = types.num_gpu >= 1
-    whole &= ~share
-    if whole.any():
-        full = (free == 1000).sum(axis=1)[:, None]
-        partial = np.where(free < 1000, free, 0).sum(axis=1)[:, None].astype(np.float64)
-        ok = fits[:, whole] & (full >= types.num_gpu[whole][None, :])
-        out[:, whole] = np.where(ok, partial, total)
-    cpu_only = types.num_gpu == 0
-    if cpu_only.any():
-        out[:, cpu_only] = np.where(fits[:, cpu_only], 0.0, total)
+    if types.share.any():
+        frag = gpus.below[:, types.threshold_of]
+        any_usable = gpus.usable[:, types.threshold_of] > 0
+        out[:, types.share] = np.where(fits[:, types.share] & any_usable, frag, total)
+    if types.whole.any():
+        ok = fits[:, types.whole] & (gpus.full[:, None] >= types.num_gpu[types.whole][None, :])
+        out[:, types.whole] = np.where(ok, gpus.partial[:, None], total)
+    if types.cpu_only.any():
+        out[:, types.cpu_only] = np.where(fits[:, types.cpu_only], 0.0, total)
     return out
+
+
+def fragmentation(free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, types: TaskTypes) -> np.ndarray:
+    """(R, T) fragmentation of R node states (free: (R, G) milli) for every task type."""
+    return fragmentation_of(GpuFigures.of(free, types.thresholds), cpu, mem, types)
 
 
 class FragmentationGradient:
@@ -68,33 +107,37 @@ class FragmentationGradient:
         self.types = types
         self._cluster_id: int | None = None
         self._versions: np.ndarray | None = None
+        self._gpus: GpuFigures | None = None
         self._node_frag: np.ndarray | None = None
 
     def node_fragmentation(self, c) -> np.ndarray:
         """Expected fragmentation of every node now, recomputed only where a node changed."""
+        t = self.types
         if self._cluster_id != id(c) or self._versions is None or len(self._versions) != len(c):
             self._cluster_id = id(c)
             self._versions = c.version.copy()
-            self._node_frag = fragmentation(c.gpu_free, c.cpu_free, c.mem_free, self.types) @ self.types.p
+            self._gpus = GpuFigures.of(c.gpu_free, t.thresholds)
+            self._node_frag = fragmentation_of(self._gpus, c.cpu_free, c.mem_free, t) @ t.p
             return self._node_frag
         changed = np.flatnonzero(c.version != self._versions)
         if len(changed):
-            self._node_frag[changed] = fragmentation(c.gpu_free[changed], c.cpu_free[changed], c.mem_free[changed],
-                                                     self.types) @ self.types.p
+            figures = GpuFigures.of(c.gpu_free[changed], t.thresholds)
+            self._gpus.set_rows(changed, figures)
+            self._node_frag[changed] = fragmentation_of(figures, c.cpu_free[changed], c.mem_free[changed], t) @ t.p
             self._versions[changed] = c.version[changed]
         return self._node_frag
 
     def delta(self, ctx: CycleContext, cand: Candidates) -> np.ndarray:
         """Expected fragmentation after minus before, per candidate (milli-GPU)."""
-        c, w = ctx.cluster, ctx.workload
+        c, w, t = ctx.cluster, ctx.workload, self.types
         before = self.node_fragmentation(c)[cand.node]
         if w.num_gpu == 1:
-            # GPUs of one node with the same free share give the same after-state: score each once.
+            # GPUs of one node with the same free share give the same after-state: score each once, and
+            # from the node's figures with one GPU changed rather than from all its GPUs again.
             keys = cand.node * 2048 + c.gpu_free[cand.node, cand.gpu]
             _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
             n, g = cand.node[first], cand.gpu[first]
-            free = c.gpu_free[n].copy()
-            free[np.arange(len(n)), g] -= w.gpu_milli
+            gpus = self._gpus.rows(n).after_taking(c.gpu_free[n, g], w.gpu_milli, t.thresholds)
         else:
             inverse = None
             n = cand.node
@@ -104,8 +147,8 @@ class FragmentationGradient:
                 ok = ctx.cache["gpu_ok"][n]
                 take = np.cumsum(ok, axis=1) <= w.num_gpu
                 free -= np.where(ok & take, 1000, 0)
-        after = fragmentation(free, c.cpu_free[n] - w.cpu_milli, c.mem_free[n] - w.memory_mib,
-                              self.types) @ self.types.p
+            gpus = GpuFigures.of(free, t.thresholds)
+        after = fragmentation_of(gpus, c.cpu_free[n] - w.cpu_milli, c.mem_free[n] - w.memory_mib, t) @ t.p
         if inverse is not None:
             after = after[inverse.ravel()]
         return after - before
