@@ -17,9 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from scheduler.core.framework import Profile
-from scheduler.core.plugins.bestfit import BestFit
 from scheduler.core.plugins.cpu_for_gpus import CpuForGpus
-from scheduler.core.plugins.fgd import FragmentationGradient
 from scheduler.core.plugins.model_reservation import ModelReservation
 from scheduler.core.policies import profile
 from scheduler.core.workload_mix import WorkloadMix
@@ -28,7 +26,7 @@ from scheduler.sim.fragmentation import run_fragmentation
 from scheduler.sim.openb import load_nodes, load_pods
 from stream.traces import traces_dir
 
-PARTS = ("whole mix", "best fit", "cpu for gpus", "model reservation")
+PARTS = ("cpu for gpus", "model reservation")
 VARIANTS = ("fgd", "gpuaware", *(f"gpuaware without {p}" for p in PARTS))
 
 
@@ -39,12 +37,8 @@ def variant_profile(variant: str, mix: WorkloadMix, seed: int) -> Profile:
     left_out = variant.removeprefix("gpuaware without ")
     scores = []
     for plugin, weight in gpuaware.scores:
-        if isinstance(plugin, FragmentationGradient) and left_out == "whole mix":
-            plugin = FragmentationGradient(mix.task_types(top=64))
-        elif (left_out, type(plugin)) in (("best fit", BestFit), ("cpu for gpus", CpuForGpus),
-                                          ("model reservation", ModelReservation)):
-            continue
-        scores.append((plugin, weight))
+        if (left_out, type(plugin)) not in (("cpu for gpus", CpuForGpus), ("model reservation", ModelReservation)):
+            scores.append((plugin, weight))
     return Profile(variant, gpuaware.filters, scores)
 
 

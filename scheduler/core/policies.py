@@ -23,11 +23,10 @@ POLICIES = ("random", "k8s-default", "bestfit", "dotprod", "packing", "clusterin
 
 
 def profile(name: str, mix: WorkloadMix, seed: int = 0, throughput: ThroughputTable | None = None) -> Profile:
-    """``mix``: the pod shapes expected to keep arriving. ``fgd`` uses its 64 most common shapes, as the
-    FGD artifact keeps only typical pods; ``gpuaware`` uses every shape (the rare ones merged per GPU
-    request) and reserves whole GPUs of each model for the demand only that model may serve. With a
-    ``throughput`` table ``gpuaware`` also weighs each workload's speed on each GPU model (workloads
-    without a ``gavel_class`` label score the same everywhere)."""
+    """``mix``: the pod shapes expected to keep arriving; FGD reads its 64 most common shapes, as the FGD
+    artifact keeps only typical pods, and ``gpuaware`` also the CPU per GPU and the demand only some GPU
+    models may serve. With a ``throughput`` table ``gpuaware`` also weighs each workload's speed on each
+    GPU model (workloads without a ``gavel_class`` label score the same everywhere)."""
     filters = [ModelAffinity(), Capabilities(), HealthFilter()]
     if name == "random":
         return Profile(name, filters, [(RandomScore(seed), 1.0)])
@@ -44,12 +43,12 @@ def profile(name: str, mix: WorkloadMix, seed: int = 0, throughput: ThroughputTa
     if name == "fgd":
         return Profile(name, filters, [(FragmentationGradient(mix.task_types(top=64)), 1.0)])
     if name == "gpuaware":
-        # FGD over the whole mix, and at the same weight two things FGD does not see: a GPU model's share of
-        # demand only it can serve (model reservation) and the CPU a node's free GPUs will need (CPU for
-        # GPUs); best fit breaks the near-ties FGD leaves to chance. Weights measured on the openb traces
-        # (docs/scheduling.md).
-        scores = [(FragmentationGradient(mix.task_types(top=64, aggregate_tail=True)), 1.0), (BestFit(), 0.01),
-                  (ModelReservation(mix.model_demand()), 1.0), (CpuForGpus(mix.cpu_per_gpu()), 1.0)]
+        # FGD, and at the same weight two things FGD does not see: the CPU a node's free GPUs will need and a
+        # GPU model's share of the demand only it can serve. Measured on the openb traces, part by part
+        # (docs/scheduling.md, bench/gpuaware_ablation.py).
+        scores = [(FragmentationGradient(mix.task_types(top=64)), 1.0),
+                  (CpuForGpus(mix.cpu_per_gpu()), 1.0),
+                  (ModelReservation(mix.model_demand()), 1.0)]
         if throughput is not None:
             scores.append((HeterogeneityAffinity(throughput), 0.3))
         return Profile(name, filters, scores)

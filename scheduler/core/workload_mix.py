@@ -11,8 +11,6 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from scheduler.core.plugins.fgd import TaskTypes
 from scheduler.core.workload import Workload
 
@@ -39,32 +37,14 @@ class WorkloadMix:
     def __len__(self) -> int:
         return sum(self.counts.values())
 
-    def task_types(self, top: int | None = 64, aggregate_tail: bool = False) -> TaskTypes:
-        """The ``top`` most common (cpu, memory, GPUs, milli) shapes, GPU models ignored.
-
-        FGD's artifact keeps only the typical shapes and drops the rest. ``aggregate_tail`` keeps the
-        rest too, merged per GPU request (GPUs, milli) at the median CPU and memory of the merged
-        shapes: the rare small fractions are the ones that fill the slivers big fractions leave, and
-        dropping them makes those slivers look like waste; merging keeps the type count (and the
-        cost of a cycle) near ``top``.
-        """
+    def task_types(self, top: int | None = 64) -> TaskTypes:
+        """The ``top`` most common (cpu, memory, GPUs, milli) shapes, GPU models ignored."""
         shapes: Counter = Counter()
         for (cpu, mem, gpus, milli, _), n in self.counts.items():
             shapes[(cpu, mem, gpus, milli)] += n
         if not shapes:
             shapes[(1000, 1024, 1, 1000)] = 1
-        ranked = sorted(shapes.items(), key=lambda kv: -kv[1])
-        keep = dict(ranked[:top] if top else ranked)
-        if aggregate_tail and top:
-            merged: dict[tuple[int, int], list[tuple[int, int, int]]] = defaultdict(list)
-            for (cpu, mem, gpus, milli), n in ranked[top:]:
-                merged[(gpus, milli)].append((cpu, mem, n))
-            for (gpus, milli), members in merged.items():
-                weights = [n for _, _, n in members]
-                cpu = int(np.median(np.repeat([m[0] for m in members], weights)))
-                mem = int(np.median(np.repeat([m[1] for m in members], weights)))
-                keep[(cpu, mem, gpus, milli)] = keep.get((cpu, mem, gpus, milli), 0) + sum(weights)
-        return TaskTypes.from_counts(keep, top=None)
+        return TaskTypes.from_counts(dict(shapes), top=top)
 
     def cpu_per_gpu(self) -> float:
         """Milli-CPU that GPU workloads ask for per whole GPU they ask for."""
