@@ -18,6 +18,11 @@ from scheduler.core.workload import Workload
 Shape = tuple[int, int, int, int, tuple[str, ...]]
 
 
+def _gpu_milli(gpus: int, milli: int) -> int:
+    """GPU compute a shape asks for: a fraction of one GPU, or whole GPUs."""
+    return milli if gpus == 1 else 1000 * gpus
+
+
 def shape_of(w: Workload) -> Shape:
     models = tuple(sorted(set(w.models))) if w.num_gpu else ()
     return (w.cpu_milli, w.memory_mib, w.num_gpu, w.gpu_milli if w.num_gpu else 0, models)
@@ -52,7 +57,7 @@ class WorkloadMix:
         for (c, _, gpus, milli, _), n in self.counts.items():
             if gpus:
                 cpu += n * c
-                gpu += n * (milli if gpus == 1 else 1000 * gpus) / 1000
+                gpu += n * _gpu_milli(gpus, milli) / 1000
         return cpu / gpu if gpu else 0.0
 
     def model_demand(self) -> dict[frozenset[str], float]:
@@ -60,7 +65,7 @@ class WorkloadMix:
         total = 0
         only: dict[frozenset[str], int] = defaultdict(int)
         for (_, _, gpus, milli, models), n in self.counts.items():
-            demand = n * (milli if gpus == 1 else 1000 * gpus)
+            demand = n * _gpu_milli(gpus, milli)
             total += demand
             if models and demand:
                 only[frozenset(models)] += demand

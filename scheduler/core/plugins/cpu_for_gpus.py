@@ -25,7 +25,8 @@ class CpuForGpus:
     def score(self, ctx: CycleContext, cand: Candidates) -> np.ndarray:
         c, w = ctx.cluster, ctx.workload
         n = cand.node
-        gpus_free = np.where(c.gpu_exists[n], c.gpu_free[n], 0).sum(axis=1) / 1000
+        # Per node once, then per candidate: one-GPU workloads have a candidate per free GPU.
+        gpus_free = (np.where(c.gpu_exists, c.gpu_free, 0).sum(axis=1) / 1000)[n]
         short_before = np.maximum(0.0, gpus_free * self.cpu_per_gpu - c.cpu_free[n])
         short_after = np.maximum(0.0, (gpus_free - w.gpu_milli_total / 1000) * self.cpu_per_gpu
                                  - (c.cpu_free[n] - w.cpu_milli))
