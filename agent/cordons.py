@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from agent.core import AgentCore
 from agent.exporter import AgentStats
+from contract import annotations
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 class CordonWatcher:
     def __init__(self, cores: Sequence[AgentCore], api, stats: AgentStats, every_s: float = 15.0):
         self.cores = list(cores)
-        self.api = api  # scheduler.kube.api.KubeApi
+        self.api = api  # plumbing.kube.api.KubeApi
         self.stats = stats
         self.every_s = every_s
         self._missing: set[str] = set()
@@ -35,19 +36,18 @@ class CordonWatcher:
         """None when there is no API to ask: no ``api_server`` and not running in a pod, or polling off."""
         if every_s <= 0 or not (api_server or os.environ.get("KUBERNETES_SERVICE_HOST")):
             return None
-        from scheduler.kube.api import KubeApi, connect
+        from plumbing.kube.api import KubeApi, connect
 
         return cls(cores, KubeApi(connect(api_server, pool_size=2)), stats, every_s)
 
     def read(self) -> dict[str, set[int] | None]:
         """Each node's cordoned GPUs; None where the read failed (blocking: run it in a thread)."""
-        from scheduler.kube import objects
-        from scheduler.kube.api import TRANSPORT_ERRORS, ApiException
+        from plumbing.kube.api import TRANSPORT_ERRORS, ApiException
 
         out: dict[str, set[int] | None] = {}
         for core in self.cores:
             try:
-                out[core.node] = objects.cordoned_gpus(self.api.read_node(core.node))
+                out[core.node] = annotations.cordoned_gpus(self.api.read_node(core.node))
                 self._missing.discard(core.node)
             except ApiException as exc:
                 out[core.node] = None

@@ -25,7 +25,7 @@ from agent.readings import (
     Reading,
 )
 from agent.sampling import AdaptiveSampler, SamplingPolicy
-from stream.events import EventKind, GpuEvent, GpuInfo, GpuSample, HealthBand, Severity, TelemetryBatch
+from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, HealthBand, Severity, TelemetryBatch
 
 log = logging.getLogger(__name__)
 

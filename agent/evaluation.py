@@ -22,7 +22,7 @@ import numpy as np
 from agent.collectors.sim import Fault, SimCluster, load_scenario, scenario_library
 from agent.core import AgentCore
 from agent.sampling import SamplingPolicy
-from stream.events import EventKind, GpuEvent
+from contract.events import EventKind, GpuEvent
 
 EXPECTED: dict[str, set[EventKind]] = {
     "ecc_sbe_storm": {EventKind.ECC_SBE},

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from agent.readings import CRITICAL_XIDS, POWER_THROTTLE_MASK, THERMAL_THROTTLE_MASK, THROTTLE_HW_SLOWDOWN, Reading
-from stream.events import HealthBand
+from contract.events import HealthBand
 
 COMPONENTS = ("ecc", "xid", "thermal", "power", "throttle", "pcie", "anomaly", "availability")
 HALF_LIFE_S = {"ecc": 6 * 3600.0, "xid": 3600.0, "thermal": 600.0, "power": 600.0, "throttle": 600.0,

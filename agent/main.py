@@ -18,7 +18,7 @@ from agent.podresources import PodResourcesWatcher
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy, load_policy
 from agent.settings import AgentSettings
-from stream.kafka_settings import KafkaSettings
+from plumbing.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from aiokafka.errors import KafkaError
 
 from agent.exporter import AgentStats
 from agent.spool import DiskSpool, SpoolRecord
-from stream.kafka_settings import KafkaSettings
+from plumbing.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

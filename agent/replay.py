@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from agent.collectors.sim import Scenario, SimCluster
 from agent.core import AgentCore, BatchBuilder
 from agent.sampling import SamplingPolicy
-from stream.events import GpuEvent, TelemetryBatch
+from contract.events import GpuEvent, TelemetryBatch
 
 
 @dataclass

@@ -27,9 +27,10 @@ from agent.exporter import AgentStats
 from agent.publisher import Publisher
 from agent.sampling import PolicyError, SamplingPolicy, load_policy, parse_policy
 from agent.spool import DiskSpool
-from stream import events, observability, topics
-from stream.events import AgentControl, ControlKind
-from stream.kafka_settings import KafkaSettings
+from contract import events, topics
+from contract.events import AgentControl, ControlKind
+from plumbing import observability
+from plumbing.kafka_settings import KafkaSettings
 
 if TYPE_CHECKING:
     from agent.cordons import CordonWatcher

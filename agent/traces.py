@@ -8,7 +8,7 @@ from functools import cache
 
 import numpy as np
 
-from stream.traces import traces_dir
+from plumbing.traces import traces_dir
 
 DUTY_CYCLE = "pod_gpu_duty_cycle_anon.csv.gz"
 MEMORY_USED = "pod_gpu_memory_used_bytes_anon.csv.gz"

@@ -16,6 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
+from plumbing.traces import traces_dir
 from scheduler.core.framework import Profile
 from scheduler.core.plugins.cpu_for_gpus import CpuForGpus
 from scheduler.core.plugins.model_reservation import ModelReservation
@@ -24,7 +25,6 @@ from scheduler.core.workload_mix import WorkloadMix
 from scheduler.sim.experiments import parse_seeds
 from scheduler.sim.fragmentation import run_fragmentation
 from scheduler.sim.openb import load_nodes, load_pods
-from stream.traces import traces_dir
 
 PARTS = ("cpu for gpus", "model reservation")
 VARIANTS = ("fgd", "gpuaware", *(f"gpuaware without {p}" for p in PARTS))

@@ -16,8 +16,8 @@ from typing import Any
 import click
 
 from gpuaware.config import ConfigError, GpuawareConfig, load_config
-from gpuaware.localbroker import BrokerError, LocalBroker
-from stream import observability
+from gpuaware.local.broker import BrokerError, LocalBroker
+from plumbing import observability
 
 log = logging.getLogger("gpuaware")
 
@@ -146,7 +146,7 @@ def up(obj: Context, duration: float | None, as_json: bool, port: int | None, du
     """
     import asyncio
 
-    from gpuaware.stack import run_stack
+    from gpuaware.local.stack import run_stack
 
     cfg = obj.config(**{"broker.port": port, "broker.storage": "s3" if durable else None})
     observability.setup("up", log_level="warning" if not as_json else cfg.log.level, log_format=cfg.log.format)
@@ -162,7 +162,7 @@ def up(obj: Context, duration: float | None, as_json: bool, port: int | None, du
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        from gpuaware.local_prometheus import available
+        from gpuaware.local.prometheus import available
 
         if prometheus and not available():
             raise ValueError("--prometheus: no prometheus binary on PATH (Debian package prometheus)")
@@ -405,7 +405,7 @@ def bench_agent_cmd(obj: Context, seconds: float, gpus: int, as_json: bool) -> N
     Uses the broker named by --bootstrap-servers/GPUAWARE_KAFKA__BOOTSTRAP_SERVERS if given,
     otherwise starts the embedded broker for the run.
     """
-    from agent.benchmark import bench_agent
+    from bench.agent_bench import bench_agent
 
     cfg = obj.config()
     observability.setup("bench", log_level="warning")
@@ -459,7 +459,7 @@ def bench_stream_cmd(obj: Context, worker_counts: str, gpus: int, samples_per_ba
     apply it; then produces live at --rate and measures sample-to-gpu.state.v1 latency.
     Progress goes to stderr; the figures to stdout.
     """
-    from gpuaware.stream_bench import run_bench
+    from bench.stream_bench import run_bench
 
     counts = _int_list(worker_counts, 1, "--workers", "1,2")
     cfg = obj.config()
@@ -555,7 +555,7 @@ def bench_scheduler_cmd(obj: Context, node_csv: str, pod_csv: str, burst: int, r
     the broker; the scheduler binds a burst of trace pods (throughput), then pods arriving at --rate
     (latency). Progress goes to stderr; the figures (pods_per_s, p99_create_to_bind_s, ...) to stdout.
     """
-    from scheduler.bench import run_bench
+    from bench.scheduler_bench import run_bench
 
     for path in (node_csv, pod_csv):
         if not Path(path).is_file():
@@ -580,7 +580,7 @@ def bench_pipeline_cmd(obj: Context, sizes: str, seconds: float, as_json: bool) 
     grows, the scheduler's p99 cycle time, CPU and memory of each process; and the largest fleet
     sustained without growing lag. Progress on stderr, figures on stdout.
     """
-    from gpuaware.pipeline_bench import run_pipeline_bench
+    from bench.pipeline_bench import run_pipeline_bench
 
     fleet = _int_list(sizes, 8, "--sizes", "64,256")
     cfg = obj.config()

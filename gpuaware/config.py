@@ -16,9 +16,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent.settings import AgentSettings
-from gpuaware.localbroker import BrokerSettings
+from gpuaware.local.broker import BrokerSettings
+from plumbing.kafka_settings import KafkaSettings
 from scheduler.settings import SchedulerSettings
-from stream.kafka_settings import KafkaSettings
 from stream.settings import StreamSettings
 
 ENV_PREFIX = "GPUAWARE_"

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
+from contract import topics
+from contract.events import ClusterForecast, DecodeError, GpuState, HealthBand, NodeState, dead_letter, decode_for_topic
+from plumbing.kafka_admin import end_offsets
+from plumbing.kafka_settings import KafkaSettings
 from scheduler.core.cluster import BAND_CODE, ClusterState
-from stream import topics
-from stream.admin import end_offsets
-from stream.events import ClusterForecast, DecodeError, GpuState, HealthBand, NodeState, dead_letter, decode_for_topic
-from stream.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

@@ -19,17 +19,18 @@ from aiohttp import web
 from aiokafka import AIOKafkaProducer
 from prometheus_client import CollectorRegistry, start_http_server
 
+from contract import topics
+from contract.events import AgentControl, SchedulerDecision, encode
+from plumbing import observability
+from plumbing.kafka_admin import wait_ready
+from plumbing.kafka_settings import KafkaSettings
+from plumbing.kube.api import KubeApi, connect
 from scheduler.feed import StateFeed, StateView
-from scheduler.kube.api import KubeApi, connect
 from scheduler.kube.extender import Extender
 from scheduler.kube.leader import LeaderElector
 from scheduler.kube.live import LiveScheduler
 from scheduler.metrics import SchedulerCollector, SchedulerStats
 from scheduler.settings import SchedulerSettings
-from stream import observability, topics
-from stream.admin import wait_ready
-from stream.events import AgentControl, SchedulerDecision, encode
-from stream.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

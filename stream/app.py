@@ -22,11 +22,12 @@ from typing import Any
 import faust
 from aiokafka.structs import TopicPartition
 
-from stream import observability, topics
-from stream.admin import end_offsets
-from stream.events import ClusterForecast, DecodeError, GpuEvent, TelemetryBatch, dead_letter, decode, encode
+from contract import topics
+from contract.events import ClusterForecast, DecodeError, GpuEvent, TelemetryBatch, dead_letter, decode, encode
+from plumbing import observability
+from plumbing.kafka_admin import end_offsets
+from plumbing.kafka_settings import KafkaSettings
 from stream.gpu_state import TrackerSettings
-from stream.kafka_settings import KafkaSettings
 from stream.metrics import StreamStats
 from stream.processor import InvalidRecord, StreamProcessor, check_event
 from stream.rollup import Partial, merge_demand

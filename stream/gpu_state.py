@@ -18,7 +18,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from stream.events import EventKind, Forecast, GpuEvent, GpuInfo, GpuSample, GpuState, HealthBand
+from contract.events import EventKind, Forecast, GpuEvent, GpuInfo, GpuSample, GpuState, HealthBand
 from stream.fingerprint import WorkloadFingerprint
 from stream.forecast import ExpertForecaster
 

@@ -7,10 +7,10 @@ import logging
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from stream import topics
-from stream.admin import ensure_topics, wait_ready
+from contract import topics
+from plumbing.kafka_admin import ensure_topics, wait_ready
+from plumbing.kafka_settings import KafkaSettings
 from stream.app import create_app, internal_topics
-from stream.kafka_settings import KafkaSettings
 from stream.metrics import StreamCollector, StreamStats
 from stream.settings import StreamSettings
 

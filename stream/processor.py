@@ -13,7 +13,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, MutableMapping
 
-from stream.events import GpuEvent, GpuState, NodeState, TelemetryBatch
+from contract.events import GpuEvent, GpuState, NodeState, TelemetryBatch
 from stream.gpu_state import GpuTracker, TrackerSettings
 from stream.metrics import StreamStats
 from stream.rollup import Partial, model_demand, node_state

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from stream.events import HealthBand, ModelDemand, NodeGpu, NodeState
+from contract.events import HealthBand, ModelDemand, NodeGpu, NodeState
 from stream.gpu_state import GpuTracker
 
 # A partial is {model: {horizon_s: [demand, lower, upper, capacity]}} over the GPUs one worker owns.

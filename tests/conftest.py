@@ -16,9 +16,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuaware.localbroker import BrokerSettings, LocalBroker
-from stream import admin
-from stream.kafka_settings import KafkaSettings
+from gpuaware.local.broker import BrokerSettings, LocalBroker
+from plumbing import kafka_admin as admin
+from plumbing.kafka_settings import KafkaSettings
 
 
 def _docker_available() -> bool:
@@ -67,7 +67,7 @@ def unique() -> str:
 @pytest.fixture
 def seaweedfs() -> None:
     """Skip unless the SeaweedFS binary (the `durable` extra) is installed."""
-    from gpuaware.localbroker import BrokerError, seaweed_binary
+    from gpuaware.local.broker import BrokerError, seaweed_binary
 
     try:
         seaweed_binary()

@@ -11,9 +11,9 @@ from agent.cordons import CordonWatcher
 from agent.core import AgentCore
 from agent.exporter import AgentCollector, AgentStats
 from agent.sampling import SamplingPolicy
-from scheduler.kube import objects
-from scheduler.kube.api import MERGE_PATCH, KubeApi, connect
-from scheduler.kube.fake_api import FakeApiServer, make_node
+from contract import annotations
+from gpuaware.local.fake_apiserver import FakeApiServer, make_node
+from plumbing.kube.api import MERGE_PATCH, KubeApi, connect
 
 
 def _core() -> tuple[AgentCore, list[float]]:
@@ -36,7 +36,7 @@ def test_cordoned_gpus_are_read_from_the_node_and_sampled_at_the_floor():
     stats = AgentStats()
     with FakeApiServer() as fake:
         node = make_node(cores[0].node, gpus=4)
-        node["metadata"]["annotations"] = {objects.ANN_CORDONED: "1,3"}
+        node["metadata"]["annotations"] = {annotations.ANN_CORDONED: "1,3"}
         fake.create("nodes", node)  # the second simulated node is not in this cluster
         watcher = CordonWatcher(cores, KubeApi(connect(fake.url)), stats)
         watcher.apply(watcher.read())
@@ -55,7 +55,7 @@ def test_cordoned_gpus_are_read_from_the_node_and_sampled_at_the_floor():
 
         # An operator releases GPU 3: it backs off again.
         KubeApi(connect(fake.url)).core.patch_node(cores[0].node, {"metadata": {"annotations": {
-            objects.ANN_CORDONED: "1"}}}, _content_type=MERGE_PATCH)
+            annotations.ANN_CORDONED: "1"}}}, _content_type=MERGE_PATCH)
         watcher.apply(watcher.read())
         assert [t.cordoned for t in cores[0].tracks] == [False, True, False, False]
         assert not cores[0].tracks[3].sampler.pinned

@@ -16,8 +16,8 @@ from agent.health import HealthScorer
 from agent.readings import Reading
 from agent.sampling import AdaptiveSampler, PolicyError, SamplingPolicy, parse_policy
 from agent.spool import DiskSpool, SpoolRecord
-from stream import events
-from stream.events import HealthBand
+from contract import events
+from contract.events import HealthBand
 
 
 def _cluster(name: str = "baseline", **update):

@@ -14,11 +14,12 @@ from aiokafka.structs import TopicPartition
 from agent.collectors.sim import Scenario, SimCluster
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy
-from gpuaware.localbroker import BrokerSettings, LocalBroker
-from gpuaware.stream_workers import StreamWorkerProcess
-from stream import events, observability, topics
-from stream.events import AgentControl, ControlKind, EventKind
-from stream.kafka_settings import KafkaSettings
+from contract import events, topics
+from contract.events import AgentControl, ControlKind, EventKind
+from gpuaware.local.broker import BrokerSettings, LocalBroker
+from gpuaware.local.stream_workers import StreamWorkerProcess
+from plumbing import observability
+from plumbing.kafka_settings import KafkaSettings
 
 pytestmark = pytest.mark.broker
 

@@ -10,10 +10,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
-from gpuaware import localbroker
-from gpuaware.localbroker import BrokerError, BrokerSettings, LocalBroker
-from stream import admin, events, topics
-from stream.kafka_settings import KafkaSettings
+from contract import events, topics
+from gpuaware.local import broker as localbroker
+from gpuaware.local.broker import BrokerError, BrokerSettings, LocalBroker
+from plumbing import kafka_admin as admin
+from plumbing.kafka_settings import KafkaSettings
 
 pytestmark = pytest.mark.broker
 

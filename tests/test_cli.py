@@ -13,9 +13,9 @@ import time
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from gpuaware.processes import pid_alive
-from stream import topics
-from stream.kafka_settings import KafkaSettings
+from contract import topics
+from gpuaware.local.processes import pid_alive
+from plumbing.kafka_settings import KafkaSettings
 
 GPUAWARE = [sys.executable, "-m", "gpuaware"]
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("GPUAWARE_")}
@@ -124,7 +124,7 @@ def test_up_runs_the_simulated_cluster_and_every_fault_gets_a_reaction(tmp_path)
     assert sched["placements"] > 0 and sched["pods_submitted"] >= sched["placements"] - sched["migrations"]
     assert all(f["scheduler_reaction_s"] is not None for f in summary["faults"]), summary["faults"]
     assert sched["cordons"] >= 1
-    from gpuaware.local_prometheus import available
+    from gpuaware.local.prometheus import available
 
     if available():  # the local Prometheus evaluated the rules on the agent's metrics: the lost GPU pages
         assert "GpuLost" in summary["prometheus"]["alerts_firing"], summary["prometheus"]
@@ -166,7 +166,7 @@ def test_scheduler_process_binds_pods_serves_metrics_and_stops_on_sigterm():
     import time
     import urllib.request
 
-    from scheduler.kube.fake_api import FakeApiServer, make_node, make_pod
+    from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
 
     def free_port() -> int:
         with socket.socket() as s:

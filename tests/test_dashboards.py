@@ -17,10 +17,10 @@ from agent.collectors.sim import SimCluster, load_scenario
 from agent.core import AgentCore
 from agent.exporter import AgentCollector, AgentStats
 from agent.sampling import SamplingPolicy
+from contract.events import ModelDemand
 from dashboards.build import rendered
 from dashboards.definitions import DASHBOARDS
 from scheduler.metrics import QueueSnapshot, SchedulerCollector, SchedulerStats
-from stream.events import ModelDemand
 from stream.gpu_state import GpuTracker
 from stream.metrics import StreamCollector, StreamStats
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuaware import manifest_checks as mc
-from gpuaware import manifests
-from stream import topics
+from contract import topics
+from deploy import checks as mc
+from deploy import manifests
 
 REPO = Path(__file__).resolve().parent.parent
 OVERLAYS = ("dev", "production", "existing-kafka")

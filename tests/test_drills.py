@@ -11,8 +11,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from gpuaware.processes import free_port
-from scheduler.kube.fake_api import FakeApiServer, make_node, make_pod
+from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
+from gpuaware.local.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream import events, topics
-from stream.events import (
+from contract import events, topics
+from contract.events import (
     AgentControl,
     ClusterForecast,
     ControlKind,
@@ -90,7 +90,7 @@ def test_dataclass_fields_mirror_the_newest_schema():
 
 def _schema_files() -> dict[str, dict[int, dict]]:
     out: dict[str, dict[int, dict]] = {}
-    for entry in resources.files("stream").joinpath("schemas").iterdir():
+    for entry in resources.files("contract").joinpath("schemas").iterdir():
         if entry.name.endswith(".avsc"):
             name, version = entry.name[: -len(".avsc")].rsplit(".v", 1)
             out.setdefault(name, {})[int(version)] = json.loads(entry.read_text())
@@ -98,7 +98,7 @@ def _schema_files() -> dict[str, dict[int, dict]]:
 
 
 def test_schema_versions_only_append_optional_fields():
-    """The evolution rule that lets an old reader read a newer record (see stream/events.py)."""
+    """The evolution rule that lets an old reader read a newer record (see contract/events.py)."""
     for name, versions in _schema_files().items():
         ordered = [versions[v] for v in sorted(versions)]
         assert sorted(versions) == list(range(1, len(versions) + 1)), f"{name}: versions must be 1..N"
@@ -149,7 +149,7 @@ def test_new_reader_reads_an_older_record(monkeypatch):
     rt = events.record_type(GpuEvent)
     v2 = fastavro.parse_schema(_v2_of("gpu_event", {"name": "cgroup", "type": "string", "default": "none"}),
                                named_schemas={})
-    newer_rt = dataclasses.replace(rt, versions={1: rt.versions[1], 2: v2})
+    newer_rt = dataclasses.replace(rt, loaded_versions={1: rt.versions[1], 2: v2})
     monkeypatch.setitem(events.RECORD_TYPES, 2, newer_rt)
     assert events.decode(old_bytes) == record
 
@@ -239,6 +239,6 @@ def test_the_contract_imports_without_faust():
     import subprocess
     import sys
 
-    code = ("import sys, stream.events, stream.topics, stream.kafka_settings, stream.admin, stream.observability;"
-            "sys.exit('faust' in sys.modules)")
+    code = ("import sys, contract.events, contract.topics, plumbing.kafka_settings, plumbing.kafka_admin, "
+            "plumbing.observability; sys.exit('faust' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

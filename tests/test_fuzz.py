@@ -1,7 +1,7 @@
 """Property-based fuzzing of every decoder and config loader that takes outside input: each either
 returns its result or raises its one documented error naming the problem, never anything else.
 
-(The wire decoders of stream.events are fuzzed in test_events.py.)"""
+(The wire decoders of contract.events are fuzzed in test_events.py.)"""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 
 from agent.collectors.sim import load_scenario
 from agent.sampling import PolicyError, parse_policy
-from gpuaware import manifest_checks
+from contract import annotations as ann
+from deploy import checks as manifest_checks
 from gpuaware.config import ConfigError, load_config
+from gpuaware.local.fake_apiserver import make_node, make_pod
 from scheduler.kube import objects
 from scheduler.kube.cache import ClusterCache
-from scheduler.kube.fake_api import make_node, make_pod
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 text = st.text(alphabet=string.printable, max_size=40)
@@ -89,9 +90,9 @@ quantities = st.one_of(text, st.from_regex(r"\A[0-9]{1,4}(m|Mi|Gi|k)?\Z"), st.in
 @given(st.dictionaries(st.sampled_from(ANNOTATION_KEYS), text, max_size=5), quantities, quantities, quantities,
        st.integers(-10**6, 10**9))
 def test_pod_requests_decode_or_raise_pod_spec_error(annotations, gpus, cpu, memory, priority):
-    pod = make_pod("p", annotations={objects.PREFIX + k: v for k, v in annotations.items()}, priority=priority)
+    pod = make_pod("p", annotations={ann.PREFIX + k: v for k, v in annotations.items()}, priority=priority)
     container = pod["spec"]["containers"][0]
-    container["resources"] = {"limits": {objects.GPU_RESOURCE: gpus}, "requests": {"cpu": cpu, "memory": memory}}
+    container["resources"] = {"limits": {ann.GPU_RESOURCE: gpus}, "requests": {"cpu": cpu, "memory": memory}}
     try:
         pw = objects.workload_of(pod, "t", 0.0)
     except objects.PodSpecError as exc:
@@ -102,10 +103,11 @@ def test_pod_requests_decode_or_raise_pod_spec_error(annotations, gpus, cpu, mem
 
 
 @FUZZ
-@given(text, quantities, quantities, quantities, st.dictionaries(st.sampled_from([objects.ANN_CORDONED, "x"]), text))
+@given(text, quantities, quantities, quantities,
+       st.dictionaries(st.sampled_from([ann.ANN_CORDONED, "x"]), text))
 def test_nodes_decode_or_raise_pod_spec_error(product, gpus, cpu, memory, annotations):
     node = make_node("n", product=product)
-    node["status"]["allocatable"] = {"cpu": cpu, "memory": memory, objects.GPU_RESOURCE: gpus}
+    node["status"]["allocatable"] = {"cpu": cpu, "memory": memory, ann.GPU_RESOURCE: gpus}
     node["metadata"]["annotations"] = annotations
     try:
         spec = objects.node_spec(node)
@@ -113,7 +115,7 @@ def test_nodes_decode_or_raise_pod_spec_error(product, gpus, cpu, memory, annota
         assert str(exc)
         return
     assert spec.gpus >= 0 and spec.cpu_milli >= 0 and spec.memory_mib >= 0
-    assert all(g >= 0 for g in objects.cordoned_gpus(node))
+    assert all(g >= 0 for g in ann.cordoned_gpus(node))
 
 
 @FUZZ
@@ -124,7 +126,7 @@ def test_the_cache_survives_any_sequence_of_pod_events_and_keeps_its_invariants(
     cache = ClusterCache()
     cache.sync_nodes([make_node("n0", gpus=2), make_node("n1", gpus=2)])
     for kind, name, node, gpus_annotation in events:
-        pod = make_pod(name, annotations={objects.ANN_GPUS: gpus_annotation})
+        pod = make_pod(name, annotations={ann.ANN_GPUS: gpus_annotation})
         if node:
             pod["spec"]["nodeName"] = node
         cache.pod_event(kind, pod)

@@ -14,17 +14,18 @@ from aiokafka import AIOKafkaProducer
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from contract import annotations, topics
+from contract.events import GpuState, HealthBand, NodeGpu, NodeState, encode
+from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
+from plumbing import observability
+from plumbing.kafka_settings import KafkaSettings
+from plumbing.kube.api import MERGE_PATCH, Informer, KubeApi, WatchSpec, connect
 from scheduler.feed import StateFeed, StateView
 from scheduler.kube import objects
-from scheduler.kube.api import MERGE_PATCH, Informer, KubeApi, WatchSpec, connect
 from scheduler.kube.extender import Extender
-from scheduler.kube.fake_api import FakeApiServer, make_node, make_pod
 from scheduler.kube.leader import LeaderElector
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
-from stream import observability, topics
-from stream.events import GpuState, HealthBand, NodeGpu, NodeState, encode
-from stream.kafka_settings import KafkaSettings
 
 FAST = SchedulerSettings(pass_interval_s=0.02, checkpoint_timeout_s=2.0, eviction_retry_s=0.2,
                          eviction_timeout_s=3.0, extender_port=0)
@@ -60,7 +61,7 @@ def pods(fake: FakeApiServer) -> dict[str, dict]:
 
 
 def gpus_of(pod: dict) -> list[dict]:
-    return json.loads(pod["metadata"]["annotations"][objects.ANN_GPUS])
+    return json.loads(pod["metadata"]["annotations"][annotations.ANN_GPUS])
 
 
 def events(fake: FakeApiServer, reason: str) -> list[dict]:
@@ -176,7 +177,7 @@ async def test_pending_pods_are_bound_to_the_gpus_the_core_chose_with_annotation
             p = pods(fake)
             whole, frac = gpus_of(p["whole"]), gpus_of(p["frac"])
             assert [g["milli"] for g in whole] == [1000, 1000] and len({g["index"] for g in whole}) == 2
-            assert frac[0]["milli"] == 300 and p["frac"]["metadata"]["annotations"][objects.ANN_SHARING] == "mps"
+            assert frac[0]["milli"] == 300 and p["frac"]["metadata"]["annotations"][annotations.ANN_SHARING] == "mps"
             # The core's model holds exactly what the annotations say.
             for name in ("whole", "frac"):
                 alloc = live.cache.cluster.allocations[f"default/{name}"]
@@ -301,14 +302,15 @@ async def test_gpu_turning_critical_on_the_broker_cordons_it_checkpoints_and_evi
                 traceparent = f"00-{trace_id}-{'3' * 16}-01".encode()
                 await publish_state(bad_gpu, HealthBand.CRITICAL, [("traceparent", traceparent)])
                 # The workload is asked to checkpoint first; it answers through the documented annotation.
-                await wait_for(lambda: objects.ANN_CHECKPOINT_REQUEST in pods(fake)[victim]["metadata"]["annotations"],
-                               what="checkpoint request")
+                await wait_for(
+                    lambda: annotations.ANN_CHECKPOINT_REQUEST in pods(fake)[victim]["metadata"]["annotations"],
+                    what="checkpoint request")
                 assert victim in pods(fake)
                 KubeApi(connect(fake.url)).annotate_pod("default", victim, {
-                    objects.ANN_CHECKPOINT_DONE: objects_time()})
+                    annotations.ANN_CHECKPOINT_DONE: objects_time()})
                 await wait_for(lambda: victim not in pods(fake), what="eviction")
                 nodes = {n["metadata"]["name"]: n for n in fake.objects("nodes")}
-                assert nodes[node]["metadata"]["annotations"][objects.ANN_CORDONED] == str(bad_gpu)
+                assert nodes[node]["metadata"]["annotations"][annotations.ANN_CORDONED] == str(bad_gpu)
                 assert "plain" in pods(fake)  # the healthy GPU's pod stays
                 assert any(e["involvedObject"]["name"] == victim for e in events(fake, "Migrated"))
                 # Its replacement does not land on the critical GPU: it waits (the only other GPU is busy).
@@ -321,13 +323,13 @@ async def test_gpu_turning_critical_on_the_broker_cordons_it_checkpoints_and_evi
                 # lands there, and when the GPU turns critical again it is cordoned and moved again.
                 await publish_state(bad_gpu, HealthBand.HEALTHY)
                 KubeApi(connect(fake.url)).core.patch_node(node, {"metadata": {"annotations": {
-                    objects.ANN_CORDONED: None}}}, _content_type=MERGE_PATCH)
+                    annotations.ANN_CORDONED: None}}}, _content_type=MERGE_PATCH)
                 await wait_for(lambda: pods(fake)["ckpt-2"]["spec"].get("nodeName"), what="placed after repair")
                 assert gpus_of(pods(fake)["ckpt-2"])[0]["index"] == bad_gpu
                 await publish_state(bad_gpu, HealthBand.CRITICAL)
                 await wait_for(lambda: "ckpt-2" not in pods(fake), what="evicted again")
                 nodes = {n["metadata"]["name"]: n for n in fake.objects("nodes")}
-                assert nodes[node]["metadata"]["annotations"][objects.ANN_CORDONED] == str(bad_gpu)
+                assert nodes[node]["metadata"]["annotations"][annotations.ANN_CORDONED] == str(bad_gpu)
                 assert live.stats.decisions[("MIGRATE", "gpu-critical")] == 2
                 # The cordon and the migration continue that trace on scheduler.decisions.v1.
                 actions = {a: tp for a, tp in published if a.endswith(("CORDON", "MIGRATE"))}
@@ -338,7 +340,7 @@ async def test_gpu_turning_critical_on_the_broker_cordons_it_checkpoints_and_evi
 
 
 def objects_time() -> str:
-    from scheduler.kube.api import now_rfc3339
+    from plumbing.kube.api import now_rfc3339
 
     return now_rfc3339()
 
@@ -350,14 +352,14 @@ def test_gpus_cordoned_at_once_are_all_kept_with_an_operators_own_cordon():
 
     with FakeApiServer() as fake:
         node = make_node("n0", gpus=8)
-        node["metadata"]["annotations"] = {objects.ANN_CORDONED: "7"}
+        node["metadata"]["annotations"] = {annotations.ANN_CORDONED: "7"}
         fake.create("nodes", node)
         apis = [KubeApi(connect(fake.url)) for _ in range(6)]
         with ThreadPoolExecutor(6) as pool:
             list(pool.map(lambda a: a[1].cordon_gpu("n0", a[0]), enumerate(apis)))
         (node,) = fake.objects("nodes")
-        assert objects.cordoned_gpus(node) == {0, 1, 2, 3, 4, 5, 7}
-        assert node["metadata"]["annotations"][objects.ANN_CORDONED] == "0,1,2,3,4,5,7"
+        assert annotations.cordoned_gpus(node) == {0, 1, 2, 3, 4, 5, 7}
+        assert node["metadata"]["annotations"][annotations.ANN_CORDONED] == "0,1,2,3,4,5,7"
 
 
 async def test_preemption_evicts_lower_priority_work_for_high_priority_pods():

@@ -11,7 +11,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from stream import admin, events, observability, topics
+from contract import events, topics
+from plumbing import kafka_admin as admin
+from plumbing import observability
 
 
 @pytest.fixture

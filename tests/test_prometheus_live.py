@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from contract import topics
+from contract.events import GpuInfo, GpuSample, TelemetryBatch, encode
 from dashboards.definitions import DASHBOARDS
-from gpuaware.local_prometheus import LocalPrometheus, available
-from gpuaware.processes import ChildProcess, free_port
-from gpuaware.stream_workers import StreamWorkerProcess, worker_env
-from scheduler.kube.fake_api import FakeApiServer, make_node, make_pod
-from stream import topics
-from stream.events import GpuInfo, GpuSample, TelemetryBatch, encode
-from stream.kafka_settings import KafkaSettings
+from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
+from gpuaware.local.processes import ChildProcess, free_port
+from gpuaware.local.prometheus import LocalPrometheus, available
+from gpuaware.local.stream_workers import StreamWorkerProcess, worker_env
+from plumbing.kafka_settings import KafkaSettings
 from tests.test_stream_kafka import _produce
 
 pytestmark = [pytest.mark.timeout(420),

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contract.events import HealthBand
 from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
 from scheduler.core.framework import Candidates, CycleContext, Profile, Scheduler
 from scheduler.core.plugins.bestfit import BestFit
@@ -25,7 +26,6 @@ from scheduler.core.preemption import Running, select_victims
 from scheduler.core.queue import Tenant, TenantLedger, fair_order
 from scheduler.core.workload import Workload
 from scheduler.core.workload_mix import WorkloadMix
-from stream.events import HealthBand
 
 TYPES = TaskTypes.from_counts({(1000, 1024, 1, 1000): 3, (1000, 1024, 1, 500): 1, (0, 0, 0, 0): 1})
 MIX = WorkloadMix.of([Workload(f"w{i}", 1000, 1024, 1, 1000) for i in range(3)]

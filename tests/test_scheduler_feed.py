@@ -7,10 +7,8 @@ import time
 
 from aiokafka import AIOKafkaProducer
 
-from scheduler.core.cluster import ClusterState, NodeSpec
-from scheduler.feed import StateFeed, StateView
-from stream import topics
-from stream.events import (
+from contract import topics
+from contract.events import (
     ClusterForecast,
     Forecast,
     GpuState,
@@ -20,7 +18,9 @@ from stream.events import (
     NodeState,
     encode,
 )
-from stream.kafka_settings import KafkaSettings
+from plumbing.kafka_settings import KafkaSettings
+from scheduler.core.cluster import ClusterState, NodeSpec
+from scheduler.feed import StateFeed, StateView
 
 
 def _state(uuid: str, node: str, band: HealthBand, sample_ms: int, util: float = 40.0) -> GpuState:

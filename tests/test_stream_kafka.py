@@ -11,9 +11,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from gpuaware.stream_workers import StreamWorkerProcess
-from stream import topics
-from stream.events import (
+from contract import topics
+from contract.events import (
     DLQ_ERROR_HEADER,
     EventKind,
     GpuEvent,
@@ -27,7 +26,8 @@ from stream.events import (
     decode,
     encode,
 )
-from stream.kafka_settings import KafkaSettings
+from gpuaware.local.stream_workers import StreamWorkerProcess
+from plumbing.kafka_settings import KafkaSettings
 
 pytestmark = pytest.mark.timeout(300)
 MINUTE_MS = 60_000

@@ -9,8 +9,8 @@ import pytest
 
 from agent.collectors.sim import load_scenario
 from agent.replay import simulate
+from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, HealthBand, Severity, TelemetryBatch
 from stream import fingerprint as fp
-from stream.events import EventKind, GpuEvent, GpuInfo, GpuSample, HealthBand, Severity, TelemetryBatch
 from stream.gpu_state import GpuTracker, TrackerSettings
 from stream.processor import InvalidRecord, StreamProcessor
 from stream.rollup import merge_demand, model_demand, node_state
@@ -216,7 +216,7 @@ def test_any_decodable_record_is_applied_or_rejected_as_invalid_never_crashes(re
         now += 1000
     for t in proc.trackers.values():
         state = t.state(now)  # every tracker can still render a valid, encodable record
-        from stream.events import decode, encode
+        from contract.events import decode, encode
 
         assert decode(encode(state)) == state
     proc.heartbeats(now + 60_000, None)

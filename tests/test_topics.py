@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from stream import topics
+from contract import topics
 
 
 def test_every_contract_topic_has_a_dlq_and_names_are_unique():

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stream.events import HealthBand
+from contract.events import HealthBand
 
 MIG_SLICE_MILLI = 143  # one of the seven compute slices of an A100/H100 in MIG mode (1g)
 

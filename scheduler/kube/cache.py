@@ -16,12 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from contract import annotations
+from contract.events import HealthBand
 from scheduler.core.cluster import Allocation, ClusterState
 from scheduler.core.preemption import Running
 from scheduler.core.workload import Workload
 from scheduler.kube import objects
 from scheduler.kube.objects import PodSpecError, PodWorkload
-from stream.events import HealthBand
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class ClusterCache:
     # ------------------------------------------------------------------ nodes
     def sync_nodes(self, items: list[dict[str, Any]]) -> None:
         self.nodes = {n["metadata"]["name"]: n for n in items}
-        self.cordoned = {name: gpus for name, n in self.nodes.items() if (gpus := objects.cordoned_gpus(n))}
+        self.cordoned = {name: gpus for name, n in self.nodes.items() if (gpus := annotations.cordoned_gpus(n))}
         self.rebuild()
 
     def node_event(self, kind: str, node: dict[str, Any]) -> None:
@@ -103,7 +104,7 @@ class ClusterCache:
             self.rebuild()
             return
         self.nodes[name] = node
-        gpus = objects.cordoned_gpus(node)
+        gpus = annotations.cordoned_gpus(node)
         if gpus:
             self.cordoned[name] = gpus
         else:
@@ -111,7 +112,7 @@ class ClusterCache:
         if old is None or _spec_or_none(old) != _spec_or_none(node) or \
                 objects.schedulable(old) != objects.schedulable(node):
             self.rebuild()
-        elif objects.cordoned_gpus(old) != objects.cordoned_gpus(node):
+        elif annotations.cordoned_gpus(old) != annotations.cordoned_gpus(node):
             self.apply_cordons()
 
     def rebuild(self) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from scheduler.kube.api import KubeApi, api_error
+from plumbing.kube.api import KubeApi, api_error
 
 log = logging.getLogger(__name__)
 

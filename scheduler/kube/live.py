@@ -35,6 +35,10 @@ from typing import Any
 import numpy as np
 from kubernetes.client.exceptions import ApiException
 
+from contract import annotations
+from contract.events import AgentControl, ControlKind, DecisionAction, GpuAssignment, HealthBand, SchedulerDecision
+from plumbing import observability
+from plumbing.kube.api import TRANSPORT_ERRORS, Informer, KubeApi, WatchSpec, api_error, now_rfc3339, wait_synced
 from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, place_gang, schedule_pass
 from scheduler.core.framework import Decision, Scheduler
 from scheduler.core.policies import profile
@@ -45,13 +49,10 @@ from scheduler.core.workload import Workload
 from scheduler.core.workload_mix import WorkloadMix
 from scheduler.feed import StateView
 from scheduler.kube import objects
-from scheduler.kube.api import TRANSPORT_ERRORS, Informer, KubeApi, WatchSpec, api_error, now_rfc3339, wait_synced
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.objects import PodWorkload
 from scheduler.metrics import PRIORITY_NAMES, QueueSnapshot, SchedulerStats
 from scheduler.settings import SchedulerSettings
-from stream import observability
-from stream.events import AgentControl, ControlKind, DecisionAction, GpuAssignment, HealthBand, SchedulerDecision
 
 log = logging.getLogger(__name__)
 
@@ -423,8 +424,8 @@ class LiveScheduler:
                                                + self.settings.eviction_timeout_s)
                 # One write: the GPUs are on the pod from the moment it has a node (the device plugin reads them).
                 await self._call(self.api.bind, ns, name, node, {
-                    objects.ANN_GPUS: objects.gpus_annotation(alloc, uuids),
-                    objects.ANN_SHARING: objects.sharing_annotation(alloc)})
+                    annotations.ANN_GPUS: objects.gpus_annotation(alloc, uuids),
+                    annotations.ANN_SHARING: objects.sharing_annotation(alloc)})
             except TimeoutError:
                 self._requeue(key, f"victims of {key} were not gone in time; placement withdrawn")
                 return
@@ -474,7 +475,7 @@ class LiveScheduler:
         try:
             if r.workload.checkpointable and self.settings.checkpoint_timeout_s > 0:
                 asked = now_rfc3339()
-                await self._call(self.api.annotate_pod, ns, name, {objects.ANN_CHECKPOINT_REQUEST: asked})
+                await self._call(self.api.annotate_pod, ns, name, {annotations.ANN_CHECKPOINT_REQUEST: asked})
                 await self._await_checkpoint(key, asked)
             await self._event(pod, event_reason, reason, "Normal")
             deadline = time.monotonic() + self.settings.eviction_timeout_s
@@ -509,7 +510,7 @@ class LiveScheduler:
             pod = self.cache.pods.get(key)
             if pod is None:
                 return
-            done = (pod["metadata"].get("annotations") or {}).get(objects.ANN_CHECKPOINT_DONE, "")
+            done = (pod["metadata"].get("annotations") or {}).get(annotations.ANN_CHECKPOINT_DONE, "")
             if done and done >= asked:
                 return
             await asyncio.sleep(0.2)

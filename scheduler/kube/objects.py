@@ -25,19 +25,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contract.annotations import (
+    ANN_GPUS,
+    ANN_SHARING,
+    GPU_RESOURCE,
+    LABEL_GPU_MEMORY,
+    LABEL_PRODUCT,
+    PREFIX,
+)
 from scheduler.core.cluster import Allocation, NodeSpec
 from scheduler.core.gpu_specs import SPECS, spec_of
 from scheduler.core.workload import Workload
 
-PREFIX = "gpuaware.io/"
-GPU_RESOURCE = "nvidia.com/gpu"
-ANN_GPUS = PREFIX + "gpus"
-ANN_SHARING = PREFIX + "sharing"
-ANN_CORDONED = PREFIX + "cordoned-gpus"  # on a Node: comma list of GPU indices that take no new work
-ANN_CHECKPOINT_REQUEST = PREFIX + "checkpoint-requested"  # on a Pod: the time (RFC 3339) a checkpoint was asked
-ANN_CHECKPOINT_DONE = PREFIX + "checkpoint-done"  # on a Pod, written by the workload when its checkpoint is safe
-LABEL_PRODUCT = "nvidia.com/gpu.product"  # GPU Operator's GPU feature discovery
-LABEL_GPU_MEMORY = "nvidia.com/gpu.memory"  # MiB
 # PriorityClass values at or above these are gpuaware's high and medium levels.
 HIGH_PRIORITY_VALUE = 100_000
 MEDIUM_PRIORITY_VALUE = 1_000
@@ -110,11 +109,6 @@ def node_spec(node: Mapping[str, Any]) -> NodeSpec:
     return NodeSpec(meta["name"], quantity_milli(alloc.get("cpu", "0"), f"node {meta['name']} allocatable cpu"),
                     quantity_mib(alloc.get("memory", "0"), f"node {meta['name']} allocatable memory"),
                     gpus, model, gpu_mem)
-
-
-def cordoned_gpus(node: Mapping[str, Any]) -> set[int]:
-    raw = ((node["metadata"].get("annotations") or {}).get(ANN_CORDONED) or "").strip()
-    return {int(x) for x in raw.split(",") if x.strip().isdigit()}
 
 
 def schedulable(node: Mapping[str, Any]) -> bool:

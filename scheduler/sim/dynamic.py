@@ -44,6 +44,8 @@ from functools import cache
 
 import numpy as np
 
+from contract.events import HealthBand
+from plumbing.traces import traces_dir
 from scheduler.core.cluster import Allocation, ClusterState
 from scheduler.core.cycle import PassStats, QueuePolicy, QueueState
 from scheduler.core.cycle import schedule_pass as run_pass
@@ -56,8 +58,6 @@ from scheduler.core.throttle import throttle_decisions
 from scheduler.core.throughput import ThroughputTable
 from scheduler.core.workload import Workload
 from scheduler.core.workload_mix import WorkloadMix
-from stream.events import HealthBand
-from stream.traces import traces_dir
 
 REFERENCE_MODEL = "V100M16"
 BOARD_POWER_W = {"P100": 250.0, "T4": 70.0, "V100M16": 300.0, "V100M32": 300.0, "A10": 150.0}

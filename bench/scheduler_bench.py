@@ -28,15 +28,15 @@ from typing import Any
 import numpy as np
 from aiokafka import AIOKafkaProducer
 
+from contract import topics
+from contract.events import GpuState, HealthBand, NodeGpu, NodeState, encode
+from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
+from plumbing.kafka_settings import KafkaSettings
+from plumbing.kube.api import KubeApi, connect
 from scheduler.feed import StateFeed, StateView
-from scheduler.kube.api import KubeApi, connect
-from scheduler.kube.fake_api import FakeApiServer, make_node, make_pod
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
 from scheduler.sim.openb import load_nodes, load_pods
-from stream import topics
-from stream.events import GpuState, HealthBand, NodeGpu, NodeState, encode
-from stream.kafka_settings import KafkaSettings
 
 
 def _pod_objects(pod_csv: Path, count: int, seed: int, prefix: str) -> list[dict[str, Any]]:

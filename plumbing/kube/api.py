@@ -25,7 +25,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from scheduler.kube import objects
+from contract import annotations
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +124,9 @@ class KubeApi:
         while True:
             attempt += 1
             node = self.read_node(name)
-            cordoned = objects.cordoned_gpus(node) | {gpu}
+            cordoned = annotations.cordoned_gpus(node) | {gpu}
             patch = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"],
-                                  "annotations": {objects.ANN_CORDONED: ",".join(map(str, sorted(cordoned)))}}}
+                                  "annotations": {annotations.ANN_CORDONED: annotations.cordon_value(cordoned)}}}
             try:
                 self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _preload_content=False)
                 return

@@ -30,11 +30,11 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from gpuaware.processes import cpu_seconds, peak_rss_mib
-from gpuaware.stream_workers import StreamWorkerProcess
-from stream import topics
-from stream.events import GpuInfo, GpuSample, TelemetryBatch, decode, encode
-from stream.kafka_settings import KafkaSettings
+from contract import topics
+from contract.events import GpuInfo, GpuSample, TelemetryBatch, decode, encode
+from gpuaware.local.processes import cpu_seconds, peak_rss_mib
+from gpuaware.local.stream_workers import StreamWorkerProcess
+from plumbing.kafka_settings import KafkaSettings
 
 GPUS_PER_NODE = 8
 LATENCY_WARMUP_S = 5.0

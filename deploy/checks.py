@@ -1,6 +1,6 @@
 """Offline checks of rendered Kubernetes manifests: schemas and gpuaware's deployment policy.
 
-    python -m gpuaware.manifest_checks deploy/overlays/production [...]   # exit 1 on any problem
+    python -m deploy.checks deploy/overlays/production [...]   # exit 1 on any problem
 
 Three layers, each returning a list of human-readable problems (empty = fine):
 - ``schema_problems``: built-in kinds against the Kubernetes OpenAPI schemas (kubernetes-validate,
@@ -24,7 +24,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-from stream import topics
+from contract import topics
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA_DIR = REPO / "deploy" / "schemas"
@@ -213,7 +213,7 @@ def topic_problems(docs: list[Doc]) -> list[str]:
     rendered = {t["spec"].get("topicName", t["metadata"]["name"]): t["spec"] for t in kafka_topics}
     contract = {t.name: t for t in topics.ALL_TOPICS}
     if set(rendered) != set(contract):
-        problems.append(f"KafkaTopics differ from stream.topics: missing {sorted(set(contract) - set(rendered))}, "
+        problems.append(f"KafkaTopics differ from contract.topics: missing {sorted(set(contract) - set(rendered))}, "
                         f"extra {sorted(set(rendered) - set(contract))}")
     for name in set(rendered) & set(contract):
         spec, want = rendered[name], contract[name]

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import shutil
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from gpuaware.processes import ChildProcess, free_port
+from gpuaware.local.processes import ChildProcess, free_port
 
-RULES = Path(__file__).resolve().parent.parent / "dashboards" / "prometheus" / "rules.yml"
+RULES = Path(str(importlib.resources.files("dashboards").joinpath("prometheus", "rules.yml")))
 
 
 def available() -> bool:

@@ -24,9 +24,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuaware.processes import ChildProcess, free_port, port_in_use, wait_port_closed
-from stream import admin
-from stream.kafka_settings import KafkaSettings
+from gpuaware.local.processes import ChildProcess, free_port, port_in_use, wait_port_closed
+from plumbing import kafka_admin as admin
+from plumbing.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

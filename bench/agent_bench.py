@@ -19,8 +19,8 @@ from agent.collectors.sim import SimCluster, load_scenario
 from agent.exporter import DCGM_FIELDS, AgentCollector
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy
-from stream import events, topics
-from stream.kafka_settings import KafkaSettings
+from contract import events, topics
+from plumbing.kafka_settings import KafkaSettings
 
 
 def _status_kib(key: str) -> int:

@@ -12,8 +12,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from stream import topics
-from stream.kafka_settings import KafkaSettings
+from contract import topics
+from plumbing.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

@@ -21,14 +21,14 @@ from agent.cordons import CordonWatcher
 from agent.main import serve_metrics
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy
-from gpuaware.local_prometheus import LocalPrometheus
-from gpuaware.localbroker import LocalBroker
-from gpuaware.processes import free_port
-from gpuaware.stack_scheduler import StackScheduler
-from gpuaware.stream_workers import StreamWorkerProcess
-from stream import topics
-from stream.events import ClusterForecast, DecodeError, GpuEvent, GpuState, HealthBand, decode
-from stream.kafka_settings import KafkaSettings
+from contract import topics
+from contract.events import ClusterForecast, DecodeError, GpuEvent, GpuState, HealthBand, decode
+from gpuaware.local.broker import LocalBroker
+from gpuaware.local.processes import free_port
+from gpuaware.local.prometheus import LocalPrometheus
+from gpuaware.local.stack_scheduler import StackScheduler
+from gpuaware.local.stream_workers import StreamWorkerProcess
+from plumbing.kafka_settings import KafkaSettings
 
 
 @dataclass

@@ -6,8 +6,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from gpuaware.processes import ChildProcess, free_port
-from stream.kafka_settings import KafkaSettings
+from gpuaware.local.processes import ChildProcess, free_port
+from plumbing.kafka_settings import KafkaSettings
 
 
 def worker_env(kafka: KafkaSettings, **stream: object) -> dict[str, str]:

@@ -4,7 +4,7 @@ A value on the wire is a 3-byte header followed by schemaless Avro:
 
     byte 0   MAGIC (0xA7): tells a gpuaware record from anything else
     byte 1   schema id: which record type (see ``RECORD_TYPES``)
-    byte 2   schema version: which ``stream/schemas/<name>.v<N>.avsc`` wrote it
+    byte 2   schema version: which ``contract/schemas/<name>.v<N>.avsc`` wrote it
 
 Evolution rule (checked by the tests): a new version may only append optional fields (with a
 default) at the end of the top-level record, and enums carry a default symbol. That keeps both
@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 import fastavro
 
-from stream import topics
+from contract import topics
 
 MAGIC = 0xA7
 _HEADER = struct.Struct("!BBB")
@@ -294,8 +294,15 @@ class RecordType:
     schema_id: int
     cls: type
     topic: str
-    # version -> parsed schema; the highest version is what this code writes.
-    versions: dict[int, Any]
+    # version -> parsed schema; the highest version is what this code writes. None until first use,
+    # so importing the contract reads no file.
+    loaded_versions: dict[int, Any] | None = None
+
+    @property
+    def versions(self) -> dict[int, Any]:
+        if self.loaded_versions is not None:
+            return self.loaded_versions
+        return _load_schema_versions(self.cls.SCHEMA)
 
     @property
     def latest(self) -> int:
@@ -306,16 +313,17 @@ class RecordType:
         return self.cls.SCHEMA
 
 
+@cache
 def _load_schema_versions(name: str) -> dict[int, Any]:
     found: dict[int, Any] = {}
-    for entry in resources.files("stream").joinpath("schemas").iterdir():
+    for entry in resources.files("contract").joinpath("schemas").iterdir():
         stem, _, ext = entry.name.rpartition(".")
         if ext != "avsc" or not stem.startswith(name + ".v"):
             continue
         version = int(stem[len(name) + 2 :])
         found[version] = fastavro.parse_schema(json.loads(entry.read_text()), named_schemas={})
     if not found:
-        raise RuntimeError(f"no schema files stream/schemas/{name}.v*.avsc")
+        raise RuntimeError(f"no schema files contract/schemas/{name}.v*.avsc")
     return found
 
 
@@ -331,7 +339,7 @@ _TYPES_BY_ID: dict[int, tuple[type, str]] = {
 }
 
 RECORD_TYPES: dict[int, RecordType] = {
-    sid: RecordType(sid, cls, topic, _load_schema_versions(cls.SCHEMA)) for sid, (cls, topic) in _TYPES_BY_ID.items()
+    sid: RecordType(sid, cls, topic) for sid, (cls, topic) in _TYPES_BY_ID.items()
 }
 _BY_CLASS: dict[type, RecordType] = {rt.cls: rt for rt in RECORD_TYPES.values()}
 TOPIC_RECORD: dict[str, RecordType] = {rt.topic: rt for rt in RECORD_TYPES.values()}

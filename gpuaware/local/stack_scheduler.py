@@ -32,20 +32,20 @@ from aiokafka import AIOKafkaProducer
 from prometheus_client import CollectorRegistry, start_http_server
 
 from agent.collectors.sim import MODELS, Scenario
-from gpuaware.processes import free_port
+from contract import topics
+from contract.events import AgentControl, SchedulerDecision, encode
+from gpuaware.local.fake_apiserver import BY_PATH, FakeApiServer, make_node, make_pod
+from gpuaware.local.processes import free_port
+from plumbing.kafka_settings import KafkaSettings
+from plumbing.kube.api import KubeApi, connect
+from plumbing.traces import traces_dir
 from scheduler.core.queue import jain_index
 from scheduler.feed import StateFeed, StateView
-from scheduler.kube.api import KubeApi, connect
-from scheduler.kube.fake_api import BY_PATH, FakeApiServer, make_node, make_pod
 from scheduler.kube.live import LiveScheduler
 from scheduler.kube.objects import level_of
 from scheduler.metrics import PRIORITY_NAMES, SchedulerCollector
 from scheduler.settings import SchedulerSettings
 from scheduler.sim.openb import TracePod, load_pods
-from stream import topics
-from stream.events import AgentControl, SchedulerDecision, encode
-from stream.kafka_settings import KafkaSettings
-from stream.traces import traces_dir
 
 TENANTS = {"team-a": 4.0, "team-b": 3.0, "team-c": 2.0, "team-d": 1.0}
 QOS_PRIORITY = {"LS": 200_000, "Guaranteed": 5_000, "Burstable": 5_000, "BE": 0}

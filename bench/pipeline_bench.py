@@ -36,12 +36,12 @@ from aiokafka import AIOKafkaConsumer
 from agent.collectors.sim import Scenario, SimCluster
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy
-from gpuaware.processes import cpu_seconds, peak_rss_mib
-from gpuaware.stack_scheduler import StackScheduler
-from gpuaware.stream_workers import StreamWorkerProcess
-from stream import topics
-from stream.events import DecodeError, GpuState, decode
-from stream.kafka_settings import KafkaSettings
+from contract import topics
+from contract.events import DecodeError, GpuState, decode
+from gpuaware.local.processes import cpu_seconds, peak_rss_mib
+from gpuaware.local.stack_scheduler import StackScheduler
+from gpuaware.local.stream_workers import StreamWorkerProcess
+from plumbing.kafka_settings import KafkaSettings
 
 WARMUP_S = 10.0
 

@@ -1,0 +1,1 @@
+"""The Kubernetes client wrapper (typed calls, one error vocabulary) and the informer."""
