@@ -7,8 +7,7 @@ scores how unusual the joint state is, for the dashboards and as a last-resort a
 
 Half-Space Trees are implemented here with numpy rather than imported from River: importing
 ``river.anomaly`` pulls in scipy.stats and adds ~78 MiB to the agent's resident memory (measured),
-more than the agent's whole budget. The API and the algorithm follow River's ``HalfSpaceTrees``;
-River itself runs in the stream processors, where that cost is paid once per worker.
+more than the agent's whole budget. The API and the algorithm follow River's ``HalfSpaceTrees``.
 """
 
 from __future__ import annotations

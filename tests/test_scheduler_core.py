@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -296,7 +297,7 @@ GAVEL = Path(__file__).resolve().parents[2] / "shared" / "traces" / "gavel" / "s
 def test_gavel_table_orders_gpus_and_learns_online():
     from scheduler.core.throughput import ThroughputTable
 
-    t = ThroughputTable.from_gavel(GAVEL)
+    t = ThroughputTable.from_gavel(json.loads(GAVEL.read_text()))
     job = "ResNet-50 (batch size 64)"
     k80, p100, v100 = t.relative(job, ["K80", "P100", "V100M32"])
     assert k80 < p100 < v100 == 1.0
@@ -313,7 +314,7 @@ def test_heterogeneity_prefers_the_faster_model_and_interference_the_quieter_gpu
     from scheduler.core.plugins.interference import InterferenceAware
     from scheduler.core.throughput import ThroughputTable
 
-    table = ThroughputTable.from_gavel(GAVEL)
+    table = ThroughputTable.from_gavel(json.loads(GAVEL.read_text()))
     c = ClusterState([NodeSpec("k80", 32000, 65536, 2, "K80"), NodeSpec("v100", 32000, 65536, 2, "V100M16")])
     job = {"gavel_class": "ResNet-50 (batch size 64)"}
     d = scheduler_with(HeterogeneityAffinity(table)).schedule(c, Workload("w", 1000, 1024, 1, 1000, labels=job))

@@ -9,9 +9,9 @@ observed throughput with ``learn_one``.
 from __future__ import annotations
 
 import ast
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 GAVEL_MODELS = ("k80", "p100", "v100")
 # FP32 TFLOPS (vendor data sheets), used only to place models Gavel did not measure.
@@ -35,8 +35,8 @@ class ThroughputTable:
     learned: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @classmethod
-    def from_gavel(cls, path: str | Path) -> ThroughputTable:
-        raw = json.loads(Path(path).read_text())
+    def from_gavel(cls, raw: Mapping[str, Any]) -> ThroughputTable:
+        """From Gavel's ``simulation_throughputs.json``, parsed (the core reads no files)."""
         solo: dict[str, dict[str, float]] = {}
         pairs: dict[str, dict[tuple[str, str], tuple[float, float]]] = {}
         for gpu in GAVEL_MODELS:

@@ -37,6 +37,7 @@ also rounds fractions up to whole GPUs.
 from __future__ import annotations
 
 import heapq
+import json
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,7 +66,7 @@ BOARD_POWER_W = {"P100": 250.0, "T4": 70.0, "V100M16": 300.0, "V100M32": 300.0, 
 
 @cache
 def gavel_table() -> ThroughputTable:
-    return ThroughputTable.from_gavel(traces_dir() / "gavel" / "simulation_throughputs.json")
+    return ThroughputTable.from_gavel(json.loads((traces_dir() / "gavel" / "simulation_throughputs.json").read_text()))
 
 
 def gavel_classes(table: ThroughputTable) -> list[str]:

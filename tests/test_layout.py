@@ -1,0 +1,125 @@
+"""The architecture's import rules, checked on the source so they cannot break silently.
+
+docs/architecture.md draws the map these rules keep true: the contract at the bottom, shared
+plumbing above it, the three components as peers above both, and the CLI, the local stack,
+benchmarks and manifests on top, free to wire anything.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIRST_PARTY = {"contract", "plumbing", "agent", "stream", "scheduler", "gpuaware", "dashboards", "bench", "deploy"}
+
+# package -> first-party top-level packages it may import (besides itself)
+ALLOWED = {
+    "contract": set(),
+    "plumbing": {"contract"},
+    "agent": {"contract", "plumbing"},
+    "stream": {"contract", "plumbing"},
+    "scheduler": {"contract", "plumbing"},
+    "dashboards": set(),
+}
+# The scheduling core is pure: the contract's plain data and itself, no I/O libraries.
+CORE = "scheduler.core"
+CORE_ALLOWED_FIRST_PARTY = {"contract.events", "contract.annotations", "scheduler.core"}
+CORE_FORBIDDEN_THIRD_PARTY = {"aiokafka", "faust", "kubernetes", "urllib3", "prometheus_client", "pathlib", "socket",
+                              "asyncio", "subprocess", "requests", "yaml"}
+# What the contract may import at all: the standard library and the Avro codec.
+CONTRACT_THIRD_PARTY = {"fastavro"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every module an import statement names, at any depth (imports inside functions count)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+            # `from contract import events` names contract.events
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _sources(package: str) -> list[Path]:
+    return sorted((REPO / package.replace(".", "/")).rglob("*.py"))
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_packages_import_only_what_the_map_allows(package):
+    problems = []
+    for path in _sources(package):
+        for line, name in _imports(path):
+            top = name.split(".")[0]
+            if top in FIRST_PARTY and top != package and top not in ALLOWED[package]:
+                problems.append(f"{path.relative_to(REPO)}:{line} imports {name}")
+    allowed = sorted(ALLOWED[package]) or "nothing first-party"
+    assert not problems, f"{package} may import only {allowed}:\n" + "\n".join(problems)
+
+
+def test_the_scheduling_core_imports_only_the_contracts_plain_data_and_does_no_io():
+    problems = []
+    for path in _sources(CORE):
+        for line, name in _imports(path):
+            top = name.split(".")[0]
+            allowed = any(name == a or name.startswith(a + ".") for a in CORE_ALLOWED_FIRST_PARTY)
+            # `from contract import events` also names the bare package
+            if top in FIRST_PARTY and not allowed and name not in {"contract", "scheduler"}:
+                problems.append(f"{path.relative_to(REPO)}:{line} imports {name}")
+            if top in CORE_FORBIDDEN_THIRD_PARTY:
+                problems.append(f"{path.relative_to(REPO)}:{line} imports {name} (I/O)")
+        text = path.read_text()
+        for call in ("open(", ".read_text(", ".read_bytes(", ".write_text("):
+            if call in text:
+                problems.append(f"{path.relative_to(REPO)} calls {call}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_contract_needs_only_the_standard_library_and_avro():
+    stdlib = sys.stdlib_module_names
+    problems = []
+    for path in _sources("contract"):
+        for line, name in _imports(path):
+            top = name.split(".")[0]
+            if top not in stdlib and top not in CONTRACT_THIRD_PARTY and top != "contract":
+                problems.append(f"{path.relative_to(REPO)}:{line} imports {name}")
+    assert not problems, "\n".join(problems)
+
+
+def test_importing_the_contract_loads_no_client_and_reads_no_file():
+    code = (
+        "import sys\n"
+        "opened = []\n"
+        "sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == 'open' else None)\n"
+        "import contract, contract.events, contract.topics, contract.annotations\n"
+        "loaded = {'faust', 'aiokafka', 'kubernetes'} & set(sys.modules)\n"
+        "assert not loaded, loaded\n"
+        "reads = [p for p in opened if not p.endswith(('.py', '.pyc')) and '__pycache__' not in p\n"
+        "         and 'site-packages' not in p and 'contract' in p]\n"
+        "assert not reads, reads\n"
+        "from contract import events\n"
+        "assert events.record_type(events.GpuState).latest >= 1  # schemas load on first use\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_test_doubles_live_outside_the_component_packages():
+    doubles = [p for pkg in ("agent", "stream", "scheduler", "plumbing", "contract") for p in _sources(pkg)
+               if "fake" in p.name]
+    assert not doubles, doubles
