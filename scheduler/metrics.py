@@ -13,8 +13,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from plumbing.metrics import Histogram, histogram_family
+from scheduler.core.workload import PriorityLevel
 
-PRIORITY_NAMES = {2: "high", 1: "medium", 0: "low"}
+PRIORITY_NAMES = {level: level.label for level in reversed(PriorityLevel)}
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 

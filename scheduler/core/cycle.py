@@ -22,9 +22,7 @@ from scheduler.core.cluster import ClusterState
 from scheduler.core.framework import Decision, Scheduler
 from scheduler.core.preemption import Running, earliest_fit, select_victims
 from scheduler.core.queue import TenantLedger, fair_order
-from scheduler.core.workload import Workload
-
-HIGH_PRIORITY = 2
+from scheduler.core.workload import PriorityLevel, Workload
 
 
 @dataclass(frozen=True)
@@ -119,7 +117,7 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
         if d.allocation is None:
             hooks.blocked(w, d, now)
             blocked.add(_shape(w))
-            if policy.reserve_and_backfill and reservation is None and w.priority == HIGH_PRIORITY:
+            if policy.reserve_and_backfill and reservation is None and w.priority == PriorityLevel.HIGH:
                 fit = earliest_fit(cluster, w, queue.running, queue.finish_at, now)
                 if fit is not None:
                     reservation = (fit[0], fit[1], w.priority)
@@ -134,8 +132,8 @@ def _preempt_for(scheduler: Scheduler, cluster: ClusterState, queue: QueueState,
     ledger = queue.ledger
     owed = (policy.reclaim_borrowed and ledger is not None and ledger.within_quota(w)
             and now - w.submit_s >= policy.reclaim_after_s)
-    wants_victims = w.priority > 0 or owed
-    grace = policy.preempt_grace_s[min(w.priority, 2)]
+    wants_victims = w.priority > PriorityLevel.LOW or owed
+    grace = policy.preempt_grace_s[min(w.priority, PriorityLevel.HIGH)]
     if wants_victims and policy.patient_preemption and not owed and grace > 0:
         fit = earliest_fit(cluster, w, queue.running, queue.finish_at, now)
         if fit is not None and fit[1] - now <= grace:
