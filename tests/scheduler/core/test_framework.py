@@ -18,7 +18,6 @@ from scheduler.core.framework import (
     Scheduler,
     ScorePlugin,
 )
-from scheduler.core.plugins.capabilities import Capabilities
 from scheduler.core.plugins.forecast_headroom import ForecastHeadroom
 from scheduler.core.plugins.health import HealthFilter
 from scheduler.core.plugins.least_allocated import LeastAllocated
