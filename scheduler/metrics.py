@@ -5,41 +5,19 @@ Names (``gpuaware_scheduler_*``) are what the scheduler dashboard and the alert 
 
 from __future__ import annotations
 
-import bisect
-import math
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-PRIORITY_NAMES = {2: "high", 1: "medium", 0: "low"}
+from plumbing.metrics import Histogram, histogram_family
+from scheduler.core.workload import PriorityLevel
+
+PRIORITY_NAMES = {level: level.label for level in reversed(PriorityLevel)}
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
-
-
-@dataclass
-class Histogram:
-    buckets: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    n: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * (len(self.buckets) + 1)
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
-        self.n += 1
-
-    def family_buckets(self) -> list[tuple[str, int]]:
-        out, running = [], 0
-        for bound, c in zip((*self.buckets, math.inf), self.counts, strict=True):
-            running += c
-            out.append(("+Inf" if bound == math.inf else repr(bound), running))
-        return out
 
 
 @dataclass
@@ -88,11 +66,6 @@ class SchedulerCollector(Collector):
     def __init__(self, stats: SchedulerStats, snapshot: Callable[[], QueueSnapshot]):
         self.stats, self.snapshot = stats, snapshot
 
-    def _histogram(self, name: str, doc: str, h: Histogram, labels: dict[str, str] | None = None):
-        fam = HistogramMetricFamily(name, doc, labels=list(labels or {}))
-        fam.add_metric(list((labels or {}).values()), h.family_buckets(), h.total)
-        return fam
-
     def collect(self) -> Iterator:
         s, snap = self.stats, self.snapshot()
         dec = CounterMetricFamily("gpuaware_scheduler_decisions", "Scheduling decisions by action and reason",
@@ -100,18 +73,15 @@ class SchedulerCollector(Collector):
         for (action, reason), n in sorted(s.decisions.items()):
             dec.add_metric([action, reason], n)
         yield dec
-        yield self._histogram("gpuaware_scheduler_decision_latency_seconds",
-                              "Time of one scheduling cycle (filter, score, reserve)", s.decision_latency)
-        yield self._histogram("gpuaware_scheduler_pass_latency_seconds", "Time of one pass over the queue",
-                              s.pass_latency)
-        yield self._histogram("gpuaware_scheduler_bind_latency_seconds",
-                              "Annotate + Binding + Event API calls of one placement", s.bind_latency)
-        wait = HistogramMetricFamily("gpuaware_scheduler_queue_wait_seconds",
-                                     "Pod creation to placement, per tenant and priority",
-                                     labels=["tenant", "priority"])
-        for (tenant, prio), h in sorted(s.queue_wait.items()):
-            wait.add_metric([tenant, prio], h.family_buckets(), h.total)
-        yield wait
+        yield histogram_family("gpuaware_scheduler_decision_latency_seconds",
+                               "Time of one scheduling cycle (filter, score, reserve)", {(): s.decision_latency})
+        yield histogram_family("gpuaware_scheduler_pass_latency_seconds", "Time of one pass over the queue",
+                               {(): s.pass_latency})
+        yield histogram_family("gpuaware_scheduler_bind_latency_seconds",
+                               "Annotate + Binding + Event API calls of one placement", {(): s.bind_latency})
+        yield histogram_family("gpuaware_scheduler_queue_wait_seconds",
+                               "Pod creation to placement, per tenant and priority", s.queue_wait,
+                               labels=["tenant", "priority"])
         pending = GaugeMetricFamily("gpuaware_scheduler_pending_pods", "Pods waiting for placement",
                                     labels=["tenant", "priority"])
         oldest = GaugeMetricFamily("gpuaware_scheduler_oldest_pending_seconds", "Age of the oldest waiting pod",

@@ -9,9 +9,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from plumbing.metrics import Histogram, histogram_family
 from stream.gpu_state import GpuTracker
 
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
@@ -24,18 +25,11 @@ class StreamStats:
     samples: int = 0
     duplicates: int = 0
     published: Counter = field(default_factory=Counter)  # output topic -> records written
-    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
-    latency_sum: float = 0.0
+    latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))  # sample to state
     demand: list = field(default_factory=list)  # the newest cluster forecast's ModelDemand lines (owner only)
 
     def observe_latency(self, seconds: float) -> None:
-        for i, bound in enumerate(LATENCY_BUCKETS_S):
-            if seconds <= bound:
-                self.latency_counts[i] += 1
-                break
-        else:
-            self.latency_counts[-1] += 1
-        self.latency_sum += seconds
+        self.latency.observe(seconds)
 
 
 class StreamCollector(Collector):
@@ -69,13 +63,8 @@ class StreamCollector(Collector):
         for (topic, partition), n in sorted(self.lag().items()):
             lag.add_metric([topic, str(partition)], n)
         yield lag
-        cumulative, buckets = 0, []
-        for bound, n in zip((*LATENCY_BUCKETS_S, float("inf")), s.latency_counts, strict=True):
-            cumulative += n
-            buckets.append(("+Inf" if bound == float("inf") else str(bound), cumulative))
-        yield HistogramMetricFamily("gpuaware_stream_sample_to_state_seconds",
-                                    "From a sample's timestamp to its GPU state being published",
-                                    buckets=buckets, sum_value=s.latency_sum)
+        yield histogram_family("gpuaware_stream_sample_to_state_seconds",
+                               "From a sample's timestamp to its GPU state being published", {(): s.latency})
         demand = GaugeMetricFamily("gpuaware_cluster_demand_gpus",
                                    "Forecast GPU demand per model and horizon, in busy GPUs (mean and 80% bounds)",
                                    labels=["model", "horizon_s", "bound"])

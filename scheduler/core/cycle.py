@@ -22,9 +22,11 @@ from scheduler.core.cluster import ClusterState
 from scheduler.core.framework import Decision, Scheduler
 from scheduler.core.preemption import Running, earliest_fit, select_victims
 from scheduler.core.queue import TenantLedger, fair_order
-from scheduler.core.workload import Workload
+from scheduler.core.status import Code, Reason
+from scheduler.core.workload import PriorityLevel, Workload
 
-HIGH_PRIORITY = 2
+PREEMPTION = "preemption"  # who reports preemption's reasons
+GANG = "gang"
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class PassHooks(Protocol):
         """The workload got ``decision.allocation``: take it off the queue and record it running."""
 
     def blocked(self, workload: Workload, decision: Decision, now: float) -> None:
-        """Nothing fits ``workload`` this pass; ``decision.reasons`` says why."""
+        """Nothing fits ``workload`` this pass; ``decision.why`` says why."""
 
 
 @dataclass
@@ -119,7 +121,7 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
         if d.allocation is None:
             hooks.blocked(w, d, now)
             blocked.add(_shape(w))
-            if policy.reserve_and_backfill and reservation is None and w.priority == HIGH_PRIORITY:
+            if policy.reserve_and_backfill and reservation is None and w.priority == PriorityLevel.HIGH:
                 fit = earliest_fit(cluster, w, queue.running, queue.finish_at, now)
                 if fit is not None:
                     reservation = (fit[0], fit[1], w.priority)
@@ -134,8 +136,8 @@ def _preempt_for(scheduler: Scheduler, cluster: ClusterState, queue: QueueState,
     ledger = queue.ledger
     owed = (policy.reclaim_borrowed and ledger is not None and ledger.within_quota(w)
             and now - w.submit_s >= policy.reclaim_after_s)
-    wants_victims = w.priority > 0 or owed
-    grace = policy.preempt_grace_s[min(w.priority, 2)]
+    wants_victims = w.priority > PriorityLevel.LOW or owed
+    grace = policy.preempt_grace_s[min(w.priority, PriorityLevel.HIGH)]
     if wants_victims and policy.patient_preemption and not owed and grace > 0:
         fit = earliest_fit(cluster, w, queue.running, queue.finish_at, now)
         if fit is not None and fit[1] - now <= grace:
@@ -149,7 +151,8 @@ def _preempt_for(scheduler: Scheduler, cluster: ClusterState, queue: QueueState,
                and ledger.over_quota(r.workload.tenant) > 0) if owed and ledger is not None else None
     pick = select_victims(cluster, w, queue.running, now, allowed_nodes=queue.node_mask, reclaimable=reclaim)
     if pick is None:
-        return Decision(w, None, [*d.reasons, "no node frees enough by preempting"], None, d.latency_s), True
+        failed = Reason(Code.PREEMPTION_FAILED, PREEMPTION, "no node frees enough by preempting")
+        return Decision(w, None, [*d.why, failed], None, d.latency_s, d.nodes), True
     for victim in pick[1]:
         hooks.evict(victim, w, now)
         stats.preemptions += 1
@@ -157,8 +160,16 @@ def _preempt_for(scheduler: Scheduler, cluster: ClusterState, queue: QueueState,
             stats.reclaims += 1
     again = scheduler.schedule(cluster, w, queue.node_mask)
     victims = ", ".join(v.workload.id for v in pick[1])
-    return Decision(w, again.allocation, [*again.reasons, f"preempted {victims}"], again.score,
-                    d.latency_s + again.latency_s), True
+    return Decision(w, again.allocation, [*again.why, Reason(Code.PREEMPTED, PREEMPTION, f"preempted {victims}")],
+                    again.score, d.latency_s + again.latency_s, again.nodes), True
+
+
+def gang_failure(member: Decision, size: int) -> Decision:
+    """A gang none of whose ``size`` members was placed, because ``member`` did not fit."""
+    w = member.workload
+    why = Reason(Code.GANG_INCOMPLETE, GANG, f"gang {w.gang}: member {w.id} does not fit "
+                                             f"({'; '.join(member.reasons)}); none of its {size} members placed")
+    return Decision(w, None, [why], None, member.latency_s, member.nodes)
 
 
 def place_gang(scheduler: Scheduler, cluster: ClusterState, members: list[Workload],
@@ -170,7 +181,6 @@ def place_gang(scheduler: Scheduler, cluster: ClusterState, members: list[Worklo
         if d.allocation is None:
             for done in placed:
                 cluster.release(done.workload.id)
-            return [], [f"gang {w.gang}: member {w.id} does not fit ({'; '.join(d.reasons)}); "
-                        f"none of its {len(members)} members placed"]
+            return [], gang_failure(d, len(members)).reasons
         placed.append(d)
     return placed, []

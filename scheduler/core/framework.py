@@ -1,24 +1,42 @@
 """A scheduling cycle in the shape of the kube-scheduler framework, vectorized over GPUs.
 
-    PreFilter -> Filter (node masks, GPU masks) -> candidates -> Score (weighted, normalized)
+    Filter (node masks, GPU masks) -> candidates -> Score (weighted, normalized)
     -> select -> Reserve (the allocation) -> Bind (the caller's: simulator or Kubernetes)
 
-Plugins are small objects, one per file in ``plugins/``, each implementing some of:
-``filter_nodes(ctx) -> bool[N]``, ``filter_gpus(ctx) -> bool[N, G]``, ``score(ctx, cand) -> float[C]``.
+Extension points are ``typing.Protocol`` classes; a plugin (one per file in ``plugins/``, built by
+name from ``registry.py``) implements one or more:
+
+- ``NodeFilterPlugin.filter_nodes(ctx) -> bool[N]``: False where the workload may not go;
+- ``GpuFilterPlugin.filter_gpus(ctx) -> bool[N, G]``: False for GPUs it may not use;
+- ``ScorePlugin.score(ctx, cand) -> float[C]``: higher is better, normalised to 0-100 per cycle.
+
+A filter declares the ``Code`` it reports and the words of its message (``status.py``). A
+``Profile`` sorts its plugins into extension points once, when it is built, so a cycle runs a
+fixed list of steps and asks no plugin what it implements. Before the filters the framework
+checks CPU and memory and the caller's node mask; after them, that enough GPU compute is free.
+
 Candidates are (node, gpu) pairs for workloads on one GPU, or (node, -1) for CPU-only and
-multi-GPU workloads (whose GPUs the framework picks, one NVLink island first).
+multi-GPU workloads (whose GPUs the framework picks, one NVLink island first). A ``Decision``
+carries typed reasons; ``Decision.reasons`` renders them as the lines events and records show.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from scheduler.core.cluster import Allocation, ClusterState, mig_round
+from scheduler.core.status import Code, Reason, render
 from scheduler.core.workload import Workload
+
+# Who reports the framework's own checks (kube: NodeResourcesFit and the like).
+NODE_RESOURCES = "node-resources"
+NODE_MASK = "node-mask"
+GPU_FIT = "gpu-fit"
+FRAMEWORK = "framework"
 
 
 @dataclass
@@ -37,27 +55,85 @@ class CycleContext:
     cache: dict = field(default_factory=dict)
 
 
+@runtime_checkable
 class Plugin(Protocol):
+    name: str  # the registry name
+
+
+@runtime_checkable
+class NodeFilterPlugin(Protocol):
     name: str
+    code: Code  # what a node it rejects is reported as
+    reason: str  # the words after the count: "3 gpu model not allowed"
+
+    def filter_nodes(self, ctx: CycleContext) -> np.ndarray: ...
+
+
+@runtime_checkable
+class GpuFilterPlugin(Protocol):
+    name: str
+    code: Code
+    reason: str  # "3 GPUs excluded by gpu health"
+
+    def filter_gpus(self, ctx: CycleContext) -> np.ndarray: ...
+
+
+@runtime_checkable
+class ScorePlugin(Protocol):
+    name: str
+
+    def score(self, ctx: CycleContext, cand: Candidates) -> np.ndarray: ...
 
 
 @dataclass
 class Decision:
     workload: Workload
     allocation: Allocation | None
-    reasons: list[str]
+    why: list[Reason]
     score: float | None = None
     latency_s: float = 0.0
+    nodes: int = 0  # nodes the cycle looked at: the N of "0/N nodes available"
+
+    @property
+    def reasons(self) -> list[str]:
+        """The reasons as lines of text, as events, decision records and logs have always shown them."""
+        return render(self.why, self.nodes)
 
 
-@dataclass
+@dataclass(frozen=True)
+class FilterStep:
+    plugin: NodeFilterPlugin | GpuFilterPlugin
+    on_gpus: bool  # filter_gpus, else filter_nodes
+
+
+@dataclass(frozen=True)
 class Profile:
-    """A named set of plugins with score weights (kube-scheduler's profile)."""
+    """A named set of plugins with score weights (kube-scheduler's profile), sorted into extension
+    points here, once: a plugin that implements none of its slot's protocols is a TypeError."""
 
     name: str
-    filters: list[Plugin]
-    scores: list[tuple[Plugin, float]]
+    filters: tuple[Plugin, ...]
+    scores: tuple[tuple[ScorePlugin, float], ...]
     whole_gpus_only: bool = False  # round fractional requests up (kube's device plugin without sharing)
+    filter_steps: tuple[FilterStep, ...] = field(init=False, repr=False)
+    scored_by: str = field(init=False, repr=False)  # "fgd+cpu_for_gpus": what a placement says decided it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "filters", tuple(self.filters))
+        object.__setattr__(self, "scores", tuple((p, float(w)) for p, w in self.scores))
+        steps = []
+        for p in self.filters:
+            # The order within a plugin (nodes, then GPUs) is the order its reasons are listed in.
+            node, gpu = isinstance(p, NodeFilterPlugin), isinstance(p, GpuFilterPlugin)
+            if not (node or gpu):
+                raise TypeError(f"profile {self.name!r}: filter {p!r} implements neither NodeFilterPlugin nor "
+                                "GpuFilterPlugin (name, code, reason and filter_nodes or filter_gpus)")
+            steps += [FilterStep(p, False)] * node + [FilterStep(p, True)] * gpu
+        for p, _ in self.scores:
+            if not isinstance(p, ScorePlugin):
+                raise TypeError(f"profile {self.name!r}: score {p!r} does not implement ScorePlugin (name, score)")
+        object.__setattr__(self, "filter_steps", tuple(steps))
+        object.__setattr__(self, "scored_by", "+".join(p.name for p, _ in self.scores) or "first fit")
 
 
 def gpu_fit(ctx: CycleContext) -> np.ndarray:
@@ -80,28 +156,31 @@ class Scheduler:
             return Workload(**{**w.__dict__, "gpu_milli": 1000})
         return w
 
-    def candidates(self, ctx: CycleContext, node_mask: np.ndarray | None = None) -> tuple[Candidates, list[str]]:
+    def candidates(self, ctx: CycleContext, node_mask: np.ndarray | None = None) -> tuple[Candidates, list[Reason]]:
         c, w = ctx.cluster, ctx.workload
-        reasons: list[str] = []
+        reasons: list[Reason] = []
         node_ok = (c.cpu_free >= w.cpu_milli) & (c.mem_free >= w.memory_mib)
         if node_mask is not None:
             if (node_ok & ~node_mask).any():
-                reasons.append(f"{int((node_ok & ~node_mask).sum())} reserved for higher-priority work")
+                reasons.append(Reason(Code.RESERVED, NODE_MASK,
+                                      f"{int((node_ok & ~node_mask).sum())} reserved for higher-priority work"))
             node_ok &= node_mask
         if (~node_ok).any():
-            reasons.append(f"{int((~node_ok).sum())} insufficient cpu/memory")
+            reasons.append(Reason(Code.INSUFFICIENT_CPU_MEMORY, NODE_RESOURCES,
+                                  f"{int((~node_ok).sum())} insufficient cpu/memory"))
         gpu_ok = gpu_fit(ctx) if w.num_gpu else None
-        for p in self.profile.filters:
-            if hasattr(p, "filter_nodes"):
+        for step in self.profile.filter_steps:
+            p = step.plugin
+            if not step.on_gpus:
                 m = p.filter_nodes(ctx)
                 if (node_ok & ~m).any():
-                    reasons.append(f"{int((node_ok & ~m).sum())} {p.name}")
+                    reasons.append(Reason(p.code, p.name, f"{int((node_ok & ~m).sum())} {p.reason}"))
                 node_ok &= m
-            if gpu_ok is not None and hasattr(p, "filter_gpus"):
+            elif gpu_ok is not None:
                 m = p.filter_gpus(ctx)
                 dropped = gpu_ok & ~m
                 if dropped.any():
-                    reasons.append(f"{int(dropped.sum())} GPUs excluded by {p.name}")
+                    reasons.append(Reason(p.code, p.name, f"{int(dropped.sum())} GPUs excluded by {p.reason}"))
                 gpu_ok &= m
         ctx.cache["gpu_ok"] = gpu_ok
         if w.num_gpu == 0:
@@ -111,11 +190,11 @@ class Scheduler:
         if w.num_gpu == 1:
             n, g = np.nonzero(gpu_ok)
             if len(n) == 0 and node_ok.any():
-                reasons.append("no GPU with enough free compute/memory")
+                reasons.append(Reason(Code.INSUFFICIENT_GPU, GPU_FIT, "no GPU with enough free compute/memory"))
             return Candidates(n, g), reasons
         enough = gpu_ok.sum(axis=1) >= w.num_gpu
         if node_ok.any() and not (enough & node_ok).any():
-            reasons.append(f"no node with {w.num_gpu} free GPUs")
+            reasons.append(Reason(Code.INSUFFICIENT_WHOLE_GPUS, GPU_FIT, f"no node with {w.num_gpu} free GPUs"))
         nodes = np.flatnonzero(enough)
         return Candidates(nodes, np.full(len(nodes), -1)), reasons
 
@@ -131,17 +210,15 @@ class Scheduler:
                 best = members.tolist()  # the smallest island that fits keeps bigger ones whole
         return (best or free.tolist())[: w.num_gpu]
 
-    def total_score(self, ctx: CycleContext, cand: Candidates) -> tuple[np.ndarray, list[str]]:
+    def total_score(self, ctx: CycleContext, cand: Candidates) -> np.ndarray:
         """Weighted sum of every score plugin, each normalised to 0-100 over the candidates."""
         total = np.zeros(len(cand))
-        parts = []
         for plugin, weight in self.profile.scores:
             s = np.asarray(plugin.score(ctx, cand), dtype=np.float64)
             lo, hi = s.min(), s.max()
             norm = (s - lo) / (hi - lo) * 100 if hi > lo else np.zeros_like(s)
             total += weight * norm
-            parts.append(plugin.name)
-        return total, parts
+        return total
 
     def rank(self, cluster: ClusterState, workload: Workload,
              node_mask: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
@@ -154,9 +231,8 @@ class Scheduler:
         cand, reasons = self.candidates(ctx, node_mask)
         best = np.full(len(cluster), -np.inf)
         if len(cand):
-            total, _ = self.total_score(ctx, cand)
-            np.maximum.at(best, cand.node, total)
-        return best, reasons
+            np.maximum.at(best, cand.node, self.total_score(ctx, cand))
+        return best, [r.message for r in reasons]
 
     def schedule(self, cluster: ClusterState, workload: Workload, node_mask: np.ndarray | None = None) -> Decision:
         """One scheduling cycle; ``node_mask`` (False = off limits) carries reservations."""
@@ -165,9 +241,9 @@ class Scheduler:
         ctx = CycleContext(cluster, w)
         cand, reasons = self.candidates(ctx, node_mask)
         if len(cand) == 0:
-            why = f"0/{len(cluster)} nodes available: " + (", ".join(reasons) or "no feasible node")
-            return Decision(workload, None, [why], latency_s=time.perf_counter() - started)
-        total, parts = self.total_score(ctx, cand)
+            why = reasons or [Reason(Code.NO_FEASIBLE_NODE, FRAMEWORK, "no feasible node")]
+            return Decision(workload, None, why, latency_s=time.perf_counter() - started, nodes=len(cluster))
+        total = self.total_score(ctx, cand)
         best = np.flatnonzero(total >= total.max() - 1e-9)
         i = int(best[0]) if len(best) == 1 else int(self.rng.choice(best))
         node, gpu = int(cand.node[i]), int(cand.gpu[i])
@@ -188,6 +264,6 @@ class Scheduler:
         alloc = Allocation(workload.id, node, gpus, milli, w.cpu_milli, w.memory_mib,
                            [w.gpu_memory_mib] * len(gpus), sharing)
         cluster.allocate(alloc)
-        why = [f"{cluster.names[node]} gpus={gpus} by {'+'.join(parts) or 'first fit'}",
-               f"{len(cand)} candidates"]
-        return Decision(workload, alloc, why, float(total[i]), time.perf_counter() - started)
+        why = [Reason(Code.SCHEDULED, FRAMEWORK, f"{cluster.names[node]} gpus={gpus} by {self.profile.scored_by}"),
+               Reason(Code.SCHEDULED, FRAMEWORK, f"{len(cand)} candidates")]
+        return Decision(workload, alloc, why, float(total[i]), time.perf_counter() - started, len(cluster))

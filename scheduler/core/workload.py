@@ -1,6 +1,20 @@
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+
+class PriorityLevel(enum.IntEnum):
+    """gpuaware's priority levels. The ints are what workloads, reports and JSON carry."""
+
+    LOW = 0
+    MEDIUM = 1
+    HIGH = 2
+
+    @property
+    def label(self) -> str:
+        """The metric and report label: "low", "medium", "high"."""
+        return self.name.lower()
 
 
 @dataclass
@@ -22,7 +36,7 @@ class Workload:
     needs_tensor_cores: bool = False
     needs_nvlink: bool = False
     tenant: str = "default"
-    priority: int = 0
+    priority: int = PriorityLevel.LOW  # a PriorityLevel
     qos: str = "BE"
     preemptible: bool = True
     checkpointable: bool = False

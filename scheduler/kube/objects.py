@@ -35,7 +35,7 @@ from contract.annotations import (
 )
 from scheduler.core.cluster import Allocation, NodeSpec
 from scheduler.core.gpu_specs import SPECS, spec_of
-from scheduler.core.workload import Workload
+from scheduler.core.workload import PriorityLevel, Workload
 
 # PriorityClass values at or above these are gpuaware's high and medium levels.
 HIGH_PRIORITY_VALUE = 100_000
@@ -119,12 +119,13 @@ def schedulable(node: Mapping[str, Any]) -> bool:
     return not ready or ready[0].get("status") == "True"
 
 
-def level_of(priority_value: int) -> int:
-    """gpuaware's priority level (2 high, 1 medium, 0 low) of a PriorityClass value."""
-    return 2 if priority_value >= HIGH_PRIORITY_VALUE else 1 if priority_value >= MEDIUM_PRIORITY_VALUE else 0
+def level_of(priority_value: int) -> PriorityLevel:
+    """gpuaware's priority level of a PriorityClass value."""
+    return (PriorityLevel.HIGH if priority_value >= HIGH_PRIORITY_VALUE
+            else PriorityLevel.MEDIUM if priority_value >= MEDIUM_PRIORITY_VALUE else PriorityLevel.LOW)
 
 
-def priority_level(pod: Mapping[str, Any]) -> int:
+def priority_level(pod: Mapping[str, Any]) -> PriorityLevel:
     return level_of(int(pod.get("spec", {}).get("priority") or 0))
 
 
@@ -223,7 +224,8 @@ def workload_of(pod: Mapping[str, Any], tenant: str, submit_s: float) -> PodWork
         min_memory_bandwidth_gbs=_number(ann, "min-memory-bandwidth-gbs", 0, 1e5) or 0.0,
         needs_tensor_cores=_flag(ann, "tensor-cores", False), needs_nvlink=interconnect == "nvlink",
         tenant=tenant, priority=priority, qos="LS" if qos == "latency-sensitive" else "BE",
-        preemptible=_flag(ann, "preemptible", priority < 2), checkpointable=_flag(ann, "checkpoint", False),
+        preemptible=_flag(ann, "preemptible", priority < PriorityLevel.HIGH),
+        checkpointable=_flag(ann, "checkpoint", False),
         deferrable=_flag(ann, "deferrable", False), gang=f"{meta.get('namespace', '')}/{gang}" if gang else None,
         duration_s=duration, submit_s=submit_s,
         labels={"sharing": "mps"} if sharing == "mps" else {},

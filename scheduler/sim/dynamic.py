@@ -57,7 +57,7 @@ from scheduler.core.queue import Tenant, TenantLedger, jain_index
 from scheduler.core.rebalance import consolidation_moves
 from scheduler.core.throttle import throttle_decisions
 from scheduler.core.throughput import ThroughputTable
-from scheduler.core.workload import Workload
+from scheduler.core.workload import PriorityLevel, Workload
 from scheduler.core.workload_mix import WorkloadMix
 
 REFERENCE_MODEL = "V100M16"
@@ -72,8 +72,8 @@ def gavel_table() -> ThroughputTable:
 def gavel_classes(table: ThroughputTable) -> list[str]:
     return sorted(j for j, per_gpu in table.solo.items() if {"k80", "p100", "v100"} <= set(per_gpu) and " x" not in j)
 
-PRIORITY_NAMES = {2: "high", 1: "medium", 0: "low"}
-QOS_PRIORITY = {"LS": 2, "Guaranteed": 1, "Burstable": 1, "BE": 0}
+QOS_PRIORITY = {"LS": PriorityLevel.HIGH, "Guaranteed": PriorityLevel.MEDIUM, "Burstable": PriorityLevel.MEDIUM,
+                "BE": PriorityLevel.LOW}
 TENANT_WEIGHTS = {"team-a": 4.0, "team-b": 3.0, "team-c": 2.0, "team-d": 1.0}
 
 
@@ -156,12 +156,13 @@ def make_jobs(pods, capacity_milli: int, seed: int, cfg: DynamicConfig) -> list[
     jobs = []
     for k, (i, t, d) in enumerate(zip(picks, arrivals, durations, strict=True)):
         p = usable[i].workload
-        prio = QOS_PRIORITY.get(p.qos, 0)
+        prio = QOS_PRIORITY.get(p.qos, PriorityLevel.LOW)
+        low = prio == PriorityLevel.LOW
         wid = f"{p.id}-{k}"
         w = Workload(wid, p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, models=p.models,
-                     tenant=_tenant(wid, seed), priority=prio, qos=p.qos, preemptible=prio < 2,
-                     checkpointable=prio == 0, duration_s=float(d), submit_s=float(t),
-                     deferrable=prio == 0 and (zlib.crc32(wid.encode()) % 1000) < cfg.deferrable_share * 1000,
+                     tenant=_tenant(wid, seed), priority=prio, qos=p.qos, preemptible=prio < PriorityLevel.HIGH,
+                     checkpointable=low, duration_s=float(d), submit_s=float(t),
+                     deferrable=low and (zlib.crc32(wid.encode()) % 1000) < cfg.deferrable_share * 1000,
                      labels={"gavel_class": classes[zlib.crc32(wid.encode()) % len(classes)]}
                      if classes and p.num_gpu else {})
         jobs.append((float(t), w, float(d)))
@@ -397,10 +398,10 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
 def summarize(results: list[DynamicResult]) -> dict:
     def per_priority(fn) -> dict[str, float | None]:
         out = {}
-        for prio, name in PRIORITY_NAMES.items():
-            vals = [v for r in results for j in r.jobs.values() if j.workload.priority == prio
+        for level in reversed(PriorityLevel):  # high first: the reports' order
+            vals = [v for r in results for j in r.jobs.values() if j.workload.priority == level
                     and (v := fn(j)) is not None]
-            out[name] = vals
+            out[level.label] = vals
         return out
 
     waits = per_priority(lambda j: None if j.first_start_s is None else j.first_start_s - j.workload.submit_s)

@@ -4,6 +4,7 @@ import numpy as np
 
 from scheduler.core.framework import CycleContext
 from scheduler.core.gpu_specs import spec_of
+from scheduler.core.status import Code
 
 
 class Capabilities:
@@ -13,7 +14,9 @@ class Capabilities:
     A model whose capabilities are not published (openb's G1-G3) passes only requests that ask none.
     """
 
-    name = "gpu capabilities"
+    name = "capabilities"
+    code = Code.GPU_CAPABILITIES
+    reason = "gpu capabilities"
 
     def filter_nodes(self, ctx: CycleContext) -> np.ndarray:
         w, c = ctx.workload, ctx.cluster

@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 
 from scheduler.core.framework import Candidates, CycleContext
+from scheduler.core.status import Code
 
 
 class ForecastHeadroom:
@@ -13,7 +14,9 @@ class ForecastHeadroom:
     otherwise more headroom scores higher.
     """
 
-    name = "forecast headroom"
+    name = "forecast-headroom"
+    code = Code.FORECAST_HEADROOM
+    reason = "forecast headroom"
 
     def __init__(self, limit: float = 95.0):
         self.limit = limit

@@ -3,12 +3,15 @@ from __future__ import annotations
 import numpy as np
 
 from scheduler.core.framework import CycleContext
+from scheduler.core.status import Code
 
 
 class HealthFilter:
     """Filter: critical GPUs take nothing; degraded GPUs take only preemptible work."""
 
-    name = "gpu health"
+    name = "gpu-health"
+    code = Code.UNHEALTHY
+    reason = "gpu health"
 
     def filter_gpus(self, ctx: CycleContext) -> np.ndarray:
         band = ctx.cluster.band

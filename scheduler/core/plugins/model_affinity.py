@@ -3,12 +3,15 @@ from __future__ import annotations
 import numpy as np
 
 from scheduler.core.framework import CycleContext
+from scheduler.core.status import Code
 
 
 class ModelAffinity:
     """Filter: only nodes whose GPU model the workload allows (``gpu_spec`` in openb)."""
 
-    name = "gpu model not allowed"
+    name = "model-affinity"
+    code = Code.GPU_MODEL_MISMATCH
+    reason = "gpu model not allowed"
 
     def filter_nodes(self, ctx: CycleContext) -> np.ndarray:
         models = ctx.workload.models
