@@ -34,6 +34,10 @@ def cli(ctx: click.Context, config_path: str | None, log_level: str | None, log_
 
     Agents on GPU nodes stream telemetry to Kafka; Faust workers keep per-GPU state and
     forecasts; the scheduler places, migrates and throttles workloads from that state.
+
+    \b
+    Example:
+      gpuaware --log-level debug up --duration 60
     """
     ctx.obj = Context(config_path, {
         "log.level": log_level, "log.format": log_format, "kafka.bootstrap_servers": bootstrap_servers,
@@ -43,7 +47,12 @@ def cli(ctx: click.Context, config_path: str | None, log_level: str | None, log_
 @cli.command("config")
 @click.pass_obj
 def show_config(obj: Context) -> None:
-    """Print the effective configuration (file, env and flags merged; secrets masked) as JSON."""
+    """Print the effective configuration (file, env and flags merged; secrets masked) as JSON.
+
+    \b
+    Example:
+      GPUAWARE_LOG__LEVEL=debug gpuaware --config gpuaware.yaml config
+    """
     cfg = obj.config()
     click.echo(cfg.model_dump_json(indent=2))
 

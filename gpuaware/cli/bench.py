@@ -19,7 +19,12 @@ from plumbing.kafka_settings import KafkaSettings
 
 @click.group()
 def bench() -> None:
-    """Benchmarks that print JSON figures (never timed assertions in tests)."""
+    """Benchmarks that print JSON figures (never timed assertions in tests).
+
+    \b
+    Example:
+      gpuaware bench agent --json
+    """
 
 
 @contextmanager
@@ -57,6 +62,10 @@ def bench_agent_cmd(obj: Context, seconds: float, gpus: int, as_json: bool) -> N
 
     Uses the broker named by --bootstrap-servers/GPUAWARE_KAFKA__BOOTSTRAP_SERVERS if given,
     otherwise starts the embedded broker for the run.
+
+    \b
+    Example:
+      gpuaware bench agent --seconds 10 --gpus 8 --json
     """
     from bench.agent_bench import bench_agent
 
@@ -84,6 +93,10 @@ def bench_stream_cmd(obj: Context, worker_counts: str, gpus: int, samples_per_ba
     Writes a backlog of synthetic fleet telemetry, starts the workers, and times how fast they
     apply it; then produces live at --rate and measures sample-to-gpu.state.v1 latency.
     Progress goes to stderr; the figures to stdout.
+
+    \b
+    Example:
+      gpuaware bench stream --workers 1,2 --gpus 1024 --json
     """
     from bench.stream_bench import run_bench
 
@@ -112,6 +125,10 @@ def bench_scheduler_cmd(obj: Context, node_csv: str, pod_csv: str, burst: int, r
     A fake kube-apiserver (its own process) holds the trace's nodes; every GPU's state goes through
     the broker; the scheduler binds a burst of trace pods (throughput), then pods arriving at --rate
     (latency). Progress goes to stderr; the figures (pods_per_s, p99_create_to_bind_s, ...) to stdout.
+
+    \b
+    Example:
+      gpuaware bench scheduler --burst 2000 --rate 200 --seconds 15 --json
     """
     from bench.scheduler_bench import run_bench
 
@@ -135,6 +152,10 @@ def bench_pipeline_cmd(obj: Context, sizes: str, seconds: float, as_json: bool) 
     Per size: samples/s, p99 sample-to-state latency, the stream's max consumer lag and whether it
     grows, the scheduler's p99 cycle time, CPU and memory of each process; and the largest fleet
     sustained without growing lag. Progress on stderr, figures on stdout.
+
+    \b
+    Example:
+      gpuaware bench pipeline --sizes 64,256 --seconds 30 --json
     """
     from bench.pipeline_bench import run_pipeline_bench
 

@@ -34,6 +34,10 @@ def agent(obj: Context, collector: str | None, scenario: str | None, sim_nodes: 
     Serves dcgm-exporter-compatible metrics on /metrics; keeps sampling and spools to disk while
     Kafka is unreachable; follows agent.control.v1 for sampling policies and power caps; samples
     the GPUs its node's gpuaware.io/cordoned-gpus annotation names at the floor.
+
+    \b
+    Example:
+      gpuaware agent --collector sim --scenario xid --metrics-port 0 --duration 30
     """
     from agent.main import serve_agent
     from agent.sampling import PolicyError
@@ -63,6 +67,10 @@ def stream(obj: Context, metrics_port: int | None, app_id: str | None, data_dir:
     Reads gpu.telemetry.v1 and gpu.events.v1, keeps each GPU's state in a changelog-backed table,
     and publishes gpu.state.v1, node.state.v1 and cluster.forecast.v1. Start several with the same
     app id to share the partitions; bad records go to <topic>.dlq. Ctrl-C stops it.
+
+    \b
+    Example:
+      gpuaware --bootstrap-servers 127.0.0.1:9092 stream --app-id gpuaware-stream --metrics-port 9401
     """
     from stream.main import run_worker
 
@@ -99,6 +107,10 @@ def scheduler_cmd(obj: Context, name: str | None, policy: str | None, extender_p
     gpu.state.v1 / node.state.v1 / cluster.forecast.v1 to know GPU health, cordons critical GPUs
     and moves their pods (checkpoint, then the Eviction API), and publishes every decision on
     scheduler.decisions.v1. Ctrl-C or SIGTERM stops it.
+
+    \b
+    Example:
+      gpuaware scheduler --api-server http://127.0.0.1:8001 --policy gpuaware --leader-elect
     """
     from scheduler.main import run_scheduler
 

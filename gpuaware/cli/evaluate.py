@@ -11,7 +11,12 @@ from gpuaware.cli.common import echo_figures
 
 @click.group("eval")
 def eval_group() -> None:
-    """Evaluate the pipeline's models against the real traces; figures print as JSON."""
+    """Evaluate the pipeline's models against the real traces; figures print as JSON.
+
+    \b
+    Example:
+      gpuaware eval sampling --json
+    """
 
 
 @eval_group.command("sampling")
@@ -24,6 +29,10 @@ def eval_sampling(scenarios: tuple[str, ...], policy_path: str | None, as_json: 
 
     Reports sample_reduction, util_mae_pct_points, faults_injected, faults_detected,
     detection_delay_p95_s and false_alarms.
+
+    \b
+    Example:
+      gpuaware eval sampling --scenario ecc --scenario stuck-dead --json
     """
     from agent.evaluation import evaluate_scenarios
     from agent.sampling import PolicyError
@@ -50,6 +59,10 @@ def eval_forecast(series_path: str, horizon: int, max_value: float | None, limit
 
     Reports mae, persistence_mae (last value), ratio = mae / persistence_mae,
     interval_coverage_80 of the 80% interval, and us_per_update.
+
+    \b
+    Example:
+      gpuaware eval forecast --series ../shared/traces/alibaba-gentd26/pod_gpu_duty_cycle_anon.csv.gz --json
     """
     from bench.forecast_eval import evaluate_forecast
 

@@ -29,6 +29,10 @@ def broker(obj: Context, host: str | None, port: int | None, storage: str | None
 
     Creates every topic of the contract (and its .dlq) before reporting ready. Prints one
     line `READY bootstrap=HOST:PORT pid=PID` on stdout when clients can connect.
+
+    \b
+    Example:
+      gpuaware broker --port 0 --storage s3
     """
     cfg = obj.config(**{"broker.host": host, "broker.port": port, "broker.storage": storage,
                         "broker.data_dir": data_dir, "broker.create_topics": False if no_topics else None})
@@ -73,6 +77,10 @@ def up(obj: Context, duration: float | None, as_json: bool, port: int | None, du
     faults injected in the first 40 seconds. The scheduler places pods sampled from the openb
     trace for four tenants on those nodes (served by a local fake Kubernetes API), reacting to
     the GPUs' live health. Ctrl-C stops everything; --json prints a summary at the end.
+
+    \b
+    Example:
+      gpuaware up --duration 60 --json --scenario xid
     """
     from gpuaware.local.stack import run_up
 

@@ -30,6 +30,10 @@ def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str
 
     Progress goes to stderr; with one policy, --json prints that policy's figures (policy,
     unallocated_pct, decisions_per_s, p99_decision_ms), otherwise a report with every policy.
+
+    \b
+    Example:
+      gpuaware simulate --experiment fragmentation --policy fgd --seeds 0-4 --json --out docs/results
     """
     from scheduler.sim.experiments import resolve_policies, resolve_seeds, run_simulation
     from scheduler.sim.openb import TraceError
