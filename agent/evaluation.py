@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.collectors.sim import Fault, SimCluster, load_scenario, scenario_library
+from agent.collectors.sim import SCENARIO_DIR, Fault, SimCluster, load_scenario, scenario_library
 from agent.core import AgentCore
-from agent.sampling import SamplingPolicy
+from agent.sampling import SamplingPolicy, load_policy
 from contract.events import EventKind, GpuEvent
 
 EXPECTED: dict[str, set[EventKind]] = {
@@ -162,3 +162,11 @@ def evaluate(paths: list[Path] | None = None, policy: SamplingPolicy | None = No
             for r in results
         },
     }
+
+
+def evaluate_scenarios(scenarios: list[str], policy_path: str | None = None) -> dict:
+    """`gpuaware eval sampling`: ``scenarios`` by file or name in agent/scenarios (every library one when
+    empty) under the policy of ``policy_path`` (the default policy when None)."""
+    policy = load_policy(policy_path) if policy_path else None
+    paths = [Path(s) if Path(s).exists() else SCENARIO_DIR / f"{s}.yaml" for s in scenarios] or None
+    return evaluate(paths, policy)

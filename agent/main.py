@@ -19,6 +19,7 @@ from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy, load_policy
 from agent.settings import AgentSettings
 from plumbing.kafka_settings import KafkaSettings
+from plumbing.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -66,3 +67,13 @@ async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host:
         for c in collectors:
             c.close()
     return runtime
+
+
+def serve_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host: str, metrics_port: int,
+                duration_s: float | None) -> AgentRuntime:
+    """`gpuaware agent`: run the agent until ``duration_s`` passes or SIGINT/SIGTERM arrives."""
+
+    async def main() -> AgentRuntime:
+        return await run_agent(settings, kafka, metrics_host, metrics_port, duration_s, stop_on_signals())
+
+    return asyncio.run(main())

@@ -168,3 +168,24 @@ def test_s3_storage_keeps_the_log_across_a_broker_restart(tmp_path, seaweedfs):
         b.restart()
         got = asyncio.run(_consume(settings, topics.TELEMETRY, "durable-check", 50, timeout_s=30))
         assert sorted(r.value for r in got) == sorted(values)
+
+
+def test_serve_broker_says_why_tansu_stopped_on_its_own_and_nothing_when_asked_to_stop():
+    import os
+    import signal
+    import threading
+
+    served: list[LocalBroker] = []
+
+    def kill_tansu(local: LocalBroker) -> None:
+        served.append(local)
+        os.kill(local.pid, signal.SIGKILL)
+
+    settings = BrokerSettings(port=0, create_topics=False)
+    reason = localbroker.serve_broker(settings, threading.Event(), kill_tansu)
+    assert reason is not None and reason.startswith("tansu exited unexpectedly:")
+    assert not served[0].running() and served[0].child.proc.poll() is not None
+    stop = threading.Event()
+    stop.set()
+    assert localbroker.serve_broker(settings, stop, served.append) is None
+    assert len(served) == 2 and not served[1].running()

@@ -15,10 +15,11 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -250,3 +251,21 @@ class LocalBroker:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+
+
+def serve_broker(settings: BrokerSettings, stop: threading.Event,
+                 on_ready: Callable[[LocalBroker], None]) -> str | None:
+    """`gpuaware broker`: start a broker, call ``on_ready`` with it, and keep it until ``stop`` is set.
+
+    Returns None then, or why it stopped on its own (tansu exited); the broker is stopped either way.
+    Raises BrokerError when it cannot start.
+    """
+    local = LocalBroker(settings).start()
+    try:
+        on_ready(local)
+        while not stop.wait(0.5):
+            if not local.running():
+                return f"tansu exited unexpectedly:\n{local.child.log_tail()}"
+        return None
+    finally:
+        local.stop()

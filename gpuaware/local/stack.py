@@ -23,12 +23,13 @@ from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy
 from contract import topics
 from contract.events import ClusterForecast, DecodeError, GpuEvent, GpuState, HealthBand, decode
-from gpuaware.local.broker import LocalBroker
+from gpuaware.local.broker import BrokerSettings, LocalBroker
 from gpuaware.local.processes import free_port
-from gpuaware.local.prometheus import LocalPrometheus
+from gpuaware.local.prometheus import LocalPrometheus, available
 from gpuaware.local.stack_scheduler import StackScheduler
 from gpuaware.local.stream_workers import StreamWorkerProcess
 from plumbing.kafka_settings import KafkaSettings
+from plumbing.signals import stop_on_signals
 
 
 @dataclass
@@ -266,3 +267,25 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
         "components": {"broker": "running", "agents": "running", "stream": "running",
                        "scheduler": "running" if sched is not None else "off (--no-scheduler)"},
     }
+
+
+def run_up(settings: BrokerSettings, scenario_name: str, duration_s: float | None, live: bool,
+           stream_workers: int = 1, prometheus: bool | None = None, scheduler: bool = True) -> dict:
+    """`gpuaware up`: a broker and the stack on it until ``duration_s`` passes or SIGINT/SIGTERM arrives.
+
+    ``prometheus`` None runs one when the binary is installed. Raises BrokerError when the broker
+    cannot start, ValueError for a run that cannot be done as asked.
+    """
+    broker = LocalBroker(settings).start()
+
+    async def main() -> dict:
+        stop = stop_on_signals()
+        if prometheus and not available():
+            raise ValueError("--prometheus: no prometheus binary on PATH (Debian package prometheus)")
+        return await run_stack(broker, scenario_name, duration_s, live=live, stop=stop, stream_workers=stream_workers,
+                               prometheus=available() if prometheus is None else prometheus, scheduler=scheduler)
+
+    try:
+        return asyncio.run(main())
+    finally:
+        broker.stop()

@@ -30,6 +30,14 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
+def resolve_seeds(seeds: list[int], text: str | None) -> list[int]:
+    """Seeds given one by one and as ``text`` ('0-4', '0,3'): their sorted union; 0-4 when neither is given."""
+    values = list(seeds) or parse_seeds(text or "0-4")
+    if text and seeds:
+        values = sorted(set(values) | set(parse_seeds(text)))
+    return values
+
+
 def resolve_policies(names: list[str]) -> list[str]:
     if not names or names == ["all"]:
         return list(POLICIES)
@@ -76,6 +84,15 @@ def dynamic_experiment(nodes_csv: str, pods_csv: str, policies: list[str], seeds
     report = {"experiment": "dynamic", "nodes": nodes_csv, "pods": pods_csv, "seeds": seeds,
               "config": (cfg or DynamicConfig()).__dict__, "results": summaries}
     return _write(report, out_dir, "plot_dynamic", f"dynamic, {Path(report['pods']).stem}, seeds {seeds}")
+
+
+def run_simulation(experiment: str, nodes_csv: str, pods_csv: str, policies: list[str], seeds: list[int],
+                   out_dir: str | None = None, progress: Progress | None = None) -> dict:
+    """The report of ``experiment`` ('fragmentation' or 'dynamic'), also written under ``out_dir`` if given."""
+    runs = {"fragmentation": fragmentation_experiment, "dynamic": dynamic_experiment}
+    if experiment not in runs:
+        raise ValueError(f"unknown experiment {experiment!r}; known: {', '.join(runs)}")
+    return runs[experiment](nodes_csv, pods_csv, policies, seeds, Path(out_dir) if out_dir else None, progress)
 
 
 def _write(report: dict, out_dir: Path | None, plotter: str, title: str) -> dict:

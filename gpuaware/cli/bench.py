@@ -1,0 +1,167 @@
+"""``gpuaware bench``: benchmarks of the agent, the stream workers, the scheduler and the whole pipeline."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gpuaware.cli.common import OPENB, Context, echo_figures, progress_to_stderr
+from gpuaware.local.broker import LocalBroker
+from plumbing import observability
+from plumbing.kafka_settings import KafkaSettings
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks that print JSON figures (never timed assertions in tests).
+
+    \b
+    Example:
+      gpuaware bench agent --json
+    """
+
+
+@contextmanager
+def _broker(obj: Context, **client: Any) -> Iterator[tuple[KafkaSettings, int | None]]:
+    """(settings, broker pid or None) with bench logging set up: the broker named by
+    --bootstrap-servers/GPUAWARE_KAFKA__BOOTSTRAP_SERVERS, else a fresh embedded one whose
+    client settings take ``client``."""
+    cfg = obj.config()
+    observability.setup("bench", log_level="warning")
+    if obj.flag_overrides.get("kafka.bootstrap_servers") or "GPUAWARE_KAFKA__BOOTSTRAP_SERVERS" in os.environ:
+        yield cfg.kafka, None
+    else:
+        with LocalBroker(cfg.broker.model_copy(update={"port": 0})) as local:
+            yield local.kafka_settings(**client), local.pid
+
+
+def _int_list(text: str, minimum: int, param_hint: str, example: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+        if not values or min(values) < minimum:
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give numbers of {minimum} or more like {example}",
+                                 param_hint=param_hint) from None
+    return values
+
+
+@bench.command("agent")
+@click.option("--seconds", type=float, default=60.0, show_default=True, help="Measured wall time.")
+@click.option("--gpus", type=int, default=8, show_default=True, help="Simulated GPUs on the node.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.pass_obj
+def bench_agent_cmd(obj: Context, seconds: float, gpus: int, as_json: bool) -> None:
+    """The agent's own cost at a 1 s floor: CPU, memory, bytes per GPU sample, DCGM text size.
+
+    Uses the broker named by --bootstrap-servers/GPUAWARE_KAFKA__BOOTSTRAP_SERVERS if given,
+    otherwise starts the embedded broker for the run.
+
+    \b
+    Example:
+      gpuaware bench agent --seconds 10 --gpus 8 --json
+    """
+    from bench.agent_bench import bench_agent
+
+    with _broker(obj) as (kafka, _):
+        result = bench_agent(kafka, seconds=seconds, gpus=gpus)
+    echo_figures(result, as_json, 28)
+
+
+@bench.command("stream")
+@click.option("--workers", "worker_counts", default="1,2", show_default=True,
+              help="Worker counts to measure, comma-separated.")
+@click.option("--gpus", type=int, default=1024, show_default=True, help="Simulated fleet size (8 GPUs per node).")
+@click.option("--samples-per-batch", type=int, default=5, show_default=True,
+              help="Samples per GPU in each node's batch (an agent flushing every 5 s at a 1 s floor).")
+@click.option("--backlog", type=int, default=200_000, show_default=True, help="Samples in the throughput backlog.")
+@click.option("--rate", type=float, default=2000.0, show_default=True,
+              help="Samples/s produced live for the latency phase.")
+@click.option("--latency-seconds", type=float, default=20.0, show_default=True, help="Length of the latency phase.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.pass_obj
+def bench_stream_cmd(obj: Context, worker_counts: str, gpus: int, samples_per_batch: int, backlog: int, rate: float,
+                     latency_seconds: float, as_json: bool) -> None:
+    """GPU-samples/s through 1 and 2 stream workers (forecasting on) and p99 sample-to-state latency.
+
+    Writes a backlog of synthetic fleet telemetry, starts the workers, and times how fast they
+    apply it; then produces live at --rate and measures sample-to-gpu.state.v1 latency.
+    Progress goes to stderr; the figures to stdout.
+
+    \b
+    Example:
+      gpuaware bench stream --workers 1,2 --gpus 1024 --json
+    """
+    from bench.stream_bench import run_bench
+
+    counts = _int_list(worker_counts, 1, "--workers", "1,2")
+    with _broker(obj, session_timeout_ms=2000) as (kafka, _):
+        result = run_bench(kafka, counts, gpus, samples_per_batch, backlog, rate, latency_seconds,
+                           progress=progress_to_stderr("bench stream"))
+    click.echo(json.dumps(result, indent=2) if as_json else json.dumps(result))
+
+
+@bench.command("scheduler")
+@click.option("--nodes", "node_csv", default=f"{OPENB}/openb_node_list_gpu_node.csv", show_default=True,
+              help="Node CSV loaded into the fake API server.")
+@click.option("--pods", "pod_csv", default=f"{OPENB}/openb_pod_list_default.csv", show_default=True,
+              help="Pod CSV the pods are sampled from.")
+@click.option("--burst", type=int, default=2000, show_default=True, help="Pods created at once (throughput).")
+@click.option("--rate", type=float, default=200.0, show_default=True, help="Pods/s for the latency phase.")
+@click.option("--seconds", type=float, default=15.0, show_default=True, help="Length of the latency phase.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.pass_obj
+def bench_scheduler_cmd(obj: Context, node_csv: str, pod_csv: str, burst: int, rate: float, seconds: float,
+                        seed: int, as_json: bool) -> None:
+    """Pods bound per second end to end and p99 creation-to-binding on the 1,213-node openb cluster.
+
+    A fake kube-apiserver (its own process) holds the trace's nodes; every GPU's state goes through
+    the broker; the scheduler binds a burst of trace pods (throughput), then pods arriving at --rate
+    (latency). Progress goes to stderr; the figures (pods_per_s, p99_create_to_bind_s, ...) to stdout.
+
+    \b
+    Example:
+      gpuaware bench scheduler --burst 2000 --rate 200 --seconds 15 --json
+    """
+    from bench.scheduler_bench import run_bench
+
+    for path in (node_csv, pod_csv):
+        if not Path(path).is_file():
+            raise click.BadParameter(f"{path}: no such file (the openb traces live in ../shared/traces)")
+    with _broker(obj, session_timeout_ms=2000) as (kafka, _):
+        result = run_bench(kafka, node_csv, pod_csv, burst, rate, seconds, seed,
+                           progress=progress_to_stderr("bench scheduler"))
+    echo_figures(result, as_json, 28)
+
+
+@bench.command("pipeline")
+@click.option("--sizes", default="64,256,1024,4096", show_default=True, help="Fleet sizes in GPUs, comma-separated.")
+@click.option("--seconds", type=float, default=30.0, show_default=True, help="Measured time per size.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.pass_obj
+def bench_pipeline_cmd(obj: Context, sizes: str, seconds: float, as_json: bool) -> None:
+    """The whole pipeline (agents, a stream worker, the scheduler) at rising fleet sizes on this machine.
+
+    Per size: samples/s, p99 sample-to-state latency, the stream's max consumer lag and whether it
+    grows, the scheduler's p99 cycle time, CPU and memory of each process; and the largest fleet
+    sustained without growing lag. Progress on stderr, figures on stdout.
+
+    \b
+    Example:
+      gpuaware bench pipeline --sizes 64,256 --seconds 30 --json
+    """
+    from bench.pipeline_bench import run_pipeline_bench
+
+    fleet = _int_list(sizes, 8, "--sizes", "64,256")
+    with _broker(obj, session_timeout_ms=2000) as (kafka, broker_pid):
+        result = run_pipeline_bench(kafka, fleet, seconds, broker_pid, progress=progress_to_stderr("bench pipeline"))
+    click.echo(json.dumps(result, indent=2) if as_json else
+               "\n".join(json.dumps(r) for r in result["results"])
+               + f"\nlargest sustained: {result['largest_sustained_gpus']} GPUs")

@@ -1,0 +1,72 @@
+"""``gpuaware simulate``: the scheduling experiments on the openb traces, with a progress bar."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import click
+
+from gpuaware.cli.common import OPENB
+
+
+@click.command()
+@click.option("--experiment", type=click.Choice(["fragmentation", "dynamic"]), default="fragmentation",
+              show_default=True, help="fragmentation: the ATC'23 FGD protocol; dynamic: lifetimes, tenants, faults.")
+@click.option("--nodes", "nodes_csv", default=f"{OPENB}/openb_node_list_gpu_node.csv", show_default=True,
+              help="Node CSV (sn, cpu_milli, memory_mib, gpu, model).")
+@click.option("--pods", "pods_csv", default=f"{OPENB}/openb_pod_list_default.csv", show_default=True,
+              help="Pod CSV of the openb columns.")
+@click.option("--policy", "policies", multiple=True, help="Policy (repeatable, or 'all'; default all).")
+@click.option("--seed", "seed_list", type=int, multiple=True, help="A seed (repeatable).")
+@click.option("--seeds", default=None, help="Seeds as '0-4' or '0,3' (default 0-4 unless --seed is given).")
+@click.option("--out", "out_dir", default=None, help="Directory for the JSON report and PNG plots.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on stdout.")
+def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str, ...], seed_list: tuple[int, ...],
+             seeds: str | None, out_dir: str | None, as_json: bool) -> None:
+    """Replay the openb traces through the scheduling core and report the figures.
+
+    Progress goes to stderr; with one policy, --json prints that policy's figures (policy,
+    unallocated_pct, decisions_per_s, p99_decision_ms), otherwise a report with every policy.
+
+    \b
+    Example:
+      gpuaware simulate --experiment fragmentation --policy fgd --seeds 0-4 --json --out docs/results
+    """
+    from scheduler.sim.experiments import resolve_policies, resolve_seeds, run_simulation
+    from scheduler.sim.openb import TraceError
+
+    try:
+        names = resolve_policies(list(policies))
+        seed_values = resolve_seeds(list(seed_list), seeds)
+        with _progress_bar(len(names) * len(seed_values)) as progress:
+            report = run_simulation(experiment, nodes_csv, pods_csv, names, seed_values, out_dir, progress)
+    except (TraceError, ValueError) as exc:
+        click.echo(f"gpuaware simulate: {exc}", err=True)
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(report["results"][0] if len(names) == 1 else report, indent=2))
+        return
+    for r in report["results"]:
+        click.echo(json.dumps(r))
+
+
+@contextmanager
+def _progress_bar(runs: int) -> Iterator[Callable[[str, float], None]]:
+    """A transient bar on stderr, advanced once per finished run (a run may report its end more than once)."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(transient=True, console=Console(stderr=True)) as bar:
+        task = bar.add_task("simulating", total=runs)
+        done: set[str] = set()
+
+        def progress(label: str, fraction: float) -> None:
+            bar.update(task, description=label)
+            if fraction >= 1.0 and label not in done:
+                done.add(label)
+                bar.advance(task)
+
+        yield progress
