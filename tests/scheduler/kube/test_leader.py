@@ -19,7 +19,10 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from scheduler.kube.leader import LeaderElector
+from gpuaware.local.fake_apiserver import FakeApiServer, make_node
+from plumbing.kube.api import KubeApi, connect
+from scheduler.kube.leader import LeaderElector, LeadershipLost
+from scheduler.main import serve
 from scheduler.settings import SchedulerSettings
 
 NS, NAME = "gpuaware", "gpuaware-scheduler"
@@ -205,8 +208,9 @@ async def test_two_replicas_with_skewed_clocks_never_lead_at_once():
             both += (a.is_leader() and b.is_leader()) or (a.leading.is_set() and b.leading.is_set())
             await asyncio.sleep(0.002)
 
-    async with running(a, b, apis=(api_a, api_b)) as stop:
-        sampler = asyncio.create_task(sample(stop))
+    async with running(a, b, apis=(api_a, api_b)):
+        done = asyncio.Event()
+        sampler = asyncio.create_task(sample(done))
         for round_, fault in enumerate(["oserror", "hang", "api", "protocol"]):
             await wait_for(lambda: a.leading.is_set() or b.leading.is_set(), timeout=5, what=f"a leader ({round_})")
             leader, api = (a, api_a) if a.leading.is_set() else (b, api_b)
@@ -215,7 +219,7 @@ async def test_two_replicas_with_skewed_clocks_never_lead_at_once():
             await wait_for(other.leading.is_set, timeout=5, what=f"takeover ({round_})")
             api.heal()
         await wait_for(lambda: samples > 500, what="samples")
-        stop.set()
+        done.set()
         await sampler
     assert both == 0, f"{both} of {samples} samples saw two leaders"
     assert log.never_overlapping(), log.entries
@@ -302,7 +306,30 @@ def test_timings_follow_client_gos_rule_and_errors_name_the_field(kw, field):
 
 def test_scheduler_settings_check_the_same_rule():
     SchedulerSettings(lease_duration_s=15, renew_deadline_s=10, renew_every_s=2)
-    with pytest.raises(ValueError, match="renew_deadline_s: 15.0 must be below lease_duration_s"):
+    with pytest.raises(ValueError, match=r"renew_deadline_s: 15\.0 must be below lease_duration_s"):
         SchedulerSettings(lease_duration_s=15, renew_deadline_s=15)
-    with pytest.raises(ValueError, match="renew_every_s: 9.0 must be below renew_deadline_s"):
+    with pytest.raises(ValueError, match=r"renew_every_s: 9\.0 must be below renew_deadline_s"):
         SchedulerSettings(renew_deadline_s=10, renew_every_s=9)
+
+
+# --------------------------------------------------------------------------- the process
+async def test_the_scheduler_process_exits_when_it_loses_the_lease():
+    with FakeApiServer() as fake:
+        settings = SchedulerSettings(leader_elect=True, api_server=fake.url, extender_port=0, pass_interval_s=0.02,
+                                     lease_duration_s=2, renew_deadline_s=1.5, renew_every_s=0.2)
+        fake.create("nodes", make_node("n0", gpus=2))
+        api = KubeApi(connect(fake.url))
+        stop = asyncio.Event()
+
+        async def take_the_lease() -> None:
+            await wait_for(lambda: (api.read_lease(NS, NAME) or {}).get("spec", {}).get("holderIdentity"),
+                           timeout=10, what="the scheduler to lead")
+            lease = api.read_lease(NS, NAME)
+            lease["spec"]["holderIdentity"] = "another-replica"
+            api.replace_lease(NS, NAME, lease)
+
+        thief = asyncio.create_task(take_the_lease())
+        with pytest.raises(LeadershipLost, match="leaderelection lost"):
+            await asyncio.wait_for(serve(None, settings, "127.0.0.1", 0, stop), 20)
+        await thief
+        assert stop.is_set()
