@@ -27,7 +27,7 @@ from plumbing.kafka_settings import KafkaSettings
 from plumbing.kube.api import KubeApi, connect
 from scheduler.feed import StateFeed, StateView
 from scheduler.kube.extender import Extender
-from scheduler.kube.leader import LeaderElector
+from scheduler.kube.leader import LeaderElector, LeadershipLost
 from scheduler.kube.live import LiveScheduler
 from scheduler.metrics import SchedulerCollector, SchedulerStats
 from scheduler.settings import SchedulerSettings
@@ -62,6 +62,7 @@ async def serve(kafka: KafkaSettings | None, settings: SchedulerSettings, metric
         await web.TCPSite(runner, "0.0.0.0", settings.extender_port).start()
         log.info("extender and /healthz on :%d", settings.extender_port)
     tasks: list[asyncio.Task] = []
+    elector: LeaderElector | None = None
     try:
         if kafka is not None:
             await wait_ready(kafka)
@@ -89,10 +90,12 @@ async def serve(kafka: KafkaSettings | None, settings: SchedulerSettings, metric
         log.info("cluster listed (%d nodes, %d pods) and state caught up: ready", len(live.cache.nodes),
                  len(live.cache.pods))
         if settings.leader_elect:
+            # Losing the Lease stops scheduling at once and ends the process (below): it restarts as a follower.
             elector = LeaderElector(api, settings.lease_namespace, settings.lease_name, identity(),
-                                    settings.lease_duration_s, settings.renew_every_s)
+                                    settings.lease_duration_s, settings.renew_deadline_s, settings.renew_every_s,
+                                    on_started_leading=live.leading.set,
+                                    on_stopped_leading=lambda: (live.leading.clear(), stop.set()))
             tasks.append(asyncio.create_task(elector.run(stop), name="leader-election"))
-            tasks.append(asyncio.create_task(_mirror(elector.leading, live.leading, stop), name="leading"))
         else:
             live.leading.set()
         if feed is not None:
@@ -110,14 +113,9 @@ async def serve(kafka: KafkaSettings | None, settings: SchedulerSettings, metric
             await producer.stop()
         if runner is not None:
             await runner.cleanup()
+    if elector is not None and elector.lost:  # kube-scheduler: klog.Fatalf("leaderelection lost")
+        raise LeadershipLost(f"leaderelection lost: {elector.identity} no longer holds the Lease")
     return live
-
-
-async def _mirror(source: asyncio.Event, target: asyncio.Event, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        if source.is_set() != target.is_set():
-            target.set() if source.is_set() else target.clear()
-        await asyncio.sleep(0.1)
 
 
 async def _feed_stats(feed: StateFeed, stats: SchedulerStats, stop: asyncio.Event) -> None:

@@ -6,6 +6,28 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scheduler.core.policies import POLICIES
 
+# client-go's leaderelection spreads a follower's tries over retry period x [1, 1.2].
+LEASE_JITTER = 1.2
+
+
+def check_lease_timings(lease_duration_s: float, renew_deadline_s: float, retry_period_s: float,
+                        retry_field: str = "retry_period_s") -> None:
+    """client-go's rule, lease > renew deadline > retry period x 1.2; the error names the field to change.
+
+    The gap between the lease and the renew deadline is how long a leader that failed to renew has
+    stopped before any follower may judge the lease lapsed; the retry period gives it more than one
+    try before the deadline."""
+    for field, value in (("lease_duration_s", lease_duration_s), ("renew_deadline_s", renew_deadline_s),
+                         (retry_field, retry_period_s)):
+        if not value > 0:
+            raise ValueError(f"{field}: {value} must be positive")
+    if not lease_duration_s > renew_deadline_s:
+        raise ValueError(f"renew_deadline_s: {renew_deadline_s} must be below lease_duration_s {lease_duration_s}, "
+                         "or a follower may take the lease while the leader still acts")
+    if not renew_deadline_s > retry_period_s * LEASE_JITTER:
+        raise ValueError(f"{retry_field}: {retry_period_s} must be below renew_deadline_s {renew_deadline_s} "
+                         f"/ {LEASE_JITTER}, or the leader gets no second try before it must step down")
+
 
 class SchedulerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -29,8 +51,12 @@ class SchedulerSettings(BaseModel):
     leader_elect: bool = Field(False, description="hold a Lease so that one replica schedules")
     lease_name: str = "gpuaware-scheduler"
     lease_namespace: str = "gpuaware"
-    lease_duration_s: float = Field(15.0, gt=1, le=300)
-    renew_every_s: float = Field(5.0, gt=0.1, le=100)
+    lease_duration_s: float = Field(15.0, gt=1, le=300,
+                                    description="how long followers wait, on their own clocks, for a silent leader")
+    renew_deadline_s: float = Field(10.0, gt=0, le=300,
+                                    description="the leader steps down (and exits) if it cannot renew for this long")
+    renew_every_s: float = Field(5.0, gt=0.1, le=100,
+                                 description="retry period: how often the leader renews and followers try to acquire")
     extender_port: int = Field(8888, ge=0, le=65535, description="HTTP port of the extender and /healthz; 0 disables")
     api_server: str | None = Field(None, description="Kubernetes API URL; default: in-cluster config, then kubeconfig")
 
@@ -38,7 +64,5 @@ class SchedulerSettings(BaseModel):
     def _check(self) -> SchedulerSettings:
         if self.policy not in POLICIES:
             raise ValueError(f"policy: {self.policy!r} is not one of {', '.join(POLICIES)}")
-        if self.renew_every_s >= self.lease_duration_s:
-            raise ValueError(f"renew_every_s: {self.renew_every_s} must be below lease_duration_s "
-                             f"{self.lease_duration_s}, or the lease lapses between renewals")
+        check_lease_timings(self.lease_duration_s, self.renew_deadline_s, self.renew_every_s, "renew_every_s")
         return self

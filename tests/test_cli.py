@@ -199,7 +199,7 @@ def test_scheduler_process_binds_pods_serves_metrics_and_stops_on_sigterm():
 
 @pytest.mark.parametrize(("env", "message"), [
     ({"GPUAWARE_SCHEDULER__POLICY": "fastest"}, "scheduler.policy: 'fastest' is not one of"),
-    ({"GPUAWARE_SCHEDULER__RENEW_EVERY_S": "20"}, "scheduler.renew_every_s: 20.0 must be below lease_duration_s"),
+    ({"GPUAWARE_SCHEDULER__RENEW_EVERY_S": "20"}, "scheduler.renew_every_s: 20.0 must be below renew_deadline_s"),
 ])
 def test_scheduler_rejects_bad_config_with_the_field(env, message):
     result = run("scheduler", env={**ENV, **env})

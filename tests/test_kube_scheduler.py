@@ -380,8 +380,10 @@ async def test_preemption_evicts_lower_priority_work_for_high_priority_pods():
 async def test_only_one_replica_leads_and_another_takes_over_when_it_stops_renewing():
     with FakeApiServer() as fake:
         api = KubeApi(connect(fake.url))
-        a = LeaderElector(api, "gpuaware", "gpuaware-scheduler", "a", lease_duration_s=2, renew_every_s=0.3)
-        b = LeaderElector(api, "gpuaware", "gpuaware-scheduler", "b", lease_duration_s=2, renew_every_s=0.3)
+        a = LeaderElector(api, "gpuaware", "gpuaware-scheduler", "a", lease_duration_s=2, renew_deadline_s=1.5,
+                          retry_period_s=0.3)
+        b = LeaderElector(api, "gpuaware", "gpuaware-scheduler", "b", lease_duration_s=2, renew_deadline_s=1.5,
+                          retry_period_s=0.3)
         stop_a, stop_b = asyncio.Event(), asyncio.Event()
         ta, tb = asyncio.create_task(a.run(stop_a)), asyncio.create_task(b.run(stop_b))
         leaders = []

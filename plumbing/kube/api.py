@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
 # The API server unreachable or the connection broken (as opposed to an answer: ApiException).
 TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, OSError)
+# Without a timeout a call to a server that stopped answering (a dead connection, a partition)
+# blocks its thread for ever; a timed-out call raises one of TRANSPORT_ERRORS.
+REQUEST_TIMEOUT_S = 10.0
 
 
 def connect(host: str | None = None, pool_size: int = 32) -> client.ApiClient:
@@ -66,10 +69,13 @@ def now_rfc3339() -> str:
 
 
 class KubeApi:
-    """The calls the scheduler makes; each returns the API's JSON or raises ``ApiException``."""
+    """The calls the scheduler makes; each returns the API's JSON or raises ``ApiException``.
 
-    def __init__(self, api_client: client.ApiClient):
+    Each gives up after ``request_timeout_s`` (raising one of ``TRANSPORT_ERRORS``)."""
+
+    def __init__(self, api_client: client.ApiClient, request_timeout_s: float = REQUEST_TIMEOUT_S):
         self.client = api_client
+        self._raw = {"_preload_content": False, "_request_timeout": request_timeout_s}  # JSON, not models
         self.core = client.CoreV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
@@ -80,18 +86,18 @@ class KubeApi:
         body = {"apiVersion": "v1", "kind": "Binding",
                 "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        self.core.create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
+        self.core.create_namespaced_pod_binding(name, namespace, body, **self._raw)
 
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None]) -> dict[str, Any]:
         return _json(self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}},
-                                                    _content_type=MERGE_PATCH, _preload_content=False))
+                                                    _content_type=MERGE_PATCH, **self._raw))
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        return _json(self.core.read_namespaced_pod(name, namespace, _preload_content=False))
+        return _json(self.core.read_namespaced_pod(name, namespace, **self._raw))
 
     def evict(self, namespace: str, name: str) -> None:
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
-        self.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False)
+        self.core.create_namespaced_pod_eviction(name, namespace, body, **self._raw)
 
     def event(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal",
               component: str = "gpuaware-scheduler") -> None:
@@ -109,11 +115,11 @@ class KubeApi:
             "reportingInstance": component, "firstTimestamp": ts[:19] + "Z", "lastTimestamp": ts[:19] + "Z",
             "eventTime": ts, "action": reason, "count": 1,
         }
-        self.core.create_namespaced_event(ns, body, _preload_content=False)
+        self.core.create_namespaced_event(ns, body, **self._raw)
 
     # Nodes
     def read_node(self, name: str) -> dict[str, Any]:
-        return _json(self.core.read_node(name, _preload_content=False))
+        return _json(self.core.read_node(name, **self._raw))
 
     def cordon_gpu(self, name: str, gpu: int, attempts: int = 20) -> None:
         """Add ``gpu`` to the node's cordoned-GPU annotation.
@@ -128,7 +134,7 @@ class KubeApi:
             patch = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"],
                                   "annotations": {annotations.ANN_CORDONED: annotations.cordon_value(cordoned)}}}
             try:
-                self.core.patch_node(name, patch, _content_type=MERGE_PATCH, _preload_content=False)
+                self.core.patch_node(name, patch, _content_type=MERGE_PATCH, **self._raw)
                 return
             except ApiException as exc:
                 if exc.status != 409 or attempt >= attempts:
@@ -138,23 +144,23 @@ class KubeApi:
     # Leases
     def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return _json(self.coordination.read_namespaced_lease(name, namespace, _preload_content=False))
+            return _json(self.coordination.read_namespaced_lease(name, namespace, **self._raw))
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
     def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return _json(self.coordination.create_namespaced_lease(namespace, body, _preload_content=False))
+        return _json(self.coordination.create_namespaced_lease(namespace, body, **self._raw))
 
     def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return _json(self.coordination.replace_namespaced_lease(name, namespace, body, _preload_content=False))
+        return _json(self.coordination.replace_namespaced_lease(name, namespace, body, **self._raw))
 
     # gpuaware.io
     def patch_queue_status(self, name: str, status: dict[str, Any]) -> None:
         self.custom.patch_cluster_custom_object_status("gpuaware.io", "v1alpha1", "gpuqueues", name,
                                                        {"status": status}, _content_type=MERGE_PATCH,
-                                                       _preload_content=False)
+                                                       **self._raw)
 
 
 @dataclass(frozen=True)
@@ -172,14 +178,20 @@ class Informer:
 
     Both callbacks run in the informer's thread, in order; they must hand work off quickly (the
     watch does not read further until they return, which is the back-pressure).
+
+    The server ends each watch after ``watch_timeout_s``; a list, and a connect, gives up after
+    ``request_timeout_s``, and a watch that stays silent for that long past its end (a dead
+    connection) is dropped and started again.
     """
 
     def __init__(self, spec: WatchSpec, on_sync: Callable[[list[dict[str, Any]]], None],
-                 on_event: Callable[[str, dict[str, Any]], None], watch_timeout_s: int = 300):
+                 on_event: Callable[[str, dict[str, Any]], None], watch_timeout_s: int = 300,
+                 request_timeout_s: float = 60.0):
         self.spec = spec
         self.on_sync = on_sync
         self.on_event = on_event
         self.watch_timeout_s = watch_timeout_s
+        self.request_timeout_s = request_timeout_s
         self.resource_version: str | None = None
         self.relists = 0
         self.synced = threading.Event()
@@ -206,7 +218,8 @@ class Informer:
         return kw
 
     def _list(self) -> None:
-        body = _json(self.spec.list_fn(**self._kwargs(), _preload_content=False))
+        body = _json(self.spec.list_fn(**self._kwargs(), _preload_content=False,
+                                       _request_timeout=self.request_timeout_s))
         self.resource_version = body["metadata"]["resourceVersion"]
         self.relists += 1
         self.on_sync(body.get("items") or [])
@@ -237,7 +250,8 @@ class Informer:
     def _watch(self) -> None:
         resp = self.spec.list_fn(**self._kwargs(), watch=True, resource_version=self.resource_version,
                                  allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout_s,
-                                 _preload_content=False)
+                                 _preload_content=False, _request_timeout=(
+                                     self.request_timeout_s, self.watch_timeout_s + self.request_timeout_s))
         self._resp = resp
         try:
             for line in iter_resp_lines(resp):
