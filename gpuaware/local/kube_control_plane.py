@@ -266,6 +266,9 @@ class KubeControlPlane:
     def running(self) -> dict[str, bool]:
         return {name: child.running() for name, child in self._children.items()}
 
+    def pids(self) -> dict[str, int | None]:
+        return {name: child.pid for name, child in self._children.items()}
+
     def kubectl(self, *args: str, input: str | None = None, check: bool = True, kubeconfig: Path | None = None,
                 timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run the pinned kubectl against this control plane (admin unless ``kubeconfig`` is given)."""

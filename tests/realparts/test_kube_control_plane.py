@@ -213,7 +213,8 @@ def test_stop_leaves_no_process_and_no_files() -> None:
     t0 = time.monotonic()
     plane.start()
     started = time.monotonic() - t0
-    pids = [c.pid for c in plane._children.values()]
+    pids = list(plane.pids().values())
+    assert len(pids) == 2
     workdir = plane.workdir
     assert workdir is not None and workdir.exists()
     assert set(plane.timings) >= {"pki", "etcd", "kube-apiserver", "total"}
