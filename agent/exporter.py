@@ -74,6 +74,7 @@ class AgentStats:
     policy_errors: int = 0
     policy_reloads: int = 0
     control_commands: dict[str, int] = field(default_factory=dict)
+    control_rejected: dict[str, int] = field(default_factory=dict)  # reason -> control records skipped
     cordon_read_errors: int = 0
 
 
@@ -175,3 +176,9 @@ class AgentCollector(Collector):
                                   value=s.policy_errors)
         yield CounterMetricFamily("gpuaware_agent_policy_reloads", "Sampling policies applied.",
                                   value=s.policy_reloads)
+        rejected = CounterMetricFamily("gpuaware_agent_control_rejected",
+                                       "Control records skipped (undecodable, or an error applying them), by reason.",
+                                       labels=["reason"])
+        for reason, n in sorted(s.control_rejected.items()):
+            rejected.add_metric([reason], n)
+        yield rejected

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
-from aiokafka.structs import TopicPartition
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from agent.collectors.base import Collector
 from agent.core import AgentCore, BatchBuilder
@@ -97,6 +97,10 @@ class AgentRuntime:
                     except PolicyError as exc:
                         self.stats.policy_errors += 1
                         log.error("sampling policy rejected, keeping the current one: %s", exc)
+                    except Exception:  # a bad file must not stop the watcher (or the agent)
+                        self.stats.policy_errors += 1
+                        log.exception("sampling policy %s could not be applied, keeping the current one",
+                                      self.policy_path)
                 last = mtime
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), every_s)
@@ -128,6 +132,30 @@ class AgentRuntime:
         else:
             log.warning("control command %s of kind %s ignored", cmd.command_id, cmd.kind)
 
+    def take_control(self, rec: ConsumerRecord) -> None:
+        """Apply one control record; whatever is wrong with it is logged and counted, never raised.
+
+        The control topic is compacted and read from the beginning at every start, so a record
+        that raised here would stop every agent at every restart. A rejected record is not
+        dead-lettered: the agent has no grant on ``agent.control.v1.dlq`` (least privilege,
+        docs/reliability.md), every agent of the DaemonSet would write its own copy at every
+        restart, and the record stays readable on the control topic itself at the offset logged.
+        """
+        try:
+            cmd = events.decode_for_topic(topics.CONTROL, rec.value)
+        except events.DecodeError as exc:
+            self._reject_control(rec, "undecodable", exc)
+            return
+        try:
+            self.handle_control(cmd)
+        except Exception as exc:  # one bad record must not stop the consumer
+            self._reject_control(rec, "error", exc)
+
+    def _reject_control(self, rec: ConsumerRecord, reason: str, exc: BaseException) -> None:
+        self.stats.control_rejected[reason] = self.stats.control_rejected.get(reason, 0) + 1
+        log.error("control record %s/%d@%d rejected (%s), skipped: %s: %s", topics.CONTROL, rec.partition, rec.offset,
+                  reason, type(exc).__name__, exc, exc_info=reason == "error")
+
     async def consume_control(self, stop: asyncio.Event) -> None:
         """Read the compacted control topic from the beginning (last policy wins), then follow it."""
         while not stop.is_set():
@@ -142,15 +170,7 @@ class AgentRuntime:
                     batches = await consumer.getmany(timeout_ms=500)
                     for records in batches.values():
                         for rec in records:
-                            try:
-                                cmd = events.decode_for_topic(topics.CONTROL, rec.value)
-                            except events.DecodeError as exc:
-                                log.error("undecodable control record at offset %d: %s", rec.offset, exc)
-                                dlq, headers = events.dead_letter(topics.CONTROL, rec.partition, rec.offset, exc,
-                                                                  list(rec.headers or ()))
-                                self.publisher.enqueue(dlq, rec.key, rec.value or b"", headers)
-                                continue
-                            self.handle_control(cmd)
+                            self.take_control(rec)
             except (KafkaError, OSError) as exc:
                 log.warning("control consumer: %s; retrying", exc)
                 with contextlib.suppress(TimeoutError):
