@@ -15,6 +15,7 @@ from agent.sampling import SamplingPolicy
 from contract import events
 from contract.events import AgentControl, ControlKind
 from plumbing.kafka_settings import KafkaSettings
+from tests.agent.conftest import wait_until
 
 
 @dataclass
@@ -129,3 +130,27 @@ async def test_a_nested_policy_file_is_rejected_and_the_watcher_keeps_going(tmp_
     assert rt.cores[0].policy.floor_s == 2.0 and not task.done()
     stop.set()
     await task
+
+
+async def test_the_publisher_is_restarted_after_an_unexpected_exception(tmp_path, fake_producer):
+    scenario = Scenario(name="t", seed=1, duration_s=600, nodes=1, gpus_per_node=2, models=["H100"], node_prefix="sv")
+    rt = AgentRuntime(SimCluster(scenario).collectors(), KafkaSettings(), SamplingPolicy(floor_s=0.2, flush_s=0.2),
+                      tmp_path / "spool")
+    rt.publisher_restart_s = 0.01
+    bugs = [1]
+
+    def fail_once(topic, value):
+        if bugs[0]:
+            bugs[0] -= 1
+            return ValueError("a bug, not a broker error")
+        return None
+
+    fake_producer.fail = staticmethod(fail_once)
+    stop = asyncio.Event()
+    task = asyncio.create_task(rt.run(stop, control=False))
+    try:
+        await wait_until(lambda: len(fake_producer.sent) > 0 or task.done(), 20, "delivery after the restart")
+        assert fake_producer.sent and rt.stats.task_restarts == {"publisher": 1}
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 20)
