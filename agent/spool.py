@@ -3,8 +3,7 @@
 Records are appended to segment files and removed only once Kafka acknowledged them, so a broker
 outage or an agent restart loses nothing.
 
-Record layout: ``!I`` body length, ``!I`` crc32 of the body, then the body: topic (``!H`` + bytes),
-key (``!I`` + bytes), value (``!I`` + bytes), headers (``!H`` count, each ``!H`` name + ``!I`` value).
+The record format and the framing of a segment's bytes are in ``agent.spool_records``.
 
 **Positions.** ``peek`` hands out each record with its position (segment id, offset of its end)
 and ``ack(position)`` removes exactly the records up to it. Positions only grow: segment ids are
@@ -40,101 +39,17 @@ import logging
 import os
 import struct
 import time
-import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+
+from agent.spool_records import BAD, OK, PREFIX, REST, Position, SpoolRecord, frames
+
+__all__ = ["DiskSpool", "Position", "SpoolRecord"]
 
 log = logging.getLogger(__name__)
 
-_PREFIX = struct.Struct("!II")
 QUARANTINE_FILES = 16
-
-
-class Position(NamedTuple):
-    """Where a record ends: acknowledging it acknowledges everything before it."""
-
-    segment: int
-    offset: int
-
-
-@dataclass(slots=True)
-class SpoolRecord:
-    topic: str
-    key: bytes | None
-    value: bytes
-    headers: list[tuple[str, bytes]] = field(default_factory=list)
-    position: Position | None = field(default=None, compare=False)  # set by peek(), not stored
-
-    def encode(self) -> bytes:
-        parts = [struct.pack("!H", len(t := self.topic.encode())), t]
-        key = self.key if self.key is not None else b""
-        parts += [struct.pack("!I", len(key) if self.key is not None else 0xFFFFFFFF), key]
-        parts += [struct.pack("!I", len(self.value)), self.value, struct.pack("!H", len(self.headers))]
-        for name, value in self.headers:
-            n = name.encode()
-            parts += [struct.pack("!H", len(n)), n, struct.pack("!I", len(value)), value]
-        body = b"".join(parts)
-        return _PREFIX.pack(len(body), zlib.crc32(body)) + body
-
-    @classmethod
-    def decode(cls, body: bytes) -> SpoolRecord:
-        pos = 0
-
-        def take(fmt: str) -> int:
-            nonlocal pos
-            (v,) = struct.unpack_from(fmt, body, pos)
-            pos += struct.calcsize(fmt)
-            return v
-
-        def raw(n: int) -> bytes:
-            nonlocal pos
-            if pos + n > len(body):
-                raise ValueError("field runs past the record")
-            pos += n
-            return body[pos - n : pos]
-
-        topic = raw(take("!H")).decode()
-        klen = take("!I")
-        key = None if klen == 0xFFFFFFFF else raw(klen)
-        value = raw(take("!I"))
-        headers = [(raw(take("!H")).decode(), raw(take("!I"))) for _ in range(take("!H"))]
-        return cls(topic, key, value, headers)
-
-
-OK, BAD, REST = "ok", "bad", "rest"
-
-
-def _intact_end(data: bytes, pos: int) -> int | None:
-    if pos + _PREFIX.size > len(data):
-        return None
-    length, crc = _PREFIX.unpack_from(data, pos)
-    end = pos + _PREFIX.size + length
-    if end > len(data) or zlib.crc32(memoryview(data)[pos + _PREFIX.size : end]) != crc:
-        return None
-    return end
-
-
-def _frames(data: bytes) -> Iterator[tuple[int, int, str]]:
-    """``(start, end, kind)`` of each record in ``data``: OK (CRC good), BAD (CRC wrong, but its
-    length leads to a good record or to the end, so only it is skipped) or REST (the framing is
-    lost: everything from here to the end, always the last frame)."""
-    pos, n = 0, len(data)
-    while pos < n:
-        end = _intact_end(data, pos)
-        if end is not None:
-            yield pos, end, OK
-            pos = end
-            continue
-        if pos + _PREFIX.size <= n:
-            end = pos + _PREFIX.size + _PREFIX.unpack_from(data, pos)[0]
-            if end == n or (end < n and _intact_end(data, end) is not None):
-                yield pos, end, BAD
-                pos = end
-                continue
-        yield pos, n, REST
-        return
 
 
 @dataclass
@@ -210,7 +125,7 @@ class DiskSpool:
             return
         data = self._read(seg, 0, off)
         index = 0
-        for start, end, kind in _frames(data):
+        for start, end, kind in frames(data):
             if end > off or kind == REST:
                 break
             if kind == OK and (seg.seg_id, start) not in self._bad:
@@ -226,7 +141,7 @@ class DiskSpool:
         """Count good records; quarantine bad ones; cut a torn tail."""
         data = path.read_bytes()
         records = 0
-        for start, end, kind in _frames(data):
+        for start, end, kind in frames(data):
             if kind == OK:
                 records += 1
             elif kind == BAD:
@@ -356,7 +271,7 @@ class DiskSpool:
             data = self._read(seg, start, seg.size)
             good = self.head_index if i == 0 else 0  # good records before the current frame
             consumed = 0
-            for off, end, kind in _frames(data):
+            for off, end, kind in frames(data):
                 if kind == REST:
                     self._cut(i, start + off, data[off:], good)
                     break
@@ -365,7 +280,7 @@ class DiskSpool:
                 known_bad = (seg.seg_id, start + off) in self._bad
                 if kind == OK and not known_bad:
                     try:
-                        rec = SpoolRecord.decode(data[off + _PREFIX.size : end])
+                        rec = SpoolRecord.decode(data[off + PREFIX.size : end])
                     except (ValueError, struct.error, UnicodeDecodeError):
                         self._mark_bad(seg.seg_id, start + off, data[off:end], counted=True)
                 elif kind == BAD and not known_bad:
@@ -396,7 +311,7 @@ class DiskSpool:
             end = seg.size if upto.segment > seg.seg_id else min(upto.offset, seg.size)
             if end > self.head_off:
                 data = self._read(seg, self.head_off, end)
-                self.head_index += sum(1 for off, _, kind in _frames(data)
+                self.head_index += sum(1 for off, _, kind in frames(data)
                                        if kind == OK and (seg.seg_id, self.head_off + off) not in self._bad)
                 self.head_off = end
             if self.head_off < seg.size or len(self.segments) == 1:
