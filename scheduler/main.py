@@ -123,6 +123,7 @@ async def _mirror(source: asyncio.Event, target: asyncio.Event, stop: asyncio.Ev
 async def _feed_stats(feed: StateFeed, stats: SchedulerStats, stop: asyncio.Event) -> None:
     while not stop.is_set():
         stats.feed_records, stats.feed_dead_lettered = feed.records, feed.dead_lettered
+        stats.feed_skew_rejected = feed.view.skew_rejected
         await asyncio.sleep(1.0)
 
 

@@ -31,7 +31,7 @@ def _state(uuid: str, node: str, band: HealthBand, sample_ms: int, util: float =
 
 def test_apply_writes_bands_util_and_forecasts_and_treats_stale_gpus_conservatively() -> None:
     now = 1_800_000_000_000
-    view = StateView(stale_after_ms=60_000)
+    view = StateView(stale_after_ms=60_000, clock=lambda: now / 1000)  # records arrive at "now"
     view.learn(_state("g0", "n", HealthBand.HEALTHY, now - 1000))
     view.learn(_state("g1", "n", HealthBand.CRITICAL, now - 1000))
     view.learn(_state("g2", "n", HealthBand.HEALTHY, now - 120_000))  # silent for 2 minutes
