@@ -101,15 +101,16 @@ def parse_policy(text: str, source: str = "policy") -> SamplingPolicy:
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_POLICY_BYTES:
         raise PolicyError(f"{source}: larger than {MAX_POLICY_BYTES} bytes ({size})")
-    loader = _BoundedLoader(text)
     try:
-        data = loader.get_single_data()
+        loader = _BoundedLoader(text)  # the reader checks the characters here already
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         raise PolicyError(f"{source}: not valid YAML: {exc}") from exc
     except PolicyError as exc:
         raise PolicyError(f"{source}: {exc}") from None
-    finally:
-        loader.dispose()
     if data is None:
         data = {}
     if not isinstance(data, dict):
