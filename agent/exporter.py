@@ -68,13 +68,17 @@ class AgentStats:
     bytes_sent: int = 0
     records_sent: int = 0
     publish_errors: int = 0
+    publish_auth_errors: int = 0  # of publish_errors: credentials or ACLs refused
     spool_depth: Callable[[], int] = lambda: 0
     spool_bytes: Callable[[], int] = lambda: 0
     dropped: Callable[[], int] = lambda: 0
+    spool_corrupt: Callable[[], int] = lambda: 0
     policy_errors: int = 0
     policy_reloads: int = 0
     control_commands: dict[str, int] = field(default_factory=dict)
+    control_rejected: dict[str, int] = field(default_factory=dict)  # reason -> control records skipped
     cordon_read_errors: int = 0
+    task_restarts: dict[str, int] = field(default_factory=dict)  # task -> restarts after an unexpected error
 
 
 PodLookup = Callable[[str], tuple[str, str, str] | None]
@@ -165,13 +169,29 @@ class AgentCollector(Collector):
                                   value=s.cordon_read_errors)
         yield CounterMetricFamily("gpuaware_agent_publish_errors", "Failed delivery attempts (retried from the spool).",
                                   value=s.publish_errors)
+        yield CounterMetricFamily("gpuaware_agent_publish_auth_errors",
+                                  "Delivery attempts refused for credentials or ACLs (retried with a long back-off).",
+                                  value=s.publish_auth_errors)
+        restarts = CounterMetricFamily("gpuaware_agent_task_restarts",
+                                       "Agent tasks restarted after an unexpected error, by task.", labels=["task"])
+        for task, n in sorted(s.task_restarts.items()):
+            restarts.add_metric([task], n)
+        yield restarts
         yield GaugeMetricFamily("gpuaware_agent_spool_depth", "Records waiting in the disk spool.",
                                 value=s.spool_depth())
         yield GaugeMetricFamily("gpuaware_agent_spool_bytes", "Bytes in the disk spool.", value=s.spool_bytes())
         yield CounterMetricFamily("gpuaware_agent_spool_dropped",
                                   "Records dropped from the spool (oldest first, only past its bound).",
                                   value=s.dropped())
+        yield CounterMetricFamily("gpuaware_agent_spool_corrupt",
+                                  "Torn or corrupt spool records skipped and quarantined.", value=s.spool_corrupt())
         yield CounterMetricFamily("gpuaware_agent_policy_errors", "Sampling policies rejected.",
                                   value=s.policy_errors)
         yield CounterMetricFamily("gpuaware_agent_policy_reloads", "Sampling policies applied.",
                                   value=s.policy_reloads)
+        rejected = CounterMetricFamily("gpuaware_agent_control_rejected",
+                                       "Control records skipped (undecodable, or an error applying them), by reason.",
+                                       labels=["reason"])
+        for reason, n in sorted(s.control_rejected.items()):
+            rejected.add_metric([reason], n)
+        yield rejected

@@ -1,9 +1,14 @@
 """The live agent: one asyncio task per concern around the pure ``AgentCore``.
 
 Tasks: sampling (tick every node's core at the watch interval), flushing (telemetry batches per
-window, at once on an event), publishing (spool -> Kafka), control (``agent.control.v1``: policy
-and power caps), the policy file watcher (hot reload of the mounted ConfigMap), and, where the
-Kubernetes API can be read, the node's GPU cordons (``agent.cordons``).
+window, at once on an event), publishing (spool -> Kafka), syncing the spool to disk (every
+``fsync_interval_s``), control (``agent.control.v1``: policy and power caps), the policy file
+watcher (hot reload of the mounted ConfigMap), and, where the Kubernetes API can be read, the
+node's GPU cordons (``agent.cordons``).
+
+The publisher runs beside the others until they stop, so nothing would notice it dying: it is
+supervised, an unexpected exception logged, counted in ``task_restarts`` and the task restarted
+with a back-off (doubling from ``publisher_restart_s`` to 30 s).
 """
 
 from __future__ import annotations
@@ -13,13 +18,13 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
-from aiokafka.structs import TopicPartition
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from agent.collectors.base import Collector
 from agent.core import AgentCore, BatchBuilder
@@ -53,6 +58,7 @@ class AgentRuntime:
         self.cordons: CordonWatcher | None = None  # set when the Kubernetes API can be read
         self.spool = DiskSpool(spool_dir, max_bytes=spool_max_bytes, segment_bytes=min(4 * 2**20, spool_max_bytes // 4))
         self.publisher = Publisher(settings, self.spool, self.stats)
+        self.publisher_restart_s = 1.0
         self._flush_now = asyncio.Event()
         self.event_listeners: list[Callable[[events.GpuEvent], None]] = []
         self.events_published = 0
@@ -97,6 +103,10 @@ class AgentRuntime:
                     except PolicyError as exc:
                         self.stats.policy_errors += 1
                         log.error("sampling policy rejected, keeping the current one: %s", exc)
+                    except Exception:  # a bad file must not stop the watcher (or the agent)
+                        self.stats.policy_errors += 1
+                        log.exception("sampling policy %s could not be applied, keeping the current one",
+                                      self.policy_path)
                 last = mtime
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), every_s)
@@ -128,6 +138,30 @@ class AgentRuntime:
         else:
             log.warning("control command %s of kind %s ignored", cmd.command_id, cmd.kind)
 
+    def take_control(self, rec: ConsumerRecord) -> None:
+        """Apply one control record; whatever is wrong with it is logged and counted, never raised.
+
+        The control topic is compacted and read from the beginning at every start, so a record
+        that raised here would stop every agent at every restart. A rejected record is not
+        dead-lettered: the agent has no grant on ``agent.control.v1.dlq`` (least privilege,
+        docs/reliability.md), every agent of the DaemonSet would write its own copy at every
+        restart, and the record stays readable on the control topic itself at the offset logged.
+        """
+        try:
+            cmd = events.decode_for_topic(topics.CONTROL, rec.value)
+        except events.DecodeError as exc:
+            self._reject_control(rec, "undecodable", exc)
+            return
+        try:
+            self.handle_control(cmd)
+        except Exception as exc:  # one bad record must not stop the consumer
+            self._reject_control(rec, "error", exc)
+
+    def _reject_control(self, rec: ConsumerRecord, reason: str, exc: BaseException) -> None:
+        self.stats.control_rejected[reason] = self.stats.control_rejected.get(reason, 0) + 1
+        log.error("control record %s/%d@%d rejected (%s), skipped: %s: %s", topics.CONTROL, rec.partition, rec.offset,
+                  reason, type(exc).__name__, exc, exc_info=reason == "error")
+
     async def consume_control(self, stop: asyncio.Event) -> None:
         """Read the compacted control topic from the beginning (last policy wins), then follow it."""
         while not stop.is_set():
@@ -142,15 +176,7 @@ class AgentRuntime:
                     batches = await consumer.getmany(timeout_ms=500)
                     for records in batches.values():
                         for rec in records:
-                            try:
-                                cmd = events.decode_for_topic(topics.CONTROL, rec.value)
-                            except events.DecodeError as exc:
-                                log.error("undecodable control record at offset %d: %s", rec.offset, exc)
-                                dlq, headers = events.dead_letter(topics.CONTROL, rec.partition, rec.offset, exc,
-                                                                  list(rec.headers or ()))
-                                self.publisher.enqueue(dlq, rec.key, rec.value or b"", headers)
-                                continue
-                            self.handle_control(cmd)
+                            self.take_control(rec)
             except (KafkaError, OSError) as exc:
                 log.warning("control consumer: %s; retrying", exc)
                 with contextlib.suppress(TimeoutError):
@@ -200,6 +226,30 @@ class AgentRuntime:
             self.flush()
         self.flush()
 
+    async def spool_sync_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.spool.fsync_interval_s)
+            self.spool.sync()
+
+    async def supervised(self, name: str, run: Callable[[asyncio.Event], Awaitable[None]],
+                         stop: asyncio.Event) -> None:
+        """Run ``run(stop)`` to its end, restarting it after an unexpected exception."""
+        delay = self.publisher_restart_s
+        while True:
+            try:
+                await run(stop)
+                return
+            except Exception:
+                self.stats.task_restarts[name] = self.stats.task_restarts.get(name, 0) + 1
+                if stop.is_set():
+                    log.exception("%s task failed while stopping", name)
+                    return
+                log.exception("%s task failed; restarting it in %.1fs", name, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            delay = min(delay * 2, 30.0)
+
     async def run(self, stop: asyncio.Event, duration_s: float | None = None, control: bool = True) -> None:
         inner = asyncio.Event()
 
@@ -208,16 +258,18 @@ class AgentRuntime:
                 await asyncio.wait_for(stop.wait(), duration_s)
             inner.set()
 
-        producers = [self.sample_loop(inner), self.flush_loop(inner), self.watch_policy_file(inner)]
+        producers = [self.sample_loop(inner), self.flush_loop(inner), self.watch_policy_file(inner),
+                     self.spool_sync_loop(inner)]
         if control:
             producers.append(self.consume_control(inner))
         if self.cordons is not None:
             producers.append(self.cordons.run(inner))
         publisher_stop = asyncio.Event()
-        publisher = asyncio.create_task(self.publisher.run(publisher_stop))
+        publisher = asyncio.create_task(self.supervised("publisher", self.publisher.run, publisher_stop))
         try:
             await asyncio.gather(watchdog(), *producers)
         finally:
             # Stop sampling first, then let the publisher drain what the last flush spooled.
             publisher_stop.set()
             await publisher
+            self.spool.close()

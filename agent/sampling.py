@@ -9,6 +9,12 @@ seen within a second or two. The *full sample* (every field, published on
 - it snaps to the floor when a watched metric leaves its deadband around the last published
   value (so the published timeline never drifts further than the deadband), or on an anomaly,
   a health-band change or an XID.
+
+A policy arrives from a file admins edit and from the control topic, which is compacted and
+replayed at every start: one hostile record must not be able to crash the agent. So the text is
+bounded before it is parsed (``MAX_POLICY_BYTES``) and so is its nesting (``MAX_POLICY_DEPTH``,
+checked while the YAML is composed, before PyYAML's recursion can exhaust the stack); both are
+rejected with a ``PolicyError`` that names the limit, like any other bad policy.
 """
 
 from __future__ import annotations
@@ -70,11 +76,41 @@ class PolicyError(ValueError):
     """A sampling policy was rejected; the message names the field and the reason."""
 
 
+# A real policy is a few hundred bytes, or ~200 KiB with an override for each of 4096 nodes.
+MAX_POLICY_BYTES = 1 * 2**20
+# The schema is four levels deep (nodes -> name -> field); the rest is headroom.
+MAX_POLICY_DEPTH = 16
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses to compose nodes nested deeper than ``MAX_POLICY_DEPTH``."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        if self._depth >= MAX_POLICY_DEPTH:
+            raise PolicyError(f"nested deeper than {MAX_POLICY_DEPTH} levels")
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def parse_policy(text: str, source: str = "policy") -> SamplingPolicy:
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_POLICY_BYTES:
+        raise PolicyError(f"{source}: larger than {MAX_POLICY_BYTES} bytes ({size})")
     try:
-        data = yaml.safe_load(text)
+        loader = _BoundedLoader(text)  # the reader checks the characters here already
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         raise PolicyError(f"{source}: not valid YAML: {exc}") from exc
+    except PolicyError as exc:
+        raise PolicyError(f"{source}: {exc}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -92,9 +128,16 @@ def parse_policy(text: str, source: str = "policy") -> SamplingPolicy:
 def load_policy(path: str | Path) -> SamplingPolicy:
     p = Path(path)
     try:
-        text = p.read_text()
+        with open(p, "rb") as f:
+            raw = f.read(MAX_POLICY_BYTES + 1)  # never more than the bound into memory
     except OSError as exc:
         raise PolicyError(f"{p}: cannot read: {exc.strerror}") from exc
+    if len(raw) > MAX_POLICY_BYTES:
+        raise PolicyError(f"{p}: larger than {MAX_POLICY_BYTES} bytes")
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{p}: not UTF-8: {exc}") from None
     return parse_policy(text, str(p))
 
 

@@ -54,7 +54,7 @@ def main() -> None:
                     copies["restored"] = restored[info.uuid]
                 for name, t in copies.items():
                     last = t.history[-1][0] if t.history else None
-                    t.learn_sample(batch.node, info, sample, ts)
+                    t.learn_sample(batch.node, info, sample, ts, ts)  # replayed as if live: arrival = stamp
                     if t.history and t.history[-1][0] != last and restored:  # a minute closed: note its forecast
                         minute = t.history[-1][0]
                         actual[(info.uuid, minute)] = t.history[-1][1]

@@ -5,6 +5,13 @@ needs (health band, live and forecast utilisation, temperature) into a ``Cluster
 whose state is older than ``stale_after_ms`` is treated conservatively: at least degraded, so it
 takes only preemptible work, and its forecast is taken as fully busy.
 
+Clocks. Staleness is judged on two clocks, and the older answer wins: the sample time in the
+record (the agent's and stream's clocks) and the arrival, on this scheduler's clock, of the record
+that last carried a new sample. So a GPU whose stamps run ahead still goes stale once its
+samples stop arriving. A record stamped more than ``max_skew_ms`` ahead of its arrival is
+rejected and counted (``skew_rejected``): kept, it would win every newest-record comparison and
+freeze that GPU (or node) at a value nothing genuine could replace.
+
 ``StateFeed`` reads the three compacted topics from the beginning with a plain consumer (no
 group: every scheduler replica needs all of it), and ``catch_up()`` returns only once it has
 read up to the log ends it saw at start, so no decision is made on a partial picture. Undecodable
@@ -16,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -44,12 +52,27 @@ class StateView:
     # Per GPU, the Kafka headers of the state that last changed its health band: the trace context
     # (agent event -> stream state) that a scheduler action on that GPU continues.
     band_trace: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)
+    max_skew_ms: int = 30_000
+    clock: Callable[[], float] = time.time
+    skew_rejected: int = 0
+    fresh_at: dict[str, int] = field(default_factory=dict)  # GPU -> arrival (ms) of the record with its newest sample
 
-    def learn(self, record: object, headers: Sequence[tuple[str, bytes]] | None = None) -> None:
+    def learn(self, record: object, headers: Sequence[tuple[str, bytes]] | None = None,
+              arrived_ms: int | None = None) -> None:
+        """Learn a record that arrived at ``arrived_ms`` (default: now, on ``clock``)."""
+        arrived = int(self.clock() * 1000) if arrived_ms is None else arrived_ms
+        stamp = record.published_ms if isinstance(record, GpuState) else getattr(record, "ts_ms", None)
+        if stamp is not None and stamp > arrived + self.max_skew_ms:
+            self.skew_rejected += 1
+            log.warning("ignoring a %s stamped %d s ahead of this scheduler's clock", type(record).__name__,
+                        (stamp - arrived) // 1000)
+            return
         self.version += 1
         if isinstance(record, GpuState):
             old = self.gpus.get(record.gpu_uuid)
             if old is None or record.published_ms >= old.published_ms:
+                if old is None or record.sample_ts_ms != old.sample_ts_ms:
+                    self.fresh_at[record.gpu_uuid] = arrived
                 self.gpus[record.gpu_uuid] = record
                 if headers and (old is None or old.health_band != record.health_band):
                     self.band_trace[record.gpu_uuid] = list(headers)
@@ -61,8 +84,10 @@ class StateView:
             self.forecast = record
 
     def is_stale(self, state: GpuState, now_ms: int) -> bool:
-        # The sample time, not the publish time: a live stream republishing a silent GPU is still stale data.
-        return now_ms - state.sample_ts_ms > self.stale_after_ms
+        # The sample time, not the publish time: a live stream republishing a silent GPU is still stale
+        # data. And no later than the arrival of that sample: a clock running ahead cannot keep it fresh.
+        fresh = min(state.sample_ts_ms, self.fresh_at.get(state.gpu_uuid, state.sample_ts_ms))
+        return now_ms - fresh > self.stale_after_ms
 
     def stale(self, now_ms: int) -> list[str]:
         return sorted(u for u, s in self.gpus.items() if self.is_stale(s, now_ms))

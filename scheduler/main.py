@@ -121,6 +121,7 @@ async def serve(kafka: KafkaSettings | None, settings: SchedulerSettings, metric
 async def _feed_stats(feed: StateFeed, stats: SchedulerStats, stop: asyncio.Event) -> None:
     while not stop.is_set():
         stats.feed_records, stats.feed_dead_lettered = feed.records, feed.dead_lettered
+        stats.feed_skew_rejected = feed.view.skew_rejected
         await asyncio.sleep(1.0)
 
 

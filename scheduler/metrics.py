@@ -31,6 +31,7 @@ class SchedulerStats:
     leader: bool = False
     feed_records: int = 0
     feed_dead_lettered: int = 0
+    feed_skew_rejected: int = 0
     decision_latencies: deque = field(default_factory=lambda: deque(maxlen=100_000))  # raw, for benchmarks
 
     def by_action(self) -> Counter:
@@ -126,4 +127,7 @@ class SchedulerCollector(Collector):
                                   value=s.feed_records)
         yield CounterMetricFamily("gpuaware_scheduler_feed_dead_lettered",
                                   "State records sent to a DLQ (undecodable)", value=s.feed_dead_lettered)
+        yield CounterMetricFamily("gpuaware_scheduler_feed_clock_skew_rejected",
+                                  "State records ignored for a timestamp too far ahead of the scheduler's clock",
+                                  value=s.feed_skew_rejected)
 

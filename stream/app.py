@@ -97,7 +97,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     table = app.Table("gpus", partitions=partitions)  # GPU UUID -> GpuTracker snapshot, both JSON
     tracker_settings = TrackerSettings(
         horizons_min=tuple(settings.horizons_min), min_interval_ms=settings.min_publish_interval_ms,
-        max_interval_ms=settings.max_publish_interval_ms,
+        max_interval_ms=settings.max_publish_interval_ms, max_clock_skew_ms=int(settings.max_clock_skew_s * 1000),
     )
     processor = StreamProcessor(table, tracker_settings, stats)
     tracer = observability.tracer("gpuaware.stream")

@@ -10,10 +10,20 @@ serialised: they are rebuilt by replaying the retained minute history, which rep
 windows and most of their loss and residual statistics (measured in tests/test_stream_state.py).
 Duplicate samples (an agent replaying its spool after an outage, or the stream re-reading after a
 crash) are recognised by the per-GPU ``seq`` and timestamp and applied once.
+
+Clocks. A sample's timestamp is the agent's clock; freshness is also judged on arrival, the
+worker's clock. A sample stamped more than ``max_clock_skew_ms`` ahead of its arrival is
+rejected (counted by the processor): applied, it would make every genuine sample after it look
+like a duplicate and the GPU never look stale. A stored stamp that far ahead (learned before
+this check, or by a worker whose clock was off) is forgotten on the next sample. The state's
+``sample_ts_ms`` is never later than the arrival of the sample it describes, so a fast agent
+clock within the tolerance cannot make data look fresher than it is.
 """
 
 from __future__ import annotations
 
+import enum
+import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -21,6 +31,8 @@ from dataclasses import dataclass, field
 from contract.events import EventKind, Forecast, GpuEvent, GpuInfo, GpuSample, GpuState, HealthBand
 from stream.fingerprint import WorkloadFingerprint
 from stream.forecast import ExpertForecaster
+
+log = logging.getLogger(__name__)
 
 MINUTE_MS = 60_000
 SMOOTHING = 0.3
@@ -36,6 +48,13 @@ class TrackerSettings:
     max_interval_ms: int = 30_000
     util_change: float = 5.0  # percentage points that count as a change worth publishing
     fb_change_share: float = 0.05
+    max_clock_skew_ms: int = 30_000  # a sample stamped further ahead of its arrival is rejected
+
+
+class Learned(enum.Enum):
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    AHEAD = "ahead"  # stamped beyond the clock skew allowed: rejected
 
 
 @dataclass
@@ -49,6 +68,7 @@ class GpuTracker:
     duplicates: int = 0
     last_seq: int = -1
     sample_ts_ms: int = 0
+    arrived_ms: int = 0  # the worker's clock when the newest applied sample arrived
     smoothed: dict[str, float] = field(default_factory=dict)
     minute: int | None = None
     bucket: list[float] = field(default_factory=lambda: [0.0, 0.0, 0])  # util sum, fb sum, count
@@ -67,14 +87,24 @@ class GpuTracker:
 
     # ------------------------------------------------------------------ learning
 
-    def learn_sample(self, node: str, info: GpuInfo, sample: GpuSample, ts_ms: int) -> bool:
-        """Fold one sample in; False (and nothing changes) when it was seen before."""
+    def learn_sample(self, node: str, info: GpuInfo, sample: GpuSample, ts_ms: int, now_ms: int) -> Learned:
+        """Fold one sample that arrived at ``now_ms`` in; nothing changes unless it is APPLIED."""
+        horizon = now_ms + self.settings.max_clock_skew_ms
+        if ts_ms > horizon:
+            return Learned.AHEAD
+        if self.sample_ts_ms > horizon:
+            log.warning("GPU %s: forgetting a sample time %d s ahead of this worker's clock", self.uuid,
+                        (self.sample_ts_ms - now_ms) // 1000)
+            self.sample_ts_ms, self.last_seq = 0, -1
+            if self.minute is not None and self.minute * MINUTE_MS > horizon:
+                self.minute, self.bucket = None, [0.0, 0.0, 0]
         if sample.seq <= self.last_seq and ts_ms <= self.sample_ts_ms:
             self.duplicates += 1
-            return False
+            return Learned.DUPLICATE
         self.node, self.model, self.index, self.fb_total_mib = node, info.model, info.index, info.fb_total_mib
         self.last_seq = sample.seq
         self.sample_ts_ms = max(self.sample_ts_ms, ts_ms)
+        self.arrived_ms = now_ms
         self.samples += 1
         values = {
             "util_gpu": float(sample.util_gpu), "util_mem": float(sample.util_mem),
@@ -86,7 +116,7 @@ class GpuTracker:
         self.fingerprint.learn_one(ts_ms, values["util_gpu"], values["util_mem"], values["fb_used_mib"],
                                    float(info.fb_total_mib), values["power_w"])
         self._bucket(ts_ms // MINUTE_MS, values["util_gpu"], values["fb_used_mib"])
-        return True
+        return Learned.APPLIED
 
     def _bucket(self, minute: int, util: float, fb: float) -> None:
         if self.minute is not None and minute > self.minute and self.bucket[2]:
@@ -167,7 +197,7 @@ class GpuTracker:
         s = self.smoothed
         cls, confidence = self.fingerprint.predict_one()
         return GpuState(
-            gpu_uuid=self.uuid, node=self.node, model=self.model, sample_ts_ms=self.sample_ts_ms, published_ms=now_ms,
+            gpu_uuid=self.uuid, node=self.node, model=self.model, sample_ts_ms=self.fresh_ms, published_ms=now_ms,
             util_gpu=round(s.get("util_gpu", 0.0), 2), util_mem=round(s.get("util_mem", 0.0), 2),
             fb_used_mib=round(s.get("fb_used_mib", 0.0), 1), fb_total_mib=self.fb_total_mib,
             power_w=round(s.get("power_w", 0.0), 1), temp_c=round(s.get("temp_c", 0.0), 1),
@@ -175,6 +205,11 @@ class GpuTracker:
             health_components=dict(self.health_components), forecasts=list(self.forecasts),
             workload_class=cls, class_confidence=confidence, samples=self.samples,
         )
+
+    @property
+    def fresh_ms(self) -> int:
+        """How fresh the data is: the newest sample's time, but never later than its arrival."""
+        return min(self.sample_ts_ms, self.arrived_ms) if self.arrived_ms else self.sample_ts_ms
 
     def _signature(self) -> tuple:
         s = self.smoothed
@@ -206,7 +241,8 @@ class GpuTracker:
         return {
             "uuid": self.uuid, "node": self.node, "model": self.model, "index": self.index,
             "fb_total_mib": self.fb_total_mib, "samples": self.samples, "duplicates": self.duplicates,
-            "last_seq": self.last_seq, "sample_ts_ms": self.sample_ts_ms, "smoothed": self.smoothed,
+            "last_seq": self.last_seq, "sample_ts_ms": self.sample_ts_ms, "arrived_ms": self.arrived_ms,
+            "smoothed": self.smoothed,
             "minute": self.minute, "bucket": self.bucket, "history": list(self.history),
             "health_score": self.health_score, "health_band": self.health_band,
             "health_components": self.health_components, "recent_events": list(self.recent_events),
@@ -220,6 +256,7 @@ class GpuTracker:
                      "smoothed", "minute", "bucket", "health_score", "health_band", "health_components",
                      "last_published_ms"):
             setattr(t, name, data[name])
+        t.arrived_ms = data.get("arrived_ms", t.sample_ts_ms)  # absent from snapshots written before it
         t.history = deque((tuple(h) for h in data["history"]), maxlen=HISTORY_MINUTES)
         t.recent_events = deque((tuple(e) for e in data["recent_events"]), maxlen=RECENT_EVENTS)
         t.fingerprint = WorkloadFingerprint.from_dict(data["fingerprint"])

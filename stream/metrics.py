@@ -24,6 +24,7 @@ class StreamStats:
     dlq: Counter = field(default_factory=Counter)  # source topic -> records dead-lettered
     samples: int = 0
     duplicates: int = 0
+    clock_skew_rejected: int = 0  # samples stamped too far ahead of the worker's clock
     published: Counter = field(default_factory=Counter)  # output topic -> records written
     latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))  # sample to state
     demand: list = field(default_factory=list)  # the newest cluster forecast's ModelDemand lines (owner only)
@@ -53,6 +54,9 @@ class StreamCollector(Collector):
         yield CounterMetricFamily("gpuaware_stream_samples", "GPU samples applied to per-GPU state", value=s.samples)
         yield CounterMetricFamily("gpuaware_stream_duplicate_samples",
                                   "GPU samples recognised as already applied (replays)", value=s.duplicates)
+        yield CounterMetricFamily("gpuaware_stream_clock_skew_rejected",
+                                  "GPU samples rejected for a timestamp too far ahead of the worker's clock",
+                                  value=s.clock_skew_rejected)
         published = CounterMetricFamily("gpuaware_stream_published", "Derived records written, per topic",
                                         labels=["topic"])
         for topic, n in sorted(s.published.items()):

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, MutableMapping
 
 from contract.events import GpuEvent, GpuState, NodeState, TelemetryBatch
-from stream.gpu_state import GpuTracker, TrackerSettings
+from stream.gpu_state import GpuTracker, Learned, TrackerSettings
 from stream.metrics import StreamStats
 from stream.rollup import Partial, model_demand, node_state
 
@@ -94,10 +94,13 @@ class StreamProcessor:
             info = batch.gpus[sample.gpu]
             key = info.uuid
             t = touched.get(key) or self.tracker(key, partition)
-            if t.learn_sample(batch.node, info, sample, batch.base_ts_ms + sample.dt_ms):
+            learned = t.learn_sample(batch.node, info, sample, batch.base_ts_ms + sample.dt_ms, now_ms)
+            if learned is Learned.APPLIED:
                 self.stats.samples += 1
-            else:
+            elif learned is Learned.DUPLICATE:
                 self.stats.duplicates += 1
+            else:
+                self.stats.clock_skew_rejected += 1
             touched[key] = t
         for key, t in touched.items():
             self.snapshots[key] = t.to_dict()
@@ -120,7 +123,7 @@ class StreamProcessor:
                 state = t.state(now_ms)
                 t.mark_published(now_ms)
                 if observe:
-                    self.stats.observe_latency(max(0.0, (now_ms - t.sample_ts_ms) / 1000.0))
+                    self.stats.observe_latency(max(0.0, (now_ms - t.fresh_ms) / 1000.0))
                 out.append(state)
         return out
 

@@ -14,6 +14,8 @@ class StreamSettings(BaseModel):
                                     description="forecast horizons in minutes")
     min_publish_interval_ms: int = Field(1000, ge=0, description="a GPU's state is published at most this often")
     max_publish_interval_ms: int = Field(30_000, ge=1000, description="... and at least this often")
+    max_clock_skew_s: float = Field(30.0, ge=0, description="a sample stamped further ahead of the worker's clock "
+                                                          "is rejected")
     node_state_interval_s: float = Field(5.0, gt=0, description="how often node rollups are considered")
     cluster_forecast_interval_s: float = Field(10.0, gt=0, description="how often per-model demand is published")
     replication_factor: int = Field(1, ge=1, le=5, description="of the internal topics (3 on a production Kafka)")

@@ -152,7 +152,7 @@ def test_spool_keeps_order_survives_restart_and_drops_oldest_only_past_its_bound
     for i in range(10):
         spool.push(SpoolRecord("t", f"k{i}".encode(), f"v{i}".encode() * 10, [("h", b"x")]))
     assert [r.key for r in spool.peek(3)] == [b"k0", b"k1", b"k2"]
-    spool.ack(4)
+    spool.ack(spool.peek(4)[-1].position)
     assert spool.depth == 6
     reopened = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
     assert [r.key for r in reopened.peek(100)] == [f"k{i}".encode() for i in range(4, 10)]

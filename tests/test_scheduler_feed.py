@@ -31,7 +31,7 @@ def _state(uuid: str, node: str, band: HealthBand, sample_ms: int, util: float =
 
 def test_apply_writes_bands_util_and_forecasts_and_treats_stale_gpus_conservatively() -> None:
     now = 1_800_000_000_000
-    view = StateView(stale_after_ms=60_000)
+    view = StateView(stale_after_ms=60_000, clock=lambda: now / 1000)  # records arrive at "now"
     view.learn(_state("g0", "n", HealthBand.HEALTHY, now - 1000))
     view.learn(_state("g1", "n", HealthBand.CRITICAL, now - 1000))
     view.learn(_state("g2", "n", HealthBand.HEALTHY, now - 120_000))  # silent for 2 minutes
@@ -63,7 +63,8 @@ def test_feed_catches_up_on_everything_published_before_it_started(kafka_setting
         await producer.send(topics.NODE_STATE, encode(node), key=node.key())
         await producer.send(topics.CLUSTER_FORECAST, b"\x00garbage", key=f"feed-{unique}".encode())
         await producer.send(topics.CLUSTER_FORECAST, encode(ClusterForecast(
-            f"feed-{unique}", now + 10**7, [ModelDemand("A100", 300, 3.0, 2.0, 4.0, 8.0)])), key=b"c")
+            # Ahead of anything else on the shared topic, but within the clock skew the view accepts.
+            f"feed-{unique}", now + 20_000, [ModelDemand("A100", 300, 3.0, 2.0, 4.0, 8.0)])), key=b"c")
         await producer.stop()
         view = StateView()
         feed = StateFeed(kafka_settings, view)

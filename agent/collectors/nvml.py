@@ -179,8 +179,12 @@ class NvmlCollector:
         """Two GPM samples one read apart give rates over the full-sample interval."""
         try:
             sample = pynvml.nvmlGpmSampleAlloc()
+        except pynvml.NVMLError:
+            return
+        try:
             pynvml.nvmlGpmSampleGet(h, sample)
         except pynvml.NVMLError:
+            pynvml.nvmlGpmSampleFree(sample)  # a transient failure must not leak a sample per read
             return
         prev = self._gpm_prev.get(index)
         self._gpm_prev[index] = sample

@@ -1,0 +1,156 @@
+"""The runtime's tasks at the function level, with fakes in place of the broker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+
+import yaml
+
+from agent import runtime as runtime_module
+from agent.collectors.sim import Scenario, SimCluster
+from agent.runtime import AgentRuntime
+from agent.sampling import SamplingPolicy
+from contract import events
+from contract.events import AgentControl, ControlKind
+from plumbing.kafka_settings import KafkaSettings
+from tests.agent.conftest import wait_until
+
+
+@dataclass
+class FakeRecord:
+    value: bytes
+    offset: int
+    key: bytes | None = b"n"
+    partition: int = 0
+    headers: list = field(default_factory=list)
+
+
+class FakeConsumer:
+    """Hands out its records in one ``getmany``, then reports nothing new and stops the runtime."""
+
+    records: list[FakeRecord] = []
+    stop: asyncio.Event
+
+    def __init__(self, **_kwargs):
+        self.calls = 0
+
+    async def start(self):
+        pass
+
+    async def stop(self):
+        pass
+
+    def partitions_for_topic(self, topic):
+        return {0}
+
+    def assign(self, tps):
+        self.tps = tps
+
+    async def seek_to_beginning(self, *tps):
+        pass
+
+    async def getmany(self, timeout_ms=0):
+        self.calls += 1
+        if self.calls == 1:
+            return {self.tps[0]: list(self.records)}
+        FakeConsumer.stop.set()
+        return {}
+
+
+def _runtime(tmp_path) -> AgentRuntime:
+    scenario = Scenario(name="t", seed=1, duration_s=600, nodes=1, gpus_per_node=2, models=["H100"], node_prefix="rt")
+    return AgentRuntime(SimCluster(scenario).collectors(), KafkaSettings(), SamplingPolicy(), tmp_path / "spool")
+
+
+def _policy(node: str, command_id: str, text: str) -> bytes:
+    return events.encode(AgentControl(command_id, 1, node, ControlKind.SAMPLING_POLICY, sampling_policy_yaml=text))
+
+
+async def test_a_poisoned_control_record_is_counted_and_the_next_one_is_applied(tmp_path, monkeypatch):
+    rt = _runtime(tmp_path)
+    node = rt.cores[0].node
+    nested = "".join("  " * i + f"k{i}:\n" for i in range(500))  # RecursionError in the YAML composer
+    FakeConsumer.records = [
+        FakeRecord(_policy(node, "bad", nested), 0),
+        FakeRecord(b"not an avro record", 1),
+        FakeRecord(_policy(node, "good", yaml.safe_dump({"floor_s": 2.0, "ceiling_s": 20.0})), 2),
+    ]
+    FakeConsumer.stop = asyncio.Event()
+    monkeypatch.setattr(runtime_module, "AIOKafkaConsumer", FakeConsumer)
+    await asyncio.wait_for(rt.consume_control(FakeConsumer.stop), 10)
+    assert rt.cores[0].policy.floor_s == 2.0 and rt.cores[0].policy.ceiling_s == 20.0
+    assert rt.stats.policy_errors == 1  # the nested policy, rejected with a PolicyError
+    assert rt.stats.control_rejected == {"undecodable": 1}
+    assert rt.spool.depth == 0  # nothing dead-lettered: the agent has no grant on agent.control.v1.dlq
+
+
+async def test_an_unexpected_error_while_applying_a_control_record_does_not_stop_the_consumer(tmp_path, monkeypatch):
+    rt = _runtime(tmp_path)
+    node = rt.cores[0].node
+    FakeConsumer.records = [
+        FakeRecord(events.encode(AgentControl("cap", 1, node, ControlKind.POWER_CAP, power_cap_w=200)), 0),
+        FakeRecord(_policy(node, "good", "floor_s: 3\n"), 1),
+    ]
+    FakeConsumer.stop = asyncio.Event()
+
+    def explode(index, watts):
+        raise KeyError("driver went away")
+
+    monkeypatch.setattr(rt.cores[0].collector, "set_power_limit", explode)
+    monkeypatch.setattr(runtime_module, "AIOKafkaConsumer", FakeConsumer)
+    await asyncio.wait_for(rt.consume_control(FakeConsumer.stop), 10)
+    assert rt.cores[0].policy.floor_s == 3.0
+    assert rt.stats.control_rejected == {"error": 1}
+
+
+async def test_a_nested_policy_file_is_rejected_and_the_watcher_keeps_going(tmp_path):
+    path = tmp_path / "policy.yaml"
+    path.write_text("floor_s: 1\n")
+    scenario = Scenario(name="t", seed=1, duration_s=600, nodes=1, gpus_per_node=1, models=["H100"], node_prefix="pf")
+    rt = AgentRuntime(SimCluster(scenario).collectors(), KafkaSettings(), SamplingPolicy(), tmp_path / "spool", path)
+    stop = asyncio.Event()
+    task = asyncio.create_task(rt.watch_policy_file(stop, every_s=0.01))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+
+    async def rewrite_until(text: str, done) -> None:
+        # Bump the mtime until the watcher has seen a change (its first stat is only a baseline).
+        stamp = 0
+        while not done() and loop.time() < deadline and not task.done():
+            stamp += 1
+            path.write_text(text)
+            os.utime(path, ns=(stamp * 10**9, stamp * 10**9))
+            await asyncio.sleep(0.02)
+
+    await rewrite_until("".join("  " * i + f"k{i}:\n" for i in range(500)), lambda: rt.stats.policy_errors > 0)
+    assert rt.stats.policy_errors >= 1 and not task.done()
+    await rewrite_until("floor_s: 2\n", lambda: rt.cores[0].policy.floor_s == 2.0)
+    assert rt.cores[0].policy.floor_s == 2.0 and not task.done()
+    stop.set()
+    await task
+
+
+async def test_the_publisher_is_restarted_after_an_unexpected_exception(tmp_path, fake_producer):
+    scenario = Scenario(name="t", seed=1, duration_s=600, nodes=1, gpus_per_node=2, models=["H100"], node_prefix="sv")
+    rt = AgentRuntime(SimCluster(scenario).collectors(), KafkaSettings(), SamplingPolicy(floor_s=0.2, flush_s=0.2),
+                      tmp_path / "spool")
+    rt.publisher_restart_s = 0.01
+    bugs = [1]
+
+    def fail_once(topic, value):
+        if bugs[0]:
+            bugs[0] -= 1
+            return ValueError("a bug, not a broker error")
+        return None
+
+    fake_producer.fail = staticmethod(fail_once)
+    stop = asyncio.Event()
+    task = asyncio.create_task(rt.run(stop, control=False))
+    try:
+        await wait_until(lambda: len(fake_producer.sent) > 0 or task.done(), 20, "delivery after the restart")
+        assert fake_producer.sent and rt.stats.task_restarts == {"publisher": 1}
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 20)

@@ -1,0 +1,145 @@
+"""The disk spool against torn, truncated and corrupt files, and its fsync cadence."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from agent import spool as spool_module
+from agent.spool import DiskSpool, SpoolRecord
+
+
+def _fill(spool: DiskSpool, n: int, start: int = 0, size: int = 60) -> None:
+    for i in range(start, start + n):
+        spool.push(SpoolRecord("t", f"k{i}".encode(), f"v{i}-".encode().ljust(size, b"x")))
+
+
+def _keys(records) -> list[int]:
+    return [int(r.key[1:]) for r in records]
+
+
+def _segments(path) -> list:
+    return sorted(path.glob("*.seg"))
+
+
+def test_a_segment_truncated_mid_record_loses_only_that_record(tmp_path, caplog):
+    spool = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
+    _fill(spool, 40)
+    first = _segments(tmp_path)[0]
+    data = first.read_bytes()
+    os.truncate(first, len(data) - 10)  # the segment's last record is now torn, newer segments follow
+    with caplog.at_level(logging.WARNING):
+        again = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
+    kept = _keys(again.peek(100))
+    assert again.corrupt == 1 and len(kept) == 39 and again.depth == 39
+    assert kept == sorted(kept) and kept[-1] == 39
+    assert any("torn" in r.message or "corrupt" in r.message for r in caplog.records)
+
+
+def test_a_flipped_byte_mid_segment_skips_that_record_only(tmp_path):
+    spool = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
+    _fill(spool, 10)
+    seg = _segments(tmp_path)[0]
+    data = bytearray(seg.read_bytes())
+    data[3 * (len(data) // 10) + 20] ^= 0xFF  # inside the body of the fourth record
+    seg.write_bytes(bytes(data))
+    again = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
+    assert _keys(again.peek(100)) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    assert again.corrupt == 1 and again.depth == 9
+    assert list((tmp_path / "quarantine").iterdir())  # the bad bytes are kept for a look
+
+
+def test_peek_checks_crcs_on_a_live_spool_and_skips_what_went_bad(tmp_path):
+    spool = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
+    _fill(spool, 10)
+    seg = _segments(tmp_path)[0]
+    data = bytearray(seg.read_bytes())
+    data[5 * (len(data) // 10) + 30] ^= 0x01  # under the running spool's feet
+    seg.write_bytes(bytes(data))
+    batch = spool.peek(100)  # never raises
+    assert _keys(batch) == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    assert spool.corrupt == 1 and spool.depth == 9
+    assert batch[0].value.startswith(b"v0-") and batch[-1].value.startswith(b"v9-")
+    spool.ack(batch[-1].position)
+    assert spool.depth == 0 and spool.peek(10) == []
+    _fill(spool, 3, start=10)
+    assert _keys(spool.peek(10)) == [10, 11, 12]
+
+
+def test_a_live_segment_cut_short_is_read_up_to_the_cut(tmp_path):
+    spool = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
+    _fill(spool, 10)
+    seg = _segments(tmp_path)[0]
+    rec = seg.stat().st_size // 10
+    os.truncate(seg, 7 * rec + 20)  # two and a half records gone
+    assert _keys(spool.peek(100)) == [0, 1, 2, 3, 4, 5, 6]
+    assert spool.depth == 7 and spool.corrupt >= 1
+    _fill(spool, 2, start=10)  # appends after the cut are readable
+    assert _keys(spool.peek(100)) == [0, 1, 2, 3, 4, 5, 6, 10, 11]
+
+
+@pytest.mark.parametrize("head", [b"", b"garbage", b"1", b"\x00\xff 12"], ids=["empty", "text", "short", "binary"])
+def test_a_zero_length_or_garbage_head_starts_from_the_oldest_segment(tmp_path, caplog, head):
+    spool = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
+    _fill(spool, 30)
+    (tmp_path / "head").write_bytes(head)
+    with caplog.at_level(logging.WARNING):
+        again = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
+    assert _keys(again.peek(100)) == list(range(30))
+    assert any("head" in r.message for r in caplog.records)
+
+
+def test_a_head_offset_off_a_record_boundary_resends_rather_than_loses(tmp_path):
+    spool = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
+    _fill(spool, 10)
+    seg_id = int(_segments(tmp_path)[0].stem)
+    (tmp_path / "head").write_text(f"{seg_id} 7")
+    assert _keys(DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024).peek(100)) == list(range(10))
+
+
+def test_ack_removes_exactly_what_was_peeked_even_after_the_bound_dropped_the_head(tmp_path):
+    spool = DiskSpool(tmp_path, max_bytes=4096, segment_bytes=1024)
+    _fill(spool, 10)
+    in_flight = spool.peek(5)  # being sent...
+    _fill(spool, 80, start=10)  # ...while the sampling loop keeps pushing past the bound
+    assert spool.dropped > 0
+    spool.ack(in_flight[-1].position)  # acknowledged after the head segment was dropped
+    kept = _keys(spool.peek(1000))
+    assert kept == list(range(90 - len(kept), 90))  # nothing newer than the dropped ones went missing
+    assert len(kept) + spool.dropped == 90 and spool.depth == len(kept)
+
+
+def test_positions_never_repeat_once_the_write_segment_is_emptied(tmp_path):
+    spool = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
+    _fill(spool, 3)
+    old = spool.peek(10)
+    spool.ack(old[-1].position)
+    _fill(spool, 3, start=3)
+    spool.ack(old[-1].position)  # a stale acknowledgement removes nothing new
+    assert _keys(spool.peek(10)) == [3, 4, 5]
+
+
+def test_segments_and_head_are_fsynced_at_the_documented_cadence(tmp_path, monkeypatch):
+    synced: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(spool_module.os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")),
+                                                             real_fsync(fd)))
+    now = [100.0]
+    spool = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024, fsync_interval_s=1.0, clock=lambda: now[0])
+    synced.clear()
+    _fill(spool, 2)
+    assert not any(p.endswith(".seg") for p in synced)  # within the interval: written, not yet synced
+    now[0] += 1.5
+    _fill(spool, 1, start=2)
+    assert any(p.endswith(".seg") for p in synced)  # the interval passed: the push syncs
+    synced.clear()
+    spool.ack(spool.peek(2)[-1].position)
+    spool.sync()  # what the runtime's sync task calls every interval
+    assert any(p.endswith("head.tmp") or p.endswith("head") for p in synced)
+    synced.clear()
+    _fill(spool, 1, start=3)  # within the interval again...
+    assert not synced
+    spool.close()  # ...but a clean stop syncs it
+    assert any(p.endswith(".seg") for p in synced)
