@@ -1,0 +1,48 @@
+"""Calls to the Kubernetes API from the event loop: threads of their own, failures counted, Events best effort."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from kubernetes.client.exceptions import ApiException
+
+from plumbing.kube.api import TRANSPORT_ERRORS, KubeApi, api_error
+from scheduler.kube import objects
+from scheduler.metrics import SchedulerStats
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class ApiCalls:
+    def __init__(self, api: KubeApi, stats: SchedulerStats, workers: int):
+        self.api, self.stats = api, stats
+        # The official client is synchronous: its calls block, so they run on threads of their own.
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube-api")
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
+    def failed(self, verb: str, exc: ApiException) -> tuple[int, str, str]:
+        """Count an API error under its verb and status code; (code, reason, message)."""
+        code, reason, message = api_error(exc)
+        self.stats.api_errors[(verb, code)] += 1
+        return code, reason, message
+
+    async def event(self, pod: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        try:
+            await self.call(self.api.event, pod, reason, message, type_)
+        except ApiException as exc:
+            self.failed("create-event", exc)
+        except TRANSPORT_ERRORS as exc:  # an Event is best effort, as in kube-scheduler
+            self.stats.api_errors[("create-event", 0)] += 1
+            log.warning("event %s on %s not written: %s", reason, objects.key(pod), exc)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
