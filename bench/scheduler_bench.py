@@ -5,7 +5,8 @@ Setup, as on a real cluster of the openb trace's size:
   the scheduler's CPU or interpreter) holding the 1,213 GPU nodes of ``openb_node_list_gpu_node.csv``;
 - every GPU's state (``gpu.state.v1``) and every node's (``node.state.v1``) published through the
   real broker; the scheduler reads them back (state feed) before it schedules;
-- the scheduler as ``gpuaware scheduler`` runs it (informers, passes, bind tasks), in this process.
+- the scheduler wired as ``gpuaware scheduler`` wires it (``scheduler.wiring``: informers, passes, bind
+  tasks), in this process, without publishing its decisions.
 
 Then pods sampled from the openb pod trace (seeded; GPU, fractional and CPU-only as in the trace)
 are created by the API-server process itself, which stamps each pod's creation and binding:
@@ -32,11 +33,9 @@ from contract import topics
 from contract.events import GpuState, HealthBand, NodeGpu, NodeState, encode
 from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
 from plumbing.kafka_settings import KafkaSettings
-from plumbing.kube.api import KubeApi, connect
-from scheduler.feed import StateFeed, StateView
-from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
 from scheduler.sim.openb import load_nodes, load_pods
+from scheduler.wiring import build_scheduler
 
 
 def _pod_objects(pod_csv: Path, count: int, seed: int, prefix: str) -> list[dict[str, Any]]:
@@ -138,19 +137,17 @@ def run_bench(kafka: KafkaSettings, node_csv: str, pod_csv: str, burst: int = 20
 
 async def _measure(kafka: KafkaSettings, url: str, conn, pod_csv: str, burst: int, rate: float, seconds: float,
                    seed: int, gpus: int, progress: Callable[[str], None]) -> dict[str, Any]:
-    settings = SchedulerSettings(extender_port=0)
-    view = StateView(stale_after_ms=3_600_000)
-    feed = StateFeed(kafka, view)
-    await feed.start()
-    live = LiveScheduler(KubeApi(connect(url, pool_size=64)), settings, view)
+    # As ``gpuaware scheduler`` runs, but reading state only: the bench measures placement, not publishing.
+    settings = SchedulerSettings(api_server=url, extender_port=0, leader_elect=False, stale_after_s=3600)
+    runtime = build_scheduler(settings, kafka, publish=False, api_pool_size=64)
+    live, view = runtime.live, runtime.view
+    assert view is not None
     stop = asyncio.Event()
     try:
         t0 = time.monotonic()
-        await feed.catch_up(timeout_s=300)
-        await live.start(sync_timeout_s=120)
+        await runtime.start(sync_timeout_s=120, catch_up_timeout_s=300)
         progress(f"scheduler ready in {time.monotonic() - t0:.1f}s with {len(view.gpus)} GPU states")
-        live.leading.set()
-        task = asyncio.create_task(live.run(stop))
+        task = asyncio.create_task(runtime.run(stop))
 
         async def phase(pods: list[dict[str, Any]], phase_rate: float, timeout_s: float) -> dict:
             await asyncio.to_thread(conn.send, ("create", pods, phase_rate, timeout_s))
@@ -186,5 +183,4 @@ async def _measure(kafka: KafkaSettings, url: str, conn, pod_csv: str, burst: in
         }
     finally:
         stop.set()
-        await live.stop()
-        await feed.stop()
+        await runtime.stop()

@@ -41,8 +41,8 @@ async def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = 
 
 @contextlib.asynccontextmanager
 async def running(fake: FakeApiServer, settings: SchedulerSettings = FAST, view: StateView | None = None,
-                  lead: bool = True) -> AsyncIterator[LiveScheduler]:
-    live = LiveScheduler(KubeApi(connect(fake.url)), settings, view)
+                  lead: bool = True, **publishers) -> AsyncIterator[LiveScheduler]:
+    live = LiveScheduler(KubeApi(connect(fake.url)), settings, view, **publishers)
     await live.start()
     if lead:
         live.leading.set()
@@ -284,19 +284,18 @@ async def test_gpu_turning_critical_on_the_broker_cordons_it_checkpoints_and_evi
             fake.create("nodes", make_node(node, gpus=2))
             fake.create("pods", make_pod("ckpt", gpus=1, annotations={"gpuaware.io/checkpoint": "true"}))
             fake.create("pods", make_pod("plain", gpus=1))
-            async with running(fake, view=view) as live:
+            published: list[tuple[str, str]] = []
+
+            async def capture(record) -> None:  # what scheduler.wiring publishes, with the same headers
+                traceparent = dict(observability.inject_headers()).get("traceparent", b"").decode()
+                published.append((str(record.action), traceparent))
+
+            async with running(fake, view=view, decisions=capture) as live:
                 await wait_for(lambda: all(p["spec"].get("nodeName") for p in pods(fake).values()), what="placed")
                 on_gpu = {n: gpus_of(p)[0]["index"] for n, p in pods(fake).items()}
                 assert {g["uuid"] for p in pods(fake).values() for g in gpus_of(p)} == set(uuids)
                 victim = "ckpt"
                 bad_gpu = on_gpu[victim]
-                published: list[tuple[str, str]] = []
-
-                async def capture(record) -> None:  # what scheduler.main publishes, with the same headers
-                    traceparent = dict(observability.inject_headers()).get("traceparent", b"").decode()
-                    published.append((str(record.action), traceparent))
-
-                live.sink.publish = capture
                 # The stream's state carries the trace begun at the agent's event.
                 trace_id = "5a" * 16
                 traceparent = f"00-{trace_id}-{'3' * 16}-01".encode()
@@ -412,7 +411,7 @@ async def test_extender_answers_kube_scheduler_json():
         KubeApi(connect(fake.url)).bind("default", "half", "n1")
         async with running(fake, lead=False) as live:
             await wait_for(lambda: len(live.cache.running) == 2, what="cache")
-            ext = Extender(live.cache, live.core, lambda: True)
+            ext = Extender(live.cache, live.passes.core, lambda: True)
             async with TestClient(TestServer(ext.app())) as http:
                 nodes = [make_node(f"n{i}", gpus=2) for i in range(3)] + [make_node("unknown")]
                 pod = make_pod("new", gpus=1, scheduler="default-scheduler")
@@ -489,8 +488,7 @@ async def test_hot_gpu_gets_a_power_cap_on_the_control_topic_and_it_is_lifted_wh
     with FakeApiServer() as fake:
         fake.create("nodes", make_node("n0", gpus=2))
         settings = FAST.model_copy(update={"throttle_every_s": 0.1})
-        async with running(fake, settings, view=view) as live:
-            live.control_publish = control
+        async with running(fake, settings, view=view, control=control) as live:
             await wait_for(lambda: sent, what="power cap")
             (cap,) = sent
             assert (cap.target, cap.gpu_uuid, cap.kind.value) == ("n0", "GPU-hot-0", "POWER_CAP")

@@ -1,9 +1,10 @@
 """The scheduler in `gpuaware up`: the simulated nodes as a Kubernetes cluster, openb pods, tenants.
 
-Production code, local parts: the scheduler is ``LiveScheduler`` (``gpuaware scheduler``'s loop)
-reading live GPU state from the broker; the cluster is the fake API server holding the scenario's
-nodes (each labelled with its first GPU's model: the simulator mixes models within a node, a real
-node does not); ``PodLoad`` plays users and controllers:
+Production code, local parts: the scheduler is wired as ``gpuaware scheduler`` wires it
+(``scheduler.wiring``), reading live GPU state from the broker and publishing its decisions there;
+the cluster is the fake API server holding the scenario's nodes (each labelled with its first GPU's
+model: the simulator mixes models within a node, a real node does not); ``PodLoad`` plays users and
+controllers:
 
 - four tenants (``team-a``..``team-d``, weights 4:3:2:1, quotas proportional) own one namespace
   each through their ``GPUQueue``;
@@ -28,24 +29,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from aiokafka import AIOKafkaProducer
-from prometheus_client import CollectorRegistry, start_http_server
 
 from agent.collectors.sim import MODELS, Scenario
-from contract import topics
-from contract.events import AgentControl, SchedulerDecision, encode
 from gpuaware.local.fake_apiserver import BY_PATH, FakeApiServer, make_node, make_pod
 from gpuaware.local.processes import free_port
 from plumbing.kafka_settings import KafkaSettings
-from plumbing.kube.api import KubeApi, connect
 from plumbing.traces import traces_dir
 from scheduler.core.queue import jain_index
-from scheduler.feed import StateFeed, StateView
-from scheduler.kube.live import LiveScheduler
 from scheduler.kube.objects import level_of
-from scheduler.metrics import PRIORITY_NAMES, SchedulerCollector
+from scheduler.metrics import PRIORITY_NAMES
 from scheduler.settings import SchedulerSettings
 from scheduler.sim.openb import TracePod, load_pods
+from scheduler.wiring import build_scheduler
 
 TENANTS = {"team-a": 4.0, "team-b": 3.0, "team-c": 2.0, "team-d": 1.0}
 QOS_PRIORITY = {"LS": 200_000, "Guaranteed": 5_000, "Burstable": 5_000, "BE": 0}
@@ -205,29 +200,16 @@ class StackScheduler:
             self.fake.create("nodes", n)
         for q in queues:
             self.fake.create("gpuqueues", q, group="gpuaware.io", version="v1alpha1")
-        self.view = StateView()
-        self.feed = StateFeed(self.kafka, self.view)
-        await self.feed.start()
-        self.producer = AIOKafkaProducer(**self.kafka.producer_kwargs())
-        await self.producer.start()
-        self.live = LiveScheduler(KubeApi(connect(self.fake.url)), SchedulerSettings(throttle_every_s=10),
-                                  self.view)
-
-        async def publish(record: SchedulerDecision) -> None:
-            await self.producer.send(topics.DECISIONS, encode(record), key=record.key())
-
-        async def control(record: AgentControl) -> None:
-            await self.producer.send(topics.CONTROL, encode(record), key=record.key())
-
-        self.live.sink.publish = publish
-        self.live.control_publish = control
-        await self.live.start()
-        await self.feed.catch_up()
-        self.live.leading.set()
+        # One replica, no extender (nothing calls it here).
+        settings = SchedulerSettings(api_server=self.fake.url, throttle_every_s=10, extender_port=0,
+                                     leader_elect=False)
+        self.runtime = build_scheduler(settings, self.kafka)
+        self.live = self.runtime.live
+        await self.runtime.start()
         self.load = PodLoad(self.fake, self.scenario.nodes * self.scenario.gpus_per_node, self.seed)
 
     async def run(self, stop: asyncio.Event) -> None:
-        tasks = [asyncio.create_task(self.live.run(stop), name="scheduler"),
+        tasks = [asyncio.create_task(self.runtime.run(stop), name="scheduler"),
                  asyncio.create_task(self.load.run(stop), name="pod-load"),
                  asyncio.create_task(self._measure(stop), name="scheduler-figures")]
         await asyncio.gather(*tasks)
@@ -244,21 +226,20 @@ class StackScheduler:
 
     def serve_metrics(self) -> int:
         """The scheduler's /metrics on a free port (for the local Prometheus); returns the port."""
-        registry = CollectorRegistry()
-        registry.register(SchedulerCollector(self.live.stats, lambda: self.live.snapshot))
         port = free_port()
-        start_http_server(port, addr="127.0.0.1", registry=registry)
+        self.runtime.serve_metrics("127.0.0.1", port)
         return port
 
     async def stop(self) -> None:
-        await self.live.stop()
-        await self.feed.stop()
-        await self.producer.stop()
+        await self.runtime.stop()
         self.fake.stop()
 
     def reaction_s(self, node: str, gpu: int, injected_unix: float) -> float | None:
         """From a fault's injection to the scheduler's model taking the GPU out of healthy service."""
-        after = [t - injected_unix for t, n, g, band in self.live.band_changes
+        gpu_state = self.live.gpu_state
+        if gpu_state is None:
+            return None
+        after = [t - injected_unix for t, n, g, band in gpu_state.band_changes
                  if n == node and g == gpu and band > 0 and t >= injected_unix]
         return round(min(after), 2) if after else None
 

@@ -62,7 +62,7 @@ def render(why: Iterable[Reason], nodes: int) -> list[str]:
 
 
 # The label of a failed decision: its most telling code's, in the order the live scheduler's substring
-# matching (``scheduler/kube/live.py: _reason_class``) has always ranked them. Codes not listed are "other".
+# matching of the messages used to rank them (the labels on dashboards stay the same). Codes not listed are "other".
 _LABELS: tuple[tuple[Code, str], ...] = (
     (Code.GANG_INCOMPLETE, "gang-incomplete"),
     (Code.INSUFFICIENT_CPU_MEMORY, "cpu-memory"),
@@ -73,6 +73,10 @@ _LABELS: tuple[tuple[Code, str], ...] = (
     (Code.GPU_CAPABILITIES, "capabilities"),
     (Code.RESERVED, "reservation"),
 )
+
+
+def label_of(code: Code) -> str:
+    return next((label for c, label in _LABELS if c is code), "other")
 
 
 def reason_label(decision: Decision) -> str:

@@ -157,7 +157,7 @@ class ClusterCache:
         self.rejected.clear()
         self.rebuild()
         for p in self.pods.values():
-            self._queue_if_ours(p)
+            self.queue_if_ours(p)
 
     def pod_event(self, kind: str, pod: dict[str, Any]) -> str | None:
         """Apply one change; returns the key of a pod that left (deleted or finished), else None."""
@@ -181,10 +181,11 @@ class ClusterCache:
                     self.release(key)
                 self._account(pod)
         elif key not in self.reservations and key not in self.running:
-            self._queue_if_ours(pod)
+            self.queue_if_ours(pod)
         return None
 
-    def _queue_if_ours(self, pod: dict[str, Any]) -> None:
+    def queue_if_ours(self, pod: dict[str, Any]) -> None:
+        """Queue an unbound pod of this scheduler (a withdrawn placement comes back through here too)."""
         key = objects.key(pod)
         spec = pod.get("spec", {})
         if spec.get("nodeName") or spec.get("schedulerName") != self.scheduler_name:
@@ -299,7 +300,7 @@ class ClusterCache:
                 r.workload.tenant = self.tenant_of(pod)
         for key in list(self.pending):
             del self.pending[key]
-            self._queue_if_ours(self.pods[key])
+            self.queue_if_ours(self.pods[key])
 
     def node_name(self, index: int) -> str:
         return self.cluster.names[index]

@@ -29,7 +29,6 @@ from scheduler.core.status import Code, Reason, reason_label
 from scheduler.core.throughput import ThroughputTable
 from scheduler.core.workload import PriorityLevel, Workload
 from scheduler.core.workload_mix import WorkloadMix
-from scheduler.kube.live import _reason_class
 
 MIX = WorkloadMix.of([Workload("w", 1000, 1024, 1, 1000)])
 
@@ -187,3 +186,14 @@ def test_priority_levels_are_the_ints_they_always_were():
     assert (PriorityLevel.LOW, PriorityLevel.MEDIUM, PriorityLevel.HIGH) == (0, 1, 2)
     assert [p.label for p in reversed(PriorityLevel)] == ["high", "medium", "low"]
     assert Workload("w").priority == 0 and f"{PriorityLevel.HIGH}" == "2"
+
+
+def _reason_class(reason: str) -> str:
+    """The live scheduler's old substring classifier, kept as the oracle: the labels on the dashboards
+    must not change now that they come from reason codes."""
+    for needle, label in (("gang", "gang-incomplete"), ("insufficient cpu", "cpu-memory"),
+                          ("free GPUs", "gpus"), ("enough free compute", "gpus"), ("health", "health"),
+                          ("model", "gpu-model"), ("capabilit", "capabilities"), ("reserved", "reservation")):
+        if needle in reason:
+            return label
+    return "other"

@@ -1,0 +1,64 @@
+"""Calls to the Kubernetes API from the event loop: threads of their own, failures counted, Events best effort."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from kubernetes.client.exceptions import ApiException
+
+from plumbing.kube.api import TRANSPORT_ERRORS, KubeApi, api_error
+from scheduler.kube import objects
+from scheduler.metrics import SchedulerStats
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class NotLeading(ApiException):
+    """A write refused here because this replica may no longer act (its Lease's renew deadline passed)."""
+
+    def __init__(self) -> None:
+        super().__init__(status=503, reason="not leading")
+
+
+def _always() -> bool:
+    return True
+
+
+class ApiCalls:
+    def __init__(self, api: KubeApi, stats: SchedulerStats, workers: int, may_act: Callable[[], bool] = _always):
+        self.api, self.stats = api, stats
+        # Checked before every call, not only between passes: a bind or eviction already queued when the
+        # Lease is lost must not reach the API once another replica may be acting (client-go's renew deadline).
+        self.may_act = may_act
+        # The official client is synchronous: its calls block, so they run on threads of their own.
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube-api")
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        if not self.may_act():
+            raise NotLeading()
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
+    def failed(self, verb: str, exc: ApiException) -> tuple[int, str, str]:
+        """Count an API error under its verb and status code; (code, reason, message)."""
+        code, reason, message = api_error(exc)
+        self.stats.api_errors[(verb, code)] += 1
+        return code, reason, message
+
+    async def event(self, pod: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        try:
+            await self.call(self.api.event, pod, reason, message, type_)
+        except ApiException as exc:
+            self.failed("create-event", exc)
+        except TRANSPORT_ERRORS as exc:  # an Event is best effort, as in kube-scheduler
+            self.stats.api_errors[("create-event", 0)] += 1
+            log.warning("event %s on %s not written: %s", reason, objects.key(pod), exc)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

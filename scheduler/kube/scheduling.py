@@ -1,0 +1,155 @@
+"""One scheduling pass over the queue, by the same core as the simulator (``scheduler.core.cycle``).
+
+Complete gangs are placed all or nothing first, then single pods through ``schedule_pass`` (queue
+order, fair shares, preemption). A pass only decides: each placement becomes a bind task
+(``Binder``), each preempted victim an eviction task (``Evictor``), through ``PassActions``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from contract.events import DecisionAction
+from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, place_gang, schedule_pass
+from scheduler.core.framework import Decision, Scheduler
+from scheduler.core.policies import profile
+from scheduler.core.preemption import Running
+from scheduler.core.queue import Tenant, TenantLedger
+from scheduler.core.status import Code, label_of, reason_label
+from scheduler.core.workload import Workload
+from scheduler.core.workload_mix import WorkloadMix
+from scheduler.kube.binder import Binder
+from scheduler.kube.cache import ClusterCache
+from scheduler.kube.decisions import DecisionSink, Outcome
+from scheduler.kube.departures import Departures
+from scheduler.kube.evictor import Evictor
+from scheduler.kube.objects import PodWorkload
+from scheduler.kube.tasks import Tasks
+from scheduler.kube.unschedulable import UnschedulableReporter
+from scheduler.metrics import PRIORITY_NAMES, SchedulerStats
+from scheduler.settings import SchedulerSettings
+
+UNKNOWN_DURATION_S = 24 * 3600.0  # running work without a duration estimate: assume it stays a day
+MIX_REBUILD_EVERY = 256  # pods seen before the scores built from the workload mix (FGD, model reservation) are rebuilt
+GANG_LABEL = label_of(Code.GANG_INCOMPLETE)
+NOT_TRIED = "not tried this pass: an identical request did not fit, or the pass budget ran out"
+
+
+class PassActions:
+    """What a pass's decisions do in a live cluster (``scheduler.core.cycle.PassHooks``)."""
+
+    def __init__(self, cache: ClusterCache, binder: Binder, evictor: Evictor, departures: Departures,
+                 sink: DecisionSink, stats: SchedulerStats, tasks: Tasks):
+        self.cache, self.binder, self.evictor, self.departures = cache, binder, evictor, departures
+        self.sink, self.stats, self.tasks = sink, stats, tasks
+        self.victims: dict[str, list[str]] = {}  # preemptor -> pods evicted for it
+        self.reasons: dict[str, str] = {}  # pod -> why it was blocked
+        self.labels: dict[str, str] = {}  # pod -> the low-cardinality label of why (from the reason codes)
+
+    def evict(self, victim: Running, preemptor: Workload, now: float) -> None:
+        key = victim.workload.id
+        pod = self.cache.pods.get(key)
+        self.cache.release(key)
+        self.victims.setdefault(preemptor.id, []).append(key)
+        if pod is None or not self.evictor.claim(key):
+            return
+        self.departures.expect(key)
+        reason = f"preempted by {preemptor.id} (priority {PRIORITY_NAMES.get(preemptor.priority)})"
+        self.stats.decisions[("PREEMPT", "priority")] += 1
+        self.tasks.spawn(self.sink.record(Outcome(key, DecisionAction.PREEMPT, self.cache.cluster.names[
+            victim.allocation.node], [reason]), victim.workload))
+        self.tasks.spawn(self.evictor.evict(pod, victim, reason, "Preempted"))
+
+    def blocked(self, workload: Workload, decision: Decision, now: float) -> None:
+        self.reasons[workload.id] = "; ".join(decision.reasons)
+        self.labels[workload.id] = reason_label(decision)
+
+    def start(self, workload: Workload, decision: Decision, now: float) -> None:
+        key = workload.id
+        assert decision.allocation is not None
+        self.cache.reserve(key, Running(workload, decision.allocation, now, 0.0, None))
+        self.tasks.spawn(self.binder.bind(workload, decision, self.victims.pop(key, [])))
+
+
+class SchedulingPass:
+    def __init__(self, settings: SchedulerSettings, cache: ClusterCache, stats: SchedulerStats, sink: DecisionSink,
+                 binder: Binder, evictor: Evictor, departures: Departures, reporter: UnschedulableReporter,
+                 tasks: Tasks):
+        self.settings, self.cache, self.stats, self.sink = settings, cache, stats, sink
+        self.binder, self.evictor, self.departures, self.reporter, self.tasks = \
+            binder, evictor, departures, reporter, tasks
+        self.queue_policy = QueuePolicy(pass_budget=settings.pass_budget) if settings.policy == "gpuaware" \
+            else QueuePolicy.kube(pass_budget=settings.pass_budget)
+        self._mix = WorkloadMix()
+        self._mix_at_build = -1
+        self._scheduler: Scheduler | None = None
+
+    def learn(self, w: Workload) -> None:
+        """A pod seen: its shape joins the workload mix the scores read."""
+        self._mix.add(w)
+
+    def nodes_changed(self) -> None:
+        self._scheduler = None  # its plugin caches are per cluster arrays
+
+    def core(self) -> Scheduler:
+        """The framework with the configured policy; the workload mix its scores read follows the pods seen."""
+        seen = len(self._mix)
+        if self._scheduler is None or seen - self._mix_at_build >= MIX_REBUILD_EVERY:
+            self._scheduler = Scheduler(profile(self.settings.policy, self._mix, 0))
+            self._mix_at_build = seen
+        return self._scheduler
+
+    def ledger(self) -> TenantLedger:
+        c = self.cache.cluster
+        tenants = {q.tenant: Tenant(q.tenant, q.weight, int(q.quota_gpus * 1000), q.borrow)
+                   for q in self.cache.queues.values()}
+        ledger = TenantLedger(tenants, max(c.total_gpu_milli, 1), max(int(c.mem_cap.sum()), 1))
+        for r in self.cache.running.values():
+            ledger.charge(r.workload)
+        return ledger
+
+    def run(self, now: float, started: float | None = None) -> None:
+        """Gangs, then the queue; placements and evictions start as tasks. ``started``: perf_counter at pass start."""
+        started = time.perf_counter() if started is None else started
+        cache = self.cache
+        if not cache.pending or len(cache.cluster) == 0:
+            return
+        core = self.core()
+        ledger = self.ledger()
+        actions = PassActions(cache, self.binder, self.evictor, self.departures, self.sink, self.stats, self.tasks)
+        singles, gangs = [], {}
+        for _key, pw in cache.pending.items():
+            if pw.workload.gang:
+                gangs.setdefault(pw.workload.gang, []).append(pw)
+            else:
+                singles.append(pw.workload)
+        for gang, members in gangs.items():
+            self._place_gang(core, gang, members, actions, now)
+        finish_at = {k: r.started_s + (r.workload.duration_s or UNKNOWN_DURATION_S) for k, r in cache.running.items()}
+        queue = QueueState(singles, cache.running, finish_at, ledger, cache.node_mask)
+        pass_stats = PassStats()
+        schedule_pass(core, cache.cluster, queue, self.queue_policy, actions, pass_stats, now)
+        for lat in pass_stats.latencies_s:
+            self.stats.decision_latency.observe(lat)
+            self.stats.decision_latencies.append(lat)
+        for w in singles:
+            if w.id in cache.pending:
+                self.reporter.unschedulable(w, actions.reasons.get(w.id, NOT_TRIED), actions.labels.get(w.id, "other"))
+        self.stats.pass_latency.observe(time.perf_counter() - started)
+
+    def _place_gang(self, core: Scheduler, gang: str, members: list[PodWorkload], actions: PassActions,
+                    now: float) -> None:
+        size = max(m.gang_size for m in members)
+        bound = sum(1 for r in self.cache.running.values() if r.workload.gang == gang)
+        if len(members) + bound < size:
+            for m in members:
+                self.reporter.unschedulable(m.workload, f"gang {gang}: {len(members) + bound} of {size} members "
+                                                        "exist; waiting for all before placing any", GANG_LABEL)
+            return
+        decisions, reasons = place_gang(core, self.cache.cluster, [m.workload for m in members], self.cache.node_mask)
+        if not decisions:
+            for m in members:
+                self.reporter.unschedulable(m.workload, reasons[0], GANG_LABEL)
+            return
+        for d in decisions:
+            actions.start(d.workload, d, now)

@@ -1,0 +1,110 @@
+"""Binder: one Binding carrying the GPUs, a Scheduled Event and a PLACE decision; failures release or requeue."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from contract import annotations
+from contract.events import DecisionAction, HealthBand, NodeGpu, NodeState, SchedulerDecision
+from gpuaware.local.fake_apiserver import make_node, make_pod
+from plumbing.kube.api import KubeApi, connect
+from scheduler.core.cluster import Allocation
+from scheduler.core.framework import Decision
+from scheduler.core.preemption import Running
+from scheduler.core.status import Code, Reason
+from scheduler.feed import StateView
+from scheduler.kube.binder import Binder
+from scheduler.kube.decisions import DecisionSink
+from scheduler.kube.departures import Departures
+from scheduler.settings import SchedulerSettings
+
+SETTINGS = SchedulerSettings(checkpoint_timeout_s=0.0, eviction_timeout_s=0.3, extender_port=0)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.bound: list[str] = []
+        self.wakes = 0
+        self.published: list[SchedulerDecision] = []
+
+    def on_bound(self, key: str) -> None:
+        self.bound.append(key)
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+    async def publish(self, record: SchedulerDecision) -> None:
+        self.published.append(record)
+
+
+def setup(fake, listed, calls, stats, view=None):
+    fake.create("nodes", make_node("n0", gpus=2))
+    fake.create("pods", make_pod("p", gpus=1))
+    cache = listed()
+    rec = Recorder()
+    binder = Binder(calls, cache, SETTINGS, stats, DecisionSink(rec.publish), Departures(), view,
+                    on_bound=rec.on_bound, wake=rec.wake)
+    w = cache.pending["default/p"].workload
+    alloc = Allocation(w.id, 0, [1], [1000], w.cpu_milli, w.memory_mib)
+    cache.pending.pop(w.id)
+    cache.reserve(w.id, Running(w, alloc, time.time(), 0.0, None))
+    return cache, binder, rec, Decision(w, alloc, [Reason(Code.SCHEDULED, "test", "fits")], 1.0, 0.001)
+
+
+def pod(fake, name="p"):
+    return next(p for p in fake.objects("pods") if p["metadata"]["name"] == name)
+
+
+async def test_bind_writes_node_gpus_and_sharing_in_one_binding_then_event_and_decision(fake, listed, calls, stats):
+    view = StateView()
+    view.learn(NodeState("n0", int(time.time() * 1000), None, None,
+                         [NodeGpu(f"GPU-{g}", g, "H100", 81920, 0, HealthBand.HEALTHY) for g in range(2)], 2000, 0))
+    cache, binder, rec, d = setup(fake, listed, calls, stats, view)
+    await binder.bind(d.workload, d, [])
+    p = pod(fake)
+    assert p["spec"]["nodeName"] == "n0"
+    assert json.loads(p["metadata"]["annotations"][annotations.ANN_GPUS]) == [
+        {"index": 1, "uuid": "GPU-1", "milli": 1000}]
+    assert p["metadata"]["annotations"][annotations.ANN_SHARING] == "exclusive"
+    (event,) = [e for e in fake.objects("events") if e["reason"] == "Scheduled"]
+    assert event["involvedObject"]["name"] == "p" and "GPUs 1:1000m" in event["message"]
+    (record,) = rec.published
+    assert record.action == DecisionAction.PLACE and record.node == "n0"
+    assert [a.gpu_uuid for a in record.assignments] == ["GPU-1"]
+    assert rec.bound == ["default/p"] and rec.wakes == 0
+    assert stats.decisions[("PLACE", "fits")] == 1 and stats.bind_latency.count == 1
+    assert "default/p" in cache.running  # the reservation stands until the pod's watch event says bound
+
+
+async def test_bound_elsewhere_keeps_the_apis_answer_and_releases_the_reservation(fake, listed, calls, stats):
+    cache, binder, rec, d = setup(fake, listed, calls, stats)
+    KubeApi(connect(fake.url)).bind("default", "p", "n0")  # e.g. by this scheduler before a restart
+    await binder.bind(d.workload, d, [])
+    assert stats.api_errors[("bind", 409)] == 1
+    assert "default/p" not in cache.running and "default/p" not in cache.reservations
+    assert "default/p" not in cache.pending  # not requeued: the API's answer stands
+    assert rec.wakes == 1 and rec.bound == [] and rec.published == []
+
+
+async def test_victims_not_gone_in_time_withdraw_the_placement_and_requeue_the_pod(fake, listed, calls, stats):
+    fake.create("pods", make_pod("victim", gpus=1))
+    cache, binder, rec, d = setup(fake, listed, calls, stats)
+    await binder.bind(d.workload, d, ["default/victim"])  # the victim never leaves
+    assert pod(fake)["spec"].get("nodeName") is None
+    assert "default/p" in cache.pending and "default/p" not in cache.running
+    assert rec.wakes == 1 and rec.published == []
+
+
+async def test_bind_waits_for_its_victims_to_be_gone(fake, listed, calls, stats, wait_for):
+    fake.create("pods", make_pod("victim", gpus=1))
+    _cache, binder, _rec, d = setup(fake, listed, calls, stats)
+    binder.departures.expect("default/victim")
+    task = asyncio.create_task(binder.bind(d.workload, d, ["default/victim"]))
+    await asyncio.sleep(0.05)
+    assert not task.done() and pod(fake)["spec"].get("nodeName") is None
+    binder.departures.left("default/victim")  # the pod watch saw it go
+    await asyncio.wait_for(task, 5)
+    assert pod(fake)["spec"]["nodeName"] == "n0"
+    assert stats.decisions[("PLACE", "preempted")] == 1

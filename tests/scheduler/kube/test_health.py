@@ -1,0 +1,104 @@
+"""HealthReactions: a GPU turning critical is cordoned on its node and its pods are moved off, once per turn."""
+
+from __future__ import annotations
+
+import time
+
+from contract import annotations
+from contract.events import DecisionAction, GpuState, HealthBand, NodeGpu, NodeState, SchedulerDecision
+from gpuaware.local.fake_apiserver import make_node, make_pod
+from scheduler.feed import StateView
+from scheduler.kube.decisions import DecisionSink
+from scheduler.kube.evictor import Evictor
+from scheduler.kube.health import HealthReactions
+from scheduler.kube.live_state import LiveGpuState
+from scheduler.settings import SchedulerSettings
+
+SETTINGS = SchedulerSettings(checkpoint_timeout_s=0.0, eviction_retry_s=0.05, eviction_timeout_s=1.0,
+                             extender_port=0)
+
+
+def gpu(g: int, band: HealthBand) -> GpuState:
+    ts = int(time.time() * 1000)
+    return GpuState(f"GPU-{g}", "n0", "H100", ts, ts, 50.0, 20.0, 1000.0, 81920, 300.0, 60.0, 90.0, band)
+
+
+def setup(fake, listed, calls, stats, tasks, node_in_api: bool = True):
+    node = make_node("n0", gpus=2)
+    if node_in_api:
+        fake.create("nodes", node)
+    for g in range(2):
+        p = make_pod(f"on{g}", gpus=1, annotations={annotations.ANN_GPUS: f'[{{"index":{g},"milli":1000}}]'})
+        p["spec"]["nodeName"] = "n0"
+        fake.create("pods", p)
+    cache = listed()
+    if not node_in_api:
+        cache.sync_nodes([node])
+    view = StateView()
+    view.learn(NodeState("n0", int(time.time() * 1000), None, None,
+                         [NodeGpu(f"GPU-{g}", g, "H100", 81920, 0, HealthBand.HEALTHY) for g in range(2)], 2000, 0))
+    for g in range(2):
+        view.learn(gpu(g, HealthBand.HEALTHY))
+    published: list[SchedulerDecision] = []
+
+    async def publish(record: SchedulerDecision) -> None:
+        published.append(record)
+
+    state = LiveGpuState(view, cache)
+    health = HealthReactions(view, calls, cache, stats, DecisionSink(publish), Evictor(calls, cache, SETTINGS, stats),
+                             tasks)
+    return view, state, health, published
+
+
+def step(state: LiveGpuState, health: HealthReactions) -> None:
+    """What the loop does before each pass."""
+    if state.apply(time.time()):
+        health.react(state.where)
+
+
+def pod_names(fake) -> set[str]:
+    return {p["metadata"]["name"] for p in fake.objects("pods")}
+
+
+async def test_critical_gpu_is_cordoned_and_its_pod_moved_the_others_stay(fake, listed, calls, stats, tasks, wait_for):
+    view, state, health, published = setup(fake, listed, calls, stats, tasks)
+    step(state, health)
+    assert len(tasks) == 0  # all healthy: nothing to do
+    view.learn(gpu(1, HealthBand.CRITICAL))
+    step(state, health)
+    await wait_for(lambda: "on1" not in pod_names(fake), what="pod on the critical GPU evicted")
+    (node,) = fake.objects("nodes")
+    assert annotations.cordoned_gpus(node) == {1}
+    assert "on0" in pod_names(fake)
+    await wait_for(lambda: len(tasks) == 0, what="reaction done")
+    assert [r.action for r in published] == [DecisionAction.CORDON, DecisionAction.MIGRATE]
+    assert stats.decisions[("CORDON", "gpu-critical")] == 1 and stats.decisions[("MIGRATE", "gpu-critical")] == 1
+    assert [e["involvedObject"]["name"] for e in fake.objects("events") if e["reason"] == "Migrated"] == ["on1"]
+
+
+async def test_acts_once_while_critical_and_again_after_a_repair(fake, listed, calls, stats, tasks, wait_for):
+    view, state, health, _published = setup(fake, listed, calls, stats, tasks)
+    view.learn(gpu(0, HealthBand.CRITICAL))
+    step(state, health)
+    await wait_for(lambda: len(tasks) == 0, what="first reaction")
+    view.learn(gpu(0, HealthBand.CRITICAL))  # still critical: no second cordon
+    step(state, health)
+    assert len(tasks) == 0
+    view.learn(gpu(0, HealthBand.HEALTHY))
+    step(state, health)
+    view.learn(gpu(0, HealthBand.CRITICAL))
+    step(state, health)
+    await wait_for(lambda: len(tasks) == 0, what="second reaction")
+    assert stats.decisions[("CORDON", "gpu-critical")] == 2
+
+
+async def test_a_refused_cordon_is_tried_again_on_the_next_update(fake, listed, calls, stats, tasks, wait_for):
+    view, state, health, _published = setup(fake, listed, calls, stats, tasks, node_in_api=False)
+    view.learn(gpu(0, HealthBand.CRITICAL))
+    step(state, health)
+    await wait_for(lambda: len(tasks) == 0, what="reaction")
+    assert stats.api_errors[("patch-node", 404)] == 1 and ("CORDON", "gpu-critical") not in stats.decisions
+    fake.create("nodes", make_node("n0", gpus=2))
+    view.learn(gpu(0, HealthBand.CRITICAL))
+    step(state, health)
+    await wait_for(lambda: stats.decisions[("CORDON", "gpu-critical")] == 1, what="cordon on retry")

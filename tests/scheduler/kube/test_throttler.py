@@ -1,0 +1,95 @@
+"""Throttler: a hot GPU gets a power cap on the control topic, lifted once it cools; a failed send is resent."""
+
+from __future__ import annotations
+
+import time
+
+from contract.events import AgentControl, ControlKind, DecisionAction, GpuState, HealthBand, NodeGpu, NodeState
+from gpuaware.local.fake_apiserver import make_node
+from scheduler.feed import StateView
+from scheduler.kube.cache import ClusterCache
+from scheduler.kube.decisions import DecisionSink
+from scheduler.kube.live_state import LiveGpuState
+from scheduler.kube.throttler import Throttler
+from scheduler.metrics import SchedulerStats
+from scheduler.settings import SchedulerSettings
+
+
+def state(g: int, temp: float) -> GpuState:
+    ts = int(time.time() * 1000)
+    return GpuState(f"GPU-hot-{g}", "n0", "H100", ts, ts, 90.0, 50.0, 1000.0, 81920, 600.0, temp, 90.0,
+                    HealthBand.HEALTHY)
+
+
+class Agents:
+    def __init__(self, fail: int = 0) -> None:
+        self.sent: list[AgentControl] = []
+        self.fail = fail
+
+    async def __call__(self, record: AgentControl) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("broker away")
+        self.sent.append(record)
+
+
+def setup(tasks, publish=None):
+    cache = ClusterCache(scheduler_name="gpuaware")
+    cache.sync_nodes([make_node("n0", gpus=2)])
+    view = StateView()
+    view.learn(NodeState("n0", int(time.time() * 1000), None, None,
+                         [NodeGpu(f"GPU-hot-{g}", g, "H100", 81920, 0, HealthBand.HEALTHY) for g in range(2)], 2000, 0))
+    view.learn(state(0, 91.0))
+    view.learn(state(1, 60.0))
+    gpu_state = LiveGpuState(view, cache)
+    gpu_state.apply(time.time())
+    sink, stats = DecisionSink(), SchedulerStats()
+    kw = {"publish": publish} if publish is not None else {}
+    throttler = Throttler(view, gpu_state, cache, SchedulerSettings(extender_port=0), stats, sink, tasks, **kw)
+    return view, gpu_state, throttler, sink, stats
+
+
+async def round_(throttler: Throttler, gpu_state: LiveGpuState, wait_for) -> None:
+    gpu_state.apply(time.time() + 2)  # past the re-apply interval: the new temperatures are in the model
+    throttler.throttle()
+    await wait_for(lambda: len(throttler.tasks) == 0, what="caps sent")
+
+
+async def test_hot_gpu_is_capped_once_and_lifted_when_it_cools(tasks, wait_for):
+    agents = Agents()
+    view, gpu_state, throttler, sink, stats = setup(tasks, agents)
+    await round_(throttler, gpu_state, wait_for)
+    (cap,) = agents.sent
+    assert (cap.target, cap.gpu_uuid, cap.kind, cap.power_cap_w) == ("n0", "GPU-hot-0", ControlKind.POWER_CAP, 420)
+    await round_(throttler, gpu_state, wait_for)
+    assert len(agents.sent) == 1  # unchanged: not sent again
+    view.learn(state(0, 70.0))
+    await round_(throttler, gpu_state, wait_for)
+    assert agents.sent[1].gpu_uuid == "GPU-hot-0" and agents.sent[1].power_cap_w == 0
+    assert stats.decisions[("THROTTLE", "thermal")] == 1 and stats.decisions[("THROTTLE", "lifted")] == 1
+    assert [o.action for o in sink.recent] == [DecisionAction.THROTTLE] * 2
+
+
+async def test_a_cap_that_could_not_be_sent_is_sent_on_the_next_round(tasks, wait_for):
+    agents = Agents(fail=1)
+    _, gpu_state, throttler, _, _ = setup(tasks, agents)
+    await round_(throttler, gpu_state, wait_for)
+    assert agents.sent == [] and throttler.capped == {}
+    await round_(throttler, gpu_state, wait_for)
+    assert [r.power_cap_w for r in agents.sent] == [420]
+
+
+async def test_without_a_publisher_caps_are_still_decided_and_logged(tasks, wait_for):
+    _, gpu_state, throttler, sink, _ = setup(tasks)
+    await round_(throttler, gpu_state, wait_for)
+    assert throttler.capped == {("n0", 0): 420}
+    (outcome,) = sink.recent
+    assert outcome.reasons[0] == "power cap 420 W on GPU 0 of n0"
+
+
+async def test_no_cap_is_sent_once_the_replica_may_no_longer_act(tasks, wait_for):
+    agents = Agents()
+    _, gpu_state, throttler, _, _ = setup(tasks, agents)
+    throttler.may_act = lambda: False  # the Lease's renew deadline passed
+    await round_(throttler, gpu_state, wait_for)
+    assert agents.sent == [] and throttler.capped == {}  # forgotten, so a new leader's round decides afresh

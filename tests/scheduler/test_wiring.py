@@ -1,0 +1,132 @@
+"""build_scheduler: the one wiring of ``gpuaware scheduler``, ``up`` and the bench — ready only once listed,
+binds, serves metrics and the extender, holds a Lease when asked, publishes decisions, stops cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from contract import topics
+from contract.events import DecisionAction, SchedulerDecision, decode
+from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
+from gpuaware.local.processes import free_port
+from plumbing.kafka_settings import KafkaSettings
+from scheduler.settings import SchedulerSettings
+from scheduler.wiring import SchedulerRuntime, build_scheduler
+
+FAST = {"pass_interval_s": 0.02, "extender_port": 0}
+
+
+async def wait_for(cond: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def running(runtime: SchedulerRuntime) -> AsyncIterator[SchedulerRuntime]:
+    stop = asyncio.Event()
+    task: asyncio.Task | None = None
+    try:
+        await runtime.start()
+        task = asyncio.create_task(runtime.run(stop))
+        yield runtime
+    finally:
+        stop.set()
+        if task is not None:
+            await task
+        await runtime.stop()
+
+
+def bound(fake: FakeApiServer) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["spec"].get("nodeName") for p in fake.objects("pods")}
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+
+
+async def test_without_kafka_it_lists_binds_and_serves_metrics_and_the_extender():
+    with FakeApiServer() as fake:
+        fake.create("nodes", make_node("n0", gpus=2))
+        fake.create("pods", make_pod("p", gpus=1))
+        port, metrics = free_port(), free_port()
+        runtime = build_scheduler(SchedulerSettings(api_server=fake.url, **{**FAST, "extender_port": port}))
+        assert runtime.view is None and runtime.feed is None and runtime.publishers is None
+        runtime.serve_metrics("127.0.0.1", metrics)
+        assert not runtime.ready.is_set()
+        async with running(runtime):
+            assert runtime.ready.is_set()
+            assert (await asyncio.to_thread(get, f"http://127.0.0.1:{port}/readyz"))[0] == 200
+            await wait_for(lambda: bound(fake)["p"] == "n0", what="pod bound")
+            await wait_for(lambda: runtime.stats.decisions[("PLACE", "fits")] == 1, what="decision counted")
+            text = (await asyncio.to_thread(get, f"http://127.0.0.1:{metrics}/metrics"))[1]
+            assert 'gpuaware_scheduler_decisions_total{action="PLACE",reason="fits"} 1.0' in text
+            assert "gpuaware_scheduler_leader 1.0" in text
+
+
+async def test_with_leader_election_it_schedules_once_it_holds_the_lease():
+    with FakeApiServer() as fake:
+        fake.create("nodes", make_node("n0", gpus=1))
+        fake.create("pods", make_pod("p", gpus=1))
+        settings = SchedulerSettings(api_server=fake.url, leader_elect=True, lease_namespace="gpuaware",
+                                     lease_duration_s=2.0, renew_deadline_s=1.5, renew_every_s=0.5, **FAST)
+        async with running(build_scheduler(settings)) as runtime:
+            await wait_for(lambda: bound(fake)["p"] == "n0", what="pod bound by the leader")
+            assert runtime.live.leading.is_set()
+            (lease,) = fake.objects("leases", group="coordination.k8s.io", version="v1")
+            assert lease["metadata"]["name"] == settings.lease_name and lease["spec"]["holderIdentity"]
+
+
+async def test_a_failed_start_stops_cleanly():
+    with FakeApiServer() as fake:
+        url = fake.url
+    runtime = build_scheduler(SchedulerSettings(api_server=url, **FAST))  # nothing listens there any more
+    with pytest.raises(TimeoutError):
+        await runtime.start(sync_timeout_s=0.5)
+    await runtime.stop()
+    assert not runtime.ready.is_set()
+
+
+async def test_with_kafka_decisions_are_published_unless_asked_not_to(kafka_settings: KafkaSettings, unique: str):
+    for name, publish in ((f"quiet-{unique}", False), (f"pub-{unique}", True)):  # quiet first: see below
+        with FakeApiServer() as fake:
+            fake.create("nodes", make_node("n0", gpus=1))
+            fake.create("pods", make_pod(name, gpus=1))
+            runtime = build_scheduler(SchedulerSettings(api_server=fake.url, **FAST), kafka_settings, publish=publish)
+            assert runtime.feed is not None and (runtime.publishers is not None) == publish
+            async with running(runtime):
+                await wait_for(lambda n=name, f=fake: bound(f)[n] == "n0", what=f"{name} bound")
+    # Read until the published one, then to the end: a record of the quiet run would be there by then.
+    records = await decisions(kafka_settings, until=f"default/pub-{unique}")
+    assert [r.action for r in records if r.workload_id == f"default/pub-{unique}"] == [DecisionAction.PLACE]
+    assert not [r for r in records if r.workload_id == f"default/quiet-{unique}"]
+
+
+async def decisions(kafka: KafkaSettings, until: str, timeout_s: float = 20.0) -> list[SchedulerDecision]:
+    consumer = AIOKafkaConsumer(topics.DECISIONS, **kafka.consumer_kwargs(None))
+    await consumer.start()
+    found: list[SchedulerDecision] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            if not batch and any(r.workload_id == until for r in found):
+                return found
+            for msgs in batch.values():
+                found += [r for m in msgs if isinstance(r := decode(m.value), SchedulerDecision)]
+    finally:
+        await consumer.stop()
+    raise AssertionError(f"no decision for {until} on {topics.DECISIONS}")
