@@ -13,12 +13,17 @@ import asyncio
 import os
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from gpuaware.local.broker import BrokerSettings, LocalBroker
 from plumbing import kafka_admin as admin
 from plumbing.kafka_settings import KafkaSettings
+from tests.support import OVERLAYS, REPO
+
+if TYPE_CHECKING:
+    from deploy.checks import Doc
 
 
 def _docker_available() -> bool:
@@ -73,3 +78,11 @@ def seaweedfs() -> None:
         seaweed_binary()
     except BrokerError as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[Doc]]:
+    """Each deploy/ overlay as ``kubectl kustomize`` renders it (the deploy tests skip without kubectl)."""
+    from deploy import checks as mc
+
+    return {name: mc.render(REPO / "deploy" / "overlays" / name) for name in OVERLAYS}

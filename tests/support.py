@@ -6,10 +6,22 @@ Import it as ``tests.support`` (pyproject.toml puts the repository root on the p
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING
 
+import yaml
 from aiokafka import AIOKafkaConsumer
 
 from plumbing.kafka_settings import KafkaSettings
+
+if TYPE_CHECKING:
+    from deploy.checks import Doc
+
+REPO = Path(__file__).resolve().parents[1]
+# The real traces sit beside the checkout, in the workspace's shared/ folder.
+TRACES = REPO.parent / "shared" / "traces"
+RULES = REPO / "dashboards" / "prometheus" / "rules.yml"
+OVERLAYS = ("dev", "production", "existing-kafka")
 
 
 async def consume(settings: KafkaSettings, topic: str, group: str, want: int, timeout_s: float = 20.0):
@@ -27,3 +39,15 @@ async def consume(settings: KafkaSettings, topic: str, group: str, want: int, ti
     finally:
         await consumer.stop()
     return got
+
+
+def prometheus_rules() -> list[dict]:
+    """Every alerting and recording rule of dashboards/prometheus/rules.yml."""
+    return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+
+
+def crds_and_examples(rendered) -> tuple[list[Doc], list[Doc]]:
+    """The production overlay's CRDs, and the custom resources under deploy/examples/."""
+    crds = [d for d in rendered["production"] if d["kind"] == "CustomResourceDefinition"]
+    files = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
+    return crds, [d for p in files for d in yaml.safe_load_all(p.read_text())]
