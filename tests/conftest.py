@@ -13,6 +13,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -20,7 +21,7 @@ import pytest
 from gpuaware.local.broker import BrokerSettings, LocalBroker
 from plumbing import kafka_admin as admin
 from plumbing.kafka_settings import KafkaSettings
-from tests.support import OVERLAYS, REPO
+from tests.support import OPENB_NODES, OVERLAYS, REPO
 
 if TYPE_CHECKING:
     from deploy.checks import Doc
@@ -86,3 +87,12 @@ def rendered() -> dict[str, list[Doc]]:
     from deploy import checks as mc
 
     return {name: mc.render(REPO / "deploy" / "overlays" / name) for name in OVERLAYS}
+
+
+@pytest.fixture(scope="module")
+def small_nodes(tmp_path_factory) -> Path:
+    """Every 20th node of the real cluster: 61 nodes with the real model mix."""
+    lines = OPENB_NODES.read_text().splitlines()
+    path = tmp_path_factory.mktemp("trace") / "nodes.csv"
+    path.write_text("\n".join([lines[0], *lines[1::20]]) + "\n")
+    return path

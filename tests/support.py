@@ -13,6 +13,10 @@ import yaml
 from aiokafka import AIOKafkaConsumer
 
 from plumbing.kafka_settings import KafkaSettings
+from scheduler.core.cluster import ClusterState, NodeSpec
+from scheduler.core.framework import Profile, Scheduler
+from scheduler.core.plugins.health import HealthFilter
+from scheduler.core.plugins.model_affinity import ModelAffinity
 
 if TYPE_CHECKING:
     from deploy.checks import Doc
@@ -20,6 +24,9 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[1]
 # The real traces sit beside the checkout, in the workspace's shared/ folder.
 TRACES = REPO.parent / "shared" / "traces"
+OPENB_NODES = TRACES / "alibaba-openb" / "openb_node_list_gpu_node.csv"
+OPENB_PODS = TRACES / "alibaba-openb" / "openb_pod_list_default.csv"
+GAVEL = TRACES / "gavel" / "simulation_throughputs.json"
 RULES = REPO / "dashboards" / "prometheus" / "rules.yml"
 OVERLAYS = ("dev", "production", "existing-kafka")
 
@@ -51,3 +58,13 @@ def crds_and_examples(rendered) -> tuple[list[Doc], list[Doc]]:
     crds = [d for d in rendered["production"] if d["kind"] == "CustomResourceDefinition"]
     files = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
     return crds, [d for p in files for d in yaml.safe_load_all(p.read_text())]
+
+
+def cluster(*gpus_per_node: int, model: str = "V100", cpu: int = 32000) -> ClusterState:
+    """Nodes ``n0``, ``n1``, ... with that many GPUs each."""
+    return ClusterState([NodeSpec(f"n{i}", cpu, 262144, g, model, 16384) for i, g in enumerate(gpus_per_node)])
+
+
+def scheduler_with(*scores, filters=None) -> Scheduler:
+    """The score plugins given, weighted 1, behind the model and health filters unless ``filters`` is given."""
+    return Scheduler(Profile("t", filters or [ModelAffinity(), HealthFilter()], [(s, 1.0) for s in scores]))
