@@ -13,12 +13,18 @@ import asyncio
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from gpuaware.local.broker import BrokerSettings, LocalBroker
 from plumbing import kafka_admin as admin
 from plumbing.kafka_settings import KafkaSettings
+from tests.support import OPENB_NODES, OVERLAYS, REPO
+
+if TYPE_CHECKING:
+    from deploy.checks import Doc
 
 
 def _docker_available() -> bool:
@@ -73,3 +79,20 @@ def seaweedfs() -> None:
         seaweed_binary()
     except BrokerError as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[Doc]]:
+    """Each deploy/ overlay as ``kubectl kustomize`` renders it (the deploy tests skip without kubectl)."""
+    from deploy import checks as mc
+
+    return {name: mc.render(REPO / "deploy" / "overlays" / name) for name in OVERLAYS}
+
+
+@pytest.fixture(scope="module")
+def small_nodes(tmp_path_factory) -> Path:
+    """Every 20th node of the real cluster: 61 nodes with the real model mix."""
+    lines = OPENB_NODES.read_text().splitlines()
+    path = tmp_path_factory.mktemp("trace") / "nodes.csv"
+    path.write_text("\n".join([lines[0], *lines[1::20]]) + "\n")
+    return path

@@ -11,6 +11,7 @@ from contract.events import HealthBand
 from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
 from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, gang_failure, place_gang, schedule_pass
 from scheduler.core.framework import (
+    CycleContext,
     Decision,
     GpuFilterPlugin,
     NodeFilterPlugin,
@@ -18,6 +19,7 @@ from scheduler.core.framework import (
     Scheduler,
     ScorePlugin,
 )
+from scheduler.core.plugins.bestfit import BestFit
 from scheduler.core.plugins.forecast_headroom import ForecastHeadroom
 from scheduler.core.plugins.health import HealthFilter
 from scheduler.core.plugins.least_allocated import LeastAllocated
@@ -29,6 +31,7 @@ from scheduler.core.status import Code, Reason, reason_label
 from scheduler.core.throughput import ThroughputTable
 from scheduler.core.workload import PriorityLevel, Workload
 from scheduler.core.workload_mix import WorkloadMix
+from tests.support import cluster, scheduler_with
 
 MIX = WorkloadMix.of([Workload("w", 1000, 1024, 1, 1000)])
 
@@ -197,3 +200,31 @@ def _reason_class(reason: str) -> str:
         if needle in reason:
             return label
     return "other"
+def test_multi_gpu_workloads_stay_on_one_nvlink_island():
+    c = ClusterState([NodeSpec("dgx", 96000, 1048576, 8, "H100", 81920, nvlink_groups=[0, 0, 0, 0, 1, 1, 1, 1])])
+    c.allocate(Allocation("one", 0, [0], [1000], 1000, 1024))
+    d = scheduler_with(LeastAllocated()).schedule(c, Workload("pair", 2000, 4096, num_gpu=4))
+    assert d.allocation.gpus == [4, 5, 6, 7]
+    d = scheduler_with(LeastAllocated()).schedule(c, Workload("two", 2000, 4096, num_gpu=2))
+    assert set(d.allocation.gpus) <= {1, 2, 3}
+
+
+def test_scheduling_context_exposes_the_gpu_mask_to_plugins():
+    c = cluster(2)
+    ctx = CycleContext(c, Workload("w", 0, 0, 1, 500))
+    cand, _ = Scheduler(Profile("t", [], [])).candidates(ctx)
+    assert len(cand) == 2 and ctx.cache["gpu_ok"].shape == c.gpu_free.shape
+
+
+def test_mig_gpus_take_whole_slices_and_record_the_sharing_mode():
+    c = ClusterState([NodeSpec("mig", 32000, 65536, 1, "A100", 81920, mig=[True]),
+                      NodeSpec("plain", 32000, 65536, 1, "A100", 81920)])
+    s = scheduler_with(BestFit())
+    c.allocate(Allocation("fill-plain", 1, [0], [900], 0, 0))
+    d = s.schedule(c, Workload("small", 0, 0, 1, 200))  # 200 milli does not fit the plain GPU's 100 left
+    assert (d.allocation.node, d.allocation.milli, d.allocation.sharing) == (0, [286], "mig")  # two 1/7 slices
+    c.release("fill-plain")
+    c.allocate(Allocation("fill-mig", 0, [0], [714], 0, 0))
+    d = s.schedule(c, Workload("mps", 0, 0, 1, 500, labels={"sharing": "mps"}))
+    assert (d.allocation.node, d.allocation.milli, d.allocation.sharing) == (1, [500], "mps")
+    c.check_invariants()

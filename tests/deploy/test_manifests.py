@@ -1,11 +1,9 @@
-"""deploy/: every overlay renders with kubectl kustomize, validates against the Kubernetes and CRD
-schemas, and passes gpuaware's deployment policy; the checks themselves catch broken manifests."""
+"""deploy/: the generated manifests match the code; every overlay renders with kubectl kustomize,
+validates against the Kubernetes and CRD schemas, and passes gpuaware's deployment policy."""
 
 from __future__ import annotations
 
-import re
 import shutil
-from pathlib import Path
 
 import pytest
 import yaml
@@ -13,17 +11,10 @@ import yaml
 from contract import topics
 from deploy import checks as mc
 from deploy import manifests
-
-REPO = Path(__file__).resolve().parent.parent
-OVERLAYS = ("dev", "production", "existing-kafka")
+from tests.support import OVERLAYS, REPO, crds_and_examples
 
 if shutil.which("kubectl") is None:
     pytest.skip("kubectl not installed (Debian package kubectl; .ci/run installs it)", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def rendered() -> dict[str, list[mc.Doc]]:
-    return {name: mc.render(REPO / "deploy" / "overlays" / name) for name in OVERLAYS}
 
 
 def by_kind(docs: list[mc.Doc], kind: str) -> list[mc.Doc]:
@@ -143,74 +134,7 @@ def test_monitoring_objects_come_from_dashboards(rendered):
     assert names == {p.name for p in (REPO / "dashboards" / "grafana").glob("*.json")}
 
 
-def crds_and_examples(rendered) -> tuple[list[mc.Doc], list[mc.Doc]]:
-    crds = [d for d in rendered["production"] if d["kind"] == "CustomResourceDefinition"]
-    files = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
-    return crds, [d for p in files for d in yaml.safe_load_all(p.read_text())]
-
-
 def test_examples_validate_against_gpuaware_crds(rendered):
     crds, examples = crds_and_examples(rendered)
     assert {e["kind"] for e in examples} == {"GPUQueue", "GPUWorkload"}
     assert mc.schema_problems(crds + examples) == []
-
-
-@pytest.mark.parametrize(("kind", "name", "change", "expect"), [
-    ("GPUWorkload", "llm-finetune", lambda d: d["spec"].update(pods="four"), "spec.pods: 'four' is not of type"),
-    ("GPUWorkload", "llm-finetune", lambda d: d["spec"]["gpu"].update(sharing="vgpu"),
-     "spec.gpu.sharing: 'vgpu' is not one of"),
-    ("GPUWorkload", "llm-finetune", lambda d: d["spec"].update(gangsize=4), "'gangsize' was unexpected"),
-    ("GPUQueue", "vision", lambda d: d["spec"].update(tenant="Vision Team"),
-     "spec.tenant: 'Vision Team' does not match"),
-    ("GPUQueue", "vision", lambda d: d["spec"].pop("namespaces"), "'namespaces' is a required property"),
-])
-def test_bad_custom_resources_are_rejected_with_the_field(rendered, kind, name, change, expect):
-    crds, examples = crds_and_examples(rendered)
-    problems = mc.schema_problems(mc.with_change(crds + examples, kind, name, change))
-    assert len(problems) == 1 and expect in problems[0], problems
-
-
-@pytest.mark.parametrize(("kind", "name", "change", "expect"), [
-    ("DaemonSet", "gpuaware-agent", lambda d: d["spec"]["template"]["spec"]["containers"][0]["resources"].pop("limits"),
-     "no cpu limits"),
-    ("DaemonSet", "gpuaware-agent", lambda d: d["spec"]["template"]["spec"]["containers"][0].pop("livenessProbe"),
-     "no livenessProbe"),
-    ("Deployment", "gpuaware-stream", lambda d: d["spec"]["template"]["spec"]["securityContext"].pop("runAsNonRoot"),
-     "runAsNonRoot is not true"),
-    ("Deployment", "gpuaware-stream",
-     lambda d: d["spec"]["template"]["spec"]["containers"][0]["securityContext"].update(readOnlyRootFilesystem=False),
-     "readOnlyRootFilesystem is not true"),
-    ("Deployment", "gpuaware-scheduler",
-     lambda d: d["spec"]["template"]["spec"]["containers"][0].update(image="ghcr.io/gpuaware/gpuaware:latest"),
-     "is not pinned"),
-    ("Deployment", "gpuaware-stream", lambda d: d["spec"].update(replicas=12), "12 replicas > 8 partitions"),
-    ("KafkaTopic", "gpu-telemetry-v1", lambda d: d["spec"].update(partitions=4), "4 partitions, contract says 8"),
-    ("KafkaUser", "gpuaware-stream",
-     lambda d: d["spec"]["authorization"]["acls"].append(
-         {"resource": {"type": "topic", "name": "*", "patternType": "literal"}, "operations": ["All"], "host": "*"}),
-     "also allowed: ['gpuaware-stream']"),
-    ("NetworkPolicy", "metrics-from-monitoring", lambda d: d["spec"]["ingress"][0].pop("from"),
-     "metrics port open beyond the monitoring namespace"),
-])
-def test_policy_checks_catch_broken_manifests(rendered, kind, name, change, expect):
-    problems = mc.policy_problems(mc.with_change(rendered["production"], kind, name, change))
-    assert any(expect in p for p in problems), problems
-
-
-def test_unknown_kind_without_a_schema_is_a_problem():
-    doc = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
-    (problem,) = mc.schema_problems([doc])
-    assert "no schema for example.com/v1 Widget" in problem
-
-
-def test_dockerfile_is_multistage_non_root_and_pinned():
-    text = (REPO / "Dockerfile").read_text()
-    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.M).group(1)
-    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base)
-    assert len(re.findall(r"^FROM ", text, re.M)) == 2
-    user = re.findall(r"^USER (\S+)$", text, re.M)
-    assert user and user[-1].split(":")[0].isdigit() and user[-1].split(":")[0] != "0"
-    assert "[test" not in text and "-e " not in text  # runtime deps only, a real install
-    assert re.search(r'^ENTRYPOINT \["gpuaware"\]$', text, re.M)
-    ignored = (REPO / ".dockerignore").read_text().split()
-    assert {"tests", ".git", ".venv"} <= set(ignored)

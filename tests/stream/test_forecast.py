@@ -1,18 +1,11 @@
-"""The online forecaster on synthetic series and on the real GenTD26 duty-cycle trace."""
+"""The online forecaster on synthetic series."""
 
 from __future__ import annotations
-
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from stream.forecast import ExpertForecaster, prequential
-
-DUTY = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-gentd26" / "pod_gpu_duty_cycle_anon.csv.gz"
 
 
 def test_beats_persistence_on_noisy_series_and_intervals_cover_about_80_percent():
@@ -40,14 +33,3 @@ def test_bad_parameters_and_early_forecasts_are_clear_errors():
         ExpertForecaster(horizon=0)
     with pytest.raises(ValueError, match="before any learn_one"):
         ExpertForecaster().forecast()
-
-
-def test_eval_forecast_on_the_real_duty_cycle_trace():
-    result = subprocess.run([sys.executable, "-m", "gpuaware", "eval", "forecast", "--series", str(DUTY),
-                             "--horizon", "5", "--limit", "10", "--json"], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    figures = json.loads(result.stdout)
-    assert figures["series"] == 10 and figures["points"] > 10_000
-    for key in ("mae", "persistence_mae", "ratio", "interval_coverage_80", "us_per_update"):
-        assert figures[key] > 0
-    assert figures["mae"] < figures["persistence_mae"]

@@ -23,8 +23,8 @@ from gpuaware.local.kube_control_plane import (
     pinned_versions,
 )
 from gpuaware.local.processes import pid_alive
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "deploy" / "base" / "crds"
 PINS = pinned_versions()
 

@@ -1,4 +1,4 @@
-"""The embedded broker and the Kafka plumbing, against a real Kafka-protocol broker over TCP."""
+"""The embedded broker, and Kafka client semantics, against a real Kafka-protocol broker over TCP."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import socket
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
 from contract import events, topics
@@ -15,37 +14,9 @@ from gpuaware.local import broker as localbroker
 from gpuaware.local.broker import BrokerError, BrokerSettings, LocalBroker
 from plumbing import kafka_admin as admin
 from plumbing.kafka_settings import KafkaSettings
+from tests.support import consume
 
 pytestmark = pytest.mark.broker
-
-
-async def _consume(settings: KafkaSettings, topic: str, group: str, want: int, timeout_s: float = 20.0):
-    consumer = AIOKafkaConsumer(topic, **settings.consumer_kwargs(group))
-    await consumer.start()
-    got = []
-    try:
-        async with asyncio.timeout(timeout_s):
-            while len(got) < want:
-                batches = await consumer.getmany(timeout_ms=500, max_records=want - len(got))
-                for records in batches.values():
-                    got.extend(records)
-        await consumer.commit()
-    finally:
-        await consumer.stop()
-    return got
-
-
-async def test_contract_topics_exist_with_their_partition_counts(kafka_settings):
-    client = AIOKafkaAdminClient(**kafka_settings.admin_kwargs())
-    await client.start()
-    try:
-        described = {d["topic"]: len(d["partitions"]) for d in await client.describe_topics(
-            [t.name for t in topics.ALL_TOPICS])}
-    finally:
-        await client.close()
-    assert described == {t.name: t.partitions for t in topics.ALL_TOPICS}
-    # Creating them again is a no-op, not an error.
-    assert await admin.ensure_topics(kafka_settings) == []
 
 
 async def test_round_trip_with_consumer_groups_and_committed_offsets(kafka_settings, unique):
@@ -65,7 +36,7 @@ async def test_round_trip_with_consumer_groups_and_committed_offsets(kafka_setti
         await producer.stop()
 
     group = f"g-{unique}"
-    first = await _consume(kafka_settings, topic, group, 20)
+    first = await consume(kafka_settings, topic, group, 20)
     assert sorted((events.decode(r.value) for r in first), key=lambda e: e.ts_ms) == sent
     # Same key, same partition: per-GPU order is kept.
     by_key: dict[bytes, list[int]] = {}
@@ -81,11 +52,11 @@ async def test_round_trip_with_consumer_groups_and_committed_offsets(kafka_setti
         await producer.send_and_wait(topic, events.encode(late), key=late.key())
     finally:
         await producer.stop()
-    again = await _consume(kafka_settings, topic, group, 1)
+    again = await consume(kafka_settings, topic, group, 1)
     assert [events.decode(r.value).event_id for r in again] == ["late"]
 
     # A different group reads everything from the beginning.
-    other = await _consume(kafka_settings, topic, f"other-{unique}", 21)
+    other = await consume(kafka_settings, topic, f"other-{unique}", 21)
     assert len(other) == 21
 
     consumer = AIOKafkaConsumer(**kafka_settings.consumer_kwargs(group))
@@ -95,29 +66,6 @@ async def test_round_trip_with_consumer_groups_and_committed_offsets(kafka_setti
     finally:
         await consumer.stop()
     assert sum(committed) == 21
-
-
-async def test_end_offsets_come_from_the_high_watermark_on_the_embedded_broker(kafka_settings, unique):
-    """16 records written as batches of 10, 1 and 5: the log end is 16 (DESIGN.md, known defects)."""
-    topic = f"test.offsets.{unique}"
-    await admin.ensure_topics(kafka_settings, [topics.TopicSpec(topic, 1, "delete", None, "k", "test")])
-    producer = AIOKafkaProducer(**kafka_settings.producer_kwargs())
-    await producer.start()
-    try:
-        for size in (10, 1, 5):
-            batch = producer.create_batch()
-            for i in range(size):
-                batch.append(key=None, value=f"{size}-{i}".encode(), timestamp=None)
-            await (await producer.send_batch(batch, topic, partition=0))
-    finally:
-        await producer.stop()
-    tp = TopicPartition(topic, 0)
-    assert (await admin.end_offsets(kafka_settings, [tp]))[tp] == 16
-    if kafka_settings.embedded_broker_compat:
-        # The defect the layer exists for; when Tansu fixes it, this fails and the layer can go.
-        raw = KafkaSettings(bootstrap_servers=kafka_settings.bootstrap_servers)
-        assert (await admin.end_offsets(raw, [tp]))[tp] == 12
-    assert len(await _consume(kafka_settings, topic, f"g-{unique}", 16)) == 16
 
 
 def test_a_taken_port_is_a_clear_error():
@@ -166,7 +114,7 @@ def test_s3_storage_keeps_the_log_across_a_broker_restart(tmp_path, seaweedfs):
         values = [f"sample-{i}".encode() for i in range(50)]
         asyncio.run(_produce_values(settings, topics.TELEMETRY, values))
         b.restart()
-        got = asyncio.run(_consume(settings, topics.TELEMETRY, "durable-check", 50, timeout_s=30))
+        got = asyncio.run(consume(settings, topics.TELEMETRY, "durable-check", 50, timeout_s=30))
         assert sorted(r.value for r in got) == sorted(values)
 
 

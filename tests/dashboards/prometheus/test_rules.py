@@ -1,0 +1,36 @@
+"""The Prometheus rules: each alert is annotated and has a runbook section; promtool checks and unit-tests them."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tests.support import REPO, RULES, prometheus_rules
+
+
+def test_every_alert_has_severity_summary_description_and_a_runbook_section() -> None:
+    runbooks = (REPO / "docs" / "runbooks.md").read_text()
+    anchors = {"#" + re.sub(r"[^a-z0-9-]", "", h.strip().lower().replace(" ", "-"))
+               for h in re.findall(r"^## (.+)$", runbooks, flags=re.M)}
+    alerts = [r for r in prometheus_rules() if "alert" in r]
+    assert len(alerts) >= 11
+    for r in alerts:
+        assert r["labels"]["severity"] in {"critical", "warning", "info"}, r["alert"]
+        ann = r["annotations"]
+        assert ann["summary"] and ann["description"], r["alert"]
+        assert ann["runbook_url"].startswith("docs/runbooks.md#"), r["alert"]
+        assert "#" + ann["runbook_url"].split("#", 1)[1] in anchors, (r["alert"], ann["runbook_url"])
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
+def test_promtool_checks_the_rules_and_runs_their_unit_tests() -> None:
+    check = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    unit = subprocess.run(["promtool", "test", "rules", str(RULES.with_name("rules_test.yml"))],
+                          capture_output=True, text=True, timeout=120)
+    assert unit.returncode == 0, unit.stdout + unit.stderr
+    tested = set(re.findall(r"alertname: (\w+)", RULES.with_name("rules_test.yml").read_text()))
+    assert tested == {r["alert"] for r in prometheus_rules() if "alert" in r}  # every alert has firing and quiet cases

@@ -1,0 +1,61 @@
+"""deploy/checks.py catches broken manifests and custom resources, naming the problem."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from deploy import checks as mc
+from tests.support import crds_and_examples
+
+if shutil.which("kubectl") is None:
+    pytest.skip("kubectl not installed (Debian package kubectl; .ci/run installs it)", allow_module_level=True)
+
+
+@pytest.mark.parametrize(("kind", "name", "change", "expect"), [
+    ("GPUWorkload", "llm-finetune", lambda d: d["spec"].update(pods="four"), "spec.pods: 'four' is not of type"),
+    ("GPUWorkload", "llm-finetune", lambda d: d["spec"]["gpu"].update(sharing="vgpu"),
+     "spec.gpu.sharing: 'vgpu' is not one of"),
+    ("GPUWorkload", "llm-finetune", lambda d: d["spec"].update(gangsize=4), "'gangsize' was unexpected"),
+    ("GPUQueue", "vision", lambda d: d["spec"].update(tenant="Vision Team"),
+     "spec.tenant: 'Vision Team' does not match"),
+    ("GPUQueue", "vision", lambda d: d["spec"].pop("namespaces"), "'namespaces' is a required property"),
+])
+def test_bad_custom_resources_are_rejected_with_the_field(rendered, kind, name, change, expect):
+    crds, examples = crds_and_examples(rendered)
+    problems = mc.schema_problems(mc.with_change(crds + examples, kind, name, change))
+    assert len(problems) == 1 and expect in problems[0], problems
+
+
+@pytest.mark.parametrize(("kind", "name", "change", "expect"), [
+    ("DaemonSet", "gpuaware-agent", lambda d: d["spec"]["template"]["spec"]["containers"][0]["resources"].pop("limits"),
+     "no cpu limits"),
+    ("DaemonSet", "gpuaware-agent", lambda d: d["spec"]["template"]["spec"]["containers"][0].pop("livenessProbe"),
+     "no livenessProbe"),
+    ("Deployment", "gpuaware-stream", lambda d: d["spec"]["template"]["spec"]["securityContext"].pop("runAsNonRoot"),
+     "runAsNonRoot is not true"),
+    ("Deployment", "gpuaware-stream",
+     lambda d: d["spec"]["template"]["spec"]["containers"][0]["securityContext"].update(readOnlyRootFilesystem=False),
+     "readOnlyRootFilesystem is not true"),
+    ("Deployment", "gpuaware-scheduler",
+     lambda d: d["spec"]["template"]["spec"]["containers"][0].update(image="ghcr.io/gpuaware/gpuaware:latest"),
+     "is not pinned"),
+    ("Deployment", "gpuaware-stream", lambda d: d["spec"].update(replicas=12), "12 replicas > 8 partitions"),
+    ("KafkaTopic", "gpu-telemetry-v1", lambda d: d["spec"].update(partitions=4), "4 partitions, contract says 8"),
+    ("KafkaUser", "gpuaware-stream",
+     lambda d: d["spec"]["authorization"]["acls"].append(
+         {"resource": {"type": "topic", "name": "*", "patternType": "literal"}, "operations": ["All"], "host": "*"}),
+     "also allowed: ['gpuaware-stream']"),
+    ("NetworkPolicy", "metrics-from-monitoring", lambda d: d["spec"]["ingress"][0].pop("from"),
+     "metrics port open beyond the monitoring namespace"),
+])
+def test_policy_checks_catch_broken_manifests(rendered, kind, name, change, expect):
+    problems = mc.policy_problems(mc.with_change(rendered["production"], kind, name, change))
+    assert any(expect in p for p in problems), problems
+
+
+def test_unknown_kind_without_a_schema_is_a_problem():
+    doc = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+    (problem,) = mc.schema_problems([doc])
+    assert "no schema for example.com/v1 Widget" in problem

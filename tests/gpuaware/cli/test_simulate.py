@@ -1,0 +1,25 @@
+"""`gpuaware simulate`: JSON figures, the report and the plot, and a clear error for an unknown policy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.support import OPENB_PODS as PODS
+
+
+def test_simulate_cli_prints_json_and_writes_report_and_plot(small_nodes, tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuaware", "simulate", "--experiment", "fragmentation", "--nodes", str(small_nodes),
+         "--pods", str(PODS), "--policy", "fgd", "--seed", "0", "--json", "--out", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["policy"] == "fgd" and set(figures["unallocated_pct"]) == {"80", "90", "100", "110", "120", "130"}
+    assert figures["decisions_per_s"] > 0 and figures["p99_decision_ms"] > 0
+    assert (out / "fragmentation-openb_pod_list_default.png").read_bytes()[:4] == b"\x89PNG"
+    bad = subprocess.run([sys.executable, "-m", "gpuaware", "simulate", "--policy", "nope", "--nodes",
+                          str(small_nodes)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown policy" in bad.stderr

@@ -1,0 +1,74 @@
+"""Fragmentation gradient descent: the measure by hand, its incremental delta against the definition
+(hypothesis), and the placement it picks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
+from scheduler.core.framework import Candidates, CycleContext, Profile, Scheduler
+from scheduler.core.plugins.fgd import FragmentationGradient, TaskTypes, fragmentation
+from scheduler.core.workload import Workload
+from tests.support import cluster, scheduler_with
+
+TYPES = TaskTypes.from_counts({(1000, 1024, 1, 1000): 3, (1000, 1024, 1, 500): 1, (0, 0, 0, 0): 1})
+
+
+def test_fragmentation_measure_by_hand():
+    free = np.array([[1000, 500, 200, 0]])
+    frag = fragmentation(free, np.array([4000]), np.array([8192]), TYPES)
+    # whole-GPU type: partial GPUs (500 + 200) are fragments; 500-milli type: the 200 is; CPU type: none.
+    assert frag.tolist() == [[700.0, 200.0, 0.0]]
+    no_cpu = fragmentation(free, np.array([0]), np.array([8192]), TYPES)
+    assert no_cpu.tolist() == [[1700.0, 1700.0, 0.0]]  # the CPU-only type (0 CPU) still fits
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(st.sampled_from([0, 50, 190, 300, 500, 810, 1000]), min_size=1, max_size=8), min_size=1,
+                max_size=6),
+       st.sampled_from([(1, 300), (1, 1000), (1, 50), (2, 1000), (0, 0)]), st.integers(0, 8000))
+def test_fgd_delta_equals_fragmentation_recomputed_from_scratch(gpus, request, cpu):
+    """The cached, incremental path (one GPU changed per candidate) against the definition."""
+    c = ClusterState([NodeSpec(f"n{i}", 16000, 65536, len(g), "V100") for i, g in enumerate(gpus)])
+    for i, g in enumerate(gpus):
+        for j, free in enumerate(g):
+            if free < 1000:
+                c.allocate(Allocation(f"w{i}-{j}", i, [j], [1000 - free], 1000, 1024))
+    types = TaskTypes.from_counts({(1000, 1024, 1, 1000): 3, (2000, 1024, 1, 300): 2, (500, 512, 1, 190): 1,
+                                   (4000, 4096, 2, 1000): 1, (8000, 1024, 0, 0): 1})
+    fgd = FragmentationGradient(types)
+    w = Workload("w", cpu, 1024, request[0], request[1] or 1000) if request[0] else Workload("w", cpu, 1024, 0)
+    for step in range(2):  # the second step reads the node figures FGD cached and updated for the changed node
+        ctx = CycleContext(c, w)
+        cand, _ = Scheduler(Profile("t", [], [])).candidates(ctx)
+        if not len(cand):
+            return
+        _check_delta(fgd, ctx, cand, types)
+        c.allocate(Allocation(f"placed-{step}", int(cand.node[0]), [max(int(cand.gpu[0]), 0)] if w.num_gpu == 1 else [],
+                              [w.gpu_milli] if w.num_gpu == 1 else [], 0, 0))
+
+
+def _check_delta(fgd: FragmentationGradient, ctx: CycleContext, cand: Candidates, types: TaskTypes) -> None:
+    c, w = ctx.cluster, ctx.workload
+    got = fgd.delta(ctx, cand)
+    for k in range(len(cand)):
+        n, g = int(cand.node[k]), int(cand.gpu[k])
+        free = c.gpu_free[n:n + 1].copy()
+        if w.num_gpu == 1:
+            free[0, g] -= w.gpu_milli
+        elif w.num_gpu > 1:
+            free[0, np.flatnonzero(ctx.cache["gpu_ok"][n])[:w.num_gpu]] -= 1000
+        before = fragmentation(c.gpu_free[n:n + 1], c.cpu_free[n:n + 1], c.mem_free[n:n + 1], types) @ types.p
+        after = fragmentation(free, c.cpu_free[n:n + 1] - w.cpu_milli, c.mem_free[n:n + 1] - w.memory_mib,
+                              types) @ types.p
+        assert got[k] == pytest.approx(float(after[0] - before[0]))
+
+
+def test_fgd_fills_a_half_used_gpu_rather_than_breaking_a_whole_one():
+    c = cluster(2, 2)
+    c.allocate(Allocation("half", 0, [0], [500], 1000, 1024))
+    d = scheduler_with(FragmentationGradient(TYPES)).schedule(c, Workload("w", 1000, 1024, 1, 500))
+    assert (d.allocation.node, d.allocation.gpus) == (0, [0])

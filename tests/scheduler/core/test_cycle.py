@@ -1,0 +1,38 @@
+"""Gang placement in a scheduling pass: all members or none (hypothesis)."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
+from scheduler.core.framework import Scheduler
+from scheduler.core.policies import profile
+from scheduler.core.workload import Workload
+from scheduler.core.workload_mix import WorkloadMix
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=3), st.lists(st.integers(1, 8), min_size=1, max_size=6),
+       st.integers(0, 3))
+def test_a_gang_is_placed_whole_or_leaves_the_cluster_exactly_as_it_was(node_gpus, member_gpus, busy):
+    from scheduler.core.cycle import place_gang
+
+    cluster = ClusterState([NodeSpec(f"n{i}", 64_000, 512_000, g, "H100", 81920) for i, g in enumerate(node_gpus)])
+    if busy and cluster.gpu_count[0] >= busy:
+        cluster.allocate(Allocation("already", 0, list(range(busy)), [1000] * busy, 0, 0))
+    before = (cluster.gpu_free.copy(), cluster.cpu_free.copy(), dict(cluster.allocations))
+    members = [Workload(f"m{i}", 1000, 1024, g, gang="g") for i, g in enumerate(member_gpus)]
+    scheduler = Scheduler(profile("gpuaware", WorkloadMix.of([Workload("w", 1000, 1024, 1, 1000)])))
+    placed, reasons = place_gang(scheduler, cluster, members)
+    cluster.check_invariants()
+    if placed:
+        assert not reasons and {d.workload.id for d in placed} == {m.id for m in members}
+        assert all(m.id in cluster.allocations for m in members)
+    else:
+        assert reasons and "none of its" in reasons[0]
+        assert (cluster.gpu_free == before[0]).all() and (cluster.cpu_free == before[1]).all()
+        assert cluster.allocations == before[2]
+    free_total = sum(max(0, g) for g in node_gpus) - (busy if busy and node_gpus[0] >= busy else 0)
+    if sum(member_gpus) > free_total:
+        assert not placed  # more GPUs asked than exist free: never a partial gang

@@ -1,0 +1,59 @@
+"""The dynamic simulation (arrivals, completions, faults, preemption) on a slice of the real openb cluster."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.sim.dynamic import DynamicConfig, run_dynamic, summarize
+from scheduler.sim.openb import load_nodes, load_pods
+from tests.support import OPENB_PODS as PODS
+
+
+def test_dynamic_runs_finish_every_job_and_leave_the_cluster_empty(small_nodes):
+    nodes, pods = load_nodes(small_nodes), load_pods(PODS)
+    # Heterogeneity off: then no job can finish faster than its trace duration.
+    cfg = DynamicConfig(jobs=400, node_fraction=1.0, fault_every_s=300.0, fault_duration_s=600.0,
+                        heterogeneity=False, check_invariants=True)
+    results = {p: run_dynamic(nodes, pods, p, seed=1, cfg=cfg) for p in ("k8s-default", "gpuaware")}
+    for r in results.values():
+        assert all(j.finish_s is not None for j in r.jobs.values())
+        assert all(j.first_start_s >= j.workload.submit_s for j in r.jobs.values())
+        assert all(j.finish_s - j.first_start_s >= j.duration_s - 1e-6 for j in r.jobs.values())
+    assert results["gpuaware"].migrations > 0 and results["gpuaware"].killed_by_faults == 0
+    assert results["k8s-default"].migrations == 0 and results["k8s-default"].killed_by_faults > 0
+    s = summarize([results["gpuaware"]])
+    assert set(s["queue_wait_mean_s"]) == {"high", "medium", "low"}
+    assert 0 < s["busy_share_of_allocated"] <= 1 and 0 < s["jain_fairness"] <= 1
+    assert summarize([results["k8s-default"]])["busy_share_of_allocated"] < 1  # fractions rounded up
+
+
+def test_gpuaware_waits_instead_of_preempting_when_room_frees_soon(small_nodes):
+    nodes, pods = load_nodes(small_nodes), load_pods(PODS)
+    base = dict(jobs=600, node_fraction=0.3, target_load=2.0, fault_every_s=1e9, check_invariants=True)
+    eager = run_dynamic(nodes, pods, "gpuaware", seed=3, cfg=DynamicConfig(**base, preempt_grace_s=(0.0, 0.0, 0.0)))
+    patient = run_dynamic(nodes, pods, "gpuaware", seed=3, cfg=DynamicConfig(**base))
+    assert eager.preemptions_avoided == 0 and eager.preemptions > 0
+    assert patient.preemptions_avoided > 0 and patient.preemptions < eager.preemptions
+    assert all(j.finish_s is not None for j in patient.jobs.values())
+
+
+def test_heterogeneity_scales_durations_by_the_gpu_model(small_nodes):
+    nodes, pods = load_nodes(small_nodes), load_pods(PODS)
+    cfg = DynamicConfig(jobs=200, node_fraction=1.0, target_load=0.3)
+    r = run_dynamic(nodes, pods, "gpuaware", seed=2, cfg=cfg)
+    gpu_jobs = [j for j in r.jobs.values() if j.workload.num_gpu]
+    assert all(j.workload.labels.get("gavel_class") for j in gpu_jobs)
+    ratios = [(j.finish_s - j.first_start_s) / j.duration_s for j in gpu_jobs]
+    assert min(ratios) < 0.99 or max(ratios) > 1.01  # some model is faster or slower than the V100 reference
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.floats(0.5, 2.0), st.sampled_from(["gpuaware", "fgd", "k8s-default"]))
+def test_dynamic_invariants_hold_under_random_load(small_nodes, seed, load, policy):
+    """No over-allocation after any event; a tenant exceeds its quota only with borrowed (reclaimable) work."""
+    nodes, pods = load_nodes(small_nodes), load_pods(PODS)
+    cfg = DynamicConfig(jobs=150, node_fraction=0.5, target_load=load, check_invariants=True)
+    r = run_dynamic(nodes, pods, policy, seed=seed, cfg=cfg)
+    assert all(j.finish_s is not None for j in r.jobs.values())  # every job that fits some node completes
+    assert len(r.jobs) + len(r.unschedulable) == cfg.jobs
