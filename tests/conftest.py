@@ -96,3 +96,7 @@ def small_nodes(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("trace") / "nodes.csv"
     path.write_text("\n".join([lines[0], *lines[1::20]]) + "\n")
     return path
+
+
+# The real-parts header line and the CI check (tests/real_parts.py).
+from tests.real_parts import pytest_configure, pytest_report_header, pytest_sessionstart  # noqa: E402, F401
