@@ -146,7 +146,7 @@ async def _measure(kafka: KafkaSettings, url: str, conn, pod_csv: str, burst: in
     stop = asyncio.Event()
     try:
         t0 = time.monotonic()
-        await feed.catch_up(timeout_s=300)
+        await feed.catch_up()
         await live.start(sync_timeout_s=120)
         progress(f"scheduler ready in {time.monotonic() - t0:.1f}s with {len(view.gpus)} GPU states")
         live.leading.set()

@@ -70,7 +70,7 @@ def test_feed_catches_up_on_everything_published_before_it_started(kafka_setting
         feed = StateFeed(kafka_settings, view)
         await feed.start()
         try:
-            await feed.catch_up(60)
+            await feed.catch_up()
         finally:
             await feed.stop()
         return view, feed

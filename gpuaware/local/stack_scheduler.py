@@ -212,6 +212,7 @@ class StackScheduler:
         await self.producer.start()
         self.live = LiveScheduler(KubeApi(connect(self.fake.url)), SchedulerSettings(throttle_every_s=10),
                                   self.view)
+        self.live.stats.feed_catch_up = self.feed.progress
 
         async def publish(record: SchedulerDecision) -> None:
             await self.producer.send(topics.DECISIONS, encode(record), key=record.key())
