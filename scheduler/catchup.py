@@ -33,7 +33,7 @@ class CatchUp:
         self.targets: dict[Hashable, int] = {}
         self.positions: dict[Hashable, int] = {}
         self.total = 0
-        self.began = self.advanced_at = self.reported_at = 0.0
+        self.began = self.advanced_at = self.reported_at = self.ended = 0.0
         self.done = False
         self.stalled = False
         self.stalled_for = 0.0  # how long without progress, when the stall was found
@@ -43,7 +43,7 @@ class CatchUp:
         self.targets = dict(targets)
         self.positions = {p: positions.get(p, 0) for p in self.targets}
         self.total = sum(max(0, end - self.positions[p]) for p, end in self.targets.items())
-        self.began = self.advanced_at = self.reported_at = self.clock()
+        self.began = self.advanced_at = self.reported_at = self.ended = self.clock()
         self.done = self.remaining == 0
 
     @property
@@ -66,7 +66,7 @@ class CatchUp:
     @property
     def rate(self) -> float:
         """Offsets read per second since ``begin``."""
-        elapsed = self.clock() - self.began
+        elapsed = (self.ended if self.done else self.clock()) - self.began
         return self.read / elapsed if elapsed > 0 else 0.0
 
     def observe(self, positions: Mapping[Hashable, int]) -> None:
@@ -81,7 +81,7 @@ class CatchUp:
         if self.remaining < before:
             self.advanced_at, self.stalled = now, False
         if self.remaining == 0:
-            self.done = True
+            self.done, self.ended = True, now
             log.info("%s caught up: %d records in %.1f s (%.0f records/s)", self.what, self.total, now - self.began,
                      self.rate)
             return
