@@ -145,7 +145,7 @@ async def _measure(kafka: KafkaSettings, url: str, conn, pod_csv: str, burst: in
     stop = asyncio.Event()
     try:
         t0 = time.monotonic()
-        await runtime.start(sync_timeout_s=120, catch_up_timeout_s=300)
+        await runtime.start(sync_timeout_s=120)
         progress(f"scheduler ready in {time.monotonic() - t0:.1f}s with {len(view.gpus)} GPU states")
         task = asyncio.create_task(runtime.run(stop))
 

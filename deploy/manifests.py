@@ -15,6 +15,7 @@ What is generated, and from where:
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +43,10 @@ def resource_name(topic: str) -> str:
     return topic.replace(".", "-").lower()
 
 
-def _config_value(value: str) -> int | str:
-    return int(value) if value.isdigit() else value
+def _config_value(value: str) -> int | float | str:
+    if value.isdigit():
+        return int(value)
+    return float(value) if re.fullmatch(r"\d+\.\d+", value) else value
 
 
 def kafka_topic(spec: topics.TopicSpec) -> dict[str, Any]:

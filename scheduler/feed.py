@@ -14,18 +14,20 @@ freeze that GPU (or node) at a value nothing genuine could replace.
 
 ``StateFeed`` reads the three compacted topics from the beginning with a plain consumer (no
 group: every scheduler replica needs all of it), and ``catch_up()`` returns only once it has
-read up to the log ends it saw at start, so no decision is made on a partial picture. Undecodable
-records go to the topic's ``.dlq`` and are counted.
+read up to the log ends it saw at start, so no decision is made on a partial picture. How long
+that takes grows with the log, so the wait is bounded by progress (``scheduler.catchup``), not
+by wall time: it fails only when the consumed offsets stop advancing for ``stall_timeout_s``.
+Undecodable records go to the topic's ``.dlq`` and are counted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
@@ -34,6 +36,7 @@ from contract import topics
 from contract.events import ClusterForecast, DecodeError, GpuState, HealthBand, NodeState, dead_letter, decode_for_topic
 from plumbing.kafka_admin import end_offsets
 from plumbing.kafka_settings import KafkaSettings
+from scheduler.catchup import CatchUp
 from scheduler.core.cluster import BAND_CODE, ClusterState
 
 log = logging.getLogger(__name__)
@@ -121,58 +124,86 @@ def _forecast(s: GpuState) -> float:
 
 
 class StateFeed:
-    """Follows the derived-state topics into a ``StateView`` (one asyncio task)."""
+    """Follows the derived-state topics into a ``StateView`` (one asyncio task).
 
-    def __init__(self, kafka: KafkaSettings, view: StateView):
+    ``progress`` is the catch-up's (``scheduler.catchup.CatchUp``): the scheduler's gauges read it."""
+
+    def __init__(self, kafka: KafkaSettings, view: StateView, *, stall_timeout_s: float = 30.0,
+                 report_every_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
         self.kafka = kafka
         self.view = view
         self.records = 0
         self.dead_lettered = 0
-        self._consumer: AIOKafkaConsumer | None = None
+        self.progress = CatchUp(stall_timeout_s, report_every_s, clock)
+        self._consumer: Any = None  # an AIOKafkaConsumer, or anything with its getmany/position/stop
         self._producer: AIOKafkaProducer | None = None
         self._task: asyncio.Task | None = None
-        self._caught_up = asyncio.Event()
+        self._settled = asyncio.Event()  # caught up, or stalled: catch_up() looks at progress to tell which
 
     async def start(self) -> None:
         parts = [TopicPartition(t, p) for t in FEED_TOPICS for p in range(topics.spec(t).partitions)]
         targets = await end_offsets(self.kafka, parts)
-        self._consumer = AIOKafkaConsumer(**self.kafka.consumer_kwargs(None))
-        await self._consumer.start()
-        self._consumer.assign(parts)
-        await self._consumer.seek_to_beginning(*parts)
+        consumer = AIOKafkaConsumer(**self.kafka.consumer_kwargs(None))
+        await consumer.start()
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
         self._producer = AIOKafkaProducer(**self.kafka.producer_kwargs())
         await self._producer.start()
-        self._task = asyncio.create_task(self._run(targets), name="state-feed")
+        self.follow(consumer, targets)
 
-    async def catch_up(self, timeout_s: float = 60.0) -> None:
-        """Wait until everything published before ``start()`` has been read."""
-        await asyncio.wait_for(self._caught_up.wait(), timeout_s)
+    def follow(self, consumer: Any, targets: Mapping[TopicPartition, int]) -> None:
+        """Read from ``consumer`` (assigned, started) for good; catch-up ends at ``targets``, the log ends.
+
+        ``start()`` calls this with a real consumer; tests hand in a fake one."""
+        self._consumer = consumer
+        self._task = asyncio.create_task(self._run(dict(targets)), name="state-feed")
+
+    async def catch_up(self) -> None:
+        """Wait until everything published before ``start()`` has been read.
+
+        Raises ``CatchUpStalled`` once the read offsets have not advanced for the stall timeout, or the
+        feed task's own error if it died; however long a steadily advancing catch-up takes, it is waited for."""
+        assert self._task is not None, "catch_up() before start()"
+        settled = asyncio.create_task(self._settled.wait())
+        try:
+            await asyncio.wait({settled, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            settled.cancel()
+        if self.progress.done:
+            return
+        if self._task.done():
+            self._task.result()  # raises what killed it
+            raise RuntimeError("the state feed ended before it caught up")
+        raise self.progress.stall_error()
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            (ended,) = await asyncio.gather(self._task, return_exceptions=True)
+            if isinstance(ended, Exception):  # catch_up() raised it already if it ended the catch-up
+                log.warning("the state feed had stopped: %r", ended)
         for client in (self._consumer, self._producer):
             if client is not None:
                 await client.stop()
 
     async def _run(self, targets: dict[TopicPartition, int]) -> None:
-        assert self._consumer is not None
-        pending = {tp: end for tp, end in targets.items() if end > 0}
-        if not pending:
-            self._caught_up.set()
+        consumer, progress = self._consumer, self.progress
+        progress.begin(targets, {tp: await consumer.position(tp) for tp in targets})
+        if progress.done:
+            self._settled.set()
         while True:
-            batches = await self._consumer.getmany(timeout_ms=500, max_records=2000)
+            batches = await consumer.getmany(timeout_ms=500, max_records=2000)
             for msgs in batches.values():
                 for m in msgs:
                     await self._take(m)
+            if progress.done:
+                continue
             # Positions, not the last offsets seen: compaction may leave gaps before the end.
-            for tp in [tp for tp in pending if await self._consumer.position(tp) >= pending[tp]]:
-                del pending[tp]
-            if not pending and not self._caught_up.is_set():
+            progress.observe({tp: await consumer.position(tp) for tp in progress.pending})
+            if progress.done:
                 log.info("state feed caught up: %d GPUs, %d nodes", len(self.view.gpus), len(self.view.nodes))
-                self._caught_up.set()
+            if progress.done or progress.stalled:
+                self._settled.set()
 
     async def _take(self, m) -> None:
         self.records += 1

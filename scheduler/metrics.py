@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from plumbing.metrics import Histogram, histogram_family
+from scheduler.catchup import CatchUp
 from scheduler.core.workload import PriorityLevel
 
 PRIORITY_NAMES = {level: level.label for level in reversed(PriorityLevel)}
@@ -32,6 +33,7 @@ class SchedulerStats:
     feed_records: int = 0
     feed_dead_lettered: int = 0
     feed_skew_rejected: int = 0
+    feed_catch_up: CatchUp | None = None  # the state feed's catch-up (StateFeed.progress), read on scrape
     decision_latencies: deque = field(default_factory=lambda: deque(maxlen=100_000))  # raw, for benchmarks
 
     def by_action(self) -> Counter:
@@ -130,4 +132,14 @@ class SchedulerCollector(Collector):
         yield CounterMetricFamily("gpuaware_scheduler_feed_clock_skew_rejected",
                                   "State records ignored for a timestamp too far ahead of the scheduler's clock",
                                   value=s.feed_skew_rejected)
-
+        if s.feed_catch_up is not None:
+            c = s.feed_catch_up
+            for name, doc, v in (
+                ("gpuaware_scheduler_feed_catch_up_ratio",
+                 "Share of the state topics read on (re)start, up to the log ends seen then (1 = caught up)", c.ratio),
+                ("gpuaware_scheduler_feed_catch_up_remaining_records",
+                 "Offsets of the state topics still to read before the scheduler is ready", c.remaining),
+                ("gpuaware_scheduler_feed_catch_up_records_per_second",
+                 "Rate of the state feed's catch-up since it started", c.rate),
+            ):
+                yield GaugeMetricFamily(name, doc, value=v)

@@ -44,6 +44,9 @@ class SchedulerSettings(BaseModel):
                                       description="how long an eviction blocked by a PodDisruptionBudget is retried")
     eviction_retry_s: float = Field(5.0, gt=0, le=600)
     stale_after_s: float = Field(90.0, gt=0, description="a GPU with no state this long is treated as degraded")
+    catch_up_stall_s: float = Field(30.0, gt=0, le=3600,
+                                    description="on start, give up reading the state topics after this long "
+                                                "without progress (however long a steady catch-up takes)")
     throttle_every_s: float = Field(30.0, gt=0, le=3600, description="how often power caps are reconsidered")
     node_power_budget_w: float | None = Field(None, gt=0,
                                               description="GPU power budget per node; None: only thermal caps")

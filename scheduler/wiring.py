@@ -89,7 +89,7 @@ class SchedulerRuntime:
         start_http_server(port, addr=host, registry=registry)
         log.info("serving /metrics on %s:%d", host, port)
 
-    async def start(self, sync_timeout_s: float = 60.0, catch_up_timeout_s: float = 60.0) -> None:
+    async def start(self, sync_timeout_s: float = 60.0) -> None:
         """Extender up, state feed and publishers started, cluster listed and state caught up: ready."""
         if self.settings.extender_port:
             self._runner = web.AppRunner(self.extender.app(), access_log=None)
@@ -106,7 +106,7 @@ class SchedulerRuntime:
         self._started.append("live")
         await self.live.start(sync_timeout_s)
         if self.feed is not None:
-            await self.feed.catch_up(catch_up_timeout_s)
+            await self.feed.catch_up()
         self.ready.set()
         log.info("cluster listed (%d nodes, %d pods) and state caught up: ready", len(self.live.cache.nodes),
                  len(self.live.cache.pods))
@@ -170,7 +170,10 @@ def build_scheduler(settings: SchedulerSettings, kafka: KafkaSettings | None = N
         live = LiveScheduler(api, settings, view, stats, decisions=publishers.decision, control=publishers.control)
     else:
         live = LiveScheduler(api, settings, view, stats)
-    feed = StateFeed(kafka, view) if kafka is not None and view is not None else None
+    feed = (StateFeed(kafka, view, stall_timeout_s=settings.catch_up_stall_s)
+            if kafka is not None and view is not None else None)
+    if feed is not None:
+        stats.feed_catch_up = feed.progress
     return SchedulerRuntime(settings, api, live, feed, publishers)
 
 

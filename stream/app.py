@@ -38,14 +38,20 @@ log = logging.getLogger(__name__)
 PARTIAL_MAX_AGE_MS = 60_000
 
 
+def changelog_spec(settings: StreamSettings) -> topics.TopicSpec:
+    """The ``gpus`` table's changelog: compacted per-GPU snapshots, as voluminous as ``gpu.state.v1``."""
+    return topics.TopicSpec(f"{settings.app_id}-gpus-changelog", topics.spec(topics.TELEMETRY).partitions,
+                            "compact", None, "GPU UUID", "changelog of the per-GPU state table",
+                            topics.HIGH_VOLUME_STATE)
+
+
 def internal_topics(settings: StreamSettings) -> list[topics.TopicSpec]:
     """Faust's own topics, created up front with the right partition counts (Tansu would guess 4)."""
     n = topics.spec(topics.TELEMETRY).partitions
     return [
         topics.TopicSpec(f"{settings.app_id}-events-by-node", n, "delete", topics.HOUR_MS, "node name",
                          "gpu.events.v1 re-keyed by node"),
-        topics.TopicSpec(f"{settings.app_id}-gpus-changelog", n, "compact", None, "GPU UUID",
-                         "changelog of the per-GPU state table"),
+        changelog_spec(settings),
         topics.TopicSpec(f"{settings.app_id}-model-demand", 1, "delete", topics.HOUR_MS, "partition",
                          "per-partition demand partials"),
         topics.TopicSpec(f"{settings.app_id}-__assignor-__leader", 1, "delete", None, "", "Faust leader election"),
@@ -94,7 +100,10 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     inputs = app.topic(topics.TELEMETRY, by_node_name, **raw)
     out = {name: app.topic(name, **raw) for name in (topics.GPU_STATE, topics.NODE_STATE, topics.CLUSTER_FORECAST)}
     dlqs: dict[str, faust.Topic] = {}
-    table = app.Table("gpus", partitions=partitions)  # GPU UUID -> GpuTracker snapshot, both JSON
+    # GPU UUID -> GpuTracker snapshot, both JSON. The compaction settings also reach a changelog that Faust
+    # creates itself (ensure_topics normally creates it first); Faust sets the cleanup policy.
+    changelog = {k: v for k, v in changelog_spec(settings).configs().items() if k != "cleanup.policy"}
+    table = app.Table("gpus", partitions=partitions, extra_topic_configs=changelog)
     tracker_settings = TrackerSettings(
         horizons_min=tuple(settings.horizons_min), min_interval_ms=settings.min_publish_interval_ms,
         max_interval_ms=settings.max_publish_interval_ms, max_clock_skew_ms=int(settings.max_clock_skew_s * 1000),

@@ -70,7 +70,7 @@ def test_feed_catches_up_on_everything_published_before_it_started(kafka_setting
         feed = StateFeed(kafka_settings, view)
         await feed.start()
         try:
-            await feed.catch_up(60)
+            await feed.catch_up()
         finally:
             await feed.stop()
         return view, feed
@@ -83,3 +83,52 @@ def test_feed_catches_up_on_everything_published_before_it_started(kafka_setting
     assert len(view.nodes[f"feed-{unique}"].gpus) == 8
     assert view.forecast is not None and view.forecast.cluster == f"feed-{unique}"
     assert feed.dead_lettered >= 1
+
+
+def test_a_restarted_feed_catches_up_to_the_newest_state_of_1000_gpus_from_100k_records(
+        kafka_settings: KafkaSettings, unique) -> None:
+    """A day of state for 1,000 GPUs is ~8.6M records (docs/reliability.md); 100 updates per GPU stand in for it
+    here. The first feed reads them and stops; one more update per GPU is published; the restarted feed must
+    end with that newest state for every GPU."""
+    gpus, updates = 1000, 100
+    uuids = [f"GPU-restart-{unique}-{i}" for i in range(gpus)]
+    now = int(time.time() * 1000) - 60_000
+
+    async def publish(producer: AIOKafkaProducer, version: int) -> None:
+        for u in uuids:
+            state = _state(u, f"restart-{unique}", HealthBand.HEALTHY, now + version * 10, util=float(version % 50))
+            await producer.send(topics.GPU_STATE, encode(state), key=u.encode())
+
+    async def read() -> tuple[StateView, StateFeed, float]:
+        view = StateView()
+        feed = StateFeed(kafka_settings, view)
+        t0 = time.monotonic()
+        await feed.start()
+        try:
+            await feed.catch_up()
+            return view, feed, time.monotonic() - t0
+        finally:
+            await feed.stop()
+
+    async def run() -> tuple[StateView, StateFeed, float]:
+        producer = AIOKafkaProducer(**kafka_settings.producer_kwargs())
+        await producer.start()
+        try:
+            for version in range(updates):
+                await publish(producer, version)
+            await producer.flush()
+            first, _, _ = await read()
+            assert all(first.gpus[u].sample_ts_ms == now + (updates - 1) * 10 for u in uuids)
+            await publish(producer, updates)  # published while the scheduler is down
+            await producer.flush()
+        finally:
+            await producer.stop()
+        return await read()
+
+    view, feed, took = asyncio.run(run())
+    newest = now + updates * 10
+    assert [u for u in uuids if view.gpus[u].sample_ts_ms != newest] == []
+    assert feed.progress.done and feed.progress.total >= gpus * (updates + 1)
+    total = feed.progress.total
+    print(f"\nrestart catch-up: {total} records in {took:.1f}s with start-up = {total / took:.0f} records/s; "
+          f"reading alone {feed.progress.rate:.0f} records/s")

@@ -12,7 +12,8 @@ It speaks the real REST paths, JSON and semantics the scheduler relies on, so th
 - watch as a chunked stream of JSON lines (``ADDED``/``MODIFIED``/``DELETED``), ``BOOKMARK`` events
   with ``allowWatchBookmarks``, ``timeoutSeconds``, and ``ERROR`` with a 410 ``Expired`` Status when
   the asked ``resourceVersion`` is older than the retained event window (as after etcd compaction);
-- the ``pods/binding`` subresource (409 Conflict when the pod is already assigned to a node; the
+- the ``pods/binding`` subresource (409 Conflict when the pod is already assigned to a node, or
+  when the Binding's ``metadata.uid``/``resourceVersion`` preconditions do not match the pod; the
   Binding's annotations are set on the pod with its node, as kube-apiserver does) and
   ``pods/eviction`` (policy/v1; 429 TooManyRequests when a matching PodDisruptionBudget allows no
   disruption, else the pod is deleted), and ``/status`` subresources.
@@ -238,6 +239,7 @@ class Store:
             target = (binding.get("target") or {}).get("name")
             if not target:
                 raise ApiError(422, "Invalid", "Binding.target.name: Required value")
+            _check_preconditions(ns, name, pod, binding.get("metadata") or {})
             if pod.get("spec", {}).get("nodeName"):
                 raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} '
                                f'is already assigned to node "{pod["spec"]["nodeName"]}"',
@@ -303,6 +305,18 @@ class Store:
                     hi = mid
             return [(erv, kind, obj) for erv, r, kind, obj in self.log[lo:]
                     if r == res and (ns is None or obj["metadata"].get("namespace") == ns)], self.rv
+
+
+def _check_preconditions(ns: str, name: str, pod: dict[str, Any], binding_meta: dict[str, Any]) -> None:
+    """kube-apiserver's BindingREST: the Binding's UID and resourceVersion are storage preconditions on the pod
+    (storage.Preconditions.Check), and a failed one is a 409 Conflict on "pods" (InterpretUpdateError)."""
+    for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+        want, have = binding_meta.get(field), pod["metadata"].get(field)
+        if want and want != have:
+            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods "{name}": StorageError: invalid '
+                           f"object, Code: 4, Key: /registry/pods/{ns}/{name}, ResourceVersion: 0, "
+                           f"AdditionalErrorMsg: Precondition failed: {label} in precondition: {want}, {label} in "
+                           f"object meta: {have}", {"name": name, "kind": "pods"})
 
 
 class FakeApiServer:

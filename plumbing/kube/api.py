@@ -64,6 +64,18 @@ def api_error(exc: ApiException) -> tuple[int, str, str]:
     return exc.status or 0, body.get("reason", exc.reason or ""), body.get("message", str(exc))
 
 
+class PodReplaced(ApiException):
+    """A Binding refused because the pod's UID is not the one it carried (409 Conflict, a failed storage
+    precondition): the pod was deleted and one of the same name created since it was read. The placement was
+    for the old pod; the new one is a new pending pod, to be scheduled on its own."""
+
+    MARK = "Precondition failed: UID in precondition"  # the apiserver's storage.Preconditions.Check
+
+    def __init__(self, exc: ApiException):
+        super().__init__(status=exc.status, reason=exc.reason)
+        self.body, self.headers = exc.body, exc.headers
+
+
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -81,12 +93,24 @@ class KubeApi:
         self.custom = client.CustomObjectsApi(api_client)
 
     # Pods
-    def bind(self, namespace: str, name: str, node: str, annotations: dict[str, str] | None = None) -> None:
-        """POST pods/binding; the API server sets ``annotations`` on the pod in the same write as its node."""
-        body = {"apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
+    def bind(self, namespace: str, name: str, node: str, annotations: dict[str, str] | None = None,
+             uid: str | None = None) -> None:
+        """POST pods/binding; the API server sets ``annotations`` on the pod in the same write as its node.
+
+        ``uid``, the UID of the pod the placement was made for, is a precondition: kube-apiserver binds only
+        the pod with that UID and otherwise raises ``PodReplaced`` (a pod recreated under the same name
+        would otherwise get the old one's node and GPUs)."""
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "annotations": annotations or {}}
+        if uid:
+            meta["uid"] = uid
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        self.core.create_namespaced_pod_binding(name, namespace, body, **self._raw)
+        try:
+            self.core.create_namespaced_pod_binding(name, namespace, body, **self._raw)
+        except ApiException as exc:
+            if uid and exc.status == 409 and PodReplaced.MARK in api_error(exc)[2]:
+                raise PodReplaced(exc) from exc
+            raise
 
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None]) -> dict[str, Any]:
         return _json(self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}},

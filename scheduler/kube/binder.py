@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from contract import annotations
 from contract.events import DecisionAction, GpuAssignment
-from plumbing.kube.api import TRANSPORT_ERRORS
+from plumbing.kube.api import TRANSPORT_ERRORS, PodReplaced
 from scheduler.core.framework import Decision
 from scheduler.core.workload import Workload
 from scheduler.feed import StateView
@@ -52,32 +52,46 @@ class Binder:
             return {}
         return {g.index: g.uuid for g in self.view.nodes[node].gpus}
 
-    async def bind(self, w: Workload, d: Decision, victims: list[str]) -> None:
+    async def bind(self, w: Workload, d: Decision, victims: list[str], uid: str | None = None) -> None:
+        """``uid``: of the pod the decision was made for; the Binding carries it as a precondition, so a pod
+        deleted and recreated under the same name since then is not bound to the old pod's GPUs."""
         key, alloc = w.id, d.allocation
         assert alloc is not None
         ns, name = key.split("/", 1)
         node = self.cache.node_name(alloc.node)
         uuids = self.gpu_uuids(node)
+        try:
+            # The preemptor lands only once its victims are gone. It waits outside the bind slots: a slot is
+            # for an API call in flight, and waiting minutes for a checkpoint must not stall other placements.
+            for v in victims:
+                gone = self.departures.expect(v)
+                if v in self.cache.pods:
+                    await asyncio.wait_for(gone.wait(), self.settings.checkpoint_timeout_s
+                                           + self.settings.eviction_timeout_s)
+        except TimeoutError:
+            self.requeue(key, f"victims of {key} were not gone in time; placement withdrawn")
+            return
         async with self._slots:
             started = time.perf_counter()
             try:
-                for v in victims:  # the preemptor lands only once its victims are gone
-                    gone = self.departures.expect(v)
-                    if v in self.cache.pods:
-                        await asyncio.wait_for(gone.wait(), self.settings.checkpoint_timeout_s
-                                               + self.settings.eviction_timeout_s)
                 # One write: the GPUs are on the pod from the moment it has a node (the device plugin reads them).
                 await self.calls.call(self.calls.api.bind, ns, name, node, {
                     annotations.ANN_GPUS: objects.gpus_annotation(alloc, uuids),
-                    annotations.ANN_SHARING: objects.sharing_annotation(alloc)})
-            except TimeoutError:
-                self.requeue(key, f"victims of {key} were not gone in time; placement withdrawn")
-                return
+                    annotations.ANN_SHARING: objects.sharing_annotation(alloc)}, uid)
             except TRANSPORT_ERRORS as exc:
                 self.stats.api_errors[("bind", 0)] += 1
                 # Unknown whether the Binding landed: the pod's next watch event says; until then it is requeued
                 # and a second Binding would get 409 (kept as the API's answer).
                 self.requeue(key, f"bind interrupted: {exc}")
+                return
+            except PodReplaced:
+                # Deleted and recreated under its name since this placement was made: the new pod is pending on
+                # its own (its ADDED event queues it); this placement is dropped, and it is no API error.
+                log.info("%s: replaced by a new pod of the same name; placement dropped", key)
+                self.cache.unreserve(key)
+                self.cache.release(key)
+                self.stats.decisions[("DROP", "pod-replaced")] += 1
+                self.wake()
                 return
             except ApiException as exc:
                 code, reason, message = self.calls.failed("bind", exc)

@@ -68,7 +68,8 @@ class PassActions:
         key = workload.id
         assert decision.allocation is not None
         self.cache.reserve(key, Running(workload, decision.allocation, now, 0.0, None))
-        self.tasks.spawn(self.binder.bind(workload, decision, self.victims.pop(key, [])))
+        uid = (self.cache.pods.get(key) or {}).get("metadata", {}).get("uid")  # of the pod decided for, now
+        self.tasks.spawn(self.binder.bind(workload, decision, self.victims.pop(key, []), uid))
 
 
 class SchedulingPass:

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client, config
 
+from gpuaware.local.fake_apiserver import FakeApiServer
 from gpuaware.local.kube_control_plane import (
     KWOK_NODE_ANNOTATION,
     BinariesMissing,
@@ -23,6 +25,7 @@ from gpuaware.local.kube_control_plane import (
     pinned_versions,
 )
 from gpuaware.local.processes import pid_alive
+from plumbing.kube.api import KubeApi, PodReplaced, connect
 from tests.support import REPO
 
 CRDS = REPO / "deploy" / "base" / "crds"
@@ -166,6 +169,48 @@ def test_kube_scheduler_schedules_onto_the_kwok_node(cp: KubeControlPlane) -> No
     events = _get(cp, "events", "--field-selector", f"involvedObject.name={pod},reason=Scheduled")["items"]
     assert any((e.get("reportingComponent") or e.get("source", {}).get("component")) == "default-scheduler"
                for e in events), events
+
+
+def _bind_with_the_uid_of_a_deleted_pod(api: KubeApi, name: str) -> dict[str, Any]:
+    """Create a pod, delete it, create one of the same name, bind with the first one's UID: the Status, UIDs
+    replaced by <old>/<new>. Then the binding with the new UID must land."""
+    def create() -> str:
+        made = api.core.create_namespaced_pod("default", _pod(name, scheduler="nobody-schedules-this"),
+                                              _preload_content=False)
+        return json.loads(made.data)["metadata"]["uid"]
+
+    old = create()
+    api.core.delete_namespaced_pod(name, "default", grace_period_seconds=0, _preload_content=False)
+    new = _eventually(lambda: _try(create), f"pod {name} created again")
+    with pytest.raises(PodReplaced) as refused:
+        api.bind("default", name, "some-node", {"gpuaware.io/gpus": "GPU-old-0"}, uid=old)
+    assert not api.read_pod("default", name)["spec"].get("nodeName")
+    api.bind("default", name, "some-node", uid=new)
+    assert api.read_pod("default", name)["spec"]["nodeName"] == "some-node"
+    status = json.loads(refused.value.body)
+    status["message"] = status["message"].replace(old, "<old>").replace(new, "<new>")
+    return {"code": refused.value.status, **{k: status.get(k) for k in ("reason", "message", "details")}}
+
+
+def _try(create: Callable[[], str]) -> str | None:
+    try:
+        return create()
+    except Exception as exc:  # AlreadyExists while the first one is still going
+        if getattr(exc, "status", None) != 409:
+            raise
+        return None
+
+
+def test_a_binding_with_the_uid_of_a_deleted_pod_is_refused_and_the_fake_answers_the_same(cp) -> None:
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=cfg)
+    name = _name("replaced")
+    real = _bind_with_the_uid_of_a_deleted_pod(KubeApi(client.ApiClient(cfg)), name)
+    assert real["code"] == 409 and real["reason"] == "Conflict", real
+    assert real["message"].endswith("Precondition failed: UID in precondition: <old>, UID in object meta: <new>"), real
+    with FakeApiServer() as fake:
+        faked = _bind_with_the_uid_of_a_deleted_pod(KubeApi(connect(fake.url)), name)
+    assert faked == real
 
 
 def test_dra_resource_slice_is_served(cp: KubeControlPlane) -> None:

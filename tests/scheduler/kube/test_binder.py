@@ -8,7 +8,7 @@ import time
 
 from contract import annotations
 from contract.events import DecisionAction, HealthBand, NodeGpu, NodeState, SchedulerDecision
-from gpuaware.local.fake_apiserver import make_node, make_pod
+from gpuaware.local.fake_apiserver import BY_PATH, make_node, make_pod
 from plumbing.kube.api import KubeApi, connect
 from scheduler.core.cluster import Allocation
 from scheduler.core.framework import Decision
@@ -108,3 +108,42 @@ async def test_bind_waits_for_its_victims_to_be_gone(fake, listed, calls, stats,
     await asyncio.wait_for(task, 5)
     assert pod(fake)["spec"]["nodeName"] == "n0"
     assert stats.decisions[("PLACE", "preempted")] == 1
+
+
+async def test_a_pod_recreated_under_its_name_is_not_bound_to_the_old_pods_gpus(fake, listed, calls, stats):
+    cache, binder, rec, d = setup(fake, listed, calls, stats)
+    old_uid = pod(fake)["metadata"]["uid"]
+    fake.store.delete(BY_PATH[("", "v1", "pods")], "default", "p")
+    fake.create("pods", make_pod("p", gpus=1))  # same name, new UID
+    await binder.bind(d.workload, d, [], old_uid)
+    assert not pod(fake)["spec"].get("nodeName")  # the new pod stays pending for its own decision
+    assert stats.decisions[("DROP", "pod-replaced")] == 1 and not stats.api_errors
+    assert "default/p" not in cache.running and rec.bound == []
+
+
+async def test_a_preemptor_waiting_for_its_victims_holds_no_bind_slot(fake, listed, calls, stats):
+    fake.create("nodes", make_node("n0", gpus=2))
+    fake.create("pods", make_pod("victim", gpus=1))
+    fake.create("pods", make_pod("pre", gpus=1))
+    fake.create("pods", make_pod("other", gpus=1))
+    cache = listed()
+    rec = Recorder()
+    one_slot = SchedulerSettings(checkpoint_timeout_s=30.0, eviction_timeout_s=30.0, extender_port=0, bind_workers=1)
+    binder = Binder(calls, cache, one_slot, stats, DecisionSink(rec.publish), Departures(), None,
+                    on_bound=rec.on_bound, wake=rec.wake)
+
+    def decided(name: str, gpu: int) -> Decision:
+        w = cache.pending[f"default/{name}"].workload
+        alloc = Allocation(w.id, 0, [gpu], [1000], w.cpu_milli, w.memory_mib)
+        cache.pending.pop(w.id)
+        cache.reserve(w.id, Running(w, alloc, time.time(), 0.0, None))
+        return Decision(w, alloc, [Reason(Code.SCHEDULED, "test", "fits")], 1.0, 0.001)
+
+    pre, other = decided("pre", 0), decided("other", 1)
+    waiting = asyncio.create_task(binder.bind(pre.workload, pre, ["default/victim"]))
+    try:
+        # The preemptor waits (its victim is still there) while an unrelated pod binds through the only slot.
+        await asyncio.wait_for(binder.bind(other.workload, other, []), 5)
+        assert rec.bound == ["default/other"] and not waiting.done()
+    finally:
+        waiting.cancel()

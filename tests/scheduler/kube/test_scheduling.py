@@ -23,7 +23,7 @@ class Binds:
     def __init__(self) -> None:
         self.started: list[tuple[str, str, list[str]]] = []
 
-    async def bind(self, w: Workload, d: Decision, victims: list[str]) -> None:
+    async def bind(self, w: Workload, d: Decision, victims: list[str], uid: str | None = None) -> None:
         assert d.allocation is not None
         self.started.append((w.id, f"n{d.allocation.node}", victims))
 
