@@ -187,7 +187,12 @@ def test_workers_share_partitions_and_a_killed_worker_loses_nothing(kafka_settin
     send_round(100)
     asyncio.run(_watch(kafka_settings, topics.GPU_STATE, all_at(100), keep))
     b = workers("b")  # joins: the partitions are split between a and b
-    time.sleep(8)
+    # Wait for the rebalance to hand b partitions of the telemetry topic (it then reports their lag),
+    # rather than a fixed time that a loaded machine overruns.
+    deadline = time.monotonic() + 120
+    while not _holds_partitions(b, topics.TELEMETRY):
+        assert time.monotonic() < deadline, "worker b was never assigned telemetry partitions"
+        time.sleep(0.5)
     send_round(100)
     asyncio.run(_watch(kafka_settings, topics.GPU_STATE, all_at(200), keep))
     assert "gpuaware_stream_samples_total" in b.metrics()
@@ -201,3 +206,12 @@ def test_workers_share_partitions_and_a_killed_worker_loses_nothing(kafka_settin
     for uuid in mine:  # in publish order, a GPU's sample count never went back (no state was lost)
         counts = [s.samples for s in states if s.gpu_uuid == uuid]
         assert counts == sorted(counts) and counts[-1] == 300
+
+
+def _holds_partitions(worker, topic: str) -> bool:
+    try:
+        text = worker.metrics()
+    except OSError:  # its /metrics is not up yet
+        return False
+    return any(line.startswith("gpuaware_stream_consumer_lag{") and f'topic="{topic}"' in line
+               for line in text.splitlines())
