@@ -146,37 +146,26 @@ def up(obj: Context, duration: float | None, as_json: bool, port: int | None, du
     """
     import asyncio
 
-    from gpuaware.local.stack import run_stack
+    from gpuaware.local.prometheus import available
+    from gpuaware.local.stack import run_up
 
     cfg = obj.config(**{"broker.port": port, "broker.storage": "s3" if durable else None})
     observability.setup("up", log_level="warning" if not as_json else cfg.log.level, log_format=cfg.log.format)
-    local = LocalBroker(cfg.broker)
+    if prometheus and not available():
+        click.echo("gpuaware up: --prometheus: no prometheus binary on PATH: install the Debian package prometheus, "
+                   "or leave out --prometheus", err=True)
+        sys.exit(2)
     try:
-        local.start()
+        # The first SIGINT/SIGTERM stops the run in order and still ends here with its summary.
+        summary = asyncio.run(run_up(cfg.broker, scenario, duration, live=not as_json, stream_workers=stream_workers,
+                                     prometheus=available() if prometheus is None else prometheus,
+                                     scheduler=scheduler))
     except BrokerError as exc:
         click.echo(f"gpuaware up: {exc}", err=True)
         sys.exit(1)
-
-    async def main() -> dict:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        from gpuaware.local.prometheus import available
-
-        if prometheus and not available():
-            raise ValueError("--prometheus: no prometheus binary on PATH (Debian package prometheus)")
-        return await run_stack(local, scenario, duration, live=not as_json, stop=stop,
-                               stream_workers=stream_workers,
-                               prometheus=available() if prometheus is None else prometheus, scheduler=scheduler)
-
-    try:
-        summary = asyncio.run(main())
     except ValueError as exc:
         click.echo(f"gpuaware up: {exc}", err=True)
         sys.exit(2)
-    finally:
-        local.stop()
     click.echo(json.dumps(summary, indent=2) if as_json else
                f"\nstopped after {summary['duration_s']:.0f}s: {summary['samples']} samples, "
                f"{summary['events']} events"
