@@ -100,7 +100,11 @@ class S3Store:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 60.0) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BrokerError(f"cannot create the s3 store's folder {self.data_dir}: {exc.strerror}; pass --data-dir "
+                              "a folder you can write (or leave it out for a temporary one)") from exc
         weed = seaweed_binary()
         # Every internal port is chosen free: weed's defaults collide with common services.
         ports = {p: free_port(self.host) for p in ("master", "volume", "filer")}
