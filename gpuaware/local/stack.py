@@ -1,6 +1,10 @@
 """`gpuaware up`: the local stack on one machine: broker, simulated nodes with their agents, stream
 workers, the scheduler on the simulated nodes as a Kubernetes cluster (``stack_scheduler``), an
-optional local Prometheus, and the live view.
+optional local Prometheus, and the live view (``view``).
+
+Whatever stops it (the duration, SIGINT to the terminal's process group, SIGTERM to this process),
+the parts stop in the reverse order of their start: components, stream workers, the broker last,
+and the summary is still returned.
 """
 
 from __future__ import annotations
