@@ -51,23 +51,23 @@ class StackView:
         options = console.options.reset_height()
         parts: list[RenderableType] = []
         for events, decisions, dropped in LAYOUTS:
-            parts = self.sections(events, decisions, dropped)
+            parts = self.sections(events, decisions, dropped, console.width)
             if sum(len(console.render_lines(p, options, pad=False)) for p in parts) <= console.height:
                 break
         return Group(*parts)
 
-    def sections(self, event_rows: int = 8, decision_rows: int = 6,
-                 dropped: tuple[str, ...] = ()) -> list[RenderableType]:
+    def sections(self, event_rows: int = 8, decision_rows: int = 6, dropped: tuple[str, ...] = (),
+                 width: int | None = None) -> list[RenderableType]:
         parts: list[RenderableType] = [self.fleet()]
         if "events" not in dropped:
-            parts.append(self.events(event_rows))
+            parts.append(self.events(event_rows, width))
         if "stream" not in dropped:
             parts.append(Columns([self.workload_classes(), self.demand_forecast()], padding=(0, 4)))
         if self.sched is not None:
             if "tenants" not in dropped:
                 parts.append(self.tenants())
             if "decisions" not in dropped:
-                parts.append(self.decisions(decision_rows))
+                parts.append(self.decisions(decision_rows, width))
         parts.append(self.totals(dropped))
         return parts
 
@@ -90,17 +90,13 @@ class StackView:
                           f"[red]{c['critical']}", str(c["lost"]), f"{sum(u) / len(u):.1f}" if u else "-")
         return fleet
 
-    def events(self, rows: int) -> Table:
+    def events(self, rows: int, width: int | None = None) -> Table:
         # A GPU is named by its node and index, as nvidia-smi does: simulated UUIDs share their tails.
         index = {t.device.uuid: t.device.index for c in self.runtime.cores for t in c.tracks}
-        recent = Table(title="recent events")
-        for col in ("time", "node", "GPU", "kind"):
-            recent.add_column(col, justify="right" if col == "GPU" else "left")
-        recent.add_column("message", no_wrap=True, overflow="ellipsis")
-        for ev in list(reversed(self.state.events))[:rows]:
-            recent.add_row(time.strftime("%H:%M:%S", time.localtime(ev.ts_ms / 1000)), ev.node,
-                           str(index.get(ev.gpu_uuid, ev.gpu_uuid[-12:])), ev.kind.value, ev.message[:70])
-        return recent
+        return _one_line_rows("recent events", ["time", "node", "GPU", "kind", "message"], [
+            [time.strftime("%H:%M:%S", time.localtime(ev.ts_ms / 1000)), ev.node,
+             str(index.get(ev.gpu_uuid, ev.gpu_uuid[-12:])), ev.kind.value, ev.message[:70]]
+            for ev in list(reversed(self.state.events))[:rows]], width, right={"GPU"})
 
     def workload_classes(self) -> Table:
         classes = Counter(s.workload_class or "unknown" for s in self.state.gpu_states.values())
@@ -137,15 +133,11 @@ class StackView:
                           f"{snap.gpus_quota.get(t, 0.0):.0f}")
         return table
 
-    def decisions(self, rows: int) -> Table:
+    def decisions(self, rows: int, width: int | None = None) -> Table:
         assert self.sched is not None
-        table = Table(title="scheduler: recent decisions")
-        for col in ("action", "pod / GPU", "node"):
-            table.add_column(col)
-        table.add_column("why", no_wrap=True, overflow="ellipsis")
-        for o in list(self.sched.live.sink.recent)[-rows:][::-1]:
-            table.add_row(o.action.value, o.key[-28:], o.node or "", "; ".join(o.reasons)[:70])
-        return table
+        return _one_line_rows("scheduler: recent decisions", ["action", "pod / GPU", "node", "why"], [
+            [o.action.value, o.key[-28:], o.node or "", "; ".join(o.reasons)[:70]]
+            for o in list(self.sched.live.sink.recent)[-rows:][::-1]], width)
 
     def totals(self, dropped: tuple[str, ...] = ()) -> Text:
         runtime, state, sched = self.runtime, self.state, self.sched
@@ -158,6 +150,21 @@ class StackView:
         if hidden:
             text += f"   (hidden to fit the terminal: {', '.join(hidden)})"
         return Text(text)
+
+
+def _one_line_rows(title: str, columns: list[str], rows: list[list[str]], width: int | None,
+                   right: frozenset[str] | set[str] = frozenset()) -> Table:
+    """A table of one line per row: the last column (free text) gets what the others leave of ``width``
+    and ends in an ellipsis, rather than every column being squeezed or the text wrapping."""
+    table = Table(title=title)
+    for col in columns[:-1]:
+        table.add_column(col, no_wrap=True, justify="right" if col in right else "left")
+    fixed = sum(max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(columns[:-1]))
+    room = None if width is None else max(8, width - fixed - 3 * len(columns) - 1)  # padding 2 + border 1 each
+    table.add_column(columns[-1], no_wrap=True, overflow="ellipsis", max_width=room)
+    for r in rows:
+        table.add_row(*r)
+    return table
 
 
 @contextmanager

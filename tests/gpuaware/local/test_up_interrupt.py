@@ -31,6 +31,16 @@ SCENARIO = ("name: quick\nseed: 9\nnodes: 2\ngpus_per_node: 4\nmodels: [H100]\nf
 
 pytestmark = pytest.mark.broker
 
+WRAPPER = """
+import os, signal, subprocess, sys
+signal.signal(signal.SIGINT, lambda *_: None)  # a Python handler: the child starts with the default again
+child = subprocess.Popen(sys.argv[2:])
+open(sys.argv[1] + ".pid", "w").write(str(child.pid))
+code = child.wait()
+open(sys.argv[1] + ".tmp", "w").write(str(code))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+"""
+
 
 def _wait(condition: Callable[[], object], timeout_s: float, what: str) -> object:
     deadline = time.monotonic() + timeout_s
@@ -94,19 +104,24 @@ def test_ctrl_c_in_a_terminal_stops_in_order_prints_the_summary_and_exits_0(tmux
     scenario = tmp_path / "quick.yaml"
     scenario.write_text(SCENARIO)
     passed = ("PATH", "HOME", "LANG", "PYTHONPATH", "GPUAWARE_TRACES_DIR")
-    argv = ["env", *(f"{k}={v}" for k, v in ENV.items() if k in passed),
-            "TERM=xterm-256color", sys.executable, "-m", "gpuaware", "up", "--port", "0", "--scenario", str(scenario)]
-    tmux("new-session", "-d", "-s", "up", "-x", "160", "-y", "50", *argv)
-    tmux("set-option", "-t", "up", "remain-on-exit", "on")
-    tmux("set-option", "-t", "up", "history-limit", "20000")
+    status = tmp_path / "status"
+    # The pane runs a wrapper that shares the terminal's foreground process group with gpuaware (so Ctrl-C
+    # signals both), outlives it and writes down its pid and exit status: tmux sometimes leaves an exited
+    # pane process unreaped, and then never shows its status.
+    argv = ["env", *(f"{k}={v}" for k, v in ENV.items() if k in passed), "TERM=xterm-256color",
+            sys.executable, "-c", WRAPPER, str(status),
+            sys.executable, "-m", "gpuaware", "up", "--port", "0", "--scenario", str(scenario)]
+    tmux("set-option", "-g", "remain-on-exit", "on", ";", "set-option", "-g", "history-limit", "20000", ";",
+         "new-session", "-d", "-s", "up", "-x", "160", "-y", "50", *argv)
 
     def pane() -> str:
         return tmux("capture-pane", "-p", "-J", "-S", "-", "-t", "up")
 
     def dead() -> bool:
-        return tmux("display-message", "-p", "-t", "up", "#{pane_dead}").strip() == "1"
+        return status.exists()
 
-    parent = int(tmux("display-message", "-p", "-t", "up", "#{pane_pid}").strip())
+    parent = int(_wait(lambda: Path(f"{status}.pid").exists() and Path(f"{status}.pid").read_text(), 60,
+                       "gpuaware up to start"))
 
     def running_a_while() -> bool:
         assert not dead(), f"gpuaware up exited early:\n{pane()}"
@@ -125,8 +140,7 @@ def test_ctrl_c_in_a_terminal_stops_in_order_prints_the_summary_and_exits_0(tmux
         tmux("send-keys", "-t", "up", "C-c")
     _wait(dead, 90, "gpuaware up to exit after Ctrl-C")
     out = pane()
-    status = tmux("display-message", "-p", "-t", "up", "#{pane_dead_status}").strip()
-    assert status == "0", out
+    assert status.read_text() == "0", out
     assert "stopped after" in out, out
     assert "Traceback" not in out and "CancelledError" not in out, out
     # The broker stopped last: no client lost its connection on the way out.
