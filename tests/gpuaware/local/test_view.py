@@ -42,7 +42,8 @@ def _event(runtime: AgentRuntime, node: int, index: int, n: int = 0) -> GpuEvent
 
 
 def _scheduler(decisions: int) -> SimpleNamespace:
-    recent = deque(Outcome(f"team-a/job-{i:05d}", DecisionAction.PLACE, "sim-node-000", ["fits"])
+    recent = deque(Outcome(f"team-a/job-{i:05d}", DecisionAction.PLACE, "sim-node-000",
+                           ["sim-node-000 gpus=[0] by fgd+cpu_for_gpus+model_reservation; 7 candidates"])
                    for i in range(decisions))
     snapshot = QueueSnapshot(pending={("team-a", "high"): 1}, gpus_used={"team-a": 2.0}, gpus_quota={"team-a": 4.0})
     return SimpleNamespace(live=SimpleNamespace(sink=SimpleNamespace(recent=recent), snapshot=snapshot,
@@ -107,3 +108,16 @@ def test_a_tall_terminal_shows_every_section(runtime):
                   "scheduler: recent decisions"):
         assert title in text
     assert "hidden to fit" not in text and text.count("team-a/job-") == 6
+
+
+def test_a_narrow_terminal_cuts_the_free_text_not_the_names(runtime):
+    state = StackState()
+    state.on_event(_event(runtime, 1, 3))
+    view = StackView(runtime, state, "127.0.0.1:9092", _scheduler(decisions=2))
+    console = Console(width=80, height=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(view.frame(console))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    row = next(line for line in lines if "XID" in line)
+    assert runtime.cores[1].node in row and "XID 79 on 1/3" in row  # one line, names whole
+    assert sum("│ PLACE  │ team-a/job-0000" in line and "sim-node-000" in line for line in lines) == 2
