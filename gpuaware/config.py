@@ -22,6 +22,10 @@ from scheduler.settings import SchedulerSettings
 from stream.settings import StreamSettings
 
 ENV_PREFIX = "GPUAWARE_"
+# GPUAWARE_* names that are read where they are used, not settings: the config file itself, the folder
+# of the public traces (``plumbing.traces``; its error message tells users to set it) and the tests' broker.
+NOT_SETTINGS = frozenset({"GPUAWARE_CONFIG", "GPUAWARE_TRACES_DIR", "GPUAWARE_TEST_BROKER", "GPUAWARE_REALPARTS_CACHE",
+                          "GPUAWARE_KUBE_BIN_DIR"})
 
 
 class LogSettings(BaseModel):
@@ -86,7 +90,8 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except OSError as exc:
-        raise ConfigError([("<file>", f"cannot read: {exc.strerror}", str(p))]) from exc
+        raise ConfigError([("<file>", f"cannot read: {exc.strerror}; pass --config an existing YAML file, "
+                                      "or unset GPUAWARE_CONFIG", str(p))]) from exc
     except yaml.YAMLError as exc:
         raise ConfigError([("<file>", f"not valid YAML: {exc}", str(p))]) from exc
     if not isinstance(data, dict):
@@ -97,7 +102,7 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
 def env_overrides(environ: Mapping[str, str]) -> dict[tuple[str, ...], str]:
     out = {}
     for name, value in environ.items():
-        if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
+        if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX) and name not in NOT_SETTINGS:
             path = tuple(part.lower() for part in name[len(ENV_PREFIX) :].split("__"))
             out[path] = value
     return out
@@ -120,7 +125,7 @@ def load_config(
         for key, value in _flatten(read_yaml(path)).items():
             _set_path(tree, key, value)
             origin[key] = f"file {path}"
-    for key, value in env_overrides({k: v for k, v in environ.items() if k != "GPUAWARE_CONFIG"}).items():
+    for key, value in env_overrides(environ).items():
         _set_path(tree, key, value)
         origin[key] = f"env {ENV_PREFIX}{'__'.join(key).upper()}"
     for dotted, value in (overrides or {}).items():

@@ -82,13 +82,22 @@ def up(obj: Context, duration: float | None, as_json: bool, port: int | None, du
     Example:
       gpuaware up --duration 60 --json --scenario xid
     """
+    import asyncio
+
+    from gpuaware.local.prometheus import available
     from gpuaware.local.stack import run_up
 
     cfg = obj.config(**{"broker.port": port, "broker.storage": "s3" if durable else None})
     observability.setup("up", log_level="warning" if not as_json else cfg.log.level, log_format=cfg.log.format)
+    if prometheus and not available():
+        click.echo("gpuaware up: --prometheus: no prometheus binary on PATH: install the Debian package prometheus, "
+                   "or leave out --prometheus", err=True)
+        sys.exit(2)
     try:
-        summary = run_up(cfg.broker, scenario, duration, live=not as_json, stream_workers=stream_workers,
-                         prometheus=prometheus, scheduler=scheduler)
+        # The first SIGINT/SIGTERM stops the run in order and still ends here with its summary.
+        summary = asyncio.run(run_up(cfg.broker, scenario, duration, live=not as_json, stream_workers=stream_workers,
+                                     prometheus=available() if prometheus is None else prometheus,
+                                     scheduler=scheduler))
     except BrokerError as exc:
         click.echo(f"gpuaware up: {exc}", err=True)
         sys.exit(1)

@@ -101,7 +101,11 @@ class S3Store:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 60.0) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BrokerError(f"cannot create the s3 store's folder {self.data_dir}: {exc.strerror}; pass --data-dir "
+                              "a folder you can write (or leave it out for a temporary one)") from exc
         weed = seaweed_binary()
         # Every internal port is chosen free: weed's defaults collide with common services.
         ports = {p: free_port(self.host) for p in ("master", "volume", "filer")}
@@ -236,6 +240,12 @@ class LocalBroker:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+    def kill(self) -> None:
+        """SIGKILL the broker (and its store) now, without waiting: hastens a ``stop()`` under way."""
+        for child in (self.child, self.s3.child if self.s3 else None):
+            if child is not None:
+                child.kill(wait_s=None)
 
     def restart(self) -> None:
         """Stop and start the broker process alone (the s3 store and run dir stay)."""

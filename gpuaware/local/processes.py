@@ -4,10 +4,15 @@ Each child is started with PR_SET_PDEATHSIG, so the kernel kills it if this proc
 way (SIGKILL included); ``stop()`` handles the orderly path: SIGTERM, a grace period, SIGKILL.
 The signal fires when the *thread* that forked the child exits, so every child is forked from one
 long-lived spawner thread, whatever thread asks for it.
+
+Each child also runs in its own session: Ctrl-C in a terminal signals the whole foreground process
+group, and a broker that died on it at once would leave its clients failing while they stop. The
+owner stops its children, in its own order.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import ctypes
@@ -18,10 +23,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _PR_SET_PDEATHSIG = 1
 _SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuaware-spawner")
@@ -92,7 +99,7 @@ class ChildProcess:
             try:
                 self.proc = _SPAWNER.submit(
                     subprocess.Popen, self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    env=self.env, preexec_fn=_die_with_parent,
+                    env=self.env, preexec_fn=_die_with_parent, start_new_session=True,
                 ).result()
             except OSError as exc:
                 raise RuntimeError(f"cannot run {self.name} ({self.argv[0]}): {exc}") from exc
@@ -121,6 +128,42 @@ class ChildProcess:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.proc.wait(5)
         return self.proc.returncode
+
+    def kill(self, wait_s: float | None = 10.0) -> None:
+        """SIGKILL: no goodbye, no commit, no flush (what a crash looks like); waits ``wait_s`` unless None."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            if wait_s is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(wait_s)
+
+
+async def finish(work: Awaitable[T], hurry: asyncio.Event, hasten: Callable[[], None]) -> T:
+    """Await ``work``; should ``hurry`` be set first, call ``hasten`` (which makes it end soon) and go on awaiting."""
+    task = asyncio.ensure_future(work)
+    hurried = asyncio.create_task(hurry.wait())
+    try:
+        await asyncio.wait({task, hurried}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            hasten()
+        return await task
+    finally:
+        hurried.cancel()
+
+
+async def stop_children(children: Sequence[ChildProcess], hurry: asyncio.Event,
+                        grace_s: float = 10.0) -> dict[str, int | None]:
+    """Stop ``children`` together, off the event loop (so it still hears signals); SIGKILL them on ``hurry``.
+
+    Returns each child's exit code by name.
+    """
+
+    def kill_all() -> None:
+        for c in children:
+            c.kill(wait_s=None)
+
+    codes = await finish(asyncio.gather(*(asyncio.to_thread(c.stop, grace_s) for c in children)), hurry, kill_all)
+    return {c.name: code for c, code in zip(children, codes, strict=True)}
 
 
 def _proc_status(pid: int | None, key: str) -> float:

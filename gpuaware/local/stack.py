@@ -1,22 +1,27 @@
 """`gpuaware up`: the local stack on one machine: broker, simulated nodes with their agents, stream
 workers, the scheduler on the simulated nodes as a Kubernetes cluster (``stack_scheduler``), an
-optional local Prometheus, and the live view.
+optional local Prometheus, and the live view (``view``).
+
+Whatever stops it (the duration, SIGINT to the terminal's process group, SIGTERM to this process),
+the parts stop in the reverse order of their start: components, stream workers, the broker last,
+and the summary is still returned.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
+import sys
 import tempfile
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.console import Group
 from rich.live import Live
-from rich.table import Table
 
-from agent.collectors.sim import SimCluster, load_scenario
+from agent.collectors.sim import SCENARIO_DIR, SimCluster, load_scenario
 from agent.cordons import CordonWatcher
 from agent.main import serve_metrics
 from agent.runtime import AgentRuntime
@@ -24,12 +29,13 @@ from agent.sampling import SamplingPolicy
 from contract import topics
 from contract.events import ClusterForecast, DecodeError, GpuEvent, GpuState, HealthBand, decode
 from gpuaware.local.broker import BrokerSettings, LocalBroker
-from gpuaware.local.processes import free_port
-from gpuaware.local.prometheus import LocalPrometheus, available
+from gpuaware.local.processes import finish, free_port, stop_children
+from gpuaware.local.prometheus import LocalPrometheus
 from gpuaware.local.stack_scheduler import StackScheduler
 from gpuaware.local.stream_workers import StreamWorkerProcess
+from gpuaware.local.view import StackView, logs_above
+from plumbing import traces
 from plumbing.kafka_settings import KafkaSettings
-from plumbing.signals import stop_on_signals
 
 
 @dataclass
@@ -94,132 +100,83 @@ async def watch_derived(kafka: KafkaSettings, state: StackState, stop: asyncio.E
         await consumer.stop()
 
 
-def _scheduler_tables(sched: StackScheduler) -> list[Table]:
-    live = sched.live
-    tenants = Table(title="scheduler: queues per tenant")
-    for col in ("tenant", "pending (high/medium/low)", "running pods", "GPUs used", "quota"):
-        tenants.add_column(col, justify="left" if col == "tenant" else "right")
-    snap = live.snapshot
-    running = Counter(r.workload.tenant for r in live.cache.running.values())
-    for t in sorted(set(snap.gpus_quota) | set(snap.gpus_used)):
-        pend = "/".join(str(snap.pending.get((t, p), 0)) for p in ("high", "medium", "low"))
-        tenants.add_row(t, pend, str(running.get(t, 0)), f"{snap.gpus_used.get(t, 0.0):.1f}",
-                        f"{snap.gpus_quota.get(t, 0.0):.0f}")
-    decisions = Table(title="scheduler: recent decisions")
-    for col in ("action", "pod / GPU", "node", "why"):
-        decisions.add_column(col)
-    for o in list(live.sink.recent)[-6:][::-1]:
-        decisions.add_row(o.action.value, o.key[-28:], o.node or "", "; ".join(o.reasons)[:70])
-    return [tenants, decisions]
-
-
-def _view(runtime: AgentRuntime, state: StackState, bootstrap: str, sched: StackScheduler | None = None) -> Group:
-    by_model: dict[str, Counter[str]] = {}
-    util: dict[str, list[float]] = {}
-    for core in runtime.cores:
-        for t in core.tracks:
-            c = by_model.setdefault(t.device.model, Counter())
-            c["gpus"] += 1
-            c["lost" if t.lost else t.health.band.value.lower()] += 1
-            if t.last_watch is not None and t.last_watch.util_gpu is not None and not t.lost:
-                util.setdefault(t.device.model, []).append(t.last_watch.util_gpu)
-    fleet = Table(title=f"gpuaware up — broker {bootstrap} — {time.monotonic() - state.started:.0f}s")
-    for col in ("GPU model", "GPUs", "healthy", "degraded", "critical", "lost", "mean util %"):
-        fleet.add_column(col, justify="right" if col != "GPU model" else "left")
-    for model, c in sorted(by_model.items()):
-        u = util.get(model, [])
-        fleet.add_row(model, str(c["gpus"]), str(c["healthy"]), f"[yellow]{c['degraded']}", f"[red]{c['critical']}",
-                      str(c["lost"]), f"{sum(u) / len(u):.1f}" if u else "-")
-    recent = Table(title="recent events")
-    for col in ("time", "node", "GPU", "kind", "message"):
-        recent.add_column(col)
-    for ev in reversed(state.events):
-        recent.add_row(time.strftime("%H:%M:%S", time.localtime(ev.ts_ms / 1000)), ev.node, ev.gpu_uuid[-12:],
-                       ev.kind.value, ev.message[:70])
-    classes = Counter(s.workload_class or "unknown" for s in state.gpu_states.values())
-    derived = Table(title="stream: workload classes and demand forecast (GPUs busy)")
-    derived.add_column("workload class")
-    derived.add_column("GPUs", justify="right")
-    derived.add_column("GPU model")
-    derived.add_column("now+5 min [80% interval]", justify="right")
-    derived.add_column("capacity", justify="right")
-    demand = [d for d in (state.forecast.models if state.forecast else []) if d.horizon_s == 300]
-    for i in range(max(len(classes), len(demand))):
-        cls = sorted(classes.items())[i] if i < len(classes) else ("", "")
-        d = demand[i] if i < len(demand) else None
-        derived.add_row(cls[0], str(cls[1]), d.model if d else "",
-                        f"{d.demand_gpus:.1f} [{d.lower:.1f}, {d.upper:.1f}]" if d else "",
-                        f"{d.capacity_gpus:.0f}" if d else "")
-    alerts = ", ".join(sorted(state.firing)) or ("none" if state.prometheus else "no Prometheus")
-    placed = sched.live.stats.by_action()["PLACE"] if sched else 0
-    totals = (f"samples published {runtime.samples_published}   events {runtime.events_published}   "
-              f"spooled {runtime.spool.depth}   gpu states {state.state_records[topics.GPU_STATE]}   "
-              + (f"pods placed {placed}" if sched else "scheduler off") + f"\nalerts firing: {alerts}")
-    return Group(fleet, recent, derived, *(_scheduler_tables(sched) if sched else []), totals)
-
-
 async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float | None, live: bool,
                     stop: asyncio.Event, stream_workers: int = 1, prometheus: bool = False,
-                    scheduler: bool = True) -> dict:
+                    scheduler: bool = True, hurry: asyncio.Event | None = None) -> dict:
+    """Run the stack on ``broker`` until ``duration_s`` or ``stop``; ``hurry`` kills the children instead of
+    waiting for them to finish. Parts stop in the reverse order of their start: the broker must outlive them."""
     scenario = load_scenario(scenario_name)
+    hurry = hurry or asyncio.Event()
     state = StackState()
     kafka = broker.kafka_settings(session_timeout_ms=2000)
+    exits: dict[str, int | None] = {}
+    scheduler_summary: dict | None = None
     with tempfile.TemporaryDirectory(prefix="gpuaware-up-") as workdir:
-        workers = [StreamWorkerProcess(kafka, "gpuaware-stream", Path(workdir), f"stream-{i}")
-                   for i in range(stream_workers)]
-        for w in workers:
-            w.start()
-        sched = StackScheduler(kafka, scenario, seed=scenario.seed) if scheduler else None
-        sched_stop = asyncio.Event()
-        sched_task = None
-        if sched is not None:
-            await sched.start()
-            sched_task = asyncio.create_task(sched.run(sched_stop))
-        cluster = SimCluster(scenario)  # the simulated clock starts now: fault times count from here
-        runtime = AgentRuntime(cluster.collectors(), kafka, SamplingPolicy(), str(Path(workdir) / "spool"))
-        runtime.event_listeners.append(state.on_event)
-        if sched is not None:  # the agents honour the scheduler's GPU cordons, as on a cluster
-            runtime.cordons = CordonWatcher.from_settings(runtime.cores, runtime.stats, sched.fake.url, 2.0)
-        prom = None
-        if prometheus:
-            agent_port = free_port()
-            serve_metrics(runtime, "127.0.0.1", agent_port)
-            targets = {"gpuaware-agent": [agent_port], "gpuaware-stream": [w.metrics_port for w in workers]}
+        async with contextlib.AsyncExitStack() as started:
+            workers = [StreamWorkerProcess(kafka, "gpuaware-stream", Path(workdir), f"stream-{i}")
+                       for i in range(stream_workers)]
+
+            async def stop_workers() -> None:
+                exits.update(await stop_children(workers, hurry))
+
+            started.push_async_callback(stop_workers)
+            for w in workers:
+                w.start()
+            sched = StackScheduler(kafka, scenario, seed=scenario.seed) if scheduler else None
             if sched is not None:
-                targets["gpuaware-scheduler"] = [sched.serve_metrics()]
-            prom = LocalPrometheus(Path(workdir) / "prometheus", targets)
-            prom.start()
-            state.prometheus = prom
-        watching = asyncio.Event()
-        watcher = asyncio.create_task(watch_derived(kafka, state, watching))
-        task = asyncio.create_task(runtime.run(stop, duration_s))
-        try:
+                await sched.start()
+                started.push_async_callback(sched.stop)
+                sched_stop = asyncio.Event()
+                sched_task = asyncio.create_task(sched.run(sched_stop))
+
+                async def stop_scheduling() -> None:
+                    nonlocal scheduler_summary
+                    sched_stop.set()
+                    await sched_task
+                    scheduler_summary = sched.summary()
+
+                started.push_async_callback(stop_scheduling)
+            cluster = SimCluster(scenario)  # the simulated clock starts now: fault times count from here
+            runtime = AgentRuntime(cluster.collectors(), kafka, SamplingPolicy(), str(Path(workdir) / "spool"))
+            runtime.event_listeners.append(state.on_event)
+            if sched is not None:  # the agents honour the scheduler's GPU cordons, as on a cluster
+                runtime.cordons = CordonWatcher.from_settings(runtime.cores, runtime.stats, sched.fake.url, 2.0)
+            prom = None
+            if prometheus:
+                agent_port = free_port()
+                serve_metrics(runtime, "127.0.0.1", agent_port)
+                targets = {"gpuaware-agent": [agent_port], "gpuaware-stream": [w.metrics_port for w in workers]}
+                if sched is not None:
+                    targets["gpuaware-scheduler"] = [sched.serve_metrics()]
+                prom = LocalPrometheus(Path(workdir) / "prometheus", targets)
+                started.push_async_callback(stop_children, [prom], hurry)
+                prom.start()
+                state.prometheus = prom
+            watching = asyncio.Event()
+            watcher = asyncio.create_task(watch_derived(kafka, state, watching))
+
+            async def stop_watching() -> None:
+                watching.set()
+                await watcher
+
+            started.push_async_callback(stop_watching)
+            task = asyncio.create_task(runtime.run(stop, duration_s))
             if live:
-                with Live(_view(runtime, state, broker.bootstrap, sched), refresh_per_second=2) as screen:
+                view = StackView(runtime, state, broker.bootstrap, sched)
+                with Live(refresh_per_second=2, vertical_overflow="crop") as screen, logs_above():
                     while not task.done():
+                        screen.update(view.frame(screen.console), refresh=True)
                         await asyncio.sleep(1.0)
                         await asyncio.to_thread(state.refresh_alerts)
-                        screen.update(_view(runtime, state, broker.bootstrap, sched))
             while not task.done():
                 if prom is not None:
                     await asyncio.to_thread(state.refresh_alerts)
                 await asyncio.sleep(1.0)
             await task
-            await asyncio.sleep(2.0)  # the last states of the run
+            with contextlib.suppress(TimeoutError):  # the last states of the run, unless told to hurry
+                await asyncio.wait_for(hurry.wait(), 2.0)
             if prom is not None:
                 state.refresh_alerts()
-        finally:
-            sched_stop.set()
-            if sched_task is not None:
-                await sched_task
-            scheduler_summary = sched.summary() if sched is not None else None
-            if sched is not None:
-                await sched.stop()
-            watching.set()
-            await watcher
-            if prom is not None:
-                prom.stop()
-            exits = {w.name: w.stop() for w in workers}
     uuid_of = {(n, t.device.index): t.device.uuid for n, core in enumerate(runtime.cores) for t in core.tracks}
     elapsed = time.time() - cluster.epoch
     faults = []
@@ -269,23 +226,60 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
     }
 
 
-def run_up(settings: BrokerSettings, scenario_name: str, duration_s: float | None, live: bool,
-           stream_workers: int = 1, prometheus: bool | None = None, scheduler: bool = True) -> dict:
-    """`gpuaware up`: a broker and the stack on it until ``duration_s`` passes or SIGINT/SIGTERM arrives.
+class Interrupts:
+    """SIGINT and SIGTERM while the stack runs: the first stops it in order, a second hurries the stop.
 
-    ``prometheus`` None runs one when the binary is installed. Raises BrokerError when the broker
-    cannot start, ValueError for a run that cannot be done as asked.
+    Children run in their own sessions (``processes``), so a terminal's Ctrl-C reaches this process
+    alone and the order of the stop is ours: components, stream workers, the broker last.
     """
-    broker = LocalBroker(settings).start()
 
-    async def main() -> dict:
-        stop = stop_on_signals()
-        if prometheus and not available():
-            raise ValueError("--prometheus: no prometheus binary on PATH (Debian package prometheus)")
-        return await run_stack(broker, scenario_name, duration_s, live=live, stop=stop, stream_workers=stream_workers,
-                               prometheus=available() if prometheus is None else prometheus, scheduler=scheduler)
+    def __init__(self) -> None:
+        self.stop = asyncio.Event()
+        self.hurry = asyncio.Event()
 
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._received)
+
+    def _received(self) -> None:
+        if not self.stop.is_set():
+            self.stop.set()
+            _notice("stopping: components, stream workers, then the broker (Ctrl-C again to stop at once)")
+        elif not self.hurry.is_set():
+            self.hurry.set()
+            _notice("stopping at once")
+
+
+def _notice(message: str) -> None:
+    # stderr: above the live view while it is on (Live redirects it), never into --json's stdout.
+    print(f"gpuaware up: {message}", file=sys.stderr, flush=True)
+
+
+def preflight(scenario_name: str) -> None:
+    """What the run needs from disk, checked before anything starts; ValueError says what to do."""
     try:
-        return asyncio.run(main())
+        load_scenario(scenario_name)
+    except ValueError as exc:
+        known = ", ".join(sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml")))
+        raise ValueError(f"{exc}\n  --scenario takes a YAML file or one of: {known}") from exc
+    try:
+        traces.traces_dir()
+    except FileNotFoundError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+async def run_up(broker_settings: BrokerSettings, scenario_name: str, duration_s: float | None, live: bool,
+                 stream_workers: int = 1, prometheus: bool = False, scheduler: bool = True) -> dict:
+    """`gpuaware up`: the broker, the stack on it until ``duration_s`` or a signal, the broker stopped last."""
+    interrupts = Interrupts()
+    interrupts.install()
+    preflight(scenario_name)
+    broker = LocalBroker(broker_settings)
+    # A signal while the broker starts is heard here; the run then stops as soon as it has started.
+    await asyncio.to_thread(broker.start)
+    try:
+        return await run_stack(broker, scenario_name, duration_s, live, interrupts.stop, stream_workers, prometheus,
+                               scheduler, interrupts.hurry)
     finally:
-        broker.stop()
+        await finish(asyncio.to_thread(broker.stop), interrupts.hurry, broker.kill)

@@ -45,6 +45,11 @@ from scheduler.wiring import build_scheduler
 TENANTS = {"team-a": 4.0, "team-b": 3.0, "team-c": 2.0, "team-d": 1.0}
 QOS_PRIORITY = {"LS": 200_000, "Guaranteed": 5_000, "Burstable": 5_000, "BE": 0}
 PODS = BY_PATH[("", "v1", "pods")]
+# The largest openb GPU node shape (128 CPUs, 768 GiB, 8 GPUs), per GPU. The sampled pods ask ~12 CPUs and
+# ~42 GiB per GPU they use (CPU-only pods included); at ``PodLoad.load`` above 1 the GPUs must run out
+# first, or most decisions are "insufficient cpu" and the demo shows none of the GPU placement.
+NODE_CPU_PER_GPU = 16
+NODE_MEMORY_GIB_PER_GPU = 96
 
 
 @dataclass
@@ -173,7 +178,8 @@ def cluster_objects(scenario: Scenario) -> tuple[list[dict[str, Any]], list[dict
     for n in range(scenario.nodes):
         first = MODELS[scenario.models[(n * scenario.gpus_per_node) % len(scenario.models)]]
         nodes.append(make_node(scenario.node_name(n), gpus=scenario.gpus_per_node,
-                               product=first.name.replace(" ", "-"), cpu="64", memory="512Gi"))
+                               product=first.name.replace(" ", "-"), cpu=str(NODE_CPU_PER_GPU * scenario.gpus_per_node),
+                               memory=f"{NODE_MEMORY_GIB_PER_GPU * scenario.gpus_per_node}Gi"))
     total = scenario.nodes * scenario.gpus_per_node
     weights = sum(TENANTS.values())
     queues = [{"metadata": {"name": t}, "spec": {"tenant": t, "namespaces": [t], "weight": w,
@@ -250,7 +256,9 @@ class StackScheduler:
             "pods_submitted": len(self.load.submitted), "pods_completed": self.load.completed,
             "pods_resubmitted_after_eviction": self.load.resubmitted,
             "placements": count["PLACE"], "migrations": count["MIGRATE"], "preemptions": count["PREEMPT"],
-            "throttles": count["THROTTLE"], "cordons": count["CORDON"],
+            "throttles": count["THROTTLE"], "cordons": count["CORDON"], "unschedulable": count["UNSCHEDULABLE"],
+            "unschedulable_by_reason": {r: n for (a, r), n in sorted(self.live.stats.decisions.items())
+                                        if a == "UNSCHEDULABLE"},
             "pending_at_end": len(self.live.cache.pending),
             "queue_wait_mean_s": {p: round(float(np.mean(v)), 2) for p, v in sorted(waits.items())},
             "queue_wait_p95_s": {p: round(float(np.percentile(v, 95)), 2) for p, v in sorted(waits.items())},

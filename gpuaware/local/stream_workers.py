@@ -32,12 +32,6 @@ class StreamWorkerProcess(ChildProcess):
             workdir / f"{name}.log", worker_env(kafka, **stream),
         )
 
-    def kill(self) -> None:
-        """SIGKILL: no goodbye, no commit, no flush (what a crash looks like)."""
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
             return r.read().decode()

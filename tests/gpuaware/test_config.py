@@ -29,6 +29,15 @@ def test_env_values_are_typed():
     assert cfg.broker.port == 19092 and cfg.kafka.embedded_broker_compat is True
 
 
+def test_the_traces_folder_and_the_tests_broker_are_not_settings():
+    # The missing-traces error tells users to set GPUAWARE_TRACES_DIR: doing so must not make every command
+    # refuse its configuration.
+    env = {"GPUAWARE_TRACES_DIR": "/data/traces", "GPUAWARE_TEST_BROKER": "testcontainers"}
+    assert load_config(None, environ=env) == load_config(None, environ={})
+    with pytest.raises(ConfigError, match="traces_dirs"):
+        load_config(None, environ={"GPUAWARE_TRACES_DIRS": "/data/traces"})  # a typo still is an error
+
+
 def test_config_file_from_env(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("cluster: prod-eu\n")
