@@ -5,7 +5,9 @@
 Three layers, each returning a list of human-readable problems (empty = fine):
 - ``schema_problems``: built-in kinds against the Kubernetes OpenAPI schemas (kubernetes-validate,
   strict: unknown fields are errors), custom resources against their CRD's ``openAPIV3Schema``
-  (from the rendered CRDs or ``deploy/schemas/``), closed the way ``kubectl --validate=strict`` is;
+  (the rendered CRDs, and the real Strimzi and Prometheus Operator CRDs that
+  ``realparts/build-crds.sh`` puts in the realparts cache: ``deploy.crds``), closed the way
+  ``kubectl --validate=strict`` is;
 - ``policy_problems``: requests, limits, probes, non-root, read-only root filesystem, pinned
   images, no privilege, PDBs, topics equal to the topic contract, who may write agent.control.v1.
 """
@@ -25,9 +27,9 @@ import kubernetes_validate
 import yaml
 
 from contract import topics
+from deploy.crds import CrdsMissing, third_party_crd_files
 
 REPO = Path(__file__).resolve().parent.parent
-SCHEMA_DIR = REPO / "deploy" / "schemas"
 # The oldest Kubernetes minor gpuaware supports and the newest the validator knows.
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
 
@@ -62,16 +64,25 @@ def _group_version(doc: Doc) -> tuple[str, str]:
     return group, version
 
 
-def crd_schemas(docs: Iterable[Doc], schema_dir: Path = SCHEMA_DIR) -> dict[tuple[str, str, str], Doc]:
-    """(group, version, kind) -> openAPIV3Schema, from rendered CRDs and the files in ``schema_dir``."""
-    found: list[Doc] = [d for d in docs if d.get("kind") == "CustomResourceDefinition"]
-    for path in sorted(schema_dir.glob("*.yaml")):
-        found += [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "CustomResourceDefinition"]
+def third_party_crds() -> tuple[list[Doc], str]:
+    """The cached third-party CRDs, and why there are none when the cache lacks them ("" otherwise)."""
+    try:
+        files = third_party_crd_files()
+    except CrdsMissing as exc:
+        return [], str(exc)
+    docs = [d for path in files for d in yaml.safe_load_all(path.read_text())]
+    return [d for d in docs if d and d.get("kind") == "CustomResourceDefinition"], ""
+
+
+def crd_schemas(docs: Iterable[Doc], extra_crds: Iterable[Doc] = ()) -> dict[tuple[str, str, str], Doc]:
+    """(group, version, kind) -> openAPIV3Schema of every served version, from the rendered CRDs and ``extra_crds``."""
+    found: list[Doc] = [d for d in docs if d.get("kind") == "CustomResourceDefinition"] + list(extra_crds)
     out: dict[tuple[str, str, str], Doc] = {}
     for crd in found:
         spec = crd["spec"]
         for version in spec["versions"]:
-            out[(spec["group"], version["name"], spec["names"]["kind"])] = version["schema"]["openAPIV3Schema"]
+            if version.get("served", True):
+                out[(spec["group"], version["name"], spec["names"]["kind"])] = version["schema"]["openAPIV3Schema"]
     return out
 
 
@@ -102,7 +113,8 @@ def _errors(validator: jsonschema.protocols.Validator, doc: Doc) -> Iterator[str
 
 
 def schema_problems(docs: list[Doc], versions: Iterable[str] = KUBERNETES_VERSIONS) -> list[str]:
-    crds = crd_schemas(docs)
+    extra, why_none = third_party_crds()
+    crds = crd_schemas(docs, extra)
     validators = {key: jsonschema.Draft4Validator(closed(s)) for key, s in crds.items()}
     problems: list[str] = []
     for doc in docs:
@@ -116,7 +128,8 @@ def schema_problems(docs: list[Doc], versions: Iterable[str] = KUBERNETES_VERSIO
                 kubernetes_validate.validate(doc, kube_version, strict=True)
             except kubernetes_validate.SchemaNotFoundError:
                 problems.append(f"{ident(doc)}: no schema for {doc.get('apiVersion')} {doc.get('kind')} "
-                                f"(not a Kubernetes {kube_version} kind and no CRD in the manifests or deploy/schemas)")
+                                f"(not a Kubernetes {kube_version} kind, and no CRD serves it in the manifests or "
+                                f"the cached third-party CRDs{': ' + why_none if why_none else ''})")
                 break
             except kubernetes_validate.ValidationError as e:
                 where = ".".join(str(p) for p in e.absolute_path) or "<root>"

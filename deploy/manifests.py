@@ -53,7 +53,7 @@ def kafka_topic(spec: topics.TopicSpec) -> dict[str, Any]:
     config: dict[str, Any] = {k: _config_value(v) for k, v in spec.configs().items()}
     config["min.insync.replicas"] = PRODUCTION_REPLICAS - 1
     return {
-        "apiVersion": "kafka.strimzi.io/v1beta2",
+        "apiVersion": "kafka.strimzi.io/v1",
         "kind": "KafkaTopic",
         "metadata": {
             "name": resource_name(spec.name),
@@ -117,7 +117,7 @@ USER_GRANTS: dict[str, list[Grant]] = {
 
 def kafka_user(name: str, grants: list[Grant]) -> dict[str, Any]:
     return {
-        "apiVersion": "kafka.strimzi.io/v1beta2",
+        "apiVersion": "kafka.strimzi.io/v1",
         "kind": "KafkaUser",
         "metadata": {"name": name, "labels": {"strimzi.io/cluster": KAFKA_CLUSTER}},
         "spec": {"authentication": {"type": "scram-sha-512"},

@@ -7,7 +7,8 @@ import shutil
 import pytest
 
 from deploy import checks as mc
-from tests.support import crds_and_examples
+from deploy.crds import CrdsMissing, third_party_crd_files
+from tests.support import crds_and_examples, need
 
 if shutil.which("kubectl") is None:
     pytest.skip("kubectl not installed (Debian package kubectl; .ci/run installs it)", allow_module_level=True)
@@ -59,3 +60,23 @@ def test_unknown_kind_without_a_schema_is_a_problem():
     doc = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
     (problem,) = mc.schema_problems([doc])
     assert "no schema for example.com/v1 Widget" in problem
+
+
+@pytest.mark.parametrize("kind", ["Kafka", "KafkaNodePool", "KafkaTopic", "KafkaUser"])
+def test_a_strimzi_version_the_operator_no_longer_serves_is_a_problem(rendered, kind):
+    """Strimzi 1.x serves kafka.strimzi.io/v1 only; the real CRDs (not hand-written ones) say so."""
+    need(third_party_crd_files, CrdsMissing)
+    docs = rendered["production"]
+    name = next(d["metadata"]["name"] for d in docs if d["kind"] == kind)
+    old = mc.with_change(docs, kind, name, lambda d: d.update(apiVersion="kafka.strimzi.io/v1beta2"))
+    problems = mc.schema_problems(old)
+    assert len(problems) == 1 and f"no schema for kafka.strimzi.io/v1beta2 {kind}" in problems[0], problems
+
+
+def test_strimzi_objects_are_checked_against_the_v1_schema(rendered):
+    """A field v1 dropped (Kafka.spec.kafka.replicas, now on the KafkaNodePool) is named."""
+    need(third_party_crd_files, CrdsMissing)
+    docs = mc.with_change(rendered["production"], "Kafka", "gpuaware-kafka",
+                          lambda d: d["spec"]["kafka"].update(replicas=3))
+    (problem,) = mc.schema_problems(docs)
+    assert "Kafka gpuaware/gpuaware-kafka: spec.kafka: Additional properties" in problem and "'replicas'" in problem

@@ -1,0 +1,223 @@
+"""The shipped RBAC on a real kube-apiserver: each component's exact permissions, and every API call
+the scheduler and the agent make, made as their ServiceAccounts.
+
+The RBAC objects (ServiceAccounts, roles, bindings, the scheduler's ValidatingAdmissionPolicies) are
+taken from the production overlay as ``kubectl kustomize`` renders it, and applied as they ship.
+Each ServiceAccount acts through a TokenRequest token. ``kubectl auth can-i --list`` gives its
+permission set, which must equal the table below, no more and no less (what every authenticated
+user may do, discovery and self-reviews, is measured on a ServiceAccount with no binding and left
+out). Skipped when the control plane is not built, failed under ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from contract import annotations
+from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
+from plumbing.kube.api import KubeApi, now_rfc3339
+from tests.support import REPO, need
+
+NS = "gpuaware"
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+              "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+# (resource, resource names, verbs) per ServiceAccount, as `kubectl auth can-i --list -n gpuaware` prints them.
+Row = tuple[str, str, str]
+EXPECTED: dict[str, set[Row]] = {
+    "gpuaware-agent": {
+        ("nodes", "[]", "[get]"),  # its own Node's cordon annotation; RBAC cannot say "own"
+    },
+    "gpuaware-scheduler": {
+        ("pods", "[]", "[list watch patch]"),  # patch: only the checkpoint-request annotation (admission policy)
+        ("pods/binding", "[]", "[create]"),
+        ("pods/eviction", "[]", "[create]"),
+        ("nodes", "[]", "[get list watch patch]"),  # patch: only the cordoned-GPUs annotation (admission policy)
+        ("events", "[]", "[create]"),
+        ("gpuqueues.gpuaware.io", "[]", "[list watch]"),
+        ("gpuqueues.gpuaware.io/status", "[]", "[patch]"),
+        ("leases.coordination.k8s.io", "[gpuaware-scheduler]", "[get update]"),
+        ("leases.coordination.k8s.io", "[]", "[create]"),  # RBAC cannot restrict a create by name
+    },
+    "gpuaware-stream": set(),  # talks to Kafka only; its pods do not even mount a token
+}
+_ROW = re.compile(r"^(\S*)\s+(\[[^\]]*\])\s+(\[[^\]]*\])\s+(\[[^\]]*\])\s*$")
+
+
+def _rendered_rbac(cp: KubeControlPlane) -> list[dict[str, Any]]:
+    out = cp.kubectl("kustomize", str(REPO / "deploy" / "overlays" / "production")).stdout
+    return [d for d in yaml.safe_load_all(out) if d and d["kind"] in RBAC_KINDS]
+
+
+@pytest.fixture(scope="module")
+def cp() -> Iterator[KubeControlPlane]:
+    need(find_binaries, BinariesMissing)
+    with KubeControlPlane(scheduler=False, kwok=False) as plane:
+        plane.create_namespace(NS)
+        for path in sorted((REPO / "deploy" / "base" / "crds").glob("*.yaml")):
+            plane.kubectl("apply", "-f", str(path))
+        plane.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        plane.apply(yaml.safe_dump_all(_rendered_rbac(plane)))
+        yield plane
+
+
+def permissions(cp: KubeControlPlane, kubeconfig: Path) -> set[tuple[str, str, str, str]]:
+    """(resource, non-resource URLs, resource names, verbs) rows of ``kubectl auth can-i --list``."""
+    text = cp.kubectl("auth", "can-i", "--list", "-n", NS, kubeconfig=kubeconfig).stdout
+    rows = set()
+    for line in text.splitlines()[1:]:
+        match = _ROW.match(line)
+        assert match, f"unexpected auth can-i line: {line!r}"
+        rows.add(match.groups())
+    return rows
+
+
+@pytest.fixture(scope="module")
+def everyone(cp) -> set[tuple[str, str, str, str]]:
+    """What any authenticated ServiceAccount may do (discovery, self-reviews), from one with no binding."""
+    return permissions(cp, cp.serviceaccount_kubeconfig(NS, "gpuaware-test-nobody"))
+
+
+@pytest.mark.parametrize("account", sorted(EXPECTED))
+def test_serviceaccount_has_exactly_the_expected_permissions(cp, everyone, account, capsys):
+    granted = permissions(cp, cp.serviceaccount_kubeconfig(NS, account, create=False)) - everyone
+    assert all(urls == "[]" for _, urls, _, _ in granted), granted  # no non-resource URL beyond discovery
+    table = {(res, names, verbs) for res, _, names, verbs in granted}
+    with capsys.disabled():
+        print(f"\n{account} (beyond what every authenticated user may do):")
+        for res, names, verbs in sorted(table) or [("(nothing)", "", "")]:
+            print(f"  {res:<34} {names:<22} {verbs}")
+    assert table == EXPECTED[account], (f"missing: {sorted(EXPECTED[account] - table)}; "
+                                        f"excess: {sorted(table - EXPECTED[account])}")
+
+
+# ----------------------------------------------------------------------------- the calls themselves
+def _api(kubeconfig: Path) -> KubeApi:
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+    return KubeApi(client.ApiClient(cfg))
+
+
+def _status(call: Any, *args: Any, **kwargs: Any) -> int:
+    """The HTTP status a call is answered with (200 when it returns)."""
+    try:
+        call(*args, **kwargs)
+        return 200
+    except ApiException as exc:
+        return exc.status or 0
+
+
+@pytest.fixture(scope="module")
+def scheduler_api(cp) -> KubeApi:
+    return _api(cp.serviceaccount_kubeconfig(NS, "gpuaware-scheduler", create=False))
+
+
+def _pod(cp: KubeControlPlane, name: str) -> None:
+    cp.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": {"app": name}},
+              "spec": {"schedulerName": "gpuaware",
+                       "containers": [{"name": "main", "image": "registry.invalid/train:1"}]}})
+
+
+def _node(cp: KubeControlPlane, name: str) -> None:
+    cp.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"gpu": "h100"}}})
+
+
+def _get(cp: KubeControlPlane, *args: str) -> dict[str, Any]:
+    return yaml.safe_load(cp.kubectl("get", *args, "-o", "yaml").stdout)
+
+
+def test_the_binding_carries_the_gpu_assignment_annotations_onto_the_pod(cp, scheduler_api):
+    """No pod patch is needed for the assignment: the apiserver copies a Binding's annotations to the pod."""
+    _node(cp, "bind-node")
+    _pod(cp, "bound")
+    assigned = {annotations.ANN_GPUS: "0,1"}
+    scheduler_api.bind(NS, "bound", "bind-node", assigned)
+    pod = _get(cp, "pod", "bound", "-n", NS)
+    assert pod["spec"]["nodeName"] == "bind-node"
+    assert pod["metadata"]["annotations"].items() >= assigned.items()
+
+
+def test_the_scheduler_may_write_its_checkpoint_request_and_nothing_else_on_a_pod(cp, scheduler_api):
+    _pod(cp, "ckpt")
+    asked = now_rfc3339()
+    scheduler_api.annotate_pod(NS, "ckpt", {annotations.ANN_CHECKPOINT_REQUEST: asked})
+    assert _get(cp, "pod", "ckpt", "-n", NS)["metadata"]["annotations"][annotations.ANN_CHECKPOINT_REQUEST] == asked
+
+    core = scheduler_api.core
+    image = {"spec": {"containers": [{"name": "main", "image": "registry.invalid/evil:1"}]}}
+    assert _status(core.patch_namespaced_pod, "ckpt", NS, image) == 422  # denied by the admission policy
+    assert _status(core.patch_namespaced_pod, "ckpt", NS, {"metadata": {"labels": {"app": "other"}}}) == 422
+    assert _status(scheduler_api.annotate_pod, NS, "ckpt", {annotations.ANN_CHECKPOINT_DONE: asked}) == 422
+    assert _get(cp, "pod", "ckpt", "-n", NS)["spec"]["containers"][0]["image"] == "registry.invalid/train:1"
+    assert _status(core.delete_namespaced_pod, "ckpt", NS) == 403
+    # The policy binds the scheduler only: the pod's owner (here the admin) still updates it freely.
+    cp.kubectl("annotate", "pod", "ckpt", "-n", NS, f"{annotations.ANN_CHECKPOINT_DONE}={asked}")
+
+
+def test_the_scheduler_may_write_gpu_cordons_and_nothing_else_on_a_node(cp, scheduler_api):
+    _node(cp, "cordon-node")
+    scheduler_api.cordon_gpu("cordon-node", 3)
+    scheduler_api.cordon_gpu("cordon-node", 5)
+    assert annotations.cordoned_gpus(_get(cp, "node", "cordon-node")) == {3, 5}
+
+    core = scheduler_api.core
+    assert _status(core.patch_node, "cordon-node", {"spec": {"unschedulable": True}}) == 422
+    assert _status(core.patch_node, "cordon-node", {"spec": {"taints": [
+        {"key": "x", "effect": "NoSchedule"}]}}) == 422
+    assert _status(core.patch_node, "cordon-node", {"metadata": {"labels": {"gpu": "none"}}}) == 422
+    assert _status(core.delete_node, "cordon-node") == 403
+
+
+def test_the_scheduler_watches_evicts_reports_and_leads_as_its_serviceaccount(cp, scheduler_api):
+    core, custom = scheduler_api.core, scheduler_api.custom
+    # Informers: list and watch of pods, nodes and GPUQueues (the specs scheduler.kube.live follows).
+    core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed")
+    core.list_node()
+    core.list_pod_for_all_namespaces(watch=True, timeout_seconds=1, _preload_content=False).release_conn()
+    core.list_node(watch=True, timeout_seconds=1, _preload_content=False).release_conn()
+    cp.apply(yaml.safe_dump_all(yaml.safe_load_all((REPO / "deploy" / "examples" / "gpuqueue.yaml").read_text())))
+    queues = custom.list_cluster_custom_object("gpuaware.io", "v1alpha1", "gpuqueues")
+    custom.list_cluster_custom_object("gpuaware.io", "v1alpha1", "gpuqueues", watch=True, timeout_seconds=1,
+                                      _preload_content=False).release_conn()
+    name = queues["items"][0]["metadata"]["name"]
+    scheduler_api.patch_queue_status(name, {"pendingGpus": 0})
+    # Evictions (the Eviction API, so PDBs hold) and the Events that explain them.
+    _pod(cp, "victim")
+    pod = _get(cp, "pod", "victim", "-n", NS)
+    scheduler_api.event(pod, "Preempted", "for a higher-priority gang")
+    scheduler_api.evict(NS, "victim")
+    # Leader election on its own Lease only.
+    assert scheduler_api.read_lease(NS, "gpuaware-scheduler") is None
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": "gpuaware-scheduler", "namespace": NS}, "spec": {"holderIdentity": "a"}}
+    created = scheduler_api.create_lease(NS, lease)
+    created["spec"]["holderIdentity"] = "b"
+    scheduler_api.replace_lease(NS, "gpuaware-scheduler", created)
+    assert _status(scheduler_api.coordination.read_namespaced_lease, "other", NS) == 403
+    assert _status(core.list_namespaced_secret, NS) == 403
+
+
+def test_the_agent_reads_a_node_and_nothing_more(cp):
+    _node(cp, "agent-node")
+    api = _api(cp.serviceaccount_kubeconfig(NS, "gpuaware-agent", create=False))
+    assert api.read_node("agent-node")["metadata"]["name"] == "agent-node"
+    assert _status(api.core.list_node) == 403
+    assert _status(api.core.patch_node, "agent-node", {"metadata": {"labels": {"x": "y"}}}) == 403
+
+
+def test_cluster_scoped_policies_lose_the_namespace_kustomize_stamps_on_them(cp):
+    """Kustomize's built-in schema predates ValidatingAdmissionPolicy, so it sets metadata.namespace on it;
+    the apiserver stores cluster-scoped objects without one."""
+    vaps = [d for d in _rendered_rbac(cp) if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert len(vaps) == 4
+    for doc in vaps:
+        stored = _get(cp, doc["kind"].lower(), doc["metadata"]["name"])
+        assert "namespace" not in stored["metadata"]
