@@ -1,8 +1,9 @@
 """Which real parts this test session runs against: one header line, and under ``CI=true`` a missing
 part ends the run before any test (a suite that silently skips its real-systems tests proves nothing).
 
-The parts are built by ``realparts/build-all.sh`` (Kafka from Maven Central; Kubernetes, etcd and kwok
-from the Go module proxy) and by Debian's ``prometheus`` package (``promtool``, ``prometheus``).
+The parts are built by ``realparts/build-all.sh`` (Kafka and Strimzi's CRDs from Maven Central;
+Kubernetes, etcd, kwok and the Prometheus Operator's CRDs from the Go module proxy) and by Debian's
+``prometheus`` package (``promtool``, ``prometheus``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import subprocess
 
 import pytest
 
+from deploy import crds
 from gpuaware.local import apache_kafka, kube_control_plane
 
 
@@ -49,6 +51,14 @@ def survey() -> tuple[dict[str, str], dict[str, str]]:
         found["etcd"] = _word_after(_first_line(str(bins["etcd"]), "--version"), "Version:")
         found["kwok"] = kube_control_plane.pinned_versions().get("KWOK_VERSION", "?")
         found["kubectl"] = found["kube-apiserver"]
+    try:
+        crds.third_party_crd_files()
+    except crds.CrdsMissing as exc:
+        missing["crds"] = str(exc)
+    else:
+        pins = kube_control_plane.pinned_versions()
+        found["strimzi-crds"] = pins.get("STRIMZI_VERSION", "?")
+        found["prometheus-operator-crds"] = pins.get("PROMETHEUS_OPERATOR_VERSION", "?")
     for tool in ("promtool", "prometheus"):
         path = shutil.which(tool)
         if path is None:
