@@ -27,6 +27,7 @@ from plumbing.kafka_settings import KafkaSettings
 from plumbing.kube.api import KubeApi, connect
 from scheduler.feed import StateFeed, StateView
 from scheduler.kube.extender import Extender
+from scheduler.kube.extender_access import server_context
 from scheduler.kube.leader import LeaderElector, LeadershipLost
 from scheduler.kube.live import LiveScheduler
 from scheduler.metrics import SchedulerCollector, SchedulerStats
@@ -49,7 +50,7 @@ async def serve(kafka: KafkaSettings | None, settings: SchedulerSettings, metric
     feed: StateFeed | None = None
     producer: AIOKafkaProducer | None = None
     caught_up = asyncio.Event()
-    extender = Extender(live.cache, live.core, lambda: caught_up.is_set())
+    extender = Extender.from_settings(live.cache, live.core, lambda: caught_up.is_set(), settings, stats)
     runner: web.AppRunner | None = None
     if metrics_port:
         registry = CollectorRegistry()
@@ -59,7 +60,7 @@ async def serve(kafka: KafkaSettings | None, settings: SchedulerSettings, metric
     if settings.extender_port:
         runner = web.AppRunner(extender.app(), access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, "0.0.0.0", settings.extender_port).start()
+        await web.TCPSite(runner, "0.0.0.0", settings.extender_port, ssl_context=server_context(settings)).start()
         log.info("extender and /healthz on :%d", settings.extender_port)
     tasks: list[asyncio.Task] = []
     elector: LeaderElector | None = None
