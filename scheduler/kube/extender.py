@@ -176,13 +176,13 @@ class Extender:
 
     async def _serve(self, request: web.Request) -> web.Response:
         verb = request.path.strip("/")
-        status, payload = await self._answer(verb, request)
+        status, payload, large = await self._answer(verb, request)
         self.requests[(verb, status)] += 1
         if status != 200:
             # kube-scheduler logs the status code only; the reason is in our log.
             log.log(logging.ERROR if status >= 500 else logging.WARNING, "extender /%s: %d %s", verb, status,
                     payload["Error"])
-        if request.get("large"):  # the answer echoes a large NodeList (nodeCacheCapable: false)
+        if large:  # the answer echoes a large NodeList (nodeCacheCapable: false)
             text = await asyncio.get_running_loop().run_in_executor(None, json.dumps, payload)
         else:
             text = json.dumps(payload)
@@ -195,31 +195,32 @@ class Extender:
             request.protocol.force_close()
         return response
 
-    async def _answer(self, verb: str, request: web.Request) -> tuple[int, Any]:
+    async def _answer(self, verb: str, request: web.Request) -> tuple[int, Any, bool]:
+        """(HTTP status, JSON answer, whether the body was large enough to serialise the answer off the loop)."""
         refusal = self.access.refusal(request)
         if refusal is not None:
-            return 401, {"Error": refusal}
+            return 401, {"Error": refusal}, False
         too_large = 413, {"Error": f"request body over {self.max_body_bytes} bytes (scheduler.extender_max_body_mib;"
-                                   " nodeCacheCapable: true keeps requests small)"}
+                                   " nodeCacheCapable: true keeps requests small)"}, False
         if (request.content_length or 0) > self.max_body_bytes:
             return too_large  # before reading a byte of it
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return too_large
+        large = len(body) > OFFLOAD_BYTES
         try:
-            if len(body) > OFFLOAD_BYTES:  # a NodeList of hundreds of nodes: not on the loop
-                request["large"] = True
+            if large:  # a NodeList of hundreds of nodes: not on the loop
                 args = await asyncio.get_running_loop().run_in_executor(None, parse, body)
             else:
                 args = parse(body)
         except BadRequest as exc:
-            return 400, {"Error": f"bad {verb} request: {exc}"}
+            return 400, {"Error": f"bad {verb} request: {exc}"}, large
         try:
-            return 200, getattr(self, verb)(args)
+            return 200, getattr(self, verb)(args), large
         except Exception as exc:
             log.exception("extender /%s failed", verb)
-            return 500, {"Error": f"gpuaware extender: {type(exc).__name__}: {exc}"}
+            return 500, {"Error": f"gpuaware extender: {type(exc).__name__}: {exc}"}, large
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
