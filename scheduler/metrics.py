@@ -29,6 +29,7 @@ class SchedulerStats:
     bind_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     queue_wait: dict[tuple[str, str], Histogram] = field(default_factory=dict)  # (tenant, priority)
     api_errors: Counter = field(default_factory=Counter)  # (verb, code)
+    extender_requests: Counter = field(default_factory=Counter)  # (verb, HTTP status) answered to kube-scheduler
     leader: bool = False
     feed_records: int = 0
     feed_dead_lettered: int = 0
@@ -125,6 +126,11 @@ class SchedulerCollector(Collector):
         for (verb, code), n in sorted(s.api_errors.items()):
             errors.add_metric([verb, str(code)], n)
         yield errors
+        ext = CounterMetricFamily("gpuaware_scheduler_extender_requests",
+                                  "Extender requests answered, by verb and HTTP status", labels=["verb", "code"])
+        for (verb, code), n in sorted(s.extender_requests.items()):
+            ext.add_metric([verb, str(code)], n)
+        yield ext
         yield CounterMetricFamily("gpuaware_scheduler_feed_records", "State records read from Kafka",
                                   value=s.feed_records)
         yield CounterMetricFamily("gpuaware_scheduler_feed_dead_lettered",

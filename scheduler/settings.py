@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scheduler.core.policies import POLICIES
@@ -61,6 +63,14 @@ class SchedulerSettings(BaseModel):
     renew_every_s: float = Field(5.0, gt=0.1, le=100,
                                  description="retry period: how often the leader renews and followers try to acquire")
     extender_port: int = Field(8888, ge=0, le=65535, description="HTTP port of the extender and /healthz; 0 disables")
+    extender_tls_cert_file: str | None = Field(None, description="serve the extender over HTTPS with this PEM "
+                                               "certificate (with extender_tls_key_file)")
+    extender_tls_key_file: str | None = Field(None, description="the PEM key of extender_tls_cert_file")
+    extender_client_ca_file: str | None = Field(None, description="mTLS: verbs need a client certificate this CA "
+                                                "signed (kube-scheduler's extenders[].tlsConfig.certFile)")
+    extender_token_file: str | None = Field(None, description="callers without a client certificate may send "
+                                            "Authorization: Bearer with this file's token")
+    extender_max_body_mib: float = Field(8.0, gt=0, le=64, description="larger extender requests get 413")
     api_server: str | None = Field(None, description="Kubernetes API URL; default: in-cluster config, then kubeconfig")
 
     @model_validator(mode="after")
@@ -68,4 +78,22 @@ class SchedulerSettings(BaseModel):
         if self.policy not in POLICIES:
             raise ValueError(f"policy: {self.policy!r} is not one of {', '.join(POLICIES)}")
         check_lease_timings(self.lease_duration_s, self.renew_deadline_s, self.renew_every_s, "renew_every_s")
+        self._check_extender_access()
         return self
+
+    def _check_extender_access(self) -> None:
+        cert, key = self.extender_tls_cert_file, self.extender_tls_key_file
+        if bool(cert) != bool(key):
+            missing = "extender_tls_key_file" if cert else "extender_tls_cert_file"
+            raise ValueError(f"{missing}: needed with {'extender_tls_cert_file' if cert else 'extender_tls_key_file'}")
+        for name in ("extender_client_ca_file", "extender_token_file"):
+            if getattr(self, name) and not cert:
+                raise ValueError(f"{name}: needs extender_tls_cert_file and extender_tls_key_file (without TLS "
+                                 "a client certificate cannot be asked for and a token is readable on the wire)")
+        for name in ("extender_tls_cert_file", "extender_tls_key_file", "extender_client_ca_file",
+                     "extender_token_file"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ValueError(f"{name}: {path} is not a readable file")
+        if self.extender_token_file and not Path(self.extender_token_file).read_text().strip():
+            raise ValueError(f"extender_token_file: {self.extender_token_file} is empty")

@@ -29,6 +29,7 @@ from plumbing.kafka_settings import KafkaSettings
 from plumbing.kube.api import KubeApi, connect
 from scheduler.feed import StateFeed, StateView
 from scheduler.kube.extender import Extender
+from scheduler.kube.extender_access import server_context
 from scheduler.kube.leader import LeaderElector, LeadershipLost
 from scheduler.kube.live import LiveScheduler
 from scheduler.metrics import SchedulerCollector, SchedulerStats
@@ -78,7 +79,7 @@ class SchedulerRuntime:
         self.settings, self.api, self.live, self.feed, self.publishers = settings, api, live, feed, publishers
         self.stats, self.view = live.stats, live.view
         self.ready = asyncio.Event()  # listed and caught up: the extender answers, /readyz says 200
-        self.extender = Extender(live.cache, live.passes.core, self.ready.is_set)
+        self.extender = Extender.from_settings(live.cache, live.passes.core, self.ready.is_set, settings, self.stats)
         self._runner: web.AppRunner | None = None
         self._started: list[str] = []
         self.elector: LeaderElector | None = None
@@ -94,7 +95,8 @@ class SchedulerRuntime:
         if self.settings.extender_port:
             self._runner = web.AppRunner(self.extender.app(), access_log=None)
             await self._runner.setup()
-            await web.TCPSite(self._runner, "0.0.0.0", self.settings.extender_port).start()
+            await web.TCPSite(self._runner, "0.0.0.0", self.settings.extender_port,
+                              ssl_context=server_context(self.settings)).start()
             log.info("extender and /healthz on :%d", self.settings.extender_port)
         if self.feed is not None:
             await wait_ready(self.feed.kafka)

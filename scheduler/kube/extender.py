@@ -1,11 +1,21 @@
 """The scheduler extender: kube-scheduler keeps scheduling and asks gpuaware about GPUs.
 
 kube-scheduler POSTs its extender arguments as JSON (k8s.io/kube-scheduler/extender/v1, Go field
-names): ``/filter`` gets ``ExtenderArgs`` (``Pod``, ``Nodes`` or ``NodeNames``) and answers an
-``ExtenderFilterResult`` (``Nodes``/``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``,
-``Error``); ``/prioritize`` answers a ``HostPriorityList`` (``[{"Host", "Score"}]``, 0-10);
-``/preempt`` gets ``ExtenderPreemptionArgs`` and answers ``ExtenderPreemptionResult`` with the
-candidate nodes where evicting the proposed victims would really make room on healthy GPUs.
+names). With ``nodeCacheCapable: true`` (shipped) they carry only ``NodeNames`` and gpuaware reads
+the nodes from its own informer cache; with ``false`` they carry every ``Node`` (``Nodes``) and the
+answer echoes the kept ones. What each verb answers (docs/scheduler.md, "Extender"):
+
+- ``/filter`` → 200 ``ExtenderFilterResult``: ``NodeNames`` (or ``Nodes``) that pass, the others in
+  ``FailedNodes`` with the core's reason (resolvable: health and capacity change, preemption may
+  help); a pod whose gpuaware request cannot be scheduled as written gets ``Error`` (kube-scheduler
+  treats it as this extender failing for the pod).
+- ``/prioritize`` → 200 ``HostPriorityList``, 0-10 (an invalid gpuaware request scores 0 everywhere).
+- ``/preempt`` → 200 ``ExtenderPreemptionResult``: the nodes where evicting the proposed victims
+  really makes room on healthy GPUs. The type has no ``Error``: a 200 always means "these candidates".
+- Any verb: 400 ``{"Error"}`` for a body that is not what kube-scheduler sends (extender_args),
+  401 unauthenticated (extender_access), 413 over ``extender_max_body_mib``, 500 ``{"Error"}`` when
+  gpuaware itself fails. kube-scheduler's ``HTTPExtender.send()`` turns every non-200 into an error,
+  and an ``ignorable`` extender's errors are skipped (logged), so a failure never reads as an answer.
 
 Pods that ask for no GPU and carry no gpuaware annotation pass through untouched: every node
 passes, every score is 0 (backward compatible). Decisions use the same cluster cache and core
@@ -14,7 +24,10 @@ as the custom scheduler; nothing is reserved (kube-scheduler binds).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -25,17 +38,32 @@ from scheduler.core.framework import Scheduler
 from scheduler.core.preemption import fits_on_node
 from scheduler.kube import objects
 from scheduler.kube.cache import ClusterCache
+from scheduler.kube.extender_access import Access
+from scheduler.kube.extender_args import OFFLOAD_BYTES, BadRequest, parse
 from scheduler.kube.objects import PodSpecError
+from scheduler.metrics import SchedulerStats
+from scheduler.settings import SchedulerSettings
 
 log = logging.getLogger(__name__)
 
 MAX_EXTENDER_PRIORITY = 10
+VERBS = ("filter", "prioritize", "preempt")
+MIB = 1024 * 1024
 
 
 class Extender:
-    def __init__(self, cache: ClusterCache, core: Callable[[], Scheduler], ready: Callable[[], bool]):
+    def __init__(self, cache: ClusterCache, core: Callable[[], Scheduler], ready: Callable[[], bool], *,
+                 stats: SchedulerStats | None = None, access: Access | None = None, max_body_bytes: int = 8 * MIB):
         self.cache, self.core, self.ready = cache, core, ready
-        self.requests: dict[str, int] = {}
+        self.access = access or Access()
+        self.max_body_bytes = max_body_bytes
+        self.requests: Counter = stats.extender_requests if stats is not None else Counter()  # (verb, status)
+
+    @classmethod
+    def from_settings(cls, cache: ClusterCache, core: Callable[[], Scheduler], ready: Callable[[], bool],
+                      settings: SchedulerSettings, stats: SchedulerStats | None = None) -> Extender:
+        return cls(cache, core, ready, stats=stats, access=Access.from_settings(settings),
+                   max_body_bytes=int(settings.extender_max_body_mib * MIB))
 
     # ------------------------------------------------------------------ pure handlers (JSON in, JSON out)
     def _rank(self, pod: dict[str, Any]) -> tuple[np.ndarray, list[str]]:
@@ -141,28 +169,58 @@ class Extender:
 
     # ------------------------------------------------------------------ HTTP
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)  # a 5,000-node NodeList is tens of MiB
-        app.add_routes([web.post("/filter", self._post(self.filter)), web.post("/prioritize",
-                                                                                self._post(self.prioritize)),
-                        web.post("/preempt", self._post(self.preempt)), web.get("/healthz", self._healthz),
-                        web.get("/readyz", self._readyz)])
+        app = web.Application(client_max_size=self.max_body_bytes)
+        app.add_routes([web.post(f"/{verb}", self._serve) for verb in VERBS]
+                       + [web.get("/healthz", self._healthz), web.get("/readyz", self._readyz)])
         return app
 
-    def _post(self, handler: Callable[[dict[str, Any]], Any]):
-        async def serve(request: web.Request) -> web.Response:
-            self.requests[request.path] = self.requests.get(request.path, 0) + 1
-            try:
-                args = await request.json()
-            except ValueError:
-                return web.json_response({"Error": "request body is not JSON"}, status=400)
-            if not isinstance(args, dict):
-                return web.json_response({"Error": "request body is not a JSON object"}, status=400)
-            try:
-                return web.json_response(handler(args))
-            except Exception as exc:  # kube-scheduler shows Error; an ignorable extender is then skipped
-                log.exception("extender %s failed", request.path)
-                return web.json_response({"Error": f"gpuaware extender: {exc}"}, status=200)
-        return serve
+    async def _serve(self, request: web.Request) -> web.Response:
+        verb = request.path.strip("/")
+        status, payload, large = await self._answer(verb, request)
+        self.requests[(verb, status)] += 1
+        if status != 200:
+            # kube-scheduler logs the status code only; the reason is in our log.
+            log.log(logging.ERROR if status >= 500 else logging.WARNING, "extender /%s: %d %s", verb, status,
+                    payload["Error"])
+        if large:  # the answer echoes a large NodeList (nodeCacheCapable: false)
+            text = await asyncio.get_running_loop().run_in_executor(None, json.dumps, payload)
+        else:
+            text = json.dumps(payload)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        response = web.Response(text=text, status=status, content_type="application/json", headers=headers)
+        if status in (401, 413):
+            # The body stays unread: answer, then close at once rather than linger reading what we refused.
+            await response.prepare(request)
+            await response.write_eof()
+            request.protocol.force_close()
+        return response
+
+    async def _answer(self, verb: str, request: web.Request) -> tuple[int, Any, bool]:
+        """(HTTP status, JSON answer, whether the body was large enough to serialise the answer off the loop)."""
+        refusal = self.access.refusal(request)
+        if refusal is not None:
+            return 401, {"Error": refusal}, False
+        too_large = 413, {"Error": f"request body over {self.max_body_bytes} bytes (scheduler.extender_max_body_mib;"
+                                   " nodeCacheCapable: true keeps requests small)"}, False
+        if (request.content_length or 0) > self.max_body_bytes:
+            return too_large  # before reading a byte of it
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return too_large
+        large = len(body) > OFFLOAD_BYTES
+        try:
+            if large:  # a NodeList of hundreds of nodes: not on the loop
+                args = await asyncio.get_running_loop().run_in_executor(None, parse, body)
+            else:
+                args = parse(body)
+        except BadRequest as exc:
+            return 400, {"Error": f"bad {verb} request: {exc}"}, large
+        try:
+            return 200, getattr(self, verb)(args), large
+        except Exception as exc:
+            log.exception("extender /%s failed", verb)
+            return 500, {"Error": f"gpuaware extender: {type(exc).__name__}: {exc}"}, large
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")

@@ -46,6 +46,7 @@ def _exported_names() -> set[str]:
     sched = SchedulerStats()
     sched.decisions[("PLACE", "fits")] += 1
     sched.api_errors[("bind", 409)] += 1
+    sched.extender_requests[("filter", 200)] += 1
     sched.waited("vision", 2, 3.0)
     snapshot = QueueSnapshot(pending={("vision", "high"): 1}, oldest_wait_s={("vision", "high"): 5.0},
                              gpus_used={"vision": 2.0}, gpus_quota={"vision": 1.0}, gpus_borrowed={"vision": 1.0},

@@ -127,7 +127,7 @@ def test_scheduler_rbac_and_extender_config(rendered):
                              ["kube-scheduler-config.yaml"])
     extender = snippet["extenders"][0]
     service = one(docs, "Service", "gpuaware-scheduler-extender")
-    assert extender["urlPrefix"] == f"http://{service['metadata']['name']}.gpuaware.svc:{service['spec']['ports'][0]['port']}/"
+    assert extender["urlPrefix"] == f"https://{service['metadata']['name']}.gpuaware.svc:{service['spec']['ports'][0]['port']}/"
     assert (extender["filterVerb"], extender["prioritizeVerb"]) == ("filter", "prioritize")
 
 
