@@ -45,6 +45,7 @@ class Fleet:
     nodes: int
     samples_per_batch: int
     seq: int = 0
+    prefix: str = "bench"  # of node names and GPU UUIDs: runs that share a broker keep their fleets apart
 
     def batches(self, ts_ms: int, step_ms: int) -> list[TelemetryBatch]:
         """One batch per node: ``samples_per_batch`` samples per GPU, ``step_ms`` apart, ending at ``ts_ms``."""
@@ -52,8 +53,9 @@ class Fleet:
         k = self.samples_per_batch
         base = ts_ms - (k - 1) * step_ms
         for n in range(self.nodes):
-            node = f"bench-node-{n:04d}"
-            gpus = [GpuInfo(f"GPU-bench-{n:04d}-{g}", g, "NVIDIA H100 80GB HBM3", 81559) for g in range(GPUS_PER_NODE)]
+            node = f"{self.prefix}-node-{n:04d}"
+            gpus = [GpuInfo(f"GPU-{self.prefix}-{n:04d}-{g}", g, "NVIDIA H100 80GB HBM3", 81559)
+                    for g in range(GPUS_PER_NODE)]
             samples = []
             for j in range(k):
                 seq = self.seq + j + 1

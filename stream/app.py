@@ -36,6 +36,11 @@ from stream.settings import StreamSettings
 log = logging.getLogger(__name__)
 
 PARTIAL_MAX_AGE_MS = 60_000
+STORES = {"rocksdb": "rocksdb://", "memory": "memory://"}
+# Faust sizes each partition's RocksDB for a large host (3 x 64 MiB memtables, a 2 GiB block cache),
+# and a worker may hold 16 of them (8 actives, 8 standbys) in a 1 GiB pod. Snapshots are written on
+# every batch but read only when a GPU's tracker is first loaded, so small memtables and cache do.
+ROCKSDB_OPTIONS = {"write_buffer_size": 8 << 20, "max_write_buffer_number": 2, "block_cache_size": 16 << 20}
 
 
 def changelog_spec(settings: StreamSettings) -> topics.TopicSpec:
@@ -84,7 +89,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     app = faust.App(
         settings.app_id,
         **kafka.faust_settings(),
-        store="memory://",
+        store=STORES[settings.store],
         topic_partitions=partitions,
         topic_replication_factor=settings.replication_factor,
         table_standby_replicas=settings.standby_replicas,
@@ -100,10 +105,15 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     inputs = app.topic(topics.TELEMETRY, by_node_name, **raw)
     out = {name: app.topic(name, **raw) for name in (topics.GPU_STATE, topics.NODE_STATE, topics.CLUSTER_FORECAST)}
     dlqs: dict[str, faust.Topic] = {}
+
+    async def restored(event: Any) -> None:
+        stats.changelog_restored["standby" if app.assignor.is_standby(event.message.tp) else "active"] += 1
+
     # GPU UUID -> GpuTracker snapshot, both JSON. The compaction settings also reach a changelog that Faust
     # creates itself (ensure_topics normally creates it first); Faust sets the cleanup policy.
     changelog = {k: v for k, v in changelog_spec(settings).configs().items() if k != "cleanup.policy"}
-    table = app.Table("gpus", partitions=partitions, extra_topic_configs=changelog)
+    table = app.Table("gpus", partitions=partitions, extra_topic_configs=changelog, on_changelog_event=restored,
+                      options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
     tracker_settings = TrackerSettings(
         horizons_min=tuple(settings.horizons_min), min_interval_ms=settings.min_publish_interval_ms,
         max_interval_ms=settings.max_publish_interval_ms, max_clock_skew_ms=int(settings.max_clock_skew_s * 1000),

@@ -26,6 +26,7 @@ class StreamStats:
     duplicates: int = 0
     clock_skew_rejected: int = 0  # samples stamped too far ahead of the worker's clock
     published: Counter = field(default_factory=Counter)  # output topic -> records written
+    changelog_restored: Counter = field(default_factory=Counter)  # active|standby -> changelog records applied
     latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))  # sample to state
     demand: list = field(default_factory=list)  # the newest cluster forecast's ModelDemand lines (owner only)
 
@@ -62,6 +63,12 @@ class StreamCollector(Collector):
         for topic, n in sorted(s.published.items()):
             published.add_metric([topic], n)
         yield published
+        restored = CounterMetricFamily("gpuaware_stream_changelog_restored",
+                                       "Changelog records applied to local table state, by the partition's role "
+                                       "(active: recovery before processing; standby: the warm copy)", labels=["role"])
+        for role in ("active", "standby"):
+            restored.add_metric([role], s.changelog_restored[role])
+        yield restored
         lag = GaugeMetricFamily("gpuaware_stream_consumer_lag", "Records not yet processed (log end - position)",
                                 labels=["topic", "partition"])
         for (topic, partition), n in sorted(self.lag().items()):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
@@ -19,8 +21,15 @@ class StreamSettings(BaseModel):
     node_state_interval_s: float = Field(5.0, gt=0, description="how often node rollups are considered")
     cluster_forecast_interval_s: float = Field(10.0, gt=0, description="how often per-model demand is published")
     replication_factor: int = Field(1, ge=1, le=5, description="of the internal topics (3 on a production Kafka)")
-    standby_replicas: int = Field(0, ge=0, le=3, description="Faust standby table replicas per partition")
-    data_dir: str = Field("/tmp/gpuaware-stream", description="Faust's working directory")
+    store: Literal["rocksdb", "memory"] = Field(
+        "rocksdb", description="where the per-GPU table lives: rocksdb keeps it on disk under data_dir, so a restart "
+                               "or a partition coming back replays only the changelog's tail; memory replays all of "
+                               "it every time")
+    standby_replicas: int = Field(1, ge=0, le=3, description="Faust standby table replicas per partition: another "
+                                                            "worker keeps a warm copy, so a failover replays a tail "
+                                                            "(each standby reads the changelog once more)")
+    data_dir: str = Field("/tmp/gpuaware-stream", description="Faust's working directory (the rocksdb store's "
+                                                              "files); one per worker")
 
     @field_validator("horizons_min")
     @classmethod

@@ -59,7 +59,9 @@ def agent(obj: Context, collector: str | None, scenario: str | None, sim_nodes: 
 @click.command()
 @click.option("--metrics-port", type=int, default=None, help="Port of /metrics (default 9400; 0 disables).")
 @click.option("--app-id", default=None, help="Faust app id = consumer group (default gpuaware-stream).")
-@click.option("--data-dir", default=None, help="Faust's working directory (default /tmp/gpuaware-stream).")
+@click.option("--data-dir", default=None,
+              help="Faust's working directory, where the rocksdb store keeps the table; one per worker "
+                   "(default /tmp/gpuaware-stream).")
 @click.pass_obj
 def stream(obj: Context, metrics_port: int | None, app_id: str | None, data_dir: str | None) -> None:
     """Run one Faust stream worker: per-GPU state, forecasts, fingerprints, derived-state topics.

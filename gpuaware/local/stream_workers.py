@@ -23,6 +23,9 @@ def worker_env(kafka: KafkaSettings, **stream: object) -> dict[str, str]:
 
 
 class StreamWorkerProcess(ChildProcess):
+    """``gpuaware stream`` with its data dir at ``workdir/name``: one per worker, as RocksDB locks its files;
+    a worker started again under the same name finds its table there and replays only the changelog's tail."""
+
     def __init__(self, kafka: KafkaSettings, app_id: str, workdir: Path, name: str, **stream: object):
         self.metrics_port = free_port()
         super().__init__(

@@ -1,0 +1,89 @@
+"""The Faust app's table store: a restarted worker's per-GPU state, and how much changelog it replays."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+from aiokafka.structs import TopicPartition
+
+from contract import topics
+from contract.events import GpuState, encode
+from gpuaware.local.stream_workers import StreamWorkerProcess
+from plumbing.kafka_admin import end_offsets
+from plumbing.kafka_settings import KafkaSettings
+from tests.test_stream_kafka import MINUTE_MS, _batch, _latest, _produce, _watch
+
+pytestmark = pytest.mark.timeout(300)
+ROUNDS = 40
+RESTORED_ACTIVE = 'gpuaware_stream_changelog_restored_total{role="active"}'
+
+
+def _restart(kafka: KafkaSettings, tmp_path: Path, unique: str, store: str) -> tuple[dict, dict, int, float]:
+    """Fill a worker's table, stop it, start it again on the same data dir, and re-send the last batch.
+
+    The re-sent samples are duplicates only to a worker that got its table back; the state it then
+    publishes is what it recovered. Returns (states before the stop, states after the restart, records
+    in the table's changelog at the restart, and how many of them the restarted worker replayed)."""
+    app_id = f"test-app-{store}-{unique}"
+    nodes = [f"ra-{store}-{unique}-{n}" for n in range(3)]
+    mine = {f"GPU-{n}-{i}" for n in nodes for i in range(2)}
+    start = int(time.time() * 1000) - 30 * MINUTE_MS
+    last = {n: _batch(n, ROUNDS, start + ROUNDS * 5000) for n in nodes}
+    records = [(topics.TELEMETRY, n.encode(), encode(_batch(n, seq, start + seq * 5000)))
+               for seq in range(1, ROUNDS) for n in nodes]
+    records += [(topics.TELEMETRY, n.encode(), encode(b)) for n, b in last.items()]
+    asyncio.run(_produce(kafka, records))
+
+    def worker() -> StreamWorkerProcess:
+        # A 1 s heartbeat, so the newest state of every GPU is out soon after its last sample.
+        w = StreamWorkerProcess(kafka, app_id, tmp_path, f"{store}-w", store=store, standby_replicas=0,
+                                max_publish_interval_ms=1000)
+        w.start()
+        return w
+
+    def all_at(samples: int, since_ms: int = 0):
+        def done(states: list[GpuState]) -> bool:
+            latest = _latest([s for s in states if s.published_ms >= since_ms])
+            return set(latest) == mine and all(s.samples == samples for s in latest.values())
+        return done
+
+    def keep(s: object) -> bool:
+        return isinstance(s, GpuState) and s.gpu_uuid in mine
+
+    first = worker()
+    try:
+        before = _latest(asyncio.run(_watch(kafka, topics.GPU_STATE, all_at(ROUNDS), keep)))
+    finally:
+        assert first.stop() == 0, first.log_tail()
+    changelog = [TopicPartition(f"{app_id}-gpus-changelog", p) for p in range(topics.spec(topics.TELEMETRY).partitions)]
+    written = sum(asyncio.run(end_offsets(kafka, changelog)).values())
+    restarted_ms = int(time.time() * 1000)
+    second = worker()
+    try:
+        asyncio.run(_produce(kafka, [(topics.TELEMETRY, n.encode(), encode(b)) for n, b in last.items()]))
+        states = asyncio.run(_watch(kafka, topics.GPU_STATE, all_at(ROUNDS, restarted_ms), keep))
+        after = _latest([s for s in states if s.published_ms >= restarted_ms])
+        assert second.counter("gpuaware_stream_duplicate_samples_total") == len(mine)
+        return before, after, written, second.counter(RESTORED_ACTIVE)
+    finally:
+        second.stop()
+
+
+def _values(state: GpuState) -> GpuState:
+    return dataclasses.replace(state, published_ms=0)
+
+
+def test_a_restarted_rocksdb_worker_recovers_state_exactly_from_disk_and_the_changelog_tail(
+        kafka_settings, tmp_path, unique) -> None:
+    before, after, written, replayed = _restart(kafka_settings, tmp_path, unique, "rocksdb")
+    assert {k: _values(s) for k, s in after.items()} == {k: _values(s) for k, s in before.items()}
+    # Every acknowledged changelog write was already on disk: nothing was left to replay.
+    assert written >= ROUNDS * len(before) and replayed == 0
+    # The memory store gets the same state back only by replaying the table's whole changelog.
+    before, after, written, replayed = _restart(kafka_settings, tmp_path, unique, "memory")
+    assert {k: _values(s) for k, s in after.items()} == {k: _values(s) for k, s in before.items()}
+    assert written >= ROUNDS * len(before) and replayed == written
