@@ -1,13 +1,17 @@
-"""deploy/checks.py catches broken manifests and custom resources, naming the problem."""
+"""deploy/checks.py catches broken manifests and custom resources, naming the problem, and never crashes on any
+GPUQueue spec (hypothesis)."""
 
 from __future__ import annotations
 
 import shutil
 
 import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from deploy import checks as mc
-from tests.support import crds_and_examples
+from tests.support import FUZZ, REPO, crds_and_examples, json_values
 
 if shutil.which("kubectl") is None:
     pytest.skip("kubectl not installed (Debian package kubectl; .ci/run installs it)", allow_module_level=True)
@@ -59,3 +63,13 @@ def test_unknown_kind_without_a_schema_is_a_problem():
     doc = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
     (problem,) = mc.schema_problems([doc])
     assert "no schema for example.com/v1 Widget" in problem
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(["tenant", "namespaces", "weight", "quota", "borrowing", "priorityClasses",
+                                        "extra"]), json_values, max_size=5))
+def test_gpuqueue_validation_reports_problems_and_never_crashes(spec):
+    crd = yaml.safe_load((REPO / "deploy/base/crds/gpuaware.io_gpuqueues.yaml").read_text())
+    doc = {"apiVersion": "gpuaware.io/v1alpha1", "kind": "GPUQueue", "metadata": {"name": "q"}, "spec": spec}
+    problems = mc.schema_problems([crd, doc], versions=("1.37.0",))
+    assert all(isinstance(p, str) and p for p in problems)
