@@ -6,8 +6,14 @@ Import it as ``tests.support`` (pyproject.toml puts the repository root on the p
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
 import string
+import subprocess
+import sys
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,16 +25,22 @@ from hypothesis import strategies as st
 from agent.collectors.sim import Scenario, SimCluster, load_scenario
 from agent.readings import Reading
 from agent.replay import simulate
+from contract import annotations
 from contract.events import GpuInfo, GpuSample, TelemetryBatch
 from plumbing.kafka_settings import KafkaSettings
+from plumbing.kube.api import KubeApi, connect
 from scheduler.core.cluster import ClusterState, NodeSpec
 from scheduler.core.framework import Profile, Scheduler
 from scheduler.core.plugins.health import HealthFilter
 from scheduler.core.plugins.model_affinity import ModelAffinity
+from scheduler.kube.live import LiveScheduler
+from scheduler.settings import SchedulerSettings
 from stream.processor import StreamProcessor
 
 if TYPE_CHECKING:
     from deploy.checks import Doc
+    from gpuaware.local.fake_apiserver import FakeApiServer
+    from scheduler.feed import StateView
 
 REPO = Path(__file__).resolve().parents[1]
 # The real traces sit beside the checkout, in the workspace's shared/ folder.
@@ -131,3 +143,56 @@ json_values = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max
                                                               st.dictionaries(printable_text, inner, max_size=4)),
                            max_leaves=12)
 
+
+# --------------------------------------------------------------------------- the command line as a user runs it
+GPUAWARE = [sys.executable, "-m", "gpuaware"]
+# The tests' own GPUAWARE_ settings stay out of the commands they run.
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("GPUAWARE_")}
+
+
+def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``gpuaware ARGS`` in a process of its own, its output captured."""
+    return subprocess.run([*GPUAWARE, *args], capture_output=True, text=True, timeout=timeout, env=env or ENV)
+
+
+# --------------------------------------------------------------------------- the live scheduler on the fake API server
+FAST = SchedulerSettings(pass_interval_s=0.02, checkpoint_timeout_s=2.0, eviction_retry_s=0.2,
+                         eviction_timeout_s=3.0, extender_port=0)
+
+
+async def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def running(fake: FakeApiServer, settings: SchedulerSettings = FAST, view: StateView | None = None,
+                  lead: bool = True, **publishers) -> AsyncIterator[LiveScheduler]:
+    """A ``LiveScheduler`` on ``fake``, leading unless ``lead`` is false, stopped on the way out."""
+    live = LiveScheduler(KubeApi(connect(fake.url)), settings, view, **publishers)
+    await live.start()
+    if lead:
+        live.leading.set()
+    stop = asyncio.Event()
+    task = asyncio.create_task(live.run(stop))
+    try:
+        yield live
+    finally:
+        stop.set()
+        await task
+        await live.stop()
+
+
+def pods(fake: FakeApiServer) -> dict[str, dict]:
+    return {p["metadata"]["name"]: p for p in fake.objects("pods")}
+
+
+def gpus_of(pod: dict) -> list[dict]:
+    return json.loads(pod["metadata"]["annotations"][annotations.ANN_GPUS])
+
+
+def events(fake: FakeApiServer, reason: str) -> list[dict]:
+    return [e for e in fake.objects("events") if e["reason"] == reason]
