@@ -7,7 +7,7 @@ forecasters, renders a ``GpuState`` record, and decides when that record is wort
 
 Its snapshot (``to_dict``) is what the Faust table's changelog stores. Forecasters are not
 serialised: they are rebuilt by replaying the retained minute history, which reproduces their
-windows and most of their loss and residual statistics (measured in tests/test_stream_state.py).
+windows and most of their loss and residual statistics (measured in tests/stream/test_gpu_state.py).
 Duplicate samples (an agent replaying its spool after an outage, or the stream re-reading after a
 crash) are recognised by the per-GPU ``seq`` and timestamp and applied once.
 

@@ -6,23 +6,42 @@ Import it as ``tests.support`` (pyproject.toml puts the repository root on the p
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
-from collections.abc import Callable
+import string
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
+from agent.collectors.sim import Scenario, SimCluster, load_scenario
+from agent.readings import Reading
+from agent.replay import simulate
+from contract import annotations
+from contract.events import GpuInfo, GpuSample, TelemetryBatch
 from plumbing.kafka_settings import KafkaSettings
+from plumbing.kube.api import KubeApi, connect
 from scheduler.core.cluster import ClusterState, NodeSpec
 from scheduler.core.framework import Profile, Scheduler
 from scheduler.core.plugins.health import HealthFilter
 from scheduler.core.plugins.model_affinity import ModelAffinity
+from scheduler.kube.live import LiveScheduler
+from scheduler.settings import SchedulerSettings
+from stream.processor import StreamProcessor
 
 if TYPE_CHECKING:
     from deploy.checks import Doc
+    from gpuaware.local.fake_apiserver import FakeApiServer
+    from scheduler.feed import StateView
 
 REPO = Path(__file__).resolve().parents[1]
 # The real traces sit beside the checkout, in the workspace's shared/ folder.
@@ -90,3 +109,112 @@ def cluster(*gpus_per_node: int, model: str = "V100", cpu: int = 32000) -> Clust
 def scheduler_with(*scores, filters=None) -> Scheduler:
     """The score plugins given, weighted 1, behind the model and health filters unless ``filters`` is given."""
     return Scheduler(Profile("t", filters or [ModelAffinity(), HealthFilter()], [(s, 1.0) for s in scores]))
+
+
+# --------------------------------------------------------------------------- the agent's and the stream's inputs
+def sim_cluster(name: str = "baseline", **update):
+    """The simulated cluster of scenario ``name`` (fields replaced by ``update``), and the clock it reads."""
+    scenario = load_scenario(name).model_copy(update=update)
+    clock = [0.0]
+    return SimCluster(scenario, clock=lambda: clock[0], epoch=0.0), clock
+
+
+def reading(ts, util=50.0, temp=60.0, power=300.0, **kw):
+    """One healthy GPU reading at ``ts``."""
+    return Reading(ts=ts, util_gpu=util, temp_c=temp, power_w=power, fb_used_mib=1000.0, ecc_sbe_volatile=0,
+                   ecc_dbe_volatile=0, throttle_reasons=0, **kw)
+
+
+def telemetry_batch(node: str, seq: int, ts_ms: int, util: int = 50, fb: int = 1000, gpus: int = 1) -> TelemetryBatch:
+    """One sample of each of ``gpus`` A100s on ``node``."""
+    return TelemetryBatch(
+        node, seq, ts_ms, [GpuInfo(f"GPU-{node}-{i}", i, "NVIDIA A100-SXM4-80GB", 81920) for i in range(gpus)],
+        [GpuSample(i, seq, 0, util, util // 2, fb, 2500, 60) for i in range(gpus)],
+    )
+
+
+# Eight GPUs, one of each workload kind the simulator plays per model.
+KINDS_SCENARIO = {
+    "name": "kinds", "seed": 5, "nodes": 2, "gpus_per_node": 4, "models": ["H100", "A100"],
+    "workloads": ["training-compute", "training-memory", "inference-bursty", "idle-holding"],
+}
+
+
+def replay_scenario(scenario: dict, seconds: int) -> tuple[StreamProcessor, dict]:
+    """``seconds`` of ``scenario``'s agents' records through a processor; returns it and each GPU's workload."""
+    sc = Scenario.model_validate(scenario)
+    proc = StreamProcessor({})
+    now = time.time()
+    for tick in simulate(sc, seconds, now - seconds):
+        for batch in tick.batches:
+            proc.on_telemetry(batch, 0, int(tick.second * 1000))
+        for ev in tick.events:
+            proc.on_event(ev, 0, int(tick.second * 1000))
+    gpus = SimCluster(sc, clock=lambda: 0.0, epoch=0.0).gpus
+    return proc, {g.uuid: g.workload for row in gpus for g in row}
+
+
+# --------------------------------------------------------------------------- fuzzing what comes from outside
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+printable_text = st.text(alphabet=string.printable, max_size=40)
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.floats(allow_nan=True),
+                     printable_text)
+json_values = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                              st.dictionaries(printable_text, inner, max_size=4)),
+                           max_leaves=12)
+
+
+# --------------------------------------------------------------------------- the command line as a user runs it
+GPUAWARE = [sys.executable, "-m", "gpuaware"]
+# The tests' own GPUAWARE_ settings stay out of the commands they run.
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("GPUAWARE_")}
+
+
+def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``gpuaware ARGS`` in a process of its own, its output captured."""
+    return subprocess.run([*GPUAWARE, *args], capture_output=True, text=True, timeout=timeout, env=env or ENV)
+
+
+# --------------------------------------------------------------------------- the live scheduler on the fake API server
+FAST = SchedulerSettings(pass_interval_s=0.02, checkpoint_timeout_s=2.0, eviction_retry_s=0.2,
+                         eviction_timeout_s=3.0, extender_port=0)
+
+
+async def wait_for(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition",
+                   poll_s: float = 0.05) -> None:
+    """Until ``cond()`` is true, or fail after ``timeout`` naming ``what``: tests wait on conditions, not times."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(poll_s)
+
+
+@contextlib.asynccontextmanager
+async def running(fake: FakeApiServer, settings: SchedulerSettings = FAST, view: StateView | None = None,
+                  lead: bool = True, **publishers) -> AsyncIterator[LiveScheduler]:
+    """A ``LiveScheduler`` on ``fake``, leading unless ``lead`` is false, stopped on the way out."""
+    live = LiveScheduler(KubeApi(connect(fake.url)), settings, view, **publishers)
+    await live.start()
+    if lead:
+        live.leading.set()
+    stop = asyncio.Event()
+    task = asyncio.create_task(live.run(stop))
+    try:
+        yield live
+    finally:
+        stop.set()
+        await task
+        await live.stop()
+
+
+def pods(fake: FakeApiServer) -> dict[str, dict]:
+    return {p["metadata"]["name"]: p for p in fake.objects("pods")}
+
+
+def gpus_of(pod: dict) -> list[dict]:
+    return json.loads(pod["metadata"]["annotations"][annotations.ANN_GPUS])
+
+
+def events(fake: FakeApiServer, reason: str) -> list[dict]:
+    return [e for e in fake.objects("events") if e["reason"] == reason]

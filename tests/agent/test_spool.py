@@ -1,4 +1,5 @@
-"""The disk spool against torn, truncated and corrupt files, and its fsync cadence."""
+"""The disk spool: order kept across restarts, oldest dropped past its bound; against torn, truncated and corrupt
+files; its fsync cadence."""
 
 from __future__ import annotations
 
@@ -143,3 +144,33 @@ def test_segments_and_head_are_fsynced_at_the_documented_cadence(tmp_path, monke
     assert not synced
     spool.close()  # ...but a clean stop syncs it
     assert any(p.endswith(".seg") for p in synced)
+
+
+def test_spool_keeps_order_survives_restart_and_drops_oldest_only_past_its_bound(tmp_path):
+    spool = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
+    for i in range(10):
+        spool.push(SpoolRecord("t", f"k{i}".encode(), f"v{i}".encode() * 10, [("h", b"x")]))
+    assert [r.key for r in spool.peek(3)] == [b"k0", b"k1", b"k2"]
+    spool.ack(spool.peek(4)[-1].position)
+    assert spool.depth == 6
+    reopened = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
+    assert [r.key for r in reopened.peek(100)] == [f"k{i}".encode() for i in range(4, 10)]
+    assert reopened.peek(1)[0].headers == [("h", b"x")]
+    for i in range(10, 200):
+        reopened.push(SpoolRecord("t", f"k{i}".encode(), b"v" * 100))
+    assert reopened.dropped > 0
+    kept = reopened.peek(1000)
+    assert len(kept) + reopened.dropped == 196
+    keys = [int(r.key[1:]) for r in kept]
+    assert keys == sorted(keys) and keys[-1] == 199  # oldest went first, newest kept
+
+
+def test_spool_truncates_a_torn_tail(tmp_path):
+    spool = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
+    spool.push(SpoolRecord("t", None, b"complete"))
+    seg = sorted(tmp_path.glob("*.seg"))[-1]
+    with open(seg, "ab") as f:
+        f.write(b"\x00\x00\x00\x40partial")
+    again = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
+    assert [r.value for r in again.peek(10)] == [b"complete"]
+    assert again.peek(1)[0].key is None

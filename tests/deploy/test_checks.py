@@ -1,14 +1,18 @@
-"""deploy/checks.py catches broken manifests and custom resources, naming the problem."""
+"""deploy/checks.py catches broken manifests and custom resources, naming the problem, and never crashes on any
+GPUQueue spec (hypothesis)."""
 
 from __future__ import annotations
 
 import shutil
 
 import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from deploy import checks as mc
 from deploy.crds import CrdsMissing, third_party_crd_files
-from tests.support import crds_and_examples, need
+from tests.support import FUZZ, REPO, crds_and_examples, json_values, need
 
 if shutil.which("kubectl") is None:
     pytest.skip("kubectl not installed (Debian package kubectl; .ci/run installs it)", allow_module_level=True)
@@ -80,3 +84,13 @@ def test_strimzi_objects_are_checked_against_the_v1_schema(rendered):
                           lambda d: d["spec"]["kafka"].update(replicas=3))
     (problem,) = mc.schema_problems(docs)
     assert "Kafka gpuaware/gpuaware-kafka: spec.kafka: Additional properties" in problem and "'replicas'" in problem
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(["tenant", "namespaces", "weight", "quota", "borrowing", "priorityClasses",
+                                        "extra"]), json_values, max_size=5))
+def test_gpuqueue_validation_reports_problems_and_never_crashes(spec):
+    crd = yaml.safe_load((REPO / "deploy/base/crds/gpuaware.io_gpuqueues.yaml").read_text())
+    doc = {"apiVersion": "gpuaware.io/v1alpha1", "kind": "GPUQueue", "metadata": {"name": "q"}, "spec": spec}
+    problems = mc.schema_problems([crd, doc], versions=("1.37.0",))
+    assert all(isinstance(p, str) and p for p in problems)

@@ -1,8 +1,15 @@
+"""Configuration from defaults, file, environment and flags: bad values name the field, the reason and the
+source, whatever the input (hypothesis)."""
+
 from __future__ import annotations
 
 import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuaware.config import ConfigError, load_config
+from tests.support import FUZZ, json_values, printable_text
 
 
 def test_defaults_without_any_source():
@@ -78,3 +85,32 @@ def test_unreadable_and_malformed_files(tmp_path):
     bad.write_text("- a list\n")
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_config(bad, environ={})
+
+
+CONFIG_KEYS = ["kafka.bootstrap_servers", "kafka.security_protocol", "kafka.sasl_mechanism", "kafka.linger_ms",
+               "kafka.session_timeout_ms", "broker.port", "broker.storage", "log.level", "metrics.port",
+               "agent.collector", "agent.sim_nodes", "agent.spool_max_mib", "stream.horizons_min",
+               "stream.max_publish_interval_ms", "scheduler.policy", "scheduler.renew_every_s",
+               "scheduler.lease_duration_s", "scheduler.bind_workers", "scheduler.node_power_budget_w", "nonsense.key"]
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(CONFIG_KEYS), printable_text, max_size=6))
+def test_config_from_environment_loads_or_names_the_field(values):
+    env = {"GPUAWARE_" + k.upper().replace(".", "__"): v for k, v in values.items()}
+    try:
+        load_config(environ=env)
+    except ConfigError as exc:
+        assert exc.problems and all(path and reason for path, reason, _ in exc.problems)
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(["kafka", "agent", "stream", "scheduler", "log", "broker", "x"]),
+                       json_values, max_size=4))
+def test_config_file_loads_or_names_the_field(tmp_path_factory, tree):
+    path = tmp_path_factory.mktemp("cfg") / "gpuaware.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    try:
+        load_config(path=path, environ={})
+    except ConfigError as exc:
+        assert exc.problems and all(source.startswith("file") or source for _, _, source in exc.problems)

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from aiokafka import AIOKafkaConsumer
@@ -19,16 +19,13 @@ from gpuaware.local.processes import free_port
 from plumbing.kafka_settings import KafkaSettings
 from scheduler.settings import SchedulerSettings
 from scheduler.wiring import SchedulerRuntime, build_scheduler
+from tests.support import wait_for as _wait_for
 
 FAST = {"pass_interval_s": 0.02, "extender_port": 0}
 
 
-async def wait_for(cond: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+async def wait_for(cond, timeout: float = 15.0, what: str = "condition") -> None:
+    await _wait_for(cond, timeout, what)
 
 
 @contextlib.asynccontextmanager

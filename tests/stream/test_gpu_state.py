@@ -1,13 +1,17 @@
-"""Per-GPU stream state against skewed clocks: a batch stamped in the future must not freeze a GPU."""
+"""Per-GPU stream state: duplicates applied once, forecasts rebuilt after a restart, publishing on change and
+rate-bounded, health events; and skewed clocks: a batch stamped in the future must not freeze a GPU."""
 
 from __future__ import annotations
 
+import json
+
 from prometheus_client import CollectorRegistry, generate_latest
 
-from contract.events import GpuInfo, GpuSample, TelemetryBatch
+from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, HealthBand, Severity, TelemetryBatch
 from stream.gpu_state import GpuTracker, TrackerSettings
 from stream.metrics import StreamCollector
 from stream.processor import StreamProcessor
+from tests.support import KINDS_SCENARIO, replay_scenario, telemetry_batch
 
 T0 = 1_700_000_000_000
 HOUR = 3_600_000
@@ -55,3 +59,61 @@ def test_skew_rejections_are_exported() -> None:
     registry = CollectorRegistry()
     registry.register(StreamCollector(proc.stats, lambda: proc.trackers.values(), dict))
     assert "gpuaware_stream_clock_skew_rejected_total 1.0" in generate_latest(registry).decode()
+
+
+def test_duplicates_apply_once_and_a_restarted_agent_is_accepted() -> None:
+    proc = StreamProcessor({})
+    t0 = 1_700_000_000_000
+    for seq in range(1, 11):
+        proc.on_telemetry(telemetry_batch("n", seq, t0 + seq * 1000), 0, t0 + seq * 1000)
+    for seq in range(5, 11):  # a spool replay after an outage
+        proc.on_telemetry(telemetry_batch("n", seq, t0 + seq * 1000), 0, t0 + 20_000)
+    t = proc.trackers["GPU-n-0"]
+    assert (t.samples, t.duplicates, proc.stats.duplicates) == (10, 6, 6)
+    proc.on_telemetry(telemetry_batch("n", 1, t0 + 30_000), 0, t0 + 30_000)  # agent restarted: seq from 1, newer time
+    assert t.samples == 11
+
+
+def test_forecasts_are_bounded_and_rebuilt_from_history_after_a_restart() -> None:
+    proc, _ = replay_scenario({**KINDS_SCENARIO, "workloads": ["trace"], "seed": 9}, 45 * 60)
+    for key, t in proc.trackers.items():
+        assert len(t.history) >= 40
+        assert {(f.metric, f.horizon_s) for f in t.forecasts} == {
+            (m, h * 60) for m in ("util_gpu", "fb_used_mib") for h in (1, 5, 15)}
+        for f in t.forecasts:
+            hi = 100.0 if f.metric == "util_gpu" else t.fb_total_mib
+            assert 0.0 <= f.lower <= f.mean <= f.upper <= hi
+        # What the changelog stores is JSON; the restored tracker forecasts like the original.
+        restored = GpuTracker.from_dict(json.loads(json.dumps(proc.snapshots[key])))
+        assert restored.samples == t.samples and restored.last_seq == t.last_seq
+        before = {(f.metric, f.horizon_s): f.mean for f in t.forecasts}
+        after = {(f.metric, f.horizon_s): f.mean for f in restored.forecasts}
+        for k, mean in before.items():
+            scale = 100.0 if k[0] == "util_gpu" else t.fb_total_mib
+            assert abs(after[k] - mean) <= 0.05 * scale, (k, mean, after[k])
+
+
+def test_publishing_is_on_change_and_rate_bounded() -> None:
+    proc = StreamProcessor({}, TrackerSettings(min_interval_ms=1000, max_interval_ms=10_000))
+    t0 = 1_700_000_000_000
+    assert len(proc.on_telemetry(telemetry_batch("n", 1, t0), 0, t0)) == 1  # first state
+    assert proc.on_telemetry(telemetry_batch("n", 2, t0 + 1500), 0, t0 + 1500) == []  # unchanged
+    assert proc.heartbeats(t0 + 5000, None) == []
+    (beat,) = proc.heartbeats(t0 + 10_300, None)  # nothing changed for max_interval: republished
+    assert beat.sample_ts_ms == t0 + 1500 and beat.published_ms == t0 + 10_300
+    assert proc.on_telemetry(telemetry_batch("n", 3, t0 + 10_400, util=95), 0, t0 + 10_400) == []  # changed, too soon
+    (changed,) = proc.on_telemetry(telemetry_batch("n", 4, t0 + 11_400, util=95), 0, t0 + 11_400)
+    assert changed.util_gpu > 60
+
+
+def test_health_events_set_score_band_and_components() -> None:
+    proc = StreamProcessor({})
+    t0 = 1_700_000_000_000
+    proc.on_telemetry(telemetry_batch("n", 1, t0), 0, t0)
+    ev = GpuEvent("e1", t0 + 10, "n", "GPU-n-0", EventKind.HEALTH_CHANGE, Severity.CRITICAL, "health_score", 22.0,
+                  None, "health healthy -> critical", {"old_band": "HEALTHY", "new_band": "CRITICAL",
+                                                        "component.ecc": "40.0", "component.xid": "30.0"})
+    (state,) = proc.on_event(ev, 0, t0 + 20)  # a band change is published at once, not rate-limited
+    assert state.health_band == HealthBand.CRITICAL and state.health_score == 22.0
+    assert state.health_components == {"ecc": 40.0, "xid": 30.0}
+    assert proc.snapshots["GPU-n-0"]["recent_events"][-1][1] == "HEALTH_CHANGE"

@@ -1,4 +1,5 @@
-"""Every command's --help works and shows a verbatim example whose flags the command accepts."""
+"""Every command's --help works (in process and as a user runs it) and shows a verbatim example whose flags the
+command accepts."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpuaware.cli import cli
+from tests.support import run
 
 
 def _commands(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -64,3 +66,10 @@ def test_help_exits_0_and_shows_an_example_of_this_command(path):
     assert runs[:len(path)] == path and runs, words  # a group's example runs one of its commands
     flags = {w.split("=", 1)[0] for w in words if w.startswith("-")}
     assert flags <= accepted, flags - accepted
+
+
+@pytest.mark.parametrize("command", ["agent", "stream", "scheduler", "simulate", "eval", "bench", "broker", "up",
+                                     "config"])
+def test_every_subcommand_has_help(command):
+    result = run(command, "--help")
+    assert result.returncode == 0 and "Usage: gpuaware" in result.stdout

@@ -1,15 +1,19 @@
-"""``KubeApi`` against the fake API server: the Binding carries the pod's UID as a precondition, so a
-pod deleted and recreated under the same name never gets the placement (and GPUs) meant for the old one."""
+"""``KubeApi`` and ``Informer`` against the fake API server: the Binding carries the pod's UID as a precondition,
+so a pod deleted and recreated under the same name never gets the placement (and GPUs) meant for the old one;
+concurrent GPU cordons all stick; the informer re-lists after 410 Gone and follows bookmarks."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from contract import annotations
 from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
-from plumbing.kube.api import KubeApi, PodReplaced, connect
+from plumbing.kube.api import Informer, KubeApi, PodReplaced, WatchSpec, connect
 
 GPUS = {"gpuaware.io/gpus": "GPU-old-0"}
 
@@ -43,3 +47,55 @@ def test_other_binding_conflicts_are_not_pod_replaced_and_no_uid_means_no_precon
             api.bind("default", "p", "n2", uid=uid)
         assert again.value.status == 409 and not isinstance(again.value, PodReplaced)
         assert "already assigned to node" in json.loads(again.value.body)["message"]
+
+
+def test_informer_relists_after_410_gone_and_follows_bookmarks():
+    with FakeApiServer(window=5, bookmark_every_s=0.2) as fake:
+        core = k8s.CoreV1Api(connect(fake.url))
+        seen: dict[str, str] = {}
+        syncs: list[int] = []
+
+        def on_sync(items):
+            syncs.append(len(items))
+            seen.clear()
+            seen.update({i["metadata"]["name"]: "SYNC" for i in items})
+
+        inf = Informer(WatchSpec("nodes", core.list_node), on_sync,
+                       lambda kind, obj: seen.__setitem__(obj["metadata"]["name"], kind), watch_timeout_s=30).start()
+        try:
+            assert inf.synced.wait(5)
+            fake.create("nodes", make_node("a"))
+            deadline = time.monotonic() + 5
+            while "a" not in seen and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert seen["a"] == "ADDED"
+            time.sleep(0.5)  # a bookmark moves the informer's resourceVersion to the head
+            assert int(inf.resource_version) == fake.store.rv
+            # Drop the informer's position out of the retained window: the next watch gets 410 and re-lists.
+            inf.resource_version = "1"
+            for i in range(10):
+                fake.create("nodes", make_node(f"b{i}"))
+            inf._resp.close() if inf._resp is not None else None
+            deadline = time.monotonic() + 5
+            while len(syncs) < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert len(syncs) >= 2 and syncs[-1] == 11 and inf.relists >= 2
+        finally:
+            inf.stop()
+
+
+def test_gpus_cordoned_at_once_are_all_kept_with_an_operators_own_cordon():
+    """Several GPUs of one node turning critical together are cordoned by concurrent writers; a
+    read-modify-write without the resourceVersion precondition keeps only the last writer's GPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with FakeApiServer() as fake:
+        node = make_node("n0", gpus=8)
+        node["metadata"]["annotations"] = {annotations.ANN_CORDONED: "7"}
+        fake.create("nodes", node)
+        apis = [KubeApi(connect(fake.url)) for _ in range(6)]
+        with ThreadPoolExecutor(6) as pool:
+            list(pool.map(lambda a: a[1].cordon_gpu("n0", a[0]), enumerate(apis)))
+        (node,) = fake.objects("nodes")
+        assert annotations.cordoned_gpus(node) == {0, 1, 2, 3, 4, 5, 7}
+        assert node["metadata"]["annotations"][annotations.ANN_CORDONED] == "0,1,2,3,4,5,7"

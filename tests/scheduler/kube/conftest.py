@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
@@ -14,6 +12,7 @@ from scheduler.kube.cache import ClusterCache
 from scheduler.kube.calls import ApiCalls
 from scheduler.kube.tasks import Tasks
 from scheduler.metrics import SchedulerStats
+from tests import support
 
 WaitFor = Callable[..., Awaitable[None]]
 
@@ -58,10 +57,6 @@ def listed(fake: FakeApiServer) -> Callable[[], ClusterCache]:
 @pytest.fixture
 def wait_for() -> WaitFor:
     async def wait(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            await asyncio.sleep(0.02)
+        await support.wait_for(cond, timeout, what, poll_s=0.02)
 
     return wait

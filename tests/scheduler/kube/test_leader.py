@@ -24,6 +24,7 @@ from plumbing.kube.api import KubeApi, connect
 from scheduler.kube.leader import LeaderElector, LeadershipLost
 from scheduler.main import serve
 from scheduler.settings import SchedulerSettings
+from tests.support import wait_for as _wait_for
 
 NS, NAME = "gpuaware", "gpuaware-scheduler"
 LEASE, DEADLINE, RETRY = 0.6, 0.4, 0.1
@@ -148,12 +149,8 @@ def make(api: Any, ident: str, log: Log | None = None, **kw: Any) -> LeaderElect
                          retry_period_s=RETRY, **callbacks, **kw)
 
 
-async def wait_for(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.005)
+async def wait_for(cond, timeout: float = 5.0, what: str = "condition") -> None:
+    await _wait_for(cond, timeout, what, poll_s=0.005)  # the elector's timings are tens of ms
 
 
 @contextlib.asynccontextmanager
@@ -333,3 +330,27 @@ async def test_the_scheduler_process_exits_when_it_loses_the_lease():
             await asyncio.wait_for(serve(None, settings, "127.0.0.1", 0, stop), 20)
         await thief
         assert stop.is_set()
+
+
+async def test_only_one_replica_leads_and_another_takes_over_when_it_stops_renewing():
+    with FakeApiServer() as fake:
+        api = KubeApi(connect(fake.url))
+        a = LeaderElector(api, "gpuaware", "gpuaware-scheduler", "a", lease_duration_s=2, renew_deadline_s=1.5,
+                          retry_period_s=0.3)
+        b = LeaderElector(api, "gpuaware", "gpuaware-scheduler", "b", lease_duration_s=2, renew_deadline_s=1.5,
+                          retry_period_s=0.3)
+        stop_a, stop_b = asyncio.Event(), asyncio.Event()
+        ta, tb = asyncio.create_task(a.run(stop_a)), asyncio.create_task(b.run(stop_b))
+        leaders = []
+        for _ in range(20):
+            await asyncio.sleep(0.1)
+            leaders.append((a.leading.is_set(), b.leading.is_set()))
+        assert all(not (x and y) for x, y in leaders) and any(x or y for x, y in leaders)
+        first, second = (a, b) if a.leading.is_set() else (b, a)
+        (stop_a if first is a else stop_b).set()
+        await (ta if first is a else tb)
+        await wait_for(lambda: second.leading.is_set(), timeout=6, what="takeover")
+        lease = api.read_lease("gpuaware", "gpuaware-scheduler")
+        assert lease["spec"]["holderIdentity"] == second.identity and lease["spec"]["leaseTransitions"] == 1
+        (stop_b if second is b else stop_a).set()
+        await (tb if second is b else ta)

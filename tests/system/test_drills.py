@@ -1,4 +1,4 @@
-"""Fault drills across processes: the scheduler SIGKILLed mid-stream and restarted."""
+"""Fault drills across processes: the scheduler process SIGKILLed mid-stream and restarted, on the fake API server."""
 
 from __future__ import annotations
 
@@ -13,14 +13,13 @@ from pathlib import Path
 
 from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
 from gpuaware.local.processes import free_port
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import REPO
 
 
 def _scheduler(url: str, log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "gpuaware", "--log-level", "info", "scheduler", "--api-server", url,
                              "--no-state-feed", "--metrics-port", "0", "--extender-port", str(free_port())],
-                            stdout=subprocess.DEVNULL, stderr=log.open("w"), cwd=ROOT)
+                            stdout=subprocess.DEVNULL, stderr=log.open("w"), cwd=REPO)
 
 
 def test_scheduler_killed_mid_stream_restarts_binds_every_pod_once_and_never_shares_a_gpu(tmp_path):

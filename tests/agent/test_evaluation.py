@@ -1,0 +1,26 @@
+"""Scenario evaluation on simulated GPUs: each fault is detected in time, healthy GPUs raise no alarm."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.collectors.sim import load_scenario, scenario_library
+from agent.evaluation import EXPECTED, run_scenario
+
+
+@pytest.mark.parametrize("path", [p for p in scenario_library() if load_scenario(p).faults], ids=lambda p: p.stem)
+def test_each_fault_raises_its_event_and_drops_health(path):
+    result = run_scenario(path)
+    assert result.faults
+    for f in result.faults:
+        assert f.detected, f"{f.kind} on {f.node}/{f.gpu} raised none of {EXPECTED[f.kind]}"
+        assert f.delay_s is not None and f.delay_s <= 3.0, f
+        assert f.health_min_after < f.health_before, f
+    assert result.false_alarms == 0
+
+
+def test_healthy_gpus_raise_no_alarms_and_sampling_backs_off():
+    result = run_scenario(next(p for p in scenario_library() if p.stem == "baseline"))
+    assert result.false_alarms == 0
+    assert result.samples_fixed / result.samples_adaptive >= 5
+    assert result.abs_err_sum / result.abs_err_n <= 2.0

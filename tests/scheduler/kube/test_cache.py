@@ -1,0 +1,29 @@
+"""The scheduler's cluster cache keeps its invariants whatever pod events arrive (hypothesis)."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contract import annotations as ann
+from gpuaware.local.fake_apiserver import make_node, make_pod
+from scheduler.kube.cache import ClusterCache
+from tests.support import FUZZ, json_values, printable_text
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.sampled_from(["ADDED", "MODIFIED", "DELETED"]),
+                          st.sampled_from(["a", "b", "c"]), st.one_of(st.none(), st.sampled_from(["n0", "n1", "gone"])),
+                          st.one_of(printable_text, st.builds(json.dumps, json_values))), max_size=12))
+def test_the_cache_survives_any_sequence_of_pod_events_and_keeps_its_invariants(events):
+    cache = ClusterCache()
+    cache.sync_nodes([make_node("n0", gpus=2), make_node("n1", gpus=2)])
+    for kind, name, node, gpus_annotation in events:
+        pod = make_pod(name, annotations={ann.ANN_GPUS: gpus_annotation})
+        if node:
+            pod["spec"]["nodeName"] = node
+        cache.pod_event(kind, pod)
+        cache.cluster.check_invariants()
+    assert set(cache.cluster.allocations) == set(cache.running)

@@ -1,0 +1,28 @@
+"""Roll-ups of per-GPU state to nodes and to per-model demand: critical GPUs are no capacity."""
+
+from __future__ import annotations
+
+import pytest
+
+from contract.events import HealthBand
+from stream.processor import StreamProcessor
+from stream.rollup import merge_demand, model_demand, node_state
+from tests.support import telemetry_batch
+
+
+def test_rollups_exclude_critical_gpus_from_capacity() -> None:
+    proc = StreamProcessor({})
+    t0 = 1_700_000_000_000
+    proc.on_telemetry(telemetry_batch("n", 1, t0, util=40, fb=1000, gpus=2), 0, t0)
+    healthy, sick = proc.trackers["GPU-n-0"], proc.trackers["GPU-n-1"]
+    sick.health_band = HealthBand.CRITICAL.value
+    state = node_state("n", [healthy, sick], t0)
+    assert state.free_gpu_milli == 600 and state.free_fb_mib == 81920 - 1000
+    assert [g.health_band for g in state.gpus] == [HealthBand.HEALTHY, HealthBand.CRITICAL]
+    for t in (healthy, sick):
+        t._models()
+        t._learn_minute(40.0, 1000.0)
+    partial = model_demand([healthy, sick])
+    (line, *_) = [d for d in merge_demand({"0": partial, "1": partial}) if d.horizon_s == 60]
+    assert line.capacity_gpus == 2.0  # one usable GPU in each of two partials
+    assert line.demand_gpus == pytest.approx(4 * 0.4, abs=0.01)

@@ -1,0 +1,143 @@
+"""The scheduler with its neighbours: its process on the fake API server; the live one fed GPU health by a broker."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from aiokafka import AIOKafkaProducer
+
+from contract import annotations, topics
+from contract.events import GpuState, HealthBand, NodeGpu, NodeState, encode
+from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
+from plumbing import observability
+from plumbing.kafka_settings import KafkaSettings
+from plumbing.kube.api import MERGE_PATCH, KubeApi, connect
+from scheduler.feed import StateFeed, StateView
+from tests.support import ENV, GPUAWARE, events, gpus_of, pods, running, wait_for
+
+
+def test_scheduler_process_binds_pods_serves_metrics_and_stops_on_sigterm():
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    metrics, extender = free_port(), free_port()
+    with FakeApiServer() as fake:
+        fake.create("nodes", make_node("n0", gpus=4))
+        for i in range(3):
+            fake.create("pods", make_pod(f"p{i}", gpus=1))
+        proc = subprocess.Popen([*GPUAWARE, "scheduler", "--api-server", fake.url, "--no-state-feed",
+                                 "--metrics-port", str(metrics), "--extender-port", str(extender)],
+                                env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not all(p["spec"].get("nodeName") for p in fake.objects("pods")):
+                time.sleep(0.1)
+            assert all(p["spec"].get("nodeName") == "n0" for p in fake.objects("pods"))
+            ready = urllib.request.urlopen(f"http://127.0.0.1:{extender}/readyz", timeout=5)
+            assert ready.status == 200
+            text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+            assert 'gpuaware_scheduler_decisions_total{action="PLACE",reason="fits"} 3.0' in text
+            assert "gpuaware_scheduler_leader 1.0" in text
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+
+
+async def test_gpu_turning_critical_on_the_broker_cordons_it_checkpoints_and_evicts_its_pods(
+        kafka_settings: KafkaSettings, unique):
+    node = f"crit-{unique}"
+    uuids = [f"GPU-{unique}-{g}" for g in range(2)]
+    now_ms = int(time.time() * 1000)
+    producer = AIOKafkaProducer(**kafka_settings.producer_kwargs())
+    await producer.start()
+
+    async def publish_state(g: int, band: HealthBand, headers: list[tuple[str, bytes]] | None = None) -> None:
+        ts = int(time.time() * 1000)
+        await producer.send_and_wait(topics.GPU_STATE, encode(GpuState(
+            uuids[g], node, "H100", ts, ts + 10, 50.0, 20.0, 1000.0, 81920, 300.0, 60.0,
+            95.0 if band == HealthBand.HEALTHY else 10.0, band, {}, [], None, None, 1)), key=uuids[g].encode(),
+            headers=headers)
+
+    await producer.send_and_wait(topics.NODE_STATE, encode(NodeState(node, now_ms, None, None, [
+        NodeGpu(u, g, "H100", 81920, 0, HealthBand.HEALTHY) for g, u in enumerate(uuids)], 2000, 0)),
+        key=node.encode())
+    for g in range(2):
+        await publish_state(g, HealthBand.HEALTHY)
+    view = StateView()
+    feed = StateFeed(kafka_settings, view)
+    await feed.start()
+    await feed.catch_up()
+    try:
+        with FakeApiServer() as fake:
+            fake.create("nodes", make_node(node, gpus=2))
+            fake.create("pods", make_pod("ckpt", gpus=1, annotations={"gpuaware.io/checkpoint": "true"}))
+            fake.create("pods", make_pod("plain", gpus=1))
+            published: list[tuple[str, str]] = []
+
+            async def capture(record) -> None:  # what scheduler.wiring publishes, with the same headers
+                traceparent = dict(observability.inject_headers()).get("traceparent", b"").decode()
+                published.append((str(record.action), traceparent))
+
+            async with running(fake, view=view, decisions=capture) as live:
+                await wait_for(lambda: all(p["spec"].get("nodeName") for p in pods(fake).values()), what="placed")
+                on_gpu = {n: gpus_of(p)[0]["index"] for n, p in pods(fake).items()}
+                assert {g["uuid"] for p in pods(fake).values() for g in gpus_of(p)} == set(uuids)
+                victim = "ckpt"
+                bad_gpu = on_gpu[victim]
+                # The stream's state carries the trace begun at the agent's event.
+                trace_id = "5a" * 16
+                traceparent = f"00-{trace_id}-{'3' * 16}-01".encode()
+                await publish_state(bad_gpu, HealthBand.CRITICAL, [("traceparent", traceparent)])
+                # The workload is asked to checkpoint first; it answers through the documented annotation.
+                await wait_for(
+                    lambda: annotations.ANN_CHECKPOINT_REQUEST in pods(fake)[victim]["metadata"]["annotations"],
+                    what="checkpoint request")
+                assert victim in pods(fake)
+                KubeApi(connect(fake.url)).annotate_pod("default", victim, {
+                    annotations.ANN_CHECKPOINT_DONE: objects_time()})
+                await wait_for(lambda: victim not in pods(fake), what="eviction")
+                nodes = {n["metadata"]["name"]: n for n in fake.objects("nodes")}
+                assert nodes[node]["metadata"]["annotations"][annotations.ANN_CORDONED] == str(bad_gpu)
+                assert "plain" in pods(fake)  # the healthy GPU's pod stays
+                assert any(e["involvedObject"]["name"] == victim for e in events(fake, "Migrated"))
+                # Its replacement does not land on the critical GPU: it waits (the only other GPU is busy).
+                fake.create("pods", make_pod("ckpt-2", gpus=1))
+                await wait_for(lambda: any(e["involvedObject"]["name"] == "ckpt-2"
+                                           for e in events(fake, "FailedScheduling")), what="replacement refused")
+                assert not pods(fake)["ckpt-2"]["spec"].get("nodeName")
+                assert live.stats.decisions[("MIGRATE", "gpu-critical")] == 1
+                # Repaired: the operator releases the cordon and the GPU reports healthy; the waiting pod
+                # lands there, and when the GPU turns critical again it is cordoned and moved again.
+                await publish_state(bad_gpu, HealthBand.HEALTHY)
+                KubeApi(connect(fake.url)).core.patch_node(node, {"metadata": {"annotations": {
+                    annotations.ANN_CORDONED: None}}}, _content_type=MERGE_PATCH)
+                await wait_for(lambda: pods(fake)["ckpt-2"]["spec"].get("nodeName"), what="placed after repair")
+                assert gpus_of(pods(fake)["ckpt-2"])[0]["index"] == bad_gpu
+                await publish_state(bad_gpu, HealthBand.CRITICAL)
+                await wait_for(lambda: "ckpt-2" not in pods(fake), what="evicted again")
+                nodes = {n["metadata"]["name"]: n for n in fake.objects("nodes")}
+                assert nodes[node]["metadata"]["annotations"][annotations.ANN_CORDONED] == str(bad_gpu)
+                assert live.stats.decisions[("MIGRATE", "gpu-critical")] == 2
+                # The cordon and the migration continue that trace on scheduler.decisions.v1.
+                actions = {a: tp for a, tp in published if a.endswith(("CORDON", "MIGRATE"))}
+                assert len(actions) == 2 and all(tp.split("-")[1] == trace_id for tp in actions.values()), published
+    finally:
+        await feed.stop()
+        await producer.stop()
+
+
+def objects_time() -> str:
+    from plumbing.kube.api import now_rfc3339
+
+    return now_rfc3339()

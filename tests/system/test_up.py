@@ -1,0 +1,47 @@
+"""`gpuaware up` end to end: broker, simulated agents, a stream worker, the scheduler and Prometheus as one stack."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from contract import topics
+from tests.support import run
+
+
+@pytest.mark.broker
+def test_up_runs_the_simulated_cluster_and_every_fault_gets_a_reaction(tmp_path):
+    scenario = tmp_path / "quick.yaml"
+    scenario.write_text(
+        "name: quick\nseed: 9\nnodes: 2\ngpus_per_node: 4\nmodels: [H100]\nfaults:\n"
+        "  - {kind: xid, node: 0, gpu: 1, at_s: 2, xid: 79}\n"
+        "  - {kind: ecc_dbe, node: 1, gpu: 3, at_s: 3}\n"
+        "  - {kind: dead, node: 1, gpu: 0, at_s: 3}\n")
+    result = run("up", "--port", "0", "--duration", "10", "--json", "--scenario", str(scenario))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["topics"] == sorted(t.name for t in topics.ALL_TOPICS)
+    assert summary["nodes"] == 2 and summary["gpus"] == 8 and summary["samples"] > 0
+    assert summary["watch_reads"] >= 8 * 5
+    assert [f["injected"] for f in summary["faults"]] == [True, True, True]
+    assert all(f["agent_reaction_s"] is not None and f["agent_reaction_s"] <= 3 for f in summary["faults"])
+    assert summary["health_bands"]["lost"] == 1 and summary["health_bands"]["critical"] >= 1
+    # The stream worker ran beside the agents, published state, and stopped cleanly.
+    stream = summary["stream"]
+    assert stream["worker_exit_codes"] == {"stream-0": 0}
+    assert stream["records"].get("gpu.state.v1", 0) > 0 and stream["gpus_with_state"] >= 7
+    dbe = summary["faults"][1]
+    assert dbe["stream_reaction_s"] is not None
+    # The scheduler placed openb pods on the simulated nodes and took the failing GPUs out of service.
+    assert summary["components"]["scheduler"] == "running"
+    sched = summary["scheduler"]
+    assert sched["placements"] > 0 and sched["pods_submitted"] >= sched["placements"] - sched["migrations"]
+    assert all(f["scheduler_reaction_s"] is not None for f in summary["faults"]), summary["faults"]
+    assert sched["cordons"] >= 1
+    from gpuaware.local.prometheus import available
+
+    if available():  # the local Prometheus evaluated the rules on the agent's metrics: the lost GPU pages
+        assert "GpuLost" in summary["prometheus"]["alerts_firing"], summary["prometheus"]
+    else:
+        assert summary["prometheus"] is None
