@@ -1,8 +1,14 @@
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
-from gpuaware.config import ConfigError, load_config
+from gpuaware.config import NON_CONFIG_ENV, ConfigError, env_overrides, load_config
+from tests.support import REPO
 
 
 def test_defaults_without_any_source():
@@ -69,3 +75,20 @@ def test_unreadable_and_malformed_files(tmp_path):
     bad.write_text("- a list\n")
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_config(bad, environ={})
+
+
+def test_non_config_variables_are_not_read_as_config(tmp_path):
+    env = {name: str(tmp_path) for name in NON_CONFIG_ENV} | {"GPUAWARE_TEST_BROKER": "apache"}
+    env["GPUAWARE_CONFIG"] = str(tmp_path / "c.yaml")
+    (tmp_path / "c.yaml").write_text("cluster: from-file\n")
+    assert env_overrides(env) == {}
+    assert load_config(None, environ=env).cluster == "from-file"
+
+
+def test_a_gpuaware_child_starts_with_the_test_and_cache_variables_set(tmp_path):
+    env = {**os.environ, "GPUAWARE_TEST_BROKER": "apache", "GPUAWARE_TRACES_DIR": str(tmp_path),
+           "GPUAWARE_REALPARTS_CACHE": str(tmp_path), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "gpuaware", "config"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["cluster"] == "local"
