@@ -1,6 +1,7 @@
 """A real Apache Kafka 4.x (``gpuaware.local.apache_kafka``): SCRAM, ACLs and compaction as on a cluster.
 
-Needs the jars ``realparts/build.sh`` puts in the cache, and Java 17+. Without them the tests
+Runs on the session's broker (``apache_kafka`` in tests/conftest.py), which needs the jars
+``realparts/build.sh`` puts in the cache, and Java 17+. Without them the tests
 skip, naming the reason; under ``CI=true`` they fail with it instead, so CI cannot pass by
 silently testing nothing.
 """
@@ -8,10 +9,8 @@ silently testing nothing.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 from aiokafka.structs import TopicPartition
 
-from gpuaware.local import apache_kafka
 from gpuaware.local.apache_kafka import ApacheKafka, Credentials
 from plumbing.kafka_settings import KafkaSettings
 
@@ -30,14 +28,9 @@ TOPIC_AUTHORIZATION_FAILED = 29  # Kafka protocol error code
 
 
 @pytest.fixture(scope="module")
-def kafka() -> Iterator[ApacheKafka]:
-    reason = apache_kafka.available()
-    if reason:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true and no Apache Kafka to test against: {reason}")
-        pytest.skip(reason)
-    with ApacheKafka() as broker:
-        yield broker
+def kafka(apache_kafka: ApacheKafka) -> ApacheKafka:
+    """The session's Apache Kafka (tests/conftest.py: skipped without it, failed under CI)."""
+    return apache_kafka
 
 
 @pytest.fixture(scope="module")
