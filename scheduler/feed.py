@@ -32,7 +32,7 @@ from aiokafka.structs import TopicPartition
 
 from contract import topics
 from contract.events import ClusterForecast, DecodeError, GpuState, HealthBand, NodeState, dead_letter, decode_for_topic
-from plumbing.kafka_admin import end_offsets
+from plumbing.kafka_admin import check_topics, end_offsets
 from plumbing.kafka_settings import KafkaSettings
 from scheduler.core.cluster import BAND_CODE, ClusterState
 
@@ -134,7 +134,10 @@ class StateFeed:
         self._caught_up = asyncio.Event()
 
     async def start(self) -> None:
-        parts = [TopicPartition(t, p) for t in FEED_TOPICS for p in range(topics.spec(t).partitions)]
+        # The topics read and their dead-letter topics: a missing one or a missing grant fails here,
+        # naming it, rather than as a feed that never catches up.
+        counts = await check_topics(self.kafka, [topics.spec(n) for t in FEED_TOPICS for n in (t, topics.dlq_name(t))])
+        parts = [TopicPartition(t, p) for t in FEED_TOPICS for p in range(counts[t])]
         targets = await end_offsets(self.kafka, parts)
         self._consumer = AIOKafkaConsumer(**self.kafka.consumer_kwargs(None))
         await self._consumer.start()
