@@ -186,7 +186,7 @@ async def wait_ready(settings: KafkaSettings, timeout_s: float = 30.0) -> list[s
 
 
 async def ensure_topics(settings: KafkaSettings, specs: Iterable[topics.TopicSpec] = topics.ALL_TOPICS,
-                        replication_factor: int = 1) -> list[str]:
+                        replication_factor: int = 1, timeout_s: float = 30.0) -> list[str]:
     """Create missing topics with the contract's partitions and configs; return the names created.
 
     The platform's (or an admin's) job, and the stream worker's for its own internal topics.
@@ -208,8 +208,15 @@ async def ensure_topics(settings: KafkaSettings, specs: Iterable[topics.TopicSpe
                 failed.append(f"{name}: error {code} {message or ''}".strip())
         if failed:
             raise RuntimeError("could not create topics: " + "; ".join(failed))
-        described = await admin.describe_topics([s.name for s in specs])
-        partitions = {d["topic"]: len(d["partitions"]) for d in described}
+        # Kafka (KRaft) answers CreateTopics once the controller has committed the topics; the broker
+        # serves them in Metadata a moment later, with no partitions until then. Wait for that.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            described = await admin.describe_topics([s.name for s in specs])
+            partitions = {d["topic"]: len(d["partitions"]) for d in described if d["error_code"] == 0}
+            if all(partitions.get(name) for name in created) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
         wrong = [
             f"{s.name} has {partitions.get(s.name)} partitions, the contract says {s.partitions}"
             for s in specs

@@ -105,7 +105,10 @@ async def test_the_admin_creates_topics_and_a_user_without_acls_cannot(kafka, pr
     try:
         response = await admin.create_topics([NewTopic(name, 2, 1, topic_configs={"cleanup.policy": "compact"})])
         assert [(t, e) for t, e, *_ in response.topic_errors] == [(name, 0)]
-        assert name in await admin.list_topics()
+        # CreateTopics answers once the controller has the topic; the broker lists it a moment later.
+        deadline = time.monotonic() + 30
+        while name not in await admin.list_topics() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
         described = await admin.describe_topics([name])
         assert len(described[0]["partitions"]) == 2
     finally:
