@@ -6,12 +6,17 @@ Import it as ``tests.support`` (pyproject.toml puts the repository root on the p
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
 
+from contract import topics
+from contract.events import GpuInfo, GpuSample, TelemetryBatch, decode
 from plumbing.kafka_settings import KafkaSettings
 from scheduler.core.cluster import ClusterState, NodeSpec
 from scheduler.core.framework import Profile, Scheduler
@@ -46,6 +51,51 @@ async def consume(settings: KafkaSettings, topic: str, group: str, want: int, ti
     finally:
         await consumer.stop()
     return got
+
+
+def telemetry_batch(node: str, seq: int, ts_ms: int, gpus: int = 2, util: int = 60) -> TelemetryBatch:
+    """A batch of ``gpus`` A100 samples from ``node``, sequence ``seq``, stamped ``ts_ms``."""
+    return TelemetryBatch(
+        node, seq, ts_ms, [GpuInfo(f"GPU-{node}-{i}", i, "NVIDIA A100-SXM4-80GB", 81920) for i in range(gpus)],
+        [GpuSample(i, seq, 0, min(100, util + 5 * i + seq % 7), 20, 20_000 + 10 * seq, 2500, 60) for i in range(gpus)],
+    )
+
+
+async def produce(settings: KafkaSettings, records: list[tuple[str, bytes, bytes]],
+                   headers: list[tuple[str, bytes]] | None = None) -> None:
+    """Send (topic, key, value) records in order and wait until all are acknowledged."""
+    producer = AIOKafkaProducer(**settings.producer_kwargs())
+    await producer.start()
+    try:
+        for topic, key, value in records:
+            await producer.send(topic, value, key=key, headers=headers)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def watch(settings: KafkaSettings, topic: str, done: Callable[[list], bool], keep: Callable[[object], bool],
+                 timeout_s: float = 90.0, raw: bool = False) -> list:
+    """Read ``topic`` from the beginning, collecting what ``keep`` accepts, until ``done`` says so."""
+    consumer = AIOKafkaConsumer(**settings.consumer_kwargs(None))
+    await consumer.start()
+    seen: list = []
+    try:
+        parts = [TopicPartition(topic, p) for p in range(topics.spec(topic).partitions)]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for msgs in (await consumer.getmany(timeout_ms=300)).values():
+                for m in msgs:
+                    item = m if raw else decode(m.value)
+                    if keep(item):
+                        seen.append(item)
+            if done(seen):
+                return seen
+        raise AssertionError(f"{topic}: condition not met in {timeout_s}s; kept {len(seen)}: {seen[-3:]}")
+    finally:
+        await consumer.stop()
 
 
 def prometheus_rules() -> list[dict]:
