@@ -30,26 +30,11 @@ import pytest
 from gpuaware.local.broker import BrokerSettings, LocalBroker
 from plumbing import kafka_admin as admin
 from plumbing.kafka_settings import KafkaSettings
-from tests.support import OPENB_NODES, OVERLAYS, REPO
+from tests.support import OPENB_NODES, OVERLAYS, REPO, chosen_broker, in_ci
 
 if TYPE_CHECKING:
     from deploy.checks import Doc
     from gpuaware.local.apache_kafka import ApacheKafka
-
-TEST_BROKERS = ("apache", "tansu", "testcontainers")
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
-
-
-def chosen_broker() -> str:
-    """The broker ``kafka_settings`` runs on when ``KAFKA_BOOTSTRAP_SERVERS`` is not set."""
-    name = os.environ.get("GPUAWARE_TEST_BROKER") or ("apache" if in_ci() else "tansu")
-    if name not in TEST_BROKERS:
-        raise pytest.UsageError(f"GPUAWARE_TEST_BROKER={name!r}: use one of {', '.join(TEST_BROKERS)}")
-    return name
-
 
 def _docker_available() -> bool:
     try:
@@ -92,7 +77,10 @@ def kafka_settings(request: pytest.FixtureRequest) -> Iterator[KafkaSettings]:
         asyncio.run(admin.ensure_topics(settings))
         yield settings
         return
-    broker = chosen_broker()
+    try:
+        broker = chosen_broker()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     if broker == "apache":
         kafka: ApacheKafka = request.getfixturevalue("apache_kafka")
         # The admin (the one super user): production client settings, compat off.

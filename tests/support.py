@@ -6,8 +6,9 @@ Import it as ``tests.support`` (pyproject.toml puts the repository root on the p
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,23 @@ OPENB_PODS = TRACES / "alibaba-openb" / "openb_pod_list_default.csv"
 GAVEL = TRACES / "gavel" / "simulation_throughputs.json"
 RULES = REPO / "dashboards" / "prometheus" / "rules.yml"
 OVERLAYS = ("dev", "production", "existing-kafka")
+
+
+TEST_BROKERS = ("apache", "tansu", "testcontainers")
+
+
+def in_ci(environ: Mapping[str, str] | None = None) -> bool:
+    return (os.environ if environ is None else environ).get("CI", "").lower() == "true"
+
+
+def chosen_broker(environ: Mapping[str, str] | None = None) -> str:
+    """The broker ``kafka_settings`` runs on when ``KAFKA_BOOTSTRAP_SERVERS`` is not set:
+    ``GPUAWARE_TEST_BROKER``, else Apache Kafka under ``CI=true`` and Tansu outside it."""
+    environ = os.environ if environ is None else environ
+    name = environ.get("GPUAWARE_TEST_BROKER") or ("apache" if in_ci(environ) else "tansu")
+    if name not in TEST_BROKERS:
+        raise ValueError(f"GPUAWARE_TEST_BROKER={name!r}: use one of {', '.join(TEST_BROKERS)}")
+    return name
 
 
 async def consume(settings: KafkaSettings, topic: str, group: str, want: int, timeout_s: float = 20.0):
