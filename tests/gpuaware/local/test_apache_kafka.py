@@ -22,6 +22,7 @@ from aiokafka.structs import TopicPartition
 from contract import events
 from contract import topics as contract
 from gpuaware.local.apache_kafka import ApacheKafka, Credentials
+from plumbing.kafka_admin import TopicUnavailable, check_topics
 from plumbing.kafka_settings import KafkaSettings
 
 pytestmark = pytest.mark.broker
@@ -251,3 +252,12 @@ def _record_of(topic: str, key: str, r: int) -> events.Record:
         return events.AgentControl(f"cmd-{key}-{r}", ts, f"node-{key}", events.ControlKind.POWER_CAP,
                                    power_cap_w=200 + r)
     raise AssertionError(f"no record for {topic}")
+
+
+async def test_a_missing_topic_is_an_error_naming_it_and_who_creates_topics(kafka):
+    """On Kafka a Metadata request does not create the topic (Tansu's does, with 4 partitions)."""
+    name = f"never-created-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(TopicUnavailable) as caught:
+        await check_topics(kafka.kafka_settings(), [contract.TopicSpec(name, 1, "delete", None, "k", "test")])
+    assert caught.value.topics == [name]
+    assert "do not exist" in str(caught.value) and "KafkaTopics" in str(caught.value)
