@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
-from aiokafka.structs import ConsumerRecord, TopicPartition
+from aiokafka.structs import ConsumerRecord
 
 from agent.collectors.base import Collector
 from agent.core import AgentCore, BatchBuilder
@@ -35,6 +35,7 @@ from agent.spool import DiskSpool
 from contract import events, topics
 from contract.events import AgentControl, ControlKind
 from plumbing import observability
+from plumbing.kafka_admin import check_topics, topic_partitions
 from plumbing.kafka_settings import KafkaSettings
 
 if TYPE_CHECKING:
@@ -168,8 +169,9 @@ class AgentRuntime:
             consumer = AIOKafkaConsumer(**self.settings.consumer_kwargs(None))
             try:
                 await consumer.start()
-                parts = consumer.partitions_for_topic(topics.CONTROL) or {0}
-                tps = [TopicPartition(topics.CONTROL, p) for p in parts]
+                # Assigned, not subscribed (no group: every agent reads all of it), so the
+                # partitions come from the topic's metadata, asked for explicitly.
+                tps = await topic_partitions(self.settings, topics.CONTROL)
                 consumer.assign(tps)
                 await consumer.seek_to_beginning(*tps)
                 while not stop.is_set():
@@ -250,7 +252,19 @@ class AgentRuntime:
                 await asyncio.wait_for(stop.wait(), delay)
             delay = min(delay * 2, 30.0)
 
+    async def check_topics(self, control: bool = True, timeout_s: float = 10.0) -> None:
+        """Refuse to start without the agent's topics or grants (``TopicUnavailable`` names them).
+
+        A broker not reachable yet is no reason to stop: samples wait in the spool until it is.
+        """
+        names = (topics.TELEMETRY, topics.EVENTS, *((topics.CONTROL,) if control else ()))
+        try:
+            await asyncio.wait_for(check_topics(self.settings, [topics.spec(n) for n in names]), timeout_s)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            log.warning("Kafka not reachable at start (%s); sampling into the spool meanwhile", exc)
+
     async def run(self, stop: asyncio.Event, duration_s: float | None = None, control: bool = True) -> None:
+        await self.check_topics(control)
         inner = asyncio.Event()
 
         async def watchdog() -> None:

@@ -96,9 +96,10 @@ USER_GRANTS: dict[str, list[Grant]] = {
     ],
     "gpuaware-stream": [
         *_grants((topics.TELEMETRY, topics.EVENTS), READ),
-        *_grants(DERIVED, (*WRITE, "Read", "Create")),  # Create: startup checks the contract's topics exist
-        *_grants(tuple(topics.dlq_name(t) for t in (topics.TELEMETRY, topics.EVENTS)), (*WRITE, "Create")),
-        Grant("topic", STREAM_APP_ID, ("All",), "prefix"),  # Faust's changelog and re-key topics
+        # No Create on the contract's topics: workers only check they exist (KafkaTopics create them).
+        *_grants(DERIVED, (*WRITE, "Read")),
+        *_grants(tuple(topics.dlq_name(t) for t in (topics.TELEMETRY, topics.EVENTS)), WRITE),
+        Grant("topic", STREAM_APP_ID, ("All",), "prefix"),  # Faust's changelog and re-key topics: it creates them
         Grant("group", STREAM_APP_ID, ("Read", "Describe"), "prefix"),
     ],
     "gpuaware-scheduler": [

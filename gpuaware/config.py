@@ -22,10 +22,17 @@ from scheduler.settings import SchedulerSettings
 from stream.settings import StreamSettings
 
 ENV_PREFIX = "GPUAWARE_"
-# GPUAWARE_* names that are read where they are used, not settings: the config file itself, the folder
-# of the public traces (``plumbing.traces``; its error message tells users to set it) and the tests' broker.
-NOT_SETTINGS = frozenset({"GPUAWARE_CONFIG", "GPUAWARE_TRACES_DIR", "GPUAWARE_TEST_BROKER", "GPUAWARE_REALPARTS_CACHE",
-                          "GPUAWARE_KUBE_BIN_DIR"})
+# GPUAWARE_* variables that are not configuration: read where they matter (the config file's path,
+# the test broker, data and cache locations), so ``gpuaware`` children started with them set must
+# not reject them as unknown fields.
+NON_CONFIG_ENV = frozenset({
+    "GPUAWARE_CONFIG",
+    "GPUAWARE_TEST_BROKER",
+    "GPUAWARE_TRACES_DIR",
+    "GPUAWARE_REALPARTS_CACHE",
+    "GPUAWARE_KUBE_BIN_DIR",
+    "GPUAWARE_KEEP_KUBE_WORKDIR",
+})
 
 
 class LogSettings(BaseModel):
@@ -100,9 +107,10 @@ def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[tuple[str, ...], str]:
+    """Configuration paths set by ``GPUAWARE_*`` variables, those in ``NON_CONFIG_ENV`` left out."""
     out = {}
     for name, value in environ.items():
-        if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX) and name not in NOT_SETTINGS:
+        if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX) and name not in NON_CONFIG_ENV:
             path = tuple(part.lower() for part in name[len(ENV_PREFIX) :].split("__"))
             out[path] = value
     return out

@@ -34,7 +34,7 @@ from aiokafka.structs import TopicPartition
 
 from contract import topics
 from contract.events import ClusterForecast, DecodeError, GpuState, HealthBand, NodeState, dead_letter, decode_for_topic
-from plumbing.kafka_admin import end_offsets
+from plumbing.kafka_admin import check_topics, end_offsets
 from plumbing.kafka_settings import KafkaSettings
 from scheduler.catchup import CatchUp
 from scheduler.core.cluster import BAND_CODE, ClusterState
@@ -141,7 +141,10 @@ class StateFeed:
         self._settled = asyncio.Event()  # caught up, or stalled: catch_up() looks at progress to tell which
 
     async def start(self) -> None:
-        parts = [TopicPartition(t, p) for t in FEED_TOPICS for p in range(topics.spec(t).partitions)]
+        # The topics read and their dead-letter topics: a missing one or a missing grant fails here,
+        # naming it, rather than as a feed that never catches up.
+        counts = await check_topics(self.kafka, [topics.spec(n) for t in FEED_TOPICS for n in (t, topics.dlq_name(t))])
+        parts = [TopicPartition(t, p) for t in FEED_TOPICS for p in range(counts[t])]
         targets = await end_offsets(self.kafka, parts)
         consumer = AIOKafkaConsumer(**self.kafka.consumer_kwargs(None))
         await consumer.start()

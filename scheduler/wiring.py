@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from contract import topics
 from contract.events import AgentControl, SchedulerDecision, encode
 from plumbing import observability
-from plumbing.kafka_admin import wait_ready
+from plumbing.kafka_admin import check_topics, wait_ready
 from plumbing.kafka_settings import KafkaSettings
 from plumbing.kube.api import KubeApi, connect
 from scheduler.feed import StateFeed, StateView
@@ -51,6 +51,7 @@ class KafkaPublishers:
         self.producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:
+        await check_topics(self.kafka, [topics.spec(topics.DECISIONS), topics.spec(topics.CONTROL)])
         producer = AIOKafkaProducer(**self.kafka.producer_kwargs())
         await producer.start()
         self.producer = producer

@@ -8,7 +8,7 @@ import logging
 from prometheus_client import CollectorRegistry, start_http_server
 
 from contract import topics
-from plumbing.kafka_admin import ensure_topics, wait_ready
+from plumbing.kafka_admin import check_group, check_topics, default_replication_factor, ensure_topics, wait_ready
 from plumbing.kafka_settings import KafkaSettings
 from stream.app import create_app, internal_topics
 from stream.metrics import StreamCollector, StreamStats
@@ -16,16 +16,30 @@ from stream.settings import StreamSettings
 
 log = logging.getLogger(__name__)
 
+# The contract's topics a worker reads or writes: checked at start, never created (no Create grant).
+STREAM_TOPICS = tuple(topics.spec(name) for name in (
+    topics.TELEMETRY, topics.EVENTS, topics.GPU_STATE, topics.NODE_STATE, topics.CLUSTER_FORECAST,
+    topics.dlq_name(topics.TELEMETRY), topics.dlq_name(topics.EVENTS),
+))
+
+
+async def prepare(kafka: KafkaSettings, settings: StreamSettings) -> StreamSettings:
+    """Check the contract's topics and the consumer group; create the worker's internal topics
+    (under its app id, which its grants cover) with the replication factor resolved; return
+    ``settings`` with that factor set, for Faust."""
+    await wait_ready(kafka)
+    await check_topics(kafka, STREAM_TOPICS)
+    await check_group(kafka, settings.app_id)
+    replication = settings.replication_factor or await default_replication_factor(kafka)
+    await ensure_topics(kafka, internal_topics(settings), replication_factor=replication)
+    return settings.model_copy(update={"replication_factor": replication})
+
 
 def run_worker(kafka: KafkaSettings, settings: StreamSettings, cluster: str, metrics_host: str, metrics_port: int,
                log_level: str = "info") -> None:
     import faust
 
-    async def prepare() -> None:
-        await wait_ready(kafka)
-        await ensure_topics(kafka, [*topics.ALL_TOPICS, *internal_topics(settings)])
-
-    asyncio.run(prepare())
+    settings = asyncio.run(prepare(kafka, settings))
     stats = StreamStats()
     app, processor = create_app(kafka, settings, cluster, stats)
     if metrics_port:

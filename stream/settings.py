@@ -20,7 +20,9 @@ class StreamSettings(BaseModel):
                                                           "is rejected")
     node_state_interval_s: float = Field(5.0, gt=0, description="how often node rollups are considered")
     cluster_forecast_interval_s: float = Field(10.0, gt=0, description="how often per-model demand is published")
-    replication_factor: int = Field(1, ge=1, le=5, description="of the internal topics (3 on a production Kafka)")
+    replication_factor: int | None = Field(
+        None, ge=1, le=5, description="of the internal topics (changelog, re-keyed events): unset, the cluster's "
+        "default.replication.factor, or its broker count (at most 3) where that is not readable")
     store: Literal["rocksdb", "memory"] = Field(
         "rocksdb", description="where the per-GPU table lives: rocksdb keeps it on disk under data_dir, so a restart "
                                "or a partition coming back replays only the changelog's tail; memory replays all of "

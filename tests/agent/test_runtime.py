@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 import yaml
+from aiokafka.structs import TopicPartition
 
 from agent import runtime as runtime_module
 from agent.collectors.sim import Scenario, SimCluster
@@ -42,9 +43,6 @@ class FakeConsumer:
     async def stop(self):
         pass
 
-    def partitions_for_topic(self, topic):
-        return {0}
-
     def assign(self, tps):
         self.tps = tps
 
@@ -57,6 +55,16 @@ class FakeConsumer:
             return {self.tps[0]: list(self.records)}
         FakeConsumer.stop.set()
         return {}
+
+
+def _fake_control_topic(monkeypatch) -> None:
+    """FakeConsumer for the consumer; one control partition for the topic's metadata."""
+
+    async def partitions(settings, topic):
+        return [TopicPartition(topic, 0)]
+
+    monkeypatch.setattr(runtime_module, "AIOKafkaConsumer", FakeConsumer)
+    monkeypatch.setattr(runtime_module, "topic_partitions", partitions)
 
 
 def _runtime(tmp_path) -> AgentRuntime:
@@ -78,7 +86,7 @@ async def test_a_poisoned_control_record_is_counted_and_the_next_one_is_applied(
         FakeRecord(_policy(node, "good", yaml.safe_dump({"floor_s": 2.0, "ceiling_s": 20.0})), 2),
     ]
     FakeConsumer.stop = asyncio.Event()
-    monkeypatch.setattr(runtime_module, "AIOKafkaConsumer", FakeConsumer)
+    _fake_control_topic(monkeypatch)
     await asyncio.wait_for(rt.consume_control(FakeConsumer.stop), 10)
     assert rt.cores[0].policy.floor_s == 2.0 and rt.cores[0].policy.ceiling_s == 20.0
     assert rt.stats.policy_errors == 1  # the nested policy, rejected with a PolicyError
@@ -99,7 +107,7 @@ async def test_an_unexpected_error_while_applying_a_control_record_does_not_stop
         raise KeyError("driver went away")
 
     monkeypatch.setattr(rt.cores[0].collector, "set_power_limit", explode)
-    monkeypatch.setattr(runtime_module, "AIOKafkaConsumer", FakeConsumer)
+    _fake_control_topic(monkeypatch)
     await asyncio.wait_for(rt.consume_control(FakeConsumer.stop), 10)
     assert rt.cores[0].policy.floor_s == 3.0
     assert rt.stats.control_rejected == {"error": 1}

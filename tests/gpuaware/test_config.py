@@ -3,13 +3,18 @@ source, whatever the input (hypothesis)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuaware.config import ConfigError, load_config
-from tests.support import FUZZ, json_values, printable_text
+from gpuaware.config import NON_CONFIG_ENV, ConfigError, env_overrides, load_config
+from tests.support import FUZZ, REPO, json_values, printable_text
 
 
 def test_defaults_without_any_source():
@@ -114,3 +119,20 @@ def test_config_file_loads_or_names_the_field(tmp_path_factory, tree):
         load_config(path=path, environ={})
     except ConfigError as exc:
         assert exc.problems and all(source.startswith("file") or source for _, _, source in exc.problems)
+
+
+def test_non_config_variables_are_not_read_as_config(tmp_path):
+    env = {name: str(tmp_path) for name in NON_CONFIG_ENV} | {"GPUAWARE_TEST_BROKER": "apache"}
+    env["GPUAWARE_CONFIG"] = str(tmp_path / "c.yaml")
+    (tmp_path / "c.yaml").write_text("cluster: from-file\n")
+    assert env_overrides(env) == {}
+    assert load_config(None, environ=env).cluster == "from-file"
+
+
+def test_a_gpuaware_child_starts_with_the_test_and_cache_variables_set(tmp_path):
+    env = {**os.environ, "GPUAWARE_TEST_BROKER": "apache", "GPUAWARE_TRACES_DIR": str(tmp_path),
+           "GPUAWARE_REALPARTS_CACHE": str(tmp_path), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "gpuaware", "config"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["cluster"] == "local"

@@ -15,7 +15,10 @@ from contract.events import GpuState, encode
 from gpuaware.local.stream_workers import StreamWorkerProcess
 from plumbing.kafka_admin import end_offsets
 from plumbing.kafka_settings import KafkaSettings
-from tests.test_stream_kafka import MINUTE_MS, _batch, _latest, _produce, _watch
+from tests.support import fleet_batch as _batch
+from tests.support import produce as _produce
+from tests.support import watch as _watch
+from tests.test_stream_kafka import MINUTE_MS, _latest
 
 pytestmark = pytest.mark.timeout(300)
 ROUNDS = 40

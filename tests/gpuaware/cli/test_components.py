@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuaware.local.stream_workers import worker_env
 from tests.support import ENV, run
 
 
@@ -19,9 +20,9 @@ def test_scheduler_rejects_bad_config_with_the_field(env, message):
 
 
 @pytest.mark.broker
-def test_agent_runs_on_simulated_gpus_and_stops_cleanly(kafka_bootstrap, tmp_path):
-    env = {**ENV, "GPUAWARE_KAFKA__EMBEDDED_BROKER_COMPAT": "true"}
-    result = run("--bootstrap-servers", kafka_bootstrap, "agent", "--collector", "sim", "--scenario", "xid",
+def test_agent_runs_on_simulated_gpus_and_stops_cleanly(kafka_settings, tmp_path):
+    env = {**ENV, **worker_env(kafka_settings)}  # the session broker's settings, SASL included
+    result = run("agent", "--collector", "sim", "--scenario", "xid",
                  "--spool-dir", str(tmp_path / "spool"), "--metrics-port", "0", "--duration", "4", env=env)
     assert result.returncode == 0, result.stderr
     assert "agent stopped" in result.stderr and "0 records spooled, 0 dropped" in result.stderr

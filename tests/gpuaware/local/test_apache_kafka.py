@@ -1,6 +1,7 @@
 """A real Apache Kafka 4.x (``gpuaware.local.apache_kafka``): SCRAM, ACLs and compaction as on a cluster.
 
-Needs the jars ``realparts/build.sh`` puts in the cache, and Java 17+. Without them the tests
+Runs on the session's broker (``apache_kafka`` in tests/conftest.py), which needs the jars
+``realparts/build.sh`` puts in the cache, and Java 17+. Without them the tests
 skip, naming the reason; under ``CI=true`` they fail with it instead, so CI cannot pass by
 silently testing nothing.
 """
@@ -8,10 +9,8 @@ silently testing nothing.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 from aiokafka.structs import TopicPartition
 
-from gpuaware.local import apache_kafka
+from contract import events
+from contract import topics as contract
 from gpuaware.local.apache_kafka import ApacheKafka, Credentials
+from plumbing.kafka_admin import TopicUnavailable, check_topics
 from plumbing.kafka_settings import KafkaSettings
 
 pytestmark = pytest.mark.broker
@@ -30,14 +31,9 @@ TOPIC_AUTHORIZATION_FAILED = 29  # Kafka protocol error code
 
 
 @pytest.fixture(scope="module")
-def kafka() -> Iterator[ApacheKafka]:
-    reason = apache_kafka.available()
-    if reason:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true and no Apache Kafka to test against: {reason}")
-        pytest.skip(reason)
-    with ApacheKafka() as broker:
-        yield broker
+def kafka(apache_kafka: ApacheKafka) -> ApacheKafka:
+    """The session's Apache Kafka (tests/conftest.py: skipped without it, failed under CI)."""
+    return apache_kafka
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +108,10 @@ async def test_the_admin_creates_topics_and_a_user_without_acls_cannot(kafka, pr
     try:
         response = await admin.create_topics([NewTopic(name, 2, 1, topic_configs={"cleanup.policy": "compact"})])
         assert [(t, e) for t, e, *_ in response.topic_errors] == [(name, 0)]
-        assert name in await admin.list_topics()
+        # CreateTopics answers once the controller has the topic; the broker lists it a moment later.
+        deadline = time.monotonic() + 30
+        while name not in await admin.list_topics() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
         described = await admin.describe_topics([name])
         assert len(described[0]["partitions"]) == 2
     finally:
@@ -167,35 +166,36 @@ async def test_a_user_writes_only_where_its_acls_allow_and_reads_nothing(kafka, 
     assert (b"k", b"allowed") in await _read_all(kafka.kafka_settings(), topics["t1"])
 
 
-async def test_log_compaction_keeps_only_the_newest_record_per_key(kafka):
-    name = f"compacted-{uuid.uuid4().hex[:8]}"
-    settings = kafka.kafka_settings()
+# Segments that roll within a test, a cleaner that acts at once: the only settings a compaction
+# test changes. Kafka 4 refuses segment.bytes under 1 MiB (KIP-1030), so segments roll on time.
+FAST_COMPACTION = {
+    "segment.ms": "100",
+    "segment.bytes": str(1024 * 1024),
+    "min.cleanable.dirty.ratio": "0.01",
+    "delete.retention.ms": "0",
+    "min.compaction.lag.ms": "0",
+}
+
+
+async def _compacts_to_the_newest_per_key(settings: KafkaSettings, name: str, configs: dict[str, str],
+                                          rounds: list[dict[bytes, bytes]]) -> None:
+    """Create ``name`` (one partition) with ``configs``, write ``rounds`` of key -> value in order,
+    and wait until the log holds exactly the last value of each key."""
     admin = AIOKafkaAdminClient(**settings.admin_kwargs())
     await admin.start()
     try:
-        response = await admin.create_topics([NewTopic(name, 1, 1, topic_configs={
-            "cleanup.policy": "compact",
-            "segment.ms": "100",
-            # Kafka 4 refuses segment.bytes under 1 MiB (KIP-1030), so segments roll on time.
-            "segment.bytes": str(1024 * 1024),
-            "min.cleanable.dirty.ratio": "0.01",
-            "delete.retention.ms": "0",
-            "min.compaction.lag.ms": "0",
-        })])
+        response = await admin.create_topics([NewTopic(name, 1, 1, topic_configs=configs)])
         assert [(t, e) for t, e, *_ in response.topic_errors] == [(name, 0)]
     finally:
         await admin.close()
-
-    keys = [f"gpu-{i}".encode() for i in range(4)]
-    rounds = 5
-    newest = {key: f"{key.decode()}@{rounds - 1}".encode() for key in keys}
+    newest = {key: value for round_ in rounds for key, value in round_.items()}
     tick = b"~tick"
     producer = _producer(settings)
     await producer.start()
     try:
-        for r in range(rounds):
-            for key in keys:
-                await producer.send_and_wait(name, f"{key.decode()}@{r}".encode(), key=key)
+        for round_ in rounds:
+            for key, value in round_.items():
+                await producer.send_and_wait(name, value, key=key)
         # Only closed segments are compacted, and a segment closes when a record arrives after
         # segment.ms: a tick record each poll rolls the segment holding the last round, so the
         # cleaner can then drop every older value. Ticks are the driver, not the subject.
@@ -210,5 +210,54 @@ async def test_log_compaction_keeps_only_the_newest_record_per_key(kafka):
     finally:
         await producer.stop()
     assert sorted(seen) == sorted(newest.items()), (
-        f"after 120 s the log still holds {len(seen)} records for {len(keys)} keys: {seen}"
+        f"after 120 s the log still holds {len(seen)} records for {len(newest)} keys: {seen}"
     )
+
+
+async def test_log_compaction_keeps_only_the_newest_record_per_key(kafka):
+    name = f"compacted-{uuid.uuid4().hex[:8]}"
+    keys = [f"gpu-{i}".encode() for i in range(4)]
+    rounds = [{key: f"{key.decode()}@{r}".encode() for key in keys} for r in range(5)]
+    await _compacts_to_the_newest_per_key(kafka.kafka_settings(), name, {"cleanup.policy": "compact",
+                                                                          **FAST_COMPACTION}, rounds)
+
+
+@pytest.mark.parametrize("spec", [t for t in contract.CONTRACT_TOPICS if t.cleanup_policy == "compact"],
+                         ids=lambda t: t.name)
+async def test_each_compacted_topic_of_the_contract_keeps_the_newest_record_per_key(kafka, spec):
+    """The contract's own configs (cleanup policy, retention, extras) on a copy of the topic, with
+    only the segment and cleaner timings of FAST_COMPACTION over them (gpu.state.v1's 60 s
+    min.compaction.lag.ms among them: it only delays compaction), and real records of the topic."""
+    configs = {**spec.configs(), **FAST_COMPACTION}
+    assert configs["cleanup.policy"] == "compact"
+    name = f"{spec.name}.compaction-{uuid.uuid4().hex[:8]}"
+    rounds = []
+    for r in range(4):
+        records = [_record_of(spec.name, key, r) for key in ("a", "b", "c")]
+        rounds.append({record.key(): events.encode(record) for record in records})
+    await _compacts_to_the_newest_per_key(kafka.kafka_settings(), name, configs, rounds)
+
+
+def _record_of(topic: str, key: str, r: int) -> events.Record:
+    """A valid record of ``topic`` whose key is derived from ``key``; ``r`` makes each round's value differ."""
+    ts = 1_700_000_000_000 + r
+    if topic == contract.GPU_STATE:
+        return events.GpuState(f"GPU-{key}", "n", "NVIDIA H100 80GB HBM3", ts, ts, float(r), 0.0, 0.0, 81920, 0.0,
+                               40.0, 1.0, events.HealthBand.HEALTHY)
+    if topic == contract.NODE_STATE:
+        return events.NodeState(f"node-{key}", ts, None, None, [], 1000 * r, 0)
+    if topic == contract.CLUSTER_FORECAST:
+        return events.ClusterForecast(f"cluster-{key}", ts, [])
+    if topic == contract.CONTROL:
+        return events.AgentControl(f"cmd-{key}-{r}", ts, f"node-{key}", events.ControlKind.POWER_CAP,
+                                   power_cap_w=200 + r)
+    raise AssertionError(f"no record for {topic}")
+
+
+async def test_a_missing_topic_is_an_error_naming_it_and_who_creates_topics(kafka):
+    """On Kafka a Metadata request does not create the topic (Tansu's does, with 4 partitions)."""
+    name = f"never-created-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(TopicUnavailable) as caught:
+        await check_topics(kafka.kafka_settings(), [contract.TopicSpec(name, 1, "delete", None, "k", "test")])
+    assert caught.value.topics == [name]
+    assert "do not exist" in str(caught.value) and "KafkaTopics" in str(caught.value)

@@ -19,10 +19,10 @@ from tests.support import consume
 pytestmark = pytest.mark.broker
 
 
-async def test_round_trip_with_consumer_groups_and_committed_offsets(kafka_settings, unique):
+async def test_round_trip_with_consumer_groups_and_committed_offsets(tansu_settings, unique):
     topic = f"test.roundtrip.{unique}"
-    await admin.ensure_topics(kafka_settings, [topics.TopicSpec(topic, 2, "delete", None, "k", "test")])
-    producer = AIOKafkaProducer(**kafka_settings.producer_kwargs())
+    await admin.ensure_topics(tansu_settings, [topics.TopicSpec(topic, 2, "delete", None, "k", "test")])
+    producer = AIOKafkaProducer(**tansu_settings.producer_kwargs())
     await producer.start()
     try:
         sent = []
@@ -36,7 +36,7 @@ async def test_round_trip_with_consumer_groups_and_committed_offsets(kafka_setti
         await producer.stop()
 
     group = f"g-{unique}"
-    first = await consume(kafka_settings, topic, group, 20)
+    first = await consume(tansu_settings, topic, group, 20)
     assert sorted((events.decode(r.value) for r in first), key=lambda e: e.ts_ms) == sent
     # Same key, same partition: per-GPU order is kept.
     by_key: dict[bytes, list[int]] = {}
@@ -45,21 +45,21 @@ async def test_round_trip_with_consumer_groups_and_committed_offsets(kafka_setti
     assert all(v == sorted(v) for v in by_key.values())
 
     # The group committed: a new member of the same group sees nothing old, only what comes next.
-    producer = AIOKafkaProducer(**kafka_settings.producer_kwargs())
+    producer = AIOKafkaProducer(**tansu_settings.producer_kwargs())
     await producer.start()
     try:
         late = events.GpuEvent("late", 99, "node-a", "GPU-0", events.EventKind.XID, events.Severity.CRITICAL)
         await producer.send_and_wait(topic, events.encode(late), key=late.key())
     finally:
         await producer.stop()
-    again = await consume(kafka_settings, topic, group, 1)
+    again = await consume(tansu_settings, topic, group, 1)
     assert [events.decode(r.value).event_id for r in again] == ["late"]
 
     # A different group reads everything from the beginning.
-    other = await consume(kafka_settings, topic, f"other-{unique}", 21)
+    other = await consume(tansu_settings, topic, f"other-{unique}", 21)
     assert len(other) == 21
 
-    consumer = AIOKafkaConsumer(**kafka_settings.consumer_kwargs(group))
+    consumer = AIOKafkaConsumer(**tansu_settings.consumer_kwargs(group))
     await consumer.start()
     try:
         committed = [await consumer.committed(TopicPartition(topic, p)) for p in (0, 1)]
