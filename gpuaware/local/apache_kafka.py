@@ -12,6 +12,10 @@ here. Java 17+ must be on PATH (or in ``JAVA_HOME``).
         probe = kafka.create_user("probe", "probe-secret")
         kafka.apply_acls("User:probe", [{"resource": {"type": "topic", "name": "t1"}, "operations": ["Write"]}])
         settings = kafka.kafka_settings(probe)
+
+Size: one module on purpose (~530 lines): the broker's properties, its storage formatting with SCRAM
+credentials, the process and the admin tools (users, ACLs) are one launcher's steps, each depending on
+the listener and credential layout the others set up.
 """
 
 from __future__ import annotations

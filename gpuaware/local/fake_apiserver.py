@@ -19,6 +19,10 @@ It speaks the real REST paths, JSON and semantics the scheduler relies on, so th
   disruption, else the pod is deleted), and ``/status`` subresources.
 
 Errors are ``Status`` objects with the real reasons and codes.
+
+Size: one module on purpose (~560 lines): the object store, its watch fan-out and the HTTP routes are
+one stand-in whose semantics (resourceVersion, 409/410, Binding and Eviction rules) must stay consistent;
+it is a test double, kept out of the component packages.
 """
 
 from __future__ import annotations

@@ -21,6 +21,10 @@ them Ready and runs the Pods bound to them.
     with KubeControlPlane(scheduler=True, kwok=True) as cp:
         cp.kubectl("get", "--raw", "/version")
         sa_kubeconfig = cp.serviceaccount_kubeconfig("default", "tester")
+
+Size: one module on purpose (~550 lines): the PKI, the kubeconfigs and the start of etcd,
+kube-apiserver, kube-scheduler and kwok form one launcher whose flags name each other's certificates,
+ports and files; split, the pieces would pass that layout back and forth.
 """
 
 from __future__ import annotations

@@ -32,6 +32,10 @@ above ``peak_util`` allocated, up to ``defer_max_s``. Every other policy runs wh
 today around its placement plugin: priority-then-FIFO order, kube-style preemption (victims restart
 from scratch), and a failing GPU kills its workloads (they restart from scratch). ``k8s-default``
 also rounds fractions up to whole GPUs.
+
+Size: one module on purpose (~450 lines): the event loop, the job model and the gpuaware-specific
+reactions (deferral, checkpointed preemption, migration off failing GPUs) share the simulation's state
+at every step; split, each part would reach into the others' fields.
 """
 
 from __future__ import annotations
