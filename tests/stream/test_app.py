@@ -18,7 +18,7 @@ from plumbing.kafka_settings import KafkaSettings
 from tests.support import fleet_batch as _batch
 from tests.support import produce as _produce
 from tests.support import watch as _watch
-from tests.test_stream_kafka import MINUTE_MS, _latest
+from tests.system.test_stream_workers import MINUTE_MS, _latest
 
 pytestmark = pytest.mark.timeout(300)
 ROUNDS = 40
