@@ -15,6 +15,7 @@ Three layers, each returning a list of human-readable problems (empty = fine):
 from __future__ import annotations
 
 import copy
+import functools
 import shutil
 import subprocess
 import sys
@@ -70,8 +71,14 @@ def third_party_crds() -> tuple[list[Doc], str]:
         files = third_party_crd_files()
     except CrdsMissing as exc:
         return [], str(exc)
-    docs = [d for path in files for d in yaml.safe_load_all(path.read_text())]
-    return [d for d in docs if d and d.get("kind") == "CustomResourceDefinition"], ""
+    return list(_parsed_crds(tuple((str(p), p.stat().st_mtime_ns) for p in files))), ""
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_crds(files: tuple[tuple[str, int], ...]) -> tuple[Doc, ...]:
+    # Strimzi's CRDs are megabytes of YAML: parsed once per process (keyed by path and mtime), not per check.
+    docs = [d for path, _ in files for d in yaml.safe_load_all(Path(path).read_text())]
+    return tuple(d for d in docs if d and d.get("kind") == "CustomResourceDefinition")
 
 
 def crd_schemas(docs: Iterable[Doc], extra_crds: Iterable[Doc] = ()) -> dict[tuple[str, str, str], Doc]:
@@ -115,12 +122,14 @@ def _errors(validator: jsonschema.protocols.Validator, doc: Doc) -> Iterator[str
 def schema_problems(docs: list[Doc], versions: Iterable[str] = KUBERNETES_VERSIONS) -> list[str]:
     extra, why_none = third_party_crds()
     crds = crd_schemas(docs, extra)
-    validators = {key: jsonschema.Draft4Validator(closed(s)) for key, s in crds.items()}
+    validators: dict[tuple[str, str, str], jsonschema.Draft4Validator] = {}  # compiled only for kinds present
     problems: list[str] = []
     for doc in docs:
         group, version = _group_version(doc)
         key = (group, version, str(doc.get("kind")))
-        if key in validators:
+        if key in crds:
+            if key not in validators:
+                validators[key] = jsonschema.Draft4Validator(closed(crds[key]))
             problems += [f"{ident(doc)}: {e}" for e in _errors(validators[key], doc)]
             continue
         for kube_version in versions:
