@@ -70,7 +70,9 @@ def _restart(kafka: KafkaSettings, tmp_path: Path, unique: str, store: str) -> t
         asyncio.run(_produce(kafka, [(topics.TELEMETRY, n.encode(), encode(b)) for n, b in last.items()]))
         states = asyncio.run(_watch(kafka, topics.GPU_STATE, all_at(ROUNDS, restarted_ms), keep))
         after = _latest([s for s in states if s.published_ms >= restarted_ms])
-        assert second.counter("gpuaware_stream_duplicate_samples_total") == len(mine)
+        # Every re-sent sample is a duplicate; so are records redelivered because the first worker stopped
+        # between two offset commits (Faust commits on an interval; Apache Kafka redelivers them, Tansu did not).
+        assert second.counter("gpuaware_stream_duplicate_samples_total") >= len(mine)
         return before, after, written, second.counter(RESTORED_ACTIVE)
     finally:
         second.stop()

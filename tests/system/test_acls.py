@@ -175,7 +175,7 @@ async def test_the_scheduler_reads_state_and_publishes_decisions_and_control(use
     feed = StateFeed(users[SCHEDULER], StateView())
     await feed.start()
     try:
-        await feed.catch_up(60)
+        await feed.catch_up()
         assert gpu in feed.view.gpus
     finally:
         await feed.stop()

@@ -38,7 +38,7 @@ from scheduler.kube.extender_access import server_context
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CRDS = REPO / "deploy" / "base" / "crds"
 SCHEDULER_YAML = REPO / "deploy" / "base" / "scheduler" / "scheduler.yaml"
 
@@ -139,7 +139,7 @@ async def test_kube_scheduler_binds_whole_and_fractional_gpu_pods_where_gpuaware
         live = LiveScheduler(KubeApi(client.ApiClient(cfg)), settings, None)
         await live.start()
         task = asyncio.create_task(live.run(stop))  # not leading: it only keeps the cache current
-        ext = RecordingExtender.from_settings(live.cache, live.core, lambda: True, settings)
+        ext = RecordingExtender.from_settings(live.cache, live.passes.core, lambda: True, settings)
         runner = web.AppRunner(ext.app(), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port, ssl_context=server_context(settings)).start()
