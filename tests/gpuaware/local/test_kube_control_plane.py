@@ -6,7 +6,6 @@ Skipped when the binaries are not built, except under ``CI=true``, where that is
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,19 +25,14 @@ from gpuaware.local.kube_control_plane import (
 )
 from gpuaware.local.processes import pid_alive
 from plumbing.kube.api import KubeApi, PodReplaced, connect
-from tests.support import REPO
+from tests.support import REPO, need
 
 CRDS = REPO / "deploy" / "base" / "crds"
 PINS = pinned_versions()
 
 
 def _need_binaries() -> None:
-    try:
-        find_binaries()
-    except BinariesMissing as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true and the real Kubernetes parts are missing: {exc}")
-        pytest.skip(str(exc))
+    need(find_binaries, BinariesMissing)  # skipped without them, failed under CI=true
 
 
 @pytest.fixture(scope="module")

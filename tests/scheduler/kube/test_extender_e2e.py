@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from aiohttp import web
 from kubernetes import client, config
@@ -37,6 +35,7 @@ from scheduler.kube.extender import Extender
 from scheduler.kube.extender_access import server_context
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
+from tests.support import need
 
 REPO = Path(__file__).resolve().parents[3]
 CRDS = REPO / "deploy" / "base" / "crds"
@@ -44,12 +43,7 @@ SCHEDULER_YAML = REPO / "deploy" / "base" / "scheduler" / "scheduler.yaml"
 
 
 def _need_binaries() -> None:
-    try:
-        find_binaries()
-    except BinariesMissing as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true and the real Kubernetes parts are missing: {exc}")
-        pytest.skip(str(exc))
+    need(find_binaries, BinariesMissing)  # skipped without them, failed under CI=true
 
 
 def shipped_scheduler_config(port: int, tls: dict[str, Path]) -> dict[str, Any]:
