@@ -8,10 +8,9 @@ raises :class:`CrdsMissing` naming the script.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from gpuaware.local.kube_control_plane import pinned_versions
+from gpuaware.local.realparts import cache_dir, pinned_versions
 
 BUILD_SCRIPT = "realparts/build-crds.sh"
 
@@ -22,7 +21,7 @@ class CrdsMissing(RuntimeError):
 
 def crd_dirs() -> dict[str, Path]:
     """``{"strimzi": dir, "prometheus-operator": dir}`` at the pinned versions (whether present or not)."""
-    cache = Path(os.environ.get("GPUAWARE_REALPARTS_CACHE") or Path.home() / ".cache" / "gpuaware" / "realparts")
+    cache = cache_dir()
     pins = pinned_versions()
     strimzi, promop = pins.get("STRIMZI_VERSION", "unknown"), pins.get("PROMETHEUS_OPERATOR_VERSION", "unknown")
     return {

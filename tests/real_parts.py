@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from deploy import crds
-from gpuaware.local import apache_kafka, kube_control_plane
+from gpuaware.local import apache_kafka, kube_control_plane, realparts
 
 
 def _first_line(*argv: str) -> str:
@@ -49,14 +49,14 @@ def survey() -> tuple[dict[str, str], dict[str, str]]:
         found["kube-apiserver"] = _word_after(_first_line(str(bins["kube-apiserver"]), "--version"), "Kubernetes")
         found["kube-scheduler"] = _word_after(_first_line(str(bins["kube-scheduler"]), "--version"), "Kubernetes")
         found["etcd"] = _word_after(_first_line(str(bins["etcd"]), "--version"), "Version:")
-        found["kwok"] = kube_control_plane.pinned_versions().get("KWOK_VERSION", "?")
+        found["kwok"] = realparts.pinned_versions().get("KWOK_VERSION", "?")
         found["kubectl"] = found["kube-apiserver"]
     try:
         crds.third_party_crd_files()
     except crds.CrdsMissing as exc:
         missing["crds"] = str(exc)
     else:
-        pins = kube_control_plane.pinned_versions()
+        pins = realparts.pinned_versions()
         found["strimzi-crds"] = pins.get("STRIMZI_VERSION", "?")
         found["prometheus-operator-crds"] = pins.get("PROMETHEUS_OPERATOR_VERSION", "?")
     for tool in ("promtool", "prometheus"):

@@ -40,15 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpuaware.local.processes import ChildProcess, free_port, port_in_use, wait_port_closed
+from gpuaware.local.processes import ChildProcess, free_port, port_in_use, tail, wait_port_closed
+from gpuaware.local.realparts import VERSIONS_ENV, cache_dir, pinned_versions
 from plumbing import kafka_admin
 from plumbing.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-REPO = Path(__file__).resolve().parents[2]
-VERSIONS_ENV = REPO / "realparts" / "versions.env"
 ADMIN = "admin"
 MECHANISM = "SCRAM-SHA-512"
 SCRAM_ITERATIONS = 4096
@@ -79,29 +78,18 @@ class Credentials:
 # ----------------------------------------------------------------------------- locating the parts
 
 
-def realparts_cache() -> Path:
-    """Where realparts/build.sh keeps the jars (outside the repository, shared by worktrees)."""
-    env = os.environ.get("GPUAWARE_REALPARTS_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "gpuaware" / "realparts"
-
-
 def pinned_version(key: str = "KAFKA_VERSION") -> str:
-    """A pin from realparts/versions.env (the one place versions are written)."""
-    try:
-        text = VERSIONS_ENV.read_text()
-    except OSError as exc:
-        raise ApacheKafkaError(f"cannot read {VERSIONS_ENV}: {exc}; run from a source checkout") from exc
-    for line in text.splitlines():
-        name, sep, value = line.strip().partition("=")
-        if sep and name == key:
-            return value.strip()
-    raise ApacheKafkaError(f"{key} is not pinned in {VERSIONS_ENV}")
+    """A pin from realparts/versions.env, or ApacheKafkaError naming the file."""
+    version = pinned_versions().get(key)
+    if not version:
+        raise ApacheKafkaError(f"{key} is not pinned in {VERSIONS_ENV}; run from a source checkout")
+    return version
 
 
 def kafka_libs(version: str | None = None) -> Path:
     """The directory of the broker's jars; a clear error naming realparts/build.sh when absent."""
     version = version or pinned_version()
-    home = realparts_cache() / f"kafka-{version}"
+    home = cache_dir() / f"kafka-{version}"
     libs = home / "libs"
     stamp = home / "VERSION"
     if not stamp.is_file() or stamp.read_text().strip() != version or not any(libs.glob("kafka_*.jar")):
@@ -530,8 +518,4 @@ class ApacheKafka:
         )
 
     def _server_log_tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.strip().splitlines()[-lines:])
+        return tail(self.log_path, lines)

@@ -45,6 +45,7 @@ from typing import Any
 import yaml
 
 from gpuaware.local.processes import ChildProcess, free_port
+from gpuaware.local.realparts import cache_dir, pinned_versions
 
 BUILD_SCRIPT = "realparts/build-kube.sh"
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubectl", "kwok")
@@ -70,34 +71,13 @@ class BinariesMissing(KubeControlPlaneError):
     """The pinned binaries are not built; ``realparts/build-kube.sh`` builds them."""
 
 
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
-
-
-def pinned_versions(versions_env: Path | None = None) -> dict[str, str]:
-    """The ``KEY=value`` pins of ``realparts/versions.env`` (empty when the file is not there)."""
-    path = versions_env or _repo_root() / "realparts" / "versions.env"
-    pins: dict[str, str] = {}
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return pins
-    for line in lines:
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, value = line.split("=", 1)
-            pins[key.strip()] = value.strip().strip("'\"")
-    return pins
-
-
 def default_bin_dir() -> Path:
     """``$GPUAWARE_KUBE_BIN_DIR``, else where ``realparts/build-kube.sh`` puts the pinned binaries."""
     explicit = os.environ.get("GPUAWARE_KUBE_BIN_DIR")
     if explicit:
         return Path(explicit)
-    cache = Path(os.environ.get("GPUAWARE_REALPARTS_CACHE") or Path.home() / ".cache" / "gpuaware" / "realparts")
     version = pinned_versions().get("KUBERNETES_VERSION", "unknown")
-    return cache / f"kube-{version}" / "bin"
+    return cache_dir() / f"kube-{version}" / "bin"
 
 
 def find_binaries(bin_dir: Path | str | None = None) -> dict[str, Path]:

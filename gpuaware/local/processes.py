@@ -109,11 +109,7 @@ class ChildProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def log_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.strip().splitlines()[-lines:])
+        return tail(self.log_path, lines)
 
     def stop(self, grace_s: float = 10.0) -> int | None:
         if self.proc is None:
@@ -190,3 +186,12 @@ def cpu_seconds(pid: int | None) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except OSError:
         return float("nan")
+
+
+def tail(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of a log file ("" when it cannot be read), for error messages."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])

@@ -21,9 +21,9 @@ from gpuaware.local.kube_control_plane import (
     BinariesMissing,
     KubeControlPlane,
     find_binaries,
-    pinned_versions,
 )
 from gpuaware.local.processes import pid_alive
+from gpuaware.local.realparts import pinned_versions
 from plumbing.kube.api import KubeApi, PodReplaced, connect
 from tests.support import REPO, need
 
