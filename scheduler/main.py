@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 
 from plumbing.kafka_settings import KafkaSettings
+from plumbing.signals import stop_on_signals
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
 from scheduler.wiring import build_scheduler
@@ -27,10 +27,6 @@ async def serve(kafka: KafkaSettings | None, settings: SchedulerSettings, metric
 def run_scheduler(kafka: KafkaSettings | None, settings: SchedulerSettings, metrics_host: str,
                   metrics_port: int) -> None:
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(kafka, settings, metrics_host, metrics_port, stop)
+        await serve(kafka, settings, metrics_host, metrics_port, stop_on_signals())
 
     asyncio.run(main())
