@@ -8,13 +8,13 @@ import os
 import socket
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from agent.collectors.base import Collector
-from agent.collectors.sim import SimCluster, load_scenario
+from agent.collectors.sim import SimCluster, SimCollector, load_scenario
 from agent.cordons import CordonWatcher
-from agent.exporter import AgentCollector
-from agent.podresources import PodResourcesWatcher
+from agent.exporter import AgentCollector, serve
+from agent.podresources import PodAttribution, PodResourcesWatcher
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy, load_policy
 from agent.settings import AgentSettings
@@ -37,12 +37,16 @@ def build_collectors(settings: AgentSettings) -> list[Collector]:
     return list(SimCluster(scenario).collectors())
 
 
-def serve_metrics(runtime: AgentRuntime, host: str, port: int, pods: PodResourcesWatcher | None = None) -> None:
+def serve_metrics(runtime: AgentRuntime, host: str, port: int, pods: PodAttribution | None = None,
+                  settings: AgentSettings | None = None) -> None:
     if port:
+        s = settings or AgentSettings()
         registry = CollectorRegistry()
-        registry.register(AgentCollector(runtime.cores, runtime.stats, pods.lookup if pods else None))
-        start_http_server(port, addr=host, registry=registry)
-        log.info("serving /metrics on %s:%d", host, port)
+        registry.register(AgentCollector(runtime.cores, runtime.stats, pods, s.metrics_schema,
+                                         s.dcgm_exporter == "beside"))
+        serve(registry, host, port)
+        log.info("serving /metrics on %s:%d (schema %s, DCGM families %s)", host, port, s.metrics_schema,
+                 "as gpuaware_dcgm_*" if s.dcgm_exporter == "beside" else "as DCGM_*")
 
 
 async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host: str, metrics_port: int,
@@ -57,7 +61,10 @@ async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host:
     pods = PodResourcesWatcher(settings.pod_resources_socket).start()
     if pods.available:
         log.info("mapping GPUs to pods through %s", settings.pod_resources_socket)
-    serve_metrics(runtime, metrics_host, metrics_port, pods)
+    # The simulator is its own kubelet: pods on the GPUs its scenario marks shared.
+    sims = {c.cluster for c in collectors if isinstance(c, SimCollector)}
+    attribution: PodAttribution = sims.pop().attribution() if sims else pods
+    serve_metrics(runtime, metrics_host, metrics_port, attribution, settings)
     log.info("agent running: %d node(s), %d GPU(s), collector %s", len(runtime.cores),
              sum(len(c.devices) for c in runtime.cores), settings.collector)
     try:

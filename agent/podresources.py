@@ -1,23 +1,65 @@
-"""Which pod owns which GPU, from the kubelet PodResources API (``v1.PodResourcesLister/List``).
+"""Which pods hold which GPU, from the kubelet PodResources API (``v1.PodResourcesLister/List``),
+and which pod a GPU process belongs to, from its cgroup.
 
-The kubelet serves it over gRPC on a unix socket (``/var/lib/kubelet/pod-resources/kubelet.sock``,
+The kubelet serves the API over gRPC on a unix socket (``/var/lib/kubelet/pod-resources/kubelet.sock``,
 mounted read-only into the agent). The response is decoded with a small protobuf reader for the
 few fields used here, so no generated stubs are needed. A background thread refreshes the map;
-the scrape path only reads a dict.
+the scrape path only reads a dict. Time-sliced GPUs appear once per replica (``GPU-<uuid>::<n>``),
+so a GPU maps to a list of pods.
+
+Per-pod values on a shared GPU follow dcgm-exporter's per-process accounting: NVML's running
+processes, each PID's pod UID from ``/proc/<pid>/cgroup`` (the kubelet names pod cgroups
+``...pod<uid>...``), summed per pod. PodResources names pods but carries no UID, so the UID of a
+listed pod comes from ``uids`` (``(namespace, name) -> uid``), filled by whoever can read the
+pods of the node; without it a shared GPU is exported once, without pod labels, never copied to
+every pod.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST_METHOD = "/v1.PodResourcesLister/List"
 GPU_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-")
+POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    name: str
+    namespace: str
+    container: str
+    uid: str = ""
+
+
+class PodAttribution(Protocol):
+    """What the exporter asks: the pods holding a GPU, and the pod (UID) a process belongs to."""
+
+    def pods(self, uuid: str) -> list[PodRef]: ...
+
+    def uid_of_pid(self, pid: int) -> str | None: ...
+
+
+def pod_uid_from_cgroup(text: str) -> str | None:
+    """The pod UID in a ``/proc/<pid>/cgroup`` file (v1 or v2; systemd writes ``_`` for ``-``)."""
+    m = POD_UID.search(text)
+    return m.group(1).replace("_", "-") if m else None
+
+
+def pod_uid_of_pid(pid: int, proc: str = "/proc") -> str | None:
+    try:
+        return pod_uid_from_cgroup(Path(proc, str(pid), "cgroup").read_text())
+    except OSError:  # gone, or not visible from this PID namespace (the DaemonSet needs hostPID)
+        return None
 
 
 class ProtobufError(ValueError):
@@ -74,13 +116,14 @@ def _text(message: dict[int, list[bytes | int]], number: int) -> str:
     return values[-1].decode() if values and isinstance(values[-1], bytes) else ""
 
 
-def parse_list_response(data: bytes) -> dict[str, tuple[str, str, str]]:
-    """GPU device id (UUID) -> (pod, namespace, container) from a ListPodResourcesResponse.
+def parse_list_response(data: bytes) -> dict[str, list[tuple[str, str, str]]]:
+    """GPU UUID -> the (pod, namespace, container)s holding it, from a ListPodResourcesResponse.
 
     PodResources{1 name, 2 namespace, 3 containers}; ContainerResources{1 name, 2 devices};
-    ContainerDevices{1 resource_name, 2 device_ids}.
+    ContainerDevices{1 resource_name, 2 device_ids}. A time-sliced replica id ``<uuid>::<n>`` is
+    its GPU.
     """
-    owners: dict[str, tuple[str, str, str]] = {}
+    owners: dict[str, list[tuple[str, str, str]]] = {}
     for pod_bytes in _by_number(data).get(1, []):
         pod = _by_number(pod_bytes)
         for container_bytes in pod.get(3, []):
@@ -89,18 +132,24 @@ def parse_list_response(data: bytes) -> dict[str, tuple[str, str, str]]:
                 device = _by_number(device_bytes)
                 if _text(device, 1).startswith(GPU_RESOURCES):
                     for device_id in device.get(2, []):
-                        owners[device_id.decode()] = (_text(pod, 1), _text(pod, 2), _text(container, 1))
+                        holders = owners.setdefault(device_id.decode().split("::")[0], [])
+                        owner = (_text(pod, 1), _text(pod, 2), _text(container, 1))
+                        if owner not in holders:
+                            holders.append(owner)
     return owners
 
 
 class PodResourcesWatcher:
-    """Keeps a GPU -> pod map fresh in a thread; ``lookup`` is what the exporter calls."""
+    """Keeps a GPU -> pods map fresh in a thread: a :class:`PodAttribution` for the exporter."""
 
-    def __init__(self, socket_path: str = DEFAULT_SOCKET, every_s: float = 10.0, timeout_s: float = 5.0):
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, every_s: float = 10.0, timeout_s: float = 5.0,
+                 proc: str = "/proc"):
         self.socket_path = socket_path
         self.every_s = every_s
         self.timeout_s = timeout_s
-        self.owners: dict[str, tuple[str, str, str]] = {}
+        self.proc = proc
+        self.owners: dict[str, list[tuple[str, str, str]]] = {}
+        self.uids: dict[tuple[str, str], str] = {}  # (namespace, name) -> pod UID, where known
         self.errors = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -136,5 +185,9 @@ class PodResourcesWatcher:
         if self._thread:
             self._thread.join(timeout=self.timeout_s + 1)
 
-    def lookup(self, uuid: str) -> tuple[str, str, str] | None:
-        return self.owners.get(uuid)
+    def pods(self, uuid: str) -> list[PodRef]:
+        return [PodRef(name, ns, container, self.uids.get((ns, name), ""))
+                for name, ns, container in self.owners.get(uuid, ())]
+
+    def uid_of_pid(self, pid: int) -> str | None:
+        return pod_uid_of_pid(pid, self.proc)

@@ -39,6 +39,7 @@ class GpuDevice:
     nvlink_peers: list[str] = field(default_factory=list)
     mig_enabled: bool | None = None
     gpm_supported: bool = False
+    driver_version: str = ""
 
     @property
     def device(self) -> str:
@@ -49,6 +50,18 @@ class GpuDevice:
 class GpuProcess:
     pid: int
     used_mib: int | None
+    sm_util: float | None = None  # % of the GPU's SMs over NVML's last process-utilisation window
+
+
+@dataclass(slots=True)
+class MigReading:
+    """One MIG GPU instance (DCGM's ``GPU_I_ID``/``GPU_I_PROFILE`` labels)."""
+
+    gi_id: int
+    profile: str  # e.g. "3g.40gb"
+    fb_used_mib: float | None = None
+    fb_free_mib: float | None = None
+    gr_engine_active: float | None = None  # ratio 0-1 (GPM, Hopper+)
 
 
 @dataclass(slots=True)
@@ -82,9 +95,15 @@ class Reading:
     pcie_rx_kib_s: int | None = None
     pcie_replays: int | None = None
     nvlink_crc_errors: int | None = None
+    util_enc: float | None = None
+    util_dec: float | None = None
+    fb_reserved_mib: float | None = None
+    nvlink_bandwidth_kib: int | None = None  # counter, all links, TX + RX
     processes: list[GpuProcess] | None = None
     mig_instances: int | None = None
-    # Profiling metrics (GPM on Hopper+), in DCGM's units: ratios 0-1 and bytes/s.
+    mig: list[MigReading] | None = None
+    # Profiling metrics (GPM on Hopper+), in DCGM's units: ratios 0-1 and bytes/s. PCIe bytes/s come
+    # from nvmlDeviceGetPcieThroughput where there is no GPM.
     prof_gr_engine_active: float | None = None
     prof_sm_active: float | None = None
     prof_sm_occupancy: float | None = None

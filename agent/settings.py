@@ -22,5 +22,11 @@ class AgentSettings(BaseModel):
                                  description="how often the node's cordoned-GPU annotation is read (0: never)")
     api_server: str | None = Field(None, description="Kubernetes API URL for reading the node; default: in-cluster "
                                                       "config when running in a pod, else no reads")
+    metrics_schema: Literal["dcgm-legacy", "dcgm-4.9"] = Field(
+        "dcgm-legacy", description="DCGM families as dcgm-exporter <= 4.8 writes them (%, MiB, MHz, mJ; Hostname, "
+                                   "DCGM_FI_DRIVER_VERSION) or as 4.9 (ratios, bytes, Hz, J; hostname, driver_version)")
+    dcgm_exporter: Literal["replace", "beside"] = Field(
+        "replace", description="replace: the agent exports DCGM_* itself; beside: the GPU Operator's dcgm-exporter "
+                               "runs too and the agent's copies are named gpuaware_dcgm_* so nothing counts twice")
     pod_resources_socket: str = Field("/var/lib/kubelet/pod-resources/kubelet.sock",
                                       description="kubelet PodResources API; GPU metrics get pod labels when present")

@@ -13,13 +13,14 @@ import tempfile
 import time
 
 import cramjam
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from agent.collectors.sim import SimCluster, load_scenario
-from agent.exporter import DCGM_FIELDS, AgentCollector
+from agent.exporter import AgentCollector, render
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy
 from contract import events, topics
+from contract.dcgm import FAMILIES
 from plumbing.kafka_settings import KafkaSettings
 
 
@@ -69,8 +70,8 @@ async def _run(kafka: KafkaSettings, seconds: float, warmup: float, gpus: int) -
         await task
     registry = CollectorRegistry()
     registry.register(AgentCollector(runtime.cores, runtime.stats))
-    text = generate_latest(registry).decode()
-    dcgm_names = {name for name, *_ in DCGM_FIELDS} | {"DCGM_FI_DEV_XID_ERRORS"}
+    text = render(registry).decode()
+    dcgm_names = set(FAMILIES)
     dcgm_text = "".join(line + "\n" for line in text.splitlines()
                         if any(line.startswith(n) or line.startswith(f"# HELP {n} ") or line.startswith(f"# TYPE {n} ")
                                for n in dcgm_names))

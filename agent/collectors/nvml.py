@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from agent.readings import GpuDevice, GpuLost, GpuProcess, Reading, XidEvent
+from agent.readings import GpuDevice, GpuLost, GpuProcess, MigReading, Reading, XidEvent
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,6 +44,8 @@ class NvmlCollector:
         ("NVML_FI_DEV_PCIE_REPLAY_COUNTER", "pcie_replays"),
         ("NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "nvlink_crc_errors"),
         ("NVML_FI_DEV_MEMORY_TEMP", "mem_temp_c"),
+        ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", "nvlink_tx_kib"),
+        ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", "nvlink_rx_kib"),
     ]
     WATCH_FIELDS = {"ecc_sbe_volatile", "ecc_dbe_volatile"}
 
@@ -59,8 +61,13 @@ class NvmlCollector:
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
         self._field_ids = [(getattr(pynvml, n), attr) for n, attr in self.FIELDS if hasattr(pynvml, n)]
         self._watch_ids = [(fid, attr) for fid, attr in self._field_ids if attr in self.WATCH_FIELDS]
+        try:
+            self._driver = _s(pynvml.nvmlSystemGetDriverVersion())
+        except pynvml.NVMLError:
+            self._driver = ""
         self._devices = [self._static(i, h) for i, h in enumerate(self.handles)]
         self._gpm_prev: dict[int, Any] = {}
+        self._proc_util_ts: dict[int, int] = {}
         self._xids: list[XidEvent] = []
         self._xid_lock = threading.Lock()
         self._stop = threading.Event()
@@ -88,7 +95,7 @@ class NvmlCollector:
                              pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
         mig = self._try(pynvml.nvmlDeviceGetMigMode, h)
         gpm = self._try(pynvml.nvmlGpmQueryDeviceSupport, h) if hasattr(pynvml, "nvmlGpmQueryDeviceSupport") else None
-        bus = pci.busIdLegacy if pci is not None and hasattr(pci, "busIdLegacy") else getattr(pci, "busId", "")
+        bus = getattr(pci, "busId", "")  # DCGM's form: 8-digit domain (busIdLegacy has 4)
         return GpuDevice(
             uuid=_s(pynvml.nvmlDeviceGetUUID(h)), index=index, model=_s(pynvml.nvmlDeviceGetName(h)),
             pci_bus_id=_s(bus), fb_total_mib=int(mem.total // 2**20) if mem else 0,
@@ -98,6 +105,7 @@ class NvmlCollector:
             shutdown_temp_c=float(shutdown) if shutdown else None,
             nvlink_peers=self._nvlink_peers(h), mig_enabled=bool(mig[0]) if mig else None,
             gpm_supported=bool(getattr(gpm, "isSupportedDevice", 0)) if gpm is not None else False,
+            driver_version=self._driver,
         )
 
     def _nvlink_peers(self, h: Any) -> list[str]:
@@ -126,6 +134,8 @@ class NvmlCollector:
         mem = self._try(pynvml.nvmlDeviceGetMemoryInfo, h)
         if mem is not None:
             r.fb_used_mib, r.fb_free_mib = mem.used / 2**20, mem.free / 2**20
+            if full and hasattr(mem, "reserved"):
+                r.fb_reserved_mib = mem.reserved / 2**20
         temp = self._try(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU)
         r.temp_c = float(temp) if temp is not None else None
         power = self._try(pynvml.nvmlDeviceGetPowerUsage, h)
@@ -145,20 +155,54 @@ class NvmlCollector:
         if remap is not None:
             r.remapped_rows_correctable, r.remapped_rows_uncorrectable = int(remap[0]), int(remap[1])
             r.remap_failure = bool(remap[3])
+        enc = self._try(pynvml.nvmlDeviceGetEncoderUtilization, h)
+        dec = self._try(pynvml.nvmlDeviceGetDecoderUtilization, h)
+        r.util_enc = float(enc[0]) if enc is not None else None
+        r.util_dec = float(dec[0]) if dec is not None else None
         if not self._devices[index].gpm_supported:
             # Each call blocks ~20 ms while NVML samples the bus (measured on an H100); GPM gives the
-            # same figure for free where it exists.
+            # same figure for free where it exists. Exported as DCGM_FI_PROF_PCIE_{TX,RX}_BYTES.
             r.pcie_tx_kib_s = self._try(pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
             r.pcie_rx_kib_s = self._try(pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+            r.prof_pcie_tx_bytes = r.pcie_tx_kib_s * 1024.0 if r.pcie_tx_kib_s is not None else None
+            r.prof_pcie_rx_bytes = r.pcie_rx_kib_s * 1024.0 if r.pcie_rx_kib_s is not None else None
         procs = self._try(pynvml.nvmlDeviceGetComputeRunningProcesses, h)
         if procs is not None:
-            r.processes = [GpuProcess(p.pid, p.usedGpuMemory // 2**20 if p.usedGpuMemory else None) for p in procs]
+            util = self._process_util(index, h)
+            r.processes = [GpuProcess(p.pid, p.usedGpuMemory // 2**20 if p.usedGpuMemory else None,
+                                      util.get(p.pid)) for p in procs]
         if self._devices[index].mig_enabled:
             count = self._try(pynvml.nvmlDeviceGetMaxMigDeviceCount, h)
             r.mig_instances = count
+            r.mig = self._mig(h, count or 0)
         if self._devices[index].gpm_supported:
             self._read_gpm(index, h, r)
         return r
+
+    def _process_util(self, index: int, h: Any) -> dict[int, float]:
+        """Per-PID SM utilisation (%) since the previous full read (nvmlDeviceGetProcessUtilization)."""
+        since = self._proc_util_ts.get(index, 0)
+        samples = self._try(pynvml.nvmlDeviceGetProcessUtilization, h, since) or []
+        out: dict[int, float] = {}
+        for s in samples:
+            out[s.pid] = max(out.get(s.pid, 0.0), float(s.smUtil))
+            self._proc_util_ts[index] = max(self._proc_util_ts.get(index, 0), int(s.timeStamp))
+        return out
+
+    def _mig(self, h: Any, count: int) -> list[MigReading]:
+        """Each MIG device's GPU instance, profile (from its name, "... MIG 3g.40gb") and memory."""
+        out = []
+        for i in range(count):
+            mh = self._try(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
+            if mh is None:
+                continue
+            gi = self._try(pynvml.nvmlDeviceGetGpuInstanceId, mh)
+            name = _s(self._try(pynvml.nvmlDeviceGetName, mh) or "")
+            mem = self._try(pynvml.nvmlDeviceGetMemoryInfo, mh)
+            out.append(MigReading(gi_id=int(gi or 0), profile=name.rsplit("MIG ", 1)[-1],
+                                  fb_used_mib=mem.used / 2**20 if mem else None,
+                                  fb_free_mib=mem.free / 2**20 if mem else None))
+        return out
 
     def _read_fields(self, h: Any, r: Reading, fields: list[tuple[int, str]]) -> None:
         if not fields:
@@ -172,6 +216,8 @@ class NvmlCollector:
             value = _field_value(v)
             if attr == "mem_temp_c":
                 setattr(r, attr, float(value) if value else None)  # 0 means no HBM sensor
+            elif attr.startswith("nvlink_") and attr.endswith("x_kib"):  # TX + RX: DCGM's bandwidth total
+                r.nvlink_bandwidth_kib = (r.nvlink_bandwidth_kib or 0) + int(value)
             else:
                 setattr(r, attr, int(value))
 

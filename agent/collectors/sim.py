@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agent import traces
+from agent.podresources import PodRef
 from agent.readings import (
     THROTTLE_GPU_IDLE,
     THROTTLE_HW_SLOWDOWN,
@@ -31,6 +32,7 @@ from agent.readings import (
     GpuDevice,
     GpuLost,
     GpuProcess,
+    MigReading,
     Reading,
     XidEvent,
 )
@@ -48,15 +50,24 @@ class ModelSpec:
     mem_clock_mhz: int
     c_per_w: float  # steady-state temperature rise per watt
     nvlink: bool
+    arch: str
+    # NVML GPM (the DCGM_FI_PROF_* source without DCGM) exists on Hopper and newer only.
+    gpm: bool
+    fb_reserved_mib: int  # what the driver keeps back (nvmlDeviceGetMemoryInfo_v2 "reserved")
+    pcie_gbs: float  # PCIe host link, GB/s per direction
 
 
 MODELS: dict[str, ModelSpec] = {
-    "H100": ModelSpec("NVIDIA H100 80GB HBM3", 81559, 700, 70, 87, 92, 1980, 2619, 0.045, True),
-    "A100": ModelSpec("NVIDIA A100-SXM4-80GB", 81920, 400, 55, 85, 92, 1410, 1593, 0.075, True),
-    "V100": ModelSpec("Tesla V100-SXM2-32GB", 32768, 300, 40, 84, 90, 1530, 877, 0.10, True),
-    "T4": ModelSpec("Tesla T4", 15360, 70, 10, 85, 94, 1590, 5001, 0.45, False),
-    "L4": ModelSpec("NVIDIA L4", 23034, 72, 12, 87, 95, 2040, 6251, 0.42, False),
+    "H100": ModelSpec("NVIDIA H100 80GB HBM3", 81559, 700, 70, 87, 92, 1980, 2619, 0.045, True, "Hopper", True, 553,
+                      64),
+    "A100": ModelSpec("NVIDIA A100-SXM4-80GB", 81920, 400, 55, 85, 92, 1410, 1593, 0.075, True, "Ampere", False, 536,
+                      32),
+    "V100": ModelSpec("Tesla V100-SXM2-32GB", 32768, 300, 40, 84, 90, 1530, 877, 0.10, True, "Volta", False, 309, 16),
+    "T4": ModelSpec("Tesla T4", 15360, 70, 10, 85, 94, 1590, 5001, 0.45, False, "Turing", False, 255, 16),
+    "L4": ModelSpec("NVIDIA L4", 23034, 72, 12, 87, 95, 2040, 6251, 0.42, False, "Ada Lovelace", False, 310, 32),
 }
+DRIVER_VERSION = "550.163.01"
+NVLINK_KIB_PER_S_BUSY = 100e6  # ~100 GB/s of NVLink traffic at 100% utilisation
 
 AMBIENT_C = 30.0
 THERMAL_TAU_S = 40.0
@@ -107,6 +118,10 @@ class Scenario(BaseModel):
         default_factory=lambda: ["trace"], min_length=1,
         description="per GPU, cycled: 'trace' replays GenTD26; the others are synthetic workload kinds")
     faults: list[Fault] = Field(default_factory=list)
+    mig: dict[int, list[str]] = Field(
+        default_factory=dict, description="GPU index (on every node) -> MIG profiles of its GPU instances")
+    shared: dict[int, int] = Field(
+        default_factory=dict, description="GPU index (on every node) -> pods time-sharing it (per-pod attribution)")
     library: bool = Field(True, description="part of the evaluation library (eval sampling, fault tests)")
 
     @model_validator(mode="after")
@@ -184,6 +199,9 @@ class SimGpu:
         self.dead = False
         self.pending_xids: list[XidEvent] = []
         self.sm_clock = self.spec.sm_clock_max_mhz
+        self.nvlink_kib = 0.0
+        self.mig_profiles = scenario.mig.get(index, [])
+        self.pods = scenario.shared.get(index, 0)
 
     def _series_at(self, series: np.ndarray, t: float) -> float:
         pos = (self.offset_min + t / 60.0) % len(series)
@@ -236,6 +254,8 @@ class SimGpu:
         self.throttle = throttle
         self.sm_clock = int(spec.sm_clock_max_mhz * (0.6 if throttle & ~THROTTLE_GPU_IDLE else 1.0))
         self.energy_mj += power * 1000.0
+        if spec.nvlink:
+            self.nvlink_kib += util / 100.0 * NVLINK_KIB_PER_S_BUSY
         for f in self._active("ecc_sbe_storm", s):
             self.ecc_sbe += int(f.rate_per_s)
         for _ in self._onset("ecc_dbe", s):
@@ -285,13 +305,48 @@ class SimGpu:
             r.ecc_dbe_aggregate = self.ecc_dbe
             r.retired_pages_dbe = self.retired_dbe
             r.pcie_replays = 0
-            r.processes = [GpuProcess(10_000 + self.gid, int(self.mem))] if self.mem > 0 else []
+            r.util_enc, r.util_dec = 0.0, 0.0
+            r.fb_reserved_mib = spec.fb_reserved_mib
+            r.nvlink_bandwidth_kib = int(self.nvlink_kib) if spec.nvlink else None
+            r.processes = self._processes()
             busy = self.util / 100.0
-            r.prof_gr_engine_active = round(busy, 3)
-            r.prof_sm_active = round(busy * 0.8, 3)
-            r.prof_tensor_active = round(busy * 0.4, 3)
-            r.prof_dram_active = round(busy * self.mem_bw_share, 3)
+            # Host traffic follows the workload: a few percent of the link while busy.
+            pcie_kib_s = int(spec.pcie_gbs * 1e6 * (0.002 + 0.05 * busy))
+            if spec.gpm:
+                r.prof_gr_engine_active = round(busy, 3)
+                r.prof_sm_active = round(busy * 0.8, 3)
+                r.prof_tensor_active = round(busy * 0.4, 3)
+                r.prof_dram_active = round(busy * self.mem_bw_share, 3)
+                r.prof_pcie_tx_bytes = r.prof_pcie_rx_bytes = float(pcie_kib_s * 1024)
+            else:  # nvmlDeviceGetPcieThroughput, as the NVML collector reads it without GPM
+                r.pcie_tx_kib_s = r.pcie_rx_kib_s = pcie_kib_s
+                r.prof_pcie_tx_bytes = r.prof_pcie_rx_bytes = float(pcie_kib_s * 1024)
+            if self.mig_profiles:
+                r.mig_instances = len(self.mig_profiles)
+                r.mig = self._mig(busy)
         return r
+
+    def pid(self, j: int) -> int:
+        return 10_000 + self.gid * 16 + j if self.pods > 1 else 10_000 + self.gid
+
+    def _processes(self) -> list[GpuProcess]:
+        if self.mem <= 0:
+            return []
+        if self.pods <= 1:
+            return [GpuProcess(self.pid(0), int(self.mem), round(self.util, 1))]
+        # Time-shared: unequal, deterministic shares of the GPU's work and memory, one process per pod.
+        weights = [j + 1 for j in range(self.pods)]
+        total = sum(weights)
+        return [GpuProcess(self.pid(j), int(self.mem * w / total), round(self.util * w / total, 1))
+                for j, w in enumerate(weights)]
+
+    def _mig(self, busy: float) -> list[MigReading]:
+        n = len(self.mig_profiles)
+        share = (self.spec.fb_total_mib - self.spec.fb_reserved_mib) / n
+        return [MigReading(gi_id=g + 1, profile=p, fb_used_mib=round(min(share, self.mem / n)),
+                           fb_free_mib=round(share - min(share, self.mem / n)),
+                           gr_engine_active=round(busy, 3) if self.spec.gpm else None)
+                for g, p in enumerate(self.mig_profiles)]
 
 
 class SimCluster:
@@ -321,10 +376,37 @@ class SimCluster:
     def collectors(self) -> list[SimCollector]:
         return [self.node(n) for n in range(self.scenario.nodes)]
 
+    def attribution(self) -> SimPods:
+        return SimPods(self)
+
     def true_util(self, n: int, g: int, t: float) -> float:
         gpu = self.gpus[n][g]
         gpu.advance_to(t, self.epoch)
         return gpu.util
+
+
+class SimPods:
+    """The kubelet and /proc of the simulated nodes: which pods share a GPU and which pod owns a PID.
+
+    Only GPUs the scenario marks ``shared`` have pods (one process each), so the per-pod split is
+    exercised the way dcgm-exporter's per-process accounting does it on a time-shared GPU.
+    """
+
+    def __init__(self, cluster: SimCluster):
+        self._pods: dict[str, list[PodRef]] = {}
+        self._uids: dict[int, str] = {}
+        for row in cluster.gpus:
+            for g in row:
+                for j in range(g.pods):
+                    uid = f"{zlib.crc32(g.uuid.encode()):08x}-0000-4000-8000-{g.gid:08x}{j:04x}"
+                    self._pods.setdefault(g.uuid, []).append(PodRef(f"{g.workload}-{g.gid}-{j}", "sim", "main", uid))
+                    self._uids[g.pid(j)] = uid
+
+    def pods(self, uuid: str) -> list[PodRef]:
+        return self._pods.get(uuid, [])
+
+    def uid_of_pid(self, pid: int) -> str | None:
+        return self._uids.get(pid)
 
 
 class SimCollector:
@@ -343,7 +425,8 @@ class SimCollector:
                 uuid=g.uuid, index=g.index, model=spec.name, pci_bus_id=f"00000000:{0x18 + g.index * 0x10:02X}:00.0",
                 fb_total_mib=spec.fb_total_mib, power_limit_w=spec.board_power_w, power_max_w=spec.board_power_w,
                 idle_power_w=spec.idle_power_w, slowdown_temp_c=spec.slowdown_temp_c,
-                shutdown_temp_c=spec.shutdown_temp_c, nvlink_peers=peers, mig_enabled=False, gpm_supported=True,
+                shutdown_temp_c=spec.shutdown_temp_c, nvlink_peers=peers, mig_enabled=bool(g.mig_profiles),
+                gpm_supported=spec.gpm, driver_version=DRIVER_VERSION,
             ))
         return out
 

@@ -7,13 +7,21 @@ from concurrent import futures
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.collectors.sim import SimCluster, load_scenario
 from agent.core import AgentCore
-from agent.exporter import AgentCollector, AgentStats
-from agent.podresources import LIST_METHOD, PodResourcesWatcher, ProtobufError, parse_list_response
+from agent.exporter import AgentCollector, AgentStats, render
+from agent.podresources import (
+    LIST_METHOD,
+    PodRef,
+    PodResourcesWatcher,
+    ProtobufError,
+    parse_list_response,
+    pod_uid_from_cgroup,
+    pod_uid_of_pid,
+)
 from agent.sampling import SamplingPolicy
 
 
@@ -66,7 +74,7 @@ def kubelet(tmp_path):
 def test_parse_keeps_gpu_devices_only():
     data = list_response([("train-0", "ml", "main", "nvidia.com/gpu", ["GPU-a", "GPU-b"]),
                           ("web", "default", "app", "example.com/fpga", ["fpga-0"])])
-    assert parse_list_response(data) == {"GPU-a": ("train-0", "ml", "main"), "GPU-b": ("train-0", "ml", "main")}
+    assert parse_list_response(data) == {"GPU-a": [("train-0", "ml", "main")], "GPU-b": [("train-0", "ml", "main")]}
     with pytest.raises(ProtobufError):
         parse_list_response(data[:-3])
 
@@ -83,20 +91,47 @@ def test_gpu_metrics_carry_the_pod_that_holds_the_gpu(kubelet):
     watcher = PodResourcesWatcher(sock, every_s=0.1).start()
     try:
         deadline = time.monotonic() + 10
-        while watcher.lookup(gpu0) is None and time.monotonic() < deadline:
+        while not watcher.pods(gpu0) and time.monotonic() < deadline:
             time.sleep(0.05)
         registry = CollectorRegistry()
-        registry.register(AgentCollector([core], AgentStats(), watcher.lookup))
-        util = next(f for f in text_string_to_metric_families(generate_latest(registry).decode())
+        registry.register(AgentCollector([core], AgentStats(), watcher))
+        util = next(f for f in text_string_to_metric_families(render(registry).decode())
                     if f.name == "DCGM_FI_DEV_GPU_UTIL")
         by_gpu = {s.labels["UUID"]: s.labels for s in util.samples}
         assert (by_gpu[gpu0]["pod"], by_gpu[gpu0]["namespace"], by_gpu[gpu0]["container"]) == ("train-0", "ml", "main")
-        assert by_gpu[core.devices[1].uuid]["pod"] == ""
+        assert "pod" not in by_gpu[core.devices[1].uuid]
     finally:
         watcher.stop()
 
 
 def test_a_missing_socket_means_no_pod_labels(tmp_path):
     watcher = PodResourcesWatcher(str(tmp_path / "absent.sock")).start()
-    assert not watcher.available and watcher.lookup("GPU-x") is None
+    assert not watcher.available and watcher.pods("GPU-x") == []
     watcher.stop()
+
+
+def test_time_sliced_replicas_are_one_gpu_held_by_several_pods():
+    data = list_response([("a", "ml", "main", "nvidia.com/gpu", ["GPU-a::0"]),
+                          ("b", "ml", "main", "nvidia.com/gpu", ["GPU-a::1", "GPU-a::2"])])
+    assert parse_list_response(data) == {"GPU-a": [("a", "ml", "main"), ("b", "ml", "main")]}
+    watcher = PodResourcesWatcher("/nonexistent")
+    watcher.owners = parse_list_response(data)
+    watcher.uids[("ml", "b")] = "u-b"
+    assert watcher.pods("GPU-a") == [PodRef("a", "ml", "main", ""), PodRef("b", "ml", "main", "u-b")]
+
+
+UID = "1c2d3e4f-1111-2222-3333-444455556666"
+
+
+@pytest.mark.parametrize("cgroup", [
+    f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID.replace('-', '_')}.slice/"
+    "cri-containerd-abc.scope\n",  # cgroup v2, systemd driver
+    f"12:memory:/kubepods/besteffort/pod{UID}/0123abcd\n11:cpu:/kubepods/besteffort/pod{UID}/0123abcd\n",  # v1
+])
+def test_a_process_pod_uid_comes_from_its_cgroup(cgroup, tmp_path):
+    assert pod_uid_from_cgroup(cgroup) == UID
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "cgroup").write_text(cgroup)
+    assert pod_uid_of_pid(42, str(tmp_path)) == UID
+    assert pod_uid_of_pid(43, str(tmp_path)) is None
+    assert pod_uid_from_cgroup("0::/user.slice/session-1.scope\n") is None

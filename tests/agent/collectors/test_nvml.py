@@ -61,6 +61,11 @@ class FakeNvml:
         monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
         monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: len(self.gpus))
         monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: self.gpus[i])
+        monkeypatch.setattr(pynvml, "nvmlSystemGetDriverVersion", lambda: b"550.163.01")
+        fn("nvmlDeviceGetEncoderUtilization", lambda h: (3, 167_000))
+        fn("nvmlDeviceGetDecoderUtilization", lambda h: (9, 167_000))
+        fn("nvmlDeviceGetProcessUtilization", lambda h, since: [
+            SimpleNamespace(pid=42, smUtil=80, memUtil=30, timeStamp=since + 1)])
         fn("nvmlDeviceGetUUID", lambda h: h.uuid.encode(), lambda h: h.uuid)
         fn("nvmlDeviceGetName", lambda h: b"NVIDIA H100 80GB HBM3", lambda h: "Tesla T4")
         fn("nvmlDeviceGetMemoryInfo", lambda h: SimpleNamespace(total=80 * 1024 * MIB, used=1024 * MIB,
@@ -164,7 +169,8 @@ def test_static_facts_of_both_gpus(nvml):
     _, c, _ = nvml
     full, partial = c.devices()
     assert (full.uuid, full.model, full.pci_bus_id, full.fb_total_mib) == (
-        "GPU-fake-0", "NVIDIA H100 80GB HBM3", "0000:17:00.0", 80 * 1024)
+        "GPU-fake-0", "NVIDIA H100 80GB HBM3", "00000000:17:00.0", 80 * 1024)  # DCGM's 8-digit domain
+    assert full.driver_version == partial.driver_version == "550.163.01"
     assert (full.power_limit_w, full.power_max_w, full.slowdown_temp_c, full.shutdown_temp_c) == (700, 700, 87, 92)
     assert full.mig_enabled is False and full.gpm_supported and full.nvlink_peers == []
     assert (partial.uuid, partial.model, partial.pci_bus_id, partial.fb_total_mib) == (
@@ -183,7 +189,8 @@ def test_readings_in_the_agents_units(nvml):
     full = c.read(0, full=True)
     assert (full.sm_clock_mhz, full.mem_clock_mhz, full.power_limit_w, full.energy_mj) == (1980, 2619, 700, 123456789)
     assert (full.pcie_replays, full.mem_temp_c, full.remapped_rows_correctable, full.remap_failure) == (5, 52, 1, False)
-    assert [(p.pid, p.used_mib) for p in full.processes] == [(42, 2048)]
+    assert [(p.pid, p.used_mib, p.sm_util) for p in full.processes] == [(42, 2048, 80)]
+    assert (full.util_enc, full.util_dec) == (3, 9)
     assert full.pcie_tx_kib_s is None  # GPM gives PCIe bytes on this GPU: the slow call is skipped
     second = c.read(0, full=True)  # two GPM samples make a rate
     assert second.prof_sm_active == 0.5 and second.prof_pcie_tx_bytes == 50.0 * MIB
@@ -196,7 +203,9 @@ def test_what_a_gpu_does_not_support_is_none_never_zero(nvml):
     for attr in ("power_w", "energy_mj", "ecc_sbe_volatile", "ecc_dbe_volatile", "pcie_replays", "mem_temp_c",
                  "remapped_rows_correctable", "remap_failure", "prof_sm_active"):
         assert getattr(r, attr) is None, attr
-    assert r.pcie_tx_kib_s == 7 and r.processes == []
+    assert r.pcie_tx_kib_s == 7 and r.processes == [] and r.util_enc is None
+    # Without GPM the PCIe throughput NVML measured is exported, in DCGM's bytes/s.
+    assert r.prof_pcie_tx_bytes == r.prof_pcie_rx_bytes == 7 * 1024
 
 
 def test_a_transient_nvml_error_leaves_that_field_unread_and_the_next_read_recovers(nvml):

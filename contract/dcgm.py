@@ -1,0 +1,147 @@
+"""The dcgm-exporter-compatible metric contract: family names, Prometheus types, units, label names.
+
+Shared by the agent (which exports the families) and the dashboards and rules (which query them),
+so one table says what every family is. Types are dcgm-exporter's ``etc/default-counters.csv``
+(counters for energy, PCIe replays, ECC totals, retired pages, remapped rows, NVLink CRC errors
+and bandwidth; gauges otherwise).
+
+Two schemas (``agent.metrics_schema``):
+
+- ``dcgm-legacy``: dcgm-exporter up to 4.8, the units in each family's help (%, MiB, MHz, mJ) and
+  the labels ``Hostname`` and ``DCGM_FI_DRIVER_VERSION``;
+- ``dcgm-4.9``: the same family names in base units (utilisation as a 0-1 ratio, bytes, hertz,
+  joules), the driver version as ``driver_version`` and the node as ``hostname``.
+
+In coexistence with the GPU Operator's dcgm-exporter (``agent.dcgm_exporter: beside``) the agent's
+copies are renamed ``gpuaware_dcgm_*`` (``DCGM_FI_DEV_GPU_UTIL`` -> ``gpuaware_dcgm_fi_dev_gpu_util``)
+so nothing is counted twice. :func:`translate` rewrites a query written for the legacy schema
+without prefix into the same query for any other (schema, prefix), returning legacy units.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+Schema = Literal["dcgm-legacy", "dcgm-4.9"]
+SCHEMAS: tuple[Schema, ...] = ("dcgm-legacy", "dcgm-4.9")
+LEGACY: Schema = "dcgm-legacy"
+PREFIX = "gpuaware_dcgm_"
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    type: Literal["gauge", "counter"]
+    doc: str
+    unit: str = ""  # legacy unit, as dcgm-exporter's help text gives it
+    base_unit: str = ""  # the 4.9 unit, where it differs
+    base_scale: float = 1.0  # legacy value * base_scale = 4.9 value
+
+    def help(self, schema: Schema) -> str:
+        unit = self.base_unit if schema != LEGACY and self.base_unit else self.unit
+        return f"{self.doc} (in {unit})." if unit else f"{self.doc}."
+
+    def scale(self, schema: Schema) -> float:
+        return 1.0 if schema == LEGACY else self.base_scale
+
+
+_RATIO, _MIB, _MHZ = ("%", "ratio 0-1", 0.01), ("MiB", "bytes", float(2**20)), ("MHz", "Hz", 1e6)
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization", *_RATIO),
+    Family("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization", *_RATIO),
+    Family("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization", *_RATIO),
+    Family("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization", *_RATIO),
+    Family("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used", *_MIB),
+    Family("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free", *_MIB),
+    Family("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved", *_MIB),
+    Family("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency", *_MHZ),
+    Family("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency", *_MHZ),
+    Family("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature", "C"),
+    Family("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature", "C"),
+    Family("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw", "W"),
+    Family("DCGM_FI_DEV_POWER_MGMT_LIMIT", "gauge", "Power management limit", "W"),
+    Family("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot", "mJ", "J",
+           1e-3),
+    Family("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "Current clock throttle reasons (bitmask)"),
+    Family("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors"),
+    Family("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors"),
+    Family("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "counter", "Total number of single-bit persistent ECC errors"),
+    Family("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter", "Total number of double-bit persistent ECC errors"),
+    Family("DCGM_FI_DEV_RETIRED_SBE", "counter", "Total number of retired pages due to single-bit errors"),
+    Family("DCGM_FI_DEV_RETIRED_DBE", "counter", "Total number of retired pages due to double-bit errors"),
+    Family("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors"),
+    Family("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for uncorrectable errors"),
+    Family("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed"),
+    Family("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries"),
+    Family("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter",
+           "Total number of NVLink flow-control CRC errors"),
+    Family("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter", "Total NVLink data transferred over all lanes", "KiB",
+           "bytes", 1024.0),
+    Family("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered"),
+    Family("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active"),
+    Family("DCGM_FI_PROF_SM_ACTIVE", "gauge", "The ratio of cycles an SM has at least 1 warp assigned"),
+    Family("DCGM_FI_PROF_SM_OCCUPANCY", "gauge", "The ratio of number of warps resident on an SM"),
+    Family("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active"),
+    Family("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles the device memory interface is active"),
+    Family("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus", "bytes/s"),
+    Family("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus", "bytes/s"),
+)}
+
+# What NVML gives only through GPM (Hopper and newer): dcgm-exporter fills these from DCGM's
+# profiling module on Volta and newer, which an NVML-only agent cannot use. PCIe bytes are not in
+# the list: without GPM the agent reads them from nvmlDeviceGetPcieThroughput.
+GPM_ONLY = frozenset({"DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY",
+                      "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"})
+
+
+def node_label(schema: Schema) -> str:
+    return "Hostname" if schema == LEGACY else "hostname"
+
+
+def driver_label(schema: Schema) -> str:
+    return "DCGM_FI_DRIVER_VERSION" if schema == LEGACY else "driver_version"
+
+
+def family_name(name: str, prefixed: bool) -> str:
+    return PREFIX + name.removeprefix("DCGM_").lower() if prefixed else name
+
+
+def _number(v: float) -> str:
+    return format(v, ".15g")
+
+
+_NAME = re.compile(r"\bDCGM_FI_[A-Z0-9_]+\b")
+_RANGE_FN = re.compile(r"\b(rate|irate|increase|delta|deriv)\((DCGM_FI_[A-Z0-9_]+)(\{[^}]*\})?(\[[^\]]*\])\)")
+_SELECTOR = re.compile(r"\b(DCGM_FI_[A-Z0-9_]+)(\{[^}]*\})?(?![\[A-Z0-9_{])")
+
+
+def translate(expr: str, schema: Schema, prefixed: bool, *, units: bool = True) -> str:
+    """A query written for the legacy unprefixed schema, for ``schema``/``prefixed``, in legacy units.
+
+    Selectors of families whose unit differs are divided back by the schema's scale (inside a
+    range function, the function's result is, as rate and increase are linear). ``units=False``
+    only renames (for ``label_values``). A family used with a range outside those functions
+    cannot be rescaled and raises ``ValueError``.
+    """
+    if units and schema != LEGACY:
+        def back(inner: str, name: str) -> str:
+            scale = FAMILIES[name].scale(schema) if name in FAMILIES else 1.0
+            return inner if scale == 1.0 else f"({inner} / {_number(scale)})"
+
+        expr = _RANGE_FN.sub(lambda m: back(m.group(0), m.group(2)), expr)
+        stripped = _RANGE_FN.sub("", expr)
+        for m in re.finditer(r"\b(DCGM_FI_[A-Z0-9_]+)(\{[^}]*\})?\[", stripped):
+            if FAMILIES.get(m.group(1), FAMILIES["DCGM_FI_DEV_XID_ERRORS"]).scale(schema) != 1.0:
+                raise ValueError(f"{m.group(1)} is used with a range outside rate/increase: cannot rescale {expr!r}")
+        parts = re.split(r"(\b(?:rate|irate|increase|delta|deriv)\(DCGM_FI_[A-Z0-9_]+(?:\{[^}]*\})?\[[^\]]*\]\))", expr)
+        expr = "".join(p if i % 2 else _SELECTOR.sub(lambda m: back(m.group(0), m.group(1)), p)
+                       for i, p in enumerate(parts))
+    if schema != LEGACY:
+        expr = re.sub(r"\bHostname\b", node_label(schema), expr)
+        expr = re.sub(r"\bDCGM_FI_DRIVER_VERSION\b", driver_label(schema), expr)
+    if prefixed:
+        expr = _NAME.sub(lambda m: m.group(0) if m.group(0) == "DCGM_FI_DRIVER_VERSION"
+                         else family_name(m.group(0), True), expr)
+    return expr
