@@ -3,14 +3,20 @@
 Queries use the dcgm-exporter names the agent exports (existing DCGM dashboards keep working)
 and the ``gpuaware_*`` metrics of the agent, the stream workers and the scheduler. ``$cluster``
 matches the ``cluster`` label the PodMonitors set (deploy/base/monitoring); targets without it
-match the "All" value.
+match the "All" value. They are written once, for the legacy schema without prefix;
+:func:`variant` rewrites them for the others (``contract.dcgm.translate``).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
+from contract.dcgm import LEGACY, Schema, translate
 from dashboards.model import Annotation, Dashboard, Panel, Target, Variable
 
-GPU = 'cluster=~"$cluster", Hostname=~"$node", modelName=~"$model"'
+# Whole GPUs only: not a MIG instance's series (GPU_I_ID) nor a pod's share of a shared GPU (pod_uid).
+GPU = 'cluster=~"$cluster", Hostname=~"$node", modelName=~"$model", GPU_I_ID="", pod_uid=""'
 SCHED = 'cluster=~"$cluster"'
 TENANT = 'cluster=~"$cluster", tenant=~"$tenant"'
 EVENTS = f"gpuaware_agent_events_total{{{GPU}}}"
@@ -101,7 +107,7 @@ def forecasts() -> Dashboard:
             Target('gpuaware_cluster_demand_gpus{horizon_s="300", bound="lower"}', "{{model}} lower 80%"),
             Target("gpuaware_cluster_capacity_gpus", "{{model}} capacity")], width=24, height=10),
         Panel("Actual busy GPUs by model", [Target(
-            "sum by (modelName) (DCGM_FI_DEV_GPU_UTIL) / 100", "{{modelName}}")], width=12),
+            'sum by (modelName) (DCGM_FI_DEV_GPU_UTIL{pod_uid=""}) / 100', "{{modelName}}")], width=12),
         Panel("Forecast headroom (capacity - upper bound, 15 min)", [Target(
             'min by (model) (gpuaware_cluster_capacity_gpus - on (model) '
             'gpuaware_cluster_demand_gpus{horizon_s="900", bound="upper"})', "{{model}}")], width=12),
@@ -202,3 +208,22 @@ def scheduler_tenants() -> Dashboard:
 
 DASHBOARDS = {d.uid: d for d in (fleet_overview(), gpu_health(), forecasts(), pipeline_health(),
                                  scheduler_tenants())}
+
+
+# Variant folder (under dashboards/grafana/ and dashboards/prometheus/) -> (schema, prefixed);
+# "" is the legacy schema without prefix, the files at the top.
+VARIANTS: dict[str, tuple[Schema, bool]] = {
+    "": (LEGACY, False), "dcgm-4.9": ("dcgm-4.9", False),
+    "beside-dcgm-exporter": (LEGACY, True), "dcgm-4.9-beside-dcgm-exporter": ("dcgm-4.9", True),
+}
+
+
+def label_text(schema: Schema) -> Callable[[str], str]:
+    """Label references in legends, variable queries and rule annotations, for ``schema``."""
+    return lambda s: s if schema == LEGACY else re.sub(r"\bHostname\b", "hostname", s)
+
+
+def variant(dashboard: Dashboard, schema: Schema, prefixed: bool) -> Dashboard:
+    text = label_text(schema)
+    return dashboard.translated(lambda q: translate(q, schema, prefixed),
+                                lambda s: translate(text(s), schema, prefixed, units=False))

@@ -6,7 +6,8 @@ JSON is readable, and a test checks every query against the metrics the code exp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -74,10 +75,11 @@ class Annotation:
     expr: str
     title: str  # Grafana's titleFormat, e.g. "{{kind}} on {{Hostname}}/{{gpu}}"
     color: str = "red"
+    tag_keys: str = "kind,Hostname,gpu"
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "datasource": DATASOURCE, "enable": True, "expr": self.expr, "iconColor": self.color,
-                "step": "30s", "titleFormat": self.title, "tagKeys": "kind,Hostname,gpu", "useValueForTime": False}
+                "step": "30s", "titleFormat": self.title, "tagKeys": self.tag_keys, "useValueForTime": False}
 
 
 @dataclass
@@ -106,6 +108,15 @@ class Dashboard:
             "templating": {"list": [datasource, *(v.to_json() for v in self.variables)]},
             "annotations": {"list": [a.to_json() for a in self.annotations]}, "panels": laid_out,
         }
+
+    def translated(self, expr: Callable[[str], str], text: Callable[[str], str]) -> Dashboard:
+        """The same dashboard with every query rewritten by ``expr`` and every label reference
+        (legends, variable queries, annotation titles) by ``text``: one definition, several schemas."""
+        panels = [replace(p, targets=[Target(expr(t.expr), text(t.legend)) for t in p.targets]) for p in self.panels]
+        return replace(self, panels=panels,
+                       variables=[replace(v, query=text(v.query)) for v in self.variables],
+                       annotations=[replace(a, expr=expr(a.expr), title=text(a.title), tag_keys=text(a.tag_keys))
+                                    for a in self.annotations])
 
     def queries(self) -> list[str]:
         return [t.expr for p in self.panels for t in p.targets] + [a.expr for a in self.annotations]

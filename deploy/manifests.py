@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from contract import topics
-from dashboards.build import rendered as rendered_dashboards
+from dashboards.build import dashboards_for as rendered_dashboards
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"

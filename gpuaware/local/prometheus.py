@@ -21,11 +21,11 @@ def available() -> bool:
 class LocalPrometheus(ChildProcess):
     """Scrapes ``targets`` (job name -> ports on 127.0.0.1) every second and evaluates the rules."""
 
-    def __init__(self, workdir: Path, targets: dict[str, list[int]], interval_s: int = 1):
+    def __init__(self, workdir: Path, targets: dict[str, list[int]], interval_s: int = 1, rules: Path = RULES):
         self.port = free_port()
         config = {
             "global": {"scrape_interval": f"{interval_s}s", "evaluation_interval": f"{interval_s}s"},
-            "rule_files": [str(RULES)],
+            "rule_files": [str(rules)],
             "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports]}]}
                                for job, ports in targets.items()],
         }

@@ -4,24 +4,25 @@ from __future__ import annotations
 
 import re
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
+import pytest
+from prometheus_client import CollectorRegistry
 
 from agent.collectors.sim import SimCluster, load_scenario
 from agent.core import AgentCore
-from agent.exporter import AgentCollector, AgentStats
+from agent.exporter import AgentCollector, AgentStats, render
 from agent.sampling import SamplingPolicy
 from contract.events import ModelDemand
-from dashboards.definitions import DASHBOARDS
+from dashboards.build import rules_for
+from dashboards.definitions import DASHBOARDS, VARIANTS, variant
 from scheduler.metrics import QueueSnapshot, SchedulerCollector, SchedulerStats
 from stream.gpu_state import GpuTracker
 from stream.metrics import StreamCollector, StreamStats
 from tests.support import prometheus_rules
 
-METRIC = re.compile(r"\b(DCGM_FI_[A-Z_]+|gpuaware_[a-z_]+|gpuaware:[a-z_:0-9]+|up)\b")
+METRIC = re.compile(r"\b(DCGM_FI_[A-Z_]+|gpuaware_[a-z_]+|gpuaware:[a-z_:0-9]+|up)\b(?!\s*[=!]~?\s*\")")
 
 
-def _exported_names() -> set[str]:
+def _exported_names(schema: str = "dcgm-legacy", prefixed: bool = False) -> set[str]:
     """Every sample name the agent, a stream worker and the scheduler expose, from their real collectors."""
     scenario = load_scenario("xid")
     clock = [0.0]
@@ -31,7 +32,7 @@ def _exported_names() -> set[str]:
         clock[0] = float(s)
         core.tick(float(s))
     registry = CollectorRegistry()
-    registry.register(AgentCollector([core], AgentStats()))
+    registry.register(AgentCollector([core], AgentStats(), schema=schema, prefixed=prefixed))
     stats = StreamStats()
     stats.records["gpu.telemetry.v1"] += 1
     stats.dlq["gpu.telemetry.v1"] += 1
@@ -52,8 +53,9 @@ def _exported_names() -> set[str]:
                              gpus_used={"vision": 2.0}, gpus_quota={"vision": 1.0}, gpus_borrowed={"vision": 1.0},
                              jain=0.9, allocated_busy_ratio=0.5)
     registry.register(SchedulerCollector(sched, lambda: snapshot))
-    text = generate_latest(registry).decode()
-    return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+    text = render(registry).decode()
+    # Sample names as Prometheus stores them (the Python parser would append _total to DCGM's counters).
+    return set(re.findall(r"^([A-Za-z_:][A-Za-z0-9_:]*)[{ ]", text, re.M))
 
 
 def test_every_query_names_only_metrics_that_are_exported() -> None:
@@ -63,3 +65,18 @@ def test_every_query_names_only_metrics_that_are_exported() -> None:
     assert len(queries) > 40
     missing = sorted({(where, name) for where, q in queries for name in METRIC.findall(q) if name not in exported})
     assert not missing, missing
+
+
+@pytest.mark.parametrize("folder", [f for f in VARIANTS if f])
+def test_each_schema_and_prefix_variant_queries_only_what_that_agent_exports(folder: str) -> None:
+    schema, prefixed = VARIANTS[folder]
+    rules = [r for g in rules_for(folder)["groups"] for r in g["rules"]]
+    exported = _exported_names(schema, prefixed) | {r["record"] for r in rules if "record" in r} | {"up"}
+    queries = [(uid, q) for uid, d in DASHBOARDS.items() for q in variant(d, schema, prefixed).queries()]
+    queries += [(r.get("alert") or r["record"], r["expr"]) for r in rules]
+    missing = sorted({(where, name) for where, q in queries for name in METRIC.findall(q) if name not in exported})
+    assert not missing, missing
+    if prefixed:  # beside dcgm-exporter, nothing of ours is summed with its DCGM_* families
+        assert not [q for _, q in queries if "DCGM_FI_DEV" in q or "DCGM_FI_PROF" in q]
+    if schema != "dcgm-legacy":
+        assert not [q for _, q in queries if "Hostname" in q]

@@ -8,6 +8,8 @@ import subprocess
 
 import pytest
 
+from dashboards.build import rules_path
+from dashboards.definitions import VARIANTS
 from tests.support import REPO, RULES, prometheus_rules
 
 
@@ -34,3 +36,11 @@ def test_promtool_checks_the_rules_and_runs_their_unit_tests() -> None:
     assert unit.returncode == 0, unit.stdout + unit.stderr
     tested = set(re.findall(r"alertname: (\w+)", RULES.with_name("rules_test.yml").read_text()))
     assert tested == {r["alert"] for r in prometheus_rules() if "alert" in r}  # every alert has firing and quiet cases
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
+@pytest.mark.parametrize("folder", [f for f in VARIANTS if f])
+def test_promtool_checks_each_schema_and_prefix_variant_of_the_rules(folder: str) -> None:
+    path = rules_path(folder)
+    check = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
