@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import urllib.request
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -10,9 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.collectors.sim import SimCluster, load_scenario
 from agent.core import AgentCore
-from agent.exporter import AgentCollector, AgentStats, render
+from agent.exporter import AgentCollector, AgentStats, render, serve
 from agent.sampling import SamplingPolicy
 from contract.dcgm import FAMILIES, GPM_ONLY
+from gpuaware.local.processes import free_port
 from tests.support import sim_cluster
 
 LEGACY_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
@@ -152,3 +154,15 @@ def test_a_shared_gpu_is_attributed_per_pod_not_copied_to_every_pod():
     assert len(fb) == 3
     power = [s for s in families["DCGM_FI_DEV_POWER_USAGE"].samples if s.labels["gpu"] == "1"]
     assert len(power) == 1 and not power[0].labels.get("pod")
+
+
+def test_metrics_are_served_in_the_text_format_prometheus_2_parses():
+    core, _ = _core({"gpus_per_node": 1}, seconds=2)
+    registry = CollectorRegistry()
+    registry.register(AgentCollector([core], AgentStats()))
+    port = free_port()
+    serve(registry, "127.0.0.1", port)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        # 0.0.4: Prometheus 2 refuses the 1.0.0 text format prometheus_client names latest.
+        assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        assert b"# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n" in r.read()

@@ -1,5 +1,8 @@
 """A real Prometheus scraping a real agent, stream worker and scheduler: every panel query returns
 data and a fault's alert fires (Debian package `prometheus`; skipped where it is not installed).
+Then, per metrics schema and coexistence mode, every query of NVIDIA's dcgm-exporter dashboard and
+of ours that reads the agent returns data for each simulated GPU architecture (Hopper, Ampere,
+Turing, Ada), except what the architecture cannot give.
 
 The scheduler runs as ``gpuaware scheduler`` against the fake API server (nodes named as the
 simulated agent's, so live GPU state applies), with two tenants' queues, pods it places, and pods
@@ -9,21 +12,31 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import time
+import urllib.error
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from agent.collectors.sim import MODELS, SimCluster, load_scenario
+from agent.core import AgentCore
+from agent.exporter import AgentCollector, AgentStats, serve
+from agent.sampling import SamplingPolicy
 from contract import topics
+from contract.dcgm import translate
 from contract.events import GpuInfo, GpuSample, TelemetryBatch, encode
-from dashboards.definitions import DASHBOARDS
+from dashboards.build import rules_path
+from dashboards.definitions import DASHBOARDS, VARIANTS, variant
 from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
 from gpuaware.local.processes import ChildProcess, free_port
 from gpuaware.local.prometheus import LocalPrometheus, available
 from gpuaware.local.stream_workers import StreamWorkerProcess, worker_env
 from plumbing.kafka_settings import KafkaSettings
 from tests.support import produce
+from tests.system import nvidia_dashboard as nvidia
 
 pytestmark = [pytest.mark.timeout(420),
               pytest.mark.skipif(not available(), reason="Debian package prometheus not installed")]
@@ -56,7 +69,7 @@ def _history(node: str) -> list[tuple[str, bytes, bytes]]:
 
 
 def _query(prometheus: LocalPrometheus, expr: str) -> list:
-    for variable in ("$cluster", "$node", "$model", "$tenant"):  # what Grafana's "All" sends
+    for variable in ("$cluster", "$node", "$model", "$tenant", "$instance", "$gpu"):  # what Grafana's "All" sends
         expr = expr.replace(variable, ".*")
     return prometheus.query(expr.replace("$__range", "10m"))
 
@@ -157,3 +170,108 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
         for child in (prometheus, scheduler, stream, agent):
             child.stop()
         fake.stop()
+
+
+# Two GPUs of each architecture, one idle holding memory with an XID, one training under a power
+# cap, so every conditional panel (idle GPUs, last XID, throttled, components below 100) has data
+# for each; GPU 0 (Hopper) is split into MIG instances and GPU 3 (Ampere) is time-shared by 3 pods.
+ARCH_SCENARIO = """name: arch
+seed: 5
+nodes: 1
+gpus_per_node: 8
+models: [H100, H100, A100, A100, T4, T4, L4, L4]
+workloads: [idle-holding, training-compute]
+mig: {0: [3g.40gb, 3g.40gb]}
+shared: {3: 3}
+faults:
+""" + "".join(f"  - {{kind: xid, node: 0, gpu: {g}, at_s: 1, xid: 43}}\n  - {{kind: power_cap, node: 0, gpu: {g + 1}, "
+              f"at_s: 1}}\n" for g in range(0, 8, 2))
+ARCH_GPUS = {"H100": "0|1", "A100": "2|3", "T4": "4|5", "L4": "6|7"}
+AGENT_METRIC = re.compile(r"\b(?:DCGM_FI_[A-Z_]+|gpuaware_dcgm_[a-z_]+|gpuaware_gpu_[a-z_]+|gpuaware_agent_[a-z_]+|"
+                          r"gpuaware:(?:gpu|agent)[a-z_:0-9]*)\b")
+ANY_METRIC = re.compile(r"\b(?:DCGM_FI_[A-Z_]+|gpuaware_[a-z_]+|gpuaware:[a-z_:0-9]+)\b")
+
+
+def _fake_dcgm_exporter(tmp_path: Path) -> int:
+    """dcgm-exporter's DCGM_* families for the same GPUs, as the GPU Operator would serve them beside us."""
+    cluster = SimCluster(load_scenario(tmp_path / "arch.yaml"))
+    core = AgentCore(cluster.node(0), SamplingPolicy())
+    core.tick(cluster.clock())
+    registry = CollectorRegistry()
+    registry.register(AgentCollector([core], AgentStats()))
+    port = free_port()
+    serve(registry, "127.0.0.1", port)
+    return port
+
+
+@pytest.mark.parametrize("folder", list(VARIANTS))
+def test_every_dashboard_query_returns_data_per_architecture_schema_and_coexistence(
+        kafka_settings: KafkaSettings, tmp_path: Path, unique: str, folder: str) -> None:
+    schema, prefixed = VARIANTS[folder]
+    (tmp_path / "arch.yaml").write_text(ARCH_SCENARIO.replace("name: arch", f"name: arch-{unique}")
+                                        + f"node_prefix: arch-{unique}\n")
+    agent_port = free_port()
+    env = {**worker_env(kafka_settings), "GPUAWARE_AGENT__METRICS_SCHEMA": schema,
+           "GPUAWARE_AGENT__DCGM_EXPORTER": "beside" if prefixed else "replace", "GPUAWARE_AGENT__CORDON_POLL_S": "0"}
+    agent = ChildProcess("agent", [sys.executable, "-m", "gpuaware", "--log-level", "warning", "agent",
+                                   "--collector", "sim", "--scenario", str(tmp_path / "arch.yaml"),
+                                   "--spool-dir", str(tmp_path / "spool"), "--metrics-port", str(agent_port)],
+                         tmp_path / "agent.log", env)
+    targets = {"gpuaware-agent": [agent_port]}
+    if prefixed:  # the GPU Operator's dcgm-exporter on the same node
+        targets["dcgm-exporter"] = [_fake_dcgm_exporter(tmp_path)]
+    prometheus = LocalPrometheus(tmp_path / "prometheus", targets, rules=rules_path(folder))
+    ours = [(f"{uid}: {q}", q) for uid, d in DASHBOARDS.items() for q in variant(d, schema, prefixed).queries()
+            if ANY_METRIC.findall(q) and all(AGENT_METRIC.fullmatch(m) for m in ANY_METRIC.findall(q))]
+    assert len(ours) > 20
+    checks: list[tuple[str, str]] = []  # (what, PromQL)
+    for model, gpus in ARCH_GPUS.items():
+        name = MODELS[model].name
+        for what, q in ours:
+            if "$model" in q:
+                checks.append((f"{model} {what}", q.replace("$model", name)))
+        for title, q in nvidia.PANELS.items():
+            if not (title in nvidia.GPM_PANELS and not MODELS[model].gpm):
+                checks.append((f"{model} NVIDIA {title}", q.replace("$gpu", gpus)))
+    checks += [(what, q) for what, q in ours if "$model" not in q]
+    checks += [(f"NVIDIA variable source {m}", m) for m in nvidia.VARIABLE_SOURCES]
+    children = (agent, prometheus)
+    for child in children:
+        child.start()
+    try:
+        deadline = time.monotonic() + 120
+        empty = checks
+        while time.monotonic() < deadline:
+            for child in children:
+                assert child.running(), f"{child.name} exited:\n{child.log_tail()}"
+            try:
+                empty = [(w, q) for w, q in empty if not _query(prometheus, q)]
+            except urllib.error.HTTPError as exc:  # a query Prometheus refuses: say which
+                raise AssertionError(f"{exc}: {exc.read()[:300]!r}") from exc
+            except OSError:
+                time.sleep(1)
+                continue  # Prometheus still starting
+            if not empty:
+                break
+            time.sleep(1)
+        assert not empty, (f"{len(empty)} of {len(checks)} queries returned no data ({folder or 'default'}): "
+                           f"{[w for w, _ in empty][:12]}\n{agent.log_tail()}")
+        # What stays empty is what the architecture cannot give (documented in docs/observability.md).
+        for model, gpus in ARCH_GPUS.items():
+            tensor = nvidia.PANELS["Tensor Core Utilization"].replace("$gpu", gpus)
+            assert bool(_query(prometheus, tensor)) == MODELS[model].gpm, model
+        # Beside dcgm-exporter nothing is counted twice: its DCGM_* are the only ones, ours are prefixed.
+        by_model = variant(DASHBOARDS["gpuaware-fleet"], schema, prefixed).panels[0].targets[0].expr
+        gpus_by_model = _query(prometheus, by_model)
+        assert sum(float(r["value"][1]) for r in gpus_by_model) == 8
+        # The time-shared GPU has one series per pod, the MIG-split one a series per GPU instance.
+        for expr, n in (('count(DCGM_FI_DEV_GPU_UTIL{pod_uid!=""})', 3),
+                        ('count(DCGM_FI_DEV_FB_USED{GPU_I_ID!=""})', 2)):
+            (row,) = _query(prometheus, translate(expr, schema, prefixed))
+            assert float(row["value"][1]) == n, expr
+        whole_gpus = _query(prometheus, 'count(DCGM_FI_DEV_GPU_TEMP) by (job)')
+        assert {r["metric"]["job"]: float(r["value"][1]) for r in whole_gpus} == (
+            {"dcgm-exporter": 8} if prefixed else {"gpuaware-agent": 8})
+    finally:
+        for child in (prometheus, agent):
+            child.stop()
