@@ -5,7 +5,10 @@ the second, plus a small deterministic jitter). Power follows utilisation betwee
 idle and board power; temperature is a first-order thermal model of power (time constant ~40 s);
 the energy counter integrates power. Faults come from a scenario file (``agent/scenarios``).
 Given a seed and the clock, everything is deterministic: state advances in whole seconds
-whatever the read pattern.
+whatever the read pattern. Each model carries its architecture's capabilities (GPM on Hopper
+only, NVLink, MIG), and ``SimPods`` plays the kubelet and ``/proc`` for time-shared GPUs. (Over
+400 lines: the scenario schema, the per-GPU model and the node view share one state and are read
+together.)
 """
 
 from __future__ import annotations
