@@ -1,0 +1,123 @@
+"""The DCGM families: dcgm-exporter's types, labels and XID, per architecture, schema, prefix, MIG instance and pod."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.collectors.sim import SimCluster, load_scenario
+from agent.core import AgentCore
+from agent.exporter import AgentCollector, AgentStats, render
+from agent.sampling import SamplingPolicy
+from contract.dcgm import FAMILIES, GPM_ONLY
+from tests.support import sim_cluster
+
+LEGACY_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
+
+
+def _text(core: AgentCore, **kwargs) -> str:
+    registry = CollectorRegistry()
+    registry.register(AgentCollector([core], AgentStats(), **kwargs))
+    return render(registry).decode()
+
+
+def _families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _core(update: dict, seconds: int = 30) -> tuple[AgentCore, SimCluster]:
+    scenario = load_scenario("baseline").model_copy(update={"nodes": 1, **update})
+    clock = [0.0]
+    cluster = SimCluster(scenario, clock=lambda: clock[0], epoch=0.0)
+    core = AgentCore(cluster.node(0), SamplingPolicy(), clock=lambda: clock[0])
+    for s in range(seconds):
+        clock[0] = float(s)
+        core.tick(float(s))
+    return core, cluster
+
+
+def test_type_lines_follow_dcgm_exporters_csv_and_counters_keep_their_names():
+    core, _ = _core({"gpus_per_node": 1})
+    text = _text(core)
+    types = dict(re.findall(r"^# TYPE (DCGM_\w+) (\w+)$", text, re.M))
+    assert types == {name: f.type for name, f in FAMILIES.items() if name in types}
+    for name in ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+                 "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"):
+        assert types[name] == "counter"
+        assert re.search(rf"^{name}{{", text, re.M) and f"{name}_total" not in text
+    assert types["DCGM_FI_DEV_GPU_UTIL"] == "gauge"
+    assert "# TYPE gpuaware_agent_samples_total counter" in text  # our own counters keep _total
+
+def test_xid_is_zero_with_its_labels_until_the_first_and_then_carries_code_and_text():
+    cluster, clock = sim_cluster("xid")
+    core = AgentCore(cluster.node(0), SamplingPolicy(), clock=lambda: clock[0])
+    core.tick(0.0)
+    (before,) = [s for s in _families(_text(core))["DCGM_FI_DEV_XID_ERRORS"].samples if s.labels["gpu"] == "0"]
+    assert before.value == 0 and (before.labels["err_code"], before.labels["err_msg"]) == ("0", "No Error")
+    core.tracks[0].last_xid = 79
+    (after,) = [s for s in _families(_text(core))["DCGM_FI_DEV_XID_ERRORS"].samples if s.labels["gpu"] == "0"]
+    assert after.value == 79 and after.labels["err_msg"] == "GPU has fallen off the bus"
+
+def test_each_architecture_exports_what_it_can_give():
+    core, _ = _core({"gpus_per_node": 4, "models": ["H100", "A100", "T4", "L4"]})
+    families = _families(_text(core))
+    models = {s.labels["gpu"]: s.labels["modelName"] for s in families["DCGM_FI_DEV_GPU_UTIL"].samples}
+    for name in GPM_ONLY:  # NVML GPM: Hopper and newer only
+        assert {models[s.labels["gpu"]] for s in families[name].samples} <= {"NVIDIA H100 80GB HBM3"}, name
+    assert {s.labels["gpu"] for s in families["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"].samples} == {"0"}
+    # PCIe throughput: GPM on Hopper, nvmlDeviceGetPcieThroughput elsewhere; exported on every GPU.
+    for name in ("DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"):
+        assert {s.labels["gpu"] for s in families[name].samples} == {"0", "1", "2", "3"}
+        assert all(s.value > 0 for s in families[name].samples)
+    # NVLink bandwidth only where there is NVLink (not T4, L4).
+    assert {s.labels["gpu"] for s in families["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"].samples} == {"0", "1"}
+
+def test_dcgm_49_schema_uses_base_units_and_its_label_names():
+    core, _ = _core({"gpus_per_node": 2})
+    legacy = _families(_text(core))
+    base = _families(_text(core, schema="dcgm-4.9"))
+    pairs = {"DCGM_FI_DEV_GPU_UTIL": 0.01, "DCGM_FI_DEV_FB_USED": 2**20, "DCGM_FI_DEV_SM_CLOCK": 1e6,
+             "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 1e-3, "DCGM_FI_DEV_POWER_USAGE": 1.0}
+    for name, scale in pairs.items():
+        old = {s.labels["gpu"]: s.value for s in legacy[name].samples}
+        new = {s.labels["gpu"]: s.value for s in base[name].samples}
+        assert new == pytest.approx({g: v * scale for g, v in old.items()}), name
+    labels = base["DCGM_FI_DEV_GPU_UTIL"].samples[0].labels
+    assert "hostname" in labels and "driver_version" in labels
+    assert "Hostname" not in labels and "DCGM_FI_DRIVER_VERSION" not in labels
+    assert "hostname" in base["gpuaware_gpu_health_score"].samples[0].labels
+    assert "(in ratio 0-1)" in re.search(r"# HELP DCGM_FI_DEV_GPU_UTIL (.*)", _text(core, schema="dcgm-4.9"))[1]
+
+def test_beside_dcgm_exporter_every_dcgm_family_gets_the_gpuaware_prefix():
+    core, _ = _core({"gpus_per_node": 1})
+    text = _text(core, prefixed=True)
+    assert "DCGM_FI_DEV" not in text.replace("DCGM_FI_DRIVER_VERSION", "")
+    families = _families(text)
+    assert families["gpuaware_dcgm_fi_dev_gpu_util"].samples
+    assert "# TYPE gpuaware_dcgm_fi_dev_total_energy_consumption counter" in text
+
+def test_mig_instances_get_their_own_series_with_gpu_instance_labels():
+    core, _ = _core({"gpus_per_node": 2, "models": ["A100"], "mig": {0: ["3g.40gb", "3g.40gb"]}})
+    fb = _families(_text(core))["DCGM_FI_DEV_FB_USED"].samples
+    mig = sorted((s.labels["GPU_I_ID"], s.labels["GPU_I_PROFILE"]) for s in fb if s.labels.get("GPU_I_ID"))
+    assert mig == [("1", "3g.40gb"), ("2", "3g.40gb")]
+    assert all(s.labels["gpu"] == "0" for s in fb if s.labels.get("GPU_I_ID"))
+    assert len([s for s in fb if not s.labels.get("GPU_I_ID")]) == 2  # one device series per GPU still
+
+def test_a_shared_gpu_is_attributed_per_pod_not_copied_to_every_pod():
+    core, cluster = _core({"gpus_per_node": 2, "workloads": ["training-compute"], "shared": {1: 3}})
+    families = _families(_text(core, pods=cluster.attribution()))
+    util = [s for s in families["DCGM_FI_DEV_GPU_UTIL"].samples if s.labels["gpu"] == "1"]
+    device = [s for s in util if not s.labels.get("pod")]
+    pods = [s for s in util if s.labels.get("pod")]
+    assert len(device) == 1 and len(pods) == 3
+    assert len({s.labels["pod_uid"] for s in pods}) == 3
+    assert sum(s.value for s in pods) == pytest.approx(device[0].value, abs=0.5)
+    assert len({s.value for s in pods}) == 3  # each pod its own share, not the device value copied
+    fb = [s for s in families["DCGM_FI_DEV_FB_USED"].samples if s.labels["gpu"] == "1" and s.labels.get("pod")]
+    assert len(fb) == 3
+    power = [s for s in families["DCGM_FI_DEV_POWER_USAGE"].samples if s.labels["gpu"] == "1"]
+    assert len(power) == 1 and not power[0].labels.get("pod")
