@@ -25,7 +25,7 @@ Hand-written, because River has nothing equivalent:
   away from the last value must pay for itself.
 
 River's own time-series models were measured as experts and left out (docs/forecasting.md):
-``time_series.HoltWinters`` changed nothing measurable, SNARIMAX diverges on raw 0-100 values,
+``time_series.HoltWinters`` made both series slightly worse, SNARIMAX overshoots on memory series,
 and importing ``river.time_series`` pulls in scipy (about 80 MiB per worker).
 """
 
