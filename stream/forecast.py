@@ -55,14 +55,16 @@ class Forecast:
 class ExpertForecaster:
     """``learn_one(y)`` then ``forecast()``: the value ``horizon`` steps after the last learned one.
 
+    ``eta`` sets how fast an expert's weight falls with its excess loss, ``prior`` the handicap of
+    every expert but the last value. ``errors`` keeps the last ``residuals`` signed errors, for the
+    MAE the workers export.
+
     The interval's conformal quantiles come from the last ``interval_window`` errors only: errors
     come in bursts, and quantiles over a longer window keep a calm series' interval as wide as its
     last burst (over 200 errors the 80% interval covered 85% of the duty-cycle points). On
     independent noise, 30 errors' interpolated quantiles cover a little less than nominal (about
     74% in tests/stream/test_forecast.py); the finite-sample conformal ranks would fix that there
-    and over-cover the real traces (87% of the duty-cycle points). ``errors``
-    keeps the last ``residuals`` for the MAE the workers export. ``eta`` sets how fast an expert's
-    weight falls with its excess loss, ``prior`` the handicap of every expert but the last value.
+    and over-cover the real traces (87% of the duty-cycle points).
     """
 
     def __init__(self, horizon: int = 5, decay: float = 0.97, coverage: float = 0.8, window: int = 30,
@@ -85,7 +87,7 @@ class ExpertForecaster:
             stats.RollingMode(2 * window),
         )
         self._spread = stats.RollingPeakToPeak(window)
-        # per context (run-length bucket): each expert's decayed absolute loss, and whether any arrived
+        # per context (run-length bucket): each expert's decayed absolute loss, and whether one arrived
         self._loss = [[stats.EWMean(1 - decay) for _ in EXPERTS] for _ in range(len(RUN_BUCKETS) + 1)]
         self._seen = [False] * (len(RUN_BUCKETS) + 1)
         self._weight = (1.0,) + (1.0 + prior,) * (len(EXPERTS) - 1)  # "last" is first
