@@ -53,12 +53,16 @@ def eval_sampling(scenarios: tuple[str, ...], policy_path: str | None, as_json: 
 @click.option("--max-value", type=float, default=None,
               help="Physical upper bound for clamping (default: 100 for duty-cycle files, none otherwise).")
 @click.option("--limit", type=int, default=None, help="Only the first N series (sorted by id).")
+@click.option("--split", type=click.Choice(["all", "tune", "holdout"]), default="all", show_default=True,
+              help="Which half of the series (by a stable hash of the id): settings are tuned on 'tune' only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def eval_forecast(series_path: str, horizon: int, max_value: float | None, limit: int | None, as_json: bool) -> None:
+def eval_forecast(series_path: str, horizon: int, max_value: float | None, limit: int | None, split: str,
+                  as_json: bool) -> None:
     """Prequential (predict, then learn) forecast evaluation over every series of a trace.
 
     Reports mae, persistence_mae (last value), ratio = mae / persistence_mae,
-    interval_coverage_80 of the 80% interval, and us_per_update.
+    interval_coverage_80 of the 80% interval, and us_per_update. Every series is learned from
+    scratch; --split holdout scores only the half of the series the settings were not tuned on.
 
     \b
     Example:
@@ -70,7 +74,7 @@ def eval_forecast(series_path: str, horizon: int, max_value: float | None, limit
         click.echo("gpuaware eval forecast: --horizon must be at least 1", err=True)
         sys.exit(2)
     try:
-        result = evaluate_forecast(series_path, horizon, max_value, limit)
+        result = evaluate_forecast(series_path, horizon, max_value, limit, split)
     except (ValueError, OSError) as exc:
         click.echo(f"gpuaware eval forecast: {exc}", err=True)
         sys.exit(2)

@@ -86,11 +86,10 @@ def test_forecasts_are_bounded_and_rebuilt_from_history_after_a_restart() -> Non
         # What the changelog stores is JSON; the restored tracker forecasts like the original.
         restored = GpuTracker.from_dict(json.loads(json.dumps(proc.snapshots[key])))
         assert restored.samples == t.samples and restored.last_seq == t.last_seq
-        before = {(f.metric, f.horizon_s): f.mean for f in t.forecasts}
-        after = {(f.metric, f.horizon_s): f.mean for f in restored.forecasts}
-        for k, mean in before.items():
-            scale = 100.0 if k[0] == "util_gpu" else t.fb_total_mib
-            assert abs(after[k] - mean) <= 0.05 * scale, (k, mean, after[k])
+        # While the history covers the GPU's life (45 of 60 minutes here), replaying it rebuilds the
+        # forecasters' River statistics, losses and errors exactly: the same forecasts and intervals.
+        assert restored.forecasts == t.forecasts
+        assert restored.forecast_abs_errors() == t.forecast_abs_errors()
 
 
 def test_publishing_is_on_change_and_rate_bounded() -> None:

@@ -30,3 +30,20 @@ def test_eval_sampling_prints_the_figures_as_json():
                 "detection_delay_p95_s", "false_alarms"):
         assert key in figures
     assert figures["faults_injected"] == 4 and figures["scenarios"] == ["ecc", "stuck-dead"]
+
+
+def test_eval_forecast_splits_the_series_into_stable_tune_and_holdout_halves(tmp_path):
+    import gzip
+
+    from bench.forecast_eval import evaluate_forecast, split_of
+
+    path = tmp_path / "series.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("value,timestamp_anon,container_ip\n")
+        for pod in range(12):
+            for t in range(60):
+                f.write(f"{(pod * 7 + t) % 10},{t * 60},pod-{pod}\n")
+    halves = {split: evaluate_forecast(str(path), split=split) for split in ("all", "tune", "holdout")}
+    assert halves["tune"]["series"] + halves["holdout"]["series"] == halves["all"]["series"] == 12
+    assert halves["tune"]["series"] == sum(split_of(f"pod-{p}") == "tune" for p in range(12)) > 0
+    assert halves["tune"]["split"] == "tune" and "split" not in halves["all"]
