@@ -25,7 +25,17 @@ from agent.readings import (
     Reading,
 )
 from agent.sampling import AdaptiveSampler, SamplingPolicy
-from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, HealthBand, Severity, TelemetryBatch
+from agent.verdict import Judgement, NodeVerdicts
+from contract.events import (
+    EventKind,
+    GpuEvent,
+    GpuInfo,
+    GpuSample,
+    HealthBand,
+    HealthVerdict,
+    Severity,
+    TelemetryBatch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +54,7 @@ class GpuTrack:
     last_xid: int | None = None
     cordoned: bool = False
     events: dict[str, int] = field(default_factory=dict)
+    verdict: Judgement = field(default_factory=Judgement)
 
 
 @dataclass
@@ -64,6 +75,7 @@ class AgentCore:
                      GpuDetectors(d, seed=d.index), HealthScorer(d.slowdown_temp_c or 87.0))
             for d in self.devices
         ]
+        self.verdicts = NodeVerdicts(len(self.tracks))
         self.watch_reads = 0
         self.samples_taken = 0
         self.next_watch = 0.0
@@ -101,17 +113,36 @@ class AgentCore:
         track.events[kind] = track.events.get(kind, 0) + 1
         out.events.append(ev)
 
+    def _judge(self, track: GpuTrack, ts: float) -> bool:
+        """Re-judge the GPU's verdict; True when its verdict or action changed."""
+        before = (track.verdict.verdict, track.verdict.action)
+        track.verdict = self.verdicts.judge(track.device.index, ts, track.health.score, track.health.band,
+                                            track.health.components(), track.lost, track.last_watch is not None)
+        after = (track.verdict.verdict, track.verdict.action)
+        # The first judgement of a healthy GPU is no news: no event per GPU at every start.
+        return after != before and not (before[0] is HealthVerdict.UNKNOWN and after[0] is HealthVerdict.PASS)
+
     def _health_events(self, out: TickOutput, track: GpuTrack, ts: float) -> None:
+        """One HEALTH_CHANGE event when the band or the verdict changed; it carries both (docs/health.md)."""
         change = track.health.update_band()
-        if change is None:
+        judged = self._judge(track, ts)
+        if change is None and not judged:
             return
-        old, new = change
+        old, new = change or (track.health.band, track.health.band)
+        v = track.verdict
         severity = {HealthBand.CRITICAL: Severity.CRITICAL, HealthBand.DEGRADED: Severity.WARNING}.get(
             new, Severity.INFO)
+        if v.verdict is HealthVerdict.CRITICAL:
+            severity = Severity.CRITICAL
+        elif v.verdict is HealthVerdict.WARNING and severity is Severity.INFO:
+            severity = Severity.WARNING
         parts = ", ".join(f"{c}={v:.0f}" for c, v in track.health.components().items() if v < 100)
+        head = f"health {old.value.lower()} -> {new.value.lower()}" if change else f"verdict {v.verdict.value}"
         self._event(out, track, ts, EventKind.HEALTH_CHANGE, severity,
-                    f"health {old.value.lower()} -> {new.value.lower()} (score {track.health.score:.0f}; {parts})",
+                    f"{head} (score {track.health.score:.0f}; {parts}); {v.verdict.value}, action "
+                    f"{v.action.value.lower()}: {'; '.join(v.reasons)}",
                     metric="health_score", value=track.health.score, old_band=old.value, new_band=new.value,
+                    verdict=v.verdict.value, action=v.action.value, reasons="\n".join(v.reasons),
                     **{f"component.{c}": f"{v:.1f}" for c, v in track.health.components().items()})
         track.sampler.snap()
 
@@ -139,6 +170,7 @@ class AgentCore:
         for x in self.collector.xid_events():
             track = self.tracks[x.gpu_index]
             track.health.learn_xid(x.ts, x.xid)
+            self.verdicts.learn_xid(track.device.index, x.ts, x.xid)
             track.last_xid = x.xid
             critical = x.xid in CRITICAL_XIDS
             self._event(out, track, x.ts, EventKind.XID, Severity.CRITICAL if critical else Severity.WARNING,
@@ -156,8 +188,11 @@ class AgentCore:
             except GpuLost as exc:
                 track.lost = True
                 track.health.learn_lost(now)
+                self._judge(track, now)
+                v = track.verdict
                 self._event(out, track, now, EventKind.HEALTH_CHANGE, Severity.CRITICAL, str(exc),
-                            metric="health_score", value=0.0, old_band=track.health.band.value, new_band="CRITICAL")
+                            metric="health_score", value=0.0, old_band=track.health.band.value, new_band="CRITICAL",
+                            verdict=v.verdict.value, action=v.action.value, reasons="\n".join(v.reasons))
                 track.health.band = HealthBand.CRITICAL
                 continue
             self.watch_reads += 1
@@ -167,6 +202,7 @@ class AgentCore:
                 kind = EventKind.ECC_SBE if f.detector == "ecc_sbe_rate" else EventKind.ANOMALY
                 if kind is EventKind.ANOMALY:
                     track.health.learn_anomaly(watch.ts, f.detector)
+                self.verdicts.learn_finding(track.device.index, watch.ts, f.detector)
                 self._event(out, track, watch.ts, kind, Severity.WARNING, f.message, metric=f.metric,
                             value=f.value, score=f.score, detector=f.detector)
                 track.sampler.snap()

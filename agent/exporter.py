@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from agent.core import AgentCore, GpuTrack
 from agent.readings import Reading
+from agent.verdict_metrics import verdict_families
 
 DCGM_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "pod", "namespace", "container"]
 
@@ -151,6 +152,7 @@ class AgentCollector(Collector):
             lost.add_metric(gl, 1.0 if track.lost else 0.0)
             cordoned.add_metric(gl, 1.0 if track.cordoned else 0.0)
         yield from (health, band, comp, anomaly, interval, events, lost, cordoned)
+        yield from verdict_families(self.cores)
 
         nl = ["Hostname"]
         samples = CounterMetricFamily("gpuaware_agent_samples", "Full GPU samples taken.", labels=nl)
