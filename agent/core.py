@@ -13,9 +13,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agent.anomaly import GpuDetectors
+from agent.anomaly import Finding, GpuDetectors
 from agent.collectors.base import Collector
 from agent.health import HealthScorer
+from agent.peers import NodePeers
 from agent.readings import (
     CRITICAL_XIDS,
     POWER_THROTTLE_MASK,
@@ -76,6 +77,7 @@ class AgentCore:
             for d in self.devices
         ]
         self.verdicts = NodeVerdicts(len(self.tracks))
+        self.peers = NodePeers([d.model for d in self.devices], [d.power_limit_w or 300.0 for d in self.devices])
         self.watch_reads = 0
         self.samples_taken = 0
         self.next_watch = 0.0
@@ -180,9 +182,23 @@ class AgentCore:
         if now + 1e-9 < self.next_watch:
             return out
         self.next_watch = now + self.policy.floor_s
+        reads = self._watch_round(out, now)
+        peer_findings = dict(self.peers.learn(reads))
+        for index, watch in reads.items():
+            track = self.tracks[index]
+            found = track.detectors.learn_one(watch)
+            if index in peer_findings:
+                found.append(peer_findings[index])
+            self._after_watch(out, track, watch, found)
+        return out
+
+    def _watch_round(self, out: TickOutput, now: float) -> dict[int, Reading]:
+        """One watch read of every GPU still answering (a GPU that stopped is marked lost), timed."""
+        reads = {}
         for track in self.tracks:
             if track.lost:
                 continue
+            started = time.perf_counter()
             try:
                 watch = self.collector.read(track.device.index, full=False)
             except GpuLost as exc:
@@ -195,37 +211,43 @@ class AgentCore:
                             verdict=v.verdict.value, action=v.action.value, reasons="\n".join(v.reasons))
                 track.health.band = HealthBand.CRITICAL
                 continue
+            if watch.read_s is None:
+                watch.read_s = time.perf_counter() - started
             self.watch_reads += 1
             track.last_watch = watch
-            self._throttle_events(out, track, watch)
-            for f in track.detectors.learn_one(watch):
-                kind = EventKind.ECC_SBE if f.detector == "ecc_sbe_rate" else EventKind.ANOMALY
-                if kind is EventKind.ANOMALY:
-                    track.health.learn_anomaly(watch.ts, f.detector)
-                self.verdicts.learn_finding(track.device.index, watch.ts, f.detector)
-                self._event(out, track, watch.ts, kind, Severity.WARNING, f.message, metric=f.metric,
-                            value=f.value, score=f.score, detector=f.detector)
-                track.sampler.snap()
-            dbe_before = track.health._last_dbe
-            track.health.learn_one(watch)
-            if dbe_before is not None and (watch.ecc_dbe_volatile or 0) > dbe_before:
-                self._event(out, track, watch.ts, EventKind.ECC_DBE, Severity.CRITICAL,
-                            f"{watch.ecc_dbe_volatile - dbe_before} new double-bit ECC error(s)",
-                            metric="ecc_dbe_volatile", value=float(watch.ecc_dbe_volatile))
-                track.sampler.snap()
-            self._health_events(out, track, watch.ts)
-            if track.sampler.due(watch):
-                moved = track.sampler.urgent or track.sampler.moved is not None
-                try:
-                    sample = self.collector.read(track.device.index, full=True)
-                except GpuLost:
-                    continue  # seen as lost on the next watch read
-                track.seq += 1
-                self.samples_taken += 1
-                track.sampler.taken(sample, moved)
-                track.last_sample = sample
-                out.samples.append((track.device.index, track.seq, sample))
-        return out
+            reads[track.device.index] = watch
+        return reads
+
+    def _after_watch(self, out: TickOutput, track: GpuTrack, watch: Reading, found: list[Finding]) -> None:
+        """Events, health, verdict and (when due) the full sample, from one watch read and its findings."""
+        self._throttle_events(out, track, watch)
+        for f in found:
+            kind = EventKind.ECC_SBE if f.detector == "ecc_sbe_rate" else EventKind.ANOMALY
+            if kind is EventKind.ANOMALY:
+                track.health.learn_anomaly(watch.ts, f.detector)
+            self.verdicts.learn_finding(track.device.index, watch.ts, f.detector)
+            self._event(out, track, watch.ts, kind, Severity.WARNING, f.message, metric=f.metric,
+                        value=f.value, score=f.score, detector=f.detector)
+            track.sampler.snap()
+        dbe_before = track.health._last_dbe
+        track.health.learn_one(watch)
+        if dbe_before is not None and (watch.ecc_dbe_volatile or 0) > dbe_before:
+            self._event(out, track, watch.ts, EventKind.ECC_DBE, Severity.CRITICAL,
+                        f"{watch.ecc_dbe_volatile - dbe_before} new double-bit ECC error(s)",
+                        metric="ecc_dbe_volatile", value=float(watch.ecc_dbe_volatile))
+            track.sampler.snap()
+        self._health_events(out, track, watch.ts)
+        if track.sampler.due(watch):
+            moved = track.sampler.urgent or track.sampler.moved is not None
+            try:
+                sample = self.collector.read(track.device.index, full=True)
+            except GpuLost:
+                return  # seen as lost on the next watch read
+            track.seq += 1
+            self.samples_taken += 1
+            track.sampler.taken(sample, moved)
+            track.last_sample = sample
+            out.samples.append((track.device.index, track.seq, sample))
 
 
 def _q(x: float | None, scale: float = 1.0) -> int | None:

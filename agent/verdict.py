@@ -4,8 +4,9 @@ The explainable score (``agent.health``) says *how* unwell a GPU is; an operator
 know *what to do*. A verdict is the worst of what each rule says, and its action the strongest
 any rule recommends. The rules, their thresholds and their sources are tabled in docs/health.md:
 
-- the score's band (with its hysteresis): HEALTHY -> PASS, or INFO once a component lost 5 points;
-  DEGRADED -> WARNING/watch; CRITICAL -> CRITICAL/drain; a lost GPU -> CRITICAL/reboot node;
+- the score's band (with its hysteresis): HEALTHY -> PASS, or INFO below 95;
+  DEGRADED -> WARNING/watch; CRITICAL -> CRITICAL/drain; a lost GPU -> CRITICAL/reboot node.
+  Once a GPU has XIDs, its xid component is left out of that score: the taxonomy judges XIDs;
 - the XID taxonomy (``XIDS``, after NVIDIA's XID catalogue and Health Validation checks):
   application XIDs are the workload's when several GPUs of the node see them, the GPU's when
   one GPU keeps seeing them; hardware XIDs carry their documented verdict and action, escalated
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from agent.health import band_of
 from contract.events import HealthAction, HealthBand, HealthVerdict
 
 VERDICT_RANK = {HealthVerdict.UNKNOWN: -1, HealthVerdict.PASS: 0, HealthVerdict.INFO: 1, HealthVerdict.WARNING: 2,
@@ -72,7 +74,7 @@ XIDS: dict[int, XidRule] = {
     140: XidRule("unrecovered ECC error", "memory", C, A.RESET_GPU, DAY),
 }
 UNKNOWN_XID = XidRule("unclassified XID", "other", W, A.WATCH, HOUR)
-APP_CROSS_GPU_S = HOUR  # app XIDs on another GPU within this long: the workload's fault
+APP_CROSS_GPU_S = 600.0  # app XIDs on another GPU this close to this GPU's last one: the workload's fault
 APP_REPEAT_24H = 3  # the same app XID this often on one GPU only, in 24 h: suspect the GPU
 FATAL_REPEAT_24H = 5  # a hardware XID this often in 24 h: service request (NVSentinel's rule)
 FATAL_REPEAT_7D = 10
@@ -137,9 +139,9 @@ class NodeVerdicts:
         g.xids.clear()
         g.findings.clear()
 
-    def _app_on_others(self, gpu: int, now: float) -> int:
+    def _app_on_others(self, gpu: int, at: float) -> int:
         return sum(1 for i, g in enumerate(self.gpus) if i != gpu and any(
-            now - ts <= APP_CROSS_GPU_S and XIDS.get(x, UNKNOWN_XID).cls == "app" for ts, x in g.xids))
+            abs(at - ts) <= APP_CROSS_GPU_S and XIDS.get(x, UNKNOWN_XID).cls == "app" for ts, x in g.xids))
 
     def _xid_rules(self, gpu: int, now: float, j: Judgement) -> None:
         xids = self.gpus[gpu].xids
@@ -151,7 +153,7 @@ class NodeVerdicts:
             if rule.cls == "app":
                 if now - last > rule.hold_s and day < APP_REPEAT_24H:
                     continue
-                others = self._app_on_others(gpu, now)
+                others = self._app_on_others(gpu, last)
                 if others:
                     j.add(HealthVerdict.INFO, A.NONE,
                           f"XID {code} ({rule.meaning}) here and on {others} other GPU(s): the workload, not the GPU")
@@ -180,6 +182,12 @@ class NodeVerdicts:
         elif not seen:
             return self._settle(gpu, now, Judgement(reasons=["no reading yet"]))
         else:
+            if self.gpus[gpu].xids:
+                # The XID rules judge XIDs (an application's XID is not the GPU's): the score without
+                # its xid component is what the bands judge then.
+                score = min(100.0, score + 100.0 - components.get("xid", 100.0))
+                components = {c: v for c, v in components.items() if c != "xid"}
+                band = band_of(score)
             weak = ", ".join(f"{c} {v:.0f}" for c, v in components.items() if v < 100)
             if band is HealthBand.CRITICAL:
                 j.add(C, A.DRAIN, f"health score {score:.0f} (critical; {weak})")
