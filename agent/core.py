@@ -36,6 +36,7 @@ from contract.events import (
     HealthVerdict,
     Severity,
     TelemetryBatch,
+    WatchPoint,
 )
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class GpuTrack:
 @dataclass
 class TickOutput:
     samples: list[tuple[int, int, Reading]] = field(default_factory=list)  # (gpu index, seq, reading)
+    points: list[tuple[int, Reading]] = field(default_factory=list)  # (gpu index, watch read): light points
     events: list[GpuEvent] = field(default_factory=list)
 
 
@@ -80,6 +82,7 @@ class AgentCore:
         self.peers = NodePeers([d.model for d in self.devices], [d.power_limit_w or 300.0 for d in self.devices])
         self.watch_reads = 0
         self.samples_taken = 0
+        self.points_taken = 0
         self.next_watch = 0.0
         self._event_ids = itertools.count()
 
@@ -237,8 +240,9 @@ class AgentCore:
                         metric="ecc_dbe_volatile", value=float(watch.ecc_dbe_volatile))
             track.sampler.snap()
         self._health_events(out, track, watch.ts)
+        sampled = False
         if track.sampler.due(watch):
-            moved = track.sampler.urgent or track.sampler.moved is not None
+            moved = track.sampler.urgent or (track.sampler.moved is not None and not track.sampler.light_move())
             try:
                 sample = self.collector.read(track.device.index, full=True)
             except GpuLost:
@@ -248,6 +252,10 @@ class AgentCore:
             track.sampler.taken(sample, moved)
             track.last_sample = sample
             out.samples.append((track.device.index, track.seq, sample))
+            sampled = True
+        points = track.sampler.light(watch, sampled)
+        self.points_taken += len(points)
+        out.points.extend((track.device.index, p) for p in points)
 
 
 def _q(x: float | None, scale: float = 1.0) -> int | None:
@@ -262,20 +270,23 @@ class BatchBuilder:
         self.devices = {d.index: d for d in devices}
         self.batch_seq = 0
         self.pending: list[tuple[int, int, Reading]] = []
+        self.pending_points: list[tuple[int, Reading]] = []
 
-    def add(self, samples: list[tuple[int, int, Reading]]) -> None:
+    def add(self, samples: list[tuple[int, int, Reading]], points: list[tuple[int, Reading]] | None = None) -> None:
         self.pending.extend(samples)
+        self.pending_points.extend(points or ())
 
     def __len__(self) -> int:
-        return len(self.pending)
+        return len(self.pending) + len(self.pending_points)
 
     def build(self) -> TelemetryBatch | None:
-        if not self.pending:
+        if not self.pending and not self.pending_points:
             return None
         pending, self.pending = self.pending, []
+        points, self.pending_points = self.pending_points, []
         self.batch_seq += 1
-        base_ms = int(min(r.ts for _, _, r in pending) * 1000)
-        order = sorted({i for i, _, _ in pending})
+        base_ms = int(min([r.ts for _, _, r in pending] + [r.ts for _, r in points]) * 1000)
+        order = sorted({i for i, _, _ in pending} | {i for i, _ in points})
         slot = {idx: n for n, idx in enumerate(order)}
         gpus = [GpuInfo(self.devices[i].uuid, i, self.devices[i].model, self.devices[i].fb_total_mib) for i in order]
         samples = [
@@ -290,4 +301,6 @@ class BatchBuilder:
             )
             for i, seq, r in pending
         ]
-        return TelemetryBatch(self.node, self.batch_seq, base_ms, gpus, samples)
+        light = [WatchPoint(slot[i], int(r.ts * 1000) - base_ms, _q(r.util_gpu) or 0, _q(r.power_w, 10) or 0)
+                 for i, r in points]
+        return TelemetryBatch(self.node, self.batch_seq, base_ms, gpus, samples, light)

@@ -4,6 +4,7 @@ Each scenario runs the real agent core on simulated GPUs with a simulated clock,
 second. Figures:
 
 - ``sample_reduction``: full samples a fixed 1 s sampler takes / full samples the adaptive one took;
+  ``light_points``: the light watch points (utilisation and power, ~5 bytes) published besides;
 - ``util_mae_pct_points``: the utilisation timeline rebuilt from the published samples (linear
   between samples, as a dashboard draws it) against the true per-second utilisation;
 - ``faults_injected`` / ``faults_detected``: each fault counts as detected when the event expected
@@ -91,6 +92,7 @@ class ScenarioResult:
     events: int
     wall_s: float
     false_remediations: int = 0
+    light_points: int = 0
 
 
 def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioResult:
@@ -114,6 +116,8 @@ def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioRe
             out = core.tick(float(s))
             for idx, _seq, r in out.samples:
                 published[n][idx].append((r.ts, r.util_gpu or 0.0))
+            for idx, r in out.points:  # light watch points draw the same timeline
+                published[n][idx].append((r.ts, r.util_gpu or 0.0))
             events.extend((n, e) for e in out.events)
             for t in core.tracks:
                 health[n, t.device.index, s] = t.health.score
@@ -131,6 +135,7 @@ def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioRe
             if not pts or not mask.any():
                 continue
             ts = np.arange(duration, dtype=float)[mask]
+            pts.sort()
             rebuilt = np.interp(ts, [p[0] for p in pts], [p[1] for p in pts])
             err_sum += float(np.abs(rebuilt - truth[n, g][mask]).sum())
             err_n += int(mask.sum())
@@ -163,7 +168,7 @@ def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioRe
     samples_fixed = int(np.count_nonzero(~np.isnan(truth)))
     return ScenarioResult(scenario.name, scenario.nodes * n_gpus, duration, sum(c.samples_taken for c in cores),
                           samples_fixed, sum(c.watch_reads for c in cores), err_sum, err_n, faults, false_alarms,
-                          len(events), wall, false_remediations)
+                          len(events), wall, false_remediations, sum(c.points_taken for c in cores))
 
 
 def expected_verdict(f: Fault) -> tuple[HealthVerdict, HealthAction]:
@@ -198,6 +203,7 @@ def evaluate(paths: list[Path] | None = None, policy: SamplingPolicy | None = No
         "samples_adaptive": adaptive,
         "sample_reduction": round(fixed / max(adaptive, 1), 2),
         "watch_reads": sum(r.watch_reads for r in results),
+        "light_points": sum(r.light_points for r in results),
         "util_mae_pct_points": round(
             sum(r.abs_err_sum for r in results) / max(1, sum(r.abs_err_n for r in results)), 3),
         "faults_injected": len(faults),

@@ -154,6 +154,16 @@ class GpuSample:
 
 
 @dataclass
+class WatchPoint:
+    """v2: a cheap watch read published between full samples, because utilisation or power moved."""
+
+    gpu: int
+    dt_ms: int
+    util_gpu: int
+    power_dw: int
+
+
+@dataclass
 class TelemetryBatch:
     SCHEMA: ClassVar[str] = "telemetry_batch"
     node: str
@@ -161,6 +171,7 @@ class TelemetryBatch:
     base_ts_ms: int
     gpus: list[GpuInfo]
     samples: list[GpuSample]
+    points: list[WatchPoint] = field(default_factory=list)
 
     def key(self) -> bytes:
         return self.node.encode()

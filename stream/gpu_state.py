@@ -38,6 +38,7 @@ from contract.events import (
     HealthAction,
     HealthBand,
     HealthVerdict,
+    WatchPoint,
 )
 from stream.fingerprint import WorkloadFingerprint
 from stream.forecast import ExpertForecaster
@@ -96,6 +97,7 @@ class GpuTracker:
     fingerprint: WorkloadFingerprint = field(default_factory=WorkloadFingerprint)
     forecasts: list[Forecast] = field(default_factory=list)
     last_published_ms: int = 0
+    last_point_ms: int = 0
     published_signature: tuple | None = None
     published_band: tuple[str, str] | None = None
     settings: TrackerSettings = field(default_factory=TrackerSettings)
@@ -133,6 +135,20 @@ class GpuTracker:
                                    float(info.fb_total_mib), values["power_w"])
         self._bucket(ts_ms // MINUTE_MS, values["util_gpu"], values["fb_used_mib"])
         return Learned.APPLIED
+
+    def learn_point(self, point: WatchPoint, ts_ms: int, now_ms: int) -> bool:
+        """Fold a light watch point (utilisation and power between full samples) in; True when applied.
+
+        Only after a full sample taught the GPU's identity; a point at or before the last one applied
+        (a replayed batch) is skipped."""
+        if not self.samples or ts_ms <= self.last_point_ms or ts_ms > now_ms + self.settings.max_clock_skew_ms:
+            return False
+        self.last_point_ms = ts_ms
+        for name, v in (("util_gpu", float(point.util_gpu)), ("power_w", point.power_dw / 10.0)):
+            prev = self.smoothed.get(name)
+            self.smoothed[name] = v if prev is None else prev + SMOOTHING * (v - prev)
+        self._bucket(ts_ms // MINUTE_MS, float(point.util_gpu), self.smoothed.get("fb_used_mib", 0.0))
+        return True
 
     def _bucket(self, minute: int, util: float, fb: float) -> None:
         if self.minute is not None and minute > self.minute and self.bucket[2]:
@@ -280,6 +296,7 @@ class GpuTracker:
             "verdict_reasons": self.verdict_reasons, "recommended_action": self.recommended_action,
             "recent_events": list(self.recent_events),
             "fingerprint": self.fingerprint.to_dict(), "last_published_ms": self.last_published_ms,
+            "last_point_ms": self.last_point_ms,
         }
 
     @classmethod
@@ -290,6 +307,7 @@ class GpuTracker:
                      "last_published_ms"):
             setattr(t, name, data[name])
         t.arrived_ms = data.get("arrived_ms", t.sample_ts_ms)  # absent from snapshots written before it
+        t.last_point_ms = data.get("last_point_ms", 0)
         # Absent from snapshots written before the verdicts (docs/health.md).
         t.verdict = data.get("verdict", HealthVerdict.UNKNOWN.value)
         t.verdict_reasons = list(data.get("verdict_reasons", []))
