@@ -50,6 +50,8 @@ class HealthReactions:
         self.dry_run = settings.remediation_dry_run
         self.ledger = RemediationLedger()
         self._held: set[tuple[str, int]] = set()
+        # (node, GPU) -> unix times of the chain's steps (cordoned, moved) and whether the breaker held it
+        self.timeline: dict[tuple[str, int], dict[str, float | bool]] = {}
 
     def react(self, where: Mapping[str, tuple[int, int]]) -> None:
         """After live state was applied: act on each GPU (UUID located by ``where``) that turned critical."""
@@ -66,6 +68,7 @@ class HealthReactions:
                 if not self.breaker.allow(c.names[i], time.time(), len(c.names)):
                     if key not in self._held:  # recorded once; tried again on every state update
                         self._held.add(key)
+                        self.timeline.setdefault(key, {})["breaker_held"] = True
                         self.stats.decisions[("DEFER", "breaker-held")] += 1
                         self.tasks.spawn(self.sink.record(Outcome(
                             f"{c.names[i]}/gpu{g}", DecisionAction.DEFER, c.names[i],
@@ -98,6 +101,7 @@ class HealthReactions:
     async def cordon(self, node: str, gpu: int) -> None:
         try:
             await self.calls.call(self.calls.api.cordon_gpu, node, gpu)
+            self.timeline.setdefault((node, gpu), {})["cordoned"] = time.time()
             self.stats.decisions[("CORDON", "gpu-critical")] += 1
             await self.sink.record(Outcome(f"{node}/gpu{gpu}", DecisionAction.CORDON, node,
                                            [f"GPU {gpu} of {node} is critical: cordoned"]), None)
@@ -121,3 +125,5 @@ class HealthReactions:
             self.stats.decisions[("MIGRATE", "gpu-critical")] += 1
             await self.sink.record(Outcome(r.workload.id, DecisionAction.MIGRATE, node, [reason]), r.workload)
             self.tasks.spawn(self.evictor.evict(pod, r, reason, "Migrated"))
+        # Every pod on the GPU is released from it and its checkpoint-and-evict under way.
+        self.timeline.setdefault((node, gpu), {})["moved"] = time.time()
