@@ -111,11 +111,18 @@ class StuckBusy:
 
 
 class EccRate:
-    """Single-bit ECC errors per minute over a trailing minute."""
+    """Single-bit ECC errors per minute over a trailing minute, and a short window for slow storms.
 
-    def __init__(self, threshold_per_min: float = 60.0):
+    The minute's rate alone reaches its threshold only after ~20 s of a storm of a few errors per
+    second; ``burst`` errors inside ``burst_window_s`` (0.5/s sustained) fire within seconds, while
+    the stray correctable error a healthy board shows a few times a day never does.
+    """
+
+    def __init__(self, threshold_per_min: float = 60.0, burst: int = 5, burst_window_s: float = 10.0):
         self.history: deque[tuple[float, int]] = deque()
         self.threshold = threshold_per_min
+        self.burst = burst
+        self.burst_window_s = burst_window_s
         self.rate_per_min = 0.0
 
     def learn_one(self, r: Reading) -> Finding | None:
@@ -127,10 +134,61 @@ class EccRate:
         t0, c0 = self.history[0]
         span = max(r.ts - t0, 1.0)
         self.rate_per_min = max(0, r.ecc_sbe_volatile - c0) * 60.0 / max(span, 1.0)
-        if self.rate_per_min >= self.threshold:
+        recent = next((c for t, c in self.history if t >= r.ts - self.burst_window_s - 1e-6), r.ecc_sbe_volatile)
+        burst = r.ecc_sbe_volatile - recent
+        if self.rate_per_min >= self.threshold or burst >= self.burst:
             return Finding("ecc_sbe_rate", "ecc_sbe_volatile", self.rate_per_min, float(r.ecc_sbe_volatile),
-                           f"{self.rate_per_min:.0f} single-bit ECC errors per minute")
+                           f"{self.rate_per_min:.0f} single-bit ECC errors per minute ({burst} in the last "
+                           f"{self.burst_window_s:.0f} s)")
         return None
+
+
+WATCHED = ("util_gpu", "fb_used_mib", "temp_c", "power_w", "ecc_sbe_volatile", "ecc_dbe_volatile", "throttle_reasons")
+
+
+class TelemetryCollapse:
+    """Telemetry falling apart: watch fields going absent, reads slowing down, reads coming back empty.
+
+    XID 79 ("fallen off the bus") has almost no numeric precursor; what precedes it is the driver
+    answering slower and with less. A read is *bad* when a field the GPU used to report is absent or
+    the read took ``slow_factor`` times its usual time (and at least ``slow_floor_s``); ``bad`` bad
+    reads among the last ``window`` fire.
+    """
+
+    def __init__(self, window: int = 5, bad: int = 3, slow_factor: float = 5.0, slow_floor_s: float = 0.05):
+        self.window, self.bad = window, bad
+        self.slow_factor, self.slow_floor_s = slow_factor, slow_floor_s
+        self.reported: set[str] = set()
+        self.usual_read_s: float | None = None
+        self.recent: deque[bool] = deque(maxlen=window)
+        self.fired = False
+
+    def learn_one(self, r: Reading) -> Finding | None:
+        present = {f for f in WATCHED if getattr(r, f) is not None}
+        absent = sorted(self.reported - present)
+        slow = (r.read_s is not None and self.usual_read_s is not None
+                and r.read_s > max(self.slow_factor * self.usual_read_s, self.slow_floor_s))
+        bad = bool(absent) or slow
+        if not bad:
+            self.reported |= present
+            if r.read_s is not None:
+                self.usual_read_s = r.read_s if self.usual_read_s is None else (
+                    0.95 * self.usual_read_s + 0.05 * r.read_s)
+        self.recent.append(bad)
+        count = sum(self.recent)
+        if count < self.bad:
+            self.fired = False
+            return None
+        if self.fired:
+            return None
+        self.fired = True
+        what = []
+        if absent:
+            what.append(f"fields absent: {', '.join(absent)}")
+        if slow:
+            what.append(f"read took {r.read_s * 1000:.0f} ms (usually {self.usual_read_s * 1000:.0f} ms)")
+        return Finding("telemetry_collapse", "read", float(count), float(r.read_s or 0.0),
+                       f"telemetry collapsing: {count} of the last {len(self.recent)} reads bad ({'; '.join(what)})")
 
 
 class HalfSpaceTrees:
@@ -242,6 +300,7 @@ class GpuDetectors:
         self.thermal = ThermalRunaway()
         self.stuck = StuckBusy()
         self.ecc = EccRate()
+        self.collapse = TelemetryCollapse()
         self.hst = MultivariateHST(seed)
         self.cooldown_s = cooldown_s
         self.last_fired: dict[str, float] = {}
@@ -255,6 +314,7 @@ class GpuDetectors:
             self.thermal.score_one(r, limit),
             self.stuck.learn_one(r, self.device),
             self.ecc.learn_one(r),
+            self.collapse.learn_one(r),
             self.hst.learn_one(r, self.device),
         ]
         self.thermal.learn_one(r)

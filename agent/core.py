@@ -13,9 +13,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agent.anomaly import GpuDetectors
+from agent.anomaly import Finding, GpuDetectors
 from agent.collectors.base import Collector
 from agent.health import HealthScorer
+from agent.peers import NodePeers
 from agent.readings import (
     CRITICAL_XIDS,
     POWER_THROTTLE_MASK,
@@ -25,7 +26,18 @@ from agent.readings import (
     Reading,
 )
 from agent.sampling import AdaptiveSampler, SamplingPolicy
-from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, HealthBand, Severity, TelemetryBatch
+from agent.verdict import Judgement, NodeVerdicts
+from contract.events import (
+    EventKind,
+    GpuEvent,
+    GpuInfo,
+    GpuSample,
+    HealthBand,
+    HealthVerdict,
+    Severity,
+    TelemetryBatch,
+    WatchPoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +56,13 @@ class GpuTrack:
     last_xid: int | None = None
     cordoned: bool = False
     events: dict[str, int] = field(default_factory=dict)
+    verdict: Judgement = field(default_factory=Judgement)
 
 
 @dataclass
 class TickOutput:
     samples: list[tuple[int, int, Reading]] = field(default_factory=list)  # (gpu index, seq, reading)
+    points: list[tuple[int, Reading]] = field(default_factory=list)  # (gpu index, watch read): light points
     events: list[GpuEvent] = field(default_factory=list)
 
 
@@ -64,8 +78,11 @@ class AgentCore:
                      GpuDetectors(d, seed=d.index), HealthScorer(d.slowdown_temp_c or 87.0))
             for d in self.devices
         ]
+        self.verdicts = NodeVerdicts(len(self.tracks))
+        self.peers = NodePeers([d.model for d in self.devices], [d.power_limit_w or 300.0 for d in self.devices])
         self.watch_reads = 0
         self.samples_taken = 0
+        self.points_taken = 0
         self.next_watch = 0.0
         self._event_ids = itertools.count()
 
@@ -101,17 +118,36 @@ class AgentCore:
         track.events[kind] = track.events.get(kind, 0) + 1
         out.events.append(ev)
 
+    def _judge(self, track: GpuTrack, ts: float) -> bool:
+        """Re-judge the GPU's verdict; True when its verdict or action changed."""
+        before = (track.verdict.verdict, track.verdict.action)
+        track.verdict = self.verdicts.judge(track.device.index, ts, track.health.score, track.health.band,
+                                            track.health.components(), track.lost, track.last_watch is not None)
+        after = (track.verdict.verdict, track.verdict.action)
+        # The first judgement of a healthy GPU is no news: no event per GPU at every start.
+        return after != before and not (before[0] is HealthVerdict.UNKNOWN and after[0] is HealthVerdict.PASS)
+
     def _health_events(self, out: TickOutput, track: GpuTrack, ts: float) -> None:
+        """One HEALTH_CHANGE event when the band or the verdict changed; it carries both (docs/health.md)."""
         change = track.health.update_band()
-        if change is None:
+        judged = self._judge(track, ts)
+        if change is None and not judged:
             return
-        old, new = change
+        old, new = change or (track.health.band, track.health.band)
+        v = track.verdict
         severity = {HealthBand.CRITICAL: Severity.CRITICAL, HealthBand.DEGRADED: Severity.WARNING}.get(
             new, Severity.INFO)
+        if v.verdict is HealthVerdict.CRITICAL:
+            severity = Severity.CRITICAL
+        elif v.verdict is HealthVerdict.WARNING and severity is Severity.INFO:
+            severity = Severity.WARNING
         parts = ", ".join(f"{c}={v:.0f}" for c, v in track.health.components().items() if v < 100)
+        head = f"health {old.value.lower()} -> {new.value.lower()}" if change else f"verdict {v.verdict.value}"
         self._event(out, track, ts, EventKind.HEALTH_CHANGE, severity,
-                    f"health {old.value.lower()} -> {new.value.lower()} (score {track.health.score:.0f}; {parts})",
+                    f"{head} (score {track.health.score:.0f}; {parts}); {v.verdict.value}, action "
+                    f"{v.action.value.lower()}: {'; '.join(v.reasons)}",
                     metric="health_score", value=track.health.score, old_band=old.value, new_band=new.value,
+                    verdict=v.verdict.value, action=v.action.value, reasons="\n".join(v.reasons),
                     **{f"component.{c}": f"{v:.1f}" for c, v in track.health.components().items()})
         track.sampler.snap()
 
@@ -139,6 +175,7 @@ class AgentCore:
         for x in self.collector.xid_events():
             track = self.tracks[x.gpu_index]
             track.health.learn_xid(x.ts, x.xid)
+            self.verdicts.learn_xid(track.device.index, x.ts, x.xid)
             track.last_xid = x.xid
             critical = x.xid in CRITICAL_XIDS
             self._event(out, track, x.ts, EventKind.XID, Severity.CRITICAL if critical else Severity.WARNING,
@@ -148,48 +185,77 @@ class AgentCore:
         if now + 1e-9 < self.next_watch:
             return out
         self.next_watch = now + self.policy.floor_s
+        reads = self._watch_round(out, now)
+        peer_findings = dict(self.peers.learn(reads))
+        for index, watch in reads.items():
+            track = self.tracks[index]
+            found = track.detectors.learn_one(watch)
+            if index in peer_findings:
+                found.append(peer_findings[index])
+            self._after_watch(out, track, watch, found)
+        return out
+
+    def _watch_round(self, out: TickOutput, now: float) -> dict[int, Reading]:
+        """One watch read of every GPU still answering (a GPU that stopped is marked lost), timed."""
+        reads = {}
         for track in self.tracks:
             if track.lost:
                 continue
+            started = time.perf_counter()
             try:
                 watch = self.collector.read(track.device.index, full=False)
             except GpuLost as exc:
                 track.lost = True
                 track.health.learn_lost(now)
+                self._judge(track, now)
+                v = track.verdict
                 self._event(out, track, now, EventKind.HEALTH_CHANGE, Severity.CRITICAL, str(exc),
-                            metric="health_score", value=0.0, old_band=track.health.band.value, new_band="CRITICAL")
+                            metric="health_score", value=0.0, old_band=track.health.band.value, new_band="CRITICAL",
+                            verdict=v.verdict.value, action=v.action.value, reasons="\n".join(v.reasons))
                 track.health.band = HealthBand.CRITICAL
                 continue
+            if watch.read_s is None:
+                watch.read_s = time.perf_counter() - started
             self.watch_reads += 1
             track.last_watch = watch
-            self._throttle_events(out, track, watch)
-            for f in track.detectors.learn_one(watch):
-                kind = EventKind.ECC_SBE if f.detector == "ecc_sbe_rate" else EventKind.ANOMALY
-                if kind is EventKind.ANOMALY:
-                    track.health.learn_anomaly(watch.ts, f.detector)
-                self._event(out, track, watch.ts, kind, Severity.WARNING, f.message, metric=f.metric,
-                            value=f.value, score=f.score, detector=f.detector)
-                track.sampler.snap()
-            dbe_before = track.health._last_dbe
-            track.health.learn_one(watch)
-            if dbe_before is not None and (watch.ecc_dbe_volatile or 0) > dbe_before:
-                self._event(out, track, watch.ts, EventKind.ECC_DBE, Severity.CRITICAL,
-                            f"{watch.ecc_dbe_volatile - dbe_before} new double-bit ECC error(s)",
-                            metric="ecc_dbe_volatile", value=float(watch.ecc_dbe_volatile))
-                track.sampler.snap()
-            self._health_events(out, track, watch.ts)
-            if track.sampler.due(watch):
-                moved = track.sampler.urgent or track.sampler.moved is not None
-                try:
-                    sample = self.collector.read(track.device.index, full=True)
-                except GpuLost:
-                    continue  # seen as lost on the next watch read
-                track.seq += 1
-                self.samples_taken += 1
-                track.sampler.taken(sample, moved)
-                track.last_sample = sample
-                out.samples.append((track.device.index, track.seq, sample))
-        return out
+            reads[track.device.index] = watch
+        return reads
+
+    def _after_watch(self, out: TickOutput, track: GpuTrack, watch: Reading, found: list[Finding]) -> None:
+        """Events, health, verdict and (when due) the full sample, from one watch read and its findings."""
+        self._throttle_events(out, track, watch)
+        for f in found:
+            kind = EventKind.ECC_SBE if f.detector == "ecc_sbe_rate" else EventKind.ANOMALY
+            if kind is EventKind.ANOMALY:
+                track.health.learn_anomaly(watch.ts, f.detector)
+            self.verdicts.learn_finding(track.device.index, watch.ts, f.detector)
+            self._event(out, track, watch.ts, kind, Severity.WARNING, f.message, metric=f.metric,
+                        value=f.value, score=f.score, detector=f.detector)
+            track.sampler.snap()
+        dbe_before = track.health._last_dbe
+        track.health.learn_one(watch)
+        if dbe_before is not None and (watch.ecc_dbe_volatile or 0) > dbe_before:
+            self._event(out, track, watch.ts, EventKind.ECC_DBE, Severity.CRITICAL,
+                        f"{watch.ecc_dbe_volatile - dbe_before} new double-bit ECC error(s)",
+                        metric="ecc_dbe_volatile", value=float(watch.ecc_dbe_volatile))
+            track.sampler.snap()
+        self._health_events(out, track, watch.ts)
+        sampled = False
+        if track.sampler.due(watch):
+            moved = track.sampler.urgent or (track.sampler.moved is not None and not track.sampler.light_move())
+            try:
+                sample = self.collector.read(track.device.index, full=True)
+            except GpuLost:
+                return  # seen as lost on the next watch read
+            track.seq += 1
+            self.samples_taken += 1
+            track.sampler.taken(sample, moved)
+            track.last_sample = sample
+            out.samples.append((track.device.index, track.seq, sample))
+            sampled = True
+        points = track.sampler.light(watch, sampled)
+        self.points_taken += len(points)
+        out.points.extend((track.device.index, p) for p in points)
 
 
 def _q(x: float | None, scale: float = 1.0) -> int | None:
@@ -204,20 +270,23 @@ class BatchBuilder:
         self.devices = {d.index: d for d in devices}
         self.batch_seq = 0
         self.pending: list[tuple[int, int, Reading]] = []
+        self.pending_points: list[tuple[int, Reading]] = []
 
-    def add(self, samples: list[tuple[int, int, Reading]]) -> None:
+    def add(self, samples: list[tuple[int, int, Reading]], points: list[tuple[int, Reading]] | None = None) -> None:
         self.pending.extend(samples)
+        self.pending_points.extend(points or ())
 
     def __len__(self) -> int:
-        return len(self.pending)
+        return len(self.pending) + len(self.pending_points)
 
     def build(self) -> TelemetryBatch | None:
-        if not self.pending:
+        if not self.pending and not self.pending_points:
             return None
         pending, self.pending = self.pending, []
+        points, self.pending_points = self.pending_points, []
         self.batch_seq += 1
-        base_ms = int(min(r.ts for _, _, r in pending) * 1000)
-        order = sorted({i for i, _, _ in pending})
+        base_ms = int(min([r.ts for _, _, r in pending] + [r.ts for _, r in points]) * 1000)
+        order = sorted({i for i, _, _ in pending} | {i for i, _ in points})
         slot = {idx: n for n, idx in enumerate(order)}
         gpus = [GpuInfo(self.devices[i].uuid, i, self.devices[i].model, self.devices[i].fb_total_mib) for i in order]
         samples = [
@@ -232,4 +301,6 @@ class BatchBuilder:
             )
             for i, seq, r in pending
         ]
-        return TelemetryBatch(self.node, self.batch_seq, base_ms, gpus, samples)
+        light = [WatchPoint(slot[i], int(r.ts * 1000) - base_ms, _q(r.util_gpu) or 0, _q(r.power_w, 10) or 0)
+                 for i, r in points]
+        return TelemetryBatch(self.node, self.batch_seq, base_ms, gpus, samples, light)

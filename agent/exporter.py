@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from agent.core import AgentCore
 from agent.dcgm import DcgmCounter, DcgmFamilies
 from agent.podresources import PodAttribution
+from agent.verdict_metrics import verdict_families
 from contract.dcgm import LEGACY, Schema
 
 
@@ -88,6 +89,7 @@ class AgentCollector(Collector):
             lost.add_metric(gl, 1.0 if track.lost else 0.0)
             cordoned.add_metric(gl, 1.0 if track.cordoned else 0.0)
         yield from (health, band, comp, anomaly, interval, events, lost, cordoned)
+        yield from verdict_families(self.cores, node)
 
         nl = [node]
         samples = CounterMetricFamily("gpuaware_agent_samples", "Full GPU samples taken.", labels=nl)

@@ -111,6 +111,7 @@ class Reading:
     prof_dram_active: float | None = None
     prof_pcie_tx_bytes: float | None = None
     prof_pcie_rx_bytes: float | None = None
+    read_s: float | None = None  # how long the read took (telemetry collapse: docs/health.md)
 
 
 @dataclass(slots=True)

@@ -38,7 +38,7 @@ def simulate(scenario: Scenario, seconds: int, epoch_s: float, flush_every_s: in
         tick = Tick(epoch_s + s)
         for core, builder in zip(cores, builders, strict=True):
             out = core.tick(epoch_s + s)
-            builder.add(out.samples)
+            builder.add(out.samples, out.points)
             tick.events.extend(out.events)
             if (s + 1) % flush_every_s == 0:
                 batch = builder.build()

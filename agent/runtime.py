@@ -192,7 +192,7 @@ class AgentRuntime:
     def tick(self, now: float) -> None:
         for core, builder in zip(self.cores, self.builders, strict=True):
             out = core.tick(now)
-            builder.add(out.samples)
+            builder.add(out.samples, out.points)
             for ev in out.events:
                 with tracer.start_as_current_span("agent.event", attributes={"gpu": ev.gpu_uuid, "kind": ev.kind}):
                     self.publisher.enqueue(topics.EVENTS, ev.key(), events.encode(ev), observability.inject_headers())

@@ -8,7 +8,13 @@ seen within a second or two. The *full sample* (every field, published on
 - it grows by ``backoff`` after each sample while the watched metrics stay inside their deadbands;
 - it snaps to the floor when a watched metric leaves its deadband around the last published
   value (so the published timeline never drifts further than the deadband), or on an anomaly,
-  a health-band change or an XID.
+  a health-band change or an XID;
+- except utilisation and power (with ``light_points``, the default): when only they move, the
+  watch read itself is published as a *light point* (utilisation and power, ~5 bytes, beside the
+  full samples of ``gpu.telemetry.v1``), with the read before it when that one was not published
+  (the end of the plateau, so a line drawn between published points follows a step), and the
+  full-sample interval keeps backing off. Bursty inference moves utilisation every few seconds:
+  without light points every burst cost two full samples.
 
 A policy arrives from a file admins edit and from the control topic, which is compacted and
 replayed at every start: one hostile record must not be able to crash the agent. So the text is
@@ -52,6 +58,8 @@ class SamplingPolicy(BaseModel):
     backoff: float = Field(1.5, gt=1, le=4, description="interval growth per stable sample")
     deadbands: Deadbands = Deadbands()
     flush_s: float = Field(5.0, ge=0.1, le=300, description="telemetry batch window")
+    light_points: bool = Field(True, description="publish utilisation/power moves as light watch points "
+                                                 "instead of full samples")
     nodes: dict[str, PolicyOverride] = Field(default_factory=dict, description="per-node overrides by node name")
 
     @model_validator(mode="after")
@@ -141,6 +149,9 @@ def load_policy(path: str | Path) -> SamplingPolicy:
     return parse_policy(text, str(p))
 
 
+LIGHT = ("util_gpu", "power")
+
+
 class AdaptiveSampler:
     """Per-GPU interval state. ``due(reading)`` says whether to take a full sample now."""
 
@@ -153,6 +164,9 @@ class AdaptiveSampler:
         self.last: Reading | None = None
         self.urgent = False
         self.moved: str | None = None  # why the last due() fired early, if it did
+        self.ref: Reading | None = None  # the last published utilisation and power (full sample or light point)
+        self.prev: Reading | None = None  # the previous watch read, and whether it was published
+        self.prev_published = False
         self.pinned = False  # a cordoned GPU is watched at the floor until it is released
 
     def set_policy(self, policy: SamplingPolicy) -> None:
@@ -165,30 +179,46 @@ class AdaptiveSampler:
         self.urgent = True
 
     def outside_deadband(self, r: Reading) -> str | None:
+        """The first watched metric out of its deadband: a full-sample one first, then a light one."""
         last = self.last
         if last is None:
             return "first"
+        ref = self.ref if self.ref is not None and self.policy.light_points else last
         d = self.policy.deadbands
         checks = (
-            ("util_gpu", r.util_gpu, last.util_gpu, d.util_gpu),
             ("fb_used", r.fb_used_mib, last.fb_used_mib, d.fb_used_pct * self.fb_total_mib / 100),
             ("temp", r.temp_c, last.temp_c, d.temp_c),
-            ("power", r.power_w, last.power_w, d.power_pct * self.power_limit_w / 100),
+            ("util_gpu", r.util_gpu, ref.util_gpu, d.util_gpu),
+            ("power", r.power_w, ref.power_w, d.power_pct * self.power_limit_w / 100),
         )
+        if (r.ecc_sbe_volatile, r.ecc_dbe_volatile, r.throttle_reasons) != (
+                last.ecc_sbe_volatile, last.ecc_dbe_volatile, last.throttle_reasons):
+            return "counters"
         for name, now, before, band in checks:
             if now is not None and before is not None and abs(now - before) > band:
                 return name
-        if (r.ecc_sbe_volatile, r.ecc_dbe_volatile, r.throttle_reasons) != (
-            last.ecc_sbe_volatile, last.ecc_dbe_volatile, last.throttle_reasons):
-            return "counters"
         return None
+
+    def light_move(self) -> bool:
+        return self.policy.light_points and self.moved in LIGHT
 
     def due(self, watch: Reading) -> bool:
         moved = self.moved = self.outside_deadband(watch)
-        if self.urgent or moved is not None:
+        if self.urgent or (moved is not None and not self.light_move()):
             self.interval = self.policy.floor_s
             return True
         return watch.ts >= self.next_due
+
+    def light(self, watch: Reading, sampled: bool) -> list[Reading]:
+        """The watch reads to publish as light points after ``watch`` (``sampled``: it became a full sample)."""
+        out: list[Reading] = []
+        if not sampled and self.light_move():
+            if self.prev is not None and not self.prev_published and (self.last is None or self.prev.ts > self.last.ts):
+                out.append(self.prev)
+            out.append(watch)
+            self.ref = watch
+        self.prev, self.prev_published = watch, sampled or bool(out)
+        return out
 
     def taken(self, sample: Reading, changed: bool) -> float:
         """Record a full sample; ``changed`` is whether it was taken because something moved."""
@@ -197,6 +227,6 @@ class AdaptiveSampler:
         else:
             self.interval = min(self.policy.ceiling_s, self.interval * self.policy.backoff)
         self.urgent = False
-        self.last = sample
+        self.last = self.ref = sample
         self.next_due = sample.ts + self.interval
         return self.interval

@@ -79,6 +79,28 @@ class HealthBand(enum.StrEnum):
     CRITICAL = "CRITICAL"
 
 
+class HealthVerdict(enum.StrEnum):
+    """NVIDIA Health Validation's grades, worst last but UNKNOWN (no data yet, or lost contact)."""
+
+    UNKNOWN = "UNKNOWN"
+    PASS = "PASS"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    CRITICAL = "CRITICAL"
+
+
+class HealthAction(enum.StrEnum):
+    """The recommended remediation, mildest first (docs/health.md)."""
+
+    UNKNOWN = "UNKNOWN"
+    NONE = "NONE"
+    WATCH = "WATCH"
+    DRAIN = "DRAIN"
+    RESET_GPU = "RESET_GPU"
+    REBOOT_NODE = "REBOOT_NODE"
+    SERVICE_REQUEST = "SERVICE_REQUEST"
+
+
 class DecisionAction(enum.StrEnum):
     UNKNOWN = "UNKNOWN"
     PLACE = "PLACE"
@@ -132,6 +154,16 @@ class GpuSample:
 
 
 @dataclass
+class WatchPoint:
+    """v2: a cheap watch read published between full samples, because utilisation or power moved."""
+
+    gpu: int
+    dt_ms: int
+    util_gpu: int
+    power_dw: int
+
+
+@dataclass
 class TelemetryBatch:
     SCHEMA: ClassVar[str] = "telemetry_batch"
     node: str
@@ -139,6 +171,7 @@ class TelemetryBatch:
     base_ts_ms: int
     gpus: list[GpuInfo]
     samples: list[GpuSample]
+    points: list[WatchPoint] = field(default_factory=list)
 
     def key(self) -> bytes:
         return self.node.encode()
@@ -193,6 +226,10 @@ class GpuState:
     workload_class: str | None = None
     class_confidence: float | None = None
     samples: int = 0
+    # v2: the graded verdict the agent derived from the score and the XID/ECC rules (docs/health.md).
+    verdict: HealthVerdict = HealthVerdict.UNKNOWN
+    verdict_reasons: list[str] = field(default_factory=list)
+    recommended_action: HealthAction = HealthAction.UNKNOWN
 
     def key(self) -> bytes:
         return self.gpu_uuid.encode()

@@ -74,6 +74,11 @@ def gpu_health() -> Dashboard:
               thresholds=[(None, "green"), (1, "red")]),
         Panel("Edge events per minute", [Target(
             f"sum by (kind) (rate(gpuaware_agent_events_total{{{GPU}}}[5m])) * 60", "{{kind}}")], width=8),
+        Panel("GPUs per verdict (docs/health.md)", [Target(
+            f"sum by (verdict) (gpuaware_gpu_health_verdict{{{GPU}}})", "{{verdict}}")], kind="bargauge", width=8),
+        Panel("Recommended actions (not none)", [Target(
+            f'gpuaware_gpu_health_verdict{{{GPU}, action!="none"}}', "{{Hostname}}/{{gpu}} {{verdict}}: {{action}}")],
+              kind="table", width=16),
         Panel("Health score per GPU (lowest 20)", [Target(
             f"bottomk(20, gpuaware_gpu_health_score{{{GPU}}})", "{{Hostname}}/{{gpu}}")], min=0, max=100,
               thresholds=[(None, "red"), (50, "orange"), (80, "green")], width=24),

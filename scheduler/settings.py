@@ -45,6 +45,12 @@ class SchedulerSettings(BaseModel):
     eviction_timeout_s: float = Field(300.0, gt=0, le=86400,
                                       description="how long an eviction blocked by a PodDisruptionBudget is retried")
     eviction_retry_s: float = Field(5.0, gt=0, le=600)
+    breaker_max_fraction: float = Field(0.5, gt=0, le=1,
+                                        description="circuit breaker: at most this share of the nodes newly "
+                                                    "quarantined for GPU health within breaker_window_s")
+    breaker_window_s: float = Field(300.0, gt=0, le=86400)
+    remediation_dry_run: bool = Field(False, description="decide and record cordons and moves for GPU health, "
+                                                         "but make no API call")
     stale_after_s: float = Field(90.0, gt=0, description="a GPU with no state this long is treated as degraded")
     catch_up_stall_s: float = Field(30.0, gt=0, le=3600,
                                     description="on start, give up reading the state topics after this long "

@@ -28,7 +28,18 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from contract.events import EventKind, Forecast, GpuEvent, GpuInfo, GpuSample, GpuState, HealthBand
+from contract.events import (
+    EventKind,
+    Forecast,
+    GpuEvent,
+    GpuInfo,
+    GpuSample,
+    GpuState,
+    HealthAction,
+    HealthBand,
+    HealthVerdict,
+    WatchPoint,
+)
 from stream.fingerprint import WorkloadFingerprint
 from stream.forecast import ExpertForecaster
 
@@ -39,6 +50,9 @@ SMOOTHING = 0.3
 HISTORY_MINUTES = 60
 RECENT_EVENTS = 8
 METRICS = ("util_gpu", "fb_used_mib")
+BAND_VERDICT = {HealthBand.HEALTHY.value: (HealthVerdict.PASS, HealthAction.NONE),
+                HealthBand.DEGRADED.value: (HealthVerdict.WARNING, HealthAction.WATCH),
+                HealthBand.CRITICAL.value: (HealthVerdict.CRITICAL, HealthAction.DRAIN)}
 
 
 @dataclass(frozen=True)
@@ -76,12 +90,16 @@ class GpuTracker:
     health_score: float = 100.0
     health_band: str = HealthBand.HEALTHY.value
     health_components: dict[str, float] = field(default_factory=dict)
+    verdict: str = HealthVerdict.UNKNOWN.value
+    verdict_reasons: list[str] = field(default_factory=list)
+    recommended_action: str = HealthAction.UNKNOWN.value
     recent_events: deque = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
     fingerprint: WorkloadFingerprint = field(default_factory=WorkloadFingerprint)
     forecasts: list[Forecast] = field(default_factory=list)
     last_published_ms: int = 0
+    last_point_ms: int = 0
     published_signature: tuple | None = None
-    published_band: str | None = None
+    published_band: tuple[str, str] | None = None
     settings: TrackerSettings = field(default_factory=TrackerSettings)
     _forecasters: dict[tuple[str, int], ExpertForecaster] | None = None
 
@@ -117,6 +135,20 @@ class GpuTracker:
                                    float(info.fb_total_mib), values["power_w"])
         self._bucket(ts_ms // MINUTE_MS, values["util_gpu"], values["fb_used_mib"])
         return Learned.APPLIED
+
+    def learn_point(self, point: WatchPoint, ts_ms: int, now_ms: int) -> bool:
+        """Fold a light watch point (utilisation and power between full samples) in; True when applied.
+
+        Only after a full sample taught the GPU's identity; a point at or before the last one applied
+        (a replayed batch) is skipped."""
+        if not self.samples or ts_ms <= self.last_point_ms or ts_ms > now_ms + self.settings.max_clock_skew_ms:
+            return False
+        self.last_point_ms = ts_ms
+        for name, v in (("util_gpu", float(point.util_gpu)), ("power_w", point.power_dw / 10.0)):
+            prev = self.smoothed.get(name)
+            self.smoothed[name] = v if prev is None else prev + SMOOTHING * (v - prev)
+        self._bucket(ts_ms // MINUTE_MS, float(point.util_gpu), self.smoothed.get("fb_used_mib", 0.0))
+        return True
 
     def _bucket(self, minute: int, util: float, fb: float) -> None:
         if self.minute is not None and minute > self.minute and self.bucket[2]:
@@ -188,6 +220,10 @@ class GpuTracker:
                     parsed[k] = value
             if parsed:
                 self.health_components = parsed
+            verdict, action = event.attributes.get("verdict"), event.attributes.get("action")
+            if verdict in HealthVerdict.__members__ and action in HealthAction.__members__:
+                self.verdict, self.recommended_action = verdict, action
+                self.verdict_reasons = [r[:200] for r in event.attributes.get("reasons", "").split("\n") if r][:8]
         if not self.node:
             self.node = event.node
 
@@ -204,7 +240,17 @@ class GpuTracker:
             health_score=round(self.health_score, 1), health_band=HealthBand(self.health_band),
             health_components=dict(self.health_components), forecasts=list(self.forecasts),
             workload_class=cls, class_confidence=confidence, samples=self.samples,
+            **self._verdict(),
         )
+
+    def _verdict(self) -> dict:
+        """The agent's last verdict; before any (a healthy GPU's first is not sent), the band's."""
+        if self.verdict != HealthVerdict.UNKNOWN.value or not self.samples:
+            return {"verdict": HealthVerdict(self.verdict), "verdict_reasons": list(self.verdict_reasons),
+                    "recommended_action": HealthAction(self.recommended_action)}
+        verdict, action = BAND_VERDICT.get(self.health_band, (HealthVerdict.UNKNOWN, HealthAction.UNKNOWN))
+        return {"verdict": verdict, "verdict_reasons": [f"health band {self.health_band.lower()}"],
+                "recommended_action": action}
 
     @property
     def fresh_ms(self) -> int:
@@ -218,6 +264,7 @@ class GpuTracker:
             round(s.get("util_gpu", 0.0) / self.settings.util_change),
             round(s.get("fb_used_mib", 0.0) / fb_step),
             self.health_band, self.fingerprint.last_class, len(self.history), self.minute,
+            self.verdict, self.recommended_action,
         )
 
     def due(self, now_ms: int) -> bool:
@@ -226,14 +273,14 @@ class GpuTracker:
         since = now_ms - self.last_published_ms
         if since >= self.settings.max_interval_ms:
             return True
-        if self.published_band is not None and self.health_band != self.published_band:
-            return True  # a health band change is what the scheduler acts on: never held back
+        if self.published_band is not None and (self.health_band, self.verdict) != self.published_band:
+            return True  # a health band or verdict change is what the scheduler acts on: never held back
         return since >= self.settings.min_interval_ms and self._signature() != self.published_signature
 
     def mark_published(self, now_ms: int) -> None:
         self.last_published_ms = now_ms
         self.published_signature = self._signature()
-        self.published_band = self.health_band
+        self.published_band = (self.health_band, self.verdict)
 
     # ------------------------------------------------------------------ snapshot
 
@@ -245,8 +292,11 @@ class GpuTracker:
             "smoothed": self.smoothed,
             "minute": self.minute, "bucket": self.bucket, "history": list(self.history),
             "health_score": self.health_score, "health_band": self.health_band,
-            "health_components": self.health_components, "recent_events": list(self.recent_events),
+            "health_components": self.health_components, "verdict": self.verdict,
+            "verdict_reasons": self.verdict_reasons, "recommended_action": self.recommended_action,
+            "recent_events": list(self.recent_events),
             "fingerprint": self.fingerprint.to_dict(), "last_published_ms": self.last_published_ms,
+            "last_point_ms": self.last_point_ms,
         }
 
     @classmethod
@@ -257,6 +307,11 @@ class GpuTracker:
                      "last_published_ms"):
             setattr(t, name, data[name])
         t.arrived_ms = data.get("arrived_ms", t.sample_ts_ms)  # absent from snapshots written before it
+        t.last_point_ms = data.get("last_point_ms", 0)
+        # Absent from snapshots written before the verdicts (docs/health.md).
+        t.verdict = data.get("verdict", HealthVerdict.UNKNOWN.value)
+        t.verdict_reasons = list(data.get("verdict_reasons", []))
+        t.recommended_action = data.get("recommended_action", HealthAction.UNKNOWN.value)
         t.history = deque((tuple(h) for h in data["history"]), maxlen=HISTORY_MINUTES)
         t.recent_events = deque((tuple(e) for e in data["recent_events"]), maxlen=RECENT_EVENTS)
         t.fingerprint = WorkloadFingerprint.from_dict(data["fingerprint"])

@@ -23,6 +23,7 @@ class StreamStats:
     records: Counter = field(default_factory=Counter)  # topic -> records read
     dlq: Counter = field(default_factory=Counter)  # source topic -> records dead-lettered
     samples: int = 0
+    points: int = 0  # light watch points applied (utilisation and power between full samples)
     duplicates: int = 0
     clock_skew_rejected: int = 0  # samples stamped too far ahead of the worker's clock
     published: Counter = field(default_factory=Counter)  # output topic -> records written

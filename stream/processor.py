@@ -42,6 +42,10 @@ def check_batch(batch: TelemetryBatch) -> None:
             raise InvalidRecord(f"telemetry batch {batch.node}#{batch.batch_seq}: sample seq {s.seq} of slot {s.gpu} "
                                 f"is out of physical range (util {s.util_gpu}/{s.util_mem} %, fb {s.fb_used_mib} MiB, "
                                 f"power {s.power_dw} dW)")
+    for p in batch.points:
+        if not 0 <= p.gpu < slots or not 0 <= p.util_gpu <= 100 or p.power_dw < 0:
+            raise InvalidRecord(f"telemetry batch {batch.node}#{batch.batch_seq}: watch point of slot {p.gpu} is out "
+                                f"of range (util {p.util_gpu} %, power {p.power_dw} dW)")
 
 
 def check_event(event: GpuEvent) -> None:
@@ -101,6 +105,12 @@ class StreamProcessor:
                 self.stats.duplicates += 1
             else:
                 self.stats.clock_skew_rejected += 1
+            touched[key] = t
+        for point in batch.points:
+            key = batch.gpus[point.gpu].uuid
+            t = touched.get(key) or self.tracker(key, partition)
+            if t.learn_point(point, batch.base_ts_ms + point.dt_ms, now_ms):
+                self.stats.points += 1
             touched[key] = t
         for key, t in touched.items():
             self.snapshots[key] = t.to_dict()

@@ -39,6 +39,7 @@ from agent.readings import (
     Reading,
     XidEvent,
 )
+from contract.events import HealthAction, HealthVerdict
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ WORKLOAD_SHAPE: dict[str, tuple[float, float]] = {
     "idle-holding": (0.0, 0.4),
 }
 
-FaultKind = Literal["ecc_sbe_storm", "ecc_dbe", "xid", "thermal_runaway", "power_cap", "stuck_util", "dead"]
+FaultKind = Literal["ecc_sbe_storm", "ecc_dbe", "xid", "thermal_runaway", "power_cap", "stuck_util", "dead",
+                    "telemetry_collapse"]
 
 
 class Fault(BaseModel):
@@ -101,8 +103,14 @@ class Fault(BaseModel):
     xid: int = Field(79, ge=1, description="xid: the XID code")
     rise_c_per_s: float = Field(1.0, gt=0, description="thermal_runaway: extra heating per second")
     cap_w: float | None = Field(None, gt=0, description="power_cap: watts (default 45% of board power)")
+    every_s: float | None = Field(None, gt=0, description="xid: repeated this often while active")
+    period_s: float | None = Field(None, gt=0, description="power_cap: on for half of each period (flapping)")
+    verdict: HealthVerdict | None = Field(None, description="the verdict expected (default: by kind, evaluation)")
+    action: HealthAction | None = Field(None, description="the action expected (default: by kind, evaluation)")
 
     def active(self, t: float) -> bool:
+        if self.period_s is not None and (t - self.at_s) % self.period_s >= self.period_s / 2:
+            return False
         return t >= self.at_s and (self.duration_s is None or t < self.at_s + self.duration_s)
 
 
@@ -265,8 +273,10 @@ class SimGpu:
             self.ecc_dbe += 1
             self.retired_dbe += 1
             self.pending_xids.append(XidEvent(self.index, epoch + s, 48))
-        for f in self._onset("xid", s):
-            self.pending_xids.append(XidEvent(self.index, epoch + s, f.xid))
+        for f in self.faults:
+            if f.kind == "xid" and f.active(s) and (int(f.at_s) == s or (
+                    f.every_s is not None and (s - int(f.at_s)) % int(f.every_s) == 0)):
+                self.pending_xids.append(XidEvent(self.index, epoch + s, f.xid))
 
     def _workload_at(self, s: int, jitter: float) -> tuple[float, float]:
         """Utilisation (%) and framebuffer used (MiB) of this GPU's workload at second ``s``."""
@@ -295,7 +305,7 @@ class SimGpu:
         r = Reading(
             ts=ts, full=full, util_gpu=round(self.util, 1), fb_used_mib=round(self.mem),
             temp_c=round(self.temp, 1), power_w=round(self.power, 1), throttle_reasons=self.throttle,
-            ecc_sbe_volatile=self.ecc_sbe, ecc_dbe_volatile=self.ecc_dbe,
+            ecc_sbe_volatile=self.ecc_sbe, ecc_dbe_volatile=self.ecc_dbe, read_s=0.002,
         )
         if full:
             r.util_mem = round(self.util * self.mem_bw_share, 1)
@@ -327,6 +337,8 @@ class SimGpu:
             if self.mig_profiles:
                 r.mig_instances = len(self.mig_profiles)
                 r.mig = self._mig(busy)
+        for f in self._active("telemetry_collapse", self.second):
+            self._collapse(r, min(1.0, (self.second - f.at_s + 1) / 20.0))
         return r
 
     def pid(self, j: int) -> int:
@@ -350,6 +362,17 @@ class SimGpu:
                            fb_free_mib=round(share - min(share, self.mem / n)),
                            gr_engine_active=round(busy, 3) if self.spec.gpm else None)
                 for g, p in enumerate(self.mig_profiles)]
+
+
+    def _collapse(self, r: Reading, severity: float) -> None:
+        """Before it falls off the bus: reads slow down, fields go absent, some reads come back empty."""
+        u = _jitter(self.scenario.seed + 31, self.gid, self.second)
+        r.read_s = 0.002 + 0.5 * severity * (0.75 + 0.25 * u)
+        if u > 1 - 0.2 * severity:
+            r.util_gpu = r.fb_used_mib = r.temp_c = r.power_w = r.throttle_reasons = None
+            r.ecc_sbe_volatile = r.ecc_dbe_volatile = None
+        elif u < -1 + severity:
+            r.power_w = r.ecc_sbe_volatile = r.ecc_dbe_volatile = None
 
 
 class SimCluster:

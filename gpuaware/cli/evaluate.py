@@ -21,18 +21,20 @@ def eval_group() -> None:
 
 @eval_group.command("sampling")
 @click.option("--scenario", "scenarios", multiple=True,
-              help="Scenario name or YAML (repeatable; default: every scenario in agent/scenarios).")
+              help="Scenario name, YAML or folder of YAMLs, e.g. 'unseen' for the held-out set (repeatable; "
+                   "default: every library scenario in agent/scenarios).")
 @click.option("--policy", "policy_path", default=None, help="Sampling policy YAML to evaluate (default policy).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def eval_sampling(scenarios: tuple[str, ...], policy_path: str | None, as_json: bool) -> None:
     """Adaptive sampling vs fixed 1 s sampling over the fault scenarios (simulated clock).
 
     Reports sample_reduction, util_mae_pct_points, faults_injected, faults_detected,
-    detection_delay_p95_s and false_alarms.
+    detection_delay_p95_s, false_alarms, verdict_accuracy and false_remediations.
 
     \b
     Example:
       gpuaware eval sampling --scenario ecc --scenario stuck-dead --json
+      gpuaware eval sampling --scenario unseen --json
     """
     from agent.evaluation import evaluate_scenarios
     from agent.sampling import PolicyError
@@ -43,7 +45,8 @@ def eval_sampling(scenarios: tuple[str, ...], policy_path: str | None, as_json: 
         click.echo(f"gpuaware eval sampling: {exc}", err=True)
         sys.exit(2)
     echo_figures(result, as_json, 24, keys=("sample_reduction", "util_mae_pct_points", "faults_injected",
-                                            "faults_detected", "detection_delay_p95_s", "false_alarms"))
+                                            "faults_detected", "detection_delay_p95_s", "false_alarms",
+                                            "verdict_accuracy", "false_remediations"))
 
 
 @eval_group.command("forecast")

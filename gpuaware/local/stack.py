@@ -26,8 +26,18 @@ from agent.cordons import CordonWatcher
 from agent.main import serve_metrics
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy
+from agent.verdict import ACTION_RANK, VERDICT_RANK
 from contract import topics
-from contract.events import ClusterForecast, DecodeError, GpuEvent, GpuState, HealthBand, decode
+from contract.events import (
+    ClusterForecast,
+    DecodeError,
+    GpuEvent,
+    GpuState,
+    HealthAction,
+    HealthBand,
+    HealthVerdict,
+    decode,
+)
 from gpuaware.local.broker import BrokerSettings, LocalBroker
 from gpuaware.local.processes import finish, free_port, stop_children
 from gpuaware.local.prometheus import LocalPrometheus
@@ -188,11 +198,16 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
         # The stream's reaction: its first gpu.state with a worse health band after the fault.
         moved = [t - cluster.epoch - f.at_s for t, band in state.band_seen.get(uuid, [])
                  if band != HealthBand.HEALTHY.value and t - cluster.epoch >= f.at_s]
+        verdict, action = worst_verdict([e for e in state.all_events if e.gpu_uuid == uuid
+                                         and e.ts_ms / 1000 - cluster.epoch >= f.at_s - 0.002])
         faults.append({"kind": f.kind, "node": scenario.node_name(f.node), "gpu": f.gpu, "at_s": f.at_s,
                        "injected": f.at_s <= elapsed, "agent_reaction_s": round(min(reacted), 2) if reacted else None,
                        "stream_reaction_s": round(min(moved), 2) if moved else None,
                        "scheduler_reaction_s": sched.reaction_s(scenario.node_name(f.node), f.gpu,
-                                                                cluster.epoch + f.at_s) if sched else None})
+                                                                cluster.epoch + f.at_s) if sched else None,
+                       "verdict": verdict, "action": action,
+                       **(sched.remediation(scenario.node_name(f.node), f.gpu, cluster.epoch + f.at_s) if sched
+                          else {})})
     bands = Counter(("lost" if t.lost else t.health.band.value.lower()) for c in runtime.cores for t in c.tracks)
     return {
         "bootstrap": broker.bootstrap,
@@ -224,6 +239,14 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
         "components": {"broker": "running", "agents": "running", "stream": "running",
                        "scheduler": "running" if sched is not None else "off (--no-scheduler)"},
     }
+
+
+def worst_verdict(evs: list) -> tuple[str | None, str | None]:
+    """The worst verdict and strongest action the agent's HEALTH_CHANGE events gave (docs/health.md)."""
+    verdicts = [HealthVerdict(v) for e in evs if (v := e.attributes.get("verdict")) in HealthVerdict.__members__]
+    actions = [HealthAction(a) for e in evs if (a := e.attributes.get("action")) in HealthAction.__members__]
+    return (max(verdicts, key=VERDICT_RANK.get).value if verdicts else None,
+            max(actions, key=ACTION_RANK.get).value if actions else None)
 
 
 class Interrupts:

@@ -249,6 +249,20 @@ class StackScheduler:
                  if n == node and g == gpu and band > 0 and t >= injected_unix]
         return round(min(after), 2) if after else None
 
+    def remediation(self, node: str, gpu: int, injected_unix: float) -> dict[str, Any]:
+        """The remediation chain for a fault: seconds from injection to the GPU's cordon and to its pods
+        being moved off, and whether the circuit breaker held it (docs/health.md)."""
+        health = self.live.health
+        steps = health.timeline.get((node, gpu), {}) if health is not None else {}
+
+        def since(step: str) -> float | None:
+            t = steps.get(step)
+            return round(max(0.0, float(t) - injected_unix), 2) if isinstance(t, float) else None
+
+        return {"time_to_cordon_s": since("cordoned"), "time_workloads_moved_s": since("moved"),
+                "time_back_in_service_s": None,  # validation and return to service: not built yet
+                "breaker_held": bool(steps.get("breaker_held", False))}
+
     def summary(self) -> dict[str, Any]:
         count = self.live.stats.by_action()
         waits = self.load.waits()

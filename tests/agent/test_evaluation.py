@@ -12,11 +12,18 @@ from agent.evaluation import EXPECTED, run_scenario
 def test_each_fault_raises_its_event_and_drops_health(path):
     result = run_scenario(path)
     assert result.faults
-    for f in result.faults:
+    scenario = load_scenario(path)
+    for f, fault in zip(result.faults, scenario.faults, strict=True):
         assert f.detected, f"{f.kind} on {f.node}/{f.gpu} raised none of {EXPECTED[f.kind]}"
-        assert f.delay_s is not None and f.delay_s <= 3.0, f
+        # A failing fan (a slow drift, caught against the GPU's line and its peers) takes longer, and a
+        # telemetry collapse needs 3 bad reads of 5.
+        bound = 15.0 if fault.kind == "thermal_runaway" and fault.rise_c_per_s < 0.9 else (
+            5.0 if fault.kind == "telemetry_collapse" else 3.0)
+        assert f.delay_s is not None and f.delay_s <= bound, f
         assert f.health_min_after < f.health_before, f
+        assert f.verdict_ok, f
     assert result.false_alarms == 0
+    assert result.false_remediations == 0
 
 
 def test_healthy_gpus_raise_no_alarms_and_sampling_backs_off():

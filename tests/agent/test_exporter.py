@@ -62,6 +62,12 @@ def test_exporter_speaks_dcgm_names_and_leaves_unsupported_fields_out():
     assert "0" not in mem_temp
     comps = {s.labels["component"] for s in families["gpuaware_gpu_health_component"].samples}
     assert {"ecc", "xid", "thermal", "power", "throttle", "pcie"} <= comps
+    verdicts = families["gpuaware_gpu_health_verdict"].samples
+    assert len(verdicts) == 8 and {s.labels["verdict"] for s in verdicts} == {"pass"}
+    assert {s.labels["action"] for s in verdicts} == {"none"}
+    (node,) = families["gpuaware_node_health_verdict"].samples
+    assert (node.labels["Hostname"], node.labels["verdict"], node.value) == ("sim-node-000", "pass", 1.0)
+
 
 def test_metrics_are_served_in_the_text_format_prometheus_2_parses():
     core, _ = _core({"gpus_per_node": 1}, seconds=2)

@@ -43,7 +43,7 @@ def test_an_ordinary_policy_with_per_node_overrides_still_parses():
 
 
 def test_sampler_backs_off_while_stable_and_snaps_to_the_floor():
-    policy = SamplingPolicy(floor_s=1, ceiling_s=30, backoff=2)
+    policy = SamplingPolicy(floor_s=1, ceiling_s=30, backoff=2, light_points=False)
     s = AdaptiveSampler(policy, fb_total_mib=80000, power_limit_w=700)
     t, taken = 0.0, []
     while t < 200:
@@ -62,6 +62,27 @@ def test_sampler_backs_off_while_stable_and_snaps_to_the_floor():
     assert s.interval == 2
     s.snap()
     assert s.due(reading(t + 1.5, util=90.0))
+
+
+def test_utilisation_moves_are_light_points_and_the_full_interval_keeps_backing_off():
+    s = AdaptiveSampler(SamplingPolicy(floor_s=1, ceiling_s=30, backoff=2), fb_total_mib=80000, power_limit_w=700)
+    points, full = [], []
+    for t in range(120):
+        # bursty: 3 s busy, 9 s idle
+        r = reading(float(t), util=95.0 if (t // 3) % 4 == 0 else 5.0, power=650.0 if (t // 3) % 4 == 0 else 100.0)
+        sampled = s.due(r)
+        if sampled:
+            s.taken(r, changed=False)
+            full.append(r.ts)
+        points += s.light(r, sampled)
+    assert s.interval == 30  # the bursts never snapped the full-sample interval
+    # Each step publishes the new level and the end of the plateau before it: a line through the
+    # published points follows the steps.
+    published = {p.ts for p in points} | set(full)
+    assert published >= {11.0, 12.0, 14.0, 15.0, 23.0, 24.0, 26.0, 27.0}
+    assert len(full) < 10 and len(points) < 60
+    hot = reading(121.0, temp=80.0)
+    assert s.outside_deadband(hot) == "temp" and s.due(hot)  # other metrics still take full samples
 
 
 def test_policy_validation_names_the_field():

@@ -29,7 +29,9 @@ from contract.events import (
     GpuInfo,
     GpuSample,
     GpuState,
+    HealthAction,
     HealthBand,
+    HealthVerdict,
     ModelDemand,
     NodeGpu,
     NodeState,
@@ -57,7 +59,7 @@ EXAMPLES = [
              message="GPU fell off the bus", attributes={"pid": "4242"}),
     GpuState(UUID, "node-a", "H100", 1, 2, 55.5, 20.0, 30000.0, 81559, 410.0, 66.0, 87.5, HealthBand.HEALTHY,
              {"ecc": 100.0, "thermal": 75.0}, [Forecast("util_gpu", 300, 60.0, 40.0, 80.0)], "training-compute",
-             0.9, 1234),
+             0.9, 1234, HealthVerdict.WARNING, ["XID 63 on this GPU: row remap pending"], HealthAction.DRAIN),
     NodeState("node-a", 3, 96000, 1_048_576, [NodeGpu(UUID, 0, "H100", 81559, 0, HealthBand.DEGRADED)], 500, 40000),
     ClusterForecast("local", 4, [ModelDemand("H100", 900, 12.5, 10.0, 15.0, 16.0)]),
     SchedulerDecision("d-1", 5, "ns/pod-1", DecisionAction.PLACE, tenant="team-a", priority="high", node="node-a",
@@ -242,3 +244,12 @@ def test_the_contract_imports_without_faust():
     code = ("import sys, contract.events, contract.topics, plumbing.kafka_settings, plumbing.kafka_admin, "
             "plumbing.observability; sys.exit('faust' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_a_v1_gpu_state_decodes_with_an_unknown_verdict():
+    """gpu.state.v1 records written before the verdict fields (v1) still decode, with their defaults."""
+    old = dataclasses.replace(EXAMPLES[2], verdict=HealthVerdict.UNKNOWN, verdict_reasons=[],
+                              recommended_action=HealthAction.UNKNOWN)
+    decoded = events.decode(events.encode(EXAMPLES[2], version=1))
+    assert decoded == old
+    assert events.decode(events.encode(EXAMPLES[2])) == EXAMPLES[2]

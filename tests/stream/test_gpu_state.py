@@ -116,3 +116,19 @@ def test_health_events_set_score_band_and_components() -> None:
     assert state.health_band == HealthBand.CRITICAL and state.health_score == 22.0
     assert state.health_components == {"ecc": 40.0, "xid": 30.0}
     assert proc.snapshots["GPU-n-0"]["recent_events"][-1][1] == "HEALTH_CHANGE"
+
+
+def test_light_watch_points_move_utilisation_between_full_samples_once() -> None:
+    from contract.events import WatchPoint
+
+    proc = StreamProcessor({})
+    t0 = 1_700_000_000_000
+    proc.on_telemetry(telemetry_batch("n", 1, t0, util=10), 0, t0)
+    batch = telemetry_batch("n", 2, t0 + 1000, util=10)
+    batch.samples = []
+    batch.points = [WatchPoint(0, 0, 90, 3000), WatchPoint(0, 1000, 95, 3100)]
+    proc.on_telemetry(batch, 0, t0 + 2500)
+    snap = proc.snapshots["GPU-n-0"]
+    assert snap["smoothed"]["util_gpu"] > 40 and proc.stats.points == 2
+    proc.on_telemetry(batch, 0, t0 + 3000)  # replayed: applied once
+    assert proc.stats.points == 2 and proc.snapshots["GPU-n-0"]["smoothed"] == snap["smoothed"]

@@ -39,6 +39,14 @@ def test_up_runs_the_simulated_cluster_and_every_fault_gets_a_reaction(tmp_path)
     assert sched["placements"] > 0 and sched["pods_submitted"] >= sched["placements"] - sched["migrations"]
     assert all(f["scheduler_reaction_s"] is not None for f in summary["faults"]), summary["faults"]
     assert sched["cordons"] >= 1
+    # Per fault: the verdict and the remediation chain (docs/health.md). Two nodes: the circuit breaker
+    # lets one be quarantined in 5 minutes and holds the other.
+    xid79, dbe, dead = summary["faults"]
+    assert (xid79["verdict"], xid79["action"]) == ("CRITICAL", "REBOOT_NODE")
+    assert dbe["verdict"] == "CRITICAL" and dead["action"] == "REBOOT_NODE"
+    cordoned = [f for f in summary["faults"] if f["time_to_cordon_s"] is not None]
+    assert cordoned and all(f["time_workloads_moved_s"] >= f["time_to_cordon_s"] for f in cordoned)
+    assert any(f["breaker_held"] for f in summary["faults"]) and not all(f["breaker_held"] for f in summary["faults"])
     from gpuaware.local.prometheus import available
 
     if available():  # the local Prometheus evaluated the rules on the agent's metrics: the lost GPU pages

@@ -5,7 +5,16 @@ from __future__ import annotations
 import time
 
 from contract import annotations
-from contract.events import DecisionAction, GpuState, HealthBand, NodeGpu, NodeState, SchedulerDecision
+from contract.events import (
+    DecisionAction,
+    GpuState,
+    HealthAction,
+    HealthBand,
+    HealthVerdict,
+    NodeGpu,
+    NodeState,
+    SchedulerDecision,
+)
 from gpuaware.local.fake_apiserver import make_node, make_pod
 from scheduler.feed import StateView
 from scheduler.kube.decisions import DecisionSink
@@ -102,3 +111,43 @@ async def test_a_refused_cordon_is_tried_again_on_the_next_update(fake, listed, 
     view.learn(gpu(0, HealthBand.CRITICAL))
     step(state, health)
     await wait_for(lambda: stats.decisions[("CORDON", "gpu-critical")] == 1, what="cordon on retry")
+
+
+def verdict_gpu(g: int, action: HealthAction) -> GpuState:
+    state = gpu(g, HealthBand.DEGRADED)
+    state.verdict, state.recommended_action = HealthVerdict.WARNING, action
+    return state
+
+
+async def test_a_verdict_asking_for_a_drain_cordons_an_info_one_does_not(fake, listed, calls, stats, tasks, wait_for):
+    view, state, health, _published = setup(fake, listed, calls, stats, tasks)
+    step(state, health)
+    view.learn(verdict_gpu(0, HealthAction.WATCH))
+    step(state, health)
+    assert len(tasks) == 0
+    view.learn(verdict_gpu(0, HealthAction.DRAIN))
+    step(state, health)
+    await wait_for(lambda: "on0" not in pod_names(fake), what="pod on the GPU to drain evicted")
+    (node,) = fake.objects("nodes")
+    assert annotations.cordoned_gpus(node) == {0}
+
+
+async def test_the_circuit_breaker_holds_and_dry_run_makes_no_api_call(fake, listed, calls, stats, tasks, wait_for):
+    view, state, health, published = setup(fake, listed, calls, stats, tasks)
+    step(state, health)
+    health.breaker.quarantined.append((time.time(), "another-node"))  # the cluster's quota is spent
+    view.learn(gpu(1, HealthBand.CRITICAL))
+    step(state, health)
+    await wait_for(lambda: len(tasks) == 0, what="decision recorded")
+    (node,) = fake.objects("nodes")
+    assert annotations.cordoned_gpus(node) == set() and "on1" in pod_names(fake)
+    assert [r.action for r in published] == [DecisionAction.DEFER] and "breaker held" in published[0].reasons[0]
+    assert stats.decisions[("DEFER", "breaker-held")] == 1 and health.breaker.held == 1
+    health.breaker.quarantined.clear()
+    health.dry_run = True
+    view.learn(gpu(1, HealthBand.CRITICAL))
+    step(state, health)  # the held GPU is tried again: now allowed, but in dry run
+    await wait_for(lambda: len(tasks) == 0, what="dry-run decision recorded")
+    (node,) = fake.objects("nodes")
+    assert annotations.cordoned_gpus(node) == set() and "on1" in pod_names(fake)
+    assert published[-1].action == DecisionAction.CORDON and published[-1].reasons[0].startswith("dry run")

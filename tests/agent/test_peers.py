@@ -1,0 +1,88 @@
+"""Peer comparison, telemetry collapse and slow ECC storms: the fault shapes the first detectors missed."""
+
+from __future__ import annotations
+
+from agent.anomaly import EccRate, TelemetryCollapse
+from agent.collectors.sim import SimCluster
+from agent.core import AgentCore
+from agent.peers import NodePeers
+from agent.sampling import SamplingPolicy
+from tests.support import reading, sim_cluster
+
+
+def _run(cluster: SimCluster, clock: list[float], seconds: int) -> list:
+    core = AgentCore(cluster.node(0), SamplingPolicy(), clock=lambda: clock[0])
+    events = []
+    for s in range(seconds):
+        clock[0] = float(s)
+        events += [(s, e) for e in core.tick(float(s)).events]
+    return events
+
+
+def test_a_failing_fan_that_settles_below_the_throttle_point_is_flagged_against_its_peers():
+    cluster, clock = sim_cluster("drift")
+    cluster.gpus[0][5].faults = []  # the fan alone
+    events = _run(cluster, clock, 700)
+    flagged = [(s, e) for s, e in events if e.attributes.get("detector") == "thermal_peer"]
+    assert flagged and all(e.gpu_uuid == cluster.gpus[0][2].uuid for _, e in flagged)
+    assert 500 <= flagged[0][0] <= 515
+    assert cluster.gpus[0][2].temp < cluster.gpus[0][2].spec.slowdown_temp_c  # it settled below the throttle point
+    assert not any(e.kind.startswith("THERMAL_THROTTLE") for _, e in events)
+
+
+def test_a_warmer_room_heats_every_gpu_and_flags_none():
+    peers = NodePeers(["H100"] * 4, [700.0] * 4)
+    found = []
+    for s in range(900):
+        room = 0.0 if s < 600 else min(6.0, (s - 600) * 0.1)  # +6 °C on every GPU within a minute
+        rs = {g: reading(float(s), power=300.0 + 50 * g, temp=30 + 31.5 * (300 + 50 * g) / 700 + room)
+              for g in range(4)}
+        found += peers.learn(rs)
+    assert found == []
+
+
+def _sbe(ts: float, count: int):
+    r = reading(ts)
+    r.ecc_sbe_volatile = count
+    return r
+
+
+def test_a_slow_sbe_storm_is_flagged_within_seconds_and_stray_errors_are_not():
+    ecc = EccRate()
+    count, fired = 0, None
+    for s in range(120):
+        count += 3 if s >= 60 else 0
+        if ecc.learn_one(_sbe(float(s), count)) and fired is None:
+            fired = s
+    assert fired is not None and fired - 60 <= 3
+    stray = EccRate()
+    assert not any(stray.learn_one(_sbe(float(s), s // 600)) for s in range(3600))
+
+
+def test_telemetry_collapse_fires_on_absent_fields_and_slow_reads_not_on_one_glitch():
+    tc = TelemetryCollapse()
+    for s in range(30):
+        assert tc.learn_one(reading(float(s), read_s=0.002)) is None
+    glitch = reading(30.0, read_s=0.002)
+    glitch.power_w = None
+    assert tc.learn_one(glitch) is None
+    assert tc.learn_one(reading(31.0, read_s=0.002)) is None
+    fired = []
+    for s in range(32, 40):
+        r = reading(float(s), read_s=0.3)
+        if s % 2:
+            r.temp_c = None
+        fired.append(tc.learn_one(r))
+    hits = [f for f in fired if f is not None]
+    assert len(hits) == 1 and hits[0].detector == "telemetry_collapse" and "read took 300 ms" in hits[0].message
+
+
+def test_collapse_precedes_the_loss_and_the_verdict_asks_for_a_drain_first():
+    cluster, clock = sim_cluster("collapse")
+    events = _run(cluster, clock, 600)
+    gpu3 = cluster.gpus[0][3].uuid
+    collapse = [s for s, e in events if e.gpu_uuid == gpu3 and e.attributes.get("detector") == "telemetry_collapse"]
+    lost = [s for s, e in events if e.gpu_uuid == gpu3 and e.attributes.get("action") == "REBOOT_NODE"]
+    drain = [s for s, e in events if e.gpu_uuid == gpu3 and e.attributes.get("action") == "DRAIN"]
+    assert collapse and 500 <= collapse[0] <= 508
+    assert drain and drain[0] < 560 <= lost[0]
