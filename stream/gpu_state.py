@@ -246,7 +246,9 @@ class GpuTracker:
             "minute": self.minute, "bucket": self.bucket, "history": list(self.history),
             "health_score": self.health_score, "health_band": self.health_band,
             "health_components": self.health_components, "recent_events": list(self.recent_events),
-            "fingerprint": self.fingerprint.to_dict(), "last_published_ms": self.last_published_ms,
+            # Its fields are flat numbers and strings: a copy of them is what dataclasses.asdict() returns,
+            # at a tenth of the cost (asdict deep-copies; this runs for every GPU of every batch).
+            "fingerprint": dict(vars(self.fingerprint)), "last_published_ms": self.last_published_ms,
         }
 
     @classmethod

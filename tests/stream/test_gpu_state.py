@@ -117,3 +117,19 @@ def test_health_events_set_score_band_and_components() -> None:
     assert state.health_band == HealthBand.CRITICAL and state.health_score == 22.0
     assert state.health_components == {"ecc": 40.0, "xid": 30.0}
     assert proc.snapshots["GPU-n-0"]["recent_events"][-1][1] == "HEALTH_CHANGE"
+
+
+def test_snapshot_fingerprint_is_what_asdict_gives():
+    # to_dict copies the fingerprint's fields itself (hot path); the snapshot must not change shape.
+    import dataclasses
+
+    from contract.events import GpuInfo, GpuSample
+
+    t = GpuTracker(uuid="GPU-x")
+    info = GpuInfo("GPU-x", 0, "H100", 81559)
+    for i in range(15):
+        t.learn_sample("n", info, GpuSample(0, i, 0, 40 + i, 10, 1000 + i, 3000, 50), 1_000 * i, 1_000 * i)
+    snap = t.to_dict()
+    assert snap["fingerprint"] == dataclasses.asdict(t.fingerprint)
+    assert snap["fingerprint"] is not vars(t.fingerprint)
+    assert GpuTracker.from_dict(snap).fingerprint == t.fingerprint
