@@ -193,5 +193,5 @@ def run_bench(kafka: KafkaSettings, worker_counts: list[int], gpus: int, samples
         "results": results,
         "scaling": {str(r["workers"]): round(r["gpu_samples_per_s"] / one, 2) for r in results} if one else {},
         "cpus": os.cpu_count(),
-        "targets": {"gpu_samples_per_s_per_worker": 10_000, "p99_latency_s": 2.0},
+        "targets": {"gpu_samples_per_s_per_worker": 30_000, "p99_latency_s": 1.0},
     }
