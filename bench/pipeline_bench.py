@@ -240,8 +240,8 @@ async def run_size(kafka: KafkaSettings, gpus: int, workers: int, seconds: float
         published = (gen1.get("samples", 0) - gen0.get("samples", 0)) / elapsed
         applied = (_applied(procs) - applied0) / elapsed
         cpu = {k: round(100 * (cpu_seconds(p) - cpu0[k]) / elapsed, 1) for k, p in pids.items()}
-        cpu["stream_workers"] = [round(100 * (cpu_seconds(p.pid) - c) / elapsed, 1) for p, c in zip(procs, wcpu0,
-                                                                                                    strict=True)]
+        worker_cpu = [cpu_seconds(p.pid) - c for p, c in zip(procs, wcpu0, strict=True)]
+        cpu["stream_workers"] = [round(100 * c / elapsed, 1) for c in worker_cpu]
         rss = {"generator": round(peak_rss_mib(generator.pid), 1), "scheduler": round(rss_mib(os.getpid()), 1),
                "broker": round(peak_rss_mib(broker_pid), 1),
                "stream_workers": [round(peak_rss_mib(p.pid), 1) for p in procs]}
@@ -255,6 +255,8 @@ async def run_size(kafka: KafkaSettings, gpus: int, workers: int, seconds: float
             "gpus": nodes * GPUS_PER_NODE, "workers": workers, "nodes": nodes, "seconds": round(elapsed, 1),
             "published_samples_per_s": round(published, 1), "samples_per_s": round(applied, 1),
             "generator_late_s": round(late, 2),
+            # What a worker does with a CPU second: the figure a shared, overloaded machine cannot skew.
+            "samples_per_worker_cpu_s": round(applied * elapsed / max(sum(worker_cpu), 1e-3), 1),
             "states_measured": len(measured),
             "p50_sample_to_state_s": _pct(measured, 50), "p99_sample_to_state_s": p99,
             "p99_beyond_batching_s": round(max(0.0, p99 - BATCH_WINDOW_S), 2) if p99 is not None else None,

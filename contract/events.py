@@ -101,7 +101,7 @@ class ControlKind(enum.StrEnum):
 # Field names and order mirror the newest .avsc of each record (a test checks it).
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuInfo:
     uuid: str
     index: int
@@ -109,7 +109,7 @@ class GpuInfo:
     fb_total_mib: int
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuSample:
     gpu: int
     seq: int
@@ -131,7 +131,7 @@ class GpuSample:
     dram_active_pm: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class TelemetryBatch:
     SCHEMA: ClassVar[str] = "telemetry_batch"
     node: str
@@ -144,7 +144,7 @@ class TelemetryBatch:
         return self.node.encode()
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuEvent:
     SCHEMA: ClassVar[str] = "gpu_event"
     event_id: str
@@ -163,7 +163,7 @@ class GpuEvent:
         return self.gpu_uuid.encode()
 
 
-@dataclass
+@dataclass(slots=True)
 class Forecast:
     metric: str
     horizon_s: int
@@ -172,7 +172,7 @@ class Forecast:
     upper: float
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuState:
     SCHEMA: ClassVar[str] = "gpu_state"
     gpu_uuid: str
@@ -198,7 +198,7 @@ class GpuState:
         return self.gpu_uuid.encode()
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeGpu:
     uuid: str
     index: int
@@ -208,7 +208,7 @@ class NodeGpu:
     health_band: HealthBand
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeState:
     SCHEMA: ClassVar[str] = "node_state"
     node: str
@@ -223,7 +223,7 @@ class NodeState:
         return self.node.encode()
 
 
-@dataclass
+@dataclass(slots=True)
 class ModelDemand:
     model: str
     horizon_s: int
@@ -233,7 +233,7 @@ class ModelDemand:
     capacity_gpus: float
 
 
-@dataclass
+@dataclass(slots=True)
 class ClusterForecast:
     SCHEMA: ClassVar[str] = "cluster_forecast"
     cluster: str
@@ -244,14 +244,14 @@ class ClusterForecast:
         return self.cluster.encode()
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuAssignment:
     gpu_uuid: str
     milli: int
     fb_mib: int
 
 
-@dataclass
+@dataclass(slots=True)
 class SchedulerDecision:
     SCHEMA: ClassVar[str] = "scheduler_decision"
     decision_id: str
@@ -271,7 +271,7 @@ class SchedulerDecision:
         return self.workload_id.encode()
 
 
-@dataclass
+@dataclass(slots=True)
 class AgentControl:
     SCHEMA: ClassVar[str] = "agent_control"
     command_id: str
