@@ -194,6 +194,7 @@ def _pipeline_broker(obj: Context, broker: str) -> Iterator[tuple[KafkaSettings,
         raise click.ClickException(f"--broker apache: {missing}")
     observability.setup("bench", log_level="warning")
     with ApacheKafka(full_jit=True) as kafka:
-        settings = kafka.kafka_settings(session_timeout_ms=2000)
+        # Apache Kafka refuses sessions under group.min.session.timeout.ms (6 s): the client default stays.
+        settings = kafka.kafka_settings()
         asyncio.run(ensure_topics(settings))
         yield settings, kafka.pid
