@@ -5,7 +5,8 @@ synthetic GPUs (8 per node, batches of ``samples_per_batch`` samples per GPU, as
 flushes every few seconds sends them):
 1. **throughput**: a backlog of ``backlog`` samples is written first; then ``workers`` stream
    workers start, and the rate is the backlog divided by the time from the first applied sample
-   to the last (read from the workers' /metrics);
+   to the last (read from the workers' /metrics); ``gpu_samples_per_worker_cpu_s`` divides the
+   backlog by the CPU seconds the workers spent meanwhile (their efficiency, whatever else runs);
 2. **latency**: telemetry is then produced live at ``rate`` samples/s, stamped at production,
    and a consumer of ``gpu.state.v1`` takes, for each state that carries a new sample, the time
    from that sample's stamp to the state's arrival: p50/p99 over ``latency_s`` seconds, after a
@@ -76,21 +77,24 @@ async def _produce(batches: list[TelemetryBatch], producer: AIOKafkaProducer) ->
     await asyncio.gather(*futures)
 
 
-async def _wait_applied(workers: list[StreamWorkerProcess], total: int, timeout_s: float) -> tuple[float, float]:
-    """(time the first sample was applied, time all ``total`` were), polling the workers' counters."""
+async def _wait_applied(workers: list[StreamWorkerProcess], total: int,
+                        timeout_s: float) -> tuple[float, float, float]:
+    """(time the first sample was applied, time all ``total`` were, the workers' CPU seconds in between),
+    polling the workers' counters."""
     first = None
+    cpu_first = 0.0
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         applied = sum(w.counter("gpuaware_stream_samples_total") for w in workers)
         now = time.monotonic()
         if applied > 0 and first is None:
-            first = now
+            first, cpu_first = now, sum(cpu_seconds(w.pid) for w in workers)
         if applied >= total:
-            return first or now, now
+            return first or now, now, sum(cpu_seconds(w.pid) for w in workers) - cpu_first
         for w in workers:
             if not w.running():
                 raise RuntimeError(f"stream worker {w.name} exited:\n{w.log_tail()}")
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.25)  # each scrape costs the worker a walk over its GPUs
     raise TimeoutError(f"workers applied {applied:.0f} of {total} samples within {timeout_s:.0f}s")
 
 
@@ -151,7 +155,7 @@ async def run_phase(kafka: KafkaSettings, workdir: Path, workers: int, gpus: int
         procs = [StreamWorkerProcess(kafka, app_id, workdir, f"{app_id}-{i}") for i in range(workers)]
         for p in procs:
             p.start()
-        first, last = await _wait_applied(procs, total, timeout_s=600)
+        first, last, drain_cpu_s = await _wait_applied(procs, total, timeout_s=600)
         rate_backlog = total / max(last - first, 1e-3)
         latencies = await _latency(kafka, fleet, rate, latency_s, producer)
         cpu = [cpu_seconds(p.pid) for p in procs]
@@ -164,6 +168,8 @@ async def run_phase(kafka: KafkaSettings, workdir: Path, workers: int, gpus: int
             "backlog_samples": total,
             "gpu_samples_per_s": round(rate_backlog, 1),
             "gpu_samples_per_s_per_worker": round(rate_backlog / workers, 1),
+            # Per CPU second the workers spent draining: what a shared, overloaded machine cannot skew.
+            "gpu_samples_per_worker_cpu_s": round(total / max(drain_cpu_s, 1e-3), 1),
             "latency_rate_samples_per_s": rate,
             "latency_states": len(latencies),
             "p50_latency_s": round(float(np.nanpercentile(lat, 50)), 3),
@@ -193,5 +199,5 @@ def run_bench(kafka: KafkaSettings, worker_counts: list[int], gpus: int, samples
         "results": results,
         "scaling": {str(r["workers"]): round(r["gpu_samples_per_s"] / one, 2) for r in results} if one else {},
         "cpus": os.cpu_count(),
-        "targets": {"gpu_samples_per_s_per_worker": 10_000, "p99_latency_s": 2.0},
+        "targets": {"gpu_samples_per_s_per_worker": 30_000, "p99_latency_s": 1.0},
     }

@@ -37,8 +37,6 @@ async def prepare(kafka: KafkaSettings, settings: StreamSettings) -> StreamSetti
 
 def run_worker(kafka: KafkaSettings, settings: StreamSettings, cluster: str, metrics_host: str, metrics_port: int,
                log_level: str = "info") -> None:
-    import faust
-
     settings = asyncio.run(prepare(kafka, settings))
     stats = StreamStats()
     app, processor = create_app(kafka, settings, cluster, stats)
@@ -48,5 +46,18 @@ def run_worker(kafka: KafkaSettings, settings: StreamSettings, cluster: str, met
         start_http_server(metrics_port, addr=metrics_host, registry=registry)
         log.info("serving /metrics on %s:%d", metrics_host, metrics_port)
     # The Faust worker owns the event loop and stops cleanly on SIGINT/SIGTERM.
+    make_worker(app, log_level).execute_from_commandline()
+
+
+def make_worker(app: object, log_level: str) -> object:
+    """The Faust worker, logging at ``log_level``.
+
+    Without its terminal spinner: at WARNING and above Faust sets the root logger to DEBUG so the
+    spinner turns on every record, and every debug record of aiokafka and Faust (several per
+    message produced) was then built and handled: ~4 % of a busy worker's time (docs/performance.md).
+    """
+    import faust
+
     worker = faust.Worker(app, loglevel=log_level.upper(), quiet=True, redirect_stdouts=False)
-    worker.execute_from_commandline()
+    worker.spinner = None
+    return worker

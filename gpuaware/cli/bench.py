@@ -142,26 +142,70 @@ def bench_scheduler_cmd(obj: Context, node_csv: str, pod_csv: str, burst: int, r
 
 
 @bench.command("pipeline")
-@click.option("--sizes", default="64,256,1024,4096", show_default=True, help="Fleet sizes in GPUs, comma-separated.")
-@click.option("--seconds", type=float, default=30.0, show_default=True, help="Measured time per size.")
+@click.option("--sizes", default="4096,16384,50000,100000", show_default=True,
+              help="Fleet sizes in GPUs, comma-separated.")
+@click.option("--workers", "worker_counts", default="1,2", show_default=True,
+              help="Stream worker counts measured at each size, comma-separated.")
+@click.option("--seconds", type=float, default=30.0, show_default=True, help="Measured time per size and worker count.")
+@click.option("--broker", type=click.Choice(["embedded", "apache"]), default="embedded", show_default=True,
+              help="A fresh embedded broker, or Apache Kafka from the real parts (ignored with --bootstrap-servers).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.pass_obj
-def bench_pipeline_cmd(obj: Context, sizes: str, seconds: float, as_json: bool) -> None:
-    """The whole pipeline (agents, a stream worker, the scheduler) at rising fleet sizes on this machine.
+def bench_pipeline_cmd(obj: Context, sizes: str, worker_counts: str, seconds: float, broker: str,
+                       as_json: bool) -> None:
+    """The stream and the scheduler under a fleet's telemetry (load generator, stream workers, scheduler).
 
-    Per size: samples/s, p99 sample-to-state latency, the stream's max consumer lag and whether it
-    grows, the scheduler's p99 cycle time, CPU and memory of each process; and the largest fleet
-    sustained without growing lag. Progress on stderr, figures on stdout.
+    Per size and worker count: samples/s published and applied, the stream's max consumer lag and
+    whether it grows, p99 sample-to-state latency (with and beyond the agents' 5 s batching), the
+    scheduler's cycle p99 with the fleet's live state, its feed lag and memory, CPU and memory of
+    each process; and the largest fleet sustained. Progress on stderr, figures on stdout.
 
     \b
     Example:
-      gpuaware bench pipeline --sizes 64,256 --seconds 30 --json
+      gpuaware bench pipeline --sizes 4096,50000 --workers 1 --seconds 30 --json
     """
     from bench.pipeline_bench import run_pipeline_bench
 
-    fleet = _int_list(sizes, 8, "--sizes", "64,256")
-    with _broker(obj, session_timeout_ms=2000) as (kafka, broker_pid):
-        result = run_pipeline_bench(kafka, fleet, seconds, broker_pid, progress=progress_to_stderr("bench pipeline"))
+    fleet = _int_list(sizes, 8, "--sizes", "4096,50000")
+    counts = tuple(_int_list(worker_counts, 1, "--workers", "1,2"))
+    progress = progress_to_stderr("bench pipeline")
+    with _pipeline_broker(obj, broker) as (kafka, broker_pid):
+        result = run_pipeline_bench(kafka, fleet, seconds, broker_pid, counts, broker, progress=progress)
     click.echo(json.dumps(result, indent=2) if as_json else
                "\n".join(json.dumps(r) for r in result["results"])
                + f"\nlargest sustained: {result['largest_sustained_gpus']} GPUs")
+
+
+@contextmanager
+def _pipeline_broker(obj: Context, broker: str) -> Iterator[tuple[KafkaSettings, int | None]]:
+    """``_broker``, or a fresh Apache Kafka (real parts) with the contract's topics when ``broker`` is apache."""
+    if broker != "apache" or obj.flag_overrides.get("kafka.bootstrap_servers") \
+            or "GPUAWARE_KAFKA__BOOTSTRAP_SERVERS" in os.environ:
+        with _broker(obj, session_timeout_ms=2000) as out:
+            yield out
+        return
+    import asyncio
+
+    from gpuaware.local.apache_kafka import ApacheKafka, available
+    from plumbing.kafka_admin import ensure_topics
+
+    missing = available()
+    if missing:
+        raise click.ClickException(f"--broker apache: {missing}")
+    observability.setup("bench", log_level="warning")
+    with ApacheKafka(full_jit=True) as kafka:
+        settings = apache_client_settings(kafka)
+        asyncio.run(ensure_topics(settings))
+        yield settings, kafka.pid
+
+
+APACHE_MIN_SESSION_TIMEOUT_MS = 6000  # Apache Kafka's group.min.session.timeout.ms default
+
+
+def apache_client_settings(kafka: Any) -> KafkaSettings:
+    """Client settings for a bench's Apache Kafka: the client's default session timeout (the
+    embedded broker's benches use 2 s, which Apache Kafka refuses at group join)."""
+    settings = kafka.kafka_settings()
+    if settings.session_timeout_ms < APACHE_MIN_SESSION_TIMEOUT_MS:
+        settings = settings.model_copy(update={"session_timeout_ms": APACHE_MIN_SESSION_TIMEOUT_MS})
+    return settings

@@ -178,6 +178,11 @@ def peak_rss_mib(pid: int | None) -> float:
     return _proc_status(pid, "VmHWM") / 1024
 
 
+def rss_mib(pid: int | None) -> float:
+    """Resident memory of a process now (Linux /proc), NaN when unknown."""
+    return _proc_status(pid, "VmRSS") / 1024
+
+
 def cpu_seconds(pid: int | None) -> float:
     """User + system CPU seconds of a process (Linux /proc), NaN when unknown."""
     try:

@@ -132,3 +132,19 @@ def test_light_watch_points_move_utilisation_between_full_samples_once() -> None
     assert snap["smoothed"]["util_gpu"] > 40 and proc.stats.points == 2
     proc.on_telemetry(batch, 0, t0 + 3000)  # replayed: applied once
     assert proc.stats.points == 2 and proc.snapshots["GPU-n-0"]["smoothed"] == snap["smoothed"]
+
+
+def test_snapshot_fingerprint_is_what_asdict_gives():
+    # to_dict copies the fingerprint's fields itself (hot path); the snapshot must not change shape.
+    import dataclasses
+
+    from contract.events import GpuInfo, GpuSample
+
+    t = GpuTracker(uuid="GPU-x")
+    info = GpuInfo("GPU-x", 0, "H100", 81559)
+    for i in range(15):
+        t.learn_sample("n", info, GpuSample(0, i, 0, 40 + i, 10, 1000 + i, 3000, 50), 1_000 * i, 1_000 * i)
+    snap = t.to_dict()
+    assert snap["fingerprint"] == dataclasses.asdict(t.fingerprint)
+    assert snap["fingerprint"] is not vars(t.fingerprint)
+    assert GpuTracker.from_dict(snap).fingerprint == t.fingerprint

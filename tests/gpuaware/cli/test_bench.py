@@ -17,3 +17,16 @@ def test_bench_agent_prints_the_figures_as_json():
     for key in ("cpu_percent_of_core", "rss_mib", "bytes_per_gpu_sample", "dcgm_text_bytes_per_gpu"):
         assert figures[key] > 0, key
     assert figures["gpus"] == 2 and figures["spool_dropped"] == 0
+
+
+def test_bench_pipeline_on_apache_kafka_joins_groups_with_a_session_it_accepts():
+    # The 2 s session the embedded broker's benches use made every worker's group join fail
+    # (InvalidSessionTimeoutError) on Apache Kafka, whose minimum is 6 s.
+    from gpuaware.cli.bench import APACHE_MIN_SESSION_TIMEOUT_MS, apache_client_settings
+    from plumbing.kafka_settings import KafkaSettings
+
+    class Broker:
+        def kafka_settings(self, **overrides):
+            return KafkaSettings(bootstrap_servers="127.0.0.1:9092", **overrides)
+
+    assert apache_client_settings(Broker()).session_timeout_ms >= APACHE_MIN_SESSION_TIMEOUT_MS
