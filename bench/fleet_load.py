@@ -48,8 +48,9 @@ WARMUP_S = 60  # the agents' start-up minute at the sampling floor, not replayed
 LOOP_S = 300  # a multiple of the 5 s flush
 TICKS_PER_S = 10
 MODELS = ["H100", "A100", "V100", "T4"]
-# A 3-field prefix record: header, node, batch_seq, base_ts_ms, then two empty arrays (0x00 0x00).
-EMPTY_ARRAYS = 2
+# The record ends in its arrays (gpus, samples, light points since v2); empty, each is one 0x00 byte.
+EMPTY_ARRAYS = 3
+AFTER_GPUS = EMPTY_ARRAYS - 1  # the samples and points arrays: what a template batch's body holds
 
 
 def node_name(prefix: str, i: int) -> str:
@@ -67,7 +68,8 @@ class TemplateBatch:
     lead_ms: int  # flush time minus base_ts_ms
     samples: int
     slots: tuple[int, ...]  # the GPU indexes the batch lists (an agent lists only the GPUs it sampled)
-    body: bytes  # the encoded samples array (the record's tail)
+    body: bytes  # the encoded samples and light-points arrays (the record's tail)
+    points: int = 0  # light watch points (utilisation/power between full samples)
 
 
 @dataclass
@@ -117,9 +119,9 @@ def build_template(nodes: int = TEMPLATE_NODES, loop_s: int = LOOP_S, warmup_s: 
             n = slot[b.node]
             gpus[n].update((g.index, g) for g in b.gpus)
             full = encode(b)
-            head = len(encode(TelemetryBatch(b.node, b.batch_seq, b.base_ts_ms, b.gpus, []))) - 1
+            head = len(encode(TelemetryBatch(b.node, b.batch_seq, b.base_ts_ms, b.gpus, []))) - AFTER_GPUS
             batches.append(TemplateBatch(second, n, flushed_ms - b.base_ts_ms, len(b.samples),
-                                         tuple(g.index for g in b.gpus), full[head:]))
+                                         tuple(g.index for g in b.gpus), full[head:], len(b.points)))
         for e in tick.events:
             n = slot[e.node]
             index = next((g.index for g in gpus[n].values() if g.uuid == e.gpu_uuid), 0)
@@ -173,7 +175,7 @@ class Fleet:
             known = self.template.gpus[i % self.template.nodes]
             infos = [dataclasses.replace(known[s], uuid=gpu_uuid(self.prefix, i, s)) for s in slots]
             name = node_name(self.prefix, i)
-            raw = encode(TelemetryBatch(name, 0, 0, infos, []))[len(_prefix(name, 0, 0)):-1]
+            raw = encode(TelemetryBatch(name, 0, 0, infos, []))[len(_prefix(name, 0, 0)):-AFTER_GPUS]
             self._gpu_bytes[(i, slots)] = raw
         return raw
 

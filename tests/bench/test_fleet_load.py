@@ -15,7 +15,7 @@ def template():
 
 
 def test_template_cuts_the_codec_output_into_reusable_bytes(template):
-    assert template.batches and all(b.samples > 0 and b.lead_ms > 0 for b in template.batches)
+    assert template.batches and all(b.samples + b.points > 0 and b.lead_ms > 0 for b in template.batches)
     assert {b.node for b in template.batches} == {0, 1}
     assert all(0 < len(g) <= GPUS_PER_NODE for g in template.gpus)
 
@@ -48,8 +48,9 @@ def test_records_decode_with_the_contract_codec_and_are_keyed_by_node(template):
         assert [b.batch_seq for b in batches] == list(range(1, len(batches) + 1))
         for b in batches:
             # Samples end no later than the send time (the agent's batching window is in front of it).
-            assert max(b.base_ts_ms + s.dt_ms for s in b.samples) <= now_ms + template.loop_s * 1000
-            assert all(0 <= s.gpu < GPUS_PER_NODE for s in b.samples)
+            reads = [*b.samples, *b.points]  # full samples and light watch points
+            assert max(b.base_ts_ms + r.dt_ms for r in reads) <= now_ms + template.loop_s * 1000
+            assert all(0 <= r.gpu < GPUS_PER_NODE for r in reads)
 
 
 def test_the_fleet_publishes_what_its_template_does_per_gpu(template):
