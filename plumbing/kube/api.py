@@ -186,6 +186,13 @@ class KubeApi:
                                                        {"status": status}, _content_type=MERGE_PATCH,
                                                        **self._raw)
 
+    # Authentication (the stream, verifying the agents' node tokens)
+    def review_token(self, token: str, audience: str) -> dict[str, Any]:
+        """The TokenReview's status for ``token`` and ``audience``: authenticated, user (extra), error."""
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "spec": {"token": token, "audiences": [audience]}}
+        return _json(client.AuthenticationV1Api(self.client).create_token_review(body, **self._raw)).get("status", {})
+
 
 @dataclass(frozen=True)
 class WatchSpec:
