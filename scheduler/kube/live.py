@@ -59,7 +59,7 @@ class LiveScheduler:
         self.may_act = may_act or (lambda: True)
         self.stats = stats or SchedulerStats()
         self.sink = DecisionSink(decisions)
-        self.cache = ClusterCache(scheduler_name=settings.name)
+        self.cache = ClusterCache(scheduler_name=settings.name, unqueued=settings.unqueued)
         self.leading = asyncio.Event()
         self.snapshot = QueueSnapshot()
         self.tasks = Tasks()

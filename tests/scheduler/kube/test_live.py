@@ -101,7 +101,8 @@ async def test_stale_gpu_state_takes_only_preemptible_work():
         fake.create("nodes", make_node("n0", gpus=2))
         fake.create("pods", make_pod("critical-job", gpus=1, priority=200_000))  # high: not preemptible
         fake.create("pods", make_pod("batch-job", gpus=1))
-        async with running(fake, view=view) as live:
+        # In no queue: under the default unqueued policy (best-effort) both would be preemptible.
+        async with running(fake, FAST.model_copy(update={"unqueued": "allow"}), view=view) as live:
             await wait_for(lambda: pods(fake)["batch-job"]["spec"].get("nodeName"), what="batch placed")
             await wait_for(lambda: events(fake, "FailedScheduling"), what="high refused")
             assert not pods(fake)["critical-job"]["spec"].get("nodeName")
@@ -137,7 +138,7 @@ async def test_tenant_comes_from_the_namespace_queue_and_queue_status_is_kept_cu
         async with running(fake, settings) as live:
             await wait_for(lambda: all(p["spec"].get("nodeName") for p in pods(fake).values()), what="placed")
             assert live.cache.running["vision-train/a"].workload.tenant == "vision"
-            assert live.cache.running["other/b"].workload.tenant == "default"
+            assert live.cache.running["other/b"].workload.tenant == "unqueued"  # scheduler.unqueued: best-effort
 
             def status():
                 (q,) = fake.objects("gpuqueues", group="gpuaware.io", version="v1alpha1")
@@ -146,7 +147,7 @@ async def test_tenant_comes_from_the_namespace_queue_and_queue_status_is_kept_cu
             await wait_for(lambda: status().get("running") == 1, what="queue status")
             assert status()["quotaUsed"] == [{"model": "A100", "gpus": 2.0}]
             assert status()["borrowedGpus"] == 1.0  # 2 GPUs on a quota of 1
-            await wait_for(lambda: live.snapshot.gpus_used == {"vision": 2.0, "default": 1.0}, what="gauges")
+            await wait_for(lambda: live.snapshot.gpus_used == {"vision": 2.0, "unqueued": 1.0}, what="gauges")
 
 
 async def test_hot_gpu_gets_a_power_cap_on_the_control_topic_and_it_is_lifted_when_cool():
