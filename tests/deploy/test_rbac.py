@@ -166,11 +166,18 @@ def test_the_scheduler_may_write_its_checkpoint_request_and_nothing_else_on_a_po
     cp.kubectl("annotate", "pod", "ckpt", "-n", NS, f"{annotations.ANN_CHECKPOINT_DONE}={asked}")
 
 
-def test_the_scheduler_may_write_gpu_cordons_and_nothing_else_on_a_node(cp, scheduler_api):
+def test_the_scheduler_may_write_gpu_cordons_and_power_caps_and_nothing_else_on_a_node(cp, scheduler_api):
     _node(cp, "cordon-node")
     scheduler_api.cordon_gpu("cordon-node", 3)
     scheduler_api.cordon_gpu("cordon-node", 5)
     assert annotations.cordoned_gpus(_get(cp, "node", "cordon-node")) == {3, 5}
+    # The power caps in force (docs/security.md): recorded, and removed once lifted.
+    scheduler_api.record_power_cap("cordon-node", 1, 300)
+    scheduler_api.record_power_cap("cordon-node", 2, 250)
+    scheduler_api.record_power_cap("cordon-node", 1, 0)
+    assert annotations.power_caps(_get(cp, "node", "cordon-node")) == {2: 250}
+    scheduler_api.record_power_cap("cordon-node", 2, 0)
+    assert annotations.ANN_POWER_CAPS not in _get(cp, "node", "cordon-node")["metadata"]["annotations"]
 
     core = scheduler_api.core
     assert _status(core.patch_node, "cordon-node", {"spec": {"unschedulable": True}}) == 422
