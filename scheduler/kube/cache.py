@@ -45,6 +45,10 @@ def _spec_or_none(node: dict[str, Any]):
         return None
 
 
+class QueueSpecError(ValueError):
+    """A GPUQueue the scheduler cannot read."""
+
+
 @dataclass(frozen=True)
 class Queue:
     """What the scheduler reads of a GPUQueue."""
@@ -63,7 +67,23 @@ class Queue:
 
     @classmethod
     def of(cls, obj: dict[str, Any]) -> Queue:
+        """The queue, or ``QueueSpecError`` naming it: the apiserver validates the schema, but an informer
+        must not die on an object stored before a schema change (or by a server without one)."""
+        try:
+            return cls._of(obj)
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            name = (obj.get("metadata") or {}).get("name", "?") if isinstance(obj, dict) else "?"
+            raise QueueSpecError(f"GPUQueue {name!r} is ignored: {type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def _of(cls, obj: dict[str, Any]) -> Queue:
         spec = obj.get("spec") or {}
+        for field_name in ("namespaces", "priorityClasses"):
+            values = spec.get(field_name) or []
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                raise ValueError(f"spec.{field_name} must be a list of names")
+        if not isinstance(spec.get("tenant", DEFAULT_TENANT), str):
+            raise ValueError("spec.tenant must be a name")
         borrowing = spec.get("borrowing") or {}
         by_model: dict[str, float] = {}
         for e in spec.get("quota") or []:
@@ -74,6 +94,14 @@ class Queue:
                    float(spec.get("weight", 1)), sum(by_model.values()), bool(borrowing.get("enabled", True)),
                    int(obj["metadata"].get("generation", 1)), created_s(obj), tuple(sorted(by_model.items())),
                    None if limit is None else float(limit), tuple(spec.get("priorityClasses") or ()))
+
+
+def _queue_or_none(obj: dict[str, Any]) -> Queue | None:
+    try:
+        return Queue.of(obj)
+    except QueueSpecError as exc:
+        log.error("%s", exc)
+        return None
 
 
 @dataclass
@@ -288,15 +316,18 @@ class ClusterCache:
 
     # ------------------------------------------------------------------ queues
     def sync_queues(self, items: list[dict[str, Any]]) -> None:
-        self.queues = {q.name: q for q in map(Queue.of, items)}
+        self.queues = {q.name: q for q in filter(None, map(_queue_or_none, items))}
         self._retenant()
 
     def queue_event(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "DELETED":
             self.queues.pop(obj["metadata"]["name"], None)
         else:
-            q = Queue.of(obj)
-            self.queues[q.name] = q
+            q = _queue_or_none(obj)
+            if q is None:
+                self.queues.pop((obj.get("metadata") or {}).get("name", ""), None)
+            else:
+                self.queues[q.name] = q
         self._retenant()
 
     def _retenant(self) -> None:
