@@ -163,6 +163,11 @@ class KubeApi:
 
         self._update_node_annotation(name, annotations.ANN_POWER_CAPS, caps, attempts)
 
+    def annotate_node(self, name: str, values: dict[str, str | None]) -> dict[str, Any]:
+        """Merge ``values`` into the node's annotations (None removes one)."""
+        return _json(self.core.patch_node(name, {"metadata": {"annotations": values}}, _content_type=MERGE_PATCH,
+                                          **self._raw))
+
     def _update_node_annotation(self, name: str, key: str, value: Callable[[dict[str, Any]], str | None],
                                 attempts: int) -> None:
         """Read-modify-write of one annotation, guarded by the node's resourceVersion (409 Conflict -> read

@@ -102,7 +102,7 @@ def test_agent_runs_only_on_gpu_nodes_with_least_privilege(rendered):
     mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
     assert mounts["/var/lib/kubelet/pod-resources"]["readOnly"] is True
     rules = one(docs, "ClusterRole", "gpuaware-agent")["rules"]
-    assert rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    assert rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]  # patch: admission policy
     token = next(v for v in pod["volumes"] if v["name"] == "node-token")["projected"]["sources"][0]
     assert token["serviceAccountToken"]["audience"] == "gpuaware-stream"
     assert mounts["/var/run/secrets/gpuaware"]["readOnly"] is True
@@ -136,7 +136,7 @@ def test_scheduler_rbac_and_extender_config(rendered):
     # RBAC cannot limit a patch to one annotation; these admission policies do (tests/deploy/test_rbac.py).
     policies = {d["metadata"]["name"] for d in by_kind(docs, "ValidatingAdmissionPolicyBinding")
                 if d["spec"]["validationActions"] == ["Deny"]}
-    assert policies == {"gpuaware-scheduler-pod-writes", "gpuaware-scheduler-node-writes"}
+    assert policies == {"gpuaware-scheduler-pod-writes", "gpuaware-scheduler-node-writes", "gpuaware-agent-node-writes"}
     lease_rules = one(docs, "Role", "gpuaware-scheduler-leader-election")["rules"]
     assert lease_rules[0]["resources"] == ["leases"]
     snippet = yaml.safe_load(one(docs, "ConfigMap", "gpuaware-kube-scheduler-extender")["data"]

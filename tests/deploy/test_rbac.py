@@ -36,7 +36,7 @@ RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Ro
 Row = tuple[str, str, str]
 EXPECTED: dict[str, set[Row]] = {
     "gpuaware-agent": {
-        ("nodes", "[]", "[get]"),  # its own Node's cordon annotation; RBAC cannot say "own"
+        ("nodes", "[]", "[get patch]"),  # its own Node: cordons read, cap acknowledgement written (admission policy)
     },
     "gpuaware-scheduler": {
         ("pods", "[]", "[list watch patch]"),  # patch: only the checkpoint-request annotation (admission policy)
@@ -216,18 +216,43 @@ def test_the_scheduler_watches_evicts_reports_and_leads_as_its_serviceaccount(cp
     assert _status(core.list_namespaced_secret, NS) == 403
 
 
-def test_the_agent_reads_a_node_and_nothing_more(cp):
-    _node(cp, "agent-node")
-    api = _api(cp.serviceaccount_kubeconfig(NS, "gpuaware-agent", create=False))
+def test_the_agent_reads_a_node_and_writes_only_its_own_nodes_cap_acknowledgement(cp):
+    """Item 8 of issue 17 on the Kubernetes side: the agent's writes are keyed on its token's node claim."""
+    for node in ("agent-node", "agent-other"):
+        _node(cp, node)
+    _pod_on(cp, "agent-on-agent-node", "agent-node", "gpuaware-agent")
+    bound = _token_kubeconfig(cp, _bound_token(cp, "gpuaware-agent", "agent-on-agent-node", audience=""))
+    api = _api(bound)
     assert api.read_node("agent-node")["metadata"]["name"] == "agent-node"
     assert _status(api.core.list_node) == 403
-    assert _status(api.core.patch_node, "agent-node", {"metadata": {"labels": {"x": "y"}}}) == 403
+    acked = {annotations.ANN_POWER_CAPS_APPLIED: '{"0":300}'}
+    api.annotate_node("agent-node", acked)
+    assert annotations.power_caps(_get(cp, "node", "agent-node"), annotations.ANN_POWER_CAPS_APPLIED) == {0: 300}
+    assert _status(api.annotate_node, "agent-other", acked) == 422  # another node
+    assert _status(api.core.patch_node, "agent-node", {"metadata": {"labels": {"x": "y"}}}) == 422
+    assert _status(api.annotate_node, "agent-node", {annotations.ANN_CORDONED: ""}) == 422
+    assert _status(api.core.patch_node, "agent-node", {"spec": {"unschedulable": True}}) == 422
+    # A token without a node claim (not bound to a pod on a node) writes nothing.
+    unbound = _api(cp.serviceaccount_kubeconfig(NS, "gpuaware-agent", create=False))
+    assert _status(unbound.annotate_node, "agent-node", acked) == 422
 
 
 def _bound_token(cp: KubeControlPlane, account: str, pod: str, audience: str = TOKEN_AUDIENCE) -> str:
-    """What the kubelet mounts in the agent's projected volume: a token bound to the pod (and so its node)."""
-    return cp.kubectl("create", "token", account, "-n", NS, "--audience", audience, "--bound-object-kind", "Pod",
-                      "--bound-object-name", pod).stdout.strip()
+    """What the kubelet mounts in a pod: a token bound to the pod (and so its node); audience "" for the
+    apiserver's own (the agent's API token), else the stream's."""
+    return cp.kubectl("create", "token", account, "-n", NS, *(["--audience", audience] if audience else []),
+                      "--bound-object-kind", "Pod", "--bound-object-name", pod).stdout.strip()
+
+
+def _token_kubeconfig(cp: KubeControlPlane, token: str) -> Path:
+    """A kubeconfig that authenticates with ``token`` (the admin kubeconfig's cluster, a bearer user)."""
+    cfg = yaml.safe_load(cp.kubeconfig.read_text())
+    cfg["users"] = [{"name": "bearer", "user": {"token": token}}]
+    for ctx in cfg["contexts"]:
+        ctx["context"]["user"] = "bearer"
+    path = cp.kubeconfig.parent / f"token-{abs(hash(token))}.kubeconfig"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
 
 
 def _pod_on(cp: KubeControlPlane, name: str, node: str, account: str) -> None:
@@ -292,7 +317,7 @@ def test_cluster_scoped_policies_lose_the_namespace_kustomize_stamps_on_them(cp)
     """Kustomize's built-in schema predates ValidatingAdmissionPolicy, so it sets metadata.namespace on it;
     the apiserver stores cluster-scoped objects without one."""
     vaps = [d for d in _rendered_rbac(cp) if d["kind"].startswith("ValidatingAdmissionPolicy")]
-    assert len(vaps) == 4
+    assert len(vaps) == 6
     for doc in vaps:
         stored = _get(cp, doc["kind"].lower(), doc["metadata"]["name"])
         assert "namespace" not in stored["metadata"]

@@ -3,7 +3,6 @@ nothing twice, gangs, stale GPU state, preemption, tenants and queue status, pow
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from contract import annotations
@@ -61,7 +60,7 @@ async def test_restart_rebuilds_from_the_api_binds_nothing_twice_and_keeps_queue
         async with running(fake) as live:
             await wait_for(lambda: sum(1 for p in pods(fake).values() if p["spec"].get("nodeName")) == 8,
                            what="two more")
-            await asyncio.sleep(0.3)
+            await wait_for(lambda: len(live.tasks) == 0, what="every bind finished")
             assert live.stats.api_errors == {}  # no 409: nothing was bound twice
         p = pods(fake)
         assert {n for n, pod in p.items() if pod["spec"].get("nodeName")} == {*first, "b0", "b1"}
