@@ -67,13 +67,15 @@ class TenantLedger:
         t = self.tenants.get(tenant)
         return model if t is not None and model in t.quota_by_model else "*"
 
-    def admits(self, w: Workload) -> bool:
-        """Whether ``w`` fits its tenant's limits at all (per-model limits are ``models_full``'s)."""
+    def admits(self, w: Workload, gpu_milli: int | None = None) -> bool:
+        """Whether ``w`` (or ``gpu_milli`` of its tenant's, a whole gang) fits the tenant's limits at all
+        (per-model limits are ``models_full``'s)."""
         t = self.tenants.get(w.tenant)
         if t is None or not t.limited:
             return True
         ceiling = t.ceiling(t.quota_gpu_milli)
-        return ceiling is None or self.gpu_used.get(w.tenant, 0) + w.gpu_milli_total <= ceiling
+        asked = w.gpu_milli_total if gpu_milli is None else gpu_milli
+        return ceiling is None or self.gpu_used.get(w.tenant, 0) + asked <= ceiling
 
     def models_full(self, w: Workload, models: list[str]) -> set[str]:
         """Of ``models``, those ``w`` may not use: its tenant's quota for them (plus what it may borrow) is used."""

@@ -127,7 +127,7 @@ class SchedulingPass:
             else:
                 singles.append(pw.workload)
         for gang, members in gangs.items():
-            self._place_gang(core, gang, members, actions, now)
+            self._place_gang(core, gang, members, actions, now, ledger)
         finish_at = {k: r.started_s + (r.workload.duration_s or UNKNOWN_DURATION_S) for k, r in cache.running.items()}
         queue = QueueState(singles, cache.running, finish_at, ledger, cache.node_mask, enforce_quota=True)
         pass_stats = PassStats()
@@ -141,7 +141,7 @@ class SchedulingPass:
         self.stats.pass_latency.observe(time.perf_counter() - started)
 
     def _place_gang(self, core: Scheduler, gang: str, members: list[PodWorkload], actions: PassActions,
-                    now: float) -> None:
+                    now: float, ledger: TenantLedger | None = None) -> None:
         size = max(m.gang_size for m in members)
         bound = sum(1 for r in self.cache.running.values() if r.workload.gang == gang)
         if len(members) + bound < size:
@@ -149,7 +149,16 @@ class SchedulingPass:
                 self.reporter.unschedulable(m.workload, f"gang {gang}: {len(members) + bound} of {size} members "
                                                         "exist; waiting for all before placing any", GANG_LABEL)
             return
+        first = members[0].workload
+        if ledger is not None and not ledger.admits(first, sum(m.workload.gpu_milli_total for m in members)):
+            for m in members:  # the whole gang, or none of it, within the tenant's quota and borrowing limit
+                self.reporter.unschedulable(m.workload, f"gang {gang}: tenant {first.tenant} has used its quota and "
+                                                        "borrowing limit", GANG_LABEL)
+            return
         decisions, reasons = place_gang(core, self.cache.cluster, [m.workload for m in members], self.cache.node_mask)
+        if decisions and ledger is not None:
+            for d in decisions:
+                ledger.charge(d.workload, model=str(self.cache.cluster.models[d.allocation.node]))
         if not decisions:
             for m in members:
                 self.reporter.unschedulable(m.workload, reasons[0], GANG_LABEL)

@@ -104,3 +104,18 @@ async def test_the_live_scheduler_rejects_namespaces_in_no_queue_when_told_to():
             await wait_for(lambda: "nowhere/stray" in live.cache.rejected, what="rejected")
             assert "in no GPUQueue" in live.cache.rejected["nowhere/stray"].reason
             assert not pods(fake)["stray"]["spec"].get("nodeName")
+
+
+async def test_a_gang_is_held_to_its_queue_quota_as_a_whole():
+    with FakeApiServer() as fake:
+        fake.create("nodes", make_node("n", gpus=8))
+        fake.create("gpuqueues", {"metadata": {"name": "nlp"}, "spec": {
+            "tenant": "nlp", "namespaces": ["nlp"], "borrowing": {"enabled": True, "limitGpus": 1},
+            "quota": [{"model": "*", "gpus": 2}]}}, **GQ)
+        gang = {"gpuaware.io/gang": "train", "gpuaware.io/gang-size": "2"}
+        for i in range(2):  # 4 GPUs: over 2 + 1
+            fake.create("pods", make_pod(f"g{i}", namespace="nlp", gpus=2, annotations=gang))
+        async with running(fake, FAST):
+            await wait_for(lambda: any("quota" in e["message"] for e in events(fake, "FailedScheduling")),
+                           what="the gang refused for quota")
+            assert not any(p["spec"].get("nodeName") for p in pods(fake).values())
