@@ -5,6 +5,11 @@ that annotation; an operator may edit it too. The agent reads its node's annotat
 ``cordon_poll_s`` (a GET the DaemonSet's RBAC allows) and honours it: a cordoned GPU is sampled
 at the policy's floor while it drains and is looked at, and ``gpuaware_gpu_cordoned`` shows it.
 A failed read keeps the last known cordons and is counted, never fatal.
+
+The same round acknowledges power caps: when the caps NVML accepted on this node differ from its
+``gpuaware.io/power-caps-applied`` annotation, the agent writes them there. Its ServiceAccount may
+patch only that annotation, and only on the node its token was issued on (an admission policy on
+the token's node claim, deploy/base/agent/rbac.yaml).
 """
 
 from __future__ import annotations
@@ -47,8 +52,10 @@ class CordonWatcher:
         out: dict[str, set[int] | None] = {}
         for core in self.cores:
             try:
-                out[core.node] = annotations.cordoned_gpus(self.api.read_node(core.node))
+                node = self.api.read_node(core.node)
+                out[core.node] = annotations.cordoned_gpus(node)
                 self._missing.discard(core.node)
+                self._acknowledge(core, node)
             except ApiException as exc:
                 out[core.node] = None
                 if exc.status == 404:  # not a node of this cluster (a simulated one, or renamed)
@@ -63,6 +70,19 @@ class CordonWatcher:
                 self.stats.cordon_read_errors += 1
                 log.warning("reading node %s for cordons failed: %s", core.node, exc)
         return out
+
+    def _acknowledge(self, core: AgentCore, node: dict) -> None:
+        """Write the caps NVML accepted to the node's acknowledgement annotation, when they differ."""
+        from plumbing.kube.api import TRANSPORT_ERRORS, ApiException
+
+        if annotations.power_caps(node, annotations.ANN_POWER_CAPS_APPLIED) == core.applied_caps:
+            return
+        try:
+            self.api.annotate_node(core.node, {
+                annotations.ANN_POWER_CAPS_APPLIED: annotations.power_caps_value(dict(core.applied_caps))})
+        except (ApiException, *TRANSPORT_ERRORS) as exc:  # tried again next round
+            self.stats.cordon_read_errors += 1
+            log.warning("acknowledging power caps on %s failed: %s", core.node, exc)
 
     def apply(self, cordons: dict[str, set[int] | None]) -> None:
         for core in self.cores:

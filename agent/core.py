@@ -83,6 +83,7 @@ class AgentCore:
         self.watch_reads = 0
         self.samples_taken = 0
         self.points_taken = 0
+        self.applied_caps: dict[int, int] = {}  # GPU index -> power cap (W) NVML accepted; acknowledged on the Node
         self.next_watch = 0.0
         self._event_ids = itertools.count()
 

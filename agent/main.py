@@ -14,6 +14,7 @@ from agent.collectors.base import Collector
 from agent.collectors.sim import SimCluster, SimCollector, load_scenario
 from agent.cordons import CordonWatcher
 from agent.exporter import AgentCollector, serve
+from agent.identity import NodeToken
 from agent.podresources import PodAttribution, PodResourcesWatcher
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy, load_policy
@@ -56,6 +57,8 @@ async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host:
     Path(settings.spool_dir).mkdir(parents=True, exist_ok=True)
     runtime = AgentRuntime(collectors, kafka, policy, settings.spool_dir, settings.policy_path,
                            spool_max_bytes=settings.spool_max_mib * 2**20)
+    if settings.node_token_path:
+        runtime.publisher.identity = NodeToken(settings.node_token_path).headers
     runtime.cordons = CordonWatcher.from_settings(runtime.cores, runtime.stats, settings.api_server,
                                                   settings.cordon_poll_s)
     pods = PodResourcesWatcher(settings.pod_resources_socket).start()

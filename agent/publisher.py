@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
@@ -45,8 +46,9 @@ AUTH_ERRORS = (TopicAuthorizationFailedError, ClusterAuthorizationFailedError, S
 class Publisher:
     def __init__(self, settings: KafkaSettings, spool: DiskSpool, stats: AgentStats, batch: int = 500,
                  send_timeout_s: float = 10.0, backoff_s: float = 0.5, max_backoff_s: float = 5.0,
-                 auth_backoff_s: float = 60.0):
+                 auth_backoff_s: float = 60.0, identity: Callable[[], list[tuple[str, bytes]]] | None = None):
         self.settings = settings
+        self.identity = identity  # headers proving the node (agent.identity), added at send time
         self.spool = spool
         self.stats = stats
         self.batch = batch
@@ -92,7 +94,9 @@ class Publisher:
             if not records:
                 break  # only corrupt records were left: peek stepped over them
             producer = await self._producer()
-            futures = [await producer.send(r.topic, r.value, key=r.key, headers=r.headers or None) for r in records]
+            proof = self.identity() if self.identity else []
+            futures = [await producer.send(r.topic, r.value, key=r.key, headers=(list(r.headers) + proof) or None)
+                       for r in records]
             results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), self.send_timeout_s)
             ok = 0
             for r in results:

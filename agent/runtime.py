@@ -130,9 +130,11 @@ class AgentRuntime:
                         try:
                             if cmd.power_cap_w <= 0:  # 0: the cap is lifted
                                 core.collector.reset_power_limit(d.index)
+                                core.applied_caps.pop(d.index, None)
                                 log.info("power cap lifted on %s", d.uuid)
                                 continue
                             core.collector.set_power_limit(d.index, cmd.power_cap_w)
+                            core.applied_caps[d.index] = cmd.power_cap_w
                             log.info("power cap %d W on %s", cmd.power_cap_w, d.uuid)
                         except (ValueError, RuntimeError) as exc:
                             log.error("power cap %s on %s rejected: %s", cmd.power_cap_w, d.uuid, exc)

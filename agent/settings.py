@@ -18,6 +18,9 @@ class AgentSettings(BaseModel):
     policy_path: str | None = Field(None, description="sampling policy YAML, hot-reloaded")
     spool_dir: str = "/var/lib/gpuaware/spool"
     spool_max_mib: int = Field(256, ge=1, le=65536)
+    node_token_path: str | None = Field(None, description="projected ServiceAccount token (audience gpuaware-stream) "
+                                                          "sent with every record as proof of the node "
+                                                          "(docs/security.md); unset: none sent")
     cordon_poll_s: float = Field(15.0, ge=0, le=3600,
                                  description="how often the node's cordoned-GPU annotation is read (0: never)")
     api_server: str | None = Field(None, description="Kubernetes API URL for reading the node; default: in-cluster "

@@ -7,6 +7,7 @@ in docs/scheduler.md.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -15,6 +16,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 ANN_GPUS = PREFIX + "gpus"
 ANN_SHARING = PREFIX + "sharing"
 ANN_CORDONED = PREFIX + "cordoned-gpus"  # on a Node: comma list of GPU indices that take no new work
+ANN_POWER_CAPS = PREFIX + "power-caps"  # on a Node: JSON {GPU index: watts}, the caps the scheduler has in force
+# on a Node, written by that node's agent: the caps NVML accepted, {GPU index: watts} (the acknowledgement)
+ANN_POWER_CAPS_APPLIED = PREFIX + "power-caps-applied"
 ANN_CHECKPOINT_REQUEST = PREFIX + "checkpoint-requested"  # on a Pod: the time (RFC 3339) a checkpoint was asked
 ANN_CHECKPOINT_DONE = PREFIX + "checkpoint-done"  # on a Pod, written by the workload when its checkpoint is safe
 LABEL_PRODUCT = "nvidia.com/gpu.product"  # GPU Operator's GPU feature discovery
@@ -29,3 +33,24 @@ def cordoned_gpus(node: Mapping[str, Any]) -> set[int]:
 
 def cordon_value(gpus: Iterable[int]) -> str:
     return ",".join(map(str, sorted(set(gpus))))
+
+
+def power_caps(node: Mapping[str, Any], key: str = ANN_POWER_CAPS) -> dict[int, int]:
+    """The power caps a Node's annotation records, {GPU index: watts}; anything malformed is ignored."""
+    raw = (node["metadata"].get("annotations") or {}).get(key) or ""
+    try:
+        parsed = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    if not isinstance(parsed, dict):
+        return {}
+    out = {}
+    for k, v in parsed.items():
+        if isinstance(k, str) and k.isdigit() and isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            out[int(k)] = v
+    return out
+
+
+def power_caps_value(caps: Mapping[int, int]) -> str | None:
+    """The annotation's value; None (the annotation removed) when no cap is in force."""
+    return json.dumps({str(g): int(w) for g, w in sorted(caps.items())}, separators=(",", ":")) if caps else None

@@ -321,6 +321,10 @@ class AgentControl:
     issued_by: str = ""
 
     def key(self) -> bytes:
+        """The target; a power cap on one GPU is keyed by target and GPU, so that compaction keeps the
+        newest cap of every GPU (and the node's sampling policy) rather than only the node's newest command."""
+        if self.kind is ControlKind.POWER_CAP and self.gpu_uuid:
+            return f"{self.target}/{self.gpu_uuid}".encode()
         return self.target.encode()
 
 

@@ -79,7 +79,8 @@ CONTRACT_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(NODE_STATE, 4, "compact", None, "node name", "node rollup and topology"),
     TopicSpec(CLUSTER_FORECAST, 1, "compact", None, "cluster", "demand forecast per GPU model"),
     TopicSpec(DECISIONS, 4, "delete", 30 * DAY_MS, "workload id", "scheduler decisions with reasons"),
-    TopicSpec(CONTROL, 1, "compact", None, "node name or *", "sampling policy and power-cap commands"),
+    TopicSpec(CONTROL, 1, "compact", None, "node name or * (a GPU's power cap: node/GPU UUID)",
+              "sampling policy and power-cap commands"),
 )
 
 

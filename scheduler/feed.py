@@ -12,6 +12,16 @@ samples stop arriving. A record stamped more than ``max_skew_ms`` ahead of its a
 rejected and counted (``skew_rejected``): kept, it would win every newest-record comparison and
 freeze that GPU (or node) at a value nothing genuine could replace.
 
+Feed outages. The stream republishes every GPU's state at least every 30 s, so a live pipeline
+always delivers records; when none has arrived for ``stale_after_ms`` the feed itself is down (a
+broker or stream outage), not the GPUs. Then every GPU would look stale at once and be degraded,
+and high-priority work could not be placed anywhere. Instead the view freezes time at the last
+record it received (``outage``): a GPU is judged stale as of that moment, so a GPU already stale
+then stays degraded, and the others keep their last known band; every forecast is taken as fully
+busy (no sharing or packing on top of utilisation nobody can see). ``gpuaware_scheduler_feed_outage``
+says so and an alert fires (docs/runbooks.md#gpuawareschedulerfeedoutage); it ends with the first
+record after the outage.
+
 ``StateFeed`` reads the three compacted topics from the beginning with a plain consumer (no
 group: every scheduler replica needs all of it), and ``catch_up()`` returns only once it has
 read up to the log ends it saw at start, so no decision is made on a partial picture. How long
@@ -59,6 +69,16 @@ class StateView:
     clock: Callable[[], float] = time.time
     skew_rejected: int = 0
     fresh_at: dict[str, int] = field(default_factory=dict)  # GPU -> arrival (ms) of the record with its newest sample
+    last_arrival_ms: int | None = None  # the newest record of any kind, on this scheduler's clock
+
+    def silent_ms(self, now_ms: int) -> int:
+        """How long since the feed delivered anything (0 before the first record)."""
+        return 0 if self.last_arrival_ms is None else max(0, now_ms - self.last_arrival_ms)
+
+    def outage(self, now_ms: int) -> bool:
+        """The feed itself has been silent past ``stale_after_ms``: a broker or stream outage (with no GPU
+        known there is nothing the stream must republish, so silence means nothing)."""
+        return bool(self.gpus) and self.silent_ms(now_ms) > self.stale_after_ms
 
     def learn(self, record: object, headers: Sequence[tuple[str, bytes]] | None = None,
               arrived_ms: int | None = None) -> None:
@@ -71,6 +91,7 @@ class StateView:
                         (stamp - arrived) // 1000)
             return
         self.version += 1
+        self.last_arrival_ms = max(arrived, self.last_arrival_ms or 0)
         if isinstance(record, GpuState):
             old = self.gpus.get(record.gpu_uuid)
             if old is None or record.published_ms >= old.published_ms:
@@ -98,6 +119,8 @@ class StateView:
     def apply(self, cluster: ClusterState, locate: Callable[[str], tuple[int, int] | None], now_ms: int) -> int:
         """Write live state into ``cluster`` for every GPU ``locate`` places; returns how many were placed."""
         placed = 0
+        outage = self.outage(now_ms)
+        judged_at = self.last_arrival_ms if outage and self.last_arrival_ms is not None else now_ms
         for uuid, s in self.gpus.items():
             where = locate(uuid)
             if where is None:
@@ -105,8 +128,10 @@ class StateView:
             node, gpu = where
             band = s.health_band
             util, forecast = s.util_gpu, _forecast(s)
-            if self.is_stale(s, now_ms):
+            if self.is_stale(s, judged_at):
                 band = HealthBand.CRITICAL if band == HealthBand.CRITICAL else HealthBand.DEGRADED
+                forecast = 100.0
+            elif outage:  # the GPU was fine when the feed went silent: keep its band, assume it busy
                 forecast = 100.0
             if cluster.band[node, gpu] != BAND_CODE[band]:
                 cluster.set_band(node, gpu, band)
@@ -129,11 +154,14 @@ class StateFeed:
     ``progress`` is the catch-up's (``scheduler.catchup.CatchUp``): the scheduler's gauges read it."""
 
     def __init__(self, kafka: KafkaSettings, view: StateView, *, stall_timeout_s: float = 30.0,
-                 report_every_s: float = 5.0, clock: Callable[[], float] = time.monotonic):
+                 report_every_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
+                 retry_s: float = 0.5, max_retry_s: float = 10.0):
         self.kafka = kafka
         self.view = view
         self.records = 0
         self.dead_lettered = 0
+        self.errors = 0  # errors after catch-up, each retried (gpuaware_scheduler_feed_errors_total)
+        self.retry_s, self.max_retry_s = retry_s, max_retry_s
         self.progress = CatchUp(stall_timeout_s, report_every_s, clock)
         self._consumer: Any = None  # an AIOKafkaConsumer, or anything with its getmany/position/stop
         self._producer: AIOKafkaProducer | None = None
@@ -194,19 +222,42 @@ class StateFeed:
         progress.begin(targets, {tp: await consumer.position(tp) for tp in targets})
         if progress.done:
             self._settled.set()
+        wait = self.retry_s
         while True:
-            batches = await consumer.getmany(timeout_ms=500, max_records=2000)
-            for msgs in batches.values():
-                for m in msgs:
-                    await self._take(m)
-            if progress.done:
-                continue
-            # Positions, not the last offsets seen: compaction may leave gaps before the end.
-            progress.observe({tp: await consumer.position(tp) for tp in progress.pending})
-            if progress.done:
-                log.info("state feed caught up: %d GPUs, %d nodes", len(self.view.gpus), len(self.view.nodes))
-            if progress.done or progress.stalled:
-                self._settled.set()
+            try:
+                await self._step(consumer, progress)
+                wait = self.retry_s
+            except Exception as exc:
+                if not progress.done:
+                    raise  # catch-up fails at once, with this error
+                # Once caught up the feed is supervised here: an error (a broker outage surfacing from the
+                # consumer, a dead letter that cannot be sent) is logged, counted and retried, never the end.
+                self.errors += 1
+                log.warning("state feed error (%s: %s), retrying in %.1fs", type(exc).__name__, exc, wait)
+                await asyncio.sleep(wait)
+                wait = min(wait * 2, self.max_retry_s)
+
+    async def _step(self, consumer: Any, progress: CatchUp) -> None:
+        batches = await consumer.getmany(timeout_ms=500, max_records=2000)
+        for msgs in batches.values():
+            for m in msgs:
+                await self._take(m)
+        if progress.done:
+            return
+        # Positions, not the last offsets seen: compaction may leave gaps before the end.
+        progress.observe({tp: await consumer.position(tp) for tp in progress.pending})
+        if progress.done:
+            log.info("state feed caught up: %d GPUs, %d nodes", len(self.view.gpus), len(self.view.nodes))
+        if progress.done or progress.stalled:
+            self._settled.set()
+
+    @property
+    def failed(self) -> BaseException | None:
+        """What ended the feed task, once it ended other than by ``stop()`` (it is not meant to end)."""
+        task = self._task
+        if task is None or not task.done() or task.cancelled():
+            return None
+        return task.exception() or RuntimeError("the state feed task returned")
 
     async def _take(self, m) -> None:
         self.records += 1

@@ -34,6 +34,10 @@ class SchedulerStats:
     feed_records: int = 0
     feed_dead_lettered: int = 0
     feed_skew_rejected: int = 0
+    feed_errors: int = 0  # state feed errors after catch-up, each retried
+    feed_silent_s: float = 0.0  # since the feed delivered its last record
+    feed_outage: bool = False  # silent past stale_after_s: placing on last known health (scheduler.feed)
+    feed_failed: bool = False  # the feed task ended: the scheduler stops
     feed_catch_up: CatchUp | None = None  # the state feed's catch-up (StateFeed.progress), read on scrape
     decision_latencies: deque = field(default_factory=lambda: deque(maxlen=100_000))  # raw, for benchmarks
 
@@ -138,6 +142,13 @@ class SchedulerCollector(Collector):
         yield CounterMetricFamily("gpuaware_scheduler_feed_clock_skew_rejected",
                                   "State records ignored for a timestamp too far ahead of the scheduler's clock",
                                   value=s.feed_skew_rejected)
+        yield CounterMetricFamily("gpuaware_scheduler_feed_errors",
+                                  "State feed errors after catch-up (each retried)", value=s.feed_errors)
+        yield GaugeMetricFamily("gpuaware_scheduler_feed_silent_seconds",
+                                "Seconds since the state feed delivered its last record", value=s.feed_silent_s)
+        yield GaugeMetricFamily("gpuaware_scheduler_feed_outage",
+                                "1 while the state feed is silent past stale_after_s: placement uses the last known "
+                                "health with every GPU assumed busy", value=int(s.feed_outage))
         if s.feed_catch_up is not None:
             c = s.feed_catch_up
             for name, doc, v in (

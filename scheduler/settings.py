@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -51,6 +52,9 @@ class SchedulerSettings(BaseModel):
     breaker_window_s: float = Field(300.0, gt=0, le=86400)
     remediation_dry_run: bool = Field(False, description="decide and record cordons and moves for GPU health, "
                                                          "but make no API call")
+    unqueued: Literal["allow", "best-effort", "reject"] = Field(
+        "best-effort", description="pods of namespaces in no GPUQueue: best-effort (at most medium priority, always "
+        "preemptible, reclaimed from first), reject, or allow (as if in one unlimited queue)")
     stale_after_s: float = Field(90.0, gt=0, description="a GPU with no state this long is treated as degraded")
     catch_up_stall_s: float = Field(30.0, gt=0, le=3600,
                                     description="on start, give up reading the state topics after this long "

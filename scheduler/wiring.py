@@ -180,8 +180,26 @@ def build_scheduler(settings: SchedulerSettings, kafka: KafkaSettings | None = N
     return SchedulerRuntime(settings, api, live, feed, publishers)
 
 
-async def _feed_stats(feed: StateFeed, stats: SchedulerStats, stop: asyncio.Event) -> None:
+async def _feed_stats(feed: StateFeed, stats: SchedulerStats, stop: asyncio.Event, every_s: float = 1.0) -> None:
+    """Copies the feed's counters into the stats, and watches over the feed task: it retries its own errors,
+    so if it ends anyway the scheduler stops (and is restarted) rather than place on a view frozen for good."""
+    was_out = False
     while not stop.is_set():
         stats.feed_records, stats.feed_dead_lettered = feed.records, feed.dead_lettered
-        stats.feed_skew_rejected = feed.view.skew_rejected
-        await asyncio.sleep(1.0)
+        stats.feed_skew_rejected, stats.feed_errors = feed.view.skew_rejected, feed.errors
+        now_ms = int(feed.view.clock() * 1000)
+        stats.feed_silent_s = feed.view.silent_ms(now_ms) / 1000
+        stats.feed_outage = feed.view.outage(now_ms)
+        if stats.feed_outage != was_out:
+            was_out = stats.feed_outage
+            if was_out:
+                log.error("no state record for %.0f s: the state feed is down (broker or stream outage); placing on "
+                          "the last known health, every GPU assumed busy", stats.feed_silent_s)
+            else:
+                log.warning("the state feed is back")
+        if feed.failed is not None:
+            log.error("the state feed task ended (%r): stopping so that the scheduler restarts", feed.failed)
+            stats.feed_failed = True
+            stop.set()
+            return
+        await asyncio.sleep(every_s)

@@ -28,6 +28,7 @@ from plumbing import observability
 from plumbing.kafka_admin import end_offsets
 from plumbing.kafka_settings import KafkaSettings
 from stream.gpu_state import TrackerSettings
+from stream.identity import NodeVerifier, without_token
 from stream.metrics import StreamStats
 from stream.processor import InvalidRecord, StreamProcessor, check_event
 from stream.rollup import Partial, merge_demand
@@ -81,7 +82,9 @@ def now_ms() -> int:
 
 
 def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "local",
-               stats: StreamStats | None = None) -> tuple[faust.App, StreamProcessor]:
+               stats: StreamStats | None = None,
+               verifier: NodeVerifier | None = None) -> tuple[faust.App, StreamProcessor]:
+    """``verifier``: when given, telemetry and events must carry their node's token (stream.identity)."""
     if kafka.embedded_broker_compat:
         _patch_end_offsets(kafka)
     stats = stats or StreamStats()
@@ -117,6 +120,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     tracker_settings = TrackerSettings(
         horizons_min=tuple(settings.horizons_min), min_interval_ms=settings.min_publish_interval_ms,
         max_interval_ms=settings.max_publish_interval_ms, max_clock_skew_ms=int(settings.max_clock_skew_s * 1000),
+        rehome_after_ms=int(settings.gpu_rehome_after_s * 1000),
     )
     processor = StreamProcessor(table, tracker_settings, stats)
     tracer = observability.tracer("gpuaware.stream")
@@ -154,6 +158,8 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
                 try:
                     if message.topic == topics.TELEMETRY:
                         batch = decode(message.value, TelemetryBatch)
+                        if verifier is not None:
+                            await verifier.check(batch.node, _headers(message))
                         states = processor.on_telemetry(batch, message.partition, now_ms())
                     else:
                         states = processor.on_event(decode(message.value, GpuEvent), message.partition, now_ms())
@@ -171,10 +177,13 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
             try:
                 ev = decode(message.value, GpuEvent)
                 check_event(ev)
+                if verifier is not None:
+                    await verifier.check(ev.node, _headers(message))
             except (DecodeError, InvalidRecord) as exc:
                 to_dlq(message, exc)
                 continue
-            await events_by_node.send(key=ev.node.encode(), value=message.value, headers=_headers(message))
+            await events_by_node.send(key=ev.node.encode(), value=message.value,
+                                      headers=without_token(_headers(message)))
 
     @app.timer(1.0, name="heartbeat")
     async def heartbeat() -> None:

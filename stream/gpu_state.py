@@ -63,6 +63,7 @@ class TrackerSettings:
     util_change: float = 5.0  # percentage points that count as a change worth publishing
     fb_change_share: float = 0.05
     max_clock_skew_ms: int = 30_000  # a sample stamped further ahead of its arrival is rejected
+    rehome_after_ms: int = 600_000  # a GPU may appear on another node once its node is silent this long
 
 
 class Learned(enum.Enum):

@@ -11,6 +11,7 @@ from contract import topics
 from plumbing.kafka_admin import check_group, check_topics, default_replication_factor, ensure_topics, wait_ready
 from plumbing.kafka_settings import KafkaSettings
 from stream.app import create_app, internal_topics
+from stream.identity import NodeVerifier, kube_review
 from stream.metrics import StreamCollector, StreamStats
 from stream.settings import StreamSettings
 
@@ -35,11 +36,20 @@ async def prepare(kafka: KafkaSettings, settings: StreamSettings) -> StreamSetti
     return settings.model_copy(update={"replication_factor": replication})
 
 
+def node_verifier(settings: StreamSettings, stats: StreamStats) -> NodeVerifier | None:
+    if settings.node_identity == "off":
+        log.warning("node identity is not checked (stream.node_identity: off): any agent may speak for any node")
+        return None
+    from plumbing.kube.api import KubeApi, connect
+
+    return NodeVerifier(kube_review(KubeApi(connect(settings.api_server))), stats, settings.node_identity_users)
+
+
 def run_worker(kafka: KafkaSettings, settings: StreamSettings, cluster: str, metrics_host: str, metrics_port: int,
                log_level: str = "info") -> None:
     settings = asyncio.run(prepare(kafka, settings))
     stats = StreamStats()
-    app, processor = create_app(kafka, settings, cluster, stats)
+    app, processor = create_app(kafka, settings, cluster, stats, node_verifier(settings, stats))
     if metrics_port:
         registry = CollectorRegistry()
         registry.register(StreamCollector(stats, lambda: list(processor.trackers.values()), app.gpuaware_lag))

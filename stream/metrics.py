@@ -26,6 +26,9 @@ class StreamStats:
     points: int = 0  # light watch points applied (utilisation and power between full samples)
     duplicates: int = 0
     clock_skew_rejected: int = 0  # samples stamped too far ahead of the worker's clock
+    identity_rejected: int = 0  # records whose node token does not prove their node (stream.identity)
+    identity_review_errors: int = 0  # TokenReviews the apiserver could not answer (retried)
+    gpu_claimed_elsewhere: int = 0  # batches naming a GPU another node reports (stream.processor)
     published: Counter = field(default_factory=Counter)  # output topic -> records written
     changelog_restored: Counter = field(default_factory=Counter)  # active|standby -> changelog records applied
     latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))  # sample to state
@@ -59,6 +62,15 @@ class StreamCollector(Collector):
         yield CounterMetricFamily("gpuaware_stream_clock_skew_rejected",
                                   "GPU samples rejected for a timestamp too far ahead of the worker's clock",
                                   value=s.clock_skew_rejected)
+        yield CounterMetricFamily("gpuaware_stream_identity_rejected",
+                                  "Records dead-lettered because their node token does not prove the node they name",
+                                  value=s.identity_rejected)
+        yield CounterMetricFamily("gpuaware_stream_identity_review_errors",
+                                  "TokenReviews the apiserver could not answer (retried)",
+                                  value=s.identity_review_errors)
+        yield CounterMetricFamily("gpuaware_stream_gpu_claimed_elsewhere",
+                                  "Telemetry batches dead-lettered for naming a GPU another node reports",
+                                  value=s.gpu_claimed_elsewhere)
         published = CounterMetricFamily("gpuaware_stream_published", "Derived records written, per topic",
                                         labels=["topic"])
         for topic, n in sorted(s.published.items()):

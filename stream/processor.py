@@ -57,6 +57,10 @@ def check_event(event: GpuEvent) -> None:
             raise InvalidRecord(f"GPU event {event.event_id}: {name} is {v}")
 
 
+class GpuClaimedElsewhere(InvalidRecord):
+    """A node reports a GPU UUID that another node reports too, and that node is not silent."""
+
+
 class StreamProcessor:
     def __init__(self, snapshots: MutableMapping[str, dict], settings: TrackerSettings | None = None,
                  stats: StreamStats | None = None):
@@ -91,8 +95,19 @@ class StreamProcessor:
 
     # ------------------------------------------------------------------ input
 
+    def _check_owner(self, key: str, node: str, partition: int, now_ms: int, what: str) -> None:
+        """A GPU belongs to the node that reports it until that node has been silent ``rehome_after_ms``
+        (a board moved to another host): one node cannot take over, or speak for, another's GPU."""
+        t = self.tracker(key, partition)
+        if t.node and t.node != node and now_ms - t.arrived_ms < self.settings.rehome_after_ms:
+            self.stats.gpu_claimed_elsewhere += 1
+            raise GpuClaimedElsewhere(f"{what} from node {node!r} names GPU {key}, which node {t.node!r} reported "
+                                      f"{(now_ms - t.arrived_ms) // 1000} s ago")
+
     def on_telemetry(self, batch: TelemetryBatch, partition: int, now_ms: int) -> list[GpuState]:
         check_batch(batch)
+        for info in batch.gpus:
+            self._check_owner(info.uuid, batch.node, partition, now_ms, f"telemetry batch #{batch.batch_seq}")
         touched: dict[str, GpuTracker] = {}
         for sample in batch.samples:
             info = batch.gpus[sample.gpu]
@@ -119,6 +134,7 @@ class StreamProcessor:
     def on_event(self, event: GpuEvent, partition: int, now_ms: int) -> list[GpuState]:
         check_event(event)
         key = event.gpu_uuid
+        self._check_owner(key, event.node, partition, now_ms, f"event {event.event_id}")
         t = self.tracker(key, partition)
         t.learn_event(event)
         self.snapshots[key] = t.to_dict()

@@ -18,6 +18,16 @@ class StreamSettings(BaseModel):
     max_publish_interval_ms: int = Field(30_000, ge=1000, description="... and at least this often")
     max_clock_skew_s: float = Field(30.0, ge=0, description="a sample stamped further ahead of the worker's clock "
                                                           "is rejected")
+    gpu_rehome_after_s: float = Field(600.0, ge=0, description="a GPU UUID reported by another node is dead-lettered "
+                                                              "until its node has been silent this long")
+    node_identity: Literal["off", "required"] = Field(
+        "off", description="required: telemetry and events must carry their node's ServiceAccount token, checked "
+                           "with the apiserver (TokenReview); others are dead-lettered (docs/security.md). The "
+                           "shipped deployment requires it; the local stack has no apiserver to ask")
+    node_identity_users: list[str] = Field(
+        default_factory=lambda: ["system:serviceaccount:gpuaware:gpuaware-agent"],
+        description="ServiceAccounts whose node tokens prove a node")
+    api_server: str | None = Field(None, description="Kubernetes API URL for TokenReviews; default: in-cluster config")
     node_state_interval_s: float = Field(5.0, gt=0, description="how often node rollups are considered")
     cluster_forecast_interval_s: float = Field(10.0, gt=0, description="how often per-model demand is published")
     replication_factor: int | None = Field(

@@ -146,17 +146,38 @@ class KubeApi:
         return _json(self.core.read_node(name, **self._raw))
 
     def cordon_gpu(self, name: str, gpu: int, attempts: int = 20) -> None:
-        """Add ``gpu`` to the node's cordoned-GPU annotation.
+        """Add ``gpu`` to the node's cordoned-GPU annotation."""
+        self._update_node_annotation(name, annotations.ANN_CORDONED,
+                                     lambda node: annotations.cordon_value(annotations.cordoned_gpus(node) | {gpu}),
+                                     attempts)
 
-        Read-modify-write guarded by the node's resourceVersion (409 Conflict -> read again), so two
-        GPUs turning critical at once, or an operator editing the annotation, never lose a cordon."""
+    def record_power_cap(self, name: str, gpu: int, cap_w: int, attempts: int = 20) -> None:
+        """Record ``cap_w`` (0: lifted) for ``gpu`` in the node's power-caps annotation."""
+        def caps(node: dict[str, Any]) -> str | None:
+            now = annotations.power_caps(node)
+            if cap_w > 0:
+                now[gpu] = cap_w
+            else:
+                now.pop(gpu, None)
+            return annotations.power_caps_value(now)
+
+        self._update_node_annotation(name, annotations.ANN_POWER_CAPS, caps, attempts)
+
+    def annotate_node(self, name: str, values: dict[str, str | None]) -> dict[str, Any]:
+        """Merge ``values`` into the node's annotations (None removes one)."""
+        return _json(self.core.patch_node(name, {"metadata": {"annotations": values}}, _content_type=MERGE_PATCH,
+                                          **self._raw))
+
+    def _update_node_annotation(self, name: str, key: str, value: Callable[[dict[str, Any]], str | None],
+                                attempts: int) -> None:
+        """Read-modify-write of one annotation, guarded by the node's resourceVersion (409 Conflict -> read
+        again), so two writers at once, or an operator editing the annotation, never lose an update."""
         attempt = 0
         while True:
             attempt += 1
             node = self.read_node(name)
-            cordoned = annotations.cordoned_gpus(node) | {gpu}
             patch = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"],
-                                  "annotations": {annotations.ANN_CORDONED: annotations.cordon_value(cordoned)}}}
+                                  "annotations": {key: value(node)}}}
             try:
                 self.core.patch_node(name, patch, _content_type=MERGE_PATCH, **self._raw)
                 return
@@ -185,6 +206,13 @@ class KubeApi:
         self.custom.patch_cluster_custom_object_status("gpuaware.io", "v1alpha1", "gpuqueues", name,
                                                        {"status": status}, _content_type=MERGE_PATCH,
                                                        **self._raw)
+
+    # Authentication (the stream, verifying the agents' node tokens)
+    def review_token(self, token: str, audience: str) -> dict[str, Any]:
+        """The TokenReview's status for ``token`` and ``audience``: authenticated, user (extra), error."""
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "spec": {"token": token, "audiences": [audience]}}
+        return _json(client.AuthenticationV1Api(self.client).create_token_review(body, **self._raw)).get("status", {})
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from scheduler.core.status import Code, Reason
 from scheduler.core.workload import PriorityLevel, Workload
 
 PREEMPTION = "preemption"  # who reports preemption's reasons
+QUOTA = "quota"
 GANG = "gang"
 
 
@@ -81,6 +82,9 @@ class QueueState:
     finish_at: dict[str, float]
     ledger: TenantLedger | None
     node_mask: np.ndarray | None = None  # False: the node takes no new work (cordoned, not ready)
+    # Hold each tenant to its limits (borrowing, per-model quota) and charge the ledger as the pass places
+    # work. The live scheduler does; the simulator keeps its own ledger and limits no tenant.
+    enforce_quota: bool = False
 
 
 def _shape(w: Workload) -> tuple:
@@ -107,6 +111,11 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
             continue
         attempts += 1
         mask = queue.node_mask
+        if queue.enforce_quota and queue.ledger is not None:
+            mask, refused = _quota_mask(cluster, queue.ledger, w, mask)
+            if refused is not None:
+                hooks.blocked(w, Decision(w, None, [refused], None, 0.0, len(cluster)), now)
+                continue
         if reservation is not None and w.priority < reservation[2] and now + (w.duration_s or 0) > reservation[1]:
             mask = np.ones(len(cluster), dtype=bool) if mask is None else mask.copy()
             mask[reservation[0]] = False  # would delay the reserved job: not on its node
@@ -127,6 +136,22 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
                     reservation = (fit[0], fit[1], w.priority)
             continue
         hooks.start(w, d, now)
+        if queue.enforce_quota and queue.ledger is not None:
+            queue.ledger.charge(w, model=str(cluster.models[d.allocation.node]))
+
+
+def _quota_mask(cluster: ClusterState, ledger: TenantLedger, w: Workload,
+                mask: np.ndarray | None) -> tuple[np.ndarray | None, Reason | None]:
+    """The node mask narrowed to the GPU models ``w``'s tenant may still use; or why it may use none."""
+    if not ledger.admits(w):
+        return mask, Reason(Code.QUOTA, QUOTA, f"tenant {w.tenant} has used its quota and borrowing limit")
+    full = ledger.models_full(w, cluster.model_names)
+    if not full:
+        return mask, None
+    allowed = ~np.isin(cluster.models, sorted(full))
+    if not allowed.any():
+        return mask, Reason(Code.QUOTA, QUOTA, f"tenant {w.tenant} has used its quota of {', '.join(sorted(full))}")
+    return (allowed if mask is None else mask & allowed), None
 
 
 def _preempt_for(scheduler: Scheduler, cluster: ClusterState, queue: QueueState, policy: QueuePolicy,

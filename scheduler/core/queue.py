@@ -2,6 +2,15 @@
 
 Each tenant has a weight and a guaranteed GPU quota; a tenant may borrow idle capacity beyond its
 quota (the borrowed work is preemptible and reclaimed when an owner needs it back).
+
+Limits (Kueue's ClusterQueue ideas, issue 17 item 2), all off for a ``Tenant`` built with defaults so
+the simulator's tenants behave as before:
+- ``borrow=False``: never beyond the quota; ``borrow_limit_milli``: at most that far beyond it;
+- ``quota_by_model``: a quota per GPU model (``"*"``: models without their own entry); use of a model
+  is held to its quota plus what the tenant may still borrow, and nodes of a model it may not use
+  more of are masked for it (``models_full``);
+- ``unqueued``: the tenant of namespaces in no queue under the ``best-effort`` policy: no guarantee,
+  everything it runs counts as borrowed, so it is reclaimed from first.
 """
 
 from __future__ import annotations
@@ -17,6 +26,20 @@ class Tenant:
     weight: float = 1.0
     quota_gpu_milli: int = 0  # guaranteed; 0 = no guarantee
     borrow: bool = True
+    borrow_limit_milli: int | None = None  # beyond the quota; None: as much as is idle
+    quota_by_model: dict[str, int] = field(default_factory=dict)  # model ("*": any other) -> milli-GPUs
+    unqueued: bool = False  # no guarantee at all: everything it runs is borrowed
+
+    @property
+    def limited(self) -> bool:
+        return (not self.borrow or self.borrow_limit_milli is not None or bool(self.quota_by_model)
+                or self.unqueued)
+
+    def ceiling(self, quota: int) -> int | None:
+        """The most it may use against ``quota``; None: no limit."""
+        if not self.borrow:
+            return quota
+        return None if self.borrow_limit_milli is None else quota + self.borrow_limit_milli
 
 
 @dataclass
@@ -26,24 +49,65 @@ class TenantLedger:
     total_mem_mib: int
     gpu_used: dict[str, int] = field(default_factory=dict)
     mem_used: dict[str, int] = field(default_factory=dict)
+    model_used: dict[tuple[str, str], int] = field(default_factory=dict)  # (tenant, model) -> milli-GPUs
 
     def dominant_share(self, tenant: str) -> float:
         g = self.gpu_used.get(tenant, 0) / max(self.total_gpu_milli, 1)
         m = self.mem_used.get(tenant, 0) / max(self.total_mem_mib, 1)
         return max(g, m) / max(self.tenants.get(tenant, Tenant(tenant)).weight, 1e-9)
 
-    def charge(self, w: Workload, sign: int = 1) -> None:
+    def charge(self, w: Workload, sign: int = 1, model: str | None = None) -> None:
         self.gpu_used[w.tenant] = self.gpu_used.get(w.tenant, 0) + sign * w.gpu_milli_total
         self.mem_used[w.tenant] = self.mem_used.get(w.tenant, 0) + sign * w.memory_mib
+        if model is not None:
+            key = (w.tenant, self._model_key(w.tenant, model))
+            self.model_used[key] = self.model_used.get(key, 0) + sign * w.gpu_milli_total
+
+    def _model_key(self, tenant: str, model: str) -> str:
+        t = self.tenants.get(tenant)
+        return model if t is not None and model in t.quota_by_model else "*"
+
+    def admits(self, w: Workload, gpu_milli: int | None = None) -> bool:
+        """Whether ``w`` (or ``gpu_milli`` of its tenant's, a whole gang) fits the tenant's limits at all
+        (per-model limits are ``models_full``'s)."""
+        t = self.tenants.get(w.tenant)
+        if t is None or not t.limited:
+            return True
+        ceiling = t.ceiling(t.quota_gpu_milli)
+        asked = w.gpu_milli_total if gpu_milli is None else gpu_milli
+        return ceiling is None or self.gpu_used.get(w.tenant, 0) + asked <= ceiling
+
+    def models_full(self, w: Workload, models: list[str]) -> set[str]:
+        """Of ``models``, those ``w`` may not use: its tenant's quota for them (plus what it may borrow) is used."""
+        t = self.tenants.get(w.tenant)
+        if t is None or not t.quota_by_model:
+            return set()
+        room = None
+        ceiling = t.ceiling(t.quota_gpu_milli)
+        if ceiling is not None:
+            room = ceiling - t.quota_gpu_milli  # what it may borrow, on any model
+        full = set()
+        for m in models:
+            key = m if m in t.quota_by_model else "*"
+            quota = t.quota_by_model.get(key, 0)
+            used = self.model_used.get((w.tenant, key), 0)
+            limit = quota + (room if room is not None else 1 << 62)
+            if used + w.gpu_milli_total > limit:
+                full.add(m)
+        return full
 
     def within_quota(self, w: Workload) -> bool:
         t = self.tenants.get(w.tenant)
+        if t is not None and t.unqueued:
+            return False
         if t is None or not t.quota_gpu_milli:
             return True
         return self.gpu_used.get(w.tenant, 0) + w.gpu_milli_total <= t.quota_gpu_milli
 
     def over_quota(self, tenant: str) -> int:
         t = self.tenants.get(tenant)
+        if t is not None and t.unqueued:
+            return self.gpu_used.get(tenant, 0)
         if t is None or not t.quota_gpu_milli:
             return 0
         return max(0, self.gpu_used.get(tenant, 0) - t.quota_gpu_milli)

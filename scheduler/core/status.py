@@ -33,6 +33,7 @@ class Code(enum.Enum):
     PREEMPTED = "preempted"
     PREEMPTION_FAILED = "preemption-failed"
     GANG_INCOMPLETE = "gang-incomplete"
+    QUOTA = "quota"  # the tenant's quota and borrowing limit leave no room for it
 
     @property
     def filtered(self) -> bool:

@@ -21,7 +21,7 @@ from contract.events import HealthBand
 from scheduler.core.cluster import Allocation, ClusterState
 from scheduler.core.preemption import Running
 from scheduler.core.workload import Workload
-from scheduler.kube import objects
+from scheduler.kube import objects, queues
 from scheduler.kube.objects import PodSpecError, PodWorkload
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,10 @@ def _spec_or_none(node: dict[str, Any]):
         return None
 
 
+class QueueSpecError(ValueError):
+    """A GPUQueue the scheduler cannot read."""
+
+
 @dataclass(frozen=True)
 class Queue:
     """What the scheduler reads of a GPUQueue."""
@@ -53,18 +57,51 @@ class Queue:
     tenant: str
     namespaces: tuple[str, ...]
     weight: float
-    quota_gpus: float  # the sum over models: the core's ledger keeps one GPU quota per tenant
+    quota_gpus: float  # the sum over models
     borrow: bool
     generation: int
     created: float
+    quota_by_model: tuple[tuple[str, float], ...] = ()  # (model or "*", GPUs)
+    borrow_limit_gpus: float | None = None
+    priority_classes: tuple[str, ...] = ()  # empty: any
 
     @classmethod
     def of(cls, obj: dict[str, Any]) -> Queue:
+        """The queue, or ``QueueSpecError`` naming it: the apiserver validates the schema, but an informer
+        must not die on an object stored before a schema change (or by a server without one)."""
+        try:
+            return cls._of(obj)
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            name = (obj.get("metadata") or {}).get("name", "?") if isinstance(obj, dict) else "?"
+            raise QueueSpecError(f"GPUQueue {name!r} is ignored: {type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def _of(cls, obj: dict[str, Any]) -> Queue:
         spec = obj.get("spec") or {}
+        for field_name in ("namespaces", "priorityClasses"):
+            values = spec.get(field_name) or []
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                raise ValueError(f"spec.{field_name} must be a list of names")
+        if not isinstance(spec.get("tenant", DEFAULT_TENANT), str):
+            raise ValueError("spec.tenant must be a name")
+        borrowing = spec.get("borrowing") or {}
+        by_model: dict[str, float] = {}
+        for e in spec.get("quota") or []:
+            model = str(e.get("model") or "*")
+            by_model[model] = by_model.get(model, 0.0) + float(e.get("gpus", 0))
+        limit = borrowing.get("limitGpus")
         return cls(obj["metadata"]["name"], spec.get("tenant", DEFAULT_TENANT), tuple(spec.get("namespaces") or ()),
-                   float(spec.get("weight", 1)), sum(float(e.get("gpus", 0)) for e in spec.get("quota") or []),
-                   bool((spec.get("borrowing") or {}).get("enabled", True)),
-                   int(obj["metadata"].get("generation", 1)), created_s(obj))
+                   float(spec.get("weight", 1)), sum(by_model.values()), bool(borrowing.get("enabled", True)),
+                   int(obj["metadata"].get("generation", 1)), created_s(obj), tuple(sorted(by_model.items())),
+                   None if limit is None else float(limit), tuple(spec.get("priorityClasses") or ()))
+
+
+def _queue_or_none(obj: dict[str, Any]) -> Queue | None:
+    try:
+        return Queue.of(obj)
+    except QueueSpecError as exc:
+        log.error("%s", exc)
+        return None
 
 
 @dataclass
@@ -79,6 +116,8 @@ class ClusterCache:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # every non-terminal pod we know
     tenants_by_namespace: dict[str, str] = field(default_factory=dict)
+    queue_by_namespace: dict[str, Queue] = field(default_factory=dict)
+    unqueued: str = "allow"  # scheduler.unqueued: what namespaces in no queue get (scheduler.kube.queues)
     queues: dict[str, Queue] = field(default_factory=dict)
     cluster: ClusterState = field(default_factory=lambda: ClusterState([]))
     running: dict[str, Running] = field(default_factory=dict)  # pods holding an allocation
@@ -199,11 +238,14 @@ class ClusterCache:
             self.rejected[key] = Rejected(pod, str(exc))
 
     def tenant_of(self, pod: dict[str, Any]) -> str:
-        return self.tenants_by_namespace.get(pod["metadata"].get("namespace", ""), DEFAULT_TENANT)
+        fallback = queues.UNQUEUED_TENANT if self.unqueued == "best-effort" else DEFAULT_TENANT
+        return self.tenants_by_namespace.get(pod["metadata"].get("namespace", ""), fallback)
 
     def parse(self, pod: dict[str, Any]) -> PodWorkload:
         """The pod as the core's workload, with its tenant and arrival; raises ``PodSpecError``."""
-        return objects.workload_of(pod, self.tenant_of(pod), created_s(pod))
+        pw = objects.workload_of(pod, self.tenant_of(pod), created_s(pod))
+        return queues.govern(pw, pod, self.queue_by_namespace.get(pod["metadata"].get("namespace", "")),
+                             self.unqueued)
 
     def workload(self, pod: dict[str, Any]) -> Workload:
         try:
@@ -274,25 +316,30 @@ class ClusterCache:
 
     # ------------------------------------------------------------------ queues
     def sync_queues(self, items: list[dict[str, Any]]) -> None:
-        self.queues = {q.name: q for q in map(Queue.of, items)}
+        self.queues = {q.name: q for q in filter(None, map(_queue_or_none, items))}
         self._retenant()
 
     def queue_event(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "DELETED":
             self.queues.pop(obj["metadata"]["name"], None)
         else:
-            q = Queue.of(obj)
-            self.queues[q.name] = q
+            q = _queue_or_none(obj)
+            if q is None:
+                self.queues.pop((obj.get("metadata") or {}).get("name", ""), None)
+            else:
+                self.queues[q.name] = q
         self._retenant()
 
     def _retenant(self) -> None:
         mapping: dict[str, str] = {}
+        owners: dict[str, Queue] = {}
         for q in sorted(self.queues.values(), key=lambda q: q.created):
             for ns in q.namespaces:
                 mapping.setdefault(ns, q.tenant)  # the oldest queue claiming a namespace keeps it
-        if mapping == self.tenants_by_namespace:
+                owners.setdefault(ns, q)
+        if mapping == self.tenants_by_namespace and owners == self.queue_by_namespace:
             return
-        self.tenants_by_namespace = mapping
+        self.tenants_by_namespace, self.queue_by_namespace = mapping, owners
         # Queues may arrive after the pods: every workload's tenant is derived again.
         for r in self.running.values():
             pod = self.pods.get(r.workload.id)

@@ -59,7 +59,7 @@ class LiveScheduler:
         self.may_act = may_act or (lambda: True)
         self.stats = stats or SchedulerStats()
         self.sink = DecisionSink(decisions)
-        self.cache = ClusterCache(scheduler_name=settings.name)
+        self.cache = ClusterCache(scheduler_name=settings.name, unqueued=settings.unqueued)
         self.leading = asyncio.Event()
         self.snapshot = QueueSnapshot()
         self.tasks = Tasks()
@@ -82,7 +82,8 @@ class LiveScheduler:
             self.health = HealthReactions(view, self.calls, self.cache, self.stats, self.sink, self.evictor,
                                           self.tasks)
             self.throttler = Throttler(view, self.gpu_state, self.cache, settings, self.stats, self.sink, self.tasks,
-                                       control, may_act=lambda: self.may_act())
+                                       control, may_act=lambda: self.may_act(),
+                                       record=lambda n, g, w: self.calls.call(self.api.record_power_cap, n, g, w))
         self._inbox: asyncio.Queue[tuple[str, str, Any]] = asyncio.Queue(maxsize=INBOX)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._informers: list[Informer] = []

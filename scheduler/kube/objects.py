@@ -161,7 +161,7 @@ def is_gpuaware(pod: Mapping[str, Any]) -> bool:
 
 def gpu_request(pod: Mapping[str, Any]) -> int:
     total = 0
-    for c in pod.get("spec", {}).get("containers", []):
+    for c in (pod.get("spec") or {}).get("containers") or []:  # null in JSON: none
         res = c.get("resources") or {}
         raw = (res.get("limits") or {}).get(GPU_RESOURCE) or (res.get("requests") or {}).get(GPU_RESOURCE)
         total += whole(raw or 0, f"container {c.get('name')} {GPU_RESOURCE}")
@@ -170,15 +170,15 @@ def gpu_request(pod: Mapping[str, Any]) -> int:
 
 def _requests(pod: Mapping[str, Any]) -> tuple[int, int]:
     """Effective CPU (milli) and memory (MiB) requests: sum over containers, at least any init container's."""
-    spec = pod.get("spec", {})
+    spec = pod.get("spec") or {}
 
     def req(c: Mapping[str, Any], name: str) -> str:
         res = c.get("resources") or {}
         return (res.get("requests") or {}).get(name) or (res.get("limits") or {}).get(name) or "0"
 
-    cpu = sum(quantity_milli(req(c, "cpu"), f"container {c.get('name')} cpu") for c in spec.get("containers", []))
-    mem = sum(quantity_mib(req(c, "memory"), f"container {c.get('name')} memory") for c in spec.get("containers", []))
-    for c in spec.get("initContainers", []):
+    cpu = sum(quantity_milli(req(c, "cpu"), f"container {c.get('name')} cpu") for c in spec.get("containers") or [])
+    mem = sum(quantity_mib(req(c, "memory"), f"container {c.get('name')} memory") for c in spec.get("containers") or [])
+    for c in spec.get("initContainers") or []:
         cpu = max(cpu, quantity_milli(req(c, "cpu"), f"init container {c.get('name')} cpu"))
         mem = max(mem, quantity_mib(req(c, "memory"), f"init container {c.get('name')} memory"))
     return cpu, mem

@@ -18,6 +18,7 @@ from scheduler.core.queue import Tenant, TenantLedger
 from scheduler.core.status import Code, label_of, reason_label
 from scheduler.core.workload import Workload
 from scheduler.core.workload_mix import WorkloadMix
+from scheduler.kube import queues
 from scheduler.kube.binder import Binder
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.decisions import DecisionSink, Outcome
@@ -102,11 +103,12 @@ class SchedulingPass:
 
     def ledger(self) -> TenantLedger:
         c = self.cache.cluster
-        tenants = {q.tenant: Tenant(q.tenant, q.weight, int(q.quota_gpus * 1000), q.borrow)
-                   for q in self.cache.queues.values()}
+        tenants = {q.tenant: queues.tenant_of(q) for q in self.cache.queues.values()}
+        if self.cache.unqueued == "best-effort":
+            tenants[queues.UNQUEUED_TENANT] = Tenant(queues.UNQUEUED_TENANT, unqueued=True)
         ledger = TenantLedger(tenants, max(c.total_gpu_milli, 1), max(int(c.mem_cap.sum()), 1))
         for r in self.cache.running.values():
-            ledger.charge(r.workload)
+            ledger.charge(r.workload, model=str(c.models[r.allocation.node]) if len(c) else None)
         return ledger
 
     def run(self, now: float, started: float | None = None) -> None:
@@ -125,9 +127,9 @@ class SchedulingPass:
             else:
                 singles.append(pw.workload)
         for gang, members in gangs.items():
-            self._place_gang(core, gang, members, actions, now)
+            self._place_gang(core, gang, members, actions, now, ledger)
         finish_at = {k: r.started_s + (r.workload.duration_s or UNKNOWN_DURATION_S) for k, r in cache.running.items()}
-        queue = QueueState(singles, cache.running, finish_at, ledger, cache.node_mask)
+        queue = QueueState(singles, cache.running, finish_at, ledger, cache.node_mask, enforce_quota=True)
         pass_stats = PassStats()
         schedule_pass(core, cache.cluster, queue, self.queue_policy, actions, pass_stats, now)
         for lat in pass_stats.latencies_s:
@@ -139,7 +141,7 @@ class SchedulingPass:
         self.stats.pass_latency.observe(time.perf_counter() - started)
 
     def _place_gang(self, core: Scheduler, gang: str, members: list[PodWorkload], actions: PassActions,
-                    now: float) -> None:
+                    now: float, ledger: TenantLedger | None = None) -> None:
         size = max(m.gang_size for m in members)
         bound = sum(1 for r in self.cache.running.values() if r.workload.gang == gang)
         if len(members) + bound < size:
@@ -147,7 +149,16 @@ class SchedulingPass:
                 self.reporter.unschedulable(m.workload, f"gang {gang}: {len(members) + bound} of {size} members "
                                                         "exist; waiting for all before placing any", GANG_LABEL)
             return
+        first = members[0].workload
+        if ledger is not None and not ledger.admits(first, sum(m.workload.gpu_milli_total for m in members)):
+            for m in members:  # the whole gang, or none of it, within the tenant's quota and borrowing limit
+                self.reporter.unschedulable(m.workload, f"gang {gang}: tenant {first.tenant} has used its quota and "
+                                                        "borrowing limit", GANG_LABEL)
+            return
         decisions, reasons = place_gang(core, self.cache.cluster, [m.workload for m in members], self.cache.node_mask)
+        if decisions and ledger is not None:
+            for d in decisions:
+                ledger.charge(d.workload, model=str(self.cache.cluster.models[d.allocation.node]))
         if not decisions:
             for m in members:
                 self.reporter.unschedulable(m.workload, reasons[0], GANG_LABEL)

@@ -2,6 +2,12 @@
 
 A cap is sent when it changes and lifted (cap 0) once the GPU is back within its node's budget and
 temperature; a cap that could not be sent is sent again on the next round.
+
+Durable. Each cap sent (and each lift) is recorded in its Node's ``gpuaware.io/power-caps``
+annotation, and the throttler starts from the caps the annotations record: a leader that takes over
+lifts the caps its predecessor set once they are no longer wanted, instead of leaving them for ever.
+The control records of caps are keyed by node and GPU (``AgentControl.key``), so compaction keeps
+every GPU's newest cap beside the node's sampling policy, and a restarted agent re-applies them.
 """
 
 from __future__ import annotations
@@ -13,8 +19,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
+from kubernetes.client.exceptions import ApiException
 
+from contract import annotations
 from contract.events import AgentControl, ControlKind, DecisionAction
+from plumbing.kube.api import TRANSPORT_ERRORS
 from scheduler.core.throttle import throttle_decisions
 from scheduler.feed import StateView
 from scheduler.kube.cache import ClusterCache
@@ -35,17 +44,32 @@ async def discard_control(record: AgentControl) -> None:
     """The default publisher: caps are decided and logged, but no agent hears of them."""
 
 
+class CapRecorder(Protocol):
+    async def __call__(self, node: str, gpu: int, cap_w: int) -> None: ...
+
+
 class Throttler:
     def __init__(self, view: StateView, gpu_state: LiveGpuState, cache: ClusterCache, settings: SchedulerSettings,
                  stats: SchedulerStats, sink: DecisionSink, tasks: Tasks, publish: ControlPublisher = discard_control,
-                 may_act: Callable[[], bool] = lambda: True):
+                 may_act: Callable[[], bool] = lambda: True, record: CapRecorder | None = None):
         self.view, self.gpu_state, self.cache, self.settings = view, gpu_state, cache, settings
         self.may_act = may_act
         self.stats, self.sink, self.tasks, self._publish = stats, sink, tasks, publish
+        self._record = record
         self.capped: dict[tuple[str, int], int] = {}  # (node, GPU index) -> cap in W we asked for
+        self._restored = False
+
+    def restore(self) -> None:
+        """Take over the caps the Node annotations record (a previous leader's, or this one's before a restart)."""
+        for name, node in self.cache.nodes.items():
+            for gpu, cap in annotations.power_caps(node).items():
+                self.capped.setdefault((name, gpu), cap)
+        self._restored = True
 
     def throttle(self) -> None:
         """One round: send the caps that changed, lift those no longer wanted."""
+        if not self._restored:
+            self.restore()
         c = self.cache.cluster
         where = self.gpu_state.where
         power = np.zeros(c.gpu_free.shape)
@@ -87,3 +111,10 @@ class Throttler:
         except Exception as exc:  # the next round sends it again
             self.capped.pop((node, gpu), None)
             log.warning("could not send %s: %s", what, exc)
+            return
+        if self._record is not None:
+            try:
+                await self._record(node, gpu, cap_w)
+            except (ApiException, *TRANSPORT_ERRORS) as exc:  # the cap is in force; only its record is missing
+                self.stats.api_errors[("patch-node", getattr(exc, "status", 0) or 0)] += 1
+                log.warning("could not record %s on the Node: %s", what, exc)

@@ -14,6 +14,7 @@ class FakeProducer:
     """Stands in for ``AIOKafkaProducer``: ``fail(topic, value)`` returns the exception a send raises."""
 
     sent: list[bytes]
+    headers: list[list[tuple[str, bytes]] | None]
     attempts: int
     fail: Callable[[str, bytes], BaseException | None]
     hook: Callable[[str, bytes], None]
@@ -34,6 +35,7 @@ class FakeProducer:
         if exc is not None:
             raise exc
         type(self).sent.append(value)
+        type(self).headers.append(headers)
         fut = asyncio.get_running_loop().create_future()
         fut.set_result(None)
         return fut
@@ -42,6 +44,7 @@ class FakeProducer:
 @pytest.fixture
 def fake_producer(monkeypatch) -> type[FakeProducer]:
     FakeProducer.sent = []
+    FakeProducer.headers = []
     FakeProducer.attempts = 0
     FakeProducer.fail = staticmethod(lambda topic, value: None)
     FakeProducer.hook = staticmethod(lambda topic, value: None)

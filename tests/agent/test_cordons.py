@@ -73,3 +73,33 @@ def test_no_api_means_no_watcher(monkeypatch):
     assert CordonWatcher.from_settings(cores, AgentStats(), None, 15.0) is None
     assert CordonWatcher.from_settings(cores, AgentStats(), "http://127.0.0.1:1", 0) is None
     assert CordonWatcher.from_settings(cores, AgentStats(), "http://127.0.0.1:1", 5.0) is not None
+
+
+def test_power_caps_the_gpus_accepted_are_acknowledged_on_the_node():
+    """Issue 17 item 11: a cap is acknowledged on the Node (its agent's only write, held to that node by the
+    admission policy tested in tests/deploy/test_rbac.py), and the acknowledgement follows a lift."""
+    from agent.runtime import AgentRuntime
+    from contract.events import AgentControl, ControlKind
+
+    cores, _ = _core()
+    stats = AgentStats()
+    with FakeApiServer() as fake:
+        fake.create("nodes", make_node(cores[0].node, gpus=4))
+        api = KubeApi(connect(fake.url))
+        watcher = CordonWatcher(cores, api, stats)
+        runtime = AgentRuntime.__new__(AgentRuntime)  # only its control handling, on these cores
+        runtime.cores, runtime.stats = cores, stats
+        uuid = cores[0].devices[2].uuid
+        runtime.handle_control(AgentControl("c", 0, cores[0].node, ControlKind.POWER_CAP, None, uuid, 250))
+
+        def acked() -> dict[int, int]:
+            return annotations.power_caps(api.read_node(cores[0].node), annotations.ANN_POWER_CAPS_APPLIED)
+
+        watcher.apply(watcher.read())
+        assert acked() == {2: 250}
+        patches = fake.store.requests.get("PATCH", 0)
+        watcher.apply(watcher.read())
+        assert fake.store.requests.get("PATCH", 0) == patches  # unchanged: not written again
+        runtime.handle_control(AgentControl("c", 0, cores[0].node, ControlKind.POWER_CAP, None, uuid, 0))
+        watcher.apply(watcher.read())
+        assert acked() == {}

@@ -102,11 +102,27 @@ def test_agent_runs_only_on_gpu_nodes_with_least_privilege(rendered):
     mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
     assert mounts["/var/lib/kubelet/pod-resources"]["readOnly"] is True
     rules = one(docs, "ClusterRole", "gpuaware-agent")["rules"]
-    assert rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    assert rules == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]  # patch: admission policy
+    token = next(v for v in pod["volumes"] if v["name"] == "node-token")["projected"]["sources"][0]
+    assert token["serviceAccountToken"]["audience"] == "gpuaware-stream"
+    assert mounts["/var/run/secrets/gpuaware"]["readOnly"] is True
+    # The stream's one API permission: TokenReviews of those node tokens.
     stream_pod = one(docs, "Deployment", "gpuaware-stream")["spec"]["template"]["spec"]
-    assert stream_pod["automountServiceAccountToken"] is False
-    assert not [b for b in by_kind(docs, "ClusterRoleBinding") + by_kind(docs, "RoleBinding")
-                if any(s["name"] == "gpuaware-stream" for s in b["subjects"])]
+    assert stream_pod["automountServiceAccountToken"] is True
+    assert one(docs, "ClusterRole", "gpuaware-stream")["rules"] == [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]
+    assert not [b for b in by_kind(docs, "RoleBinding") if any(s["name"] == "gpuaware-stream" for s in b["subjects"])]
+
+
+def test_the_shipped_config_requires_node_identity_and_gives_the_agent_its_token():
+    from gpuaware.config import GpuawareConfig
+
+    text = yaml.safe_load((REPO / "deploy" / "base" / "config.yaml").read_text().split("---")[0])
+    body = yaml.safe_load(text["data"]["gpuaware.yaml"])
+    body["kafka"].update(sasl_username="u", sasl_password="p")  # from each component's env and Secret
+    cfg = GpuawareConfig.model_validate(body)
+    assert cfg.stream.node_identity == "required"
+    assert cfg.agent.node_token_path == "/var/run/secrets/gpuaware/node-token"
 
 
 def test_scheduler_rbac_and_extender_config(rendered):
@@ -120,7 +136,7 @@ def test_scheduler_rbac_and_extender_config(rendered):
     # RBAC cannot limit a patch to one annotation; these admission policies do (tests/deploy/test_rbac.py).
     policies = {d["metadata"]["name"] for d in by_kind(docs, "ValidatingAdmissionPolicyBinding")
                 if d["spec"]["validationActions"] == ["Deny"]}
-    assert policies == {"gpuaware-scheduler-pod-writes", "gpuaware-scheduler-node-writes"}
+    assert policies == {"gpuaware-scheduler-pod-writes", "gpuaware-scheduler-node-writes", "gpuaware-agent-node-writes"}
     lease_rules = one(docs, "Role", "gpuaware-scheduler-leader-election")["rules"]
     assert lease_rules[0]["resources"] == ["leases"]
     snippet = yaml.safe_load(one(docs, "ConfigMap", "gpuaware-kube-scheduler-extender")["data"]

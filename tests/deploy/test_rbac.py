@@ -12,6 +12,7 @@ out). Skipped when the control plane is not built, failed under ``CI=true``.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from contract import annotations
+from contract.identity import NODE_TOKEN_HEADER, TOKEN_AUDIENCE
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
 from plumbing.kube.api import KubeApi, now_rfc3339
 from tests.support import REPO, need
@@ -34,7 +36,7 @@ RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Ro
 Row = tuple[str, str, str]
 EXPECTED: dict[str, set[Row]] = {
     "gpuaware-agent": {
-        ("nodes", "[]", "[get]"),  # its own Node's cordon annotation; RBAC cannot say "own"
+        ("nodes", "[]", "[get patch]"),  # its own Node: cordons read, cap acknowledgement written (admission policy)
     },
     "gpuaware-scheduler": {
         ("pods", "[]", "[list watch patch]"),  # patch: only the checkpoint-request annotation (admission policy)
@@ -47,7 +49,9 @@ EXPECTED: dict[str, set[Row]] = {
         ("leases.coordination.k8s.io", "[gpuaware-scheduler]", "[get update]"),
         ("leases.coordination.k8s.io", "[]", "[create]"),  # RBAC cannot restrict a create by name
     },
-    "gpuaware-stream": set(),  # talks to Kafka only; its pods do not even mount a token
+    "gpuaware-stream": {
+        ("tokenreviews.authentication.k8s.io", "[]", "[create]"),  # the agents' node tokens (docs/security.md)
+    },
 }
 _ROW = re.compile(r"^(\S*)\s+(\[[^\]]*\])\s+(\[[^\]]*\])\s+(\[[^\]]*\])\s*$")
 
@@ -162,11 +166,18 @@ def test_the_scheduler_may_write_its_checkpoint_request_and_nothing_else_on_a_po
     cp.kubectl("annotate", "pod", "ckpt", "-n", NS, f"{annotations.ANN_CHECKPOINT_DONE}={asked}")
 
 
-def test_the_scheduler_may_write_gpu_cordons_and_nothing_else_on_a_node(cp, scheduler_api):
+def test_the_scheduler_may_write_gpu_cordons_and_power_caps_and_nothing_else_on_a_node(cp, scheduler_api):
     _node(cp, "cordon-node")
     scheduler_api.cordon_gpu("cordon-node", 3)
     scheduler_api.cordon_gpu("cordon-node", 5)
     assert annotations.cordoned_gpus(_get(cp, "node", "cordon-node")) == {3, 5}
+    # The power caps in force (docs/security.md): recorded, and removed once lifted.
+    scheduler_api.record_power_cap("cordon-node", 1, 300)
+    scheduler_api.record_power_cap("cordon-node", 2, 250)
+    scheduler_api.record_power_cap("cordon-node", 1, 0)
+    assert annotations.power_caps(_get(cp, "node", "cordon-node")) == {2: 250}
+    scheduler_api.record_power_cap("cordon-node", 2, 0)
+    assert annotations.ANN_POWER_CAPS not in _get(cp, "node", "cordon-node")["metadata"]["annotations"]
 
     core = scheduler_api.core
     assert _status(core.patch_node, "cordon-node", {"spec": {"unschedulable": True}}) == 422
@@ -205,19 +216,108 @@ def test_the_scheduler_watches_evicts_reports_and_leads_as_its_serviceaccount(cp
     assert _status(core.list_namespaced_secret, NS) == 403
 
 
-def test_the_agent_reads_a_node_and_nothing_more(cp):
-    _node(cp, "agent-node")
-    api = _api(cp.serviceaccount_kubeconfig(NS, "gpuaware-agent", create=False))
+def test_the_agent_reads_a_node_and_writes_only_its_own_nodes_cap_acknowledgement(cp):
+    """Item 8 of issue 17 on the Kubernetes side: the agent's writes are keyed on its token's node claim."""
+    for node in ("agent-node", "agent-other"):
+        _node(cp, node)
+    _pod_on(cp, "agent-on-agent-node", "agent-node", "gpuaware-agent")
+    bound = _token_kubeconfig(cp, _bound_token(cp, "gpuaware-agent", "agent-on-agent-node", audience=""))
+    api = _api(bound)
     assert api.read_node("agent-node")["metadata"]["name"] == "agent-node"
     assert _status(api.core.list_node) == 403
-    assert _status(api.core.patch_node, "agent-node", {"metadata": {"labels": {"x": "y"}}}) == 403
+    acked = {annotations.ANN_POWER_CAPS_APPLIED: '{"0":300}'}
+    api.annotate_node("agent-node", acked)
+    assert annotations.power_caps(_get(cp, "node", "agent-node"), annotations.ANN_POWER_CAPS_APPLIED) == {0: 300}
+    assert _status(api.annotate_node, "agent-other", acked) == 422  # another node
+    assert _status(api.core.patch_node, "agent-node", {"metadata": {"labels": {"x": "y"}}}) == 422
+    assert _status(api.annotate_node, "agent-node", {annotations.ANN_CORDONED: ""}) == 422
+    assert _status(api.core.patch_node, "agent-node", {"spec": {"unschedulable": True}}) == 422
+    # A token without a node claim (not bound to a pod on a node) writes nothing.
+    unbound = _api(cp.serviceaccount_kubeconfig(NS, "gpuaware-agent", create=False))
+    assert _status(unbound.annotate_node, "agent-node", acked) == 422
+
+
+def _bound_token(cp: KubeControlPlane, account: str, pod: str, audience: str = TOKEN_AUDIENCE) -> str:
+    """What the kubelet mounts in a pod: a token bound to the pod (and so its node); audience "" for the
+    apiserver's own (the agent's API token), else the stream's."""
+    return cp.kubectl("create", "token", account, "-n", NS, *(["--audience", audience] if audience else []),
+                      "--bound-object-kind", "Pod", "--bound-object-name", pod).stdout.strip()
+
+
+def _token_kubeconfig(cp: KubeControlPlane, token: str) -> Path:
+    """A kubeconfig that authenticates with ``token`` (the admin kubeconfig's cluster, a bearer user)."""
+    cfg = yaml.safe_load(cp.kubeconfig.read_text())
+    cfg["users"] = [{"name": "bearer", "user": {"token": token}}]
+    for ctx in cfg["contexts"]:
+        ctx["context"]["user"] = "bearer"
+    path = cp.kubeconfig.parent / f"token-{abs(hash(token))}.kubeconfig"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _pod_on(cp: KubeControlPlane, name: str, node: str, account: str) -> None:
+    cp.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+              "spec": {"nodeName": node, "serviceAccountName": account,
+                       "containers": [{"name": "main", "image": "registry.invalid/agent:1"}]}})
+
+
+def test_the_stream_accepts_a_record_only_with_a_token_of_an_agent_on_the_node_it_names(cp):
+    """Item 8 of issue 17: an agent on node A cannot speak for node B. The stream, as its ServiceAccount,
+    asks this apiserver (TokenReview) which node each record's token was issued on."""
+    import asyncio
+
+    from stream.identity import IdentityRejected, NodeVerifier, kube_review
+    from stream.metrics import StreamStats
+
+    for node in ("ident-a", "ident-b"):
+        _node(cp, node)
+    _pod_on(cp, "agent-ident-a", "ident-a", "gpuaware-agent")
+    _pod_on(cp, "agent-ident-b", "ident-b", "gpuaware-agent")
+    _pod_on(cp, "workload-ident-a", "ident-a", "gpuaware-scheduler")  # another ServiceAccount's pod on node A
+    token_a = _bound_token(cp, "gpuaware-agent", "agent-ident-a")
+    token_b = _bound_token(cp, "gpuaware-agent", "agent-ident-b")
+    other_account = _bound_token(cp, "gpuaware-scheduler", "workload-ident-a")
+    wrong_audience = _bound_token(cp, "gpuaware-agent", "agent-ident-a", audience="https://kubernetes.default.svc")
+    stream_api = _api(cp.serviceaccount_kubeconfig(NS, "gpuaware-stream", create=False))
+
+    def verdicts() -> dict[tuple[str, str], str]:
+        verifier = NodeVerifier(kube_review(stream_api), StreamStats())
+
+        async def one(node: str, token: str) -> str:
+            try:
+                await verifier.check(node, [(NODE_TOKEN_HEADER, token.encode())])
+                return "ok"
+            except IdentityRejected as exc:
+                return str(exc)
+
+        async def main() -> dict[tuple[str, str], str]:
+            cases = {("ident-a", "a"): token_a, ("ident-b", "b"): token_b, ("ident-b", "a"): token_a,
+                     ("ident-a", "b"): token_b, ("ident-a", "other"): other_account,
+                     ("ident-a", "audience"): wrong_audience, ("ident-a", "forged"): token_b[:-4] + "AAAA"}
+            return {k: await one(k[0], t) for k, t in cases.items()}
+
+        return asyncio.run(main())
+
+    got = verdicts()
+    assert got[("ident-a", "a")] == got[("ident-b", "b")] == "ok"
+    assert "issued to a pod on 'ident-a'" in got[("ident-b", "a")]
+    assert "issued to a pod on 'ident-b'" in got[("ident-a", "b")]
+    assert "gpuaware-scheduler" in got[("ident-a", "other")] and "not an agent" in got[("ident-a", "other")]
+    assert "does not accept" in got[("ident-a", "audience")] and "does not accept" in got[("ident-a", "forged")]
+    # The token dies with its pod: an agent pod removed from node A leaves no token that still proves A
+    # (once the apiserver's own authentication cache, about 10 s, lets go of it).
+    cp.kubectl("delete", "pod", "agent-ident-a", "-n", NS, "--grace-period=0", "--force", "--wait=true")
+    deadline = time.monotonic() + 60
+    while "does not accept" not in verdicts()[("ident-a", "a")]:
+        assert time.monotonic() < deadline, "the deleted pod's token is still accepted after 60 s"
+        time.sleep(1)  # polling interval of a condition with a deadline
 
 
 def test_cluster_scoped_policies_lose_the_namespace_kustomize_stamps_on_them(cp):
     """Kustomize's built-in schema predates ValidatingAdmissionPolicy, so it sets metadata.namespace on it;
     the apiserver stores cluster-scoped objects without one."""
     vaps = [d for d in _rendered_rbac(cp) if d["kind"].startswith("ValidatingAdmissionPolicy")]
-    assert len(vaps) == 4
+    assert len(vaps) == 6
     for doc in vaps:
         stored = _get(cp, doc["kind"].lower(), doc["metadata"]["name"])
         assert "namespace" not in stored["metadata"]

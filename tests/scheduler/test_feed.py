@@ -304,3 +304,94 @@ def test_a_restarted_feed_catches_up_to_the_newest_state_of_1000_gpus_from_100k_
     total = feed.progress.total
     print(f"\nrestart catch-up: {total} records in {took:.1f}s with start-up = {total / took:.0f} records/s; "
           f"reading alone {feed.progress.rate:.0f} records/s")
+
+
+# ---------------------------------------------------------------- supervision and feed outages
+
+
+class FlakyConsumer(SlowConsumer):
+    """Caught up at once; then ``failures`` polls raise, as a consumer may while its broker is away."""
+
+    def __init__(self, clock: FakeClock, logs: dict[TopicPartition, list[bytes]], failures: int):
+        super().__init__(clock, logs, per_poll=10_000, poll_s=0.1)
+        self.failures = failures
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> dict:
+        if self.delivered and self.failures:
+            self.failures -= 1
+            await asyncio.sleep(0)
+            raise ConnectionError("broker unreachable")
+        return await super().getmany(timeout_ms, max_records)
+
+
+def test_a_feed_error_after_catch_up_is_retried_and_the_feed_goes_on() -> None:
+    """Item 4 of issue 17: the feed task died on any error after catch-up and nothing noticed."""
+    clock = FakeClock()
+    logs = _logs(gpus=4, updates=2)
+
+    async def run() -> None:
+        consumer = FlakyConsumer(clock, logs, failures=3)
+        feed = _feed(clock, consumer, retry_s=0.001, max_retry_s=0.002)
+        try:
+            await feed.catch_up()
+            from tests.support import wait_for
+
+            await wait_for(lambda: feed.errors == 3, what="three errors retried")
+            assert feed.failed is None
+            tp = TopicPartition(topics.GPU_STATE, 0)
+            now = int(time.time() * 1000)
+            logs[tp].append(encode(_state_of("g-new", "n", HealthBand.HEALTHY, now)))
+            await wait_for(lambda: "g-new" in feed.view.gpus, what="a record after the errors")
+        finally:
+            await feed.stop()
+
+    asyncio.run(run())
+
+
+def test_a_feed_task_that_ends_stops_the_scheduler() -> None:
+    from scheduler.wiring import _feed_stats
+
+    clock = FakeClock()
+
+    async def run() -> None:
+        consumer = SlowConsumer(clock, _logs(gpus=2, updates=1), per_poll=100, poll_s=0.1)
+        feed = _feed(clock, consumer)
+        await feed.catch_up()
+
+        async def broken(*_a, **_k):
+            raise SystemError("not an Exception the loop retries")  # stands in for a bug in the loop itself
+
+        feed._task.cancel()
+        feed._task = asyncio.create_task(broken())
+        stats, stop = SchedulerStats(), asyncio.Event()
+        await asyncio.wait_for(_feed_stats(feed, stats, stop, every_s=0.01), 5)
+        assert stop.is_set() and stats.feed_failed
+        await feed.stop()
+
+    asyncio.run(run())
+
+
+def test_a_feed_outage_keeps_the_last_known_health_and_assumes_every_gpu_busy() -> None:
+    """After a broker outage longer than stale_after every GPU used to turn degraded, so high-priority work could
+    not be placed anywhere. A GPU already stale when the feed went silent is still degraded."""
+    now = [T0]
+    view = StateView(stale_after_ms=90_000, clock=lambda: now[0] / 1000)
+    view.learn(_state_of("ok", "n", HealthBand.HEALTHY, T0 - 1000))
+    view.learn(_state_of("bad", "n", HealthBand.CRITICAL, T0 - 1000))
+    view.learn(_state_of("silent", "n", HealthBand.HEALTHY, T0 - 120_000))  # its agent died before the outage
+    where = {"ok": (0, 0), "bad": (0, 1), "silent": (0, 2)}.get
+    cluster = ClusterState([NodeSpec("n", 64_000, 256_000, 4, "A100", 81920)])
+    assert not view.outage(now[0])
+    now[0] = T0 + 100_000  # nothing for 100 s: the feed is down
+    assert view.outage(now[0]) and view.silent_ms(now[0]) == 100_000
+    view.apply(cluster, where, now[0])
+    assert cluster.band[0, :3].tolist() == [0, 2, 1]  # healthy, critical, degraded: as when the feed went silent
+    assert cluster.forecast_util[0, :3].tolist() == [100.0, 100.0, 100.0]  # nobody can see utilisation: busy
+    view.learn(_state_of("ok", "n", HealthBand.HEALTHY, now[0] - 500))  # the feed is back
+    assert not view.outage(now[0])
+    view.apply(cluster, where, now[0])
+    assert cluster.band[0, :3].tolist() == [0, 2, 1] and cluster.forecast_util[0, 0] == 65.0
+    # The gauge and the flag the alert reads.
+    stats = SchedulerStats(feed_outage=True, feed_silent_s=100.0)
+    text = "".join(str(m) for m in SchedulerCollector(stats, QueueSnapshot).collect())
+    assert "gpuaware_scheduler_feed_outage" in text and "gpuaware_scheduler_feed_silent_seconds" in text

@@ -272,3 +272,30 @@ async def test_an_identity_cannot_write_a_topic_it_has_no_grant_on(users, admin)
     await produce(users[STREAM], [(topics.GPU_STATE, marker.key(), events.encode(marker))])
     seen = await watch(admin, topics.GPU_STATE, bool, lambda m: m.key == key.encode(), raw=True)
     assert [m.value for m in seen] == [events.encode(marker)]
+
+
+async def test_the_agent_can_neither_read_other_nodes_tokens_nor_bypass_the_stream_check(users, admin):
+    """docs/security.md: node tokens travel on gpu.telemetry.v1 and gpu.events.v1, which no agent may read
+    (so no agent can replay another node's token); the stream trusts its internal re-keyed events topic
+    without a token (it checked them before re-keying), which no agent may write."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition
+
+    rekeyed = f"{STREAM_APP_ID}-events-by-node"
+    producer = AIOKafkaProducer(**users[AGENT].producer_kwargs())
+    await producer.start()
+    try:
+        with pytest.raises(TopicAuthorizationFailedError):
+            await asyncio.wait_for(producer.send_and_wait(rekeyed, b"forged", key=b"node-b"), 30)
+    finally:
+        await producer.stop()
+    for topic in (topics.TELEMETRY, topics.EVENTS):
+        consumer = AIOKafkaConsumer(**users[AGENT].consumer_kwargs(None))
+        await consumer.start()
+        try:
+            consumer.assign([TopicPartition(topic, 0)])
+            consumer.seek(TopicPartition(topic, 0), 0)
+            with pytest.raises(TopicAuthorizationFailedError):
+                await asyncio.wait_for(consumer.getmany(timeout_ms=5000), 30)
+        finally:
+            await consumer.stop()

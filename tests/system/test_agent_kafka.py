@@ -20,6 +20,7 @@ from gpuaware.local.stream_workers import StreamWorkerProcess
 from plumbing import kafka_admin as admin
 from plumbing import observability
 from plumbing.kafka_settings import KafkaSettings
+from tests.support import wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -91,13 +92,16 @@ def test_a_broker_down_for_30s_loses_no_sample(tmp_path, seaweedfs):
         async def scenario() -> None:
             stop = asyncio.Event()
             task = asyncio.create_task(runtime.run(stop, control=False))
-            await asyncio.sleep(4)
+            await wait_for(lambda: runtime.samples_published > 0 and runtime.spool.depth == 0, timeout=30,
+                           what="the first samples delivered")
             await asyncio.to_thread(broker.child.stop)
             down_at = runtime.cores[0].samples_taken
-            await asyncio.sleep(30)
+            # The broker stays down until the agent has sampled 30 s more and spooled what it could not send.
+            await wait_for(lambda: runtime.cores[0].samples_taken > down_at + 30 and runtime.spool.depth > 0
+                           and runtime.stats.publish_errors > 0, timeout=90, what="sampling and spooling while down")
             spooled = runtime.spool.depth
             await asyncio.to_thread(broker.restart)
-            await asyncio.sleep(6)
+            await wait_for(lambda: runtime.spool.depth == 0, timeout=60, what="the backlog delivered")
             stop.set()
             await task
             assert runtime.cores[0].samples_taken > down_at + 30  # it kept sampling while the broker was down
@@ -116,7 +120,15 @@ def test_a_broker_down_for_30s_loses_no_sample(tmp_path, seaweedfs):
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline and worker.counter("gpuaware_stream_samples_total") < len(want):
                 time.sleep(0.5)
-            time.sleep(2)  # anything beyond the expected count would show up now
+            # Anything beyond the expected count would show up by the time the worker has read every record
+            # (its consumer lag back to 0), which is a condition, not a pause.
+            def lag() -> float | None:
+                lines = [x for x in worker.metrics().splitlines() if x.startswith("gpuaware_stream_consumer_lag{")]
+                return sum(float(x.split()[-1]) for x in lines) if lines else None
+
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and lag() != 0:
+                time.sleep(0.5)
             assert worker.counter("gpuaware_stream_samples_total") == len(want)
         finally:
             worker.stop()
@@ -129,17 +141,15 @@ async def test_a_bad_policy_file_is_rejected_and_the_agent_keeps_running(kafka_s
                        policy_path=policy_file)
     stop = asyncio.Event()
     task = asyncio.create_task(runtime.run(stop, control=False))
-    await asyncio.sleep(2.5)
+    await wait_for(lambda: runtime.cores[0].watch_reads > 0, what="sampling")
     policy_file.write_text("floor_s: 60\nceiling_s: 5\n")  # floor above ceiling
-    await asyncio.sleep(3)
-    assert runtime.stats.policy_errors == 1
+    await wait_for(lambda: runtime.stats.policy_errors == 1, what="the bad policy rejected")
     assert runtime.cores[0].policy.ceiling_s == 30
     before = runtime.cores[0].watch_reads
-    await asyncio.sleep(2)
-    assert runtime.cores[0].watch_reads > before  # still sampling
+    await wait_for(lambda: runtime.cores[0].watch_reads > before, what="still sampling")
     policy_file.write_text("floor_s: 1\nceiling_s: 5\n")
-    await asyncio.sleep(3)
-    assert runtime.cores[0].policy.ceiling_s == 5 and runtime.stats.policy_reloads == 1
+    await wait_for(lambda: runtime.stats.policy_reloads == 1, what="the good policy applied")
+    assert runtime.cores[0].policy.ceiling_s == 5 and runtime.stats.policy_errors == 1
     stop.set()
     await task
 
@@ -163,10 +173,10 @@ async def test_control_topic_sets_policy_and_power_caps_and_skips_garbage(kafka_
         await producer.send_and_wait(topics.CONTROL, f"garbage for {prefix}".encode(), key=node.encode())
     finally:
         await producer.stop()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and runtime.cores[0].policy.floor_s != 2.0:
-        await asyncio.sleep(0.2)
-    await asyncio.sleep(3)
+    gpus = runtime.cores[0].collector.cluster.gpus[0]
+    # The garbage record is the last one sent: once it is counted, every command before it was handled.
+    await wait_for(lambda: runtime.cores[0].policy.floor_s == 2.0 and gpus[0].power_limit == 200
+                   and sum(runtime.stats.control_rejected.values()) >= 1, timeout=20, what="commands handled")
     stop.set()
     await task
     assert runtime.cores[0].policy.floor_s == 2.0 and runtime.cores[0].policy.ceiling_s == 20.0

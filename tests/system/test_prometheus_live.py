@@ -126,15 +126,15 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
         deadline = time.monotonic() + 240
         empty = queries
         while time.monotonic() < deadline:
-            time.sleep(3)
             for child in children:
                 assert child.running(), f"{child.name} exited:\n{child.log_tail()}"
             try:
                 empty = [(uid, q) for uid, q in queries if not _query(prometheus, q)]
             except OSError:
-                continue  # Prometheus still starting
+                empty = queries  # Prometheus still starting
             if not empty:
                 break
+            time.sleep(3)  # the poll interval (one scrape)
         assert not empty, f"{len(empty)} of {len(queries)} panel queries returned no data: {empty}"
         firing: set[str] = set()
         while time.monotonic() < deadline and not {"GpuDoubleBitEcc", "GpuLost"} <= firing:
@@ -153,12 +153,17 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
         while time.monotonic() < deadline and not {3, 4, 5} <= cordoned():
             time.sleep(1)
         assert {3, 4, 5} <= cordoned()
-        time.sleep(2)
+
+        def on_failed() -> list[str]:  # pods still on a cordoned GPU (they are migrated off)
+            return [p["metadata"]["name"] for p in fake.objects("pods") if p["spec"].get("nodeName") == live_node
+                    and {g["index"] for g in json.loads(p["metadata"]["annotations"]["gpuaware.io/gpus"])}
+                    & cordoned()]
+
+        deadline = max(deadline, time.monotonic() + 30)
+        while time.monotonic() < deadline and on_failed():
+            time.sleep(0.5)
+        assert not on_failed()
         pods = fake.objects("pods")
-        on_failed = [p["metadata"]["name"] for p in pods if p["spec"].get("nodeName") == live_node
-                     and {g["index"] for g in json.loads(p["metadata"]["annotations"]["gpuaware.io/gpus"])}
-                     & cordoned()]
-        assert not on_failed
         # The agent read the cordons from its node and honours them (sampled at the floor, shown on /metrics).
 
         def agent_cordoned() -> set[int]:

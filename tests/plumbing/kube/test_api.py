@@ -69,7 +69,9 @@ def test_informer_relists_after_410_gone_and_follows_bookmarks():
             while "a" not in seen and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert seen["a"] == "ADDED"
-            time.sleep(0.5)  # a bookmark moves the informer's resourceVersion to the head
+            deadline = time.monotonic() + 5  # a bookmark moves the informer's resourceVersion to the head
+            while int(inf.resource_version) != fake.store.rv and time.monotonic() < deadline:
+                time.sleep(0.02)
             assert int(inf.resource_version) == fake.store.rv
             for i in range(10):
                 fake.create("nodes", make_node(f"b{i}"))

@@ -26,6 +26,7 @@ from scheduler.core.plugins.least_allocated import LeastAllocated
 from scheduler.core.plugins.model_affinity import ModelAffinity
 from scheduler.core.policies import profile
 from scheduler.core.preemption import Running
+from scheduler.core.queue import Tenant, TenantLedger
 from scheduler.core.registry import Handle, in_tree
 from scheduler.core.status import Code, Reason, reason_label
 from scheduler.core.throughput import ThroughputTable
@@ -158,6 +159,12 @@ def _failures() -> list[Decision]:
     hooks = _Blocked()
     schedule_pass(gpuaware, full, QueueState([Workload("urgent", 0, 0, 1, 1000, priority=PriorityLevel.HIGH)],
                                              running, {}, None), QueuePolicy.kube(), hooks, PassStats(), 0.0)
+    out += hooks.decisions
+    capped = TenantLedger({"t": Tenant("t", quota_gpu_milli=1000, borrow=False)}, 2000, 1 << 20, {"t": 1000})
+    hooks = _Blocked()
+    schedule_pass(gpuaware, _cluster((2, "V100")), QueueState([Workload("over", 0, 0, 1, 1000, tenant="t")], {}, {},
+                                                              capped, enforce_quota=True),
+                  QueuePolicy.kube(), hooks, PassStats(), 0.0)
     out += hooks.decisions
     gang = [Workload("g0", 1000, 1024, 8, gang="g"), Workload("g1", 1000, 1024, 1, gang="g")]
     assert place_gang(gpuaware, _cluster((2, "V100")), gang) == \

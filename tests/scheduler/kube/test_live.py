@@ -3,7 +3,6 @@ nothing twice, gangs, stale GPU state, preemption, tenants and queue status, pow
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from contract import annotations
@@ -61,7 +60,7 @@ async def test_restart_rebuilds_from_the_api_binds_nothing_twice_and_keeps_queue
         async with running(fake) as live:
             await wait_for(lambda: sum(1 for p in pods(fake).values() if p["spec"].get("nodeName")) == 8,
                            what="two more")
-            await asyncio.sleep(0.3)
+            await wait_for(lambda: len(live.tasks) == 0, what="every bind finished")
             assert live.stats.api_errors == {}  # no 409: nothing was bound twice
         p = pods(fake)
         assert {n for n, pod in p.items() if pod["spec"].get("nodeName")} == {*first, "b0", "b1"}
@@ -101,7 +100,8 @@ async def test_stale_gpu_state_takes_only_preemptible_work():
         fake.create("nodes", make_node("n0", gpus=2))
         fake.create("pods", make_pod("critical-job", gpus=1, priority=200_000))  # high: not preemptible
         fake.create("pods", make_pod("batch-job", gpus=1))
-        async with running(fake, view=view) as live:
+        # In no queue: under the default unqueued policy (best-effort) both would be preemptible.
+        async with running(fake, FAST.model_copy(update={"unqueued": "allow"}), view=view) as live:
             await wait_for(lambda: pods(fake)["batch-job"]["spec"].get("nodeName"), what="batch placed")
             await wait_for(lambda: events(fake, "FailedScheduling"), what="high refused")
             assert not pods(fake)["critical-job"]["spec"].get("nodeName")
@@ -137,7 +137,7 @@ async def test_tenant_comes_from_the_namespace_queue_and_queue_status_is_kept_cu
         async with running(fake, settings) as live:
             await wait_for(lambda: all(p["spec"].get("nodeName") for p in pods(fake).values()), what="placed")
             assert live.cache.running["vision-train/a"].workload.tenant == "vision"
-            assert live.cache.running["other/b"].workload.tenant == "default"
+            assert live.cache.running["other/b"].workload.tenant == "unqueued"  # scheduler.unqueued: best-effort
 
             def status():
                 (q,) = fake.objects("gpuqueues", group="gpuaware.io", version="v1alpha1")
@@ -146,7 +146,7 @@ async def test_tenant_comes_from_the_namespace_queue_and_queue_status_is_kept_cu
             await wait_for(lambda: status().get("running") == 1, what="queue status")
             assert status()["quotaUsed"] == [{"model": "A100", "gpus": 2.0}]
             assert status()["borrowedGpus"] == 1.0  # 2 GPUs on a quota of 1
-            await wait_for(lambda: live.snapshot.gpus_used == {"vision": 2.0, "default": 1.0}, what="gauges")
+            await wait_for(lambda: live.snapshot.gpus_used == {"vision": 2.0, "unqueued": 1.0}, what="gauges")
 
 
 async def test_hot_gpu_gets_a_power_cap_on_the_control_topic_and_it_is_lifted_when_cool():

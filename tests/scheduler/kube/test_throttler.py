@@ -93,3 +93,49 @@ async def test_no_cap_is_sent_once_the_replica_may_no_longer_act(tasks, wait_for
     throttler.may_act = lambda: False  # the Lease's renew deadline passed
     await round_(throttler, gpu_state, wait_for)
     assert agents.sent == [] and throttler.capped == {}  # forgotten, so a new leader's round decides afresh
+
+
+async def test_caps_are_recorded_on_the_node_and_a_new_leader_lifts_its_predecessors(tasks, wait_for):
+    """Issue 17 item 11: caps were kept only in the leader's memory, so after a failover they were never lifted."""
+    from contract import annotations
+
+    agents, recorded = Agents(), {}
+
+    async def record(node: str, gpu: int, cap_w: int) -> None:
+        caps = recorded.setdefault(node, {})
+        caps.pop(gpu, None) if cap_w == 0 else caps.__setitem__(gpu, cap_w)
+
+    _, gpu_state, old, _, _ = setup(tasks, agents)
+    old._record = record
+    await round_(old, gpu_state, wait_for)
+    assert recorded == {"n0": {0: 420}}
+    # The leader dies; the next one reads the Node with the annotation the first one wrote.
+    view2, gpu_state2, new, _, _ = setup(tasks, agents)
+    node = make_node("n0", gpus=2)
+    node["metadata"].setdefault("annotations", {})[annotations.ANN_POWER_CAPS] = annotations.power_caps_value(
+        recorded["n0"])
+    new.cache.sync_nodes([node])
+    gpu_state2.apply(time.time())
+    new._record = record
+    view2.learn(state(0, 70.0))  # cool by now
+    await round_(new, gpu_state2, wait_for)
+    assert [(r.gpu_uuid, r.power_cap_w) for r in agents.sent] == [("GPU-hot-0", 420), ("GPU-hot-0", 0)]
+    assert recorded == {"n0": {}}
+
+
+def test_power_cap_commands_are_keyed_per_gpu_so_compaction_keeps_each():
+    cap = AgentControl("c", 0, "n0", ControlKind.POWER_CAP, None, "GPU-1", 300)
+    policy = AgentControl("p", 0, "n0", ControlKind.SAMPLING_POLICY, "floor_s: 1\n")
+    assert cap.key() == b"n0/GPU-1" and policy.key() == b"n0"
+
+
+def test_the_power_caps_annotation_reads_only_what_is_well_formed():
+    from contract import annotations
+
+    def node(raw):
+        return {"metadata": {"annotations": {annotations.ANN_POWER_CAPS: raw}}}
+
+    assert annotations.power_caps(node('{"0":300,"3":250}')) == {0: 300, 3: 250}
+    for bad in ("not json", "[1]", '{"x":1}', '{"0":-5}', '{"0":true}', '{"0":"300"}'):
+        assert annotations.power_caps(node(bad)) == {}
+    assert annotations.power_caps_value({}) is None
