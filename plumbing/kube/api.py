@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -231,8 +232,13 @@ class Informer:
         self._stop.set()
         resp = self._resp
         if resp is not None:
-            with contextlib.suppress(Exception):  # a stream that is closing anyway
-                resp.close()  # unblocks a watch waiting for its next line
+            # Shut the socket down: that wakes the watch thread blocked reading its next line. Closing
+            # the response instead waits for the lock that blocked read holds (until the server sends
+            # something: a bookmark, about a minute on a real apiserver, or the watch's end).
+            sock = getattr(getattr(resp, "connection", None), "sock", None)
+            if sock is not None:
+                with contextlib.suppress(OSError):  # already closed
+                    sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(timeout=5)
 
     def _kwargs(self) -> dict[str, Any]:
