@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import random
 import socket
 import threading
@@ -47,7 +48,8 @@ def connect(host: str | None = None, pool_size: int = 32) -> client.ApiClient:
         try:
             config.load_incluster_config(client_configuration=cfg)
         except config.ConfigException:
-            config.load_kube_config(client_configuration=cfg)
+            # KUBECONFIG as it is now: the client library reads it once, at import.
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=cfg)
     cfg.connection_pool_maxsize = pool_size  # binds and events run in parallel
     return client.ApiClient(cfg)
 

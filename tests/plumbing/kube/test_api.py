@@ -150,3 +150,17 @@ def test_informer_stop_returns_at_once_while_its_watch_waits_for_a_silent_server
         for conn in accepted:
             conn.close()
         listener.close()
+
+
+def test_connect_reads_kubeconfig_as_set_now_not_at_import(tmp_path, monkeypatch):
+    """`gpuaware up` exports the real control plane's KUBECONFIG after the client library was imported
+    (which reads the variable once, at import)."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    assert connect().configuration.host == "https://127.0.0.1:6443"
