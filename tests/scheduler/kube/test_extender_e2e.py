@@ -1,7 +1,8 @@
 """gpuaware's extender behind a real kube-scheduler (v1.36.3): the shipped extender configuration, over mTLS.
 
 The real control plane (etcd, kube-apiserver, kube-scheduler, kwok) of ``KubeControlPlane``, one for the
-module; gpuaware's informers and extender run in this process, the extender on loopback where the shipped
+module; gpuaware's informers (as the ``gpuaware-scheduler`` ServiceAccount with the shipped RBAC) and extender
+run in this process, the extender on loopback where the shipped
 configuration names the Service; each test starts its own kube-scheduler and uses its own labelled nodes.
 - A whole-GPU pod and a pod asking only for a fraction (the ``gpuaware.io/gpu-milli`` annotation) each
   fit, for kube-scheduler, on more than one kwok node; gpuaware's filter leaves one, and kube-scheduler
@@ -43,7 +44,7 @@ from scheduler.kube.extender import Extender
 from scheduler.kube.extender_access import server_context
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
-from tests.support import need
+from tests.support import need, shipped_rbac
 
 REPO = Path(__file__).resolve().parents[3]
 CRDS = REPO / "deploy" / "base" / "crds"
@@ -142,6 +143,8 @@ def cp() -> Iterator[KubeControlPlane]:
         for crd in ("gpuqueues", "gpuworkloads"):  # the informers list GPUQueues
             plane.kubectl("apply", "-f", str(CRDS / f"gpuaware.io_{crd}.yaml"))
             plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}.gpuaware.io", "--timeout=60s")
+        plane.create_namespace("gpuaware")
+        plane.apply(yaml.safe_dump_all(shipped_rbac(plane)))  # gpuaware runs as its ServiceAccount
         yield plane
 
 
@@ -157,8 +160,9 @@ async def extender_behind_kube_scheduler(cp: KubeControlPlane, tmp_path: Path
                                  extender_tls_key_file=str(key), extender_client_ca_file=str(pki.ca_cert))
     port = free_port()
     stop = asyncio.Event()
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=cfg)
+    cfg = client.Configuration()  # as the scheduler's ServiceAccount, with exactly the shipped RBAC
+    account = await asyncio.to_thread(cp.serviceaccount_kubeconfig, "gpuaware", "gpuaware-scheduler", create=False)
+    config.load_kube_config(config_file=str(account), client_configuration=cfg)
     live = LiveScheduler(KubeApi(client.ApiClient(cfg)), settings, None)
     await live.start()
     task = asyncio.create_task(live.run(stop))  # not leading: it only keeps the cache current
