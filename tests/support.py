@@ -73,6 +73,17 @@ def need(locate: Callable[[], T], missing: type[Exception]) -> T:
         missing_part(str(exc))
 
 
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+              "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+
+def shipped_rbac(cp) -> list[dict]:
+    """The RBAC objects (ServiceAccounts, roles, bindings, admission policies) of the production overlay
+    as ``kubectl kustomize`` renders it, to apply on a ``KubeControlPlane`` as they ship."""
+    out = cp.kubectl("kustomize", str(REPO / "deploy" / "overlays" / "production")).stdout
+    return [d for d in yaml.safe_load_all(out) if d and d["kind"] in RBAC_KINDS]
+
+
 TEST_BROKERS = ("apache", "tansu", "testcontainers")
 
 

@@ -108,37 +108,72 @@ def bench_stream_cmd(obj: Context, worker_counts: str, gpus: int, samples_per_ba
 
 
 @bench.command("scheduler")
+@click.option("--kube", type=click.Choice(["real", "fake"]), default="real", show_default=True,
+              help="real: kube-apiserver, etcd, kube-scheduler and kwok (realparts/build-kube.sh builds them), "
+                   "three modes side by side; fake: gpuaware alone on the fake API server, state through the broker.")
 @click.option("--nodes", "node_csv", default=f"{OPENB}/openb_node_list_gpu_node.csv", show_default=True,
-              help="Node CSV loaded into the fake API server.")
+              help="Node CSV (kwok nodes, or the fake API server's).")
 @click.option("--pods", "pod_csv", default=f"{OPENB}/openb_pod_list_default.csv", show_default=True,
               help="Pod CSV the pods are sampled from.")
-@click.option("--burst", type=int, default=2000, show_default=True, help="Pods created at once (throughput).")
+@click.option("--burst", type=int, default=2000, show_default=True,
+              help="Pods of the throughput phase (real: a backlog created before the scheduler starts).")
 @click.option("--rate", type=float, default=200.0, show_default=True, help="Pods/s for the latency phase.")
 @click.option("--seconds", type=float, default=15.0, show_default=True, help="Length of the latency phase.")
+@click.option("--modes", default="kube_scheduler,extender,gpuaware", show_default=True,
+              help="real: the modes to run, comma-separated.")
+@click.option("--budgets", default="default,raised", show_default=True,
+              help="real: API budgets, comma-separated: default (as shipped) and raised (--qps for all).")
+@click.option("--qps", type=float, default=500.0, show_default=True,
+              help="real: the raised budget's client QPS (burst twice that) for kube-scheduler and gpuaware.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.pass_obj
-def bench_scheduler_cmd(obj: Context, node_csv: str, pod_csv: str, burst: int, rate: float, seconds: float,
-                        seed: int, as_json: bool) -> None:
-    """Pods bound per second end to end and p99 creation-to-binding on the 1,213-node openb cluster.
+def bench_scheduler_cmd(obj: Context, kube: str, node_csv: str, pod_csv: str, burst: int, rate: float,
+                        seconds: float, modes: str, budgets: str, qps: float, seed: int, as_json: bool) -> None:
+    """Pods bound per second and p99 creation-to-binding on the 1,213-node openb cluster.
 
-    A fake kube-apiserver (its own process) holds the trace's nodes; every GPU's state goes through
-    the broker; the scheduler binds a burst of trace pods (throughput), then pods arriving at --rate
-    (latency). Progress goes to stderr; the figures (pods_per_s, p99_create_to_bind_s, ...) to stdout.
+    --kube real (default): the real control plane with the trace's nodes as kwok nodes; in one run,
+    on the same pods: kube-scheduler alone, kube-scheduler + gpuaware's extender, gpuaware as the
+    scheduler, each with the default and with a raised equal API budget. JSON:
+    {"runs": {budget: {"api_budget", "modes": {mode: {pods_per_s, p99_create_to_bind_s,
+    unallocated_gpu_pct, pending, ...}}}}}.
+
+    --kube fake: gpuaware alone on a fake kube-apiserver (its own process), every GPU's state
+    through the broker. Progress goes to stderr; the figures to stdout.
 
     \b
     Example:
-      gpuaware bench scheduler --burst 2000 --rate 200 --seconds 15 --json
+      gpuaware bench scheduler --burst 1000 --rate 200 --seconds 5 --json
+      gpuaware bench scheduler --kube fake --burst 2000 --rate 200 --seconds 15 --json
     """
-    from bench.scheduler_bench import run_bench
-
     for path in (node_csv, pod_csv):
         if not Path(path).is_file():
             raise click.BadParameter(f"{path}: no such file (the openb traces live in ../shared/traces)")
-    with _broker(obj, session_timeout_ms=2000) as (kafka, _):
-        result = run_bench(kafka, node_csv, pod_csv, burst, rate, seconds, seed,
-                           progress=progress_to_stderr("bench scheduler"))
-    echo_figures(result, as_json, 28)
+    if kube == "fake":
+        from bench.scheduler_bench import run_bench
+
+        with _broker(obj, session_timeout_ms=2000) as (kafka, _):
+            result = run_bench(kafka, node_csv, pod_csv, burst, rate, seconds, seed,
+                               progress=progress_to_stderr("bench scheduler"))
+        echo_figures(result, as_json, 28)
+        return
+    from bench.kube_bench import MODES, run_kube_bench
+    from gpuaware.local.kube_control_plane import BinariesMissing, find_binaries
+
+    chosen = tuple(m for m in modes.split(",") if m.strip())
+    if not chosen or set(chosen) - set(MODES):
+        raise click.BadParameter(f"{modes!r}: give some of {','.join(MODES)}", param_hint="--modes")
+    chosen_budgets = tuple(b for b in budgets.split(",") if b.strip())
+    if not chosen_budgets or set(chosen_budgets) - {"default", "raised"}:
+        raise click.BadParameter(f"{budgets!r}: give default, raised or both", param_hint="--budgets")
+    try:
+        find_binaries()
+    except BinariesMissing as exc:
+        raise click.ClickException(f"{exc}; or run this bench with --kube fake") from None
+    observability.setup("bench", log_level="warning")
+    result = run_kube_bench(node_csv, pod_csv, burst, rate, seconds, seed, chosen, chosen_budgets, qps,
+                            progress=progress_to_stderr("bench scheduler"))
+    click.echo(json.dumps(result, indent=2) if as_json else json.dumps(result))
 
 
 @bench.command("pipeline")

@@ -67,20 +67,25 @@ def _announce(local: LocalBroker) -> None:
               help="Run a local Prometheus with the alert rules (default: when the prometheus binary is installed).")
 @click.option("--scheduler/--no-scheduler", default=True, show_default=True,
               help="Run the scheduler on the simulated nodes (as a Kubernetes cluster) with openb pods.")
+@click.option("--kube", type=click.Choice(["real", "embedded"]), default=None,
+              help="The scheduler's cluster: real (etcd, kube-apiserver, kwok nodes; realparts/build-kube.sh "
+                   "builds them, Go needed) or embedded (a fake API server). Default: real when built.")
 @click.pass_obj
 def up(obj: Context, duration: float | None, as_json: bool, port: int | None, durable: bool, scenario: str,
-       stream_workers: int, prometheus: bool | None, scheduler: bool) -> None:
+       stream_workers: int, prometheus: bool | None, scheduler: bool, kube: str | None) -> None:
     """Run the pipeline on this machine: the broker, simulated GPU nodes with their agents, the stream
     workers, the scheduler, a local Prometheus with the alert rules when one is installed, and a live view.
 
     The default scenario is 16 nodes x 8 GPUs of mixed models replaying the GenTD26 traces, with
     faults injected in the first 40 seconds. The scheduler places pods sampled from the openb
-    trace for four tenants on those nodes (served by a local fake Kubernetes API), reacting to
-    the GPUs' live health. Ctrl-C stops everything; --json prints a summary at the end.
+    trace for four tenants on those nodes (a real kube-apiserver with kwok nodes when built, its
+    kubeconfig printed for kubectl; else a local fake Kubernetes API), reacting to the GPUs' live health.
+    Ctrl-C stops everything; --json prints a summary at the end.
 
     \b
     Example:
       gpuaware up --duration 60 --json --scenario xid
+      gpuaware up --kube embedded
     """
     import asyncio
 
@@ -93,11 +98,17 @@ def up(obj: Context, duration: float | None, as_json: bool, port: int | None, du
         click.echo("gpuaware up: --prometheus: no prometheus binary on PATH: install the Debian package prometheus, "
                    "or leave out --prometheus", err=True)
         sys.exit(2)
+    if kube is None and scheduler:
+        from gpuaware.local.kube_cluster import default_kube
+
+        kube, why_not = default_kube()
+        if why_not:
+            click.echo(f"gpuaware up: {why_not}", err=True)
     try:
         # The first SIGINT/SIGTERM stops the run in order and still ends here with its summary.
         summary = asyncio.run(run_up(cfg.broker, scenario, duration, live=not as_json, stream_workers=stream_workers,
                                      prometheus=available() if prometheus is None else prometheus,
-                                     scheduler=scheduler))
+                                     scheduler=scheduler, kube=kube or "embedded"))
     except BrokerError as exc:
         click.echo(f"gpuaware up: {exc}", err=True)
         sys.exit(1)

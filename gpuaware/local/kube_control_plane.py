@@ -507,6 +507,13 @@ class KubeControlPlane:
         self._wait("kube-scheduler", lambda: self._get_ok(f"https://127.0.0.1:{self.scheduler_port}/readyz", ctx),
                    "ready (/readyz)")
 
+    def stop_scheduler(self) -> None:
+        """Stop kube-scheduler (if running), so that another can be started with a different configuration."""
+        child = self._children.pop("kube-scheduler", None)
+        if child is not None:
+            child.stop(grace_s=10.0)
+        self.scheduler_port = None
+
     def start_kwok(self, extra_args: Sequence[str] = ()) -> None:
         """Start kwok, managing only Nodes annotated ``kwok.x-k8s.io/node=fake``."""
         assert self.workdir is not None

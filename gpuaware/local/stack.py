@@ -46,6 +46,7 @@ from gpuaware.local.stream_workers import StreamWorkerProcess
 from gpuaware.local.view import StackView, logs_above
 from plumbing import traces
 from plumbing.kafka_settings import KafkaSettings
+from plumbing.kube.api import KubeApi, connect
 
 
 @dataclass
@@ -112,7 +113,7 @@ async def watch_derived(kafka: KafkaSettings, state: StackState, stop: asyncio.E
 
 async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float | None, live: bool,
                     stop: asyncio.Event, stream_workers: int = 1, prometheus: bool = False,
-                    scheduler: bool = True, hurry: asyncio.Event | None = None) -> dict:
+                    scheduler: bool = True, hurry: asyncio.Event | None = None, kube: str = "embedded") -> dict:
     """Run the stack on ``broker`` until ``duration_s`` or ``stop``; ``hurry`` kills the children instead of
     waiting for them to finish. Parts stop in the reverse order of their start: the broker must outlive them."""
     scenario = load_scenario(scenario_name)
@@ -132,9 +133,12 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
             started.push_async_callback(stop_workers)
             for w in workers:
                 w.start()
-            sched = StackScheduler(kafka, scenario, seed=scenario.seed) if scheduler else None
+            sched = StackScheduler(kafka, scenario, seed=scenario.seed, kube=kube) if scheduler else None
             if sched is not None:
                 await sched.start()
+                if sched.cluster.kubeconfig is not None:
+                    _notice(f"Kubernetes: kube-apiserver with kwok nodes; kubectl --kubeconfig "
+                            f"{sched.cluster.kubeconfig} get nodes,pods -A")
                 started.push_async_callback(sched.stop)
                 sched_stop = asyncio.Event()
                 sched_task = asyncio.create_task(sched.run(sched_stop))
@@ -150,7 +154,11 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
             runtime = AgentRuntime(cluster.collectors(), kafka, SamplingPolicy(), str(Path(workdir) / "spool"))
             runtime.event_listeners.append(state.on_event)
             if sched is not None:  # the agents honour the scheduler's GPU cordons, as on a cluster
-                runtime.cordons = CordonWatcher.from_settings(runtime.cores, runtime.stats, sched.fake.url, 2.0)
+                if sched.cluster.api_server is not None:
+                    runtime.cordons = CordonWatcher.from_settings(runtime.cores, runtime.stats,
+                                                                  sched.cluster.api_server, 2.0)
+                else:  # the real apiserver: through the kubeconfig (KUBECONFIG)
+                    runtime.cordons = CordonWatcher(runtime.cores, KubeApi(connect(pool_size=2)), runtime.stats, 2.0)
             prom = None
             if prometheus:
                 agent_port = free_port()
@@ -235,6 +243,7 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
             "demand_forecast": [vars(d) for d in state.forecast.models] if state.forecast else [],
         },
         "scheduler": scheduler_summary,
+        "kube": kube if scheduler else None,
         "prometheus": {"url": prom.url, "alerts_firing": sorted(state.firing)} if prom is not None else None,
         "components": {"broker": "running", "agents": "running", "stream": "running",
                        "scheduler": "running" if sched is not None else "off (--no-scheduler)"},
@@ -293,7 +302,8 @@ def preflight(scenario_name: str) -> None:
 
 
 async def run_up(broker_settings: BrokerSettings, scenario_name: str, duration_s: float | None, live: bool,
-                 stream_workers: int = 1, prometheus: bool = False, scheduler: bool = True) -> dict:
+                 stream_workers: int = 1, prometheus: bool = False, scheduler: bool = True,
+                 kube: str = "embedded") -> dict:
     """`gpuaware up`: the broker, the stack on it until ``duration_s`` or a signal, the broker stopped last."""
     interrupts = Interrupts()
     interrupts.install()
@@ -303,6 +313,6 @@ async def run_up(broker_settings: BrokerSettings, scenario_name: str, duration_s
     await asyncio.to_thread(broker.start)
     try:
         return await run_stack(broker, scenario_name, duration_s, live, interrupts.stop, stream_workers, prometheus,
-                               scheduler, interrupts.hurry)
+                               scheduler, interrupts.hurry, kube)
     finally:
         await finish(asyncio.to_thread(broker.stop), interrupts.hurry, broker.kill)

@@ -2,7 +2,8 @@
 
 Production code, local parts: the scheduler is wired as ``gpuaware scheduler`` wires it
 (``scheduler.wiring``), reading live GPU state from the broker and publishing its decisions there;
-the cluster is the fake API server holding the scenario's nodes (each labelled with its first GPU's
+the cluster (``gpuaware.local.kube_cluster``: the real control plane with kwok nodes, or the embedded fake
+API server) holds the scenario's nodes (each labelled with its first GPU's
 model: the simulator mixes models within a node, a real node does not); ``PodLoad`` plays users and
 controllers:
 
@@ -31,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from agent.collectors.sim import MODELS, Scenario
-from gpuaware.local.fake_apiserver import BY_PATH, FakeApiServer, make_node, make_pod
+from gpuaware.local.fake_apiserver import make_node, make_pod
+from gpuaware.local.kube_cluster import LocalCluster, make_cluster
 from gpuaware.local.processes import free_port
 from plumbing.kafka_settings import KafkaSettings
 from plumbing.traces import traces_dir
@@ -44,7 +46,6 @@ from scheduler.wiring import build_scheduler
 
 TENANTS = {"team-a": 4.0, "team-b": 3.0, "team-c": 2.0, "team-d": 1.0}
 QOS_PRIORITY = {"LS": 200_000, "Guaranteed": 5_000, "Burstable": 5_000, "BE": 0}
-PODS = BY_PATH[("", "v1", "pods")]
 # The largest openb GPU node shape (128 CPUs, 768 GiB, 8 GPUs), per GPU. The sampled pods ask ~12 CPUs and
 # ~42 GiB per GPU they use (CPU-only pods included); at ``PodLoad.load`` above 1 the GPUs must run out
 # first, or most decisions are "insufficient cpu" and the demo shows none of the GPU placement.
@@ -69,7 +70,7 @@ class Submitted:
 
 @dataclass
 class PodLoad:
-    fake: FakeApiServer
+    cluster: LocalCluster
     gpus: int
     seed: int = 0
     load: float = 1.1
@@ -113,19 +114,18 @@ class PodLoad:
                                       spec))
 
     def _create(self, s: Submitted) -> Submitted:
-        self.fake.create("pods", s.spec)
+        self.cluster.create("pods", s.spec)
         self.submitted[f"{s.namespace}/{s.name}"] = s
         return s
 
     def tick(self) -> None:
         """Complete pods that ran their time; resubmit pods that vanished before (evicted)."""
-        live = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in
-                self.fake.store.list(PODS, None, None)[0]}
+        live = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in self.cluster.pods()}
         now = time.monotonic()
         for key, s in list(self.submitted.items()):
             if s.done:
                 continue
-            bound_at = self.fake.store.bound_at.get(key)
+            bound_at = self.cluster.bound_at(key)
             if bound_at is not None and s.bound is None:
                 s.bound = bound_at
             if key not in live:
@@ -138,7 +138,7 @@ class PodLoad:
             elif s.bound is not None and now - s.bound >= s.run_s:
                 s.done = True
                 s.finished = now
-                self.fake.store.delete(PODS, s.namespace, s.name)
+                self.cluster.delete_pod(s.namespace, s.name)
                 self.completed += 1
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -147,12 +147,12 @@ class PodLoad:
         last_tick = 0.0
         while not stop.is_set():
             now = time.monotonic()
-            while next_at <= now:
-                self.submit(seq)
+            while next_at <= now:  # API calls: off the loop (the real apiserver answers over the network)
+                await asyncio.to_thread(self.submit, seq)
                 seq += 1
                 next_at += self.rng.expovariate(self.rate)
             if now - last_tick >= 0.5:
-                self.tick()
+                await asyncio.to_thread(self.tick)
                 last_tick = now
             await asyncio.sleep(0.05)
 
@@ -190,29 +190,40 @@ def cluster_objects(scenario: Scenario) -> tuple[list[dict[str, Any]], list[dict
 
 @dataclass
 class StackScheduler:
-    """The scheduler side of `up`: fake cluster, load, LiveScheduler with its state feed and decision log."""
+    """The scheduler side of `up`: the cluster (``kube``: embedded fake API server or the real control plane),
+    load, LiveScheduler with its state feed and decision log."""
 
     kafka: KafkaSettings
     scenario: Scenario
     seed: int = 0
-    fake: FakeApiServer = field(default_factory=FakeApiServer)
+    kube: str = "embedded"
     busy: list[float] = field(default_factory=list)
     jain: list[float] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.cluster = make_cluster(self.kube)
+
     async def start(self) -> None:
-        self.fake.start()
+        try:
+            await self._start()
+        except BaseException:
+            await asyncio.to_thread(self.cluster.stop)  # no child of the control plane left behind
+            raise
+
+    async def _start(self) -> None:
+        await asyncio.to_thread(self.cluster.start, sorted(TENANTS))
         nodes, queues = cluster_objects(self.scenario)
         for n in nodes:
-            self.fake.create("nodes", n)
+            await asyncio.to_thread(self.cluster.create, "nodes", n)
         for q in queues:
-            self.fake.create("gpuqueues", q, group="gpuaware.io", version="v1alpha1")
+            await asyncio.to_thread(self.cluster.create, "gpuqueues", q, "gpuaware.io", "v1alpha1")
         # One replica, no extender (nothing calls it here).
-        settings = SchedulerSettings(api_server=self.fake.url, throttle_every_s=10, extender_port=0,
+        settings = SchedulerSettings(api_server=self.cluster.api_server, throttle_every_s=10, extender_port=0,
                                      leader_elect=False)
         self.runtime = build_scheduler(settings, self.kafka)
         self.live = self.runtime.live
         await self.runtime.start()
-        self.load = PodLoad(self.fake, self.scenario.nodes * self.scenario.gpus_per_node, self.seed)
+        self.load = PodLoad(self.cluster, self.scenario.nodes * self.scenario.gpus_per_node, self.seed)
 
     async def run(self, stop: asyncio.Event) -> None:
         tasks = [asyncio.create_task(self.runtime.run(stop), name="scheduler"),
@@ -238,7 +249,7 @@ class StackScheduler:
 
     async def stop(self) -> None:
         await self.runtime.stop()
-        self.fake.stop()
+        await asyncio.to_thread(self.cluster.stop)
 
     def reaction_s(self, node: str, gpu: int, injected_unix: float) -> float | None:
         """From a fault's injection to the scheduler's model taking the GPU out of healthy service."""

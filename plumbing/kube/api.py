@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -46,7 +48,8 @@ def connect(host: str | None = None, pool_size: int = 32) -> client.ApiClient:
         try:
             config.load_incluster_config(client_configuration=cfg)
         except config.ConfigException:
-            config.load_kube_config(client_configuration=cfg)
+            # KUBECONFIG as it is now: the client library reads it once, at import.
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=cfg)
     cfg.connection_pool_maxsize = pool_size  # binds and events run in parallel
     return client.ApiClient(cfg)
 
@@ -259,8 +262,13 @@ class Informer:
         self._stop.set()
         resp = self._resp
         if resp is not None:
-            with contextlib.suppress(Exception):  # a stream that is closing anyway
-                resp.close()  # unblocks a watch waiting for its next line
+            # Shut the socket down: that wakes the watch thread blocked reading its next line. Closing
+            # the response instead waits for the lock that blocked read holds (until the server sends
+            # something: a bookmark, about a minute on a real apiserver, or the watch's end).
+            sock = getattr(getattr(resp, "connection", None), "sock", None)
+            if sock is not None:
+                with contextlib.suppress(OSError):  # already closed
+                    sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(timeout=5)
 
     def _kwargs(self) -> dict[str, Any]:

@@ -7,8 +7,9 @@ answer echoes the kept ones. What each verb answers (docs/scheduler.md, "Extende
 
 - ``/filter`` → 200 ``ExtenderFilterResult``: ``NodeNames`` (or ``Nodes``) that pass, the others in
   ``FailedNodes`` with the core's reason (resolvable: health and capacity change, preemption may
-  help); a pod whose gpuaware request cannot be scheduled as written gets ``Error`` (kube-scheduler
-  treats it as this extender failing for the pod).
+  help); a pod whose gpuaware request cannot be scheduled as written fails every node in
+  ``FailedAndUnresolvableNodes`` with the reason (it stays Pending, Unschedulable, with that message;
+  an ``Error`` would be skipped by an ``ignorable`` kube-scheduler extender and the pod bound anyway).
 - ``/prioritize`` → 200 ``HostPriorityList``, 0-10 (an invalid gpuaware request scores 0 everywhere).
 - ``/preempt`` → 200 ``ExtenderPreemptionResult``: the nodes where evicting the proposed victims
   really makes room on healthy GPUs. The type has no ``Error``: a 200 always means "these candidates".
@@ -87,7 +88,16 @@ class Extender:
         try:
             scores, reasons = self._rank(pod)
         except PodSpecError as exc:
-            result["Error"] = f"invalid gpuaware request: {exc}"
+            # Unresolvable on every node, not an Error: kube-scheduler skips an ignorable extender's
+            # Error (the pod would be bound as if gpuaware had no say) and otherwise reports only an
+            # opaque scheduling error; this way the pod stays Pending as Unschedulable with our reason
+            # in its PodScheduled condition, and no preemption is tried for it.
+            why = f"gpuaware: invalid gpuaware request: {exc}"
+            result["FailedAndUnresolvableNodes"] = dict.fromkeys(names, why)
+            if args.get("NodeNames") is not None:
+                result["NodeNames"] = []
+            else:
+                result["Nodes"] = {**(args.get("Nodes") or {}), "items": []}
             return result
         c = self.cache.cluster
         why = "; ".join(reasons) or "does not fit"

@@ -26,11 +26,9 @@ from contract import annotations
 from contract.identity import NODE_TOKEN_HEADER, TOKEN_AUDIENCE
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
 from plumbing.kube.api import KubeApi, now_rfc3339
-from tests.support import REPO, need
+from tests.support import REPO, need, shipped_rbac
 
 NS = "gpuaware"
-RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-              "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 # (resource, resource names, verbs) per ServiceAccount, as `kubectl auth can-i --list -n gpuaware` prints them.
 Row = tuple[str, str, str]
@@ -56,11 +54,6 @@ EXPECTED: dict[str, set[Row]] = {
 _ROW = re.compile(r"^(\S*)\s+(\[[^\]]*\])\s+(\[[^\]]*\])\s+(\[[^\]]*\])\s*$")
 
 
-def _rendered_rbac(cp: KubeControlPlane) -> list[dict[str, Any]]:
-    out = cp.kubectl("kustomize", str(REPO / "deploy" / "overlays" / "production")).stdout
-    return [d for d in yaml.safe_load_all(out) if d and d["kind"] in RBAC_KINDS]
-
-
 @pytest.fixture(scope="module")
 def cp() -> Iterator[KubeControlPlane]:
     need(find_binaries, BinariesMissing)
@@ -69,7 +62,7 @@ def cp() -> Iterator[KubeControlPlane]:
         for path in sorted((REPO / "deploy" / "base" / "crds").glob("*.yaml")):
             plane.kubectl("apply", "-f", str(path))
         plane.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-        plane.apply(yaml.safe_dump_all(_rendered_rbac(plane)))
+        plane.apply(yaml.safe_dump_all(shipped_rbac(plane)))
         yield plane
 
 
@@ -316,7 +309,7 @@ def test_the_stream_accepts_a_record_only_with_a_token_of_an_agent_on_the_node_i
 def test_cluster_scoped_policies_lose_the_namespace_kustomize_stamps_on_them(cp):
     """Kustomize's built-in schema predates ValidatingAdmissionPolicy, so it sets metadata.namespace on it;
     the apiserver stores cluster-scoped objects without one."""
-    vaps = [d for d in _rendered_rbac(cp) if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    vaps = [d for d in shipped_rbac(cp) if d["kind"].startswith("ValidatingAdmissionPolicy")]
     assert len(vaps) == 6
     for doc in vaps:
         stored = _get(cp, doc["kind"].lower(), doc["metadata"]["name"])

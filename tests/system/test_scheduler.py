@@ -141,3 +141,63 @@ def objects_time() -> str:
     from plumbing.kube.api import now_rfc3339
 
     return now_rfc3339()
+
+
+def test_scheduler_process_as_its_serviceaccount_binds_pods_on_the_real_apiserver(tmp_path):
+    """The same process on kube-apiserver v1.36.3 with kwok nodes, acting as the ``gpuaware-scheduler``
+    ServiceAccount with exactly the shipped RBAC and admission policies: Bindings (pod UID precondition,
+    the GPU annotations carried onto the pod), Events, its metrics, SIGTERM."""
+    import json
+    import signal
+    import urllib.request
+
+    import yaml
+
+    from gpuaware.local.kube_control_plane import (
+        KWOK_NODE_ANNOTATION,
+        BinariesMissing,
+        KubeControlPlane,
+        find_binaries,
+    )
+    from gpuaware.local.processes import free_port
+    from tests.support import REPO, need, shipped_rbac
+
+    need(find_binaries, BinariesMissing)
+    metrics, extender = free_port(), free_port()
+    with KubeControlPlane(kwok=True) as cp:
+        for crd in ("gpuqueues", "gpuworkloads"):
+            cp.kubectl("apply", "-f", str(REPO / "deploy" / "base" / "crds" / f"gpuaware.io_{crd}.yaml"))
+            cp.kubectl("wait", "--for=condition=Established", f"crd/{crd}.gpuaware.io", "--timeout=60s")
+        cp.create_namespace("gpuaware")
+        cp.apply(yaml.safe_dump_all(shipped_rbac(cp)))
+        node = {**make_node("n0", gpus=4), "apiVersion": "v1", "kind": "Node"}
+        key, value = KWOK_NODE_ANNOTATION
+        node["metadata"]["annotations"] = {key: value, "node.alpha.kubernetes.io/ttl": "0"}
+        del node["status"]["conditions"]  # kwok keeps them
+        cp.apply(node)
+        for i in range(3):
+            cp.apply({**make_pod(f"p{i}", gpus=1), "apiVersion": "v1", "kind": "Pod"})
+        account = cp.serviceaccount_kubeconfig("gpuaware", "gpuaware-scheduler", create=False)
+        proc = subprocess.Popen([*GPUAWARE, "scheduler", "--no-state-feed", "--metrics-port", str(metrics),
+                                 "--extender-port", str(extender)],
+                                env={**ENV, "KUBECONFIG": str(account)}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            def listed() -> list[dict]:
+                return json.loads(cp.kubectl("get", "pods", "-n", "default", "-o", "json").stdout)["items"]
+
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not all(p["spec"].get("nodeName") for p in listed()):
+                time.sleep(0.2)
+            got = listed()
+            assert all(p["spec"].get("nodeName") == "n0" for p in got), [p["spec"].get("nodeName") for p in got]
+            gpus = sorted(p["metadata"]["annotations"].get(annotations.ANN_GPUS) for p in got)
+            assert len(set(gpus)) == 3 and None not in gpus, gpus  # three different GPUs, on the pods
+            text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+            assert 'gpuaware_scheduler_decisions_total{action="PLACE",reason="fits"} 3.0' in text
+            # No call the shipped RBAC or admission policies refused (nor any other failed call).
+            assert not [line for line in text.splitlines() if line.startswith("gpuaware_scheduler_api_errors_total{")]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err

@@ -7,20 +7,29 @@ import json
 import pytest
 
 from contract import topics
-from tests.support import run
+from gpuaware.local.kube_control_plane import BinariesMissing, find_binaries
+from tests.support import need, run
 
 
 @pytest.mark.broker
-def test_up_runs_the_simulated_cluster_and_every_fault_gets_a_reaction(tmp_path):
+@pytest.mark.parametrize("kube", ["embedded", "real"])
+def test_up_runs_the_simulated_cluster_and_every_fault_gets_a_reaction(tmp_path, kube):
+    """On the embedded fake API server and on the real control plane (kube-apiserver, kwok nodes)."""
+    if kube == "real":
+        need(find_binaries, BinariesMissing)  # skipped without them, failed under CI=true
     scenario = tmp_path / "quick.yaml"
     scenario.write_text(
         "name: quick\nseed: 9\nnodes: 2\ngpus_per_node: 4\nmodels: [H100]\nfaults:\n"
         "  - {kind: xid, node: 0, gpu: 1, at_s: 2, xid: 79}\n"
         "  - {kind: ecc_dbe, node: 1, gpu: 3, at_s: 3}\n"
         "  - {kind: dead, node: 1, gpu: 0, at_s: 3}\n")
-    result = run("up", "--port", "0", "--duration", "10", "--json", "--scenario", str(scenario))
+    result = run("up", "--port", "0", "--duration", "10", "--json", "--scenario", str(scenario), "--kube", kube,
+                 timeout=180)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
+    assert summary["kube"] == kube
+    # With the real control plane, what kubectl needs to follow it is printed.
+    assert ("kubectl --kubeconfig" in result.stderr) == (kube == "real"), result.stderr
     assert summary["topics"] == sorted(t.name for t in topics.ALL_TOPICS)
     assert summary["nodes"] == 2 and summary["gpus"] == 8 and summary["samples"] > 0
     assert summary["watch_reads"] >= 8 * 5

@@ -30,3 +30,49 @@ def test_bench_pipeline_on_apache_kafka_joins_groups_with_a_session_it_accepts()
             return KafkaSettings(bootstrap_servers="127.0.0.1:9092", **overrides)
 
     assert apache_client_settings(Broker()).session_timeout_ms >= APACHE_MIN_SESSION_TIMEOUT_MS
+
+
+def test_bench_scheduler_rejects_unknown_modes_and_budgets_before_starting_anything():
+    result = run("bench", "scheduler", "--modes", "kube_scheduler,volcano", timeout=60)
+    assert result.returncode == 2 and "kube_scheduler,extender,gpuaware" in result.stderr
+    result = run("bench", "scheduler", "--budgets", "huge", timeout=60)
+    assert result.returncode == 2 and "default, raised or both" in result.stderr
+
+
+def test_the_real_bench_writes_the_same_trace_pods_for_each_mode_as_that_mode_needs_them():
+    from bench.kube_bench import bench_pods, kwok_nodes
+    from tests.support import OPENB_NODES, OPENB_PODS
+
+    if not OPENB_PODS.is_file():
+        pytest.skip("the openb traces are not in ../shared/traces")
+    nodes = kwok_nodes(OPENB_NODES)
+    assert len(nodes) == 1213 and all(n["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake" for n in nodes)
+    by_mode = {m: bench_pods(OPENB_PODS, 300, 7, "p", m) for m in ("kube_scheduler", "extender", "gpuaware")}
+    assert [(n, milli) for n, milli, _ in by_mode["kube_scheduler"]] == [(n, m) for n, m, _ in by_mode["gpuaware"]]
+    pods = {m: [json.loads(body) for _, _, body in p] for m, p in by_mode.items()}
+    fractional = [i for i, p in enumerate(pods["gpuaware"]) if "gpuaware.io/gpu-milli" in p["metadata"]["annotations"]]
+    assert fractional, "the sample has fractional pods"
+    for i in fractional:  # kube-scheduler alone can only give a whole GPU; the others ask for the fraction
+        limits = pods["kube_scheduler"][i]["spec"]["containers"][0]["resources"]["limits"]
+        assert limits == {"nvidia.com/gpu": "1"} and not pods["kube_scheduler"][i]["metadata"]["annotations"]
+        assert "limits" not in pods["extender"][i]["spec"]["containers"][0]["resources"]
+    assert {p["spec"]["schedulerName"] for p in pods["gpuaware"]} == {"gpuaware"}
+    assert {p["spec"]["schedulerName"] for p in pods["extender"]} == {"default-scheduler"}
+
+
+def test_the_token_bucket_gives_burst_at_once_then_qps():
+    from bench.kube_bench import TokenBucket
+
+    now, waits = [0.0], []
+
+    def sleep(s: float) -> None:
+        waits.append(s)
+        now[0] += s
+
+    bucket = TokenBucket(qps=50.0, burst=5, clock=lambda: now[0], sleep=sleep)
+    for _ in range(5):
+        bucket.take()
+    assert waits == []  # the burst is there at once
+    for _ in range(5):
+        bucket.take()
+    assert waits == pytest.approx([1 / 50] * 5)  # then one token per 1/qps

@@ -72,3 +72,12 @@ def test_broker_with_a_data_dir_it_cannot_create_says_to_pass_a_writable_one(tmp
     assert result.returncode == 1, result.stderr
     assert "cannot create the s3 store's folder" in result.stderr and "pass --data-dir" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_up_without_the_kubernetes_binaries_runs_embedded_and_says_how_to_get_the_real_control_plane(tmp_path):
+    env = {**ENV, "GPUAWARE_KUBE_BIN_DIR": str(tmp_path)}  # nothing built there
+    result = subprocess.run([sys.executable, "-m", "gpuaware", "up", "--port", "0", "--scenario", "no-such-scenario"],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2  # the scenario: it stops before anything starts
+    assert "running on the embedded fake API server" in result.stderr
+    assert "realparts/build-kube.sh" in result.stderr and "Traceback" not in result.stderr

@@ -110,7 +110,7 @@ def test_ctrl_c_in_a_terminal_stops_in_order_prints_the_summary_and_exits_0(tmux
     # pane process unreaped, and then never shows its status.
     argv = ["env", *(f"{k}={v}" for k, v in ENV.items() if k in passed), "TERM=xterm-256color",
             sys.executable, "-c", WRAPPER, str(status),
-            sys.executable, "-m", "gpuaware", "up", "--port", "0", "--scenario", str(scenario)]
+            sys.executable, "-m", "gpuaware", "up", "--port", "0", "--kube", "embedded", "--scenario", str(scenario)]
     tmux("set-option", "-g", "remain-on-exit", "on", ";", "set-option", "-g", "history-limit", "20000", ";",
          "new-session", "-d", "-s", "up", "-x", "160", "-y", "50", *argv)
 
@@ -153,8 +153,8 @@ def test_sigterm_to_the_parent_alone_stops_everything_and_prints_the_summary(tmp
     scenario.write_text(SCENARIO)
     out_path, err_path = tmp_path / "stdout", tmp_path / "stderr"
     with open(out_path, "w") as out, open(err_path, "w") as err:  # files: a full pipe would block the run
-        proc = subprocess.Popen([sys.executable, "-m", "gpuaware", "up", "--port", "0", "--json", "--scenario",
-                                 str(scenario)], stdout=out, stderr=err, env=ENV, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", "gpuaware", "up", "--port", "0", "--json", "--kube", "embedded",
+                                 "--scenario", str(scenario)], stdout=out, stderr=err, env=ENV, start_new_session=True)
     try:
         def running_a_while() -> bool:
             if proc.poll() is not None:

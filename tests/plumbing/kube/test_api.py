@@ -105,3 +105,64 @@ def test_gpus_cordoned_at_once_are_all_kept_with_an_operators_own_cordon():
         (node,) = fake.objects("nodes")
         assert annotations.cordoned_gpus(node) == {0, 1, 2, 3, 4, 5, 7}
         assert node["metadata"]["annotations"][annotations.ANN_CORDONED] == "0,1,2,3,4,5,7"
+
+
+def test_informer_stop_returns_at_once_while_its_watch_waits_for_a_silent_server():
+    """A watch blocked reading (the real apiserver sends nothing for up to a minute between bookmarks):
+    stop() shuts its socket down instead of waiting for the read's lock (it took ~2 min per informer)."""
+    import socket
+    import threading
+
+    import urllib3
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:  # answers the watch's headers, then stays silent
+        conn, _ = listener.accept()
+        accepted.append(conn)
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    pool = urllib3.PoolManager()
+
+    class Listed:
+        data = b'{"metadata": {"resourceVersion": "1"}, "items": []}'
+
+    def list_fn(**kw):
+        if not kw.get("watch"):
+            return Listed()
+        return pool.request("GET", f"http://127.0.0.1:{port}/api/v1/nodes?watch=1", preload_content=False,
+                            timeout=urllib3.Timeout(connect=5, read=None))
+
+    informer = Informer(WatchSpec("nodes", list_fn), lambda items: None, lambda kind, obj: None).start()
+    try:
+        deadline = time.monotonic() + 10
+        while informer._resp is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert informer._resp is not None, "the watch did not start"
+        stopping = threading.Thread(target=informer.stop, daemon=True)  # without the fix it blocks for good
+        t0 = time.monotonic()
+        stopping.start()
+        stopping.join(timeout=5)
+        assert not stopping.is_alive() and time.monotonic() - t0 < 2.0 and not informer._thread.is_alive()
+    finally:
+        for conn in accepted:
+            conn.close()
+        listener.close()
+
+
+def test_connect_reads_kubeconfig_as_set_now_not_at_import(tmp_path, monkeypatch):
+    """`gpuaware up` exports the real control plane's KUBECONFIG after the client library was imported
+    (which reads the variable once, at import)."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    assert connect().configuration.host == "https://127.0.0.1:6443"

@@ -132,12 +132,17 @@ def test_an_internal_error_is_a_500_not_a_200_that_reads_as_no_candidates(verb, 
     assert ext.requests[(verb, 500)] == 1
 
 
-def test_an_invalid_gpuaware_request_is_a_filter_error_and_no_score_and_no_candidate():
+def test_an_invalid_gpuaware_request_fails_every_node_unresolvably_and_gets_no_score():
     ext = make_extender()
     bad = gpu_pod(annotations={"gpuaware.io/gpu-milli": "5000"})
     with served(ext) as port:
         status, res = post(port, "/filter", {"Pod": bad, "NodeNames": ["n1", "n2"]})
-        assert status == 200 and "gpuaware.io/gpu-milli: 5000 is outside" in res["Error"]
+        # Not "Error": an ignorable extender's error is skipped by kube-scheduler and the pod bound anyway.
+        assert status == 200 and res["Error"] == "" and res["NodeNames"] == [] and not res["FailedNodes"]
+        assert set(res["FailedAndUnresolvableNodes"]) == {"n1", "n2"}
+        assert "gpuaware.io/gpu-milli: 5000 is outside" in res["FailedAndUnresolvableNodes"]["n1"]
+        status, res = post(port, "/filter", {"Pod": bad, "Nodes": {"items": [{"metadata": {"name": "n1"}}]}})
+        assert status == 200 and res["Nodes"]["items"] == [] and set(res["FailedAndUnresolvableNodes"]) == {"n1"}
         status, prio = post(port, "/prioritize", {"Pod": bad, "NodeNames": ["n1", "n2"]})
         assert status == 200 and prio == [{"Host": "n1", "Score": 0}, {"Host": "n2", "Score": 0}]
 
@@ -446,8 +451,10 @@ def test_fuzzed_extender_args_get_an_answer_or_a_400_with_a_reason_never_a_500(f
     assert status in (200, 400), (status, res)
     if status == 400:
         assert isinstance(res, dict) and res["Error"].strip(), res
-    elif verb == "filter":  # the one Error a 200 may carry: the pod's own gpuaware request is wrong
-        assert not res["Error"] or res["Error"].startswith("invalid gpuaware request: "), res
+    elif verb == "filter":  # a 200 never carries an Error; an invalid request fails every node unresolvably
+        assert res["Error"] == "", res
+        assert all(v.startswith("gpuaware: invalid gpuaware request: ")
+                   for v in res["FailedAndUnresolvableNodes"].values()), res
     elif verb == "prioritize":
         assert isinstance(res, list) and all(0 <= p["Score"] <= 10 for p in res), res
     else:

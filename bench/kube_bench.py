@@ -1,0 +1,408 @@
+"""``gpuaware bench scheduler`` on the real control plane: kube-scheduler, kube-scheduler + gpuaware's
+extender, and gpuaware as the scheduler, side by side on the same pods.
+
+Setup: etcd, kube-apiserver, kube-scheduler and kwok of ``KubeControlPlane`` (the pinned v1.36.3
+binaries), the 1,213 GPU nodes of ``openb_node_list_gpu_node.csv`` as kwok nodes (kwok keeps them
+Ready and runs what is bound to them). Pods are sampled from the openb pod trace (seeded); each mode
+gets the same pods, written as that mode needs them:
+
+- ``kube_scheduler``: the default kube-scheduler alone; a fractional pod asks for a whole
+  ``nvidia.com/gpu`` (it cannot ask for less);
+- ``extender``: kube-scheduler with the shipped extender configuration (``nodeCacheCapable``, no
+  ``managedResources``; over plain HTTP on loopback here) and gpuaware's extender in this process;
+  a fractional pod carries only ``gpuaware.io/gpu-milli``;
+- ``gpuaware``: gpuaware's live scheduler binds (``schedulerName: gpuaware``), in this process,
+  without the state feed (neither kube-scheduler mode sees telemetry either).
+
+A driver in **its own process** creates the pods (pre-serialised, over a pool of connections) and
+watches them; it stamps creation (just before the POST) and binding (the watch event that first shows
+``spec.nodeName``) on one clock. Per mode: a backlog of ``burst`` pods created before the mode's
+scheduler starts (``pods_per_s`` = bound pods / (last binding - first binding): the drain, not this
+box's pod creation, which is slower than the schedulers here), then ``rate`` pods/s for ``seconds``
+(``p99_create_to_bind_s``); then ``pending`` (pods of both phases not bound after the wait) and
+``unallocated_gpu_pct`` (GPU capacity not requested by a bound pod, as in the fragmentation experiment:
+a fractional pod given a whole GPU allocates its fraction). The pods are then deleted (grace period 0)
+before the next mode.
+
+API budget: ``default`` is each component as shipped: kube-scheduler's clientConnection qps 50,
+burst 100; gpuaware's Python client has no client-side limit. ``raised`` gives every component the
+same token bucket (``--qps``, burst ``2 * qps``): kube-scheduler's clientConnection, and for gpuaware a
+limiter on every request of its API client, as client-go's. The apiserver keeps its default
+max-requests-inflight (400/200) in both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import multiprocessing as mp
+import random
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import urllib3
+import yaml
+from aiohttp import web
+from kubernetes import client, config
+
+from gpuaware.local.kube_control_plane import KWOK_NODE_ANNOTATION, KubeControlPlane
+from gpuaware.local.processes import free_port
+from plumbing.kube.api import KubeApi
+from scheduler.kube.extender import Extender
+from scheduler.kube.live import LiveScheduler
+from scheduler.settings import SchedulerSettings
+from scheduler.sim.openb import load_nodes, load_pods
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEDULER_YAML = REPO / "deploy" / "base" / "scheduler" / "scheduler.yaml"
+CRDS = REPO / "deploy" / "base" / "crds"
+MODES = ("kube_scheduler", "extender", "gpuaware")
+NAMESPACE = "bench"
+DEFAULT_QPS = (50.0, 100)  # kube-scheduler's clientConnection defaults (qps, burst)
+
+
+# -- the cluster and the pods ---------------------------------------------------------------------
+
+def kwok_nodes(node_csv: str | Path) -> list[dict[str, Any]]:
+    """The openb GPU nodes as Node objects kwok manages (labels as GPU feature discovery sets them)."""
+    key, value = KWOK_NODE_ANNOTATION
+    out = []
+    for n in load_nodes(node_csv):
+        res = {"cpu": f"{n.cpu_milli}m", "memory": f"{n.memory_mib}Mi", "nvidia.com/gpu": str(n.gpus), "pods": "110"}
+        out.append({"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": n.name, "annotations": {key: value, "node.alpha.kubernetes.io/ttl": "0"},
+                                 "labels": {"kubernetes.io/hostname": n.name, "nvidia.com/gpu.present": "true",
+                                            "nvidia.com/gpu.product": n.model}},
+                    "status": {"capacity": res, "allocatable": res}})
+    return out
+
+
+def bench_pods(pod_csv: str | Path, count: int, seed: int, prefix: str, mode: str) -> list[tuple[str, int, bytes]]:
+    """(name, GPU milli requested, JSON body) of ``count`` trace pods, written for ``mode``."""
+    trace = load_pods(pod_csv)
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        w = rng.choice(trace).workload
+        frac = w.num_gpu == 1 and w.gpu_milli < 1000
+        ann: dict[str, str] = {}
+        gpus = w.num_gpu
+        if mode != "kube_scheduler":
+            if frac:
+                ann["gpuaware.io/gpu-milli"] = str(w.gpu_milli)
+                gpus = 0
+            if w.models:
+                ann["gpuaware.io/gpu-models"] = ",".join(w.models)
+        name = f"{prefix}-{i:05d}"
+        res: dict[str, Any] = {"requests": {"cpu": f"{w.cpu_milli}m", "memory": f"{w.memory_mib}Mi"}}
+        if gpus:
+            res["limits"] = {"nvidia.com/gpu": str(gpus)}
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": NAMESPACE, "annotations": ann},
+               "spec": {"schedulerName": "gpuaware" if mode == "gpuaware" else "default-scheduler",
+                        "containers": [{"name": "main", "image": "registry.invalid/job:1", "resources": res}]}}
+        out.append((name, w.num_gpu * w.gpu_milli, json.dumps(pod).encode()))
+    return out
+
+
+def extender_scheduler_config(url: str, qps: tuple[float, int] | None) -> dict[str, Any]:
+    """The shipped KubeSchedulerConfiguration with its extender at ``url`` (plain HTTP, no tlsConfig)."""
+    (cm,) = [d for d in yaml.safe_load_all(SCHEDULER_YAML.read_text())
+             if d and d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpuaware-kube-scheduler-extender"]
+    doc = yaml.safe_load(cm["data"]["kube-scheduler-config.yaml"])
+    doc.pop("clientConnection", None)
+    (ext,) = doc["extenders"]
+    ext["urlPrefix"] = url + "/" + ext["urlPrefix"].split("://", 1)[1].split("/", 1)[1]
+    ext.pop("tlsConfig", None)
+    return _with_qps(doc, qps)
+
+
+def _with_qps(doc: dict[str, Any], qps: tuple[float, int] | None) -> dict[str, Any]:
+    if qps is not None:
+        doc["clientConnection"] = {"qps": qps[0], "burst": qps[1]}
+    return doc
+
+
+# -- gpuaware's API client under a token bucket ----------------------------------------------------
+
+class TokenBucket:
+    """client-go's flowcontrol token bucket: ``qps`` tokens a second, up to ``burst`` saved; take() blocks."""
+
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.qps, self.burst = qps, burst
+        self._clock, self._sleep = clock, sleep
+        self._tokens, self._at = float(burst), clock()
+        self._lock = threading.Lock()
+
+    def take(self) -> None:
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.qps)
+            self._at = now
+            self._tokens -= 1
+            wait = -self._tokens / self.qps if self._tokens < 0 else 0.0
+        if wait > 0:
+            self._sleep(wait)
+
+
+class LimitedApiClient(client.ApiClient):
+    """Every request (lists, watches, writes) takes a token first, as in client-go."""
+
+    def __init__(self, cfg: client.Configuration, bucket: TokenBucket):
+        super().__init__(cfg)
+        self.bucket = bucket
+
+    def call_api(self, *args: Any, **kw: Any) -> Any:
+        self.bucket.take()
+        return super().call_api(*args, **kw)
+
+
+def _api(kubeconfig: Path, qps: tuple[float, int] | None, pool: int = 64) -> KubeApi:
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+    cfg.connection_pool_maxsize = pool
+    api_client = LimitedApiClient(cfg, TokenBucket(*qps)) if qps else client.ApiClient(cfg)
+    return KubeApi(api_client)
+
+
+# -- the driver: its own process, creating pods and watching them bind ----------------------------
+
+class _Driver:
+    def __init__(self, server: str, ca: str, cert: str, key: str, threads: int = 8):
+        self.server = server
+        self.http = urllib3.PoolManager(maxsize=threads + 2, cert_reqs="CERT_REQUIRED", ca_certs=ca,
+                                        cert_file=cert, key_file=key, retries=False, timeout=30.0)
+        self.pool = ThreadPoolExecutor(threads)
+        self.bound: dict[str, float] = {}
+        self.nodes: dict[str, str] = {}
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        base = f"{server}/api/v1/namespaces/{NAMESPACE}/pods"
+        self.pods_url = base
+        rv = json.loads(self.http.request("GET", base + "?limit=1").data)["metadata"]["resourceVersion"]
+        threading.Thread(target=self._watch, args=(rv,), daemon=True).start()
+
+    def _watch(self, rv: str) -> None:
+        while True:
+            resp = self.http.request("GET", f"{self.pods_url}?watch=1&resourceVersion={rv}&timeoutSeconds=3600",
+                                     preload_content=False, timeout=urllib3.Timeout(connect=10, read=None))
+            buf = b""
+            for chunk in resp.stream(65536):
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                now = time.monotonic()
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    obj = event["object"]
+                    if event["type"] == "ERROR":
+                        rv = ""
+                        continue
+                    rv = obj["metadata"]["resourceVersion"]
+                    node = obj.get("spec", {}).get("nodeName")
+                    name = obj["metadata"]["name"]
+                    if node and name not in self.bound:
+                        with self._lock:
+                            self.bound[name] = now
+                            self.nodes[name] = node
+
+    def _create(self, body: bytes, created: dict[str, float], name: str) -> None:
+        created[name] = time.monotonic()
+        resp = self.http.request("POST", self.pods_url, body=body, headers={"Content-Type": "application/json"})
+        if resp.status != 201:
+            self.errors.append(f"{name}: {resp.status} {resp.data[:200]!r}")
+
+    def phase(self, pods: list[tuple[str, int, bytes]], rate: float, timeout_s: float) -> dict[str, Any]:
+        created: dict[str, float] = {}
+        start = time.monotonic()
+        futures = []
+        for i, (name, _, body) in enumerate(pods):
+            if rate:
+                delay = start + i / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            futures.append(self.pool.submit(self._create, body, created, name))
+        for f in futures:
+            f.result()
+        create_s = time.monotonic() - start
+        return {"created": created, "create_s": create_s, "errors": self.errors[-5:],
+                **self.wait([n for n, _, _ in pods], timeout_s)}
+
+    def wait(self, names: list[str], timeout_s: float) -> dict[str, Any]:
+        """{"bound": name -> when bound or None} once all are bound or after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not all(n in self.bound for n in names):
+            time.sleep(0.05)
+        return {"bound": {n: self.bound.get(n) for n in names}}
+
+    def delete_all(self, timeout_s: float = 600.0) -> None:
+        # deletecollection removes one pod at a time on the server: minutes for thousands on 2 cores.
+        self.http.request("DELETE", self.pods_url + "?gracePeriodSeconds=0", timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not json.loads(self.http.request("GET", self.pods_url + "?limit=1").data)["items"]:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"pods of namespace {NAMESPACE} not deleted after {timeout_s:.0f}s")
+
+
+def _driver_process(conn, server: str, ca: str, cert: str, key: str) -> None:
+    driver = _Driver(server, ca, cert, key)
+    conn.send("ready")
+    while True:
+        cmd = conn.recv()
+        if cmd[0] == "stop":
+            return
+        if cmd[0] == "delete":
+            driver.delete_all()
+            conn.send("deleted")
+        elif cmd[0] == "wait":
+            conn.send(driver.wait(cmd[1], cmd[2]))
+        else:
+            _, pods, rate, timeout_s = cmd
+            conn.send(driver.phase(pods, rate, timeout_s))
+
+
+# -- the run ----------------------------------------------------------------------------------------
+
+def _phase_figures(result: dict[str, Any]) -> tuple[float | None, list[float], list[str]]:
+    created, bound = result["created"], result["bound"]
+    done = [k for k in created if bound.get(k) is not None]
+    lat = [bound[k] - created[k] for k in done]
+    span = (max(bound[k] for k in done) - min(created.values())) if done else None
+    return span, lat, done
+
+
+@contextlib.asynccontextmanager
+async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | None) -> AsyncIterator[None]:
+    """``mode``'s scheduler, running until the block ends."""
+    settings = SchedulerSettings(extender_port=0, leader_elect=False, stale_after_s=3600)
+    if mode == "kube_scheduler":
+        doc = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"}
+        await asyncio.to_thread(cp.start_scheduler, _with_qps(doc, qps))
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(cp.stop_scheduler)
+        return
+    # extender and gpuaware: gpuaware's informers (reads) in this process; gpuaware mode also binds.
+    live = LiveScheduler(_api(cp.kubeconfig, qps if mode == "gpuaware" else None), settings, None)
+    stop = asyncio.Event()
+    await live.start(sync_timeout_s=120)
+    task = asyncio.create_task(live.run(stop))
+    runner: web.AppRunner | None = None
+    try:
+        if mode == "gpuaware":
+            live.leading.set()
+        else:
+            ext = Extender.from_settings(live.cache, live.passes.core, lambda: True, settings)
+            runner = web.AppRunner(ext.app(), access_log=None)
+            await runner.setup()
+            port = free_port()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            await asyncio.to_thread(cp.start_scheduler, extender_scheduler_config(f"http://127.0.0.1:{port}", qps))
+        yield
+    finally:
+        if mode == "extender":
+            await asyncio.to_thread(cp.stop_scheduler)
+        stop.set()
+        await task
+        if runner is not None:
+            await runner.cleanup()
+        await live.stop()
+
+
+def _p(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 3) if values else None
+
+
+async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float, int] | None, pod_csv: str,
+                        burst: int, rate: float, seconds: float, seed: int, capacity_milli: int, tag: str,
+                        progress: Callable[[str], None]) -> dict[str, Any]:
+    async def ask(cmd: tuple) -> Any:
+        await asyncio.to_thread(conn.send, cmd)
+        return await asyncio.to_thread(conn.recv)
+
+    burst_pods = bench_pods(pod_csv, burst, seed, f"{tag}-burst", mode)
+    n_steady = int(rate * seconds)
+    steady_pods = bench_pods(pod_csv, n_steady, seed + 1, f"{tag}-steady", mode)
+    try:
+        # The burst is a backlog: created before the scheduler starts, so that the drain measures
+        # scheduling and binding, not how fast this box creates pods.
+        progress(f"{mode} ({tag}): backlog of {burst} pods")
+        b = await ask(("create", burst_pods, 0.0, 0.0))
+        async with _scheduler(mode, cp, qps):
+            b = {**b, **await ask(("wait", [n for n, _, _ in burst_pods], 180.0))}
+            progress(f"{mode} ({tag}): {rate:.0f} pods/s for {seconds:.0f}s")
+            s = await ask(("create", steady_pods, rate, 60.0))
+        burst_bound = [t for t in b["bound"].values() if t is not None]
+        _, steady_lat, steady_done = _phase_figures(s)
+        milli = {n: m for n, m, _ in burst_pods + steady_pods}
+        done = [n for n, t in b["bound"].items() if t is not None] + steady_done
+        drain = max(burst_bound) - min(burst_bound) if len(burst_bound) > 1 else None
+        return {
+            "pods_per_s": round(len(burst_bound) / drain, 1) if drain else None,
+            "p99_create_to_bind_s": _p(steady_lat, 99),
+            "unallocated_gpu_pct": round(100.0 * (1 - sum(milli[n] for n in done) / capacity_milli), 2),
+            "pending": len(milli) - len(done),
+            "p50_create_to_bind_s": _p(steady_lat, 50),
+            "burst_drain_s": round(drain, 2) if drain else None,
+            "steady_create_pods_per_s": round(n_steady / s["create_s"], 1) if s["create_s"] else None,
+            "create_errors": b["errors"] + s["errors"],
+        }
+    finally:
+        await ask(("delete",))
+
+
+def run_kube_bench(node_csv: str, pod_csv: str, burst: int = 1000, rate: float = 200.0, seconds: float = 5.0,
+                   seed: int = 0, modes: tuple[str, ...] = MODES, budgets: tuple[str, ...] = ("default", "raised"),
+                   qps: float = 500.0, progress: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    nodes = kwok_nodes(node_csv)
+    capacity_milli = 1000 * sum(int(n["status"]["capacity"]["nvidia.com/gpu"]) for n in nodes)
+    raised = (qps, int(2 * qps))
+    api_budget = {
+        "default": {"kube_scheduler": {"qps": DEFAULT_QPS[0], "burst": DEFAULT_QPS[1]},
+                    "gpuaware": "no client-side limit (Python client), bind_workers 16"},
+        "raised": {"all": {"qps": raised[0], "burst": raised[1]}},
+        "apiserver": "max-requests-inflight 400, max-mutating-requests-inflight 200 (defaults)",
+    }
+    t0 = time.monotonic()
+    with KubeControlPlane(kwok=True) as cp:
+        for crd in ("gpuqueues", "gpuworkloads"):  # gpuaware's informers list GPUQueues
+            cp.kubectl("apply", "-f", str(CRDS / f"gpuaware.io_{crd}.yaml"))
+            cp.kubectl("wait", "--for=condition=Established", f"crd/{crd}.gpuaware.io", "--timeout=60s")
+        cp.create_namespace(NAMESPACE)
+        cp.kubectl("create", "-f", "-", input=yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}),
+                   timeout_s=300)
+        progress(f"control plane with {len(nodes)} kwok nodes in {time.monotonic() - t0:.0f}s; "
+                 f"versions {cp.versions()}")
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        cert, key = cp.admin_cert
+        driver = ctx.Process(target=_driver_process, name="bench-driver", daemon=True,
+                             args=(child, cp.server, str(cp.ca_file), str(cert), str(key)))
+        driver.start()
+        try:
+            parent.recv()
+            runs: dict[str, Any] = {}
+            for budget in budgets:
+                q = raised if budget == "raised" else None
+                runs[budget] = {"api_budget": api_budget[budget], "modes": {
+                    mode: asyncio.run(_measure_mode(mode, cp, parent, q, pod_csv, burst, rate, seconds, seed,
+                                                    capacity_milli, f"{budget[0]}{mode[0]}", progress))
+                    for mode in modes}}
+        finally:
+            parent.send(("stop",))
+            driver.join(timeout=10)
+            if driver.is_alive():
+                driver.kill()
+        return {"nodes": len(nodes), "gpus": capacity_milli // 1000, "burst_pods": burst, "rate_pods_per_s": rate,
+                "rate_pods": int(rate * seconds), "versions": cp.versions(), "api_budget": api_budget, "runs": runs}
