@@ -55,9 +55,10 @@ class ArtifactTypes:
     milli: np.ndarray
     num_gpu: np.ndarray
     models: list[tuple[str, ...]]  # allowed models per type, () = any
-    p: np.ndarray
+    count: np.ndarray  # pods of each type seen: whole numbers, so sums of count x milli are exact in float64
 
     def __post_init__(self) -> None:
+        self.p = self.count / self.count.sum()
         self.gpu = self.milli > 0
         self.thresholds, self.threshold_of = np.unique(np.where(self.gpu, self.milli, 1), return_inverse=True)
 
@@ -86,11 +87,11 @@ def typical_pods(counts: dict[Key, float], popularity_pct: float = POPULARITY_PC
             break
         cum += n
         kept.append((key, n))
-    p = np.array([n for _, n in kept], dtype=np.float64)
     return ArtifactTypes(np.array([k[0] for k, _ in kept], dtype=np.int64),
                          np.array([k[1] for k, _ in kept], dtype=np.int64),
                          np.array([k[2] for k, _ in kept], dtype=np.int64),
-                         [tuple(m for m in k[3].split("|") if m) for k, _ in kept], p / p.sum())
+                         [tuple(m for m in k[3].split("|") if m) for k, _ in kept],
+                         np.array([n for _, n in kept], dtype=np.float64))
 
 
 def typical_pods_of(shapes: Iterable[tuple[tuple, float]]) -> ArtifactTypes:
@@ -104,12 +105,16 @@ def typical_pods_of(shapes: Iterable[tuple[tuple, float]]) -> ArtifactTypes:
 
 
 def artifact_fragmentation(gpus: GpuFigures, cpu: np.ndarray, access: np.ndarray, types: ArtifactTypes) -> np.ndarray:
-    """(R,) expected fragmentation of R node states: NodeGpuShareFragAmountScore (access: (R, T))."""
+    """(R,) fragmentation of R node states: NodeGpuShareFragAmountScore (access: (R, T)), weighted by the
+    types' pod counts rather than their frequencies, so every sum is of whole numbers and exact: a state's
+    figure does not depend on the rows it was computed with, and an unchanged state scores exactly 50, as
+    it does in Go (which sums the same terms in the same order for both). Divide by ``count.sum()`` for
+    the expected fragmentation."""
     total = gpus.total[:, None]
     d = types.threshold_of
     q3 = (types.gpu[None, :] & access & (gpus.usable[:, d] >= types.num_gpu[None, :])
           & (cpu[:, None] >= types.cpu[None, :]))
-    return np.where(q3, gpus.below[:, d], total) @ types.p
+    return np.where(q3, gpus.below[:, d], total) @ types.count
 
 
 def quantize(before: np.ndarray, after: np.ndarray) -> np.ndarray:
@@ -158,12 +163,13 @@ class ArtifactFragmentationGradient:
             gpus = self._gpus.rows(n).after_taking(c.gpu_free[n, g], w.gpu_milli, t.thresholds)
         else:
             n = cand.node
-            free = c.gpu_free[n].copy()
+            gpus = self._gpus.rows(n)
             if w.num_gpu:
-                # NodeResource.Sub takes fully free GPUs; which ones does not change the fragmentation.
-                whole = free == 1000
-                free -= np.where(whole & (np.cumsum(whole, axis=1) <= w.num_gpu), 1000, 0)
-            gpus = GpuFigures.of(free, t.thresholds)
+                # NodeResource.Sub takes k fully free GPUs: k GPUs fewer at every threshold (all <= 1000), and
+                # a GPU left with 0 adds nothing below any threshold.
+                k = w.num_gpu
+                gpus = GpuFigures(gpus.total - 1000 * k, gpus.below, gpus.usable - k, gpus.full - k, gpus.partial)
         after = artifact_fragmentation(gpus, c.cpu_free[n] - w.cpu_milli, self._access[n], t)
-        s = quantize(before[n], after)
+        total = t.count.sum()
+        s = quantize(before[n] / total, after / total)
         return s if inverse is None else s[inverse.ravel()]

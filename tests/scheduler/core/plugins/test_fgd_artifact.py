@@ -53,7 +53,7 @@ def test_fragmentation_counts_cpu_only_types_model_mismatch_and_cpu_shortage_as_
     access = t.access(np.array(["V100M16"]))
     frag = artifact_fragmentation(gpus, np.array([4000]), access, t)
     # fits: 300 | CPU-only: all 1300 | T4 only on a V100 node: all | 9 cores on 4 free: all.
-    assert frag.tolist() == [pytest.approx((300 + 1300 + 1300 + 1300) / 4)]
+    assert frag.tolist() == [300 + 1300 + 1300 + 1300]  # weighted by pod counts (1 each here)
 
 
 def test_score_is_the_sigmoid_of_the_drop_in_thousandths_truncated_to_an_integer():
@@ -105,3 +105,36 @@ def test_hand_computed_placement_on_a_small_cluster():
     assert plugin.score(CycleContext(c, w), cand).tolist() == [46, 53, 46, 46]
     got = s.schedule(c, w).allocation
     assert (got.node, got.gpus) == (0, [1])
+
+
+@pytest.mark.parametrize("request_", [(0, 1000), (1, 1000), (2, 1000), (1, 300), (1, 50)])
+def test_cached_after_states_equal_the_fragmentation_recomputed_from_scratch(request_):
+    num_gpu, milli = request_
+    rng = np.random.default_rng(5)
+    nodes = [NodeSpec(f"n{i}", 16000, 65536, 4, ("T4", "V100M16")[i % 2]) for i in range(8)]
+    c = ClusterState(nodes)
+    for i in range(8):
+        for j in range(4):
+            used = int(rng.choice([0, 0, 200, 500, 1000]))
+            if used:
+                c.allocate(Allocation(f"w{i}-{j}", i, [j], [used], 1000, 1024))
+    t = typical_pods({pod_key(1000, 1, 500, ()): 4, pod_key(2000, 1, 1000, ("T4",)): 3, pod_key(4000, 0, 0, ()): 2,
+                      pod_key(1000, 2, 1000, ()): 2, pod_key(500, 1, 300, ()): 1})
+    plugin = ArtifactFragmentationGradient(t)
+    w = Workload("p", 3000, 1024, num_gpu, milli)
+    ctx = CycleContext(c, w)
+    cand, _ = Scheduler(Profile("x", [], [])).candidates(ctx)
+    got = plugin.score(ctx, cand)
+    access = t.access(c.models)
+    before = artifact_fragmentation(GpuFigures.of(c.gpu_free, t.thresholds), c.cpu_free, access, t)
+    want = []
+    for node, gpu in zip(cand.node, cand.gpu, strict=True):
+        free = c.gpu_free[node].copy()
+        if num_gpu == 1 and milli < 1000:
+            free[gpu] -= milli
+        elif num_gpu:
+            free[np.flatnonzero(free == 1000)[:num_gpu]] = 0
+        after = artifact_fragmentation(GpuFigures.of(free[None, :], t.thresholds), np.array([c.cpu_free[node] - 3000]),
+                                       access[[node]], t)
+        want.append(quantize(before[[node]] / t.count.sum(), after / t.count.sum())[0])
+    assert got.tolist() == want
