@@ -21,11 +21,15 @@ from gpuaware.cli.common import OPENB
               help="Pod CSV of the openb columns.")
 @click.option("--policy", "policies", multiple=True, help="Policy (repeatable, or 'all'; default all).")
 @click.option("--seed", "seed_list", type=int, multiple=True, help="A seed (repeatable).")
-@click.option("--seeds", default=None, help="Seeds as '0-4' or '0,3' (default 0-4 unless --seed is given).")
+@click.option("--seeds", default=None,
+              help="Seeds as '0-4' or '0,3' (default 0-4, 0-9 with --protocol artifact, unless --seed is given).")
+@click.option("--protocol", type=click.Choice(["sample", "artifact"]), default="sample", show_default=True,
+              help="fragmentation arrivals: sample = pods drawn with replacement, mean over seeds; artifact = "
+                   "the FGD artifact's (whole trace shuffled, random copies up to 130%), median over seeds.")
 @click.option("--out", "out_dir", default=None, help="Directory for the JSON report and PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on stdout.")
 def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str, ...], seed_list: tuple[int, ...],
-             seeds: str | None, out_dir: str | None, as_json: bool) -> None:
+             seeds: str | None, protocol: str, out_dir: str | None, as_json: bool) -> None:
     """Replay the openb traces through the scheduling core and report the figures.
 
     Progress goes to stderr; with one policy, --json prints that policy's figures (policy,
@@ -34,15 +38,17 @@ def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str
     \b
     Example:
       gpuaware simulate --experiment fragmentation --policy fgd --seeds 0-4 --json --out docs/results
+      gpuaware simulate --policy fgd-artifact --protocol artifact --json
     """
     from scheduler.sim.experiments import resolve_policies, resolve_seeds, run_simulation
     from scheduler.sim.openb import TraceError
 
     try:
         names = resolve_policies(list(policies))
-        seed_values = resolve_seeds(list(seed_list), seeds)
+        default = "0-9" if protocol == "artifact" and not seed_list else None
+        seed_values = resolve_seeds(list(seed_list), seeds or default)
         with _progress_bar(len(names) * len(seed_values)) as progress:
-            report = run_simulation(experiment, nodes_csv, pods_csv, names, seed_values, out_dir, progress)
+            report = run_simulation(experiment, nodes_csv, pods_csv, names, seed_values, out_dir, progress, protocol)
     except (TraceError, ValueError) as exc:
         click.echo(f"gpuaware simulate: {exc}", err=True)
         sys.exit(2)

@@ -37,6 +37,7 @@ NODE_RESOURCES = "node-resources"
 NODE_MASK = "node-mask"
 GPU_FIT = "gpu-fit"
 FRAMEWORK = "framework"
+TIE_ORDERS = ("random", "node-order")
 
 
 @dataclass
@@ -115,6 +116,9 @@ class Profile:
     filters: tuple[Plugin, ...]
     scores: tuple[tuple[ScorePlugin, float], ...]
     whole_gpus_only: bool = False  # round fractional requests up (kube's device plugin without sharing)
+    # Ties between the best candidates: "random" (seeded, per decision) or "node-order" (a seeded random order
+    # of the nodes fixed for the run, then the lowest GPU index: the FGD artifact's, fgd_artifact.py).
+    tie_order: str = "random"
     filter_steps: tuple[FilterStep, ...] = field(init=False, repr=False)
     scored_by: str = field(init=False, repr=False)  # "fgd+cpu_for_gpus": what a placement says decided it
 
@@ -148,8 +152,30 @@ def gpu_fit(ctx: CycleContext) -> np.ndarray:
 
 class Scheduler:
     def __init__(self, profile: Profile, seed: int = 0):
+        if profile.tie_order not in TIE_ORDERS:
+            raise ValueError(f"profile {profile.name!r}: unknown tie order {profile.tie_order!r}; known: {TIE_ORDERS}")
         self.profile = profile
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
+        self._node_rank: np.ndarray | None = None
+
+    def node_rank(self, nodes: int) -> np.ndarray:
+        """Each node's place in the seeded random order that breaks ties under ``tie_order="node-order"``.
+
+        Drawn from its own generator so the decision stream of ``self.rng`` is what it always was."""
+        if self._node_rank is None or len(self._node_rank) != nodes:
+            perm = np.random.default_rng([self.seed, 23]).permutation(nodes)
+            self._node_rank = np.empty(nodes, dtype=np.int64)
+            self._node_rank[perm] = np.arange(nodes)
+        return self._node_rank
+
+    def break_tie(self, best: np.ndarray, cand: Candidates, cluster: ClusterState) -> int:
+        if len(best) == 1:
+            return int(best[0])
+        if self.profile.tie_order == "random":
+            return int(self.rng.choice(best))
+        key = self.node_rank(len(cluster))[cand.node[best]] * (cluster.max_gpus + 1) + np.maximum(cand.gpu[best], 0)
+        return int(best[np.argmin(key)])
 
     def effective(self, w: Workload) -> Workload:
         if self.profile.whole_gpus_only and w.shares_gpu:
@@ -245,7 +271,7 @@ class Scheduler:
             return Decision(workload, None, why, latency_s=time.perf_counter() - started, nodes=len(cluster))
         total = self.total_score(ctx, cand)
         best = np.flatnonzero(total >= total.max() - 1e-9)
-        i = int(best[0]) if len(best) == 1 else int(self.rng.choice(best))
+        i = self.break_tie(best, cand, cluster)
         node, gpu = int(cand.node[i]), int(cand.gpu[i])
         if w.num_gpu == 0:
             gpus, milli = [], []

@@ -18,6 +18,7 @@ from scheduler.core.plugins.clustering import Clustering
 from scheduler.core.plugins.cpu_for_gpus import CpuForGpus
 from scheduler.core.plugins.dotprod import DotProduct
 from scheduler.core.plugins.fgd import FragmentationGradient
+from scheduler.core.plugins.fgd_artifact import ArtifactFragmentationGradient, typical_pods_of
 from scheduler.core.plugins.forecast_headroom import ForecastHeadroom
 from scheduler.core.plugins.health import HealthFilter
 from scheduler.core.plugins.heterogeneity import HeterogeneityAffinity
@@ -84,10 +85,10 @@ class Registry:
         return plugin
 
     def profile(self, name: str, filters: Iterable[str], scores: Iterable[tuple[str, float]], handle: Handle,
-                whole_gpus_only: bool = False) -> Profile:
+                whole_gpus_only: bool = False, tie_order: str = "random") -> Profile:
         """A profile of the named filters and the named scores at their weights, each plugin built anew."""
         return Profile(name, [self.build(f, handle) for f in filters],
-                       [(self.build(s, handle), weight) for s, weight in scores], whole_gpus_only)
+                       [(self.build(s, handle), weight) for s, weight in scores], whole_gpus_only, tie_order)
 
 
 def in_tree() -> Registry:
@@ -106,6 +107,8 @@ def in_tree() -> Registry:
         ThermalSpread.name: lambda h: ThermalSpread(),
         FragmentationGradient.name:
             lambda h: FragmentationGradient(h.need_mix(FragmentationGradient.name).task_types(top=FGD_TASK_TYPES)),
+        ArtifactFragmentationGradient.name: lambda h: ArtifactFragmentationGradient(
+            typical_pods_of(h.need_mix(ArtifactFragmentationGradient.name).counts.items())),
         CpuForGpus.name: lambda h: CpuForGpus(h.need_mix(CpuForGpus.name).cpu_per_gpu()),
         ModelReservation.name: lambda h: ModelReservation(h.need_mix(ModelReservation.name).model_demand()),
         HeterogeneityAffinity.name:

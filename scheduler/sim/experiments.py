@@ -63,11 +63,12 @@ def run_grid(run: Callable, summarize: Callable[[list], dict], policies: list[st
 
 
 def fragmentation_experiment(nodes_csv: str, pods_csv: str, policies: list[str], seeds: list[int],
-                             out_dir: Path | None = None, progress: Progress | None = None) -> dict:
+                             out_dir: Path | None = None, progress: Progress | None = None,
+                             protocol: str = "sample") -> dict:
     nodes = load_nodes(nodes_csv)
     pods = load_pods(pods_csv)
-    summaries = run_grid(lambda policy, seed, cb: run_fragmentation(nodes, pods, policy, seed, cb), summarize,
-                         policies, seeds, progress)
+    summaries = run_grid(lambda policy, seed, cb: run_fragmentation(nodes, pods, policy, seed, cb, protocol=protocol),
+                         lambda runs: summarize(runs, protocol), policies, seeds, progress)
     report = {"experiment": "fragmentation", "nodes": nodes_csv, "pods": pods_csv, "gpus": sum(n.gpus for n in nodes),
               "seeds": seeds, "results": summaries}
     title = f"{Path(pods_csv).stem}: {len(nodes)} nodes, {report['gpus']} GPUs, seeds {seeds}"
@@ -87,11 +88,18 @@ def dynamic_experiment(nodes_csv: str, pods_csv: str, policies: list[str], seeds
 
 
 def run_simulation(experiment: str, nodes_csv: str, pods_csv: str, policies: list[str], seeds: list[int],
-                   out_dir: str | None = None, progress: Progress | None = None) -> dict:
-    """The report of ``experiment`` ('fragmentation' or 'dynamic'), also written under ``out_dir`` if given."""
+                   out_dir: str | None = None, progress: Progress | None = None, protocol: str = "sample") -> dict:
+    """The report of ``experiment`` ('fragmentation' or 'dynamic'), also written under ``out_dir`` if given.
+
+    ``protocol`` ('sample' or 'artifact', fragmentation.py) picks the fragmentation experiment's arrivals."""
     runs = {"fragmentation": fragmentation_experiment, "dynamic": dynamic_experiment}
     if experiment not in runs:
         raise ValueError(f"unknown experiment {experiment!r}; known: {', '.join(runs)}")
+    if protocol != "sample":
+        if experiment != "fragmentation":
+            raise ValueError(f"--protocol {protocol} applies to the fragmentation experiment only")
+        return fragmentation_experiment(nodes_csv, pods_csv, policies, seeds, Path(out_dir) if out_dir else None,
+                                        progress, protocol)
     return runs[experiment](nodes_csv, pods_csv, policies, seeds, Path(out_dir) if out_dir else None, progress)
 
 

@@ -23,3 +23,18 @@ def test_simulate_cli_prints_json_and_writes_report_and_plot(small_nodes, tmp_pa
     bad = subprocess.run([sys.executable, "-m", "gpuaware", "simulate", "--policy", "nope", "--nodes",
                           str(small_nodes)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown policy" in bad.stderr
+
+
+def test_simulate_cli_runs_the_artifact_protocol_and_refuses_it_for_dynamic(small_nodes):
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuaware", "simulate", "--nodes", str(small_nodes), "--pods", str(PODS),
+         "--policy", "fgd-artifact", "--protocol", "artifact", "--seeds", "0-1", "--json"],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["protocol"] == "artifact" and figures["seeds"] == [0, 1]
+    assert set(figures["unallocated_pct_iqr"]) == {"80", "90", "100", "110", "120", "130"}
+    bad = subprocess.run([sys.executable, "-m", "gpuaware", "simulate", "--experiment", "dynamic", "--protocol",
+                          "artifact", "--nodes", str(small_nodes), "--pods", str(PODS), "--policy", "fgd"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "fragmentation experiment only" in bad.stderr

@@ -71,6 +71,7 @@ def test_policies_name_the_plugins_and_weights_they_always_had():
         "packing": (filters, [("gpu-packing", 1.0)], False),
         "clustering": (filters, [("clustering", 1.0)], False),
         "fgd": (filters, [("fgd", 1.0)], False),
+        "fgd-artifact": (filters, [("fgd-artifact", 1.0)], False),
         "gpuaware": (filters, [("fgd", 1.0), ("cpu_for_gpus", 1.0), ("model_reservation", 1.0)], False),
     }
     with_table = profile("gpuaware", MIX, throughput=ThroughputTable({}, {}))
