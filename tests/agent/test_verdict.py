@@ -106,7 +106,7 @@ def test_the_agent_event_carries_the_verdict_and_the_stream_publishes_it():
     assert "uncontained ECC" in evs[-1].attributes["reasons"]
     proc = StreamProcessor({})
     uuid = core.devices[1].uuid
-    batch = telemetry_batch("n", 1, 1_700_000_000_000)
+    batch = telemetry_batch(core.node, 1, 1_700_000_000_000)  # the GPU's own node: the stream refuses others
     batch.gpus[0].uuid = uuid
     proc.on_telemetry(batch, 0, 1_700_000_000_000)
     (state,) = proc.on_event(evs[-1], 0, 1_700_000_000_050)
