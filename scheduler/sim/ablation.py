@@ -20,7 +20,7 @@ from scheduler.sim.stream_model import PARTS, StreamModel
 
 # The ablation's cluster: smaller than the dynamic experiment's default so that 6 variants x 5 seeds
 # run in minutes; the same load (target_load) and the same mechanisms.
-ABLATION_CONFIG = DynamicConfig(jobs=1200, node_fraction=0.03)
+ABLATION_CONFIG = DynamicConfig(jobs=500, node_fraction=0.02)
 
 MakeStream = Callable[[frozenset[str]], StreamModel]
 
