@@ -65,10 +65,9 @@ class FingerprintColocation:
             return out
         mine = w.labels.get("workload_class") or fingerprint_of(w.labels.get("gavel_class", ""))
         n, g = cand.node, cand.gpu
-        occupied = c.live[n, g] & (c.gpu_free[n, g] < c.gpu_cap[n, g])
-        for i in np.flatnonzero(occupied):
-            resident = c.fingerprint[n[i], g[i]]
-            if resident:
-                out[i] = self.speed(mine, resident)
-                ctx.signals.add(SIGNAL)
+        idx = np.flatnonzero(c.live[n, g] & (c.gpu_free[n, g] < c.gpu_cap[n, g]))
+        residents = c.fingerprint[n[idx], g[idx]]
+        for resident in set(residents.tolist()) - {""}:  # a few classes: one lookup each, not one per GPU
+            out[idx[residents == resident]] = self.speed(mine, resident)
+            ctx.signals.add(SIGNAL)
         return out
