@@ -303,6 +303,8 @@ class SchedulerDecision:
     reasons: list[str] = field(default_factory=list)
     score: float | None = None
     latency_us: int | None = None
+    signals: list[str] = field(default_factory=list)  # stream signals read; added in place, default [] (old records)
+    steered_by: list[str] = field(default_factory=list)  # the signals that changed the placement
 
     def key(self) -> bytes:
         return self.workload_id.encode()

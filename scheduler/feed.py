@@ -138,14 +138,20 @@ class StateView:
             cluster.util[node, gpu] = util
             cluster.forecast_util[node, gpu] = forecast
             cluster.temp[node, gpu] = s.temp_c
+            # The stream plugins' inputs; a stale GPU is not live, so they fall back to the requests for it.
+            cluster.live[node, gpu] = not self.is_stale(s, now_ms)
+            cluster.forecast_mem[node, gpu] = _forecast(s, "fb_used_mib", s.fb_used_mib)
+            cluster.power[node, gpu] = s.power_w
+            cluster.fingerprint[node, gpu] = s.workload_class or ""
             placed += 1
         return placed
 
 
-def _forecast(s: GpuState) -> float:
-    """Forecast utilisation at the planning horizon: the upper end of its interval (headroom is for the worst case)."""
-    ups = [f.upper for f in s.forecasts if f.metric == "util_gpu" and f.horizon_s == FORECAST_HORIZON_S]
-    return ups[0] if ups else s.util_gpu
+def _forecast(s: GpuState, metric: str = "util_gpu", now: float | None = None) -> float:
+    """A metric's forecast at the planning horizon: the upper end of its interval (headroom is for the worst
+    case); without one, its value now."""
+    ups = [f.upper for f in s.forecasts if f.metric == metric and f.horizon_s == FORECAST_HORIZON_S]
+    return ups[0] if ups else (s.util_gpu if now is None else now)
 
 
 class StateFeed:

@@ -40,6 +40,14 @@ class SchedulerStats:
     feed_failed: bool = False  # the feed task ended: the scheduler stops
     feed_catch_up: CatchUp | None = None  # the state feed's catch-up (StateFeed.progress), read on scrape
     decision_latencies: deque = field(default_factory=lambda: deque(maxlen=100_000))  # raw, for benchmarks
+    steered: Counter = field(default_factory=Counter)  # stream signal -> placements it changed
+    steered_placements: int = 0  # placements some stream signal changed
+
+    def stream_steered(self, signals: list[str]) -> None:
+        """A placement that, without these stream signals' scores, would have gone elsewhere."""
+        if signals:
+            self.steered_placements += 1
+            self.steered.update(signals)
 
     def by_action(self) -> Counter:
         """Decisions per action, over every reason."""

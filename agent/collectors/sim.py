@@ -169,6 +169,19 @@ def scenario_library() -> list[Path]:
     return sorted(p for p in SCENARIO_DIR.glob("*.yaml") if load_scenario(p).library)
 
 
+def power_for(spec: ModelSpec, work: float) -> float:
+    """Board power (W) at ``work`` (0-1 of the SMs busy): between idle and board power."""
+    return spec.idle_power_w + (spec.board_power_w - spec.idle_power_w) * work**0.9
+
+
+def physical_step(spec: ModelSpec, util: float, temp_c: float, dt_s: float) -> tuple[float, float]:
+    """(power W, temperature C) after ``dt_s`` seconds at ``util`` (0-1) from ``temp_c``: the model ``SimGpu``
+    steps once a second, in one step (the simulator's scheduler ticks are minutes long)."""
+    power = power_for(spec, util)
+    target = AMBIENT_C + power * spec.c_per_w
+    return power, target + (temp_c - target) * (1 - 1 / THERMAL_TAU_S) ** dt_s
+
+
 def _jitter(seed: int, gpu: int, second: int) -> float:
     """Deterministic noise in [-1, 1) for any (seed, gpu, second), independent of read order."""
     h = (seed * 0x9E3779B1 + gpu * 0x85EBCA77 + second * 0xC2B2AE3D) & 0xFFFFFFFF
@@ -244,7 +257,7 @@ class SimGpu:
         self.mem = min(spec.fb_total_mib * 0.98, max(0.0, mem))
         # A hung kernel reads 100% busy while the SMs draw little: power follows real work.
         work = 0.03 if stuck else util / 100.0
-        uncapped = spec.idle_power_w + (spec.board_power_w - spec.idle_power_w) * work**0.9
+        uncapped = power_for(spec, work)
         caps = self._active("power_cap", s)
         self.power_limit = min([f.cap_w or 0.45 * spec.board_power_w for f in caps], default=spec.board_power_w)
         throttle = 0

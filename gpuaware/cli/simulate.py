@@ -28,8 +28,13 @@ from gpuaware.cli.common import OPENB
                    "the FGD artifact's (whole trace shuffled, random copies up to 130%), median over seeds.")
 @click.option("--out", "out_dir", default=None, help="Directory for the JSON report and PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on stdout.")
+@click.option("--ablation", type=click.Choice(["stream"]), default=None,
+              help="With --experiment dynamic: gpuaware with all stream-driven parts, without each, without all "
+                   "(on the GenTD26 usage, Gavel slowdowns, the agent's physical model and the stream's forecaster).")
+@click.option("--workers", type=int, default=1, show_default=True, help="Processes for --ablation (same figures).")
 def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str, ...], seed_list: tuple[int, ...],
-             seeds: str | None, protocol: str, out_dir: str | None, as_json: bool) -> None:
+             seeds: str | None, protocol: str, out_dir: str | None, as_json: bool, ablation: str | None,
+             workers: int) -> None:
     """Replay the openb traces through the scheduling core and report the figures.
 
     Progress goes to stderr; with one policy, --json prints that policy's figures (policy,
@@ -39,7 +44,11 @@ def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str
     Example:
       gpuaware simulate --experiment fragmentation --policy fgd --seeds 0-4 --json --out docs/results
       gpuaware simulate --policy fgd-artifact --protocol artifact --json
+      gpuaware simulate --experiment dynamic --ablation stream --seeds 0-4 --json --out docs/results
     """
+    if ablation:
+        _ablation(experiment, nodes_csv, pods_csv, seed_list, seeds, out_dir, workers)
+        return
     from scheduler.sim.experiments import resolve_policies, resolve_seeds, run_simulation
     from scheduler.sim.openb import TraceError
 
@@ -57,6 +66,34 @@ def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str
         return
     for r in report["results"]:
         click.echo(json.dumps(r))
+
+
+def _ablation(experiment: str, nodes_csv: str, pods_csv: str, seed_list: tuple[int, ...], seeds: str | None,
+              out_dir: str | None, workers: int) -> None:
+    """The stream ablation's report (``variants.<name>``) on stdout, and under ``out_dir`` if given."""
+    from pathlib import Path
+
+    from gpuaware.cli.stream_sim import make_stream
+    from scheduler.sim.ablation import run_ablation, variants
+    from scheduler.sim.experiments import resolve_seeds
+    from scheduler.sim.openb import TraceError, load_nodes, load_pods
+
+    if experiment != "dynamic":
+        click.echo("gpuaware simulate: --ablation stream needs --experiment dynamic", err=True)
+        sys.exit(2)
+    try:
+        seed_values = resolve_seeds(list(seed_list), seeds)
+        nodes, pods = load_nodes(nodes_csv), load_pods(pods_csv)
+        with _progress_bar(len(variants()) * len(seed_values)) as progress:
+            report = run_ablation(nodes, pods, seed_values, make_stream, progress=progress, workers=workers)
+    except (TraceError, ValueError, FileNotFoundError) as exc:
+        click.echo(f"gpuaware simulate: {exc}", err=True)
+        sys.exit(2)
+    report["pods"] = pods_csv
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / f"ablation-stream-{Path(pods_csv).stem}.json").write_text(json.dumps(report, indent=2))
+    click.echo(json.dumps(report, indent=2))
 
 
 @contextmanager

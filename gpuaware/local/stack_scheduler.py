@@ -281,6 +281,8 @@ class StackScheduler:
             "pods_submitted": len(self.load.submitted), "pods_completed": self.load.completed,
             "pods_resubmitted_after_eviction": self.load.resubmitted,
             "placements": count["PLACE"], "migrations": count["MIGRATE"], "preemptions": count["PREEMPT"],
+            "stream_steered_placements": self.live.stats.steered_placements,
+            "stream_steered_by_signal": dict(sorted(self.live.stats.steered.items())),
             "throttles": count["THROTTLE"], "cordons": count["CORDON"], "unschedulable": count["UNSCHEDULABLE"],
             "unschedulable_by_reason": {r: n for (a, r), n in sorted(self.live.stats.decisions.items())
                                         if a == "UNSCHEDULABLE"},

@@ -136,7 +136,8 @@ class StackView:
     def decisions(self, rows: int, width: int | None = None) -> Table:
         assert self.sched is not None
         return _one_line_rows("scheduler: recent decisions", ["action", "pod / GPU", "node", "why"], [
-            [o.action.value, o.key[-28:], o.node or "", "; ".join(o.reasons)[:70]]
+            [o.action.value, o.key[-28:], o.node or "",
+             (f"[stream: {'+'.join(o.steered_by)}] " if o.steered_by else "") + "; ".join(o.reasons)[:70]]
             for o in list(self.sched.live.sink.recent)[-rows:][::-1]], width)
 
     def totals(self, dropped: tuple[str, ...] = ()) -> Text:
@@ -145,11 +146,20 @@ class StackView:
         placed = sched.live.stats.by_action()["PLACE"] if sched else 0
         text = (f"samples published {runtime.samples_published}   events {runtime.events_published}   "
                 f"spooled {runtime.spool.depth}   gpu states {state.state_records[topics.GPU_STATE]}   "
-                + (f"pods placed {placed}" if sched else "scheduler off") + f"\nalerts firing: {alerts}")
+                + (f"pods placed {placed}{steered(sched.live.stats)}" if sched else "scheduler off")
+                + f"\nalerts firing: {alerts}")
         hidden = [d for d in dropped if d != "decisions" or sched is not None]
         if hidden:
             text += f"   (hidden to fit the terminal: {', '.join(hidden)})"
         return Text(text)
+
+
+def steered(stats) -> str:
+    """", 3 steered by the stream (forecast 2, thermal 1)": placements the stream's signals changed."""
+    if not stats.steered_placements:
+        return ", none steered by the stream"
+    by = ", ".join(f"{s} {n}" for s, n in sorted(stats.steered.items()))
+    return f", {stats.steered_placements} steered by the stream ({by})"
 
 
 def _one_line_rows(title: str, columns: list[str], rows: list[list[str]], width: int | None,

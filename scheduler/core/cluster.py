@@ -73,6 +73,13 @@ class ClusterState:
         self.util = np.zeros((n, g), dtype=np.float32)  # live utilisation 0-100 (from gpu.state.v1)
         self.forecast_util = np.zeros((n, g), dtype=np.float32)
         self.temp = np.zeros((n, g), dtype=np.float32)
+        # More of the stream's per-GPU state, read only by the stream plugins; ``live`` False (the default,
+        # and for a stale GPU) makes each of them fall back to what the requests alone say.
+        self.live = np.zeros((n, g), dtype=bool)
+        self.forecast_mem = np.zeros((n, g), dtype=np.float32)  # MiB, upper end of the forecast interval
+        self.power = np.zeros((n, g), dtype=np.float32)  # W
+        self.power_limit = np.zeros((n, g), dtype=np.float32)  # W; 0 = unknown
+        self.fingerprint = np.full((n, g), "", dtype=object)  # workload class; "" = unknown
         groups = np.zeros((n, g), dtype=np.int64)
         for i, x in enumerate(nodes):
             if x.nvlink_groups is not None:

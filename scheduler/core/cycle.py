@@ -19,6 +19,8 @@ from typing import Protocol
 import numpy as np
 
 from scheduler.core.cluster import ClusterState
+from scheduler.core.demand import SIGNAL as DEMAND
+from scheduler.core.demand import DemandOutlook
 from scheduler.core.framework import Decision, Scheduler
 from scheduler.core.preemption import Running, earliest_fit, select_victims
 from scheduler.core.queue import TenantLedger, fair_order
@@ -45,6 +47,7 @@ class QueuePolicy:
     reclaim_after_s: float = 300.0  # an owner waits this long before its borrowed quota is reclaimed
     peak_util: float = 0.9
     defer_max_s: float = 3600.0
+    demand_aware: bool = False  # defer and close borrowing by the demand forecast (``demand.py``) when there is one
 
     @classmethod
     def kube(cls, **kw) -> QueuePolicy:
@@ -60,6 +63,7 @@ class PassStats:
     reclaims: int = 0  # preemptions of borrowed work at the preemptor's priority or above
     preemptions_avoided: int = 0
     latencies_s: list[float] = field(default_factory=list)
+    held_by_demand: int = 0  # cycles skipped because the demand forecast deferred the work or closed borrowing
 
 
 class PassHooks(Protocol):
@@ -85,6 +89,7 @@ class QueueState:
     # Hold each tenant to its limits (borrowing, per-model quota) and charge the ledger as the pass places
     # work. The live scheduler does; the simulator keeps its own ledger and limits no tenant.
     enforce_quota: bool = False
+    demand: DemandOutlook | None = None  # the cluster demand forecast; None: none (or stale)
 
 
 def _shape(w: Workload) -> tuple:
@@ -100,7 +105,11 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
     attempts = 0
     reservation: tuple[int, float, int] | None = None  # (node, time, priority)
     victim_searches = 0
-    peak = policy.defer_when_peak and cluster.allocated_gpu_milli >= policy.peak_util * cluster.total_gpu_milli
+    outlook = queue.demand if policy.demand_aware else None
+    if outlook is not None:
+        peak = policy.defer_when_peak and outlook.peak(policy.peak_util)
+    else:
+        peak = policy.defer_when_peak and cluster.allocated_gpu_milli >= policy.peak_util * cluster.total_gpu_milli
     for w in order:
         if attempts >= policy.pass_budget:
             break
@@ -108,6 +117,10 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
             continue
         if peak and w.deferrable and now - w.submit_s < policy.defer_max_s:
             stats.deferred.add(w.id)
+            stats.held_by_demand += outlook is not None
+            continue
+        if outlook is not None and outlook.blocks_borrowing(w, queue.ledger, policy.peak_util):
+            stats.held_by_demand += 1
             continue
         attempts += 1
         mask = queue.node_mask
@@ -127,6 +140,8 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
             d, searched = _preempt_for(scheduler, cluster, queue, policy, hooks, stats, now, w, d,
                                        can_search=victim_searches < policy.preemption_tries_per_pass)
             victim_searches += searched
+        if outlook is not None:
+            d.signals = sorted({*d.signals, DEMAND})
         if d.allocation is None:
             hooks.blocked(w, d, now)
             blocked.add(_shape(w))
@@ -186,7 +201,7 @@ def _preempt_for(scheduler: Scheduler, cluster: ClusterState, queue: QueueState,
     again = scheduler.schedule(cluster, w, queue.node_mask)
     victims = ", ".join(v.workload.id for v in pick[1])
     return Decision(w, again.allocation, [*again.why, Reason(Code.PREEMPTED, PREEMPTION, f"preempted {victims}")],
-                    again.score, d.latency_s + again.latency_s, again.nodes), True
+                    again.score, d.latency_s + again.latency_s, again.nodes, again.signals, again.steered_by), True
 
 
 def gang_failure(member: Decision, size: int) -> Decision:

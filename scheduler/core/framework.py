@@ -15,6 +15,11 @@ A filter declares the ``Code`` it reports and the words of its message (``status
 fixed list of steps and asks no plugin what it implements. Before the filters the framework
 checks CPU and memory and the caller's node mask; after them, that enough GPU compute is free.
 
+A score plugin that reads a stream signal (forecast, fingerprint, thermal) has a ``signal`` name and
+puts it in ``ctx.signals`` when the signal was there for this cycle (a missing one falls back to a
+flat or request-based score). The decision names those signals, and ``steered_by`` those of them
+whose scores moved the choice off what the other scores alone would have picked.
+
 Candidates are (node, gpu) pairs for workloads on one GPU, or (node, -1) for CPU-only and
 multi-GPU workloads (whose GPUs the framework picks, one NVLink island first). A ``Decision``
 carries typed reasons; ``Decision.reasons`` renders them as the lines events and records show.
@@ -54,6 +59,7 @@ class CycleContext:
     cluster: ClusterState
     workload: Workload
     cache: dict = field(default_factory=dict)
+    signals: set[str] = field(default_factory=set)  # stream signals the plugins read this cycle
 
 
 @runtime_checkable
@@ -94,6 +100,8 @@ class Decision:
     score: float | None = None
     latency_s: float = 0.0
     nodes: int = 0  # nodes the cycle looked at: the N of "0/N nodes available"
+    signals: list[str] = field(default_factory=list)  # stream signals read (scheduler.decisions.v1 ``signals``)
+    steered_by: list[str] = field(default_factory=list)  # of those, the ones that changed the placement
 
     @property
     def reasons(self) -> list[str]:
@@ -237,14 +245,28 @@ class Scheduler:
         return (best or free.tolist())[: w.num_gpu]
 
     def total_score(self, ctx: CycleContext, cand: Candidates) -> np.ndarray:
-        """Weighted sum of every score plugin, each normalised to 0-100 over the candidates."""
+        """Weighted sum of every score plugin, each normalised to 0-100 over the candidates.
+
+        The part from stream plugins (``signal``) is also kept apart in ``ctx.cache["stream_score"]``."""
         total = np.zeros(len(cand))
+        stream = None
         for plugin, weight in self.profile.scores:
             s = np.asarray(plugin.score(ctx, cand), dtype=np.float64)
             lo, hi = s.min(), s.max()
             norm = (s - lo) / (hi - lo) * 100 if hi > lo else np.zeros_like(s)
             total += weight * norm
+            if getattr(plugin, "signal", None) and hi > lo:
+                stream = weight * norm if stream is None else stream + weight * norm
+        ctx.cache["stream_score"] = stream
         return total
+
+    def _steered_by(self, ctx: CycleContext, total: np.ndarray, chosen: int) -> list[str]:
+        """The signals read, if without the stream plugins' scores ``chosen`` would not have been among the best."""
+        stream = ctx.cache.get("stream_score")
+        if stream is None or not ctx.signals:
+            return []
+        base = total - stream
+        return [] if base[chosen] >= base.max() - 1e-9 else sorted(ctx.signals)
 
     def rank(self, cluster: ClusterState, workload: Workload,
              node_mask: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
@@ -292,4 +314,5 @@ class Scheduler:
         cluster.allocate(alloc)
         why = [Reason(Code.SCHEDULED, FRAMEWORK, f"{cluster.names[node]} gpus={gpus} by {self.profile.scored_by}"),
                Reason(Code.SCHEDULED, FRAMEWORK, f"{len(cand)} candidates")]
-        return Decision(workload, alloc, why, float(total[i]), time.perf_counter() - started, len(cluster))
+        return Decision(workload, alloc, why, float(total[i]), time.perf_counter() - started, len(cluster),
+                        sorted(ctx.signals), self._steered_by(ctx, total, i))

@@ -19,7 +19,22 @@ class PolicySpec:
     whole_gpus_only: bool = False
     with_throughput: tuple[tuple[str, float], ...] = ()  # scores added when a throughput table is given
     tie_order: str = "random"  # framework.Profile.tie_order
+    # Scores that read stream signals, by part (signal -> its filter and scores); each is flat without its
+    # signal, so a cluster with no stream places as before. ``profile(..., stream=...)`` drops parts.
+    stream: tuple[tuple[str, tuple[str, ...], tuple[tuple[str, float], ...]], ...] = ()
 
+
+# The stream-driven parts of ``gpuaware``, each kept because the dynamic ablation shows it pays
+# (docs/scheduling.md "What the stream changes"): signal, filters, scores.
+STREAM_PARTS = (
+    ("forecast", ("forecast-fit",), (("forecast-fit", 1.0),)),
+    ("fingerprint", (), (("fingerprint-colocation", 0.5),)),
+    ("thermal", (), (("power-headroom", 0.3),)),
+)
+SIGNALS = ("forecast", "fingerprint", "thermal", "demand")  # demand is the queue's (core/demand.py), no plugin
+# The parts the live profile runs: those that made mean JCT better within the full set in both ablation
+# runs (docs/scheduling.md "The ablation"); fingerprint and demand did not pay and are left to the ablation.
+LIVE_STREAM = frozenset({"forecast", "thermal"})
 
 SPECS: dict[str, PolicySpec] = {
     "random": PolicySpec((("random", 1.0),)),
@@ -35,7 +50,8 @@ SPECS: dict[str, PolicySpec] = {
     # GPU model's share of the demand only it can serve. Measured on the openb traces, part by part
     # (docs/scheduling.md, bench/gpuaware_ablation.py).
     "gpuaware": PolicySpec((("fgd", 1.0), ("cpu_for_gpus", 1.0), ("model_reservation", 1.0)),
-                           with_throughput=(("heterogeneity", 0.3),)),
+                           with_throughput=(("heterogeneity", 0.3),),
+                           stream=STREAM_PARTS),
 }
 POLICIES = tuple(SPECS)
 
@@ -43,14 +59,19 @@ _REGISTRY = in_tree()
 
 
 def profile(name: str, mix: WorkloadMix, seed: int = 0, throughput: ThroughputTable | None = None,
-            registry: Registry = _REGISTRY) -> Profile:
+            registry: Registry = _REGISTRY, stream: frozenset[str] | None = None) -> Profile:
     """``mix``: the pod shapes expected to keep arriving; FGD reads its 64 most common shapes, as the FGD
     artifact keeps only typical pods, and ``gpuaware`` also the CPU per GPU and the demand only some GPU
     models may serve. With a ``throughput`` table ``gpuaware`` also weighs each workload's speed on each
-    GPU model (workloads without a ``gavel_class`` label score the same everywhere)."""
+    GPU model (workloads without a ``gavel_class`` label score the same everywhere). ``stream``: the stream
+    parts to keep (signal names; default all), for the ablation."""
     spec = SPECS.get(name)
     if spec is None:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
     scores = spec.scores + (spec.with_throughput if throughput is not None else ())
-    return registry.profile(name, spec.filters, scores, Handle(mix, seed, throughput), spec.whole_gpus_only,
+    filters = spec.filters
+    for signal, part_filters, part_scores in spec.stream:
+        if signal in (LIVE_STREAM if stream is None else stream):
+            filters, scores = filters + part_filters, scores + part_scores
+    return registry.profile(name, filters, scores, Handle(mix, seed, throughput), spec.whole_gpus_only,
                             spec.tie_order)

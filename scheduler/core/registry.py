@@ -15,10 +15,12 @@ from scheduler.core.framework import Plugin, Profile
 from scheduler.core.plugins.bestfit import BestFit
 from scheduler.core.plugins.capabilities import Capabilities
 from scheduler.core.plugins.clustering import Clustering
+from scheduler.core.plugins.colocation import FingerprintColocation
 from scheduler.core.plugins.cpu_for_gpus import CpuForGpus
 from scheduler.core.plugins.dotprod import DotProduct
 from scheduler.core.plugins.fgd import FragmentationGradient
 from scheduler.core.plugins.fgd_artifact import ArtifactFragmentationGradient, typical_pods_of
+from scheduler.core.plugins.forecast_fit import ForecastFit
 from scheduler.core.plugins.forecast_headroom import ForecastHeadroom
 from scheduler.core.plugins.health import HealthFilter
 from scheduler.core.plugins.heterogeneity import HeterogeneityAffinity
@@ -27,6 +29,7 @@ from scheduler.core.plugins.least_allocated import LeastAllocated
 from scheduler.core.plugins.model_affinity import ModelAffinity
 from scheduler.core.plugins.model_reservation import ModelReservation
 from scheduler.core.plugins.packing import GpuPacking
+from scheduler.core.plugins.power_headroom import PowerHeadroom
 from scheduler.core.plugins.random_score import RandomScore
 from scheduler.core.plugins.thermal import ThermalSpread
 from scheduler.core.throughput import ThroughputTable
@@ -115,4 +118,7 @@ def in_tree() -> Registry:
             lambda h: HeterogeneityAffinity(h.need_throughput(HeterogeneityAffinity.name)),
         InterferenceAware.name:
             lambda h: InterferenceAware(h.need_throughput(InterferenceAware.name), h.workload_classes),
+        ForecastFit.name: lambda h: ForecastFit(),
+        FingerprintColocation.name: lambda h: FingerprintColocation(h.throughput),
+        PowerHeadroom.name: lambda h: PowerHeadroom(),
     })

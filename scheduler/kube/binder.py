@@ -108,6 +108,7 @@ class Binder:
         pod = self.cache.pods.get(key, {"metadata": {"name": name, "namespace": ns}})
         gpus = ", ".join(f"{g}:{m}m" for g, m in zip(alloc.gpus, alloc.milli, strict=True)) or "none"
         self.stats.decisions[("PLACE", "preempted" if victims else "fits")] += 1
+        self.stats.stream_steered(d.steered_by)
         self.stats.waited(w.tenant, w.priority, time.time() - w.submit_s)
         self.on_bound(key)
         assignments = [GpuAssignment(uuids.get(g) or f"{node}/{g}", m, w.gpu_memory_mib)
@@ -115,8 +116,8 @@ class Binder:
         await asyncio.gather(
             self.calls.event(pod, "Scheduled", f"Successfully assigned {key} to {node} (GPUs {gpus}; "
                                                f"{'; '.join(d.reasons)})"),
-            self.sink.record(Outcome(key, DecisionAction.PLACE, node, d.reasons), w, assignments,
-                             objects.sharing_annotation(alloc), d.score, d.latency_s))
+            self.sink.record(Outcome(key, DecisionAction.PLACE, node, d.reasons, d.signals, d.steered_by), w,
+                             assignments, objects.sharing_annotation(alloc), d.score, d.latency_s))
 
     def requeue(self, key: str, why: str) -> None:
         """Withdraw a placement: the pod gives its GPUs back and, while unbound, waits in the queue again."""

@@ -31,6 +31,8 @@ class Outcome:
     action: DecisionAction
     node: str | None = None
     reasons: list[str] = field(default_factory=list)
+    signals: list[str] = field(default_factory=list)  # stream signals the decision read
+    steered_by: list[str] = field(default_factory=list)  # the ones that changed the placement
 
 
 class DecisionSink:
@@ -49,7 +51,8 @@ class DecisionSink:
             action=outcome.action, tenant=w.tenant if w else None,
             priority=PRIORITY_NAMES.get(w.priority) if w else None, node=outcome.node,
             assignments=assignments or [], sharing=sharing, reasons=outcome.reasons[:8], score=score,
-            latency_us=int(latency_s * 1e6) if latency_s is not None else None)
+            latency_us=int(latency_s * 1e6) if latency_s is not None else None,
+            signals=list(outcome.signals), steered_by=list(outcome.steered_by))
         try:
             await self._publish(record)
         except Exception as exc:  # the decision stands; losing its log line must not stop scheduling

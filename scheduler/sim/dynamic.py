@@ -24,6 +24,10 @@ What the trace lacks is synthesized, deterministically from the seed and the pod
   on the GPU model it runs on; models with no data at all (openb's undisclosed G1-G3) run at V100
   speed.
 
+**stream** (``stream``, the ``--ablation stream`` experiment only): per-job usage, co-location
+slowdown, temperature and power and the stream's forecasts and fingerprints, ticked every minute
+(``stream_model.py``); ``gpuaware`` then uses the signals its ``stream.cfg.parts`` name.
+
 ``gpuaware`` runs its full stack: FGD+best-fit placement with GPU sharing, DRF-fair queue order,
 quotas with borrowing, checkpoint-aware preemption, migration (checkpoint then move) off a
 failing GPU, a reservation for the first blocked high-priority job with backfill of work that ends
@@ -63,6 +67,7 @@ from scheduler.core.throttle import throttle_decisions
 from scheduler.core.throughput import ThroughputTable
 from scheduler.core.workload import PriorityLevel, Workload
 from scheduler.core.workload_mix import WorkloadMix
+from scheduler.sim.stream_model import StreamModel
 
 REFERENCE_MODEL = "V100M16"
 BOARD_POWER_W = {"P100": 250.0, "T4": 70.0, "V100M16": 300.0, "V100M32": 300.0, "A10": 150.0}
@@ -181,14 +186,18 @@ def _could_ever_fit(cluster: ClusterState, w: Workload) -> bool:
 
 
 def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None = None,
-                progress: Callable[[float], None] | None = None) -> DynamicResult:
+                progress: Callable[[float], None] | None = None, stream: StreamModel | None = None) -> DynamicResult:
     cfg = cfg or DynamicConfig()
     full = policy == "gpuaware"
     pick = np.random.default_rng(seed + 7919).random(len(nodes)) < cfg.node_fraction
     nodes = [n for n, keep in zip(nodes, pick, strict=True) if keep] or nodes[:1]
     cluster = ClusterState(nodes)
+    if stream is not None:
+        stream.attach(cluster)
     table = gavel_table() if cfg.heterogeneity else None
-    scheduler = Scheduler(profile(policy, WorkloadMix.of(p.workload for p in pods), seed, table), seed=seed)
+    parts = stream.cfg.parts if stream is not None else None
+    scheduler = Scheduler(profile(policy, WorkloadMix.of(p.workload for p in pods), seed, table, stream=parts),
+                          seed=seed)
     ref_speed: dict[str, float | None] = {}
 
     def speed(w: Workload, node: int) -> float:
@@ -216,6 +225,8 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
 
     jobs = make_jobs(pods, cluster.total_gpu_milli, seed, cfg)
     for t, w, d in jobs:
+        if stream is not None:
+            stream.prepare(w)
         if not _could_ever_fit(cluster, w):
             res.unschedulable.append(w.id)  # no node of the sample is big enough, even empty
             continue
@@ -227,6 +238,9 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
     gpus = np.argwhere(cluster.gpu_exists)
     for k in range(1, int(horizon // cfg.rebalance_every_s) + 1):
         push(k * cfg.rebalance_every_s, "rebalance", None)
+    if stream is not None:
+        for k in range(1, int(horizon // stream.cfg.tick_s) + 1):
+            push(k * stream.cfg.tick_s, "stream", None)
     board = np.array([BOARD_POWER_W.get(str(m), 300.0) for m in cluster.models])[:, None] * cluster.gpu_exists
     idle = 0.2 * board
     budget = cfg.power_budget * board.sum(axis=1)
@@ -263,6 +277,8 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
             job.banked_s = 0.0
         job.epoch += 1
         pending.append(r.workload)
+        if stream is not None:
+            stream.stopped(r.workload.id)
 
     def start(w: Workload, alloc, now: float) -> None:
         job = res.jobs[w.id]
@@ -272,13 +288,16 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
                                 cfg.checkpoint_every_s if (w.checkpointable and full) else None, borrowed)
         if job.first_start_s is None:
             job.first_start_s = now
+        if stream is not None:
+            stream.started(w, now)
         speed_of[w.id] = run_speed(w, alloc)
         finish_at[w.id] = now + max(1.0, (job.duration_s - job.banked_s) / speed_of[w.id])
         push(finish_at[w.id], "finish", (w.id, job.epoch))
 
     def run_speed(w: Workload, alloc: Allocation) -> float:
         slow = any((alloc.node, g) in capped for g in alloc.gpus)
-        return speed(w, alloc.node) * (cfg.capped_speed if slow else 1.0)
+        base = speed(w, alloc.node) * (cfg.capped_speed if slow else 1.0)
+        return base * stream.factor(w.id) if stream is not None else base
 
     def respeed(r: Running, now: float, new_speed: float) -> None:
         """Bank the progress made at the old speed, then continue at ``new_speed``."""
@@ -291,6 +310,21 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
         job.epoch += 1
         finish_at[r.workload.id] = now + max(1.0, (job.duration_s - job.banked_s) / speed_of[r.workload.id])
         push(finish_at[r.workload.id], "finish", (r.workload.id, job.epoch))
+
+    def recharge(r: Running, milli: int, mem: int, now: float) -> None:
+        """The forecast part: charge a shared job its forecast compute and memory instead of its request."""
+        a = r.allocation
+        n, g = a.node, a.gpus[0]
+        milli = min(milli, a.milli[0] + int(cluster.gpu_free[n, g]))  # growing back only into what is free
+        if cluster.gpu_mem_cap[n, g]:
+            mem = min(mem, (a.gpu_memory_mib or [0])[0] + int(cluster.gpu_mem_free[n, g]))
+        account(r, now)
+        job = res.jobs[r.workload.id]
+        job.banked_s += max(0.0, now - r.started_s) * speed_of[r.workload.id]
+        r.started_s, r.done_s = now, job.banked_s
+        cluster.release(a.workload_id)
+        r.allocation = Allocation(a.workload_id, n, [g], [milli], a.cpu_milli, a.memory_mib, [mem], a.sharing)
+        cluster.allocate(r.allocation)
 
     class Hooks:
         def evict(self, victim: Running, preemptor: Workload, now: float) -> None:
@@ -307,7 +341,8 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
     knobs = dict(pass_budget=cfg.pass_budget, preemption_tries_per_pass=cfg.preemption_tries_per_pass,
                  preempt_grace_s=cfg.preempt_grace_s, reclaim_after_s=cfg.reclaim_after_s,
                  peak_util=cfg.peak_util, defer_max_s=cfg.defer_max_s)
-    queue_policy = QueuePolicy(**knobs) if full else QueuePolicy.kube(**knobs)
+    queue_policy = QueuePolicy(**knobs, demand_aware=stream is not None and stream.uses("demand")) if full \
+        else QueuePolicy.kube(**knobs)
     stats = PassStats(deferred=res.deferred, latencies_s=res.latencies_s)
     hooks = Hooks()
 
@@ -336,6 +371,8 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
             del running[wid]
             account(r, now)
             job.finish_s = now
+            if stream is not None:
+                stream.stopped(wid)
         elif kind == "fault":
             n, g = payload
             cluster.set_band(n, g, HealthBand.CRITICAL)
@@ -345,6 +382,19 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
                     res.migrations += 1
                 else:
                     res.killed_by_faults += 1
+        elif kind == "stream":
+            tick = stream.tick(now, cluster, running, pending)
+            for wid in tick.kill:
+                if wid in running:
+                    stop(running[wid], now, keep_progress=full)
+            for wid, (milli, mem) in tick.recharge.items():
+                if wid in running:
+                    recharge(running[wid], milli, mem, now)
+            queue.demand = stream.outlook() if full else None
+            for r in running.values():
+                want = run_speed(r.workload, r.allocation)
+                if abs(want - speed_of[r.workload.id]) > 0.02 * speed_of[r.workload.id]:
+                    respeed(r, now, want)
         elif kind == "recover":
             cluster.set_band(*payload, HealthBand.HEALTHY)
         elif kind == "rebalance":
@@ -373,12 +423,20 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
             movable = {wid for wid, r in running.items() if r.workload.preemptible}
             for m in consolidation_moves(cluster, movable=movable):
                 r = running[m.workload_id]
+                mem = (r.allocation.gpu_memory_mib or [0])[0]
+                if mem and cluster.gpu_mem_cap[m.to_node, m.to_gpu] and cluster.gpu_mem_free[m.to_node, m.to_gpu] < mem:
+                    continue  # the move plans compute only; the stream model's jobs also hold GPU memory
                 stop(r, now, keep_progress=True, checkpoint_now=True)
                 pending.remove(r.workload)
                 a = r.allocation
                 moved = Allocation(a.workload_id, m.to_node, [m.to_gpu], a.milli, a.cpu_milli, a.memory_mib,
                                    a.gpu_memory_mib, a.sharing)
-                cluster.allocate(moved)
+                try:
+                    cluster.allocate(moved)
+                except ValueError:  # the plan counted on a move skipped above: stay
+                    cluster.allocate(a)
+                    start(r.workload, a, now)
+                    continue
                 res.jobs[m.workload_id].banked_s -= cfg.migration_overhead_s * speed(r.workload, m.to_node)
                 start(r.workload, moved, now)
                 res.consolidations += 1

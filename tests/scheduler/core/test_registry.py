@@ -8,7 +8,7 @@ import pytest
 
 import scheduler.core.plugins
 from scheduler.core.framework import Plugin
-from scheduler.core.policies import POLICIES, SPECS, profile
+from scheduler.core.policies import LIVE_STREAM, POLICIES, SPECS, STREAM_PARTS, profile
 from scheduler.core.registry import Handle, Registry, in_tree
 from scheduler.core.throughput import ThroughputTable
 from scheduler.core.workload import Workload
@@ -72,8 +72,13 @@ def test_policies_name_the_plugins_and_weights_they_always_had():
         "clustering": (filters, [("clustering", 1.0)], False),
         "fgd": (filters, [("fgd", 1.0)], False),
         "fgd-artifact": (filters, [("fgd-artifact", 1.0)], False),
-        "gpuaware": (filters, [("fgd", 1.0), ("cpu_for_gpus", 1.0), ("model_reservation", 1.0)], False),
+        "gpuaware": (filters + [f for sig, fs, _ in STREAM_PARTS if sig in LIVE_STREAM for f in fs],
+                     [("fgd", 1.0), ("cpu_for_gpus", 1.0), ("model_reservation", 1.0)]
+                     + [s for sig, _, ss in STREAM_PARTS if sig in LIVE_STREAM for s in ss], False),
     }
+    # The stream parts score flat without their signals (tests/scheduler/core/test_stream_signals.py).
+    assert [s for sig, _, ss in STREAM_PARTS for s, _ in ss] == ["forecast-fit", "fingerprint-colocation",
+                                                                 "power-headroom"]
     with_table = profile("gpuaware", MIX, throughput=ThroughputTable({}, {}))
-    assert [(s.name, w) for s, w in with_table.scores][-1] == ("heterogeneity", 0.3)
+    assert ("heterogeneity", 0.3) in [(s.name, w) for s, w in with_table.scores]
     assert all(n in in_tree() for spec in SPECS.values() for n in spec.filters + tuple(s for s, _ in spec.scores))

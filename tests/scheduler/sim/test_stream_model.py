@@ -1,0 +1,129 @@
+"""The dynamic simulator's stream model: replayed usage, Gavel co-location slowdown, the physical model,
+forecasts from an injected forecaster, OOM and SLO violations, and the ablation's figures."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler.core.cluster import Allocation
+from scheduler.core.preemption import Running
+from scheduler.core.throughput import ThroughputTable
+from scheduler.core.workload import Workload
+from scheduler.sim.ablation import run_ablation, variants
+from scheduler.sim.dynamic import DynamicConfig
+from scheduler.sim.openb import load_nodes, load_pods
+from scheduler.sim.stream_model import JOB_MEMORY_MIB, StreamConfig, StreamModel
+from tests.support import OPENB_PODS, cluster
+
+
+@dataclass
+class F:
+    upper: float
+
+
+class LastValue:
+    """A stand-in forecaster: the last value, +10% as its upper bound."""
+
+    def __init__(self, horizon, upper):
+        self.y = 0.0
+
+    def learn_one(self, y):
+        self.y = y
+
+    def forecast(self):
+        return F(self.y * 1.1)
+
+
+def physics(model, util, temp, dt):
+    return 100 + 200 * util, 30 + 50 * util, 300.0
+
+
+GAVEL = {"v100": {"('ResNet-50 (batch size 64)', 1)": {"null": 10.0, "('ResNet-50 (batch size 64)', 1)": [5.0, 5.0]}}}
+
+
+def _model(util, mem, parts=("forecast", "thermal"), table=None):
+    series = [(np.full(100, util, dtype=float), np.full(100, mem, dtype=float))]
+    return StreamModel(series, LastValue, physics, None, table, StreamConfig(parts=frozenset(parts), warmup_ticks=2))
+
+
+def _run(model, c, jobs, ticks=1):
+    running = {}
+    for i, (milli, cls, *charged) in enumerate(jobs):
+        w = model.prepare(Workload(f"j{i}", 0, 0, 1, milli, labels={"gavel_class": cls} if cls else {}))
+        a = Allocation(w.id, 0, [0], [charged[0] if charged else milli], 0, 0, [w.gpu_memory_mib], "shared")
+        c.allocate(a)
+        running[w.id] = Running(w, a, float(i), 0.0, None)
+        model.started(w, float(i))
+    for k in range(ticks):
+        out = model.tick(60.0 * (k + 1), c, running, [])
+    return out, running
+
+
+def test_usage_replays_the_series_and_the_physical_model_feeds_the_thermal_signal():
+    model, c = _model(20.0, 1.0), cluster(2)
+    model.attach(c)
+    out, _ = _run(model, c, [(500, None)])
+    assert out.speed == {"j0": 1.0} and not out.kill
+    assert model.figures.busy_gpu_s == 60.0 * 0.5 * 0.2 and model.figures.occupied_gpu_s == 60.0
+    assert c.live.all() and c.temp[0, 0] == 30 + 50 * 0.1 and c.power_limit[0, 0] == 300.0
+    assert c.forecast_util[0, 0] == 50.0  # not warmed up: the request
+
+
+def test_without_the_thermal_part_the_scheduler_sees_no_temperature():
+    model, c = _model(20.0, 1.0, parts=("forecast",)), cluster(2)
+    _run(model, c, [(500, None)])
+    assert (c.temp == 0).all()
+
+
+def test_after_warm_up_a_shared_job_is_charged_its_forecast_not_its_request():
+    model, c = _model(20.0, 1.0), cluster(2)
+    out, _ = _run(model, c, [(500, None)], ticks=3)
+    milli, mem = out.recharge["j0"]
+    assert milli == int(np.ceil(1000 * 0.5 * 0.22 * 1.1)) and mem == JOB_MEMORY_MIB // 2
+    assert c.forecast_util[0, 0] == 50.0 * 0.22
+
+
+def test_without_the_forecast_part_nothing_is_recharged():
+    model, c = _model(20.0, 1.0, parts=()), cluster(2)
+    out, _ = _run(model, c, [(500, None)], ticks=3)
+    assert out.recharge == {} and (c.forecast_util == 0).all()
+
+
+def test_memory_over_the_gpu_oom_kills_the_newest_tenant_and_compute_over_it_slows_everyone():
+    model, c = _model(100.0, 1.0), cluster(2)
+    c.gpu_mem_cap[:] = c.gpu_mem_free[:] = JOB_MEMORY_MIB * 2  # room to overcommit in the allocation
+    out, _ = _run(model, c, [(600, None, 400), (600, None, 400)])  # charged 400 each (their forecast)
+    assert model.figures.oom == 0 and model.figures.contention == 1
+    assert out.speed["j0"] == out.speed["j1"] == 1000 / 1200
+    model, c = _model(10.0, 1.0), cluster(2)
+    c.gpu_mem_cap[:] = JOB_MEMORY_MIB  # the allocation below says 2 x 0.6 fits; the memory the jobs use does not
+    c.gpu_mem_free[:] = JOB_MEMORY_MIB * 2
+    out, _ = _run(model, c, [(600, None, 400), (600, None, 400)])
+    assert out.kill == ["j1"] and model.summary()["violations"] == 1
+
+
+def test_co_located_busy_jobs_slow_each_other_by_the_gavel_pair():
+    table = ThroughputTable.from_gavel(json.loads(json.dumps(GAVEL)))
+    model, c = _model(100.0, 0.1, table=table), cluster(2)
+    out, _ = _run(model, c, [(500, "ResNet-50 (batch size 64)"), (500, "ResNet-50 (batch size 64)")])
+    assert out.speed == {"j0": 0.5, "j1": 0.5}
+
+
+def test_the_ablation_reports_every_variant_with_the_issue_keys(small_nodes):
+    nodes, pods = load_nodes(small_nodes), load_pods(OPENB_PODS)
+    series = [(np.linspace(0, 40, 60), np.linspace(0.5, 1.0, 60))]
+
+    def make(parts):
+        return StreamModel(series, LastValue, physics, None, None, StreamConfig(parts=parts))
+
+    cfg = DynamicConfig(jobs=60, node_fraction=0.3, check_invariants=True)
+    report = run_ablation(nodes, pods, [0], make, cfg)
+    assert set(report["variants"]) == set(variants()) == {"all", "without-forecast", "without-fingerprint",
+                                                          "without-thermal", "without-demand", "without-all"}
+    for v in report["variants"].values():
+        assert {"wait_high_mean_s", "wait_high_p95_s", "jct_mean_s", "busy_share", "allocated_gpu_pct", "preemptions",
+                "violations"} <= set(v)
+        assert 0 < v["busy_share"] <= 1 and v["unfinished"] == 0
