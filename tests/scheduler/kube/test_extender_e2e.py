@@ -245,7 +245,7 @@ async def test_kube_scheduler_preempts_only_the_victims_gpuawares_preempt_keeps(
         # only the A100 node's does (the model), and /preempt says so.
         await asyncio.to_thread(cp.apply, pod("high", {"gpuaware.io/gpu-models": "A100"}, "preempt", gpus=2,
                                               priority_class="bench-high"))
-        assert await eventually(lambda: bound(cp, "high"), "the preemptor bound", 90) == "pre-a100"
+        assert await eventually(lambda: bound(cp, "high"), "the preemptor bound", 180) == "pre-a100"
         answer = ext.preempted["high"]
         assert answer["asked"] == on, answer  # kube-scheduler's candidates: both nodes, with their victims
         assert answer["kept"] == {"pre-a100": on["pre-a100"]}, answer
