@@ -5,38 +5,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
-from agent.collectors.sim import SimCluster, load_scenario
 from agent.core import AgentCore
-from agent.exporter import AgentCollector, AgentStats, render
 from agent.sampling import SamplingPolicy
 from contract.dcgm import FAMILIES, GPM_ONLY
+from tests.agent.metrics_support import families as _families
+from tests.agent.metrics_support import metrics_text as _text
+from tests.agent.metrics_support import ticked_core as _core
 from tests.support import sim_cluster
-
-LEGACY_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
-
-
-def _text(core: AgentCore, **kwargs) -> str:
-    registry = CollectorRegistry()
-    registry.register(AgentCollector([core], AgentStats(), **kwargs))
-    return render(registry).decode()
-
-
-def _families(text: str) -> dict:
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def _core(update: dict, seconds: int = 30) -> tuple[AgentCore, SimCluster]:
-    scenario = load_scenario("baseline").model_copy(update={"nodes": 1, **update})
-    clock = [0.0]
-    cluster = SimCluster(scenario, clock=lambda: clock[0], epoch=0.0)
-    core = AgentCore(cluster.node(0), SamplingPolicy(), clock=lambda: clock[0])
-    for s in range(seconds):
-        clock[0] = float(s)
-        core.tick(float(s))
-    return core, cluster
 
 
 def test_type_lines_follow_dcgm_exporters_csv_and_counters_keep_their_names():

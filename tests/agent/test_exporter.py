@@ -6,37 +6,16 @@ import re
 import urllib.request
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
-from agent.collectors.sim import SimCluster, load_scenario
 from agent.core import AgentCore
-from agent.exporter import AgentCollector, AgentStats, render, serve
+from agent.exporter import AgentCollector, AgentStats, serve
 from agent.sampling import SamplingPolicy
 from gpuaware.local.processes import free_port
+from tests.agent.metrics_support import LEGACY_LABELS
+from tests.agent.metrics_support import families as _families
+from tests.agent.metrics_support import metrics_text as _text
+from tests.agent.metrics_support import ticked_core as _core
 from tests.support import sim_cluster
-
-LEGACY_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
-
-
-def _text(core: AgentCore, **kwargs) -> str:
-    registry = CollectorRegistry()
-    registry.register(AgentCollector([core], AgentStats(), **kwargs))
-    return render(registry).decode()
-
-
-def _families(text: str) -> dict:
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def _core(update: dict, seconds: int = 30) -> tuple[AgentCore, SimCluster]:
-    scenario = load_scenario("baseline").model_copy(update={"nodes": 1, **update})
-    clock = [0.0]
-    cluster = SimCluster(scenario, clock=lambda: clock[0], epoch=0.0)
-    core = AgentCore(cluster.node(0), SamplingPolicy(), clock=lambda: clock[0])
-    for s in range(seconds):
-        clock[0] = float(s)
-        core.tick(float(s))
-    return core, cluster
 
 
 def test_exporter_speaks_dcgm_names_and_leaves_unsupported_fields_out():
