@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import json
 import multiprocessing as mp
-import random
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -51,13 +50,14 @@ import yaml
 from aiohttp import web
 from kubernetes import client, config
 
+from bench.scheduler_bench import trace_sample
 from gpuaware.local.kube_control_plane import KWOK_NODE_ANNOTATION, KubeControlPlane
 from gpuaware.local.processes import free_port
 from plumbing.kube.api import KubeApi
 from scheduler.kube.extender import Extender
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
-from scheduler.sim.openb import load_nodes, load_pods
+from scheduler.sim.openb import load_nodes
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEDULER_YAML = REPO / "deploy" / "base" / "scheduler" / "scheduler.yaml"
@@ -85,11 +85,8 @@ def kwok_nodes(node_csv: str | Path) -> list[dict[str, Any]]:
 
 def bench_pods(pod_csv: str | Path, count: int, seed: int, prefix: str, mode: str) -> list[tuple[str, int, bytes]]:
     """(name, GPU milli requested, JSON body) of ``count`` trace pods, written for ``mode``."""
-    trace = load_pods(pod_csv)
-    rng = random.Random(seed)
     out = []
-    for i in range(count):
-        w = rng.choice(trace).workload
+    for i, w in enumerate(trace_sample(pod_csv, count, seed)):
         frac = w.num_gpu == 1 and w.gpu_milli < 1000
         ann: dict[str, str] = {}
         gpus = w.num_gpu

@@ -38,12 +38,16 @@ from scheduler.sim.openb import load_nodes, load_pods
 from scheduler.wiring import build_scheduler
 
 
-def _pod_objects(pod_csv: Path, count: int, seed: int, prefix: str) -> list[dict[str, Any]]:
+def trace_sample(pod_csv: str | Path, count: int, seed: int) -> list:
+    """``count`` workloads drawn from the pod trace with replacement, the same for the same seed."""
     trace = load_pods(pod_csv)
     rng = random.Random(seed)
+    return [rng.choice(trace).workload for _ in range(count)]
+
+
+def _pod_objects(pod_csv: Path, count: int, seed: int, prefix: str) -> list[dict[str, Any]]:
     out = []
-    for i in range(count):
-        w = rng.choice(trace).workload
+    for i, w in enumerate(trace_sample(pod_csv, count, seed)):
         frac = w.num_gpu == 1 and w.gpu_milli < 1000
         ann = {"gpuaware.io/gpu-milli": str(w.gpu_milli)} if frac else {}
         if w.models:
