@@ -120,11 +120,12 @@ class RecordingExtender(Extender):
 
     def preempt(self, args: dict[str, Any]) -> dict[str, Any]:
         result = super().preempt(args)
-        self.preempted[args["Pod"]["metadata"]["name"]] = {
+        # The first call per pod: a retry while the victims terminate asks about the remaining node only.
+        self.preempted.setdefault(args["Pod"]["metadata"]["name"], {
             "asked": {n: sorted(p["UID"] for p in v.get("Pods") or [])
                       for n, v in (args.get("NodeNameToMetaVictims") or {}).items()},
             "kept": {n: sorted(p["UID"] for p in v.get("Pods") or [])
-                     for n, v in result["NodeNameToMetaVictims"].items()}}
+                     for n, v in result["NodeNameToMetaVictims"].items()}})
         return result
 
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
