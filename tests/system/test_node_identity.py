@@ -17,8 +17,8 @@ from contract.events import DLQ_ERROR_HEADER, GpuState, encode
 from contract.identity import NODE_TOKEN_HEADER
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
 from gpuaware.local.stream_workers import StreamWorkerProcess
-from tests.deploy.test_rbac import NS, _bound_token, _node, _pod_on, _rendered_rbac
-from tests.support import fleet_batch, need, produce, watch
+from tests.deploy.test_rbac import NS, _bound_token, _node, _pod_on
+from tests.support import fleet_batch, need, produce, shipped_rbac, watch
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(400)]
 
@@ -28,7 +28,7 @@ def test_the_stream_turns_only_proven_records_into_state(kafka_settings, tmp_pat
     node_a, node_b = f"ida-{unique}", f"idb-{unique}"
     with KubeControlPlane(scheduler=False, kwok=False) as cp:
         cp.create_namespace(NS)
-        cp.apply(yaml.safe_dump_all(_rendered_rbac(cp)))
+        cp.apply(yaml.safe_dump_all(shipped_rbac(cp)))
         for node in (node_a, node_b):
             _node(cp, node)
         _pod_on(cp, "agent-ida", node_a, "gpuaware-agent")
