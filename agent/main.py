@@ -15,6 +15,7 @@ from agent.collectors.sim import SimCluster, SimCollector, load_scenario
 from agent.cordons import CordonWatcher
 from agent.exporter import AgentCollector, serve
 from agent.identity import NodeToken
+from agent.pod_uids import PodUids
 from agent.podresources import PodAttribution, PodResourcesWatcher
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy, load_policy
@@ -25,11 +26,15 @@ from plumbing.signals import stop_on_signals
 log = logging.getLogger(__name__)
 
 
+def node_name(settings: AgentSettings) -> str:
+    return settings.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+
+
 def build_collectors(settings: AgentSettings) -> list[Collector]:
     if settings.collector == "nvml":
         from agent.collectors.nvml import NvmlCollector
 
-        return [NvmlCollector(settings.node_name or os.environ.get("NODE_NAME") or socket.gethostname())]
+        return [NvmlCollector(node_name(settings))]
     scenario = load_scenario(settings.scenario)
     updates = {k: v for k, v in (("nodes", settings.sim_nodes), ("gpus_per_node", settings.sim_gpus_per_node))
                if v is not None}
@@ -67,12 +72,18 @@ async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host:
     # The simulator is its own kubelet: pods on the GPUs its scenario marks shared.
     sims = {c.cluster for c in collectors if isinstance(c, SimCollector)}
     attribution: PodAttribution = sims.pop().attribution() if sims else pods
+    uids = None
+    if settings.pod_uids and not sims:
+        uids = PodUids.from_settings(pods, node_name(settings), settings.api_server,
+                                     runtime.cordons.api if runtime.cordons else None)
     serve_metrics(runtime, metrics_host, metrics_port, attribution, settings)
     log.info("agent running: %d node(s), %d GPU(s), collector %s", len(runtime.cores),
              sum(len(c.devices) for c in runtime.cores), settings.collector)
     try:
         await runtime.run(stop, duration_s)
     finally:
+        if uids:
+            uids.stop()
         pods.stop()
         for c in collectors:
             c.close()
