@@ -73,7 +73,7 @@ async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host:
     sims = {c.cluster for c in collectors if isinstance(c, SimCollector)}
     attribution: PodAttribution = sims.pop().attribution() if sims else pods
     uids = None
-    if settings.pod_uids and not sims:
+    if settings.pod_uids and attribution is pods:  # the simulator knows its pods' UIDs
         uids = PodUids.from_settings(pods, node_name(settings), settings.api_server,
                                      runtime.cordons.api if runtime.cordons else None)
     serve_metrics(runtime, metrics_host, metrics_port, attribution, settings)
