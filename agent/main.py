@@ -55,6 +55,15 @@ def serve_metrics(runtime: AgentRuntime, host: str, port: int, pods: PodAttribut
                  "as gpuaware_dcgm_*" if s.dcgm_exporter == "beside" else "as DCGM_*")
 
 
+def follow_pod_uids(settings: AgentSettings, pods: PodResourcesWatcher, attribution: PodAttribution,
+                    api=None) -> PodUids | None:
+    """The pod-UID informer (``agent.pod_uids``), on the cordon watcher's ``api`` when there is one; only for
+    the kubelet's PodResources (the simulator knows its pods' UIDs)."""
+    if not settings.pod_uids or attribution is not pods:
+        return None
+    return PodUids.from_settings(pods, node_name(settings), settings.api_server, api)
+
+
 async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host: str, metrics_port: int,
                     duration_s: float | None, stop: asyncio.Event) -> AgentRuntime:
     policy = load_policy(settings.policy_path) if settings.policy_path else SamplingPolicy()
@@ -72,10 +81,7 @@ async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host:
     # The simulator is its own kubelet: pods on the GPUs its scenario marks shared.
     sims = {c.cluster for c in collectors if isinstance(c, SimCollector)}
     attribution: PodAttribution = sims.pop().attribution() if sims else pods
-    uids = None
-    if settings.pod_uids and attribution is pods:  # the simulator knows its pods' UIDs
-        uids = PodUids.from_settings(pods, node_name(settings), settings.api_server,
-                                     runtime.cordons.api if runtime.cordons else None)
+    uids = follow_pod_uids(settings, pods, attribution, runtime.cordons.api if runtime.cordons else None)
     serve_metrics(runtime, metrics_host, metrics_port, attribution, settings)
     log.info("agent running: %d node(s), %d GPU(s), collector %s", len(runtime.cores),
              sum(len(c.devices) for c in runtime.cores), settings.collector)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from agent.main import follow_pod_uids
 from agent.pod_uids import PodUids
 from agent.podresources import PodRef, PodResourcesWatcher
 from agent.settings import AgentSettings
@@ -75,3 +76,20 @@ def test_the_informer_follows_only_the_pods_of_its_node():
         finally:
             uids.stop()
         assert not uids.informer._thread.is_alive()
+
+
+def test_the_agent_follows_pod_uids_only_when_asked_and_only_for_the_kubelets_pods():
+    from agent.collectors.sim import SimCluster, load_scenario
+
+    watcher = PodResourcesWatcher(socket_path="/nonexistent")
+    with FakeApiServer() as fake:
+        on = AgentSettings(pod_uids=True, api_server=fake.url, node_name="node-a")
+        assert follow_pod_uids(AgentSettings(api_server=fake.url), watcher, watcher) is None
+        sim = SimCluster(load_scenario("baseline")).attribution()
+        assert follow_pod_uids(on, watcher, sim) is None  # the simulator fills its own UIDs
+        uids = follow_pod_uids(on, watcher, watcher)
+        try:
+            assert uids is not None and uids.informer.spec.field_selector == "spec.nodeName=node-a"
+            assert uids.informer.synced.wait(10)
+        finally:
+            uids.stop()
