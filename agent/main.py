@@ -15,6 +15,7 @@ from agent.collectors.sim import SimCluster, SimCollector, load_scenario
 from agent.cordons import CordonWatcher
 from agent.exporter import AgentCollector, serve
 from agent.identity import NodeToken
+from agent.pod_uids import PodUids
 from agent.podresources import PodAttribution, PodResourcesWatcher
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy, load_policy
@@ -25,11 +26,15 @@ from plumbing.signals import stop_on_signals
 log = logging.getLogger(__name__)
 
 
+def node_name(settings: AgentSettings) -> str:
+    return settings.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+
+
 def build_collectors(settings: AgentSettings) -> list[Collector]:
     if settings.collector == "nvml":
         from agent.collectors.nvml import NvmlCollector
 
-        return [NvmlCollector(settings.node_name or os.environ.get("NODE_NAME") or socket.gethostname())]
+        return [NvmlCollector(node_name(settings))]
     scenario = load_scenario(settings.scenario)
     updates = {k: v for k, v in (("nodes", settings.sim_nodes), ("gpus_per_node", settings.sim_gpus_per_node))
                if v is not None}
@@ -50,6 +55,15 @@ def serve_metrics(runtime: AgentRuntime, host: str, port: int, pods: PodAttribut
                  "as gpuaware_dcgm_*" if s.dcgm_exporter == "beside" else "as DCGM_*")
 
 
+def follow_pod_uids(settings: AgentSettings, pods: PodResourcesWatcher, attribution: PodAttribution,
+                    api=None) -> PodUids | None:
+    """The pod-UID informer (``agent.pod_uids``), on the cordon watcher's ``api`` when there is one; only for
+    the kubelet's PodResources (the simulator knows its pods' UIDs)."""
+    if not settings.pod_uids or attribution is not pods:
+        return None
+    return PodUids.from_settings(pods, node_name(settings), settings.api_server, api)
+
+
 async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host: str, metrics_port: int,
                     duration_s: float | None, stop: asyncio.Event) -> AgentRuntime:
     policy = load_policy(settings.policy_path) if settings.policy_path else SamplingPolicy()
@@ -67,12 +81,15 @@ async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host:
     # The simulator is its own kubelet: pods on the GPUs its scenario marks shared.
     sims = {c.cluster for c in collectors if isinstance(c, SimCollector)}
     attribution: PodAttribution = sims.pop().attribution() if sims else pods
+    uids = follow_pod_uids(settings, pods, attribution, runtime.cordons.api if runtime.cordons else None)
     serve_metrics(runtime, metrics_host, metrics_port, attribution, settings)
     log.info("agent running: %d node(s), %d GPU(s), collector %s", len(runtime.cores),
              sum(len(c.devices) for c in runtime.cores), settings.collector)
     try:
         await runtime.run(stop, duration_s)
     finally:
+        if uids:
+            uids.stop()
         pods.stop()
         for c in collectors:
             c.close()

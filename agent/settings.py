@@ -33,3 +33,6 @@ class AgentSettings(BaseModel):
                                "runs too and the agent's copies are named gpuaware_dcgm_* so nothing counts twice")
     pod_resources_socket: str = Field("/var/lib/kubelet/pod-resources/kubelet.sock",
                                       description="kubelet PodResources API; GPU metrics get pod labels when present")
+    pod_uids: bool = Field(False, description="follow the UIDs of this node's pods (an informer on spec.nodeName) "
+                                              "so shared GPUs get per-pod series; needs list/watch of pods, "
+                                              "granted by deploy/components/agent-pod-uids (off: least privilege)")

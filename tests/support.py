@@ -84,6 +84,19 @@ def shipped_rbac(cp) -> list[dict]:
     return [d for d in yaml.safe_load_all(out) if d and d["kind"] in RBAC_KINDS]
 
 
+def overlay_with(directory: Path, *components: str, base: str = "production") -> Path:
+    """An overlay of one's own, as docs/deploy.md shows it: a shipped overlay plus opt-in ``components``
+    (names under deploy/components), written in ``directory`` (kustomize takes relative paths only)."""
+    up = Path(os.path.relpath(REPO / "deploy", directory))
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": "gpuaware",
+        "labels": [{"pairs": {"app.kubernetes.io/part-of": "gpuaware"}}],
+        "resources": [str(up / "overlays" / base)],
+        "components": [str(up / "components" / c) for c in components]}))
+    return directory
+
+
 TEST_BROKERS = ("apache", "tansu", "testcontainers")
 
 

@@ -12,7 +12,7 @@ from contract import topics
 from deploy import checks as mc
 from deploy import manifests
 from deploy.crds import CrdsMissing, third_party_crd_files
-from tests.support import OVERLAYS, REPO, crds_and_examples, need
+from tests.support import OVERLAYS, REPO, crds_and_examples, need, overlay_with
 
 if shutil.which("kubectl") is None:
     pytest.skip("kubectl not installed (Debian package kubectl; .ci/run installs it)", allow_module_level=True)
@@ -112,6 +112,30 @@ def test_agent_runs_only_on_gpu_nodes_with_least_privilege(rendered):
     assert one(docs, "ClusterRole", "gpuaware-stream")["rules"] == [
         {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]
     assert not [b for b in by_kind(docs, "RoleBinding") if any(s["name"] == "gpuaware-stream" for s in b["subjects"])]
+
+
+def test_the_agent_pod_uids_component_grants_pod_reads_and_turns_them_on(rendered, tmp_path):
+    """Opt-in (docs/security.md): the component adds a ClusterRole of its own and the env that turns
+    agent.pod_uids on; without it nothing reads pods and the agent's own grant is the same."""
+    docs = mc.render(overlay_with(tmp_path / "mine", "agent-pod-uids"))
+    assert mc.policy_problems(docs) == []
+    assert one(docs, "ClusterRole", "gpuaware-agent-read-pods")["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    binding = one(docs, "ClusterRoleBinding", "gpuaware-agent-read-pods")
+    assert binding["roleRef"]["name"] == "gpuaware-agent-read-pods"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpuaware-agent", "namespace": "gpuaware"}]
+    assert one(docs, "ClusterRole", "gpuaware-agent") == one(rendered["production"], "ClusterRole", "gpuaware-agent")
+    env = {e["name"]: e for e in one(docs, "DaemonSet", "gpuaware-agent")["spec"]["template"]["spec"]
+           ["containers"][0]["env"]}
+    assert env["GPUAWARE_AGENT__POD_UIDS"]["value"] == "true"
+    assert "GPUAWARE_CONFIG" in env  # merged into the container's env, not replacing it
+    from gpuaware.config import load_config
+
+    assert load_config(environ={"GPUAWARE_AGENT__POD_UIDS": "true"}).agent.pod_uids is True
+    for overlay, shipped in rendered.items():  # no shipped overlay reads pods from the agent
+        assert not [d for d in shipped if d["metadata"]["name"] == "gpuaware-agent-read-pods"], overlay
+    need(third_party_crd_files, CrdsMissing)  # the real Strimzi and Prometheus Operator CRDs
+    assert mc.schema_problems(docs) == []
 
 
 def test_the_shipped_config_requires_node_identity_and_gives_the_agent_its_token():

@@ -26,7 +26,7 @@ from contract import annotations
 from contract.identity import NODE_TOKEN_HEADER, TOKEN_AUDIENCE
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
 from plumbing.kube.api import KubeApi, now_rfc3339
-from tests.support import REPO, need, shipped_rbac
+from tests.support import REPO, need, overlay_with, shipped_rbac
 
 NS = "gpuaware"
 
@@ -228,6 +228,46 @@ def test_the_agent_reads_a_node_and_writes_only_its_own_nodes_cap_acknowledgemen
     # A token without a node claim (not bound to a pod on a node) writes nothing.
     unbound = _api(cp.serviceaccount_kubeconfig(NS, "gpuaware-agent", create=False))
     assert _status(unbound.annotate_node, "agent-node", acked) == 422
+
+
+def test_the_opt_in_pod_uids_component_lets_the_agent_follow_its_nodes_pods(cp, tmp_path):
+    """agent.pod_uids (deploy/components/agent-pod-uids): the base RBAC does not let the agent list
+    pods; the component's ClusterRole does, with the informer's spec.nodeName selector, and the agent's
+    informer fills the UIDs. The grant is removed again, so the exact-permissions table above holds."""
+    from agent.pod_uids import PodUids
+    from agent.podresources import PodResourcesWatcher
+
+    _node(cp, "uid-node")
+    _pod_on(cp, "uid-pod", "uid-node", "gpuaware-agent")
+    uid = _get(cp, "pod", "uid-pod", "-n", NS)["metadata"]["uid"]
+    api = _api(cp.serviceaccount_kubeconfig(NS, "gpuaware-agent", create=False))
+    selector = "spec.nodeName=uid-node"
+
+    def status() -> int:
+        return _status(api.core.list_pod_for_all_namespaces, field_selector=selector)
+
+    def until(cond: Any, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)  # polling interval of a condition with a deadline
+
+    assert status() == 403
+    rendered = cp.kubectl("kustomize", str(overlay_with(tmp_path / "mine", "agent-pod-uids"))).stdout
+    grant = [d for d in yaml.safe_load_all(rendered) if d and d["metadata"]["name"] == "gpuaware-agent-read-pods"]
+    assert sorted(d["kind"] for d in grant) == ["ClusterRole", "ClusterRoleBinding"]
+    cp.apply(yaml.safe_dump_all(grant))
+    try:
+        until(lambda: status() == 200, "the component's ClusterRole did not let the agent list pods")
+        watcher = PodResourcesWatcher(socket_path="/nonexistent")
+        uids = PodUids(watcher).start(api, "uid-node")
+        try:
+            until(lambda: watcher.uids == {(NS, "uid-pod"): uid}, f"uids: {watcher.uids}")
+        finally:
+            uids.stop()
+    finally:
+        cp.kubectl("delete", "clusterrolebinding,clusterrole", "gpuaware-agent-read-pods")
+    until(lambda: status() == 403, "the agent still lists pods without the component")
 
 
 def _bound_token(cp: KubeControlPlane, account: str, pod: str, audience: str = TOKEN_AUDIENCE) -> str:
