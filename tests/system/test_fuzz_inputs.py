@@ -11,12 +11,13 @@ import contextlib
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.collectors.sim import Scenario, SimCluster
 from agent.core import AgentCore
-from agent.exporter import AgentCollector, AgentStats
+from agent.exporter import AgentCollector, AgentStats, render
+from agent.podresources import PodRef
 from agent.sampling import SamplingPolicy
 from contract.identity import NODE_TOKEN_HEADER, node_token
 from plumbing import observability
@@ -85,12 +86,27 @@ def one_gpu_core() -> AgentCore:
     return core
 
 
+class OnePod:
+    """PodResources naming one pod on every GPU (a dedicated GPU: its series carry the pod's labels)."""
+
+    def __init__(self, ref: PodRef):
+        self.ref = ref
+
+    def pods(self, uuid: str) -> list[PodRef]:
+        return [self.ref]
+
+    def uid_of_pid(self, pid: int) -> str | None:
+        return None
+
+
 @FUZZ
 @given(st.text(max_size=60), st.text(max_size=60), st.text(max_size=60))
 def test_pod_names_of_any_text_are_exported_as_label_values_that_round_trip(one_gpu_core, pod, namespace, container):
     registry = CollectorRegistry()
-    registry.register(AgentCollector([one_gpu_core], AgentStats(), lambda uuid: (pod, namespace, container)))
-    text = generate_latest(registry).decode()
+    registry.register(AgentCollector([one_gpu_core], AgentStats(), OnePod(PodRef(pod, namespace, container))))
+    text = render(registry).decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
     (sample,) = families["DCGM_FI_DEV_GPU_UTIL"].samples
-    assert (sample.labels["pod"], sample.labels["namespace"], sample.labels["container"]) == (pod, namespace, container)
+    # Empty labels are left out, as dcgm-exporter does; every other text comes back as it went in.
+    expected = {k: v for k, v in (("pod", pod), ("namespace", namespace), ("container", container)) if v}
+    assert {k: v for k, v in sample.labels.items() if k in ("pod", "namespace", "container")} == expected
