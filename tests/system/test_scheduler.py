@@ -45,8 +45,15 @@ def test_scheduler_process_binds_pods_serves_metrics_and_stops_on_sigterm():
             assert all(p["spec"].get("nodeName") == "n0" for p in fake.objects("pods"))
             ready = urllib.request.urlopen(f"http://127.0.0.1:{extender}/readyz", timeout=5)
             assert ready.status == 200
-            text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
-            assert 'gpuaware_scheduler_decisions_total{action="PLACE",reason="fits"} 3.0' in text
+            # The decision is counted when the Binding call returns, a moment after the API server shows the node.
+            placed = 'gpuaware_scheduler_decisions_total{action="PLACE",reason="fits"} 3.0'
+            deadline = time.monotonic() + 10
+            while True:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+                if placed in text or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert placed in text
             assert "gpuaware_scheduler_leader 1.0" in text
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -193,8 +200,15 @@ def test_scheduler_process_as_its_serviceaccount_binds_pods_on_the_real_apiserve
             assert all(p["spec"].get("nodeName") == "n0" for p in got), [p["spec"].get("nodeName") for p in got]
             gpus = sorted(p["metadata"]["annotations"].get(annotations.ANN_GPUS) for p in got)
             assert len(set(gpus)) == 3 and None not in gpus, gpus  # three different GPUs, on the pods
-            text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
-            assert 'gpuaware_scheduler_decisions_total{action="PLACE",reason="fits"} 3.0' in text
+            # The decision is counted when the Binding call returns, a moment after the API server shows the node.
+            placed = 'gpuaware_scheduler_decisions_total{action="PLACE",reason="fits"} 3.0'
+            deadline = time.monotonic() + 10
+            while True:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+                if placed in text or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert placed in text
             # No call the shipped RBAC or admission policies refused (nor any other failed call).
             assert not [line for line in text.splitlines() if line.startswith("gpuaware_scheduler_api_errors_total{")]
         finally:
