@@ -5,19 +5,21 @@ encode physics (a GPU heating faster than its power explains, a GPU reading busy
 idle power) catch the faults operators page on; a multivariate Half-Space Trees model (River)
 scores how unusual the joint state is, for the dashboards and as a last-resort alarm.
 
-Half-Space Trees are implemented here with numpy rather than imported from River: importing
+Half-Space Trees are implemented here in pure Python rather than imported from River: importing
 ``river.anomaly`` pulls in scipy.stats and adds ~78 MiB to the agent's resident memory (measured),
-more than the agent's whole budget. The API and the algorithm follow River's ``HalfSpaceTrees``.
+more than the agent's whole budget, and numpy alone ~14 MiB, a fifth of it, for arithmetic on
+70-node trees that plain lists do as fast. The API and the algorithm follow River's
+``HalfSpaceTrees``; the trees are drawn from the same numpy ``default_rng`` stream (``agent.rng``).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from agent.readings import GpuDevice, Reading
+from agent.rng import Pcg64
 
 
 @dataclass(slots=True)
@@ -29,60 +31,34 @@ class Finding:
     message: str
 
 
-class RingBuffer:
-    """Fixed-size float window over numpy, for medians without per-sample allocation."""
-
-    def __init__(self, size: int):
-        self.values = np.zeros(size, dtype=np.float64)
-        self.times = np.zeros(size, dtype=np.float64)
-        self.n = 0
-        self.pos = 0
-
-    def push(self, t: float, x: float) -> None:
-        self.values[self.pos] = x
-        self.times[self.pos] = t
-        self.pos = (self.pos + 1) % len(self.values)
-        self.n = min(self.n + 1, len(self.values))
-
-    def window(self) -> np.ndarray:
-        return self.values[: self.n] if self.n < len(self.values) else self.values
-
-    def last(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The newest k (time, value) pairs, oldest first."""
-        k = min(k, self.n)
-        idx = (self.pos - k + np.arange(k)) % len(self.values)
-        return self.times[idx], self.values[idx]
-
-
 class ThermalRunaway:
     """Temperature climbing faster than any power change explains (failed fan, blocked airflow)."""
 
     def __init__(self, slope_c_per_s: float = 0.9, window_s: float = 3.0, power_rise_pct: float = 10.0):
-        self.temps = RingBuffer(16)
-        self.powers = RingBuffer(90)
+        self.temps: deque[tuple[float, float]] = deque(maxlen=16)  # (ts, °C), oldest first
+        self.powers: deque[float] = deque(maxlen=90)
         self.slope_c_per_s = slope_c_per_s
         self.window_s = window_s
         self.power_rise_pct = power_rise_pct
 
     def learn_one(self, r: Reading) -> None:
         if r.temp_c is not None:
-            self.temps.push(r.ts, r.temp_c)
+            self.temps.append((r.ts, r.temp_c))
         if r.power_w is not None:
-            self.powers.push(r.ts, r.power_w)
+            self.powers.append(r.power_w)
 
     def score_one(self, r: Reading, power_limit_w: float) -> Finding | None:
-        if r.temp_c is None or self.temps.n < 2:
+        if r.temp_c is None or len(self.temps) < 2:
             return None
-        times, temps = self.temps.last(16)
-        recent = times >= r.ts - self.window_s - 1e-6
-        if recent.sum() < 1 or r.ts - times[recent][0] < self.window_s - 1e-6:
+        cutoff = r.ts - self.window_s - 1e-6
+        first = next(((t, c) for t, c in self.temps if t >= cutoff), None)
+        if first is None or r.ts - first[0] < self.window_s - 1e-6:
             return None
-        slope = (r.temp_c - temps[recent][0]) / (r.ts - times[recent][0])
+        slope = (r.temp_c - first[1]) / (r.ts - first[0])
         if slope < self.slope_c_per_s:
             return None
-        if self.powers.n:
-            _, powers = self.powers.last(90)
-            rise = (r.power_w or 0.0) - float(powers.min())
+        if self.powers:
+            rise = (r.power_w or 0.0) - min(self.powers)
             if rise > self.power_rise_pct / 100 * power_limit_w:
                 return None
         return Finding("thermal_runaway", "temp_c", slope, r.temp_c,
@@ -200,61 +176,66 @@ class HalfSpaceTrees:
     """
 
     def __init__(self, n_features: int, n_trees: int = 10, height: int = 6, window_size: int = 120, seed: int = 0):
-        rng = np.random.default_rng(seed)
+        rng = Pcg64(seed)
         self.n_trees, self.height, self.window_size = n_trees, height, window_size
         n_nodes = 2 ** (height + 1) - 1
-        self.split_dim = rng.integers(0, n_features, size=(n_trees, n_nodes))
-        self.split_val = np.zeros((n_trees, n_nodes))
-        s = rng.random((n_trees, n_features))
-        span = 2 * np.maximum(s, 1 - s)
-        lo, hi = s - span, s + span
+        # Drawn in numpy's order (all split dimensions, then the workspace centres) so a seed gives the
+        # trees it gave when this was numpy code.
+        self.split_dim = [[rng.integers(0, n_features) for _ in range(n_nodes)] for _ in range(n_trees)]
+        self.split_val = [[0.0] * n_nodes for _ in range(n_trees)]
+        centres = [[rng.random() for _ in range(n_features)] for _ in range(n_trees)]
         for t in range(n_trees):
-            bounds = {0: (lo[t].copy(), hi[t].copy())}
+            pairs = [(c, 2 * max(c, 1 - c)) for c in centres[t]]  # (centre, span)
+            bounds = {0: ([c - w for c, w in pairs], [c + w for c, w in pairs])}
             for node in range(2 ** height - 1):
                 low, high = bounds.pop(node)
-                d = self.split_dim[t, node]
+                d = self.split_dim[t][node]
                 mid = (low[d] + high[d]) / 2
-                self.split_val[t, node] = mid
+                self.split_val[t][node] = mid
                 left_high, right_low = high.copy(), low.copy()
                 left_high[d], right_low[d] = mid, mid
                 bounds[2 * node + 1] = (low, left_high)
                 bounds[2 * node + 2] = (right_low, high)
-        self.r_mass = np.zeros((n_trees, n_nodes))
-        self.l_mass = np.zeros((n_trees, n_nodes))
+        self.r_mass = [[0] * n_nodes for _ in range(n_trees)]
+        self.l_mass = [[0] * n_nodes for _ in range(n_trees)]
         self.counter = 0
         self.first_window = True
-        self._trees = np.arange(n_trees)
-        self._depth_weight = 2.0 ** np.arange(height + 1)
         self.max_score = n_trees * window_size * (2 ** (height + 1) - 1)
         self.size_limit = 0.1 * window_size
 
-    def _path(self, x: np.ndarray) -> np.ndarray:
-        """(n_trees, height + 1) node indices from root to leaf."""
-        nodes = np.zeros((self.n_trees, self.height + 1), dtype=np.int64)
-        node = np.zeros(self.n_trees, dtype=np.int64)
-        for depth in range(self.height):
-            right = x[self.split_dim[self._trees, node]] > self.split_val[self._trees, node]
-            node = 2 * node + 1 + right
-            nodes[:, depth + 1] = node
-        return nodes
+    def _path(self, x: Sequence[float], tree: int) -> list[int]:
+        """Node indices from root to leaf in one tree."""
+        dims, vals = self.split_dim[tree], self.split_val[tree]
+        node, path = 0, [0]
+        for _ in range(self.height):
+            node = 2 * node + 1 + (x[dims[node]] > vals[node])
+            path.append(node)
+        return path
 
-    def learn_one(self, x: np.ndarray) -> None:
-        path = self._path(x)
-        np.add.at(self.l_mass, (self._trees[:, None], path), 1.0)
+    def learn_one(self, x: Sequence[float]) -> None:
+        for t, mass in enumerate(self.l_mass):
+            for node in self._path(x, t):
+                mass[node] += 1
         self.counter += 1
         if self.counter == self.window_size:
-            self.r_mass, self.l_mass = self.l_mass, np.zeros_like(self.l_mass)
+            self.r_mass, self.l_mass = self.l_mass, [[0] * len(m) for m in self.l_mass]
             self.first_window = False
             self.counter = 0
 
-    def score_one(self, x: np.ndarray) -> float:
+    def score_one(self, x: Sequence[float]) -> float:
         if self.first_window:
             return 0.0
-        mass = self.r_mass[self._trees[:, None], self._path(x)]
-        # Stop descending where the reference mass gets too thin to be reliable (as River does).
-        deep_enough = np.cumprod(mass >= self.size_limit, axis=1).astype(bool)
-        deep_enough[:, 0] = True
-        total = float((mass * self._depth_weight * deep_enough).sum())
+        total = 0
+        for t, mass in enumerate(self.r_mass):
+            for depth, node in enumerate(self._path(x, t)):
+                m = mass[node]
+                # Stop descending where the reference mass gets too thin to be reliable (as River does);
+                # the root always counts.
+                if depth and m < self.size_limit:
+                    break
+                total += m << depth  # mass times 2**depth: integers, so the sum is exact
+                if m < self.size_limit:
+                    break
         return 1.0 - total / self.max_score
 
 
@@ -271,15 +252,15 @@ class MultivariateHST:
         self.score = 0.0
 
     @staticmethod
-    def features(r: Reading, device: GpuDevice) -> np.ndarray:
+    def features(r: Reading, device: GpuDevice) -> tuple[float, float, float, float]:
         limit = device.power_limit_w or 300.0
         slowdown = device.slowdown_temp_c or 90.0
-        return np.array([
+        return (
             min(1.0, (r.util_gpu or 0.0) / 100),
             min(1.0, (r.power_w or 0.0) / limit),
             min(1.0, max(0.0, ((r.temp_c or 25.0) - 25.0) / (slowdown - 25.0))),
             min(1.0, (r.fb_used_mib or 0.0) / max(device.fb_total_mib, 1)),
-        ])
+        )
 
     def learn_one(self, r: Reading, device: GpuDevice) -> Finding | None:
         x = self.features(r, device)

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scheduler.core.policies import POLICIES
+from scheduler.core.policy_specs import POLICIES
 
 # client-go's leaderelection spreads a follower's tries over retry period x [1, 1.2].
 LEASE_JITTER = 1.2

@@ -16,12 +16,12 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -39,6 +39,7 @@ from agent.readings import (
     Reading,
     XidEvent,
 )
+from agent.rng import Pcg64
 from contract.events import HealthAction, HealthVerdict
 
 
@@ -192,7 +193,7 @@ def _jitter(seed: int, gpu: int, second: int) -> float:
 
 
 class SimGpu:
-    def __init__(self, scenario: Scenario, node: int, index: int, util: np.ndarray, mem: np.ndarray, offset_min: int):
+    def __init__(self, scenario: Scenario, node: int, index: int, util: array, mem: array, offset_min: int):
         self.scenario = scenario
         self.node = node
         self.index = index
@@ -202,9 +203,13 @@ class SimGpu:
         self.mem_bw_share, fb_share = WORKLOAD_SHAPE[self.workload]
         self.fb_target = fb_share * self.spec.fb_total_mib
         self.util_series = util
-        mem_peak = float(mem.max()) or 1.0
-        # Scale the pod's memory curve onto this GPU: its peak uses up to 90% of the framebuffer.
-        self.mem_series = mem / mem_peak * (0.2 + 0.7 * ((self.gid * 7919) % 100) / 100) * self.spec.fb_total_mib
+        mem_peak = max(mem, default=0.0) or 1.0
+        # Scale the pod's memory curve onto this GPU: its peak uses up to 90% of the framebuffer. Each step
+        # is rounded to float32 as the numpy code this replaced did, so the simulated fleet is unchanged.
+        share = array("f", [0.2 + 0.7 * ((self.gid * 7919) % 100) / 100])[0]
+        scaled = array("f", [m / mem_peak for m in mem])
+        scaled = array("f", [m * share for m in scaled])
+        self.mem_series = array("f", [m * self.spec.fb_total_mib for m in scaled])
         self.offset_min = offset_min
         self.faults = [f for f in scenario.faults if f.node == node and f.gpu == index]
         tag = zlib.crc32(scenario.name.encode())
@@ -227,7 +232,7 @@ class SimGpu:
         self.mig_profiles = scenario.mig.get(index, [])
         self.pods = scenario.shared.get(index, 0)
 
-    def _series_at(self, series: np.ndarray, t: float) -> float:
+    def _series_at(self, series: array, t: float) -> float:
         pos = (self.offset_min + t / 60.0) % len(series)
         i = int(pos)
         frac = pos - i
@@ -397,13 +402,13 @@ class SimCluster:
         self.clock = clock or time.time
         duty, mem = traces.gentd26()
         pods = sorted(set(duty) & set(mem))
-        rng = np.random.default_rng(scenario.seed)
+        rng = Pcg64(scenario.seed)  # numpy default_rng draws, without numpy
         self.gpus: list[list[SimGpu]] = []
         for n in range(scenario.nodes):
             row = []
             for g in range(scenario.gpus_per_node):
-                pod = pods[int(rng.integers(len(pods)))]
-                row.append(SimGpu(scenario, n, g, duty[pod], mem[pod], int(rng.integers(0, len(duty[pod])))))
+                pod = pods[rng.integers(len(pods))]
+                row.append(SimGpu(scenario, n, g, duty[pod], mem[pod], rng.integers(0, len(duty[pod]))))
             self.gpus.append(row)
 
     def elapsed(self) -> float:

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from scheduler.core.policies import POLICIES
+from scheduler.core.policy_specs import POLICIES
 from scheduler.sim.dynamic import DynamicConfig, run_dynamic
 from scheduler.sim.dynamic import summarize as summarize_dynamic
 from scheduler.sim.fragmentation import run_fragmentation, summarize

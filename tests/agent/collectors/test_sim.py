@@ -59,3 +59,24 @@ def test_scenario_loads_or_raises_value_error(tmp_path_factory, tree):
         load_scenario(path)
     except ValueError as exc:
         assert str(path) in str(exc)
+
+
+def test_each_gpu_replays_the_pod_and_scaled_memory_numpys_draws_gave():
+    """The simulator draws its pods in pure Python (agent.rng) and rounds as the float32 numpy code did,
+    so a scenario's fleet is the one it always was."""
+    from agent import traces
+
+    cluster, _ = sim_cluster(nodes=2, gpus_per_node=4)
+    duty, mem = traces.gentd26()
+    pods = sorted(set(duty) & set(mem))
+    rng = np.random.default_rng(cluster.scenario.seed)
+    for row in cluster.gpus:
+        for gpu in row:
+            pod = pods[int(rng.integers(len(pods)))]
+            assert gpu.offset_min == int(rng.integers(0, len(duty[pod])))
+            assert gpu.util_series is duty[pod]
+            m = np.array(mem[pod], dtype=np.float32)
+            expected = m / (float(m.max()) or 1.0) * (0.2 + 0.7 * ((gpu.gid * 7919) % 100) / 100) \
+                * gpu.spec.fb_total_mib
+            assert expected.dtype == np.float32
+            assert gpu.mem_series.tolist() == expected.tolist()

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from contract.events import HealthBand
 from scheduler.core.cluster import ClusterState, NodeSpec
 from scheduler.core.framework import Scheduler
-from scheduler.core.policies import POLICIES, profile
+from scheduler.core.policies import profile
+from scheduler.core.policy_specs import POLICIES
 from scheduler.core.workload import Workload
 from scheduler.core.workload_mix import WorkloadMix
 from tests.support import cluster

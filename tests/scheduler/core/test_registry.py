@@ -8,7 +8,8 @@ import pytest
 
 import scheduler.core.plugins
 from scheduler.core.framework import Plugin
-from scheduler.core.policies import LIVE_STREAM, POLICIES, SPECS, STREAM_PARTS, profile
+from scheduler.core.policies import profile
+from scheduler.core.policy_specs import LIVE_STREAM, POLICIES, SPECS, STREAM_PARTS
 from scheduler.core.registry import Handle, Registry, in_tree
 from scheduler.core.throughput import ThroughputTable
 from scheduler.core.workload import Workload

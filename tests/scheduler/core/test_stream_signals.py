@@ -6,7 +6,8 @@ from scheduler.core.cluster import Allocation
 from scheduler.core.framework import Profile, Scheduler
 from scheduler.core.plugins.bestfit import BestFit
 from scheduler.core.plugins.power_headroom import PowerHeadroom
-from scheduler.core.policies import LIVE_STREAM, SIGNALS, profile
+from scheduler.core.policies import profile
+from scheduler.core.policy_specs import LIVE_STREAM, SIGNALS
 from scheduler.core.workload import Workload
 from scheduler.core.workload_mix import WorkloadMix
 from tests.support import cluster
