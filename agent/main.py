@@ -32,9 +32,11 @@ def node_name(settings: AgentSettings) -> str:
 
 def build_collectors(settings: AgentSettings) -> list[Collector]:
     if settings.collector == "nvml":
+        from agent.collectors.capper_client import CapperClient
         from agent.collectors.nvml import NvmlCollector
 
-        return [NvmlCollector(node_name(settings))]
+        capper = CapperClient(settings.power_capper_socket) if settings.power_capper_socket else None
+        return [NvmlCollector(node_name(settings), capper=capper)]
     scenario = load_scenario(settings.scenario)
     updates = {k: v for k, v in (("nodes", settings.sim_nodes), ("gpus_per_node", settings.sim_gpus_per_node))
                if v is not None}

@@ -31,6 +31,9 @@ class AgentSettings(BaseModel):
     dcgm_exporter: Literal["replace", "beside"] = Field(
         "replace", description="replace: the agent exports DCGM_* itself; beside: the GPU Operator's dcgm-exporter "
                                "runs too and the agent's copies are named gpuaware_dcgm_* so nothing counts twice")
+    power_capper_socket: str | None = Field(None, description="nvml: ask the power capper container on this unix "
+                                                              "socket to set power limits (the agent may not; "
+                                                              "docs/security.md); unset: NVML directly")
     pod_resources_socket: str = Field("/var/lib/kubelet/pod-resources/kubelet.sock",
                                       description="kubelet PodResources API; GPU metrics get pod labels when present")
     pod_uids: bool = Field(False, description="follow the UIDs of this node's pods (an informer on spec.nodeName) "

@@ -38,6 +38,10 @@ Doc = dict[str, Any]
 WORKLOAD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "Job"}
 # Where a container may keep a writable root filesystem: none today; add "kind/name/container" with a reason.
 WRITABLE_ROOT_ALLOWED: set[str] = set()
+# The one container that may run as root, and the capabilities it may add ("kind/name/container"): NVML
+# sets power limits only for CAP_SYS_ADMIN, so the agent pod's power capper holds that and nothing else
+# (agent/power_capper.py, docs/security.md). Every other container stays non-root with none.
+ROOT_ALLOWED: dict[str, frozenset[str]] = {"DaemonSet/gpuaware-agent/power-capper": frozenset({"SYS_ADMIN"})}
 CONTROL_WRITERS = {"gpuaware-scheduler", "gpuaware-admin"}
 
 
@@ -170,19 +174,22 @@ def _container_problems(doc: Doc, pod: Doc, container: Doc, init: bool) -> Itera
         yield f"{where}: image {image!r} is not pinned to a version tag or digest"
     pod_ctx = pod.get("securityContext") or {}
     ctx = container.get("securityContext") or {}
-    if ctx.get("runAsNonRoot", pod_ctx.get("runAsNonRoot")) is not True:
-        yield f"{where}: runAsNonRoot is not true"
-    if ctx.get("runAsUser", pod_ctx.get("runAsUser")) == 0:
-        yield f"{where}: runs as UID 0"
+    key = f"{doc['kind']}/{doc['metadata']['name']}/{container.get('name')}"
+    may_add = ROOT_ALLOWED.get(key)
+    if may_add is None:
+        if ctx.get("runAsNonRoot", pod_ctx.get("runAsNonRoot")) is not True:
+            yield f"{where}: runAsNonRoot is not true"
+        if ctx.get("runAsUser", pod_ctx.get("runAsUser")) == 0:
+            yield f"{where}: runs as UID 0"
     if ctx.get("privileged"):
         yield f"{where}: privileged"
     if ctx.get("allowPrivilegeEscalation") is not False:
         yield f"{where}: allowPrivilegeEscalation is not false"
     if "ALL" not in ((ctx.get("capabilities") or {}).get("drop") or []):
         yield f"{where}: capabilities do not drop ALL"
-    if (ctx.get("capabilities") or {}).get("add"):
-        yield f"{where}: adds capabilities {ctx['capabilities']['add']}"
-    key = f"{doc['kind']}/{doc['metadata']['name']}/{container.get('name')}"
+    added = set((ctx.get("capabilities") or {}).get("add") or [])
+    if added - (may_add or frozenset()):
+        yield f"{where}: adds capabilities {sorted(added - (may_add or frozenset()))}"
     if ctx.get("readOnlyRootFilesystem") is not True and key not in WRITABLE_ROOT_ALLOWED:
         yield f"{where}: readOnlyRootFilesystem is not true"
 

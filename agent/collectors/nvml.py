@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from agent.collectors.capper_client import CapperClient
 from agent.readings import GpuDevice, GpuLost, GpuProcess, MigReading, Reading, XidEvent
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,8 @@ class NvmlCollector:
     ]
     WATCH_FIELDS = {"ecc_sbe_volatile", "ecc_dbe_volatile"}
 
-    def __init__(self, node: str | None = None, clock: Callable[[], float] = time.time):
+    def __init__(self, node: str | None = None, clock: Callable[[], float] = time.time,
+                 capper: CapperClient | None = None):
         if pynvml is None:
             raise RuntimeError("nvidia-ml-py is not installed")
         try:
@@ -58,6 +60,9 @@ class NvmlCollector:
             raise RuntimeError(f"NVML is not available on this machine: {exc}") from exc
         self.node = node or socket.gethostname()
         self.clock = clock
+        # Setting a power limit needs CAP_SYS_ADMIN, which the shipped agent lacks: there the privileged
+        # power capper in its pod sets them (agent/power_capper.py); without one, NVML is called directly.
+        self.capper = capper
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
         self._field_ids = [(getattr(pynvml, n), attr) for n, attr in self.FIELDS if hasattr(pynvml, n)]
         self._watch_ids = [(fid, attr) for fid, attr in self._field_ids if attr in self.WATCH_FIELDS]
@@ -302,6 +307,9 @@ class NvmlCollector:
         d = self._devices[index]
         if d.power_max_w is not None and watts > d.power_max_w:
             raise ValueError(f"power limit {watts} W is above the maximum {d.power_max_w} W of {d.uuid}")
+        if self.capper is not None:
+            self.capper.set_limit(d.uuid, watts)
+            return
         try:
             pynvml.nvmlDeviceSetPowerManagementLimit(self.handles[index], int(watts * 1000))
         except pynvml.NVMLError as exc:
@@ -309,6 +317,9 @@ class NvmlCollector:
 
     def reset_power_limit(self, index: int) -> None:
         d = self._devices[index]
+        if self.capper is not None:
+            self.capper.set_limit(d.uuid, 0)
+            return
         try:
             default_mw = pynvml.nvmlDeviceGetPowerManagementDefaultLimit(self.handles[index])
             pynvml.nvmlDeviceSetPowerManagementLimit(self.handles[index], default_mw)
