@@ -54,6 +54,21 @@ def test_bad_custom_resources_are_rejected_with_the_field(rendered, kind, name, 
      "also allowed: ['gpuaware-stream']"),
     ("NetworkPolicy", "metrics-from-monitoring", lambda d: d["spec"]["ingress"][0].pop("from"),
      "metrics port open beyond the monitoring namespace"),
+    # The power capper may be root with CAP_SYS_ADMIN, nothing more; no other container may be either.
+    ("DaemonSet", "gpuaware-agent",
+     lambda d: d["spec"]["template"]["spec"]["containers"][1]["securityContext"]["capabilities"]["add"].append(
+         "NET_ADMIN"), "container power-capper: adds capabilities ['NET_ADMIN']"),
+    ("DaemonSet", "gpuaware-agent",
+     lambda d: d["spec"]["template"]["spec"]["containers"][1]["securityContext"].update(privileged=True),
+     "container power-capper: privileged"),
+    ("DaemonSet", "gpuaware-agent",
+     lambda d: d["spec"]["template"]["spec"]["containers"][0]["securityContext"].update(
+         runAsUser=0, capabilities={"drop": ["ALL"], "add": ["SYS_ADMIN"]}),
+     "container agent: runs as UID 0"),
+    ("DaemonSet", "gpuaware-agent",
+     lambda d: d["spec"]["template"]["spec"]["containers"][0]["securityContext"].update(
+         capabilities={"drop": ["ALL"], "add": ["SYS_ADMIN"]}),
+     "container agent: adds capabilities ['SYS_ADMIN']"),
 ])
 def test_policy_checks_catch_broken_manifests(rendered, kind, name, change, expect):
     problems = mc.policy_problems(mc.with_change(rendered["production"], kind, name, change))

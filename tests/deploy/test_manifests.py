@@ -114,6 +114,36 @@ def test_agent_runs_only_on_gpu_nodes_with_least_privilege(rendered):
     assert not [b for b in by_kind(docs, "RoleBinding") if any(s["name"] == "gpuaware-stream" for s in b["subjects"])]
 
 
+def test_power_caps_are_set_by_a_capper_container_and_the_agent_keeps_no_privilege(rendered):
+    """NVML sets power limits only for CAP_SYS_ADMIN: the capper has that one capability and nothing that
+    reaches beyond the node (no Kafka secret, no API token, no port); the agent keeps none and asks it on a
+    socket in a memory emptyDir the two share."""
+    pod = one(rendered["production"], "DaemonSet", "gpuaware-agent")["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    assert set(containers) == {"agent", "power-capper"}
+    agent, capper = containers["agent"], containers["power-capper"]
+    assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 65532
+    assert "runAsUser" not in agent["securityContext"]
+    ctx = capper["securityContext"]
+    assert ctx["runAsUser"] == 0 and ctx["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert ctx["allowPrivilegeEscalation"] is False and ctx["readOnlyRootFilesystem"] is True
+    assert not ctx.get("privileged")
+    assert capper["command"] == ["python", "-m", "agent.power_capper"]
+    args = capper["args"]
+    assert args[args.index("--allow-uid") + 1] == str(pod["securityContext"]["runAsUser"])
+    sock = args[args.index("--socket") + 1]
+    assert {e["name"]: e.get("value") for e in agent["env"]}["GPUAWARE_AGENT__POWER_CAPPER_SOCKET"] == sock
+    assert "ports" not in capper and "envFrom" not in capper
+    assert not [e for e in capper["env"] if "valueFrom" in e or "KAFKA" in e["name"]]
+    mounts = {m["mountPath"]: m["name"] for m in capper["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts == {"/run/gpuaware/power": "power-socket",
+                      "/var/run/secrets/kubernetes.io/serviceaccount": "no-api-token"}
+    assert "emptyDir" in volumes["no-api-token"] and volumes["power-socket"]["emptyDir"]["medium"] == "Memory"
+    assert {m["mountPath"]: m["name"] for m in agent["volumeMounts"]}["/run/gpuaware/power"] == "power-socket"
+
+
 def test_the_agent_pod_uids_component_grants_pod_reads_and_turns_them_on(rendered, tmp_path):
     """Opt-in (docs/security.md): the component adds a ClusterRole of its own and the env that turns
     agent.pod_uids on; without it nothing reads pods and the agent's own grant is the same."""
