@@ -108,6 +108,11 @@ class ClusterState:
         self.node_workloads[a.node] += delta
         self.shape_count(len(a.gpus), a.milli[0] if a.gpus else 0)[a.node] += delta
 
+    def gpu_memory_by_model(self) -> dict[str, int]:
+        """The memory of one GPU of each model, MiB (the largest a node of it reports): what a whole GPU
+        counts against a GPU-memory quota."""
+        return {m: int(self.gpu_mem_cap[self.models == m].max(initial=0)) for m in self.model_names}
+
     def __len__(self) -> int:
         return len(self.names)
 

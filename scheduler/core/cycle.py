@@ -13,6 +13,7 @@ and calls the Eviction API.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -125,7 +126,7 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
         attempts += 1
         mask = queue.node_mask
         if queue.enforce_quota and queue.ledger is not None:
-            mask, refused = _quota_mask(cluster, queue.ledger, w, mask)
+            mask, refused = quota_mask(cluster, queue.ledger, w, mask)
             if refused is not None:
                 hooks.blocked(w, Decision(w, None, [refused], None, 0.0, len(cluster)), now)
                 continue
@@ -155,17 +156,19 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
             queue.ledger.charge(w, model=str(cluster.models[d.allocation.node]))
 
 
-def _quota_mask(cluster: ClusterState, ledger: TenantLedger, w: Workload,
-                mask: np.ndarray | None) -> tuple[np.ndarray | None, Reason | None]:
-    """The node mask narrowed to the GPU models ``w``'s tenant may still use; or why it may use none."""
-    if not ledger.admits(w):
+def quota_mask(cluster: ClusterState, ledger: TenantLedger, w: Workload, mask: np.ndarray | None,
+               members: Sequence[Workload] = ()) -> tuple[np.ndarray | None, Reason | None]:
+    """The node mask narrowed to the GPU models ``w``'s tenant may still use (for ``members``, a whole gang:
+    the models the whole gang fits); or why it may use none."""
+    if not ledger.admits(w, sum(m.gpu_milli_total for m in members) if members else None):
         return mask, Reason(Code.QUOTA, QUOTA, f"tenant {w.tenant} has used its quota and borrowing limit")
-    full = ledger.models_full(w, cluster.model_names)
+    full = ledger.models_full(w, cluster.model_names, members)
     if not full:
         return mask, None
     allowed = ~np.isin(cluster.models, sorted(full))
     if not allowed.any():
-        return mask, Reason(Code.QUOTA, QUOTA, f"tenant {w.tenant} has used its quota of {', '.join(sorted(full))}")
+        return mask, Reason(Code.QUOTA, QUOTA, f"tenant {w.tenant} has used its quota (GPUs or GPU memory) of "
+                                               f"{', '.join(sorted(full))}")
     return (allowed if mask is None else mask & allowed), None
 
 

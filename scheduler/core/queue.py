@@ -9,12 +9,20 @@ the simulator's tenants behave as before:
 - ``quota_by_model``: a quota per GPU model (``"*"``: models without their own entry); use of a model
   is held to its quota plus what the tenant may still borrow, and nodes of a model it may not use
   more of are masked for it (``models_full``);
+- ``mem_quota_by_model``: a cap on the GPU memory the tenant holds per GPU model (``"*"``: models
+  without their own entry); borrowing does not extend it. A fractional or MIG workload counts the GPU
+  memory it asked for (else its share of the GPU's), whole GPUs all of theirs; nodes of a model whose
+  cap it would pass are masked for it like a used GPU quota;
 - ``unqueued``: the tenant of namespaces in no queue under the ``best-effort`` policy: no guarantee,
   everything it runs counts as borrowed, so it is reclaimed from first.
+
+A gang is held to these as a whole: ``admits`` and ``models_full`` take all of its members, so a model
+is open to a gang only when the whole gang fits what the tenant has left of it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from scheduler.core.workload import Workload
@@ -28,12 +36,13 @@ class Tenant:
     borrow: bool = True
     borrow_limit_milli: int | None = None  # beyond the quota; None: as much as is idle
     quota_by_model: dict[str, int] = field(default_factory=dict)  # model ("*": any other) -> milli-GPUs
+    mem_quota_by_model: dict[str, int] = field(default_factory=dict)  # model ("*": any other) -> GPU memory MiB
     unqueued: bool = False  # no guarantee at all: everything it runs is borrowed
 
     @property
     def limited(self) -> bool:
         return (not self.borrow or self.borrow_limit_milli is not None or bool(self.quota_by_model)
-                or self.unqueued)
+                or bool(self.mem_quota_by_model) or self.unqueued)
 
     def ceiling(self, quota: int) -> int | None:
         """The most it may use against ``quota``; None: no limit."""
@@ -50,6 +59,8 @@ class TenantLedger:
     gpu_used: dict[str, int] = field(default_factory=dict)
     mem_used: dict[str, int] = field(default_factory=dict)
     model_used: dict[tuple[str, str], int] = field(default_factory=dict)  # (tenant, model) -> milli-GPUs
+    gpu_mem_by_model: dict[str, int] = field(default_factory=dict)  # model -> memory of one of its GPUs, MiB
+    model_mem_used: dict[tuple[str, str], int] = field(default_factory=dict)  # (tenant, model) -> GPU memory MiB
 
     def dominant_share(self, tenant: str) -> float:
         g = self.gpu_used.get(tenant, 0) / max(self.total_gpu_milli, 1)
@@ -62,10 +73,29 @@ class TenantLedger:
         if model is not None:
             key = (w.tenant, self._model_key(w.tenant, model))
             self.model_used[key] = self.model_used.get(key, 0) + sign * w.gpu_milli_total
+            mem_key = self._mem_key(w.tenant, model)
+            if mem_key is not None:
+                key = (w.tenant, mem_key)
+                self.model_mem_used[key] = self.model_mem_used.get(key, 0) + sign * self.gpu_memory_mib(w, model)
 
     def _model_key(self, tenant: str, model: str) -> str:
         t = self.tenants.get(tenant)
         return model if t is not None and model in t.quota_by_model else "*"
+
+    def _mem_key(self, tenant: str, model: str) -> str | None:
+        """The memory cap ``model`` falls under for ``tenant``; None: its GPU memory is not capped."""
+        t = self.tenants.get(tenant)
+        if t is None or not t.mem_quota_by_model:
+            return None
+        return model if model in t.mem_quota_by_model else "*" if "*" in t.mem_quota_by_model else None
+
+    def gpu_memory_mib(self, w: Workload, model: str) -> int:
+        """The GPU memory ``w`` holds on GPUs of ``model``: a fraction (or MIG slice) what it asked for, else its
+        share of the GPU's memory; whole GPUs all of theirs."""
+        per_gpu = self.gpu_mem_by_model.get(model, 0)
+        if w.shares_gpu:
+            return w.gpu_memory_mib or -(-w.gpu_milli * per_gpu // 1000)
+        return w.num_gpu * per_gpu
 
     def admits(self, w: Workload, gpu_milli: int | None = None) -> bool:
         """Whether ``w`` (or ``gpu_milli`` of its tenant's, a whole gang) fits the tenant's limits at all
@@ -77,23 +107,33 @@ class TenantLedger:
         asked = w.gpu_milli_total if gpu_milli is None else gpu_milli
         return ceiling is None or self.gpu_used.get(w.tenant, 0) + asked <= ceiling
 
-    def models_full(self, w: Workload, models: list[str]) -> set[str]:
-        """Of ``models``, those ``w`` may not use: its tenant's quota for them (plus what it may borrow) is used."""
+    def models_full(self, w: Workload, models: list[str], members: Sequence[Workload] = ()) -> set[str]:
+        """Of ``models``, those ``w`` (with ``members``: the whole gang, ``w`` among them) may not use: its
+        tenant's quota for them (plus what it may borrow) or its GPU memory cap for them would be passed."""
         t = self.tenants.get(w.tenant)
-        if t is None or not t.quota_by_model:
+        if t is None or not (t.quota_by_model or t.mem_quota_by_model):
             return set()
+        ws = list(members) or [w]
+        milli = sum(x.gpu_milli_total for x in ws)
         room = None
         ceiling = t.ceiling(t.quota_gpu_milli)
         if ceiling is not None:
             room = ceiling - t.quota_gpu_milli  # what it may borrow, on any model
         full = set()
         for m in models:
-            key = m if m in t.quota_by_model else "*"
-            quota = t.quota_by_model.get(key, 0)
-            used = self.model_used.get((w.tenant, key), 0)
-            limit = quota + (room if room is not None else 1 << 62)
-            if used + w.gpu_milli_total > limit:
-                full.add(m)
+            if t.quota_by_model:
+                key = m if m in t.quota_by_model else "*"
+                quota = t.quota_by_model.get(key, 0)
+                used = self.model_used.get((w.tenant, key), 0)
+                limit = quota + (room if room is not None else 1 << 62)
+                if used + milli > limit:
+                    full.add(m)
+                    continue
+            mem_key = self._mem_key(w.tenant, m)
+            if mem_key is not None:
+                need = sum(self.gpu_memory_mib(x, m) for x in ws)
+                if self.model_mem_used.get((w.tenant, mem_key), 0) + need > t.mem_quota_by_model[mem_key]:
+                    full.add(m)
         return full
 
     def within_quota(self, w: Workload) -> bool:

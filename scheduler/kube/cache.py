@@ -10,6 +10,7 @@ applied incrementally (the hot path).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -64,6 +65,7 @@ class Queue:
     quota_by_model: tuple[tuple[str, float], ...] = ()  # (model or "*", GPUs)
     borrow_limit_gpus: float | None = None
     priority_classes: tuple[str, ...] = ()  # empty: any
+    memory_by_model: tuple[tuple[str, float], ...] = ()  # (model or "*", GiB of GPU memory at most)
 
     @classmethod
     def of(cls, obj: dict[str, Any]) -> Queue:
@@ -86,14 +88,28 @@ class Queue:
             raise ValueError("spec.tenant must be a name")
         borrowing = spec.get("borrowing") or {}
         by_model: dict[str, float] = {}
-        for e in spec.get("quota") or []:
+        memory: dict[str, float] = {}
+        for i, e in enumerate(spec.get("quota") or []):
             model = str(e.get("model") or "*")
-            by_model[model] = by_model.get(model, 0.0) + float(e.get("gpus", 0))
+            by_model[model] = by_model.get(model, 0.0) + _amount(e.get("gpus", 0), f"spec.quota[{i}].gpus")
+            if e.get("memoryGiB") is not None:
+                gib = _amount(e["memoryGiB"], f"spec.quota[{i}].memoryGiB")
+                if gib == 0 and by_model[model] > 0:  # the CRD's rule, for objects stored before it
+                    raise ValueError(f"spec.quota[{i}].memoryGiB: 0 would refuse every pod the quota's gpus grant")
+                memory[model] = memory.get(model, 0.0) + gib
         limit = borrowing.get("limitGpus")
         return cls(obj["metadata"]["name"], spec.get("tenant", DEFAULT_TENANT), tuple(spec.get("namespaces") or ()),
                    float(spec.get("weight", 1)), sum(by_model.values()), bool(borrowing.get("enabled", True)),
                    int(obj["metadata"].get("generation", 1)), created_s(obj), tuple(sorted(by_model.items())),
-                   None if limit is None else float(limit), tuple(spec.get("priorityClasses") or ()))
+                   None if limit is None else _amount(limit, "spec.borrowing.limitGpus"),
+                   tuple(spec.get("priorityClasses") or ()), tuple(sorted(memory.items())))
+
+
+def _amount(value: Any, field: str) -> float:
+    """A non-negative finite number (GPUs, GiB); else ``ValueError`` naming the field and the reason."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{field}: {value!r} is not a non-negative number")
+    return float(value)
 
 
 def _queue_or_none(obj: dict[str, Any]) -> Queue | None:

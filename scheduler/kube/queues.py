@@ -1,7 +1,9 @@
 """What a GPUQueue grants a pod, and the core ``Tenant`` it becomes (issue 17, item 2).
 
 - A queue's ``quota`` is per GPU model (``"*"``: any model without its own entry); ``borrowing.enabled``
-  and ``borrowing.limitGpus`` bound use beyond it (``scheduler.core.queue``).
+  and ``borrowing.limitGpus`` bound use beyond it (``scheduler.core.queue``). An entry's ``memoryGiB``
+  caps the GPU memory the queue's pods hold on that model (fractional and MIG pods their own, whole GPUs
+  all of theirs); gangs are held to all of it as a whole.
 - ``priorityClasses``: when listed, a pod of the queue must use one of them (else it is rejected, with
   the reason as an Event); unlisted, any class is allowed.
 - Only the queue grants non-preemptibility: a pod is non-preemptible when its priority is high and its
@@ -29,7 +31,8 @@ def tenant_of(q: Any) -> Tenant:  # q: scheduler.kube.cache.Queue
     by_model = {m: int(g * 1000) for m, g in q.quota_by_model}
     return Tenant(q.tenant, q.weight, int(q.quota_gpus * 1000), q.borrow,
                   None if q.borrow_limit_gpus is None else int(q.borrow_limit_gpus * 1000),
-                  by_model if set(by_model) != {"*"} else {})
+                  by_model if set(by_model) != {"*"} else {},
+                  {m: int(gib * 1024) for m, gib in q.memory_by_model})
 
 
 def govern(pw: PodWorkload, pod: dict[str, Any], queue: Any | None, unqueued: str) -> PodWorkload:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from contract.events import DecisionAction
-from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, place_gang, schedule_pass
+from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, place_gang, quota_mask, schedule_pass
 from scheduler.core.framework import Decision, Scheduler
 from scheduler.core.policies import profile
 from scheduler.core.preemption import Running
@@ -106,7 +106,8 @@ class SchedulingPass:
         tenants = {q.tenant: queues.tenant_of(q) for q in self.cache.queues.values()}
         if self.cache.unqueued == "best-effort":
             tenants[queues.UNQUEUED_TENANT] = Tenant(queues.UNQUEUED_TENANT, unqueued=True)
-        ledger = TenantLedger(tenants, max(c.total_gpu_milli, 1), max(int(c.mem_cap.sum()), 1))
+        ledger = TenantLedger(tenants, max(c.total_gpu_milli, 1), max(int(c.mem_cap.sum()), 1),
+                              gpu_mem_by_model=c.gpu_memory_by_model())
         for r in self.cache.running.values():
             ledger.charge(r.workload, model=str(c.models[r.allocation.node]) if len(c) else None)
         return ledger
@@ -150,12 +151,16 @@ class SchedulingPass:
                                                         "exist; waiting for all before placing any", GANG_LABEL)
             return
         first = members[0].workload
-        if ledger is not None and not ledger.admits(first, sum(m.workload.gpu_milli_total for m in members)):
-            for m in members:  # the whole gang, or none of it, within the tenant's quota and borrowing limit
-                self.reporter.unschedulable(m.workload, f"gang {gang}: tenant {first.tenant} has used its quota and "
-                                                        "borrowing limit", GANG_LABEL)
-            return
-        decisions, reasons = place_gang(core, self.cache.cluster, [m.workload for m in members], self.cache.node_mask)
+        mask = self.cache.node_mask
+        if ledger is not None:
+            # The whole gang, or none of it, within the tenant's quota, borrowing limit and per-model quotas
+            # and GPU memory caps: only models the whole gang fits stay open to it.
+            mask, refused = quota_mask(self.cache.cluster, ledger, first, mask, [m.workload for m in members])
+            if refused is not None:
+                for m in members:
+                    self.reporter.unschedulable(m.workload, f"gang {gang}: {refused.message}", GANG_LABEL)
+                return
+        decisions, reasons = place_gang(core, self.cache.cluster, [m.workload for m in members], mask)
         if decisions and ledger is not None:
             for d in decisions:
                 ledger.charge(d.workload, model=str(self.cache.cluster.models[d.allocation.node]))

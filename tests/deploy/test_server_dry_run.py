@@ -47,3 +47,30 @@ def test_a_v1beta2_strimzi_object_is_refused(cp):
     proc = cp.kubectl("apply", "--dry-run=server", "-f", "-", input=topic, check=False)
     assert proc.returncode != 0
     assert "no matches for kind \"KafkaTopic\" in version \"kafka.strimzi.io/v1beta2\"" in proc.stderr
+
+
+def _queue(quota: str, borrowing: str = "{enabled: true}") -> str:
+    return ("apiVersion: gpuaware.io/v1alpha1\nkind: GPUQueue\nmetadata: {name: q}\n"
+            f"spec: {{tenant: t, namespaces: [ns], quota: {quota}, borrowing: {borrowing}}}\n")
+
+
+def test_a_gpuqueue_with_gpu_memory_caps_per_model_is_accepted(cp):
+    proc = cp.kubectl("apply", "--dry-run=server", "-f", "-", check=False, input=_queue(
+        "[{model: H100, gpus: 4, memoryGiB: 200}, {model: '*', gpus: 0, memoryGiB: 0}]", "{limitGpus: 2}"))
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(("quota", "borrowing", "field", "reason"), [
+    ("[{model: H100, gpus: 4, memoryGiB: 0}]", "{enabled: true}", "spec.quota[0].memoryGiB",
+     "memoryGiB 0 would refuse every pod the quota's gpus grant"),
+    ("[{model: H100, gpus: 4, memoryGiB: -1}]", "{enabled: true}", "spec.quota[0].memoryGiB",
+     "should be greater than or equal to 0"),
+    ("[{model: H100, gpus: 4, memoryGiB: lots}]", "{enabled: true}", "spec.quota[0].memoryGiB",
+     "must be of type number"),
+    ("[{model: H100, gpus: 4}]", "{enabled: false, limitGpus: 2}", "spec.borrowing.limitGpus",
+     "limitGpus bounds borrowing, which enabled: false turns off"),
+])
+def test_bad_gpuqueue_quotas_are_refused_with_the_field_and_reason(cp, quota, borrowing, field, reason):
+    proc = cp.kubectl("apply", "--dry-run=server", "-f", "-", input=_queue(quota, borrowing), check=False)
+    assert proc.returncode != 0
+    assert field in proc.stderr and reason in proc.stderr, proc.stderr

@@ -4,12 +4,14 @@ the live scheduler on the fake API server."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
 from scheduler.core.queue import Tenant, TenantLedger
 from scheduler.core.workload import PriorityLevel, Workload
-from scheduler.kube.cache import Queue
+from scheduler.kube.cache import Queue, QueueSpecError
 from scheduler.kube.objects import PodSpecError, workload_of
 from scheduler.kube.queues import govern, tenant_of
 from tests.support import FAST, events, pods, running, wait_for
@@ -40,6 +42,51 @@ def test_the_ledger_holds_borrowing_and_per_model_quota():
     assert by_model.models_full(w, ["A100", "H100"]) == {"A100", "H100"}
     # Defaults limit nothing: the simulator's tenants behave as before.
     assert TenantLedger({"t": Tenant("t", 1.0, 1000)}, 8000, 1 << 20, {"t": 7000}).admits(w)
+
+
+def test_gpu_memory_caps_count_fractions_by_their_memory_and_whole_gpus_by_all_of_theirs():
+    """memoryGiB caps the GPU memory a queue holds per model: a fraction counts what it asked for (else its
+    share of the GPU), a whole GPU all of its memory; borrowing does not extend the cap."""
+    q = _queue(quota=[{"model": "H100", "gpus": 4, "memoryGiB": 100}, {"model": "*", "gpus": 4}])
+    assert q.memory_by_model == (("H100", 100.0),)
+    ledger = TenantLedger({"t": tenant_of(q)}, 64000, 1 << 20, gpu_mem_by_model={"H100": 81920, "A100": 40960})
+    whole = Workload("whole", num_gpu=1, tenant="t")
+    frac = Workload("frac", num_gpu=1, gpu_milli=250, gpu_memory_mib=10240, tenant="t")
+    share = Workload("share", num_gpu=1, gpu_milli=300, tenant="t")  # no memory asked: 30 % of the GPU's
+    assert [ledger.gpu_memory_mib(w, "H100") for w in (whole, frac, share)] == [81920, 10240, 24576]
+    ledger.charge(whole, model="H100")  # 80 of 100 GiB
+    assert ledger.models_full(frac, ["A100", "H100"]) == set()  # 90: fits
+    assert ledger.models_full(share, ["A100", "H100"]) == {"H100"}  # 104: over the cap, the A100s uncapped
+    assert ledger.models_full(whole, ["A100", "H100"]) == {"H100"}
+    ledger.charge(frac, model="H100")
+    ledger.charge(whole, model="A100")  # no cap on A100 memory, and it does not count against H100's
+    assert ledger.model_mem_used == {("t", "H100"): 81920 + 10240}
+    ledger.charge(whole, -1, model="H100")  # released: room again
+    assert ledger.models_full(share, ["H100"]) == set()
+
+
+def test_a_gang_is_masked_from_models_its_whole_demand_does_not_fit():
+    q = _queue(quota=[{"model": "H100", "gpus": 2}, {"model": "A100", "gpus": 8, "memoryGiB": 120}],
+               borrowing={"enabled": False})
+    ledger = TenantLedger({"t": tenant_of(q)}, 64000, 1 << 20, gpu_mem_by_model={"H100": 81920, "A100": 40960})
+    gang = [Workload(f"g{i}", num_gpu=1, tenant="t", gang="ns/g") for i in range(3)]
+    # One member fits either model; the gang of three not the H100s (3 > 2) but the A100s (3 x 40 = 120 GiB).
+    assert ledger.models_full(gang[0], ["A100", "H100"]) == set()
+    assert ledger.models_full(gang[0], ["A100", "H100"], gang) == {"H100"}
+    four = [*gang, Workload("g3", num_gpu=1, tenant="t", gang="ns/g")]
+    assert ledger.models_full(four[0], ["A100", "H100"], four) == {"A100", "H100"}  # 160 GiB > 120
+
+
+@pytest.mark.parametrize(("quota", "borrowing", "message"), [
+    ([{"model": "H100", "gpus": 1, "memoryGiB": -5}], {}, "spec.quota[0].memoryGiB: -5 is not a non-negative number"),
+    ([{"model": "H100", "gpus": 1, "memoryGiB": "80Gi"}], {}, "spec.quota[0].memoryGiB: '80Gi' is not a non-negative"),
+    ([{"model": "H100", "gpus": 1, "memoryGiB": 0}], {}, "spec.quota[0].memoryGiB: 0 would refuse every pod"),
+    ([{"model": "H100", "gpus": True}], {}, "spec.quota[0].gpus: True is not a non-negative number"),
+    ([], {"limitGpus": float("nan")}, "spec.borrowing.limitGpus: nan is not a non-negative number"),
+])
+def test_a_queue_with_bad_quota_values_is_ignored_naming_the_field(quota, borrowing, message):
+    with pytest.raises(QueueSpecError, match=r"GPUQueue 'q' is ignored: ValueError: " + re.escape(message)):
+        _queue(quota=quota, borrowing=borrowing)
 
 
 def test_unqueued_work_is_all_borrowed_and_reclaimable():
@@ -119,3 +166,21 @@ async def test_a_gang_is_held_to_its_queue_quota_as_a_whole():
             await wait_for(lambda: any("quota" in e["message"] for e in events(fake, "FailedScheduling")),
                            what="the gang refused for quota")
             assert not any(p["spec"].get("nodeName") for p in pods(fake).values())
+
+
+async def test_a_gang_lands_only_on_a_model_whose_quota_and_memory_cap_it_fits_as_a_whole():
+    """Per-model quota masks apply to a gang as a whole: two 1-GPU members with one H100 of quota left and
+    the A100s' memory cap room for both go to the A100s, together."""
+    with FakeApiServer() as fake:
+        fake.create("nodes", make_node("h", gpus=4, product="NVIDIA-H100-80GB-HBM3"))
+        fake.create("nodes", make_node("a", gpus=4, product="NVIDIA-A100-SXM4-80GB"))
+        fake.create("gpuqueues", {"metadata": {"name": "nlp"}, "spec": {
+            "tenant": "nlp", "namespaces": ["nlp"], "borrowing": {"enabled": False},
+            "quota": [{"model": "H100", "gpus": 1}, {"model": "A100", "gpus": 4, "memoryGiB": 160}]}}, **GQ)
+        gang = {"gpuaware.io/gang": "train", "gpuaware.io/gang-size": "2"}
+        for i in range(2):
+            fake.create("pods", make_pod(f"g{i}", namespace="nlp", gpus=1, annotations=gang))
+        async with running(fake, FAST):
+            await wait_for(lambda: sum(1 for p in pods(fake).values() if p["spec"].get("nodeName")) == 2,
+                           what="the gang placed")
+            assert {p["spec"]["nodeName"] for p in pods(fake).values()} == {"a"}
