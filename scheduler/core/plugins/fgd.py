@@ -9,10 +9,12 @@ workload. FGD places a task where the expected fragmentation grows least.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from scheduler.core.cluster import ClusterState
 from scheduler.core.framework import Candidates, CycleContext
 
 
@@ -95,6 +97,44 @@ def fragmentation_of(gpus: GpuFigures, cpu: np.ndarray, mem: np.ndarray, types: 
     return out
 
 
+class NodeFigures:
+    """Every node's GPU figures and fragmentation, kept across cycles and recomputed only for the nodes whose
+    version changed (a whole recomputation for a new cluster or one of another size).
+
+    ``fragment(c, figures, rows)`` is the plugin's fragmentation of the nodes ``rows`` (node indices, or
+    ``slice(None)`` for all) with those figures; ``on_new_cluster(c)`` refreshes what the plugin derives
+    from the cluster's static facts (the artifact's model access) before the first ``fragment``.
+    """
+
+    def __init__(self, thresholds: np.ndarray,
+                 fragment: Callable[[ClusterState, GpuFigures, np.ndarray | slice], np.ndarray],
+                 on_new_cluster: Callable[[ClusterState], None] | None = None):
+        self.thresholds = thresholds
+        self.fragment = fragment
+        self.on_new_cluster = on_new_cluster
+        self._cluster_id: int | None = None
+        self._versions: np.ndarray | None = None
+        self.gpus: GpuFigures | None = None
+        self.frag: np.ndarray | None = None
+
+    def node_fragmentation(self, c) -> np.ndarray:
+        if self._cluster_id != id(c) or self._versions is None or len(self._versions) != len(c):
+            self._cluster_id = id(c)
+            self._versions = c.version.copy()
+            if self.on_new_cluster is not None:
+                self.on_new_cluster(c)
+            self.gpus = GpuFigures.of(c.gpu_free, self.thresholds)
+            self.frag = self.fragment(c, self.gpus, slice(None))
+            return self.frag
+        changed = np.flatnonzero(c.version != self._versions)
+        if len(changed):
+            figures = GpuFigures.of(c.gpu_free[changed], self.thresholds)
+            self.gpus.set_rows(changed, figures)
+            self.frag[changed] = self.fragment(c, figures, changed)
+            self._versions[changed] = c.version[changed]
+        return self.frag
+
+
 def fragmentation(free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, types: TaskTypes) -> np.ndarray:
     """(R, T) fragmentation of R node states (free: (R, G) milli) for every task type."""
     return fragmentation_of(GpuFigures.of(free, types.thresholds), cpu, mem, types)
@@ -105,27 +145,12 @@ class FragmentationGradient:
 
     def __init__(self, types: TaskTypes):
         self.types = types
-        self._cluster_id: int | None = None
-        self._versions: np.ndarray | None = None
-        self._gpus: GpuFigures | None = None
-        self._node_frag: np.ndarray | None = None
+        self._nodes = NodeFigures(types.thresholds, lambda c, figures, rows: fragmentation_of(
+            figures, c.cpu_free[rows], c.mem_free[rows], types) @ types.p)
 
     def node_fragmentation(self, c) -> np.ndarray:
         """Expected fragmentation of every node now, recomputed only where a node changed."""
-        t = self.types
-        if self._cluster_id != id(c) or self._versions is None or len(self._versions) != len(c):
-            self._cluster_id = id(c)
-            self._versions = c.version.copy()
-            self._gpus = GpuFigures.of(c.gpu_free, t.thresholds)
-            self._node_frag = fragmentation_of(self._gpus, c.cpu_free, c.mem_free, t) @ t.p
-            return self._node_frag
-        changed = np.flatnonzero(c.version != self._versions)
-        if len(changed):
-            figures = GpuFigures.of(c.gpu_free[changed], t.thresholds)
-            self._gpus.set_rows(changed, figures)
-            self._node_frag[changed] = fragmentation_of(figures, c.cpu_free[changed], c.mem_free[changed], t) @ t.p
-            self._versions[changed] = c.version[changed]
-        return self._node_frag
+        return self._nodes.node_fragmentation(c)
 
     def delta(self, ctx: CycleContext, cand: Candidates) -> np.ndarray:
         """Expected fragmentation after minus before, per candidate (milli-GPU)."""
@@ -137,7 +162,7 @@ class FragmentationGradient:
             keys = cand.node * 2048 + c.gpu_free[cand.node, cand.gpu]
             _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
             n, g = cand.node[first], cand.gpu[first]
-            gpus = self._gpus.rows(n).after_taking(c.gpu_free[n, g], w.gpu_milli, t.thresholds)
+            gpus = self._nodes.gpus.rows(n).after_taking(c.gpu_free[n, g], w.gpu_milli, t.thresholds)
         else:
             inverse = None
             n = cand.node

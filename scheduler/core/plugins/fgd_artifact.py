@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler.core.framework import Candidates, CycleContext
-from scheduler.core.plugins.fgd import GpuFigures
+from scheduler.core.plugins.fgd import GpuFigures, NodeFigures
 
 POPULARITY_PCT = 95  # generate_config_and_run.py: --pod-popularity-threshold
 NONZERO_CPU_MILLI = 100  # kube's DefaultMilliCPURequest, what GetNonzeroRequests reads a 0 as
@@ -127,29 +127,16 @@ class ArtifactFragmentationGradient:
 
     def __init__(self, types: ArtifactTypes):
         self.types = types
-        self._cluster_id: int | None = None
-        self._versions: np.ndarray | None = None
-        self._gpus: GpuFigures | None = None
-        self._access: np.ndarray | None = None
-        self._node_frag: np.ndarray | None = None
+        self._access: np.ndarray | None = None  # (N, T) of the cluster the node figures are of
+        self._nodes = NodeFigures(types.thresholds, lambda c, figures, rows: artifact_fragmentation(
+            figures, c.cpu_free[rows], self._access[rows], types), self._new_cluster)
+
+    def _new_cluster(self, c) -> None:
+        self._access = self.types.access(c.models)
 
     def node_fragmentation(self, c) -> np.ndarray:
-        """Every node's fragmentation now, recomputed only where a node changed (as fgd.py)."""
-        t = self.types
-        if self._cluster_id != id(c) or self._versions is None or len(self._versions) != len(c):
-            self._cluster_id = id(c)
-            self._versions = c.version.copy()
-            self._access = t.access(c.models)
-            self._gpus = GpuFigures.of(c.gpu_free, t.thresholds)
-            self._node_frag = artifact_fragmentation(self._gpus, c.cpu_free, self._access, t)
-            return self._node_frag
-        changed = np.flatnonzero(c.version != self._versions)
-        if len(changed):
-            figures = GpuFigures.of(c.gpu_free[changed], t.thresholds)
-            self._gpus.set_rows(changed, figures)
-            self._node_frag[changed] = artifact_fragmentation(figures, c.cpu_free[changed], self._access[changed], t)
-            self._versions[changed] = c.version[changed]
-        return self._node_frag
+        """Every node's fragmentation now, recomputed only where a node changed."""
+        return self._nodes.node_fragmentation(c)
 
     def score(self, ctx: CycleContext, cand: Candidates) -> np.ndarray:
         c, w, t = ctx.cluster, ctx.workload, self.types
@@ -160,10 +147,10 @@ class ArtifactFragmentationGradient:
             keys = cand.node * 2048 + c.gpu_free[cand.node, cand.gpu]
             _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
             n, g = cand.node[first], cand.gpu[first]
-            gpus = self._gpus.rows(n).after_taking(c.gpu_free[n, g], w.gpu_milli, t.thresholds)
+            gpus = self._nodes.gpus.rows(n).after_taking(c.gpu_free[n, g], w.gpu_milli, t.thresholds)
         else:
             n = cand.node
-            gpus = self._gpus.rows(n)
+            gpus = self._nodes.gpus.rows(n)
             if w.num_gpu:
                 # NodeResource.Sub takes k fully free GPUs: k GPUs fewer at every threshold (all <= 1000), and
                 # a GPU left with 0 adds nothing below any threshold.

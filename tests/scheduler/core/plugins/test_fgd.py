@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
 from scheduler.core.framework import Candidates, CycleContext, Profile, Scheduler
-from scheduler.core.plugins.fgd import FragmentationGradient, TaskTypes, fragmentation
+from scheduler.core.plugins.fgd import FragmentationGradient, NodeFigures, TaskTypes, fragmentation
 from scheduler.core.workload import Workload
 from tests.support import cluster, scheduler_with
 
@@ -65,6 +65,28 @@ def _check_delta(fgd: FragmentationGradient, ctx: CycleContext, cand: Candidates
         after = fragmentation(free, c.cpu_free[n:n + 1] - w.cpu_milli, c.mem_free[n:n + 1] - w.memory_mib,
                               types) @ types.p
         assert got[k] == pytest.approx(float(after[0] - before[0]))
+
+
+def test_node_figures_recompute_only_the_nodes_that_changed_and_everything_for_a_new_cluster():
+    """The per-node cache both FGD plugins keep (fgd and fgd-artifact share it)."""
+    calls, new = [], []
+
+    def fragment(c, figures, rows):
+        calls.append(rows if isinstance(rows, slice) else rows.tolist())
+        return figures.total.copy()
+
+    nodes = NodeFigures(TYPES.thresholds, fragment, new.append)
+    c = cluster(2, 2, 2)
+    assert nodes.node_fragmentation(c).tolist() == [2000.0] * 3
+    assert calls == [slice(None)] and new == [c]
+    nodes.node_fragmentation(c)
+    assert len(calls) == 1  # nothing changed: nothing recomputed
+    c.allocate(Allocation("w", 1, [0], [500], 0, 0))
+    assert nodes.node_fragmentation(c).tolist() == [2000.0, 1500.0, 2000.0]
+    assert calls[1:] == [[1]] and nodes.gpus.total.tolist() == [2000.0, 1500.0, 2000.0]
+    other = cluster(2, 2)
+    assert nodes.node_fragmentation(other).tolist() == [2000.0, 2000.0]
+    assert calls[2:] == [slice(None)] and new == [c, other]
 
 
 def test_fgd_fills_a_half_used_gpu_rather_than_breaking_a_whole_one():
