@@ -145,11 +145,14 @@ def make_server(path: str, nvml: Nvml, allow_uid: int | None,
 
         def handle(self) -> None:
             try:
+                # The line is read before the peer is judged so that a refused client, still sending, reads
+                # the refusal rather than a reset connection.
+                line = self.rfile.readline(MAX_REQUEST_BYTES + 1).rstrip(b"\n")
                 uid = peer(self.connection)
                 if allow_uid is not None and uid != allow_uid:
                     reply = {"ok": False, "field": "peer", "reason": f"uid {uid} may not set power limits"}
                 else:
-                    reply = answer(self.rfile.readline(MAX_REQUEST_BYTES + 1).rstrip(b"\n"), nvml)
+                    reply = answer(line, nvml)
                 self.wfile.write(json.dumps(reply).encode() + b"\n")
             except OSError as exc:  # the client went away or stalled past the timeout
                 log.warning("power-cap request dropped: %s", exc)
