@@ -184,3 +184,22 @@ async def test_a_gang_lands_only_on_a_model_whose_quota_and_memory_cap_it_fits_a
             await wait_for(lambda: sum(1 for p in pods(fake).values() if p["spec"].get("nodeName")) == 2,
                            what="the gang placed")
             assert {p["spec"]["nodeName"] for p in pods(fake).values()} == {"a"}
+
+
+async def test_the_live_scheduler_holds_fractional_pods_to_the_queues_gpu_memory_cap():
+    """Three quarter-GPU pods of 12 GiB each under a 30 GiB cap on H100 memory: two placed, the third refused
+    for quota though the H100s have compute, memory and GPU quota to spare."""
+    with FakeApiServer() as fake:
+        fake.create("nodes", make_node("h", gpus=4, product="NVIDIA-H100-80GB-HBM3"))
+        fake.create("gpuqueues", {"metadata": {"name": "serve"}, "spec": {
+            "tenant": "serve", "namespaces": ["serve"], "borrowing": {"enabled": False},
+            "quota": [{"model": "H100", "gpus": 4, "memoryGiB": 30}]}}, **GQ)
+        frac = {"gpuaware.io/gpu-milli": "250", "gpuaware.io/gpu-memory-mib": "12288"}
+        for i in range(3):
+            fake.create("pods", make_pod(f"f{i}", namespace="serve", gpus=1, annotations=frac))
+        async with running(fake, FAST):
+            await wait_for(lambda: sum(1 for p in pods(fake).values() if p["spec"].get("nodeName")) == 2,
+                           what="two placed")
+            await wait_for(lambda: any("GPU memory" in e["message"] for e in events(fake, "FailedScheduling")),
+                           what="the third refused for the memory cap")
+            assert sum(1 for p in pods(fake).values() if p["spec"].get("nodeName")) == 2
