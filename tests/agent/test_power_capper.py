@@ -144,3 +144,32 @@ def test_the_nvml_collector_asks_the_capper_when_it_has_one(fake, capper, monkey
             collector.set_power_limit(0, 100)
     finally:
         collector.close()
+
+
+def test_caps_from_the_control_topic_go_through_the_capper_and_only_accepted_ones_are_acknowledged(
+        fake, capper, tmp_path):
+    """The acknowledgement path is unchanged: the runtime records (for ``gpuaware.io/power-caps-applied``)
+    the caps the capper set, never one it refused, and forgets a lifted one."""
+    from agent.runtime import AgentRuntime
+    from agent.sampling import SamplingPolicy
+    from contract.events import AgentControl, ControlKind
+    from plumbing.kafka_settings import KafkaSettings
+
+    path, _ = capper
+    collector = nvml_module.NvmlCollector("node-a", capper=CapperClient(path))
+    try:
+        rt = AgentRuntime([collector], KafkaSettings(), SamplingPolicy(), tmp_path / "spool")
+        core = rt.cores[0]
+
+        def cap(watts: int) -> None:
+            rt.handle_control(AgentControl(f"cap-{watts}", 1, "node-a", ControlKind.POWER_CAP, gpu_uuid=FULL,
+                                           power_cap_w=watts))
+
+        cap(450)
+        assert core.applied_caps == {0: 450} and fake.gpus[0].power_limit_mw == 450_000
+        cap(100)  # below the board's minimum: the capper refuses, the runtime logs it, nothing is recorded
+        assert core.applied_caps == {0: 450} and fake.gpus[0].power_limit_mw == 450_000
+        cap(0)  # lifted
+        assert core.applied_caps == {} and fake.gpus[0].power_limit_mw == 700_000
+    finally:
+        collector.close()
