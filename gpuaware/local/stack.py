@@ -186,9 +186,14 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
                         screen.update(view.frame(screen.console), refresh=True)
                         await asyncio.sleep(1.0)
                         await asyncio.to_thread(state.refresh_alerts)
+            announced = False
             while not task.done():
                 if prom is not None:
                     await asyncio.to_thread(state.refresh_alerts)
+                if not announced and runtime.samples_published:
+                    # Without the live view this is the one sign a headless run has reached the broker.
+                    announced = True
+                    _notice(f"agents publishing: {runtime.samples_published} samples so far")
                 await asyncio.sleep(1.0)
             await task
             with contextlib.suppress(TimeoutError):  # the last states of the run, unless told to hurry

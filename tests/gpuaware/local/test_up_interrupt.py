@@ -160,9 +160,9 @@ def test_sigterm_to_the_parent_alone_stops_everything_and_prints_the_summary(tmp
             if proc.poll() is not None:
                 raise AssertionError(f"gpuaware up exited early ({proc.returncode}):\n{err_path.read_text()}")
             names = [_comm(p) for p in _descendants(proc.pid)]
-            # The broker and a stream worker are up, and the agents have been publishing a while.
+            # The broker and a stream worker are up, and the agents have published (a busy box may take a while).
             return (any("tansu" in n for n in names) and any(" stream " in n for n in names)
-                    and _started_for(proc.pid) >= 8)
+                    and "agents publishing" in err_path.read_text())
 
         _wait(running_a_while, 120, "the stack's children")
         children = _descendants(proc.pid)
@@ -179,10 +179,3 @@ def test_sigterm_to_the_parent_alone_stops_everything_and_prints_the_summary(tmp
     assert summary["samples"] > 0
     assert summary["stream"]["worker_exit_codes"] == {"stream-0": 0}
     _assert_all_gone(children)
-
-
-def _started_for(pid: int) -> float:
-    """Seconds since process ``pid`` started (Linux /proc)."""
-    start_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    uptime = float(Path("/proc/uptime").read_text().split()[0])
-    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
