@@ -45,7 +45,7 @@ def test_settings_are_off_by_default_and_checked():
 def test_no_api_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
-    with pytest.raises(ValueError, match="agent.resource_slices: no Kubernetes API"):
+    with pytest.raises(ValueError, match=r"agent\.resource_slices: no Kubernetes API"):
         publish_slices(AgentSettings(resource_slices=True), None, asyncio.Event())  # type: ignore[arg-type]
 
 
