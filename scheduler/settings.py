@@ -52,6 +52,10 @@ class SchedulerSettings(BaseModel):
     breaker_window_s: float = Field(300.0, gt=0, le=86400)
     remediation_dry_run: bool = Field(False, description="decide and record cordons and moves for GPU health, "
                                                          "but make no API call")
+    remediation_validate_s: float = Field(300.0, gt=0, le=86400,
+                                          description="a GPU taken out of service for its health returns once it "
+                                                      "has read PASS this long after its pods left (and after its "
+                                                      "reset or reboot was requested)")
     unqueued: Literal["allow", "best-effort", "reject"] = Field(
         "best-effort", description="pods of namespaces in no GPUQueue: best-effort (at most medium priority, always "
         "preemptible, reclaimed from first), reject, or allow (as if in one unlimited queue)")

@@ -20,6 +20,7 @@ from contract import annotations
 from contract.events import HealthBand
 from scheduler.core.cluster import Allocation, ClusterState
 from scheduler.core.preemption import Running
+from scheduler.core.remediation import DEFAULT_EVICTION_MODE, EvictionMode, eviction_mode
 from scheduler.core.workload import Workload
 from scheduler.kube import objects, queues
 from scheduler.kube.objects import PodSpecError, PodWorkload
@@ -64,6 +65,7 @@ class Queue:
     quota_by_model: tuple[tuple[str, float], ...] = ()  # (model or "*", GPUs)
     borrow_limit_gpus: float | None = None
     priority_classes: tuple[str, ...] = ()  # empty: any
+    eviction_mode: EvictionMode = DEFAULT_EVICTION_MODE  # its pods on a GPU taken out of service for its health
 
     @classmethod
     def of(cls, obj: dict[str, Any]) -> Queue:
@@ -93,7 +95,8 @@ class Queue:
         return cls(obj["metadata"]["name"], spec.get("tenant", DEFAULT_TENANT), tuple(spec.get("namespaces") or ()),
                    float(spec.get("weight", 1)), sum(by_model.values()), bool(borrowing.get("enabled", True)),
                    int(obj["metadata"].get("generation", 1)), created_s(obj), tuple(sorted(by_model.items())),
-                   None if limit is None else float(limit), tuple(spec.get("priorityClasses") or ()))
+                   None if limit is None else float(limit), tuple(spec.get("priorityClasses") or ()),
+                   eviction_mode(spec.get("evictionMode"), "spec.evictionMode"))
 
 
 def _queue_or_none(obj: dict[str, Any]) -> Queue | None:
