@@ -24,14 +24,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from contract.annotations import PREFIX
 from contract.events import HealthAction
 from scheduler.core.remediation import STRENGTH, Chain, Step
+from scheduler.kube.objects import HEALTH_TAINT_KEY
 
 GPU_UNHEALTHY = "GPUUnhealthy"
 GPU_MAINTENANCE = "GPUMaintenanceRequired"
 CONDITION_TYPES = (GPU_UNHEALTHY, GPU_MAINTENANCE)
-TAINT_KEY = PREFIX + "gpu-unhealthy"
+TAINT_KEY = HEALTH_TAINT_KEY
 
 UNHEALTHY_REASON = {HealthAction.DRAIN: "GPUDrained", HealthAction.RESET_GPU: "GPUResetRecommended",
                     HealthAction.REBOOT_NODE: "NodeRebootRecommended",
