@@ -8,6 +8,7 @@ import random
 from contract.events import GpuInfo, GpuSample, HealthVerdict
 from stream.fleet_peers import FleetPeerSettings, Row, check, outliers
 from stream.gpu_state import GpuTracker
+from stream.processor import StreamProcessor
 
 S = FleetPeerSettings()
 
@@ -68,3 +69,17 @@ def test_the_reason_shows_on_the_state_after_three_checks_and_goes_when_it_stops
     hot.smoothed["temp_c"] = 63.0
     check(trackers, now, S)
     assert hot.fleet_reasons == [] and hot.state(now).verdict == HealthVerdict.PASS
+
+
+def test_the_processor_judges_only_the_gpus_of_its_partitions():
+    now = 1_000_000
+    processor = StreamProcessor({})
+    for i in range(24):
+        processor.trackers[f"GPU-{i}"], processor.partition_of[f"GPU-{i}"] = tracker(i, 62 + (i % 3), now), 0
+    processor.trackers["GPU-99"], processor.partition_of["GPU-99"] = tracker(99, 80, now), 0
+    for _ in range(3):
+        processor.fleet_check(now, {1})  # another worker's partitions: nothing here is judged
+    assert not processor.trackers["GPU-99"].fleet_reasons
+    for _ in range(3):
+        processor.fleet_check(now, {0})
+    assert processor.trackers["GPU-99"].fleet_reasons
