@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 from kubernetes.client.exceptions import ApiException
 
-from contract.events import DecisionAction, GpuState, HealthAction, HealthBand
+from contract.events import DecisionAction, GpuState, HealthAction, HealthBand, HealthVerdict
 from plumbing import observability
 from plumbing.kube.api import TRANSPORT_ERRORS, now_rfc3339
 from scheduler.core.breaker import QuarantineBreaker, RemediationLedger
@@ -63,6 +63,7 @@ class HealthReactions:
         self.timeline: dict[tuple[str, int], dict[str, float | bool]] = {}
         self.chains: dict[tuple[str, int], Chain] = {}  # GPUs out of service, until they return
         self.validate_s = settings.remediation_validate_s
+        self.stale_after_s = settings.stale_after_s
         self._written: dict[str, tuple] = {}  # node -> (conditions, taint) last written
         self._spared: set[str] = set()  # pods left running (eviction mode never), told once
         self._moving: dict[tuple[str, int], set[str]] = {}  # (node, GPU) -> pods whose eviction it started
@@ -118,7 +119,10 @@ class HealthReactions:
         if chain.drained_at is None and self.drained(chain):
             chain.drained(now)
             self.timeline.setdefault(key, {})["drained"] = now
-        step = chain.observe(state.verdict, state.recommended_action, list(state.verdict_reasons), now)
+        # A GPU that stopped reporting has not passed anything: its last state, however good, is no validation.
+        fresh = now * 1000 - state.sample_ts_ms <= self.stale_after_s * 1000
+        verdict = state.verdict if fresh else HealthVerdict.UNKNOWN
+        step = chain.observe(verdict, state.recommended_action, list(state.verdict_reasons), now)
         if step in (Next.REQUEST, Next.ESCALATE) and chain.requested is not None:
             self.timeline.setdefault(key, {}).setdefault("requested", now)
             action = chain.requested.value.lower()

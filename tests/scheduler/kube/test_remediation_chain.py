@@ -20,6 +20,7 @@ from contract.events import DecisionAction, GpuState, HealthAction, HealthBand, 
 from gpuaware.local.fake_apiserver import make_node, make_pod
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, KubeControlPlaneError, find_binaries
 from plumbing.kube.api import KubeApi
+from scheduler.core.remediation import Step
 from scheduler.feed import StateView
 from scheduler.kube import node_conditions
 from scheduler.kube.cache import ClusterCache, Queue, QueueSpecError
@@ -167,6 +168,12 @@ async def test_cordon_move_request_validate_and_return_to_service(cp, api, stats
         maintenance = _conditions(node())[node_conditions.GPU_MAINTENANCE]
         assert maintenance == ("True", "GPUResetRequired", "reset_gpu: GPU 0")
         assert stats.decisions[("CORDON", "reset-gpu-requested")] == 1
+
+        # A PASS from a GPU that stopped reporting (older than stale_after_s) validates nothing.
+        stale = _state("n0", 0, HealthVerdict.PASS, HealthAction.NONE, [])
+        stale.sample_ts_ms -= int(SETTINGS.stale_after_s * 1000) + 1000
+        health.advance(health.chains[("n0", 0)], stale)
+        assert health.chains[("n0", 0)].step == Step.REQUESTED
 
         # The cluster's tooling resets the GPU; it reads PASS: the hand-off is withdrawn, validation starts.
         update(HealthVerdict.PASS, HealthAction.NONE, [])
