@@ -108,6 +108,10 @@ class Chain:
                 self.history.append((now, "validation failed"))
             self.passing_since = None
             if STRENGTH.get(action, 0) > STRENGTH[self.action]:
+                if action == HealthAction.REBOOT_NODE and self.drained_at is not None:
+                    # A reboot takes the whole node: what was drained (one GPU) is not enough any more.
+                    self.drained_at = None
+                    self.history.append((now, "drain widened to the node"))
                 self.action, self.reasons = action, list(reasons)
             elif reasons:
                 self.reasons = list(reasons)

@@ -67,6 +67,7 @@ class HealthReactions:
         self._written: dict[str, tuple] = {}  # node -> (conditions, taint) last written
         self._spared: set[str] = set()  # pods left running (eviction mode never), told once
         self._moving: dict[tuple[str, int], set[str]] = {}  # (node, GPU) -> pods whose eviction it started
+        self._node_drained: set[tuple[str, int]] = set()  # chains whose drain took the whole node (a reboot)
 
     def react(self, where: Mapping[str, tuple[int, int]]) -> None:
         """After live state was applied: act on each GPU (UUID located by ``where``) that turned critical."""
@@ -123,6 +124,9 @@ class HealthReactions:
         fresh = now * 1000 - state.sample_ts_ms <= self.stale_after_s * 1000
         verdict = state.verdict if fresh else HealthVerdict.UNKNOWN
         step = chain.observe(verdict, state.recommended_action, list(state.verdict_reasons), now)
+        if chain.action == HealthAction.REBOOT_NODE and key not in self._node_drained:
+            self._node_drained.add(key)
+            self.tasks.spawn(self.migrate_off(chain.node, chain.gpu))  # escalated to a reboot: every GPU's pods
         if step in (Next.REQUEST, Next.ESCALATE) and chain.requested is not None:
             self.timeline.setdefault(key, {}).setdefault("requested", now)
             action = chain.requested.value.lower()
@@ -160,6 +164,7 @@ class HealthReactions:
         self.chains.pop(key, None)
         self._critical_seen.discard(key)  # turning critical again acts again
         self._moving.pop(key, None)
+        self._node_drained.discard(key)
         repair_s = chain.repair_s()
         if repair_s is not None:
             self.stats.mttr.observe(repair_s)
@@ -233,6 +238,8 @@ class HealthReactions:
         i = self.cache.cluster.index.get(node)
         chain = self.chains.get((node, gpu))
         whole_node = chain is not None and chain.action == HealthAction.REBOOT_NODE  # a reboot takes every GPU
+        if whole_node:
+            self._node_drained.add((node, gpu))
         victims = [r for r in list(self.cache.running.values())
                    if r.allocation.node == i and (whole_node or gpu in r.allocation.gpus)]
         for r in victims:

@@ -41,8 +41,11 @@ def test_a_stronger_action_during_the_chain_escalates_the_request():
     c = Chain("n0", 1, DRAIN, ["stuck_busy"], cordoned_at=0.0, validate_s=30.0)
     c.drained(1.0)
     assert c.observe(CRIT, RESET, ["XID 95"], 2.0) == Next.REQUEST and c.requested == RESET
-    assert c.observe(CRIT, REBOOT, ["XID 79"], 3.0) == Next.ESCALATE and c.requested == REBOOT
-    assert c.observe(CRIT, RESET, ["XID 95"], 4.0) == Next.NOTHING and c.action == REBOOT  # never weaker
+    # A reboot takes the whole node: the drain starts again, wider, before the reboot is asked for.
+    assert c.observe(CRIT, REBOOT, ["XID 79"], 3.0) == Next.NOTHING and c.step == Step.DRAINING
+    c.drained(3.5)
+    assert c.observe(CRIT, REBOOT, ["XID 79"], 4.0) == Next.ESCALATE and c.requested == REBOOT
+    assert c.observe(CRIT, RESET, ["XID 95"], 5.0) == Next.NOTHING and c.action == REBOOT  # never weaker
     assert c.reasons == ["XID 95"]
 
 

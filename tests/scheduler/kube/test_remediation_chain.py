@@ -103,6 +103,34 @@ def _cache(cp: KubeControlPlane) -> ClusterCache:
     return cache
 
 
+def _reactions(cp, api, stats, tasks, name: str):
+    """HealthReactions over a cache listed from the apiserver, and ``update(verdict, action, reasons)`` feeding
+    GPU 0 of node ``name`` a new state as the loop does."""
+    cache = _cache(cp)
+    view = StateView()
+    view.learn(NodeState(name, int(time.time() * 1000), None, None,
+                         [NodeGpu(f"{name}-GPU-{g}", g, "H100", 81920, 0, HealthBand.HEALTHY) for g in range(2)],
+                         2000, 0))
+    for g in range(2):
+        view.learn(_state(name, g, HealthVerdict.PASS, HealthAction.NONE, []))
+    published: list = []
+
+    async def publish(record) -> None:
+        published.append(record)
+
+    calls = ApiCalls(api, stats, workers=4)
+    state = LiveGpuState(view, cache)
+    health = HealthReactions(view, calls, cache, stats, DecisionSink(publish),
+                             Evictor(calls, cache, SETTINGS, stats), tasks)
+
+    def update(verdict: HealthVerdict, action: HealthAction, reasons: list[str]) -> None:
+        view.learn(_state(name, 0, verdict, action, reasons))
+        if state.apply(time.time()):
+            health.react(state.where)
+
+    return cache, health, update, calls, published
+
+
 def test_a_bad_eviction_mode_is_refused_with_its_field_and_reason(cp):
     with pytest.raises(KubeControlPlaneError) as refused:
         cp.apply(_queue("bad", ["x"], "sometimes"))
@@ -119,26 +147,7 @@ async def test_cordon_move_request_validate_and_return_to_service(cp, api, stats
     _pod_on(cp, "other", "train", "n0", 1)
     cp.apply(_queue("serve", ["serve"], "evict"))
     cp.apply(_queue("keep", ["keep"], "never"))
-    cache = _cache(cp)
-    view = StateView()
-    view.learn(NodeState("n0", int(time.time() * 1000), None, None,
-                         [NodeGpu(f"n0-GPU-{g}", g, "H100", 81920, 0, HealthBand.HEALTHY) for g in range(2)], 2000, 0))
-    for g in range(2):
-        view.learn(_state("n0", g, HealthVerdict.PASS, HealthAction.NONE, []))
-    published = []
-
-    async def publish(record) -> None:
-        published.append(record)
-
-    calls = ApiCalls(api, stats, workers=4)
-    state = LiveGpuState(view, cache)
-    health = HealthReactions(view, calls, cache, stats, DecisionSink(publish),
-                             Evictor(calls, cache, SETTINGS, stats), tasks)
-
-    def update(verdict: HealthVerdict, action: HealthAction, reasons: list[str]) -> None:
-        view.learn(_state("n0", 0, verdict, action, reasons))
-        if state.apply(time.time()):
-            health.react(state.where)
+    cache, health, update, calls, published = _reactions(cp, api, stats, tasks, "n0")
 
     def node() -> dict[str, Any]:
         return _get(cp, "node", "n0")
@@ -196,5 +205,35 @@ async def test_cordon_move_request_validate_and_return_to_service(cp, api, stats
         steps = health.timeline[("n0", 0)]
         assert steps["cordoned"] <= steps["drained"] <= steps["requested"] <= steps["back_in_service"]
         assert pods["other"]["metadata"].get("deletionTimestamp") is None  # GPU 1's pod never moved
+    finally:
+        calls.shutdown()
+
+
+async def test_a_reset_escalated_to_a_reboot_drains_the_whole_node_and_taints_it_no_schedule(cp, api, stats, tasks,
+                                                                                            wait_for):
+    _node(cp, "n1", gpus=2)
+    _pod_on(cp, "r0", "train", "n1", 0)
+    _pod_on(cp, "r1", "train", "n1", 1)
+    _, _, update, calls, _ = _reactions(cp, api, stats, tasks, "n1")
+
+    def deleting() -> set[str]:
+        return {p["metadata"]["name"] for p in _get(cp, "pods", "-n", "train")["items"]
+                if p["metadata"]["name"] in ("r0", "r1") and p["metadata"].get("deletionTimestamp")}
+
+    try:
+        update(HealthVerdict.CRITICAL, HealthAction.RESET_GPU, ["XID 95"])
+        await wait_for(lambda: len(tasks) == 0, what="cordon and move")
+        update(HealthVerdict.CRITICAL, HealthAction.RESET_GPU, ["XID 95"])
+        await wait_for(lambda: len(tasks) == 0, what="reset requested")
+        assert deleting() == {"r0"}
+        assert _conditions(_get(cp, "node", "n1"))[node_conditions.GPU_MAINTENANCE][1] == "GPUResetRequired"
+        update(HealthVerdict.CRITICAL, HealthAction.REBOOT_NODE, ["XID 79"])
+        await wait_for(lambda: len(tasks) == 0, what="whole-node drain")
+        assert deleting() == {"r0", "r1"}  # GPU 1's pod too: the reboot takes the node
+        update(HealthVerdict.CRITICAL, HealthAction.REBOOT_NODE, ["XID 79"])
+        await wait_for(lambda: len(tasks) == 0, what="reboot requested")
+        n = _get(cp, "node", "n1")
+        assert _conditions(n)[node_conditions.GPU_MAINTENANCE] == ("True", "NodeRebootRequired", "reboot_node: GPU 0")
+        assert {"key": node_conditions.TAINT_KEY, "value": "reboot_node", "effect": "NoSchedule"} in n["spec"]["taints"]
     finally:
         calls.shutdown()
