@@ -68,10 +68,14 @@ class HealthReactions:
         self._spared: set[str] = set()  # pods left running (eviction mode never), told once
         self._moving: dict[tuple[str, int], set[str]] = {}  # (node, GPU) -> pods whose eviction it started
         self._node_drained: set[tuple[str, int]] = set()  # chains whose drain took the whole node (a reboot)
+        self._not_ours: set[tuple[str, int]] = set()  # cordons no condition of ours explains (an operator's)
+        self._lifted: set[tuple[str, int]] = set()  # returned to service; the cache may still show the cordon
 
     def react(self, where: Mapping[str, tuple[int, int]]) -> None:
         """After live state was applied: act on each GPU (UUID located by ``where``) that turned critical."""
         c = self.cache.cluster
+        if not self.dry_run:
+            self.adopt()
         for gpu_uuid, state in self.view.gpus.items():
             if gpu_uuid not in where:
                 continue
@@ -112,6 +116,29 @@ class HealthReactions:
                     continue
                 self.tasks.spawn(self.cordon_and_migrate(c.names[i], g, gpu_uuid, state))
         self.stats.remediation_gpus = Counter(ch.step.value for ch in self.chains.values())
+
+    def adopt(self) -> None:
+        """Take over the chains an earlier leader left open: a cordoned GPU its node's GPUUnhealthy condition
+        names. Their pods are checked again (drained), and a reset or reboot is asked for again if needed."""
+        cordoned = {(n, g) for n, gpus in self.cache.cordoned.items() for g in gpus}
+        self._not_ours &= cordoned
+        self._lifted &= cordoned  # the watch has not shown our uncordon yet: not a chain to take over
+        for node, gpus in self.cache.cordoned.items():
+            skip = self._not_ours | self._lifted
+            if all((node, g) in self.chains or (node, g) in skip for g in gpus):
+                continue
+            found, since = node_conditions.open_chains(self.cache.nodes.get(node) or {})
+            for g in gpus:
+                key = (node, g)
+                if key in self.chains or key in skip:
+                    continue
+                if g not in found:
+                    self._not_ours.add(key)  # an operator's cordon: theirs to lift
+                    continue
+                action, reasons = found[g]
+                log.info("taking over the remediation chain of GPU %d of %s (%s)", g, node, action.value)
+                self._critical_seen.add(key)
+                self.chains[key] = Chain(node, g, action, reasons, since or time.time(), self.validate_s)
 
     def advance(self, chain: Chain, state: GpuState) -> None:
         """One state update of a GPU in its chain: drained yet? then request, validate, return."""
@@ -162,6 +189,7 @@ class HealthReactions:
             log.warning("could not uncordon GPU %d of %s: %s", chain.gpu, chain.node, exc)
             return
         self.chains.pop(key, None)
+        self._lifted.add(key)
         self._critical_seen.discard(key)  # turning critical again acts again
         self._moving.pop(key, None)
         self._node_drained.discard(key)

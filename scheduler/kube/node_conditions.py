@@ -16,12 +16,16 @@ rather than deleted, so ``kubectl describe node`` shows that it was looked at.
   new may land), else ``PreferNoSchedule`` (the node's other GPUs still serve; gpuaware's own pods are
   kept off the cordoned GPU by the GPU cordon). Lifted when the last chain of the node returns to service.
 
-Pure: the caller writes what ``desired`` returns when it differs from what it wrote last.
+Pure: the caller writes what ``desired`` returns when it differs from what it wrote last. The condition
+is also the chains' record: a new leader takes over the chains ``open_chains`` reads from it (a GPU
+cordon that no condition explains, an operator's, is left alone).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from contract.events import HealthAction
@@ -63,6 +67,25 @@ def desired(chains: Iterable[Chain]) -> tuple[dict[str, tuple[str, str, str]], d
         conditions[GPU_MAINTENANCE] = ("True", MAINTENANCE_REASON[requested], f"{requested.value.lower()}: GPU {gpus}")
     effect = "NoSchedule" if worst == HealthAction.REBOOT_NODE else "PreferNoSchedule"
     return conditions, {"key": TAINT_KEY, "value": worst.value.lower(), "effect": effect}
+
+
+_OPEN = re.compile(r"GPU (\d+) (?:draining|requested|validating) \((\w+)\): (.*?)(?=; GPU \d+ |$)")
+
+
+def open_chains(node: Mapping[str, Any]) -> tuple[dict[int, tuple[HealthAction, list[str]]], float | None]:
+    """The chains a node's ``GPUUnhealthy`` condition says are open ({GPU index: (action, reasons)}) and when
+    it turned True (unix s): what a new leader takes over from the last one. Empty when it is not True."""
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == GPU_UNHEALTHY and c.get("status") == "True":
+            found = {int(g): (HealthAction[a.upper()], reasons.split(" / "))
+                     for g, a, reasons in _OPEN.findall(c.get("message") or "")
+                     if a.upper() in HealthAction.__members__}
+            try:
+                since = datetime.fromisoformat(c.get("lastTransitionTime") or "").timestamp()
+            except ValueError:
+                since = None
+            return found, since
+    return {}, None
 
 
 def condition_objects(want: Mapping[str, tuple[str, str, str]], node: Mapping[str, Any] | None,

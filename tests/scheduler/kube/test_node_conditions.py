@@ -53,3 +53,18 @@ def test_an_unchanged_status_keeps_its_transition_time():
     assert out[nc.GPU_UNHEALTHY]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert out[nc.GPU_MAINTENANCE]["lastTransitionTime"] == "2026-02-02T10:00:00Z"
     assert out[nc.GPU_UNHEALTHY]["lastHeartbeatTime"] == "2026-02-02T10:00:00Z"
+
+
+def test_a_new_leader_reads_the_open_chains_back_from_the_condition():
+    chains = [chain(2, HealthAction.DRAIN, drained=True), chain(5, HealthAction.RESET_GPU, drained=True,
+                                                                requested=True)]
+    chains[1].reasons = ["XID 48: double-bit ECC", "XID 63: row remap"]
+    want, _ = nc.desired(chains)
+    node = {"status": {"conditions": nc.condition_objects(want, None, "2026-02-02T10:00:00.123Z")}}
+    found, since = nc.open_chains(node)
+    assert found == {2: (HealthAction.DRAIN, ["reason 2"]),
+                     5: (HealthAction.RESET_GPU, ["XID 48: double-bit ECC", "XID 63: row remap"])}
+    assert since is not None and since > 0
+    healthy, _ = nc.desired([])
+    assert nc.open_chains({"status": {"conditions": nc.condition_objects(healthy, None, "2026-02-02T10:00:00Z")}}) \
+        == ({}, None)

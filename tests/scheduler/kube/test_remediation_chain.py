@@ -237,3 +237,34 @@ async def test_a_reset_escalated_to_a_reboot_drains_the_whole_node_and_taints_it
         assert {"key": node_conditions.TAINT_KEY, "value": "reboot_node", "effect": "NoSchedule"} in n["spec"]["taints"]
     finally:
         calls.shutdown()
+
+
+async def test_a_new_leader_takes_over_the_open_chain_and_leaves_an_operators_cordon(cp, api, stats, tasks, wait_for):
+    """The chains live in memory; the node's condition is their record. A new leader (a fresh HealthReactions)
+    finds GPU 0 cordoned and named by GPUUnhealthy: it validates and returns it. GPU 1, cordoned by an
+    operator and named by no condition, stays cordoned."""
+    _node(cp, "n2", gpus=2)
+    cp.kubectl("annotate", "node", "n2", f"{annotations.ANN_CORDONED}=0,1")
+    open_ = {node_conditions.GPU_UNHEALTHY: ("True", "GPUResetRecommended",
+                                              "GPU 0 requested (reset_gpu): XID 48: double-bit ECC error"),
+             node_conditions.GPU_MAINTENANCE: ("True", "GPUResetRequired", "reset_gpu: GPU 0")}
+    api.set_node_conditions("n2", node_conditions.condition_objects(open_, None, "2026-01-01T00:00:00.000Z"))
+    _, health, update, calls, _ = _reactions(cp, api, stats, tasks, "n2")
+    try:
+        def validated() -> bool:
+            update(HealthVerdict.PASS, HealthAction.NONE, [])
+            return ("n2", 0) not in health.chains and len(tasks) == 0
+
+        update(HealthVerdict.PASS, HealthAction.NONE, [])
+        assert ("n2", 0) in health.chains and ("n2", 1) not in health.chains
+        assert health.chains[("n2", 0)].reasons == ["XID 48: double-bit ECC error"]
+        await wait_for(validated, what="taken over, validated, back in service")
+        update(HealthVerdict.PASS, HealthAction.NONE, [])  # this cache has no watch: it still shows the cordon
+        assert ("n2", 0) not in health.chains and stats.mttr.count == 1  # not taken over again
+        n = _get(cp, "node", "n2")
+        assert annotations.cordoned_gpus(n) == {1}
+        assert _conditions(n)[node_conditions.GPU_UNHEALTHY][0] == "False"
+        assert _conditions(n)[node_conditions.GPU_MAINTENANCE][0] == "False"
+        assert stats.mttr.sum > 86400  # out of service since the condition turned True, not since the takeover
+    finally:
+        calls.shutdown()
