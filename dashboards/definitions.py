@@ -96,6 +96,20 @@ def gpu_health() -> Dashboard:
         Panel("Temperature, hottest 10", [Target(f"topk(10, DCGM_FI_DEV_GPU_TEMP{{{GPU}}})",
                                                  "{{Hostname}}/{{gpu}}")], unit="celsius",
               thresholds=[(None, "green"), (80, "orange"), (87, "red")]),
+        Panel("GPUs in remediation by step", [Target(
+            f"max by (step) (gpuaware_scheduler_remediation_gpus{{{SCHED}}})", "{{step}}")], kind="bargauge",
+              width=8, description="Cordoned and draining, waiting for the reset/reboot the node condition "
+                                   "GPUMaintenanceRequired asks for, or validating (docs/health.md)."),
+        Panel("Lemon nodes (5+ remediations in 7 days)", [Target(
+            f"max by (node) (gpuaware_scheduler_lemon_node{{{SCHED}}}) == 1", "{{node}}")], kind="table", width=8),
+        Panel("MTTR and MTBI (p50 over 7 days)", [
+            Target(f"histogram_quantile(0.5, sum by (le) (increase("
+                   f"gpuaware_scheduler_remediation_mttr_seconds_bucket{{{SCHED}}}[7d])))", "MTTR"),
+            Target(f"histogram_quantile(0.5, sum by (le) (increase("
+                   f"gpuaware_scheduler_remediation_mtbi_seconds_bucket{{{SCHED}}}[7d])))", "MTBI")],
+              kind="stat", unit="s", width=8,
+              description="MTTR: a GPU's cordon to its validated return to service. MTBI: time between two "
+                          "remediations on the same node."),
     ], VARIABLES, annotations=[Annotation(
         # An event counter is born at 1 (no increase to see): a series new in the last minute counts too.
         "Edge events", f"(sum by (Hostname, gpu, kind) (increase({EVENTS}[1m])) > 0) or (sum by (Hostname, gpu, kind) "

@@ -19,6 +19,9 @@ from scheduler.core.workload import PriorityLevel
 PRIORITY_NAMES = {level: level.label for level in reversed(PriorityLevel)}
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
+# Mean time between interventions on a node (hours to a week) and to repair a GPU (minutes to a day).
+MTBI_BUCKETS = (600, 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 3.5 * 86400, 7 * 86400)
+MTTR_BUCKETS = (60, 300, 600, 1800, 3600, 2 * 3600, 4 * 3600, 12 * 3600, 86400)
 
 
 @dataclass
@@ -42,6 +45,10 @@ class SchedulerStats:
     decision_latencies: deque = field(default_factory=lambda: deque(maxlen=100_000))  # raw, for benchmarks
     steered: Counter = field(default_factory=Counter)  # stream signal -> placements it changed
     steered_placements: int = 0  # placements some stream signal changed
+    mtbi: Histogram = field(default_factory=lambda: Histogram(MTBI_BUCKETS))  # gaps between a node's remediations
+    mttr: Histogram = field(default_factory=lambda: Histogram(MTTR_BUCKETS))  # cordon to back in service
+    lemon_nodes: set[str] = field(default_factory=set)  # >= 5 remediations in 7 days (scheduler.core.breaker)
+    remediation_gpus: Counter = field(default_factory=Counter)  # chain step -> GPUs in it
 
     def stream_steered(self, signals: list[str]) -> None:
         """A placement that, without these stream signals' scores, would have gone elsewhere."""
@@ -98,6 +105,21 @@ class SchedulerCollector(Collector):
         yield histogram_family("gpuaware_scheduler_queue_wait_seconds",
                                "Pod creation to placement, per tenant and priority", s.queue_wait,
                                labels=["tenant", "priority"])
+        yield histogram_family("gpuaware_scheduler_remediation_mtbi_seconds",
+                               "Time between two GPU remediations on the same node (MTBI)", {(): s.mtbi})
+        yield histogram_family("gpuaware_scheduler_remediation_mttr_seconds",
+                               "A GPU's time out of service for its health, cordon to validated return (MTTR)",
+                               {(): s.mttr})
+        lemon = GaugeMetricFamily("gpuaware_scheduler_lemon_node",
+                                  "1 for a node with 5 or more GPU remediations in 7 days", labels=["node"])
+        for node in sorted(s.lemon_nodes):
+            lemon.add_metric([node], 1)
+        yield lemon
+        chain = GaugeMetricFamily("gpuaware_scheduler_remediation_gpus",
+                                  "GPUs out of service for their health, by remediation step", labels=["step"])
+        for step in ("draining", "requested", "validating"):
+            chain.add_metric([step], s.remediation_gpus.get(step, 0))
+        yield chain
         pending = GaugeMetricFamily("gpuaware_scheduler_pending_pods", "Pods waiting for placement",
                                     labels=["tenant", "priority"])
         oldest = GaugeMetricFamily("gpuaware_scheduler_oldest_pending_seconds", "Age of the oldest waiting pod",

@@ -55,6 +55,10 @@ class SchedulerSettings(BaseModel):
     device_taints: bool = Field(False, description="DRA: also taint a critical GPU's devices with DeviceTaintRules "
                                                    "(resource.k8s.io/v1beta2, gate DRADeviceTaintRules) and lift them "
                                                    "when it recovers; RBAC in deploy/components/dra (docs/dra.md)")
+    remediation_validate_s: float = Field(300.0, gt=0, le=86400,
+                                          description="a GPU taken out of service for its health returns once it "
+                                                      "has read PASS this long after its pods left (and after its "
+                                                      "reset or reboot was requested)")
     unqueued: Literal["allow", "best-effort", "reject"] = Field(
         "best-effort", description="pods of namespaces in no GPUQueue: best-effort (at most medium priority, always "
         "preemptible, reclaimed from first), reject, or allow (as if in one unlimited queue)")

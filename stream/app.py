@@ -5,7 +5,8 @@ Tasks, one per concern:
   into the changelog-backed ``gpus`` table; publishes ``gpu.state.v1`` on change.
 - ``rekey_events``: ``gpu.events.v1`` is keyed by GPU UUID; events are forwarded, verbatim, to an
   internal topic keyed by node so each GPU's events meet its telemetry in one partition.
-- ``heartbeat`` / ``node_rollup`` timers: bounded-rate republishing and ``node.state.v1``.
+- ``heartbeat`` / ``node_rollup`` timers: bounded-rate republishing and ``node.state.v1``; before each
+  rollup, the fleet peer check (``stream.fleet_peers``) of the GPUs this worker owns.
 - ``demand_partials`` timer + ``cluster_forecast`` agent: every worker publishes per-model demand of
   its partitions to a one-partition internal topic; its single owner merges them into
   ``cluster.forecast.v1``.
@@ -192,6 +193,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
 
     @app.timer(settings.node_state_interval_s, name="node-rollup")
     async def node_rollup() -> None:
+        processor.fleet_check(now_ms(), assigned())
         for state in processor.node_states(now_ms(), assigned()):
             send(topics.NODE_STATE, state)
 

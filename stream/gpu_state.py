@@ -102,6 +102,10 @@ class GpuTracker:
     published_signature: tuple | None = None
     published_band: tuple[str, str] | None = None
     settings: TrackerSettings = field(default_factory=TrackerSettings)
+    # Fleet peer comparison (stream.fleet_peers), recomputed by every check; not in the snapshot.
+    throttle_reasons: int = 0  # the newest sample's NVML clocks event reasons
+    fleet_strikes: dict[str, int] = field(default_factory=dict)
+    fleet_reasons: list[str] = field(default_factory=list)
     _forecasters: dict[tuple[str, int], ExpertForecaster] | None = None
 
     # ------------------------------------------------------------------ learning
@@ -129,6 +133,9 @@ class GpuTracker:
             "util_gpu": float(sample.util_gpu), "util_mem": float(sample.util_mem),
             "fb_used_mib": float(sample.fb_used_mib), "power_w": sample.power_dw / 10.0, "temp_c": float(sample.temp_c),
         }
+        if sample.sm_clock_mhz is not None:
+            values["sm_clock_mhz"] = float(sample.sm_clock_mhz)
+        self.throttle_reasons = sample.throttle_reasons or 0
         for name, v in values.items():
             prev = self.smoothed.get(name)
             self.smoothed[name] = v if prev is None else prev + SMOOTHING * (v - prev)
@@ -245,13 +252,21 @@ class GpuTracker:
         )
 
     def _verdict(self) -> dict:
-        """The agent's last verdict; before any (a healthy GPU's first is not sent), the band's."""
+        """The agent's last verdict; before any (a healthy GPU's first is not sent), the band's. A fleet peer
+        outlier (stream.fleet_peers) adds its reason and makes a passing verdict WARNING / watch."""
         if self.verdict != HealthVerdict.UNKNOWN.value or not self.samples:
-            return {"verdict": HealthVerdict(self.verdict), "verdict_reasons": list(self.verdict_reasons),
-                    "recommended_action": HealthAction(self.recommended_action)}
-        verdict, action = BAND_VERDICT.get(self.health_band, (HealthVerdict.UNKNOWN, HealthAction.UNKNOWN))
-        return {"verdict": verdict, "verdict_reasons": [f"health band {self.health_band.lower()}"],
-                "recommended_action": action}
+            verdict, reasons = HealthVerdict(self.verdict), list(self.verdict_reasons)
+            action = HealthAction(self.recommended_action)
+        else:
+            verdict, action = BAND_VERDICT.get(self.health_band, (HealthVerdict.UNKNOWN, HealthAction.UNKNOWN))
+            reasons = [f"health band {self.health_band.lower()}"]
+        if self.fleet_reasons:
+            reasons = [*reasons, *self.fleet_reasons]
+            if verdict in (HealthVerdict.PASS, HealthVerdict.INFO):
+                verdict = HealthVerdict.WARNING
+            if action in (HealthAction.NONE, HealthAction.UNKNOWN):
+                action = HealthAction.WATCH
+        return {"verdict": verdict, "verdict_reasons": reasons, "recommended_action": action}
 
     @property
     def fresh_ms(self) -> int:
@@ -265,7 +280,7 @@ class GpuTracker:
             round(s.get("util_gpu", 0.0) / self.settings.util_change),
             round(s.get("fb_used_mib", 0.0) / fb_step),
             self.health_band, self.fingerprint.last_class, len(self.history), self.minute,
-            self.verdict, self.recommended_action,
+            self.verdict, self.recommended_action, tuple(sorted(self.fleet_strikes)) if self.fleet_reasons else (),
         )
 
     def due(self, now_ms: int) -> bool:

@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, MutableMapping
 
 from contract.events import GpuEvent, GpuState, NodeState, TelemetryBatch
+from stream import fleet_peers
 from stream.gpu_state import GpuTracker, Learned, TrackerSettings
 from stream.metrics import StreamStats
 from stream.rollup import Partial, model_demand, node_state
@@ -70,6 +71,7 @@ class StreamProcessor:
         self.trackers: dict[str, GpuTracker] = {}
         self.partition_of: dict[str, int] = {}
         self.node_published: dict[str, tuple[int, tuple]] = {}
+        self.fleet_settings = fleet_peers.FleetPeerSettings()
 
     # ------------------------------------------------------------------ state
 
@@ -156,6 +158,11 @@ class StreamProcessor:
     def heartbeats(self, now_ms: int, partitions: set[int] | None) -> list[GpuState]:
         """States not published for ``max_interval_ms`` (their freshness timestamps tell how old the data is)."""
         return self._due(self.owned(partitions), now_ms, observe=False)
+
+    def fleet_check(self, now_ms: int, partitions: set[int] | None) -> None:
+        """Judge the owned GPUs against their model's fleet (stream.fleet_peers); a reason found shows on the
+        GPU's next state."""
+        fleet_peers.check(self.owned(partitions), now_ms, self.fleet_settings)
 
     def node_states(self, now_ms: int, partitions: set[int] | None) -> list[NodeState]:
         """Node rollups that changed, or that were last published ``NODE_HEARTBEAT_MS`` ago."""

@@ -6,9 +6,10 @@ It speaks the real REST paths, JSON and semantics the scheduler relies on, so th
 - ``/api/v1/...`` and ``/apis/{group}/{version}/...``, cluster-scoped and namespaced, for pods,
   nodes, namespaces, events, leases, PodDisruptionBudgets and gpuaware's GPUQueue/GPUWorkload;
 - list (``metadata.resourceVersion``), get, create (409 AlreadyExists), replace (409 Conflict on a
-  stale ``metadata.resourceVersion``), merge / strategic-merge patch (maps merged, lists replaced,
-  ``null`` deletes), delete; field selectors on ``metadata.name``/``metadata.namespace``/
-  ``spec.nodeName``/``spec.schedulerName``/``status.phase`` with ``=``, ``==``, ``!=``;
+  stale ``metadata.resourceVersion``), merge / strategic-merge patch (maps merged, lists replaced but
+  a strategic merge's ``status.conditions``, merged on ``type``; ``null`` deletes), delete; field
+  selectors on ``metadata.name``/``metadata.namespace``/``spec.nodeName``/``spec.schedulerName``/
+  ``status.phase`` with ``=``, ``==``, ``!=``;
 - watch as a chunked stream of JSON lines (``ADDED``/``MODIFIED``/``DELETED``), ``BOOKMARK`` events
   with ``allowWatchBookmarks``, ``timeoutSeconds``, and ``ERROR`` with a 410 ``Expired`` Status when
   the asked ``resourceVersion`` is older than the retained event window (as after etcd compaction);
@@ -215,13 +216,21 @@ class Store:
                     new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
             return self._commit(res, ns, name, new)
 
-    def patch(self, res: Resource, ns: str, name: str, patch: dict[str, Any], status_only: bool = False):
+    def patch(self, res: Resource, ns: str, name: str, patch: dict[str, Any], status_only: bool = False,
+              strategic: bool = False):
         with self.cond:
             old = self._get(res, ns, name)
             self._check_version(res, name, old, patch)
             if status_only:
                 patch = {"status": patch.get("status")}
             new = merge_patch(old, patch)
+            conditions = (patch.get("status") or {}).get("conditions")
+            if strategic and isinstance(conditions, list):
+                # status.conditions has a patch strategy, merge on type: a condition patched alone leaves the
+                # others (the kubelet's Ready) as they are.
+                by_type = {c.get("type"): c for c in conditions}
+                kept = [by_type.pop(c.get("type"), c) for c in (old.get("status") or {}).get("conditions") or []]
+                new["status"]["conditions"] = [*kept, *by_type.values()]
             new["metadata"] = {**new["metadata"], **{k: old["metadata"][k] for k in
                                                      ("uid", "creationTimestamp", "namespace", "name")
                                                      if k in old["metadata"]}}
@@ -485,7 +494,8 @@ class FakeApiServer:
                     raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
                                    "accepted media types include: application/merge-patch+json, "
                                    f"application/strategic-merge-patch+json (got {ctype})")
-                return self._json(200, store.patch(res, scope, name, await self._body(request), sub == "status"))
+                return self._json(200, store.patch(res, scope, name, await self._body(request), sub == "status",
+                                                   ctype == "application/strategic-merge-patch+json"))
             if method == "DELETE" and name is not None:
                 return self._json(200, store.delete(res, scope, name))
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")

@@ -49,6 +49,7 @@ QOS_PRIORITY = {"LS": 200_000, "Guaranteed": 5_000, "Burstable": 5_000, "BE": 0}
 # The largest openb GPU node shape (128 CPUs, 768 GiB, 8 GPUs), per GPU. The sampled pods ask ~12 CPUs and
 # ~42 GiB per GPU they use (CPU-only pods included); at ``PodLoad.load`` above 1 the GPUs must run out
 # first, or most decisions are "insufficient cpu" and the demo shows none of the GPU placement.
+UP_VALIDATE_S = 30.0
 NODE_CPU_PER_GPU = 16
 NODE_MEMORY_GIB_PER_GPU = 96
 
@@ -218,8 +219,9 @@ class StackScheduler:
         for q in queues:
             await asyncio.to_thread(self.cluster.create, "gpuqueues", q, "gpuaware.io", "v1alpha1")
         # One replica, no extender (nothing calls it here).
+        # A demo's minutes cannot hold production's 5-minute validation window: 30 s of PASS returns a GPU here.
         settings = SchedulerSettings(api_server=self.cluster.api_server, throttle_every_s=10, extender_port=0,
-                                     leader_elect=False)
+                                     leader_elect=False, remediation_validate_s=UP_VALIDATE_S)
         self.runtime = build_scheduler(settings, self.kafka)
         self.live = self.runtime.live
         await self.runtime.start()
@@ -261,8 +263,9 @@ class StackScheduler:
         return round(min(after), 2) if after else None
 
     def remediation(self, node: str, gpu: int, injected_unix: float) -> dict[str, Any]:
-        """The remediation chain for a fault: seconds from injection to the GPU's cordon and to its pods
-        being moved off, and whether the circuit breaker held it (docs/health.md)."""
+        """The remediation chain for a fault: seconds from injection to the GPU's cordon, to its pods being
+        moved off, to its reset/reboot being requested and to its validated return to service (None until
+        each happens), and whether the circuit breaker held it (docs/health.md)."""
         health = self.live.health
         steps = health.timeline.get((node, gpu), {}) if health is not None else {}
 
@@ -271,7 +274,7 @@ class StackScheduler:
             return round(max(0.0, float(t) - injected_unix), 2) if isinstance(t, float) else None
 
         return {"time_to_cordon_s": since("cordoned"), "time_workloads_moved_s": since("moved"),
-                "time_back_in_service_s": None,  # validation and return to service: not built yet
+                "time_action_requested_s": since("requested"), "time_back_in_service_s": since("back_in_service"),
                 "breaker_held": bool(steps.get("breaker_held", False))}
 
     def summary(self) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from contract import annotations
 log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 # The API server unreachable or the connection broken (as opposed to an answer: ApiException).
 TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, OSError)
 # Without a timeout a call to a server that stopped answering (a dead connection, a partition)
@@ -154,6 +155,28 @@ class KubeApi:
                                      lambda node: annotations.cordon_value(annotations.cordoned_gpus(node) | {gpu}),
                                      attempts)
 
+    def uncordon_gpu(self, name: str, gpu: int, attempts: int = 20) -> None:
+        """Remove ``gpu`` from the node's cordoned-GPU annotation (the annotation goes with the last one)."""
+        self._update_node_annotation(
+            name, annotations.ANN_CORDONED,
+            lambda node: annotations.cordon_value(annotations.cordoned_gpus(node) - {gpu}) or None, attempts)
+
+    def set_node_conditions(self, name: str, conditions: list[dict[str, Any]]) -> None:
+        """Set these conditions (by type) in the node's status; the node's other conditions are left alone
+        (a strategic merge: ``status.conditions`` merges on ``type``)."""
+        self.core.patch_node_status(name, {"status": {"conditions": conditions}},
+                                    _content_type=STRATEGIC_MERGE_PATCH, **self._raw)
+
+    def set_node_taint(self, name: str, key: str, taint: dict[str, Any] | None, attempts: int = 20) -> None:
+        """Put ``taint`` (None: none) under ``key`` on the node, leaving every other taint as it is."""
+        def taints(node: dict[str, Any]) -> dict[str, Any] | None:
+            now = (node.get("spec") or {}).get("taints") or []
+            kept = [t for t in now if t.get("key") != key]
+            new = kept + ([taint] if taint else [])
+            return None if new == now else {"spec": {"taints": new or None}}
+
+        self._update_node(name, taints, attempts)
+
     def record_power_cap(self, name: str, gpu: int, cap_w: int, attempts: int = 20) -> None:
         """Record ``cap_w`` (0: lifted) for ``gpu`` in the node's power-caps annotation."""
         def caps(node: dict[str, Any]) -> str | None:
@@ -175,12 +198,20 @@ class KubeApi:
                                 attempts: int) -> None:
         """Read-modify-write of one annotation, guarded by the node's resourceVersion (409 Conflict -> read
         again), so two writers at once, or an operator editing the annotation, never lose an update."""
+        self._update_node(name, lambda node: {"metadata": {"annotations": {key: value(node)}}}, attempts)
+
+    def _update_node(self, name: str, change: Callable[[dict[str, Any]], dict[str, Any] | None],
+                     attempts: int) -> None:
+        """Read-modify-write of a node: ``change`` gives the merge patch for the node as read (None: nothing
+        to change), sent with the resourceVersion read (409 Conflict -> read again)."""
         attempt = 0
         while True:
             attempt += 1
             node = self.read_node(name)
-            patch = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"],
-                                  "annotations": {key: value(node)}}}
+            patch = change(node)
+            if patch is None:
+                return
+            patch.setdefault("metadata", {})["resourceVersion"] = node["metadata"]["resourceVersion"]
             try:
                 self.core.patch_node(name, patch, _content_type=MERGE_PATCH, **self._raw)
                 return

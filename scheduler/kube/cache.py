@@ -21,6 +21,7 @@ from contract import annotations
 from contract.events import HealthBand
 from scheduler.core.cluster import Allocation, ClusterState
 from scheduler.core.preemption import Running
+from scheduler.core.remediation import DEFAULT_EVICTION_MODE, EvictionMode, eviction_mode
 from scheduler.core.workload import Workload
 from scheduler.kube import objects, queues
 from scheduler.kube.objects import PodSpecError, PodWorkload
@@ -66,6 +67,7 @@ class Queue:
     borrow_limit_gpus: float | None = None
     priority_classes: tuple[str, ...] = ()  # empty: any
     memory_by_model: tuple[tuple[str, float], ...] = ()  # (model or "*", GiB of GPU memory at most)
+    eviction_mode: EvictionMode = DEFAULT_EVICTION_MODE  # its pods on a GPU taken out of service for its health
 
     @classmethod
     def of(cls, obj: dict[str, Any]) -> Queue:
@@ -102,7 +104,8 @@ class Queue:
                    float(spec.get("weight", 1)), sum(by_model.values()), bool(borrowing.get("enabled", True)),
                    int(obj["metadata"].get("generation", 1)), created_s(obj), tuple(sorted(by_model.items())),
                    None if limit is None else _amount(limit, "spec.borrowing.limitGpus"),
-                   tuple(spec.get("priorityClasses") or ()), tuple(sorted(memory.items())))
+                   tuple(spec.get("priorityClasses") or ()), tuple(sorted(memory.items())),
+                   eviction_mode(spec.get("evictionMode"), "spec.evictionMode"))
 
 
 def _amount(value: Any, field: str) -> float:

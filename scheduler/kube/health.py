@@ -7,21 +7,29 @@ refused is tried again on the next state update. The safety net is decided here,
 cluster (scheduler.core.breaker): a circuit breaker on how many nodes may be newly quarantined in
 a window (a held cordon is retried on the next state update), ``remediation_dry_run`` (decisions
 recorded, no API call), and the lemon-node ledger.
+
+After the cordon, the rest of the chain (scheduler.core.remediation: drained -> action requested ->
+validated -> back in service) advances on every state update of the GPU; what it says on the Node
+(conditions and a taint, scheduler.kube.node_conditions) is written when it changes. Each namespace's
+pods leave as its GPUQueue's ``evictionMode`` says (checkpoint-then-evict by default).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping
 
 from kubernetes.client.exceptions import ApiException
 
-from contract.events import DecisionAction, GpuState, HealthAction, HealthBand
+from contract.events import DecisionAction, GpuState, HealthAction, HealthBand, HealthVerdict
 from plumbing import observability
-from plumbing.kube.api import TRANSPORT_ERRORS
+from plumbing.kube.api import TRANSPORT_ERRORS, now_rfc3339
 from scheduler.core.breaker import QuarantineBreaker, RemediationLedger
+from scheduler.core.remediation import DEFAULT_EVICTION_MODE, Chain, EvictionMode, Next
 from scheduler.feed import StateView
+from scheduler.kube import node_conditions
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.calls import ApiCalls
 from scheduler.kube.decisions import DecisionSink, Outcome
@@ -52,17 +60,33 @@ class HealthReactions:
         self.dry_run = settings.remediation_dry_run
         self.ledger = RemediationLedger()
         self._held: set[tuple[str, int]] = set()
-        # (node, GPU) -> unix times of the chain's steps (cordoned, moved) and whether the breaker held it
+        # (node, GPU) -> unix times of the chain's steps (cordoned, moved, drained, requested, back in service)
+        # and whether the breaker held it
         self.timeline: dict[tuple[str, int], dict[str, float | bool]] = {}
+        self.chains: dict[tuple[str, int], Chain] = {}  # GPUs out of service, until they return
+        self.validate_s = settings.remediation_validate_s
+        self.stale_after_s = settings.stale_after_s
+        self._written: dict[str, tuple] = {}  # node -> (conditions, taint) last written
+        self._spared: set[str] = set()  # pods left running (eviction mode never), told once
+        self._moving: dict[tuple[str, int], set[str]] = {}  # (node, GPU) -> pods whose eviction it started
+        self._node_drained: set[tuple[str, int]] = set()  # chains whose drain took the whole node (a reboot)
+        self._not_ours: set[tuple[str, int]] = set()  # cordons no condition of ours explains (an operator's)
+        self._lifted: set[tuple[str, int]] = set()  # returned to service; the cache may still show the cordon
 
     def react(self, where: Mapping[str, tuple[int, int]]) -> None:
         """After live state was applied: act on each GPU (UUID located by ``where``) that turned critical."""
         c = self.cache.cluster
+        if not self.dry_run:
+            self.adopt()
         for gpu_uuid, state in self.view.gpus.items():
             if gpu_uuid not in where:
                 continue
             i, g = where[gpu_uuid]
             key = (c.names[i], g)
+            chain = self.chains.get(key)
+            if chain is not None:
+                self.advance(chain, state)
+                continue
             if not needs_remediation(state):
                 lift = self.device_taints.lift_if_tainted(self.calls, *key) if self.device_taints else None
                 if lift is not None:
@@ -82,36 +106,160 @@ class HealthReactions:
                     continue
                 self._held.discard(key)
                 self._critical_seen.add(key)
-                if self.ledger.record(c.names[i], time.time()) is not None and self.ledger.lemon(c.names[i]):
+                gap = self.ledger.record(c.names[i], time.time())
+                if gap is not None:
+                    self.stats.mtbi.observe(gap)
+                if self.ledger.lemon(c.names[i]) and c.names[i] not in self.stats.lemon_nodes:
                     log.warning("node %s is a lemon: %d GPU remediations in 7 days", c.names[i],
                                 len(self.ledger.history[c.names[i]]))
+                self.stats.lemon_nodes = set(self.ledger.lemons())
                 if self.dry_run:
                     self.stats.decisions[("CORDON", "dry-run")] += 1
                     self.tasks.spawn(self.sink.record(Outcome(
                         f"{c.names[i]}/gpu{g}", DecisionAction.CORDON, c.names[i],
                         [f"dry run: GPU {g} of {c.names[i]} would be cordoned and its pods moved"]), None))
                     continue
-                self.tasks.spawn(self.cordon_and_migrate(c.names[i], g, gpu_uuid))
+                self.tasks.spawn(self.cordon_and_migrate(c.names[i], g, gpu_uuid, state))
+        self.stats.remediation_gpus = Counter(ch.step.value for ch in self.chains.values())
 
-    async def cordon_and_migrate(self, node: str, gpu: int, gpu_uuid: str) -> None:
+    def adopt(self) -> None:
+        """Take over the chains an earlier leader left open: a cordoned GPU its node's GPUUnhealthy condition
+        names. Their pods are checked again (drained), and a reset or reboot is asked for again if needed."""
+        cordoned = {(n, g) for n, gpus in self.cache.cordoned.items() for g in gpus}
+        self._not_ours &= cordoned
+        self._lifted &= cordoned  # the watch has not shown our uncordon yet: not a chain to take over
+        for node, gpus in self.cache.cordoned.items():
+            skip = self._not_ours | self._lifted
+            if all((node, g) in self.chains or (node, g) in skip for g in gpus):
+                continue
+            found, since = node_conditions.open_chains(self.cache.nodes.get(node) or {})
+            for g in gpus:
+                key = (node, g)
+                if key in self.chains or key in skip:
+                    continue
+                if g not in found:
+                    self._not_ours.add(key)  # an operator's cordon: theirs to lift
+                    continue
+                action, reasons = found[g]
+                log.info("taking over the remediation chain of GPU %d of %s (%s)", g, node, action.value)
+                self._critical_seen.add(key)
+                self.chains[key] = Chain(node, g, action, reasons, since or time.time(), self.validate_s)
+
+    def advance(self, chain: Chain, state: GpuState) -> None:
+        """One state update of a GPU in its chain: drained yet? then request, validate, return."""
+        now = time.time()
+        key = (chain.node, chain.gpu)
+        if chain.drained_at is None and self.drained(chain):
+            chain.drained(now)
+            self.timeline.setdefault(key, {})["drained"] = now
+        # A GPU that stopped reporting has not passed anything: its last state, however good, is no validation.
+        fresh = now * 1000 - state.sample_ts_ms <= self.stale_after_s * 1000
+        verdict = state.verdict if fresh else HealthVerdict.UNKNOWN
+        step = chain.observe(verdict, state.recommended_action, list(state.verdict_reasons), now)
+        if chain.action == HealthAction.REBOOT_NODE and key not in self._node_drained:
+            self._node_drained.add(key)
+            self.tasks.spawn(self.migrate_off(chain.node, chain.gpu))  # escalated to a reboot: every GPU's pods
+        if step in (Next.REQUEST, Next.ESCALATE) and chain.requested is not None:
+            self.timeline.setdefault(key, {}).setdefault("requested", now)
+            action = chain.requested.value.lower()
+            self.stats.decisions[("CORDON", f"{action.replace('_', '-')}-requested")] += 1
+            self.tasks.spawn(self.sink.record(Outcome(
+                f"{chain.node}/gpu{chain.gpu}", DecisionAction.CORDON, chain.node,
+                [f"GPU {chain.gpu} of {chain.node} drained; {action} requested from the cluster's tooling "
+                 f"(node condition {node_conditions.GPU_MAINTENANCE})"]), None))
+        elif step == Next.VALIDATED:
+            self.tasks.spawn(self.return_to_service(chain))
+        if self._node_want(chain.node)[2] != self._written.get(chain.node):
+            self.tasks.spawn(self.sync_node(chain.node))
+
+    def drained(self, chain: Chain) -> bool:
+        """No pod of ours holds the GPU (the whole node, for a reboot) or is still being evicted from it."""
+        i = self.cache.cluster.index.get(chain.node)
+        whole_node = chain.action == HealthAction.REBOOT_NODE
+        holding = any(r.allocation.node == i and (whole_node or chain.gpu in r.allocation.gpus)
+                      for r in self.cache.running.values())
+        return not holding and not any(map(self.evictor.evicting, self._moving.get((chain.node, chain.gpu), ())))
+
+    async def return_to_service(self, chain: Chain) -> None:
+        key = (chain.node, chain.gpu)
+        try:
+            await self.calls.call(self.calls.api.uncordon_gpu, chain.node, chain.gpu)
+        except ApiException as exc:
+            self.calls.failed("patch-node", exc)
+            chain.returned_at, chain.passing_since = None, None  # validated again, then tried again
+            return
+        except TRANSPORT_ERRORS as exc:
+            self.stats.api_errors[("patch-node", 0)] += 1
+            chain.returned_at, chain.passing_since = None, None
+            log.warning("could not uncordon GPU %d of %s: %s", chain.gpu, chain.node, exc)
+            return
+        self.chains.pop(key, None)
+        if self.device_taints is not None:
+            lift = self.device_taints.lift_if_tainted(self.calls, *key)
+            if lift is not None:
+                self.tasks.spawn(lift)
+        self._lifted.add(key)
+        self._critical_seen.discard(key)  # turning critical again acts again
+        self._moving.pop(key, None)
+        self._node_drained.discard(key)
+        repair_s = chain.repair_s()
+        if repair_s is not None:
+            self.stats.mttr.observe(repair_s)
+        self.timeline.setdefault(key, {})["back_in_service"] = chain.returned_at or time.time()
+        self.stats.decisions[("RESUME", "gpu-validated")] += 1
+        await self.sink.record(Outcome(f"{chain.node}/gpu{chain.gpu}", DecisionAction.RESUME, chain.node,
+                                       [f"GPU {chain.gpu} of {chain.node} read PASS for {chain.validate_s:.0f} s: "
+                                        f"back in service"]), None)
+        await self.sync_node(chain.node)
+
+    def _node_want(self, node: str) -> tuple[dict, dict | None, tuple]:
+        """The node's conditions and taint as its chains are now, and their comparable form."""
+        conditions, taint = node_conditions.desired(c for c in self.chains.values() if c.node == node)
+        return conditions, taint, (tuple(sorted(conditions.items())), tuple(sorted((taint or {}).items())))
+
+    async def sync_node(self, node: str) -> None:
+        """Write the node's conditions and taint when they differ from what was written last."""
+        conditions, taint, want = self._node_want(node)
+        if self._written.get(node) == want:
+            return
+        self._written[node] = want
+        try:
+            await self.calls.call(self.calls.api.set_node_conditions, node,
+                                  node_conditions.condition_objects(conditions, self.cache.nodes.get(node),
+                                                                    now_rfc3339()))
+            await self.calls.call(self.calls.api.set_node_taint, node, node_conditions.TAINT_KEY, taint)
+        except ApiException as exc:
+            self._written.pop(node, None)  # written again on the next state update
+            self.calls.failed("patch-node-status", exc)
+        except TRANSPORT_ERRORS as exc:
+            self._written.pop(node, None)
+            self.stats.api_errors[("patch-node-status", 0)] += 1
+            log.warning("could not write the GPU health conditions of %s: %s", node, exc)
+
+    async def cordon_and_migrate(self, node: str, gpu: int, gpu_uuid: str, state: GpuState) -> None:
         # The span continues the trace of the state that turned the GPU critical (agent event -> stream
         # state), so the decisions published inside it carry that trace to scheduler.decisions.v1.
         parent = observability.extract_context(self.view.band_trace.get(gpu_uuid))
         attributes = {"gpuaware.node": node, "gpuaware.gpu.index": gpu, "gpuaware.gpu.uuid": gpu_uuid}
         with observability.tracer(__name__).start_as_current_span("scheduler.cordon_and_migrate", context=parent,
                                                                   attributes=attributes):
-            await self.cordon(node, gpu)
-            if self.device_taints is not None:
-                await self.device_taints.taint_async(self.calls, node, gpu, "critical")
-            await self.migrate_off(node, gpu)
+            if await self.cordon(node, gpu, state):
+                if self.device_taints is not None:
+                    await self.device_taints.taint_async(self.calls, node, gpu, "critical")
+                await self.migrate_off(node, gpu)
+                await self.sync_node(node)
 
-    async def cordon(self, node: str, gpu: int) -> None:
+    async def cordon(self, node: str, gpu: int, state: GpuState) -> bool:
         try:
             await self.calls.call(self.calls.api.cordon_gpu, node, gpu)
-            self.timeline.setdefault((node, gpu), {})["cordoned"] = time.time()
+            now = time.time()
+            self.timeline.setdefault((node, gpu), {})["cordoned"] = now
+            action = state.recommended_action if state.recommended_action in REMEDIATE else HealthAction.DRAIN
+            self.chains[(node, gpu)] = Chain(node, gpu, action, list(state.verdict_reasons), now, self.validate_s)
             self.stats.decisions[("CORDON", "gpu-critical")] += 1
             await self.sink.record(Outcome(f"{node}/gpu{gpu}", DecisionAction.CORDON, node,
                                            [f"GPU {gpu} of {node} is critical: cordoned"]), None)
+            return True
         except ApiException as exc:
             self.calls.failed("patch-node", exc)
             self._critical_seen.discard((node, gpu))  # tried again on the next state update
@@ -119,18 +267,41 @@ class HealthReactions:
             self.stats.api_errors[("patch-node", 0)] += 1
             self._critical_seen.discard((node, gpu))
             log.warning("could not cordon GPU %d of %s: %s", gpu, node, exc)
+        return False
+
+    def eviction_mode(self, pod: dict) -> EvictionMode:
+        queue = self.cache.queue_by_namespace.get(pod["metadata"].get("namespace", ""))
+        return queue.eviction_mode if queue is not None else DEFAULT_EVICTION_MODE
 
     async def migrate_off(self, node: str, gpu: int) -> None:
         i = self.cache.cluster.index.get(node)
-        victims = [r for r in list(self.cache.running.values()) if r.allocation.node == i and gpu in r.allocation.gpus]
+        chain = self.chains.get((node, gpu))
+        whole_node = chain is not None and chain.action == HealthAction.REBOOT_NODE  # a reboot takes every GPU
+        if whole_node:
+            self._node_drained.add((node, gpu))
+        victims = [r for r in list(self.cache.running.values())
+                   if r.allocation.node == i and (whole_node or gpu in r.allocation.gpus)]
         for r in victims:
             pod = self.cache.pods.get(r.workload.id)
-            if pod is None or not self.evictor.claim(r.workload.id):
+            if pod is None:
+                continue
+            mode = self.eviction_mode(pod)
+            if mode == EvictionMode.NEVER:
+                if r.workload.id not in self._spared:
+                    self._spared.add(r.workload.id)
+                    self.stats.decisions[("DEFER", "eviction-mode-never")] += 1
+                    await self.calls.event(pod, "GpuUnhealthy", f"GPU {gpu} of {node} is taken out of service; "
+                                           "its GPUQueue's evictionMode is never: the pod keeps running, and the "
+                                           "GPU's reset or reboot waits for it to end", "Warning")
+                continue
+            if not self.evictor.claim(r.workload.id):
                 continue
             self.cache.release(r.workload.id)
-            reason = f"GPU {gpu} of {node} turned critical: checkpoint and move"
+            self._moving.setdefault((node, gpu), set()).add(r.workload.id)
+            checkpoint = mode == EvictionMode.CHECKPOINT_THEN_EVICT
+            reason = f"GPU {gpu} of {node} turned critical: {'checkpoint and ' if checkpoint else ''}move"
             self.stats.decisions[("MIGRATE", "gpu-critical")] += 1
             await self.sink.record(Outcome(r.workload.id, DecisionAction.MIGRATE, node, [reason]), r.workload)
-            self.tasks.spawn(self.evictor.evict(pod, r, reason, "Migrated"))
+            self.tasks.spawn(self.evictor.evict(pod, r, reason, "Migrated", checkpoint=checkpoint))
         # Every pod on the GPU is released from it and its checkpoint-and-evict under way.
         self.timeline.setdefault((node, gpu), {})["moved"] = time.time()

@@ -111,8 +111,16 @@ def node_spec(node: Mapping[str, Any]) -> NodeSpec:
                     gpus, model, gpu_mem)
 
 
+# The taint the GPU health chain puts on a node to be rebooted (scheduler.kube.node_conditions): gpuaware
+# honours its own NoSchedule taint like a cordon; other taints are kube-scheduler's business.
+HEALTH_TAINT_KEY = "gpuaware.io/gpu-unhealthy"
+
+
 def schedulable(node: Mapping[str, Any]) -> bool:
-    if node.get("spec", {}).get("unschedulable"):
+    spec = node.get("spec", {})
+    if spec.get("unschedulable"):
+        return False
+    if any(t.get("key") == HEALTH_TAINT_KEY and t.get("effect") == "NoSchedule" for t in spec.get("taints") or []):
         return False
     conditions = node.get("status", {}).get("conditions") or []
     ready = [c for c in conditions if c.get("type") == "Ready"]

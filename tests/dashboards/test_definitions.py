@@ -49,6 +49,9 @@ def _exported_names(schema: str = "dcgm-legacy", prefixed: bool = False) -> set[
     sched.api_errors[("bind", 409)] += 1
     sched.extender_requests[("filter", 200)] += 1
     sched.waited("vision", 2, 3.0)
+    sched.mtbi.observe(86400.0)
+    sched.mttr.observe(900.0)
+    sched.lemon_nodes.add("n7")
     snapshot = QueueSnapshot(pending={("vision", "high"): 1}, oldest_wait_s={("vision", "high"): 5.0},
                              gpus_used={"vision": 2.0}, gpus_quota={"vision": 1.0}, gpus_borrowed={"vision": 1.0},
                              jain=0.9, allocated_busy_ratio=0.5)

@@ -190,7 +190,8 @@ def test_scheduler_rbac_and_extender_config(rendered):
     # RBAC cannot limit a patch to one annotation; these admission policies do (tests/deploy/test_rbac.py).
     policies = {d["metadata"]["name"] for d in by_kind(docs, "ValidatingAdmissionPolicyBinding")
                 if d["spec"]["validationActions"] == ["Deny"]}
-    assert policies == {"gpuaware-scheduler-pod-writes", "gpuaware-scheduler-node-writes", "gpuaware-agent-node-writes"}
+    assert policies == {"gpuaware-scheduler-pod-writes", "gpuaware-scheduler-node-writes",
+                        "gpuaware-scheduler-node-status-writes", "gpuaware-agent-node-writes"}
     lease_rules = one(docs, "Role", "gpuaware-scheduler-leader-election")["rules"]
     assert lease_rules[0]["resources"] == ["leases"]
     snippet = yaml.safe_load(one(docs, "ConfigMap", "gpuaware-kube-scheduler-extender")["data"]

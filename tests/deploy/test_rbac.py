@@ -41,6 +41,7 @@ EXPECTED: dict[str, set[Row]] = {
         ("pods/binding", "[]", "[create]"),
         ("pods/eviction", "[]", "[create]"),
         ("nodes", "[]", "[get list watch patch]"),  # patch: only the cordoned-GPUs annotation (admission policy)
+        ("nodes/status", "[]", "[patch]"),  # only its GPU health conditions (admission policy)
         ("events", "[]", "[create]"),
         ("gpuqueues.gpuaware.io", "[]", "[list watch]"),
         ("gpuqueues.gpuaware.io/status", "[]", "[patch]"),
@@ -350,7 +351,7 @@ def test_cluster_scoped_policies_lose_the_namespace_kustomize_stamps_on_them(cp)
     """Kustomize's built-in schema predates ValidatingAdmissionPolicy, so it sets metadata.namespace on it;
     the apiserver stores cluster-scoped objects without one."""
     vaps = [d for d in shipped_rbac(cp) if d["kind"].startswith("ValidatingAdmissionPolicy")]
-    assert len(vaps) == 6
+    assert len(vaps) == 8
     for doc in vaps:
         stored = _get(cp, doc["kind"].lower(), doc["metadata"]["name"])
         assert "namespace" not in stored["metadata"]

@@ -87,14 +87,23 @@ async def test_critical_gpu_is_cordoned_and_its_pod_moved_the_others_stay(fake, 
 
 async def test_acts_once_while_critical_and_again_after_a_repair(fake, listed, calls, stats, tasks, wait_for):
     view, state, health, _published = setup(fake, listed, calls, stats, tasks)
+    health.validate_s = 0.05  # the repair: the GPU reads PASS for this long, then it is back in service
     view.learn(gpu(0, HealthBand.CRITICAL))
     step(state, health)
     await wait_for(lambda: len(tasks) == 0, what="first reaction")
     view.learn(gpu(0, HealthBand.CRITICAL))  # still critical: no second cordon
     step(state, health)
-    assert len(tasks) == 0
-    view.learn(gpu(0, HealthBand.HEALTHY))
-    step(state, health)
+    await wait_for(lambda: len(tasks) == 0, what="chain advanced")
+    assert stats.decisions[("CORDON", "gpu-critical")] == 1
+
+    def passing() -> bool:
+        healthy = gpu(0, HealthBand.HEALTHY)
+        healthy.verdict, healthy.recommended_action = HealthVerdict.PASS, HealthAction.NONE
+        view.learn(healthy)
+        step(state, health)
+        return ("n0", 0) not in health.chains and len(tasks) == 0
+
+    await wait_for(passing, what="validated and back in service")
     view.learn(gpu(0, HealthBand.CRITICAL))
     step(state, health)
     await wait_for(lambda: len(tasks) == 0, what="second reaction")

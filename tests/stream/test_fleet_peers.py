@@ -1,0 +1,85 @@
+"""Fleet-level peer comparison in the stream: a GPU hotter at the same power, slower clocked under load, or
+drawing other power at the same utilisation than its model's fleet gets a reason on gpu.state."""
+
+from __future__ import annotations
+
+import random
+
+from contract.events import GpuInfo, GpuSample, HealthVerdict
+from stream.fleet_peers import FleetPeerSettings, Row, check, outliers
+from stream.gpu_state import GpuTracker
+from stream.processor import StreamProcessor
+
+S = FleetPeerSettings()
+
+
+def fleet(n: int, seed: int = 0) -> list[Row]:
+    """A healthy H100 fleet: busy GPUs at 600-700 W, 60-70 °C rising with power, clocks near 1980 MHz."""
+    rnd = random.Random(seed)
+    rows = []
+    for i in range(n):
+        power = rnd.uniform(600, 700)
+        rows.append((f"GPU-{i}", power, 30 + power / 20 + rnd.gauss(0, 1.0), rnd.uniform(85, 95),
+                     1980 + rnd.gauss(0, 10), False))
+    return rows
+
+
+def test_a_healthy_fleet_has_no_outlier():
+    for seed in range(20):
+        assert outliers(fleet(200, seed), S) == {}
+
+
+def test_a_hot_gpu_a_slow_clocked_one_and_a_power_hungry_one_are_flagged_and_only_they():
+    rows = fleet(64)
+    rows[3] = (rows[3][0], rows[3][1], rows[3][2] + 12, *rows[3][3:])  # a failing fan
+    rows[5] = (*rows[5][:4], 1500.0, False)  # clocks held down
+    rows[7] = (rows[7][0], rows[7][1] * 1.6, *rows[7][2:])  # power off its utilisation
+    rows[9] = (rows[9][0], rows[9][1] * 0.5, rows[9][2], rows[9][3], 1400.0, True)  # power-capped: not a fault
+    found = outliers(rows, S)
+    assert {u: [k for k, _ in v] for u, v in found.items()} == \
+        {"GPU-3": ["temperature"], "GPU-5": ["clock"], "GPU-7": ["power"]}
+    assert found["GPU-3"][0][1].startswith("fleet peers: +1") and "same power" in found["GPU-3"][0][1]
+
+
+def test_too_few_peers_judges_nothing():
+    rows = fleet(8)  # 7 peers each
+    rows[0] = (rows[0][0], rows[0][1], rows[0][2] + 30, *rows[0][3:])
+    assert outliers(rows, S) == {}
+
+
+def tracker(i: int, temp: int, ts_ms: int) -> GpuTracker:
+    t = GpuTracker(uuid=f"GPU-{i}")
+    info = GpuInfo(f"GPU-{i}", i % 8, "H100", 81920)
+    t.learn_sample(f"n{i // 8}", info, GpuSample(i % 8, 1, 0, 90, 50, 40000, 6500, temp, 1980), ts_ms, ts_ms)
+    return t
+
+
+def test_the_reason_shows_on_the_state_after_three_checks_and_goes_when_it_stops():
+    now = 1_000_000
+    trackers = [tracker(i, 62 + (i % 3), now) for i in range(24)]
+    hot = tracker(99, 80, now)
+    trackers.append(hot)
+    for n in range(1, 4):
+        check(trackers, now, S)
+        assert bool(hot.fleet_reasons) == (n == 3)
+    state = hot.state(now)
+    assert state.verdict == HealthVerdict.WARNING and state.recommended_action.value == "WATCH"
+    assert any(r.startswith("fleet peers:") for r in state.verdict_reasons)
+    assert all(not t.fleet_reasons for t in trackers if t is not hot)
+    hot.smoothed["temp_c"] = 63.0
+    check(trackers, now, S)
+    assert hot.fleet_reasons == [] and hot.state(now).verdict == HealthVerdict.PASS
+
+
+def test_the_processor_judges_only_the_gpus_of_its_partitions():
+    now = 1_000_000
+    processor = StreamProcessor({})
+    for i in range(24):
+        processor.trackers[f"GPU-{i}"], processor.partition_of[f"GPU-{i}"] = tracker(i, 62 + (i % 3), now), 0
+    processor.trackers["GPU-99"], processor.partition_of["GPU-99"] = tracker(99, 80, now), 0
+    for _ in range(3):
+        processor.fleet_check(now, {1})  # another worker's partitions: nothing here is judged
+    assert not processor.trackers["GPU-99"].fleet_reasons
+    for _ in range(3):
+        processor.fleet_check(now, {0})
+    assert processor.trackers["GPU-99"].fleet_reasons
