@@ -28,6 +28,13 @@ def names(kube) -> set[str]:
     return {p["metadata"]["name"] for p in kube.objects("pods")}
 
 
+def evicted(kube, name: str) -> bool:
+    """Eviction of a pod on a node is a graceful delete: it is Terminating (a deletionTimestamp) until the
+    kubelet (kwok here) ends it, then gone. The fake API server deleted it at once."""
+    pod = next((p for p in kube.objects("pods") if p["metadata"]["name"] == name), None)
+    return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
+
+
 def test_a_pod_is_claimed_once_while_its_eviction_runs(calls, stats, listed):
     evictor = Evictor(calls, listed(), FAST, stats)
     assert evictor.claim("default/a") and evictor.evicting("default/a")
@@ -35,12 +42,13 @@ def test_a_pod_is_claimed_once_while_its_eviction_runs(calls, stats, listed):
     assert evictor.claim("default/b")
 
 
-async def test_plain_pod_is_evicted_with_an_event_and_released(kube, calls, stats, listed):
+async def test_plain_pod_is_evicted_with_an_event_and_released(kube, calls, stats, listed, wait_for):
     cache, pod, running = bound(kube, listed, "plain")
     evictor = Evictor(calls, cache, FAST, stats)
     assert evictor.claim("default/plain")
     await evictor.evict(pod, running, "GPU 0 of n0 turned critical", "Migrated")
-    assert "plain" not in names(kube)
+    assert evicted(kube, "plain")
+    await wait_for(lambda: "plain" not in names(kube), what="the kubelet to end the evicted pod")
     (event,) = [e for e in kube.objects("events") if e["reason"] == "Migrated"]
     assert event["message"] == "GPU 0 of n0 turned critical"
     assert not evictor.evicting("default/plain")
@@ -58,7 +66,7 @@ async def test_checkpointable_pod_is_asked_first_and_evicted_once_it_answers(kub
     # The answer reaches the evictor through the cache (the pod watch in the scheduler).
     cache.pods["default/ckpt"]["metadata"]["annotations"][annotations.ANN_CHECKPOINT_DONE] = now_rfc3339()
     await asyncio.wait_for(task, 5)
-    assert "ckpt" not in names(kube)
+    assert evicted(kube, "ckpt")
 
 
 async def test_eviction_blocked_by_a_disruption_budget_gives_up_and_the_pod_keeps_its_gpus(kube, calls, stats,
