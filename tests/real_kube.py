@@ -142,6 +142,27 @@ class Kube:
         """The API as ServiceAccount ``gpuaware/account`` sees it, with exactly the shipped RBAC."""
         return KubeApi(api_client(self.accounts[account]))
 
+    def agent_api(self, node: str) -> KubeApi:
+        """The API as the agent on ``node`` sees it: the gpuaware-agent token the kubelet mounts in its pod,
+        bound to that pod and so to the node (the admission policy keys the agent's writes on that claim)."""
+        name = f"gpuaware-agent-{node}"[:63]
+        pod = self.create("pods", {"metadata": {"name": name, "namespace": NS}, "spec": {
+            "nodeName": node, "serviceAccountName": "gpuaware-agent",
+            "containers": [{"name": "agent", "image": "registry.invalid/gpuaware:1"}]}})
+        review = self.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts/gpuaware-agent/token", {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
+                "expirationSeconds": 3600,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": name,
+                                   "uid": pod["metadata"]["uid"]}}})
+        cfg = yaml.safe_load(self.cp.kubeconfig.read_text())
+        cfg["users"] = [{"name": name, "user": {"token": review["status"]["token"]}}]
+        for ctx in cfg["contexts"]:
+            ctx["context"]["user"] = name
+        assert self.cp.workdir is not None
+        path = self.cp.workdir / f"{name}.kubeconfig"
+        path.write_text(yaml.safe_dump(cfg))
+        return KubeApi(api_client(path))
+
     # -- helpers ----------------------------------------------------------------------------------------
     @staticmethod
     def _kwok(node: dict[str, Any]) -> None:
