@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -188,16 +187,12 @@ class Kube:
     def clean(self) -> None:
         """Delete what tests make (pods, events, PDBs, GPUQueues, GPUWorkloads, nodes, the scheduler's Lease)."""
         grace = {"gracePeriodSeconds": 0}
-        namespaces = [n["metadata"]["name"] for n in self.objects("namespaces")]
-        for ns in namespaces:
-            for plural, group, version in (("pods", "", "v1"), ("events", "", "v1"),
-                                           ("poddisruptionbudgets", "policy", "v1"),
-                                           ("gpuworkloads", "gpuaware.io", "v1alpha1")):
+        # One list per kind across namespaces, then a collection delete only where something is left.
+        for plural, group, version in (("pods", "", "v1"), ("events", "", "v1"),
+                                       ("poddisruptionbudgets", "policy", "v1"),
+                                       ("gpuworkloads", "gpuaware.io", "v1alpha1")):
+            for ns in sorted({o["metadata"]["namespace"] for o in self.objects(plural, group, version)}):
                 self.request("DELETE", self.path(plural, group, version, ns), None, grace)
         self.request("DELETE", self.path("leases", namespace=NS), None, grace)
         self.request("DELETE", self.path("gpuqueues", "gpuaware.io", "v1alpha1"), None, grace)
         self.request("DELETE", self.path("nodes"), None, grace)
-
-
-def names(objs: Iterable[dict[str, Any]]) -> set[str]:
-    return {o["metadata"]["name"] for o in objs}
