@@ -17,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Sequence
 
 from agent.core import AgentCore
 from agent.exporter import AgentStats
 from contract import annotations
+from plumbing.kube.reach import api_configured
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,8 @@ class CordonWatcher:
     @classmethod
     def from_settings(cls, cores: Sequence[AgentCore], stats: AgentStats, api_server: str | None,
                       every_s: float) -> CordonWatcher | None:
-        """None when there is no API to ask: no ``api_server`` and not running in a pod, or polling off."""
-        if every_s <= 0 or not (api_server or os.environ.get("KUBERNETES_SERVICE_HOST")):
+        """None when there is no API to ask (no ``api_server``, not in a pod, no ``KUBECONFIG``) or polling off."""
+        if every_s <= 0 or not api_configured(api_server):
             return None
         from plumbing.kube.api import KubeApi, connect
 

@@ -14,10 +14,10 @@ server's), i.e. every pod's spec, so the base RBAC does not grant it and the opt
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from agent.podresources import PodResourcesWatcher
+from plumbing.kube.reach import api_configured
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class PodUids:
                       api: Any = None) -> PodUids | None:
         """Started on ``api`` (else a client of ``api_server`` or the in-cluster config); None without an API."""
         if api is None:
-            if not (api_server or os.environ.get("KUBERNETES_SERVICE_HOST")):
+            if not api_configured(api_server):
                 log.warning("agent.pod_uids is on but there is no Kubernetes API to read pods from")
                 return None
             from plumbing.kube.api import KubeApi, connect

@@ -24,7 +24,8 @@ class AgentSettings(BaseModel):
     cordon_poll_s: float = Field(15.0, ge=0, le=3600,
                                  description="how often the node's cordoned-GPU annotation is read (0: never)")
     api_server: str | None = Field(None, description="Kubernetes API URL for reading the node; default: in-cluster "
-                                                      "config when running in a pod, else no reads")
+                                                      "config when running in a pod, else the kubeconfig KUBECONFIG "
+                                                      "names, else no reads")
     metrics_schema: Literal["dcgm-legacy", "dcgm-4.9"] = Field(
         "dcgm-legacy", description="DCGM families as dcgm-exporter <= 4.8 writes them (%, MiB, MHz, mJ; Hostname, "
                                    "DCGM_FI_DRIVER_VERSION) or as 4.9 (ratios, bytes, Hz, J; hostname, driver_version)")

@@ -35,6 +35,8 @@ from tests.support import OPENB_NODES, OVERLAYS, REPO, chosen_broker, in_ci
 if TYPE_CHECKING:
     from deploy.checks import Doc
     from gpuaware.local.apache_kafka import ApacheKafka
+    from gpuaware.local.kube_control_plane import KubeControlPlane
+    from tests.real_kube import Kube
 
 def _docker_available() -> bool:
     try:
@@ -119,6 +121,39 @@ def seaweedfs() -> None:
         seaweed_binary()
     except BrokerError as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def kube_cp() -> Iterator[KubeControlPlane]:
+    """The session's one real control plane (etcd, kube-apiserver, kwok), with our CRDs and the shipped
+    RBAC installed; skipped when it is not built, failed under ``CI=true``. Tests take ``kube``."""
+    from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
+    from tests.real_kube import prepare
+    from tests.support import need, shipped_rbac
+
+    need(find_binaries, BinariesMissing)
+    with KubeControlPlane(kwok=True) as cp:
+        prepare(cp, shipped_rbac(cp))
+        yield cp
+
+
+@pytest.fixture(scope="session")
+def kube_accounts(kube_cp: KubeControlPlane) -> dict[str, Path]:
+    """A kubeconfig per shipped ServiceAccount, each with its own TokenRequest token."""
+    from tests.real_kube import NS
+
+    return {sa: kube_cp.serviceaccount_kubeconfig(NS, sa, create=False)
+            for sa in ("gpuaware-scheduler", "gpuaware-agent", "gpuaware-stream")}
+
+
+@pytest.fixture
+def kube(kube_cp: KubeControlPlane, kube_accounts: dict[str, Path]) -> Iterator[Kube]:
+    """The shared control plane for one test, emptied of the test's pods, nodes and queues afterwards."""
+    from tests.real_kube import Kube
+
+    handle = Kube(kube_cp, kube_accounts)
+    yield handle
+    handle.clean()
 
 
 @pytest.fixture(scope="module")

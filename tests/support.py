@@ -30,7 +30,6 @@ from agent.replay import simulate
 from contract import annotations, topics
 from contract.events import GpuInfo, GpuSample, TelemetryBatch, decode
 from plumbing.kafka_settings import KafkaSettings
-from plumbing.kube.api import KubeApi, connect
 from scheduler.core.cluster import ClusterState, NodeSpec
 from scheduler.core.framework import Profile, Scheduler
 from scheduler.core.plugins.health import HealthFilter
@@ -43,6 +42,7 @@ if TYPE_CHECKING:
     from deploy.checks import Doc
     from gpuaware.local.fake_apiserver import FakeApiServer
     from scheduler.feed import StateView
+    from tests.real_kube import Kube
 
 REPO = Path(__file__).resolve().parents[1]
 # The real traces sit beside the checkout, in the workspace's shared/ folder.
@@ -262,7 +262,7 @@ def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> s
     return subprocess.run([*GPUAWARE, *args], capture_output=True, text=True, timeout=timeout, env=env or ENV)
 
 
-# --------------------------------------------------------------------------- the live scheduler on the fake API server
+# --------------------------------------------------------------------------- the live scheduler on the real apiserver
 FAST = SchedulerSettings(pass_interval_s=0.02, checkpoint_timeout_s=2.0, eviction_retry_s=0.2,
                          eviction_timeout_s=3.0, extender_port=0)
 
@@ -278,10 +278,11 @@ async def wait_for(cond: Callable[[], object], timeout: float = 10.0, what: str 
 
 
 @contextlib.asynccontextmanager
-async def running(fake: FakeApiServer, settings: SchedulerSettings = FAST, view: StateView | None = None,
+async def running(kube: Kube, settings: SchedulerSettings = FAST, view: StateView | None = None,
                   lead: bool = True, **publishers) -> AsyncIterator[LiveScheduler]:
-    """A ``LiveScheduler`` on ``fake``, leading unless ``lead`` is false, stopped on the way out."""
-    live = LiveScheduler(KubeApi(connect(fake.url)), settings, view, **publishers)
+    """A ``LiveScheduler`` on the session's apiserver as the shipped ``gpuaware-scheduler`` ServiceAccount,
+    leading unless ``lead`` is false, stopped on the way out."""
+    live = LiveScheduler(kube.api(), settings, view, **publishers)
     await live.start()
     if lead:
         live.leading.set()
@@ -295,13 +296,13 @@ async def running(fake: FakeApiServer, settings: SchedulerSettings = FAST, view:
         await live.stop()
 
 
-def pods(fake: FakeApiServer) -> dict[str, dict]:
-    return {p["metadata"]["name"]: p for p in fake.objects("pods")}
+def pods(kube: Kube | FakeApiServer) -> dict[str, dict]:
+    return {p["metadata"]["name"]: p for p in kube.objects("pods")}
 
 
 def gpus_of(pod: dict) -> list[dict]:
     return json.loads(pod["metadata"]["annotations"][annotations.ANN_GPUS])
 
 
-def events(fake: FakeApiServer, reason: str) -> list[dict]:
-    return [e for e in fake.objects("events") if e["reason"] == reason]
+def events(kube: Kube | FakeApiServer, reason: str) -> list[dict]:
+    return [e for e in kube.objects("events") if e["reason"] == reason]

@@ -1,8 +1,12 @@
-"""The agent honours the scheduler's GPU cordons: it reads its node's annotation from the API
-(the fake API server, through the real ``kubernetes`` client) and samples cordoned GPUs at the floor."""
+"""The agent honours the scheduler's GPU cordons: it reads its node's annotation from the real kube-apiserver
+(as the shipped gpuaware-agent ServiceAccount, through the ``kubernetes`` client) and samples cordoned GPUs at
+the floor; it acknowledges the power caps it applied on its node."""
 
 from __future__ import annotations
 
+import socket
+
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -12,7 +16,7 @@ from agent.core import AgentCore
 from agent.exporter import AgentCollector, AgentStats
 from agent.sampling import SamplingPolicy
 from contract import annotations
-from gpuaware.local.fake_apiserver import FakeApiServer, make_node
+from gpuaware.local.fake_apiserver import make_node
 from plumbing.kube.api import MERGE_PATCH, KubeApi, connect
 
 
@@ -31,51 +35,68 @@ def _cordoned_gauge(cores) -> dict[tuple[str, str], float]:
     return {(s.labels["Hostname"], s.labels["gpu"]): s.value for s in families["gpuaware_gpu_cordoned"].samples}
 
 
-def test_cordoned_gpus_are_read_from_the_node_and_sampled_at_the_floor():
+def test_cordoned_gpus_are_read_from_the_node_and_sampled_at_the_floor(kube):
     cores, clock = _core()
     stats = AgentStats()
-    with FakeApiServer() as fake:
-        node = make_node(cores[0].node, gpus=4)
-        node["metadata"]["annotations"] = {annotations.ANN_CORDONED: "1,3"}
-        fake.create("nodes", node)  # the second simulated node is not in this cluster
-        watcher = CordonWatcher(cores, KubeApi(connect(fake.url)), stats)
-        watcher.apply(watcher.read())
-        assert [t.cordoned for t in cores[0].tracks] == [False, True, False, True]
-        assert not any(t.cordoned for t in cores[1].tracks)
-        for s in range(120):
-            clock[0] = float(s)
-            for core in cores:
-                core.tick(float(s))
-        intervals = [t.sampler.interval for t in cores[0].tracks]
-        assert intervals[1] == intervals[3] == 1  # cordoned: at the floor
-        assert intervals[0] > 1 and intervals[2] > 1  # the others backed off while stable
-        gauge = _cordoned_gauge(cores)
-        assert gauge[(cores[0].node, "1")] == 1 and gauge[(cores[0].node, "0")] == 0
-        assert gauge[(cores[1].node, "1")] == 0
+    node = make_node(cores[0].node, gpus=4)
+    node["metadata"]["annotations"] = {annotations.ANN_CORDONED: "1,3"}
+    kube.create("nodes", node)  # the second simulated node is not in this cluster
+    watcher = CordonWatcher(cores, kube.api("gpuaware-agent"), stats)
+    watcher.apply(watcher.read())
+    assert [t.cordoned for t in cores[0].tracks] == [False, True, False, True]
+    assert not any(t.cordoned for t in cores[1].tracks)
+    for s in range(120):
+        clock[0] = float(s)
+        for core in cores:
+            core.tick(float(s))
+    intervals = [t.sampler.interval for t in cores[0].tracks]
+    assert intervals[1] == intervals[3] == 1  # cordoned: at the floor
+    assert intervals[0] > 1 and intervals[2] > 1  # the others backed off while stable
+    gauge = _cordoned_gauge(cores)
+    assert gauge[(cores[0].node, "1")] == 1 and gauge[(cores[0].node, "0")] == 0
+    assert gauge[(cores[1].node, "1")] == 0
 
-        # An operator releases GPU 3: it backs off again.
-        KubeApi(connect(fake.url)).core.patch_node(cores[0].node, {"metadata": {"annotations": {
-            annotations.ANN_CORDONED: "1"}}}, _content_type=MERGE_PATCH)
-        watcher.apply(watcher.read())
-        assert [t.cordoned for t in cores[0].tracks] == [False, True, False, False]
-        assert not cores[0].tracks[3].sampler.pinned
-        assert stats.cordon_read_errors == 0  # a node the API does not know is not an error
+    # An operator releases GPU 3: it backs off again.
+    KubeApi(kube.admin).core.patch_node(cores[0].node, {"metadata": {"annotations": {
+        annotations.ANN_CORDONED: "1"}}}, _content_type=MERGE_PATCH)
+    watcher.apply(watcher.read())
+    assert [t.cordoned for t in cores[0].tracks] == [False, True, False, False]
+    assert not cores[0].tracks[3].sampler.pinned
+    assert stats.cordon_read_errors == 0  # a node the API does not know is not an error
 
     # The API gone: the read fails, is counted, and the last known cordons stand.
+    watcher.api = KubeApi(connect(_nothing_listening()))
     watcher.apply(watcher.read())
     assert stats.cordon_read_errors == 2
     assert [t.cordoned for t in cores[0].tracks] == [False, True, False, False]
 
 
-def test_no_api_means_no_watcher(monkeypatch):
+def _nothing_listening() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_no_api_means_no_watcher(monkeypatch, tmp_path):
     cores, _ = _core()
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
     assert CordonWatcher.from_settings(cores, AgentStats(), None, 15.0) is None
+    # An agent run beside a cluster reads through the kubeconfig KUBECONFIG names (it used to read nothing).
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": _nothing_listening()}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    assert CordonWatcher.from_settings(cores, AgentStats(), None, 15.0) is not None
+    monkeypatch.delenv("KUBECONFIG")
     assert CordonWatcher.from_settings(cores, AgentStats(), "http://127.0.0.1:1", 0) is None
     assert CordonWatcher.from_settings(cores, AgentStats(), "http://127.0.0.1:1", 5.0) is not None
 
 
-def test_power_caps_the_gpus_accepted_are_acknowledged_on_the_node():
+def test_power_caps_the_gpus_accepted_are_acknowledged_on_the_node(kube):
     """Issue 17 item 11: a cap is acknowledged on the Node (its agent's only write, held to that node by the
     admission policy tested in tests/deploy/test_rbac.py), and the acknowledgement follows a lift."""
     from agent.runtime import AgentRuntime
@@ -83,23 +104,23 @@ def test_power_caps_the_gpus_accepted_are_acknowledged_on_the_node():
 
     cores, _ = _core()
     stats = AgentStats()
-    with FakeApiServer() as fake:
-        fake.create("nodes", make_node(cores[0].node, gpus=4))
-        api = KubeApi(connect(fake.url))
-        watcher = CordonWatcher(cores, api, stats)
-        runtime = AgentRuntime.__new__(AgentRuntime)  # only its control handling, on these cores
-        runtime.cores, runtime.stats = cores, stats
-        uuid = cores[0].devices[2].uuid
-        runtime.handle_control(AgentControl("c", 0, cores[0].node, ControlKind.POWER_CAP, None, uuid, 250))
+    kube.create("nodes", make_node(cores[0].node, gpus=4))
+    # The agent's token is bound to a pod on its node: the admission policy lets it write that node only.
+    api = kube.agent_api(cores[0].node)
+    watcher = CordonWatcher(cores, api, stats)
+    runtime = AgentRuntime.__new__(AgentRuntime)  # only its control handling, on these cores
+    runtime.cores, runtime.stats = cores, stats
+    uuid = cores[0].devices[2].uuid
+    runtime.handle_control(AgentControl("c", 0, cores[0].node, ControlKind.POWER_CAP, None, uuid, 250))
 
-        def acked() -> dict[int, int]:
-            return annotations.power_caps(api.read_node(cores[0].node), annotations.ANN_POWER_CAPS_APPLIED)
+    def acked() -> dict[int, int]:
+        return annotations.power_caps(api.read_node(cores[0].node), annotations.ANN_POWER_CAPS_APPLIED)
 
-        watcher.apply(watcher.read())
-        assert acked() == {2: 250}
-        patches = fake.store.requests.get("PATCH", 0)
-        watcher.apply(watcher.read())
-        assert fake.store.requests.get("PATCH", 0) == patches  # unchanged: not written again
-        runtime.handle_control(AgentControl("c", 0, cores[0].node, ControlKind.POWER_CAP, None, uuid, 0))
-        watcher.apply(watcher.read())
-        assert acked() == {}
+    watcher.apply(watcher.read())
+    assert acked() == {2: 250}
+    version = api.read_node(cores[0].node)["metadata"]["resourceVersion"]
+    watcher.apply(watcher.read())
+    assert api.read_node(cores[0].node)["metadata"]["resourceVersion"] == version  # unchanged: not written
+    runtime.handle_control(AgentControl("c", 0, cores[0].node, ControlKind.POWER_CAP, None, uuid, 0))
+    watcher.apply(watcher.read())
+    assert acked() == {}

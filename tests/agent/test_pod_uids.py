@@ -1,5 +1,7 @@
 """agent.pod_uids: the UIDs of the node's pods fill PodResourcesWatcher.uids, from the informer's
-callbacks and, end to end, from the fake API server through the real client and Informer."""
+callbacks and, end to end, from the real kube-apiserver through the client and Informer. These read as the
+admin: the agent's own grant to list pods (the opt-in agent-pod-uids component) is proven on the same
+apiserver in tests/deploy/test_rbac.py."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from agent.main import follow_pod_uids
 from agent.pod_uids import PodUids
 from agent.podresources import PodRef, PodResourcesWatcher
 from agent.settings import AgentSettings
-from gpuaware.local.fake_apiserver import FakeApiServer, make_pod
-from plumbing.kube.api import KubeApi, connect
+from gpuaware.local.fake_apiserver import make_pod
+from plumbing.kube.api import KubeApi
 
 
 def _pod(name: str, uid: str, ns: str = "ml") -> dict:
@@ -50,46 +52,46 @@ def test_sync_add_modify_delete_keep_the_uids_of_the_pods():
 def test_off_by_default_and_none_without_an_api(monkeypatch):
     assert AgentSettings().pod_uids is False
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
     assert PodUids.from_settings(PodResourcesWatcher(socket_path="/nonexistent"), "n", None) is None
 
 
-def test_the_informer_follows_only_the_pods_of_its_node():
+def test_the_informer_follows_only_the_pods_of_its_node(kube):
     watcher = PodResourcesWatcher(socket_path="/nonexistent")
-    with FakeApiServer() as fake:
-        api = KubeApi(connect(fake.url, pool_size=2))
 
-        def on(name: str, node: str) -> str:
-            pod = make_pod(name, "ml")
-            pod["spec"]["nodeName"] = node
-            return fake.create("pods", pod)["metadata"]["uid"]
+    def on(name: str, node: str) -> str:
+        pod = make_pod(name, "ml")
+        pod["spec"]["nodeName"] = node
+        return kube.create("pods", pod)["metadata"]["uid"]
 
-        here = on("here", "node-a")
-        on("elsewhere", "node-b")
-        uids = PodUids.from_settings(watcher, "node-a", fake.url)
-        try:
-            _until(lambda: watcher.uids == {("ml", "here"): here})
-            later = on("later", "node-a")
-            on("later-b", "node-b")
-            _until(lambda: watcher.uids == {("ml", "here"): here, ("ml", "later"): later})
-            api.core.delete_namespaced_pod("here", "ml")
-            _until(lambda: watcher.uids == {("ml", "later"): later})
-        finally:
-            uids.stop()
-        assert not uids.informer._thread.is_alive()
+    here = on("here", "node-a")
+    on("elsewhere", "node-b")
+    uids = PodUids.from_settings(watcher, "node-a", None, KubeApi(kube.admin))
+    try:
+        _until(lambda: watcher.uids == {("ml", "here"): here})
+        later = on("later", "node-a")
+        on("later-b", "node-b")
+        _until(lambda: watcher.uids == {("ml", "here"): here, ("ml", "later"): later})
+        # Deleted at once: a pod on a node no kubelet runs would otherwise stay Terminating for ever.
+        kube.delete("pods", "here", "ml")
+        _until(lambda: watcher.uids == {("ml", "later"): later})
+    finally:
+        uids.stop()
+    assert not uids.informer._thread.is_alive()
 
 
-def test_the_agent_follows_pod_uids_only_when_asked_and_only_for_the_kubelets_pods():
+def test_the_agent_follows_pod_uids_only_when_asked_and_only_for_the_kubelets_pods(kube, monkeypatch):
     from agent.collectors.sim import SimCluster, load_scenario
 
     watcher = PodResourcesWatcher(socket_path="/nonexistent")
-    with FakeApiServer() as fake:
-        on = AgentSettings(pod_uids=True, api_server=fake.url, node_name="node-a")
-        assert follow_pod_uids(AgentSettings(api_server=fake.url), watcher, watcher) is None
-        sim = SimCluster(load_scenario("baseline")).attribution()
-        assert follow_pod_uids(on, watcher, sim) is None  # the simulator fills its own UIDs
-        uids = follow_pod_uids(on, watcher, watcher)
-        try:
-            assert uids is not None and uids.informer.spec.field_selector == "spec.nodeName=node-a"
-            assert uids.informer.synced.wait(10)
-        finally:
-            uids.stop()
+    monkeypatch.setenv("KUBECONFIG", str(kube.cp.kubeconfig))  # an agent beside the cluster: its kubeconfig
+    on = AgentSettings(pod_uids=True, node_name="node-a")
+    assert follow_pod_uids(AgentSettings(), watcher, watcher) is None
+    sim = SimCluster(load_scenario("baseline")).attribution()
+    assert follow_pod_uids(on, watcher, sim) is None  # the simulator fills its own UIDs
+    uids = follow_pod_uids(on, watcher, watcher)
+    try:
+        assert uids is not None and uids.informer.spec.field_selector == "spec.nodeName=node-a"
+        assert uids.informer.synced.wait(10)
+    finally:
+        uids.stop()

@@ -4,9 +4,9 @@ Then, per metrics schema and coexistence mode, every query of NVIDIA's dcgm-expo
 of ours that reads the agent returns data for each simulated GPU architecture (Hopper, Ampere,
 Turing, Ada), except what the architecture cannot give.
 
-The scheduler runs as ``gpuaware scheduler`` against the fake API server (nodes named as the
+The scheduler runs as ``gpuaware scheduler`` against the real kube-apiserver (nodes named as the
 simulated agent's, so live GPU state applies), with two tenants' queues, pods it places, and pods
-nobody can place (so queue gauges have series)."""
+nobody can place (so queue gauges have series); it and the agent act as their shipped ServiceAccounts."""
 
 from __future__ import annotations
 
@@ -30,11 +30,12 @@ from contract.dcgm import translate
 from contract.events import GpuInfo, GpuSample, TelemetryBatch, encode
 from dashboards.build import rules_path
 from dashboards.definitions import DASHBOARDS, VARIANTS, variant
-from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
+from gpuaware.local.fake_apiserver import make_node, make_pod
 from gpuaware.local.processes import ChildProcess, free_port
 from gpuaware.local.prometheus import LocalPrometheus, available
 from gpuaware.local.stream_workers import StreamWorkerProcess, worker_env
 from plumbing.kafka_settings import KafkaSettings
+from tests.real_kube import Kube
 from tests.support import produce
 from tests.system import nvidia_dashboard as nvidia
 
@@ -78,42 +79,42 @@ def _query(prometheus: LocalPrometheus, expr: str) -> list:
     return prometheus.query(expr.replace("$__range", "10m"))
 
 
-def _cluster(fake: FakeApiServer, unique: str) -> None:
-    fake.create("nodes", make_node(f"live-{unique}-000", gpus=6))
-    fake.create("nodes", make_node(f"spare-{unique}", gpus=8, product="NVIDIA-A100-SXM4-80GB"))
+def _cluster(kube: Kube, unique: str) -> None:
+    kube.create("nodes", make_node(f"live-{unique}-000", gpus=6))
+    kube.create("nodes", make_node(f"spare-{unique}", gpus=8, product="NVIDIA-A100-SXM4-80GB"))
     for tenant, weight, quota in (("vision", 2, 4), ("speech", 1, 2)):
-        fake.create("gpuqueues", {"metadata": {"name": tenant}, "spec": {
+        kube.create("gpuqueues", {"metadata": {"name": tenant}, "spec": {
             "tenant": tenant, "namespaces": [tenant], "weight": weight, "quota": [{"model": "*", "gpus": quota}]}},
             group="gpuaware.io", version="v1alpha1")
     for i in range(4):
-        fake.create("pods", make_pod(f"train-{i}", namespace="vision", gpus=1))
-    fake.create("pods", make_pod("asr", namespace="speech", gpus=0, annotations={"gpuaware.io/gpu-milli": "500"}))
+        kube.create("pods", make_pod(f"train-{i}", namespace="vision", gpus=1))
+    kube.create("pods", make_pod("asr", namespace="speech", gpus=0, annotations={"gpuaware.io/gpu-milli": "500"}))
     # Nobody has a B200: these wait, so the queue gauges have series.
-    fake.create("pods", make_pod("waiting", namespace="speech", gpus=1, annotations={"gpuaware.io/gpu-models": "B200"},
+    kube.create("pods", make_pod("waiting", namespace="speech", gpus=1, annotations={"gpuaware.io/gpu-models": "B200"},
                                  priority=200_000))
-    fake.create("pods", make_pod("waiting", namespace="vision", gpus=1, annotations={"gpuaware.io/gpu-models": "B200"}))
+    kube.create("pods", make_pod("waiting", namespace="vision", gpus=1, annotations={"gpuaware.io/gpu-models": "B200"}))
 
 
 def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaSettings, tmp_path: Path,
-                                                          unique: str) -> None:
+                                                          unique: str, kube: Kube) -> None:
     (tmp_path / "live.yaml").write_text(SCENARIO.replace("name: live", f"name: live-{unique}")
                                         + f"node_prefix: live-{unique}\n")
     asyncio.run(produce(kafka_settings, _history(f"hist-{unique}")))
-    fake = FakeApiServer().start()
-    _cluster(fake, unique)
+    _cluster(kube, unique)
     agent_port = free_port()
     agent = ChildProcess("agent", [sys.executable, "-m", "gpuaware", "--log-level", "warning", "agent",
                                    "--collector", "sim", "--scenario", str(tmp_path / "live.yaml"),
                                    "--spool-dir", str(tmp_path / "spool"), "--metrics-port", str(agent_port),
-                                   "--api-server", fake.url],
-                         tmp_path / "agent.log", {**worker_env(kafka_settings), "GPUAWARE_AGENT__CORDON_POLL_S": "1"})
+                                   ],
+                         tmp_path / "agent.log", {**worker_env(kafka_settings), "GPUAWARE_AGENT__CORDON_POLL_S": "1",
+                                                  "KUBECONFIG": str(kube.accounts["gpuaware-agent"])})
     stream = StreamWorkerProcess(kafka_settings, f"live-{unique}", tmp_path, "stream",
                                  cluster_forecast_interval_s=2, node_state_interval_s=1)
     scheduler_port = free_port()
     scheduler = ChildProcess("scheduler", [sys.executable, "-m", "gpuaware", "--log-level", "warning", "scheduler",
-                                           "--api-server", fake.url, "--metrics-port", str(scheduler_port),
-                                           "--extender-port", "0"],
-                             tmp_path / "scheduler.log", worker_env(kafka_settings))
+                                           "--metrics-port", str(scheduler_port), "--extender-port", "0"],
+                             tmp_path / "scheduler.log",
+                             {**worker_env(kafka_settings), "KUBECONFIG": str(kube.accounts["gpuaware-scheduler"])})
     prometheus = LocalPrometheus(tmp_path / "prometheus",
                                  {"gpuaware-agent": [agent_port], "gpuaware-stream": [stream.metrics_port],
                                   "gpuaware-scheduler": [scheduler_port]})
@@ -145,7 +146,7 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
         live_node = f"live-{unique}-000"
 
         def cordoned() -> set[int]:
-            (node,) = [n for n in fake.objects("nodes") if n["metadata"]["name"] == live_node]
+            (node,) = [n for n in kube.objects("nodes") if n["metadata"]["name"] == live_node]
             raw = (node["metadata"].get("annotations") or {}).get("gpuaware.io/cordoned-gpus", "")
             return {int(g) for g in raw.split(",") if g}
 
@@ -155,7 +156,7 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
         assert {3, 4, 5} <= cordoned()
 
         def on_failed() -> list[str]:  # pods still on a cordoned GPU (they are migrated off)
-            return [p["metadata"]["name"] for p in fake.objects("pods") if p["spec"].get("nodeName") == live_node
+            return [p["metadata"]["name"] for p in kube.objects("pods") if p["spec"].get("nodeName") == live_node
                     and {g["index"] for g in json.loads(p["metadata"]["annotations"]["gpuaware.io/gpus"])}
                     & cordoned()]
 
@@ -163,7 +164,7 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
         while time.monotonic() < deadline and on_failed():
             time.sleep(0.5)
         assert not on_failed()
-        pods = fake.objects("pods")
+        pods = kube.objects("pods")
         # The agent read the cordons from its node and honours them (sampled at the floor, shown on /metrics).
 
         def agent_cordoned() -> set[int]:
@@ -178,7 +179,6 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
     finally:
         for child in (prometheus, scheduler, stream, agent):
             child.stop()
-        fake.stop()
 
 
 # Two GPUs of each architecture, one idle holding memory with an XID, one training under a power

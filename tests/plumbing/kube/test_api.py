@@ -1,6 +1,7 @@
-"""``KubeApi`` and ``Informer`` against the fake API server: the Binding carries the pod's UID as a precondition,
+"""``KubeApi`` and ``Informer`` against the real kube-apiserver: the Binding carries the pod's UID as a precondition,
 so a pod deleted and recreated under the same name never gets the placement (and GPUs) meant for the old one;
-concurrent GPU cordons all stick; the informer re-lists after 410 Gone and follows bookmarks."""
+concurrent GPU cordons all stick; the informer follows bookmarks and re-lists after 410 Gone once etcd compacted
+the history its watch would resume from."""
 
 from __future__ import annotations
 
@@ -12,46 +13,76 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from contract import annotations
-from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
+from gpuaware.local.fake_apiserver import make_node, make_pod
+from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
 from plumbing.kube.api import Informer, KubeApi, PodReplaced, WatchSpec, connect
+from tests.real_kube import api_client
+from tests.support import need
 
 GPUS = {"gpuaware.io/gpus": "GPU-old-0"}
 
 
-def test_a_binding_for_a_pod_deleted_and_recreated_under_its_name_is_refused_as_pod_replaced() -> None:
-    with FakeApiServer() as fake:
-        api = KubeApi(connect(fake.url))
-        fake.create("nodes", make_node("n1"))
-        old = fake.create("pods", make_pod("p"))["metadata"]["uid"]
-        api.core.delete_namespaced_pod("p", "default", _preload_content=False)
-        new = fake.create("pods", make_pod("p"))["metadata"]["uid"]
-        with pytest.raises(PodReplaced) as refused:
-            api.bind("default", "p", "n1", GPUS, uid=old)
-        # As kube-apiserver answers (pkg/registry/core/pod/storage: the Binding's UID is a storage precondition).
-        assert refused.value.status == 409
-        body = json.loads(refused.value.body)
-        assert body["reason"] == "Conflict" and body["details"] == {"name": "p", "kind": "pods"}
-        assert body["message"].endswith(f"Precondition failed: UID in precondition: {old}, UID in object meta: {new}")
-        pod = api.read_pod("default", "p")
-        assert not pod["spec"].get("nodeName") and "gpuaware.io/gpus" not in pod["metadata"].get("annotations", {})
-        api.bind("default", "p", "n1", GPUS, uid=new)
-        assert api.read_pod("default", "p")["spec"]["nodeName"] == "n1"
+def _until(cond, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)  # polling interval of a condition with a deadline
 
 
-def test_other_binding_conflicts_are_not_pod_replaced_and_no_uid_means_no_precondition() -> None:
-    with FakeApiServer() as fake:
-        api = KubeApi(connect(fake.url))
-        uid = fake.create("pods", make_pod("p"))["metadata"]["uid"]
-        api.bind("default", "p", "n1")  # no UID: no precondition, as before
-        with pytest.raises(ApiException) as again:
-            api.bind("default", "p", "n2", uid=uid)
-        assert again.value.status == 409 and not isinstance(again.value, PodReplaced)
-        assert "already assigned to node" in json.loads(again.value.body)["message"]
+def test_a_binding_for_a_pod_deleted_and_recreated_under_its_name_is_refused_as_pod_replaced(kube) -> None:
+    api = kube.api()  # as the scheduler
+    kube.create("nodes", make_node("n1"))
+    old = kube.create("pods", make_pod("p"))["metadata"]["uid"]
+    kube.delete("pods", "p")
+    new = kube.create("pods", make_pod("p"))["metadata"]["uid"]
+    with pytest.raises(PodReplaced) as refused:
+        api.bind("default", "p", "n1", GPUS, uid=old)
+    # pkg/registry/core/pod/storage: the Binding's UID is a storage precondition.
+    assert refused.value.status == 409
+    body = json.loads(refused.value.body)
+    assert body["reason"] == "Conflict" and body["details"] == {"name": "p", "kind": "pods"}
+    assert body["message"].endswith(f"Precondition failed: UID in precondition: {old}, UID in object meta: {new}")
+    pod = KubeApi(kube.admin).read_pod("default", "p")  # the scheduler may not get a pod; it lists and watches
+    assert not pod["spec"].get("nodeName") and "gpuaware.io/gpus" not in pod["metadata"].get("annotations", {})
+    api.bind("default", "p", "n1", GPUS, uid=new)
+    assert kube.get("pods", "p")["spec"]["nodeName"] == "n1"
 
 
-def test_informer_relists_after_410_gone_and_follows_bookmarks():
-    with FakeApiServer(window=5, bookmark_every_s=0.2) as fake:
-        core = k8s.CoreV1Api(connect(fake.url))
+def test_other_binding_conflicts_are_not_pod_replaced_and_no_uid_means_no_precondition(kube) -> None:
+    api = kube.api()
+    uid = kube.create("pods", make_pod("p"))["metadata"]["uid"]
+    api.bind("default", "p", "n1")  # no UID: no precondition, as before
+    with pytest.raises(ApiException) as again:
+        api.bind("default", "p", "n2", uid=uid)
+    assert again.value.status == 409 and not isinstance(again.value, PodReplaced)
+    assert "already assigned to node" in json.loads(again.value.body)["message"]
+
+
+def test_informer_follows_bookmarks(kube):
+    """The apiserver sends a bookmark shortly before a watch's timeout: the informer's resourceVersion moves
+    to it without a node event. A pod write moves the store's revision on; a consistent list brings the
+    node watch cache up to that revision (etcd's progress notification), and the next bookmark carries it."""
+    core = k8s.CoreV1Api(kube.admin)
+    inf = Informer(WatchSpec("nodes", core.list_node), lambda items: None, lambda kind, obj: None,
+                   watch_timeout_s=4).start()
+    try:
+        assert inf.synced.wait(10)
+        listed = int(inf.resource_version)
+        kube.create("pods", make_pod("elsewhere"))  # the store moves on; the node watch sees no event
+        core.list_node()
+        _until(lambda: int(inf.resource_version) > listed, "a bookmark")
+    finally:
+        inf.stop()
+
+
+def test_informer_relists_after_410_gone_once_etcd_compacted_its_history():
+    """The apiserver's watch cache serves a watch from its own window, even from a resourceVersion etcd has
+    compacted away (seen on v1.36: no 410), so this control plane runs without it: the watch goes to etcd,
+    which answers a compacted revision with 410 Expired, and the informer re-lists. Its own control plane,
+    as the session's keeps the watch cache production runs with."""
+    need(find_binaries, BinariesMissing)
+    with KubeControlPlane(apiserver_args=["--watch-cache=false"]) as cp:
+        core = k8s.CoreV1Api(api_client(cp.kubeconfig))
         seen: dict[str, str] = {}
         syncs: list[int] = []
 
@@ -61,50 +92,39 @@ def test_informer_relists_after_410_gone_and_follows_bookmarks():
             seen.update({i["metadata"]["name"]: "SYNC" for i in items})
 
         inf = Informer(WatchSpec("nodes", core.list_node), on_sync,
-                       lambda kind, obj: seen.__setitem__(obj["metadata"]["name"], kind), watch_timeout_s=30).start()
+                       lambda kind, obj: seen.__setitem__(obj["metadata"]["name"], kind), watch_timeout_s=2).start()
         try:
-            assert inf.synced.wait(5)
-            fake.create("nodes", make_node("a"))
-            deadline = time.monotonic() + 5
-            while "a" not in seen and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert seen["a"] == "ADDED"
-            deadline = time.monotonic() + 5  # a bookmark moves the informer's resourceVersion to the head
-            while int(inf.resource_version) != fake.store.rv and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert int(inf.resource_version) == fake.store.rv
+            assert inf.synced.wait(10)
+            core.create_node({"metadata": {"name": "a"}})
+            _until(lambda: seen.get("a") == "ADDED", "the watch event")
+            old = inf.resource_version
             for i in range(10):
-                fake.create("nodes", make_node(f"b{i}"))
-            # Drop the informer's position out of the retained window: the next watch gets 410 and re-lists.
-            # An event or bookmark read between the two lines below moves the position back to the head, so
-            # the drop is repeated until the re-list is seen.
-            deadline = time.monotonic() + 10
-            while len(syncs) < 2 and time.monotonic() < deadline:
-                inf.resource_version = "1"
-                inf._resp.close() if inf._resp is not None else None
-                until = time.monotonic() + 1
-                while len(syncs) < 2 and time.monotonic() < until:
-                    time.sleep(0.02)
-            assert len(syncs) >= 2 and syncs[-1] == 11 and inf.relists >= 2
+                core.create_node({"metadata": {"name": f"b{i}"}})
+            cp.compact_etcd()
+            # Resume from before the compaction, as a watch broken off then would: the current watch ends within
+            # its 2 s timeout (nothing else is written, so nothing moves the position back), the next one starts
+            # from there and gets 410, then the informer re-lists.
+            inf.resource_version = old
+            _until(lambda: len(syncs) >= 2, "the re-list after 410")
+            assert syncs[-1] == 11 and inf.relists >= 2
         finally:
             inf.stop()
 
 
-def test_gpus_cordoned_at_once_are_all_kept_with_an_operators_own_cordon():
+def test_gpus_cordoned_at_once_are_all_kept_with_an_operators_own_cordon(kube):
     """Several GPUs of one node turning critical together are cordoned by concurrent writers; a
     read-modify-write without the resourceVersion precondition keeps only the last writer's GPU."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with FakeApiServer() as fake:
-        node = make_node("n0", gpus=8)
-        node["metadata"]["annotations"] = {annotations.ANN_CORDONED: "7"}
-        fake.create("nodes", node)
-        apis = [KubeApi(connect(fake.url)) for _ in range(6)]
-        with ThreadPoolExecutor(6) as pool:
-            list(pool.map(lambda a: a[1].cordon_gpu("n0", a[0]), enumerate(apis)))
-        (node,) = fake.objects("nodes")
-        assert annotations.cordoned_gpus(node) == {0, 1, 2, 3, 4, 5, 7}
-        assert node["metadata"]["annotations"][annotations.ANN_CORDONED] == "0,1,2,3,4,5,7"
+    node = make_node("n0", gpus=8)
+    node["metadata"]["annotations"] = {annotations.ANN_CORDONED: "7"}
+    kube.create("nodes", node)
+    apis = [kube.api() for _ in range(6)]  # six scheduler clients, as the shipped ServiceAccount
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda a: a[1].cordon_gpu("n0", a[0]), enumerate(apis)))
+    node = kube.get("nodes", "n0", None)
+    assert annotations.cordoned_gpus(node) == {0, 1, 2, 3, 4, 5, 7}
+    assert node["metadata"]["annotations"][annotations.ANN_CORDONED] == "0,1,2,3,4,5,7"
 
 
 def test_informer_stop_returns_at_once_while_its_watch_waits_for_a_silent_server():

@@ -1,4 +1,5 @@
-"""Fixtures for the live scheduler's parts: the fake API server, a cache listed from it, API calls to it."""
+"""Fixtures for the live scheduler's parts: a cache listed from the session's real apiserver (``kube``), and API
+calls to it as the shipped gpuaware-scheduler ServiceAccount."""
 
 from __future__ import annotations
 
@@ -6,21 +7,14 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from gpuaware.local.fake_apiserver import FakeApiServer
-from plumbing.kube.api import KubeApi, connect
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.calls import ApiCalls
 from scheduler.kube.tasks import Tasks
 from scheduler.metrics import SchedulerStats
 from tests import support
+from tests.real_kube import Kube
 
 WaitFor = Callable[..., Awaitable[None]]
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
 
 
 @pytest.fixture
@@ -29,8 +23,8 @@ def stats() -> SchedulerStats:
 
 
 @pytest.fixture
-def calls(fake: FakeApiServer, stats: SchedulerStats) -> Iterator[ApiCalls]:
-    api_calls = ApiCalls(KubeApi(connect(fake.url)), stats, workers=4)
+def calls(kube: Kube, stats: SchedulerStats) -> Iterator[ApiCalls]:
+    api_calls = ApiCalls(kube.api(), stats, workers=4)
     yield api_calls
     api_calls.shutdown()
 
@@ -41,14 +35,14 @@ async def tasks() -> Tasks:
 
 
 @pytest.fixture
-def listed(fake: FakeApiServer) -> Callable[[], ClusterCache]:
-    """A cache as the informers' first list leaves it: the fake's nodes, pods and GPUQueues."""
+def listed(kube: Kube) -> Callable[[], ClusterCache]:
+    """A cache as the informers' first list leaves it: the apiserver's nodes, pods and GPUQueues."""
 
     def list_cache() -> ClusterCache:
         cache = ClusterCache(scheduler_name="gpuaware")
-        cache.sync_nodes(fake.objects("nodes"))
-        cache.sync_pods(fake.objects("pods"))
-        cache.sync_queues(fake.objects("gpuqueues", group="gpuaware.io", version="v1alpha1"))
+        cache.sync_nodes(kube.objects("nodes"))
+        cache.sync_pods(kube.objects("pods"))
+        cache.sync_queues(kube.objects("gpuqueues", group="gpuaware.io", version="v1alpha1"))
         return cache
 
     return list_cache

@@ -8,8 +8,7 @@ import time
 
 from contract import annotations
 from contract.events import DecisionAction, HealthBand, NodeGpu, NodeState, SchedulerDecision
-from gpuaware.local.fake_apiserver import BY_PATH, make_node, make_pod
-from plumbing.kube.api import KubeApi, connect
+from gpuaware.local.fake_apiserver import make_node, make_pod
 from scheduler.core.cluster import Allocation
 from scheduler.core.framework import Decision
 from scheduler.core.preemption import Running
@@ -39,9 +38,9 @@ class Recorder:
         self.published.append(record)
 
 
-def setup(fake, listed, calls, stats, view=None):
-    fake.create("nodes", make_node("n0", gpus=2))
-    fake.create("pods", make_pod("p", gpus=1))
+def setup(kube, listed, calls, stats, view=None):
+    kube.create("nodes", make_node("n0", gpus=2))
+    kube.create("pods", make_pod("p", gpus=1))
     cache = listed()
     rec = Recorder()
     binder = Binder(calls, cache, SETTINGS, stats, DecisionSink(rec.publish), Departures(), view,
@@ -53,22 +52,22 @@ def setup(fake, listed, calls, stats, view=None):
     return cache, binder, rec, Decision(w, alloc, [Reason(Code.SCHEDULED, "test", "fits")], 1.0, 0.001)
 
 
-def pod(fake, name="p"):
-    return next(p for p in fake.objects("pods") if p["metadata"]["name"] == name)
+def pod(kube, name="p"):
+    return next(p for p in kube.objects("pods") if p["metadata"]["name"] == name)
 
 
-async def test_bind_writes_node_gpus_and_sharing_in_one_binding_then_event_and_decision(fake, listed, calls, stats):
+async def test_bind_writes_node_gpus_and_sharing_in_one_binding_then_event_and_decision(kube, listed, calls, stats):
     view = StateView()
     view.learn(NodeState("n0", int(time.time() * 1000), None, None,
                          [NodeGpu(f"GPU-{g}", g, "H100", 81920, 0, HealthBand.HEALTHY) for g in range(2)], 2000, 0))
-    cache, binder, rec, d = setup(fake, listed, calls, stats, view)
+    cache, binder, rec, d = setup(kube, listed, calls, stats, view)
     await binder.bind(d.workload, d, [])
-    p = pod(fake)
+    p = pod(kube)
     assert p["spec"]["nodeName"] == "n0"
     assert json.loads(p["metadata"]["annotations"][annotations.ANN_GPUS]) == [
         {"index": 1, "uuid": "GPU-1", "milli": 1000}]
     assert p["metadata"]["annotations"][annotations.ANN_SHARING] == "exclusive"
-    (event,) = [e for e in fake.objects("events") if e["reason"] == "Scheduled"]
+    (event,) = [e for e in kube.objects("events") if e["reason"] == "Scheduled"]
     assert event["involvedObject"]["name"] == "p" and "GPUs 1:1000m" in event["message"]
     (record,) = rec.published
     assert record.action == DecisionAction.PLACE and record.node == "n0"
@@ -78,9 +77,9 @@ async def test_bind_writes_node_gpus_and_sharing_in_one_binding_then_event_and_d
     assert "default/p" in cache.running  # the reservation stands until the pod's watch event says bound
 
 
-async def test_bound_elsewhere_keeps_the_apis_answer_and_releases_the_reservation(fake, listed, calls, stats):
-    cache, binder, rec, d = setup(fake, listed, calls, stats)
-    KubeApi(connect(fake.url)).bind("default", "p", "n0")  # e.g. by this scheduler before a restart
+async def test_bound_elsewhere_keeps_the_apis_answer_and_releases_the_reservation(kube, listed, calls, stats):
+    cache, binder, rec, d = setup(kube, listed, calls, stats)
+    kube.api().bind("default", "p", "n0")  # e.g. by this scheduler before a restart
     await binder.bind(d.workload, d, [])
     assert stats.api_errors[("bind", 409)] == 1
     assert "default/p" not in cache.running and "default/p" not in cache.reservations
@@ -88,44 +87,54 @@ async def test_bound_elsewhere_keeps_the_apis_answer_and_releases_the_reservatio
     assert rec.wakes == 1 and rec.bound == [] and rec.published == []
 
 
-async def test_victims_not_gone_in_time_withdraw_the_placement_and_requeue_the_pod(fake, listed, calls, stats):
-    fake.create("pods", make_pod("victim", gpus=1))
-    cache, binder, rec, d = setup(fake, listed, calls, stats)
+async def test_victims_not_gone_in_time_withdraw_the_placement_and_requeue_the_pod(kube, listed, calls, stats):
+    kube.create("pods", make_pod("victim", gpus=1))
+    cache, binder, rec, d = setup(kube, listed, calls, stats)
     await binder.bind(d.workload, d, ["default/victim"])  # the victim never leaves
-    assert pod(fake)["spec"].get("nodeName") is None
+    assert pod(kube)["spec"].get("nodeName") is None
     assert "default/p" in cache.pending and "default/p" not in cache.running
     assert rec.wakes == 1 and rec.published == []
 
 
-async def test_bind_waits_for_its_victims_to_be_gone(fake, listed, calls, stats, wait_for):
-    fake.create("pods", make_pod("victim", gpus=1))
-    _cache, binder, _rec, d = setup(fake, listed, calls, stats)
+async def test_bind_waits_for_its_victims_to_be_gone(kube, listed, calls, stats, wait_for):
+    kube.create("pods", make_pod("victim", gpus=1))
+    _cache, binder, _rec, d = setup(kube, listed, calls, stats)
     binder.departures.expect("default/victim")
+    asked: list[str] = []
+    call = calls.call
+
+    async def recorded(fn, *args):
+        asked.append(fn.__name__)
+        return await call(fn, *args)
+
+    calls.call = recorded
     task = asyncio.create_task(binder.bind(d.workload, d, ["default/victim"]))
-    await asyncio.sleep(0.05)
-    assert not task.done() and pod(fake)["spec"].get("nodeName") is None
+    # One turn of the loop runs the task up to its first suspension. A binder that did not wait for the
+    # victim would have asked for the Binding by then; no time has to pass for this check to mean it.
+    await asyncio.sleep(0)
+    assert not task.done() and asked == [] and pod(kube)["spec"].get("nodeName") is None
     binder.departures.left("default/victim")  # the pod watch saw it go
     await asyncio.wait_for(task, 5)
-    assert pod(fake)["spec"]["nodeName"] == "n0"
+    assert pod(kube)["spec"]["nodeName"] == "n0"
     assert stats.decisions[("PLACE", "preempted")] == 1
 
 
-async def test_a_pod_recreated_under_its_name_is_not_bound_to_the_old_pods_gpus(fake, listed, calls, stats):
-    cache, binder, rec, d = setup(fake, listed, calls, stats)
-    old_uid = pod(fake)["metadata"]["uid"]
-    fake.store.delete(BY_PATH[("", "v1", "pods")], "default", "p")
-    fake.create("pods", make_pod("p", gpus=1))  # same name, new UID
+async def test_a_pod_recreated_under_its_name_is_not_bound_to_the_old_pods_gpus(kube, listed, calls, stats):
+    cache, binder, rec, d = setup(kube, listed, calls, stats)
+    old_uid = pod(kube)["metadata"]["uid"]
+    kube.delete("pods", "p")
+    kube.create("pods", make_pod("p", gpus=1))  # same name, new UID
     await binder.bind(d.workload, d, [], old_uid)
-    assert not pod(fake)["spec"].get("nodeName")  # the new pod stays pending for its own decision
+    assert not pod(kube)["spec"].get("nodeName")  # the new pod stays pending for its own decision
     assert stats.decisions[("DROP", "pod-replaced")] == 1 and not stats.api_errors
     assert "default/p" not in cache.running and rec.bound == []
 
 
-async def test_a_preemptor_waiting_for_its_victims_holds_no_bind_slot(fake, listed, calls, stats):
-    fake.create("nodes", make_node("n0", gpus=2))
-    fake.create("pods", make_pod("victim", gpus=1))
-    fake.create("pods", make_pod("pre", gpus=1))
-    fake.create("pods", make_pod("other", gpus=1))
+async def test_a_preemptor_waiting_for_its_victims_holds_no_bind_slot(kube, listed, calls, stats):
+    kube.create("nodes", make_node("n0", gpus=2))
+    kube.create("pods", make_pod("victim", gpus=1))
+    kube.create("pods", make_pod("pre", gpus=1))
+    kube.create("pods", make_pod("other", gpus=1))
     cache = listed()
     rec = Recorder()
     one_slot = SchedulerSettings(checkpoint_timeout_s=30.0, eviction_timeout_s=30.0, extender_port=0, bind_workers=1)

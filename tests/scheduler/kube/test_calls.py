@@ -13,23 +13,23 @@ from scheduler.kube.calls import ApiCalls, NotLeading
 from scheduler.metrics import SchedulerStats
 
 
-async def test_call_runs_the_client_and_returns_its_answer(fake, calls):
-    fake.create("nodes", make_node("n0", gpus=2))
+async def test_call_runs_the_client_and_returns_its_answer(kube, calls):
+    kube.create("nodes", make_node("n0", gpus=2))
     node = await calls.call(calls.api.read_node, "n0")
     assert node["metadata"]["name"] == "n0"
 
 
-async def test_failed_counts_the_api_error_under_its_verb(fake, calls, stats):
+async def test_failed_counts_the_api_error_under_its_verb(kube, calls, stats):
     with pytest.raises(ApiException) as err:
         await calls.call(calls.api.read_node, "missing")
     assert calls.failed("read-node", err.value)[0] == 404
     assert stats.api_errors[("read-node", 404)] == 1
 
 
-async def test_event_is_written_and_an_unreachable_api_only_counts(fake, calls):
-    pod = fake.create("pods", make_pod("p"))
+async def test_event_is_written_and_an_unreachable_api_only_counts(kube, calls):
+    pod = kube.create("pods", make_pod("p"))
     await calls.event(pod, "Scheduled", "placed")
-    assert [(e["reason"], e["involvedObject"]["name"]) for e in fake.objects("events")] == [("Scheduled", "p")]
+    assert [(e["reason"], e["involvedObject"]["name"]) for e in kube.objects("events")] == [("Scheduled", "p")]
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -42,16 +42,16 @@ async def test_event_is_written_and_an_unreachable_api_only_counts(fake, calls):
     assert stats.api_errors[("create-event", 0)] == 1
 
 
-async def test_no_call_reaches_the_api_once_the_replica_may_no_longer_act(fake, stats):
-    fake.create("nodes", make_node("n0", gpus=2))
-    fake.create("pods", make_pod("p"))
+async def test_no_call_reaches_the_api_once_the_replica_may_no_longer_act(kube, stats):
+    kube.create("nodes", make_node("n0", gpus=2))
+    kube.create("pods", make_pod("p"))
     leading = [True]
-    gated = ApiCalls(KubeApi(connect(fake.url)), stats, workers=1, may_act=lambda: leading[0])
+    gated = ApiCalls(kube.api(), stats, workers=1, may_act=lambda: leading[0])
     try:
         assert (await gated.call(gated.api.read_node, "n0"))["metadata"]["name"] == "n0"
         leading[0] = False  # the Lease's renew deadline passed: a bind queued before must not go out
         with pytest.raises(NotLeading):
             await gated.call(gated.api.bind, "default", "p", "n0", {})
-        assert not [p for p in fake.objects("pods") if p["spec"].get("nodeName")]
+        assert not [p for p in kube.objects("pods") if p["spec"].get("nodeName")]
     finally:
         gated.shutdown()

@@ -145,17 +145,19 @@ async def test_without_the_api_tainting_switches_itself_off(cp, api_client, monk
 
 
 async def test_health_reactions_taint_a_critical_gpu_and_lift_it_when_it_recovers(
-        cp, api_client, fake, listed, calls, stats, tasks, wait_for):
-    """The hook in scheduler/kube/health.py: the node and pods live in the fake apiserver as in
-    test_health.py, the slices and rules in the real one."""
-    from contract.events import HealthBand
+        cp, api_client, kube, listed, calls, stats, tasks, wait_for):
+    """The hook in scheduler/kube/health.py: the node and pods live in the session's apiserver as in
+    test_health.py, the slices and rules in this module's (DeviceTaintRules gated on). The taint is lifted when
+    the GPU returns to service: validated PASS after its pods left."""
+    from contract.events import HealthAction, HealthBand, HealthVerdict
     from scheduler.kube.health import HealthReactions
     from tests.scheduler.kube.test_health import gpu, setup, step
 
     SlicePublisher(api_client).publish("n0", [NodeGpu(g, f"GPU-n0-{g}", "H100", 80 * 2**30) for g in range(2)])
-    view, state, health, _ = setup(fake, listed, calls, stats, tasks)
+    view, state, health, _ = setup(kube, listed, calls, stats, tasks)
     taints = DeviceTaints(api_client)
     health = HealthReactions(view, calls, health.cache, stats, health.sink, health.evictor, tasks, taints)
+    health.validate_s = 0.05
 
     def rules() -> set[str]:
         return {r["spec"]["deviceSelector"]["device"] for r in get(cp, "devicetaintrules")["items"]
@@ -165,6 +167,13 @@ async def test_health_reactions_taint_a_critical_gpu_and_lift_it_when_it_recover
     view.learn(gpu(1, HealthBand.CRITICAL))
     step(state, health)
     await wait_for(lambda: rules() == {"gpu-1"}, what="GPU 1's device tainted")
-    view.learn(gpu(1, HealthBand.HEALTHY))
-    step(state, health)
+
+    def passing() -> bool:
+        healthy = gpu(1, HealthBand.HEALTHY)
+        healthy.verdict, healthy.recommended_action = HealthVerdict.PASS, HealthAction.NONE
+        view.learn(healthy)
+        step(state, health)
+        return ("n0", 1) not in health.chains and len(tasks) == 0
+
+    await wait_for(passing, what="validated and back in service")
     await wait_for(lambda: rules() == set(), what="the taint lifted")

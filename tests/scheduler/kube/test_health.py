@@ -32,14 +32,14 @@ def gpu(g: int, band: HealthBand) -> GpuState:
     return GpuState(f"GPU-{g}", "n0", "H100", ts, ts, 50.0, 20.0, 1000.0, 81920, 300.0, 60.0, 90.0, band)
 
 
-def setup(fake, listed, calls, stats, tasks, node_in_api: bool = True):
+def setup(kube, listed, calls, stats, tasks, node_in_api: bool = True):
     node = make_node("n0", gpus=2)
     if node_in_api:
-        fake.create("nodes", node)
+        kube.create("nodes", node)
     for g in range(2):
         p = make_pod(f"on{g}", gpus=1, annotations={annotations.ANN_GPUS: f'[{{"index":{g},"milli":1000}}]'})
         p["spec"]["nodeName"] = "n0"
-        fake.create("pods", p)
+        kube.create("pods", p)
     cache = listed()
     if not node_in_api:
         cache.sync_nodes([node])
@@ -65,28 +65,28 @@ def step(state: LiveGpuState, health: HealthReactions) -> None:
         health.react(state.where)
 
 
-def pod_names(fake) -> set[str]:
-    return {p["metadata"]["name"] for p in fake.objects("pods")}
+def pod_names(kube) -> set[str]:
+    return {p["metadata"]["name"] for p in kube.objects("pods")}
 
 
-async def test_critical_gpu_is_cordoned_and_its_pod_moved_the_others_stay(fake, listed, calls, stats, tasks, wait_for):
-    view, state, health, published = setup(fake, listed, calls, stats, tasks)
+async def test_critical_gpu_is_cordoned_and_its_pod_moved_the_others_stay(kube, listed, calls, stats, tasks, wait_for):
+    view, state, health, published = setup(kube, listed, calls, stats, tasks)
     step(state, health)
     assert len(tasks) == 0  # all healthy: nothing to do
     view.learn(gpu(1, HealthBand.CRITICAL))
     step(state, health)
-    await wait_for(lambda: "on1" not in pod_names(fake), what="pod on the critical GPU evicted")
-    (node,) = fake.objects("nodes")
+    await wait_for(lambda: "on1" not in pod_names(kube), what="pod on the critical GPU evicted")
+    (node,) = kube.objects("nodes")
     assert annotations.cordoned_gpus(node) == {1}
-    assert "on0" in pod_names(fake)
+    assert "on0" in pod_names(kube)
     await wait_for(lambda: len(tasks) == 0, what="reaction done")
     assert [r.action for r in published] == [DecisionAction.CORDON, DecisionAction.MIGRATE]
     assert stats.decisions[("CORDON", "gpu-critical")] == 1 and stats.decisions[("MIGRATE", "gpu-critical")] == 1
-    assert [e["involvedObject"]["name"] for e in fake.objects("events") if e["reason"] == "Migrated"] == ["on1"]
+    assert [e["involvedObject"]["name"] for e in kube.objects("events") if e["reason"] == "Migrated"] == ["on1"]
 
 
-async def test_acts_once_while_critical_and_again_after_a_repair(fake, listed, calls, stats, tasks, wait_for):
-    view, state, health, _published = setup(fake, listed, calls, stats, tasks)
+async def test_acts_once_while_critical_and_again_after_a_repair(kube, listed, calls, stats, tasks, wait_for):
+    view, state, health, _published = setup(kube, listed, calls, stats, tasks)
     health.validate_s = 0.05  # the repair: the GPU reads PASS for this long, then it is back in service
     view.learn(gpu(0, HealthBand.CRITICAL))
     step(state, health)
@@ -110,13 +110,13 @@ async def test_acts_once_while_critical_and_again_after_a_repair(fake, listed, c
     assert stats.decisions[("CORDON", "gpu-critical")] == 2
 
 
-async def test_a_refused_cordon_is_tried_again_on_the_next_update(fake, listed, calls, stats, tasks, wait_for):
-    view, state, health, _published = setup(fake, listed, calls, stats, tasks, node_in_api=False)
+async def test_a_refused_cordon_is_tried_again_on_the_next_update(kube, listed, calls, stats, tasks, wait_for):
+    view, state, health, _published = setup(kube, listed, calls, stats, tasks, node_in_api=False)
     view.learn(gpu(0, HealthBand.CRITICAL))
     step(state, health)
     await wait_for(lambda: len(tasks) == 0, what="reaction")
     assert stats.api_errors[("patch-node", 404)] == 1 and ("CORDON", "gpu-critical") not in stats.decisions
-    fake.create("nodes", make_node("n0", gpus=2))
+    kube.create("nodes", make_node("n0", gpus=2))
     view.learn(gpu(0, HealthBand.CRITICAL))
     step(state, health)
     await wait_for(lambda: stats.decisions[("CORDON", "gpu-critical")] == 1, what="cordon on retry")
@@ -128,28 +128,28 @@ def verdict_gpu(g: int, action: HealthAction) -> GpuState:
     return state
 
 
-async def test_a_verdict_asking_for_a_drain_cordons_an_info_one_does_not(fake, listed, calls, stats, tasks, wait_for):
-    view, state, health, _published = setup(fake, listed, calls, stats, tasks)
+async def test_a_verdict_asking_for_a_drain_cordons_an_info_one_does_not(kube, listed, calls, stats, tasks, wait_for):
+    view, state, health, _published = setup(kube, listed, calls, stats, tasks)
     step(state, health)
     view.learn(verdict_gpu(0, HealthAction.WATCH))
     step(state, health)
     assert len(tasks) == 0
     view.learn(verdict_gpu(0, HealthAction.DRAIN))
     step(state, health)
-    await wait_for(lambda: "on0" not in pod_names(fake), what="pod on the GPU to drain evicted")
-    (node,) = fake.objects("nodes")
+    await wait_for(lambda: "on0" not in pod_names(kube), what="pod on the GPU to drain evicted")
+    (node,) = kube.objects("nodes")
     assert annotations.cordoned_gpus(node) == {0}
 
 
-async def test_the_circuit_breaker_holds_and_dry_run_makes_no_api_call(fake, listed, calls, stats, tasks, wait_for):
-    view, state, health, published = setup(fake, listed, calls, stats, tasks)
+async def test_the_circuit_breaker_holds_and_dry_run_makes_no_api_call(kube, listed, calls, stats, tasks, wait_for):
+    view, state, health, published = setup(kube, listed, calls, stats, tasks)
     step(state, health)
     health.breaker.quarantined.append((time.time(), "another-node"))  # the cluster's quota is spent
     view.learn(gpu(1, HealthBand.CRITICAL))
     step(state, health)
     await wait_for(lambda: len(tasks) == 0, what="decision recorded")
-    (node,) = fake.objects("nodes")
-    assert annotations.cordoned_gpus(node) == set() and "on1" in pod_names(fake)
+    (node,) = kube.objects("nodes")
+    assert annotations.cordoned_gpus(node) == set() and "on1" in pod_names(kube)
     assert [r.action for r in published] == [DecisionAction.DEFER] and "breaker held" in published[0].reasons[0]
     assert stats.decisions[("DEFER", "breaker-held")] == 1 and health.breaker.held == 1
     health.breaker.quarantined.clear()
@@ -157,6 +157,6 @@ async def test_the_circuit_breaker_holds_and_dry_run_makes_no_api_call(fake, lis
     view.learn(gpu(1, HealthBand.CRITICAL))
     step(state, health)  # the held GPU is tried again: now allowed, but in dry run
     await wait_for(lambda: len(tasks) == 0, what="dry-run decision recorded")
-    (node,) = fake.objects("nodes")
-    assert annotations.cordoned_gpus(node) == set() and "on1" in pod_names(fake)
+    (node,) = kube.objects("nodes")
+    assert annotations.cordoned_gpus(node) == set() and "on1" in pod_names(kube)
     assert published[-1].action == DecisionAction.CORDON and published[-1].reasons[0].startswith("dry run")

@@ -1,4 +1,6 @@
-"""Leader election against an in-memory Lease API that fails, hangs and conflicts on demand.
+"""Leader election against an in-memory Lease API that fails, hangs and conflicts on demand (faults a real
+apiserver cannot be made to show on cue), and on the real kube-apiserver as the shipped gpuaware-scheduler
+ServiceAccount (its Role: get/update on its own Lease, create).
 
 Timings are fast (lease 0.6 s, renew deadline 0.4 s, retry 0.1 s) and every wait is on a
 condition with a deadline. Clocks are injected: skewed wall clocks (what goes into renewTime) and
@@ -19,8 +21,7 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from gpuaware.local.fake_apiserver import FakeApiServer, make_node
-from plumbing.kube.api import KubeApi, connect
+from gpuaware.local.fake_apiserver import make_node
 from scheduler.kube.leader import LeaderElector, LeadershipLost
 from scheduler.main import serve
 from scheduler.settings import SchedulerSettings
@@ -310,47 +311,47 @@ def test_scheduler_settings_check_the_same_rule():
 
 
 # --------------------------------------------------------------------------- the process
-async def test_the_scheduler_process_exits_when_it_loses_the_lease():
-    with FakeApiServer() as fake:
-        settings = SchedulerSettings(leader_elect=True, api_server=fake.url, extender_port=0, pass_interval_s=0.02,
-                                     lease_duration_s=2, renew_deadline_s=1.5, renew_every_s=0.2)
-        fake.create("nodes", make_node("n0", gpus=2))
-        api = KubeApi(connect(fake.url))
-        stop = asyncio.Event()
+async def test_the_scheduler_process_exits_when_it_loses_the_lease(kube, monkeypatch):
+    # As the scheduler runs in its pod: the ServiceAccount's credentials, the API from its kubeconfig.
+    monkeypatch.setenv("KUBECONFIG", str(kube.accounts["gpuaware-scheduler"]))
+    settings = SchedulerSettings(leader_elect=True, extender_port=0, pass_interval_s=0.02,
+                                 lease_duration_s=2, renew_deadline_s=1.5, renew_every_s=0.2)
+    kube.create("nodes", make_node("n0", gpus=2))
+    api = kube.api()
+    stop = asyncio.Event()
 
-        async def take_the_lease() -> None:
-            await wait_for(lambda: (api.read_lease(NS, NAME) or {}).get("spec", {}).get("holderIdentity"),
-                           timeout=10, what="the scheduler to lead")
-            lease = api.read_lease(NS, NAME)
-            lease["spec"]["holderIdentity"] = "another-replica"
-            api.replace_lease(NS, NAME, lease)
+    async def take_the_lease() -> None:
+        await wait_for(lambda: (api.read_lease(NS, NAME) or {}).get("spec", {}).get("holderIdentity"),
+                       timeout=10, what="the scheduler to lead")
+        lease = api.read_lease(NS, NAME)
+        lease["spec"]["holderIdentity"] = "another-replica"
+        api.replace_lease(NS, NAME, lease)
 
-        thief = asyncio.create_task(take_the_lease())
-        with pytest.raises(LeadershipLost, match="leaderelection lost"):
-            await asyncio.wait_for(serve(None, settings, "127.0.0.1", 0, stop), 20)
-        await thief
-        assert stop.is_set()
+    thief = asyncio.create_task(take_the_lease())
+    with pytest.raises(LeadershipLost, match="leaderelection lost"):
+        await asyncio.wait_for(serve(None, settings, "127.0.0.1", 0, stop), 20)
+    await thief
+    assert stop.is_set()
 
 
-async def test_only_one_replica_leads_and_another_takes_over_when_it_stops_renewing():
-    with FakeApiServer() as fake:
-        api = KubeApi(connect(fake.url))
-        a = LeaderElector(api, "gpuaware", "gpuaware-scheduler", "a", lease_duration_s=2, renew_deadline_s=1.5,
-                          retry_period_s=0.3)
-        b = LeaderElector(api, "gpuaware", "gpuaware-scheduler", "b", lease_duration_s=2, renew_deadline_s=1.5,
-                          retry_period_s=0.3)
-        stop_a, stop_b = asyncio.Event(), asyncio.Event()
-        ta, tb = asyncio.create_task(a.run(stop_a)), asyncio.create_task(b.run(stop_b))
-        leaders = []
-        for _ in range(20):
-            await asyncio.sleep(0.1)
-            leaders.append((a.leading.is_set(), b.leading.is_set()))
-        assert all(not (x and y) for x, y in leaders) and any(x or y for x, y in leaders)
-        first, second = (a, b) if a.leading.is_set() else (b, a)
-        (stop_a if first is a else stop_b).set()
-        await (ta if first is a else tb)
-        await wait_for(lambda: second.leading.is_set(), timeout=6, what="takeover")
-        lease = api.read_lease("gpuaware", "gpuaware-scheduler")
-        assert lease["spec"]["holderIdentity"] == second.identity and lease["spec"]["leaseTransitions"] == 1
-        (stop_b if second is b else stop_a).set()
-        await (tb if second is b else ta)
+async def test_only_one_replica_leads_and_another_takes_over_when_it_stops_renewing(kube):
+    api = kube.api()
+    a = LeaderElector(api, "gpuaware", "gpuaware-scheduler", "a", lease_duration_s=2, renew_deadline_s=1.5,
+                      retry_period_s=0.3)
+    b = LeaderElector(api, "gpuaware", "gpuaware-scheduler", "b", lease_duration_s=2, renew_deadline_s=1.5,
+                      retry_period_s=0.3)
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    ta, tb = asyncio.create_task(a.run(stop_a)), asyncio.create_task(b.run(stop_b))
+    leaders = []
+    for _ in range(20):
+        await asyncio.sleep(0.1)
+        leaders.append((a.leading.is_set(), b.leading.is_set()))
+    assert all(not (x and y) for x, y in leaders) and any(x or y for x, y in leaders)
+    first, second = (a, b) if a.leading.is_set() else (b, a)
+    (stop_a if first is a else stop_b).set()
+    await (ta if first is a else tb)
+    await wait_for(lambda: second.leading.is_set(), timeout=6, what="takeover")
+    lease = api.read_lease("gpuaware", "gpuaware-scheduler")
+    assert lease["spec"]["holderIdentity"] == second.identity and lease["spec"]["leaseTransitions"] == 1
+    (stop_b if second is b else stop_a).set()
+    await (tb if second is b else ta)

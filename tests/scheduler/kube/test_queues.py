@@ -1,6 +1,6 @@
 """GPUQueue limits that hold (issue 17, item 2): per-model quota, borrowing on/off and its limit, the policy
 for namespaces in no queue, and non-preemptibility granted only by the queue. The core's ledger alone, then
-the live scheduler on the fake API server."""
+the live scheduler on the real apiserver, as its shipped ServiceAccount."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
+from gpuaware.local.fake_apiserver import make_node, make_pod
 from scheduler.core.queue import Tenant, TenantLedger
 from scheduler.core.workload import PriorityLevel, Workload
 from scheduler.kube.cache import Queue, QueueSpecError
@@ -125,81 +125,76 @@ def test_the_policy_for_namespaces_in_no_queue():
         govern(pw, pod, None, "reject")
 
 
-async def test_the_live_scheduler_holds_a_queue_to_its_model_quota_without_borrowing():
-    with FakeApiServer() as fake:
-        fake.create("nodes", make_node("h", gpus=4, product="NVIDIA-H100-80GB-HBM3"))
-        fake.create("nodes", make_node("a", gpus=4, product="NVIDIA-A100-SXM4-80GB"))
-        fake.create("gpuqueues", {"metadata": {"name": "vision"}, "spec": {
-            "tenant": "vision", "namespaces": ["vision"], "borrowing": {"enabled": False},
-            "quota": [{"model": "H100", "gpus": 1}, {"model": "*", "gpus": 1}]}}, **GQ)
-        for i in range(3):
-            fake.create("pods", make_pod(f"p{i}", namespace="vision", gpus=1))
-        async with running(fake, FAST):
-            await wait_for(lambda: sum(1 for p in pods(fake).values() if p["spec"].get("nodeName")) == 2,
-                           what="two placed")
-            await wait_for(lambda: any("quota" in e["message"] for e in events(fake, "FailedScheduling")),
-                           what="the third refused for quota")
-            placed = sorted(p["spec"]["nodeName"] for p in pods(fake).values() if p["spec"].get("nodeName"))
-            assert placed == ["a", "h"]  # one per model quota, never two on the H100s
+async def test_the_live_scheduler_holds_a_queue_to_its_model_quota_without_borrowing(kube):
+    kube.create("nodes", make_node("h", gpus=4, product="NVIDIA-H100-80GB-HBM3"))
+    kube.create("nodes", make_node("a", gpus=4, product="NVIDIA-A100-SXM4-80GB"))
+    kube.create("gpuqueues", {"metadata": {"name": "vision"}, "spec": {
+        "tenant": "vision", "namespaces": ["vision"], "borrowing": {"enabled": False},
+        "quota": [{"model": "H100", "gpus": 1}, {"model": "*", "gpus": 1}]}}, **GQ)
+    for i in range(3):
+        kube.create("pods", make_pod(f"p{i}", namespace="vision", gpus=1))
+    async with running(kube, FAST):
+        await wait_for(lambda: sum(1 for p in pods(kube).values() if p["spec"].get("nodeName")) == 2,
+                       what="two placed")
+        await wait_for(lambda: any("quota" in e["message"] for e in events(kube, "FailedScheduling")),
+                       what="the third refused for quota")
+        placed = sorted(p["spec"]["nodeName"] for p in pods(kube).values() if p["spec"].get("nodeName"))
+        assert placed == ["a", "h"]  # one per model quota, never two on the H100s
 
 
-async def test_the_live_scheduler_rejects_namespaces_in_no_queue_when_told_to():
-    with FakeApiServer() as fake:
-        fake.create("nodes", make_node("n", gpus=2))
-        fake.create("pods", make_pod("stray", namespace="nowhere", gpus=1))
-        async with running(fake, FAST.model_copy(update={"unqueued": "reject"})) as live:
-            await wait_for(lambda: "nowhere/stray" in live.cache.rejected, what="rejected")
-            assert "in no GPUQueue" in live.cache.rejected["nowhere/stray"].reason
-            assert not pods(fake)["stray"]["spec"].get("nodeName")
+async def test_the_live_scheduler_rejects_namespaces_in_no_queue_when_told_to(kube):
+    kube.create("nodes", make_node("n", gpus=2))
+    kube.create("pods", make_pod("stray", namespace="nowhere", gpus=1))
+    async with running(kube, FAST.model_copy(update={"unqueued": "reject"})) as live:
+        await wait_for(lambda: "nowhere/stray" in live.cache.rejected, what="rejected")
+        assert "in no GPUQueue" in live.cache.rejected["nowhere/stray"].reason
+        assert not pods(kube)["stray"]["spec"].get("nodeName")
 
 
-async def test_a_gang_is_held_to_its_queue_quota_as_a_whole():
-    with FakeApiServer() as fake:
-        fake.create("nodes", make_node("n", gpus=8))
-        fake.create("gpuqueues", {"metadata": {"name": "nlp"}, "spec": {
-            "tenant": "nlp", "namespaces": ["nlp"], "borrowing": {"enabled": True, "limitGpus": 1},
-            "quota": [{"model": "*", "gpus": 2}]}}, **GQ)
-        gang = {"gpuaware.io/gang": "train", "gpuaware.io/gang-size": "2"}
-        for i in range(2):  # 4 GPUs: over 2 + 1
-            fake.create("pods", make_pod(f"g{i}", namespace="nlp", gpus=2, annotations=gang))
-        async with running(fake, FAST):
-            await wait_for(lambda: any("quota" in e["message"] for e in events(fake, "FailedScheduling")),
-                           what="the gang refused for quota")
-            assert not any(p["spec"].get("nodeName") for p in pods(fake).values())
+async def test_a_gang_is_held_to_its_queue_quota_as_a_whole(kube):
+    kube.create("nodes", make_node("n", gpus=8))
+    kube.create("gpuqueues", {"metadata": {"name": "nlp"}, "spec": {
+        "tenant": "nlp", "namespaces": ["nlp"], "borrowing": {"enabled": True, "limitGpus": 1},
+        "quota": [{"model": "*", "gpus": 2}]}}, **GQ)
+    gang = {"gpuaware.io/gang": "train", "gpuaware.io/gang-size": "2"}
+    for i in range(2):  # 4 GPUs: over 2 + 1
+        kube.create("pods", make_pod(f"g{i}", namespace="nlp", gpus=2, annotations=gang))
+    async with running(kube, FAST):
+        await wait_for(lambda: any("quota" in e["message"] for e in events(kube, "FailedScheduling")),
+                       what="the gang refused for quota")
+        assert not any(p["spec"].get("nodeName") for p in pods(kube).values())
 
 
-async def test_a_gang_lands_only_on_a_model_whose_quota_and_memory_cap_it_fits_as_a_whole():
+async def test_a_gang_lands_only_on_a_model_whose_quota_and_memory_cap_it_fits_as_a_whole(kube):
     """Per-model quota masks apply to a gang as a whole: two 1-GPU members with one H100 of quota left and
     the A100s' memory cap room for both go to the A100s, together."""
-    with FakeApiServer() as fake:
-        fake.create("nodes", make_node("h", gpus=4, product="NVIDIA-H100-80GB-HBM3"))
-        fake.create("nodes", make_node("a", gpus=4, product="NVIDIA-A100-SXM4-80GB"))
-        fake.create("gpuqueues", {"metadata": {"name": "nlp"}, "spec": {
-            "tenant": "nlp", "namespaces": ["nlp"], "borrowing": {"enabled": False},
-            "quota": [{"model": "H100", "gpus": 1}, {"model": "A100", "gpus": 4, "memoryGiB": 160}]}}, **GQ)
-        gang = {"gpuaware.io/gang": "train", "gpuaware.io/gang-size": "2"}
-        for i in range(2):
-            fake.create("pods", make_pod(f"g{i}", namespace="nlp", gpus=1, annotations=gang))
-        async with running(fake, FAST):
-            await wait_for(lambda: sum(1 for p in pods(fake).values() if p["spec"].get("nodeName")) == 2,
-                           what="the gang placed")
-            assert {p["spec"]["nodeName"] for p in pods(fake).values()} == {"a"}
+    kube.create("nodes", make_node("h", gpus=4, product="NVIDIA-H100-80GB-HBM3"))
+    kube.create("nodes", make_node("a", gpus=4, product="NVIDIA-A100-SXM4-80GB"))
+    kube.create("gpuqueues", {"metadata": {"name": "nlp"}, "spec": {
+        "tenant": "nlp", "namespaces": ["nlp"], "borrowing": {"enabled": False},
+        "quota": [{"model": "H100", "gpus": 1}, {"model": "A100", "gpus": 4, "memoryGiB": 160}]}}, **GQ)
+    gang = {"gpuaware.io/gang": "train", "gpuaware.io/gang-size": "2"}
+    for i in range(2):
+        kube.create("pods", make_pod(f"g{i}", namespace="nlp", gpus=1, annotations=gang))
+    async with running(kube, FAST):
+        await wait_for(lambda: sum(1 for p in pods(kube).values() if p["spec"].get("nodeName")) == 2,
+                       what="the gang placed")
+        assert {p["spec"]["nodeName"] for p in pods(kube).values()} == {"a"}
 
 
-async def test_the_live_scheduler_holds_fractional_pods_to_the_queues_gpu_memory_cap():
+async def test_the_live_scheduler_holds_fractional_pods_to_the_queues_gpu_memory_cap(kube):
     """Three quarter-GPU pods of 12 GiB each under a 30 GiB cap on H100 memory: two placed, the third refused
     for quota though the H100s have compute, memory and GPU quota to spare."""
-    with FakeApiServer() as fake:
-        fake.create("nodes", make_node("h", gpus=4, product="NVIDIA-H100-80GB-HBM3"))
-        fake.create("gpuqueues", {"metadata": {"name": "serve"}, "spec": {
-            "tenant": "serve", "namespaces": ["serve"], "borrowing": {"enabled": False},
-            "quota": [{"model": "H100", "gpus": 4, "memoryGiB": 30}]}}, **GQ)
-        frac = {"gpuaware.io/gpu-milli": "250", "gpuaware.io/gpu-memory-mib": "12288"}
-        for i in range(3):
-            fake.create("pods", make_pod(f"f{i}", namespace="serve", gpus=1, annotations=frac))
-        async with running(fake, FAST):
-            await wait_for(lambda: sum(1 for p in pods(fake).values() if p["spec"].get("nodeName")) == 2,
-                           what="two placed")
-            await wait_for(lambda: any("GPU memory" in e["message"] for e in events(fake, "FailedScheduling")),
-                           what="the third refused for the memory cap")
-            assert sum(1 for p in pods(fake).values() if p["spec"].get("nodeName")) == 2
+    kube.create("nodes", make_node("h", gpus=4, product="NVIDIA-H100-80GB-HBM3"))
+    kube.create("gpuqueues", {"metadata": {"name": "serve"}, "spec": {
+        "tenant": "serve", "namespaces": ["serve"], "borrowing": {"enabled": False},
+        "quota": [{"model": "H100", "gpus": 4, "memoryGiB": 30}]}}, **GQ)
+    frac = {"gpuaware.io/gpu-milli": "250", "gpuaware.io/gpu-memory-mib": "12288"}
+    for i in range(3):
+        kube.create("pods", make_pod(f"f{i}", namespace="serve", gpus=1, annotations=frac))
+    async with running(kube, FAST):
+        await wait_for(lambda: sum(1 for p in pods(kube).values() if p["spec"].get("nodeName")) == 2,
+                       what="two placed")
+        await wait_for(lambda: any("GPU memory" in e["message"] for e in events(kube, "FailedScheduling")),
+                       what="the third refused for the memory cap")
+        assert sum(1 for p in pods(kube).values() if p["spec"].get("nodeName")) == 2
