@@ -414,6 +414,7 @@ class ClusterCache:
         self.running[key] = running
 
     def unreserve(self, key: str) -> None:
+        self.dra_picks.pop(key, None)  # its devices stay in flight until the claims say they are allocated
         self.reservations.pop(key, None)
         self._reserved_node.pop(key, None)
 
@@ -485,7 +486,9 @@ class ClusterCache:
         free = [s for s in range(len(ng.gpus)) if s in alloc.gpus or
                 (self.cluster.gpu_free[alloc.node, s] >= (alloc.milli[0] if alloc.milli else 1000)
                  and self.cluster.band[alloc.node, s] != 2)]
-        got = dra_claims.pick(ask, ng, list(alloc.gpus), free, self.dra.taken())
+        taken = self.dra.taken()
+        got = dra_claims.pick(ask, ng, list(alloc.gpus), free, taken,
+                              lambda d: self.dra.inventory.fits_counters(d, taken))
         if isinstance(got, str):
             self.cluster.release(key)
             return f"{node}: {got}"

@@ -19,12 +19,13 @@ template, the name in ``status.resourceClaimStatuses`` (set by kube-controller-m
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contract import dra
 from scheduler.kube.dra_cel import DeviceFacts, Selector, compile_selector
-from scheduler.kube.dra_inventory import ISLAND_ATTRIBUTE, Device, DraInventory, NodeGpus
+from scheduler.kube.dra_inventory import Device, DraInventory, NodeGpus
 from scheduler.kube.objects import PodSpecError, quantity, short_model
 
 NODE_UNIFORM = ("productName", "architecture", "brand", "driverVersion", "cudaDriverVersion",
@@ -76,7 +77,7 @@ class DraAsk:
 
     @property
     def needs_island(self) -> bool:
-        return ISLAND_ATTRIBUTE in self.same
+        return dra.ATTR_NVLINK_ISLAND in self.same
 
 
 def claim_names(pod: Mapping[str, Any]) -> list[str]:
@@ -157,10 +158,10 @@ def ask_of(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
             if not attr or c.get("distinctAttribute"):
                 raise UnsupportedClaim(f"ResourceClaim {key}: spec.devices.constraints[{i}]: only matchAttribute "
                                        "is supported")
-            if attr != ISLAND_ATTRIBUTE and attr.split("/", 1)[-1] not in NODE_UNIFORM:
+            if attr != dra.ATTR_NVLINK_ISLAND and attr.split("/", 1)[-1] not in NODE_UNIFORM:
                 raise UnsupportedClaim(f"ResourceClaim {key}: spec.devices.constraints[{i}].matchAttribute: "
-                                       f"{attr!r} is not the NVLink island ({ISLAND_ATTRIBUTE}) or an attribute all "
-                                       "GPUs of a node share")
+                                       f"{attr!r} is not the NVLink island ({dra.ATTR_NVLINK_ISLAND}) or an "
+                                       "attribute all GPUs of a node share")
             same.append(attr)
     if not requests:
         raise UnsupportedClaim("the pod's claims request no devices")
@@ -202,19 +203,19 @@ def _kinds_and_models(requests: Iterable[DeviceRequest], inventory: DraInventory
     return kinds, models or set()
 
 
-def pick(ask: DraAsk, ng: NodeGpus, slots: list[int], free_slots: list[int],
-         taken: set[tuple[str, str, str]]) -> tuple[list[int], list[tuple[DeviceRequest, Device]]] | str:
+def pick(ask: DraAsk, ng: NodeGpus, slots: list[int], free_slots: list[int], taken: set[tuple[str, str, str]],
+         fits: Callable[[Device], bool]) -> tuple[list[int], list[tuple[DeviceRequest, Device]]] | str:
     """The devices for ``ask`` on a node: the core's ``slots`` if they do, else others of ``free_slots``;
-    (slots, [(request, device)]) or why none do."""
+    (slots, [(request, device)]) or why none do. ``fits``: the device's shared counters allow it."""
     if ask.kind == "mig":
         for slot in [*slots, *free_slots]:
             cands = sorted((m for m in ng.migs if ng.slot_of[m.ref] == slot and m.ref not in taken
-                            and ask.requests[0].matches(m)), key=lambda m: (m.milli, m.name))
+                            and ask.requests[0].matches(m) and fits(m)), key=lambda m: (m.milli, m.name))
             if cands:
                 return [slot], [(ask.requests[0], cands[0])]
         return "no free MIG partition matching the request on the chosen GPU"
     for choice in _slot_choices(ask, ng, slots, free_slots):
-        out = _assign(ask, [ng.gpus[s] for s in choice], taken)
+        out = _assign(ask, [ng.gpus[s] for s in choice], taken, fits)
         if out is not None:
             return choice, out
     return f"no {ask.num_gpu} free GPUs matching the requests and constraints together"
@@ -233,9 +234,9 @@ def _slot_choices(ask: DraAsk, ng: NodeGpus, slots: list[int], free_slots: list[
             yield group[: ask.num_gpu]
 
 
-def _assign(ask: DraAsk, devices: list[Device], taken: set[tuple[str, str, str]]
+def _assign(ask: DraAsk, devices: list[Device], taken: set[tuple[str, str, str]], fits: Callable[[Device], bool]
             ) -> list[tuple[DeviceRequest, Device]] | None:
-    if any(d.ref in taken for d in devices):
+    if any(d.ref in taken or not fits(d) for d in devices):
         return None
     for a in ask.same:
         if len({d.facts.attributes.get(a) for d in devices}) != 1 or a not in devices[0].facts.attributes:

@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract import dra
 from scheduler.kube.dra_cel import DeviceFacts
-from scheduler.kube.objects import PodSpecError, quantity, short_model
+from scheduler.kube.objects import short_model
 
 log = logging.getLogger(__name__)
 
-NVIDIA_DRIVER = "gpu.nvidia.com"
-# Where an NVLink island of a node's GPUs is published (NVIDIA's driver publishes none for the GPUs of one
-# node; gpuaware's publisher does, under its own domain).
-ISLAND_ATTRIBUTE = "gpu.gpuaware.io/nvlinkIsland"
 MIG_SLICE_MILLI = 143  # one of seven compute slices (scheduler.core.cluster.MIG_SLICE_MILLI)
 _MIG_PROFILE = re.compile(r"^(\d+)g\.")
 _MINOR = re.compile(r"(\d+)")
@@ -38,11 +36,13 @@ class Device:
     pool: str
     name: str
     node: str
-    facts: DeviceFacts
+    facts: DeviceFacts  # qualified attribute and capacity names, as selectors read them
     kind: str  # "gpu", "mig", or another type (not a GPU slot: claims for it are left to kube-scheduler)
     uuid: str
     parent_uuid: str
     tainted: bool  # NoSchedule/NoExecute: no new allocation
+    profile: str = ""
+    consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()  # (counter set, ((counter, amount), ...))
 
     @property
     def ref(self) -> tuple[str, str, str]:
@@ -53,62 +53,28 @@ class Device:
         """The compute a device takes of its GPU slot: all of it, or the MIG profile's slices."""
         if self.kind != "mig":
             return 1000
-        m = _MIG_PROFILE.match(str(self.facts.attributes.get(f"{self.driver}/profile", "")))
+        m = _MIG_PROFILE.match(self.profile)
         return min(1000, int(m.group(1)) * MIG_SLICE_MILLI) if m else 1000
 
     @property
     def memory_mib(self) -> int:
-        return int(self.facts.capacity.get(f"{self.driver}/memory", 0) // 2**20)
+        return int(self.facts.capacity.get(f"{self.driver}/{dra.CAP_MEMORY}", 0) // 2**20)
 
     @property
     def product(self) -> str:
-        return str(self.facts.attributes.get(f"{self.driver}/productName", ""))
+        return str(self.facts.attributes.get(f"{self.driver}/{dra.ATTR_PRODUCT_NAME}", ""))
 
 
-class SliceError(PodSpecError):
-    """A ResourceSlice gpuaware cannot read; its devices are left out (named, with the field)."""
+def _qualified(values: Mapping[str, Any], driver: str) -> dict[str, Any]:
+    return {k if "/" in k else f"{driver}/{k}": v for k, v in values.items()}
 
 
-def _value(attr: Any, where: str) -> Any:
-    if not isinstance(attr, dict) or len(attr) != 1:
-        raise SliceError(f"{where}: must have exactly one of string, int, bool, version")
-    kind, value = next(iter(attr.items()))
-    if kind not in ("string", "int", "bool", "version"):
-        raise SliceError(f"{where}: unknown value type {kind!r}")
-    return value
-
-
-def devices_of(obj: dict[str, Any]) -> tuple[str, str, int, list[Device]]:
-    """(node, pool, generation, devices) of a ResourceSlice; ``SliceError`` naming the field otherwise."""
-    name = (obj.get("metadata") or {}).get("name", "?")
-    spec = obj.get("spec") or {}
-    driver, node = spec.get("driver"), spec.get("nodeName")
-    pool = spec.get("pool") or {}
-    if not isinstance(driver, str) or not driver:
-        raise SliceError(f"ResourceSlice {name}: spec.driver is missing")
-    if not isinstance(pool.get("name"), str):
-        raise SliceError(f"ResourceSlice {name}: spec.pool.name is missing")
-    if not isinstance(node, str) or not node:
-        return "", pool["name"], 0, []  # not node-local (allNodes / nodeSelector): no GPU slot of a node
-    out = []
-    for i, dev in enumerate(spec.get("devices") or []):
-        where = f"ResourceSlice {name}: spec.devices[{i}]"
-        if not isinstance(dev, dict) or not isinstance(dev.get("name"), str):
-            raise SliceError(f"{where}.name is missing")
-        attrs = {}
-        for key, attr in (dev.get("attributes") or {}).items():
-            attrs[key if "/" in key else f"{driver}/{key}"] = _value(attr, f"{where}.attributes[{key}]")
-        caps = {}
-        for key, cap in (dev.get("capacity") or {}).items():
-            raw = (cap or {}).get("value") if isinstance(cap, dict) else None
-            caps[key if "/" in key else f"{driver}/{key}"] = quantity(raw, f"{where}.capacity[{key}].value")
-        taints = dev.get("taints") or []
-        tainted = any(isinstance(t, dict) and t.get("effect") in ("NoSchedule", "NoExecute") for t in taints)
-        kind = str(attrs.get(f"{driver}/type", "gpu" if driver == NVIDIA_DRIVER else ""))
-        out.append(Device(driver, pool["name"], dev["name"], node, DeviceFacts(driver, attrs, caps), kind,
-                          str(attrs.get(f"{driver}/uuid", "")), str(attrs.get(f"{driver}/parentUUID", "")),
-                          tainted))
-    return node, pool["name"], int(pool.get("generation") or 0), out
+def device_of(driver: str, pool: str, node: str, d: dra.DeviceView) -> Device:
+    facts = DeviceFacts(driver, _qualified(d.attributes, driver),
+                        {k: float(v) for k, v in _qualified(d.capacity, driver).items()})
+    consumes = tuple((cs, tuple(sorted(counters.items()))) for cs, counters in sorted(d.consumes_counters.items()))
+    return Device(driver, pool, d.name, node, facts, d.type, d.uuid or "", d.parent_uuid or "",
+                  not d.schedulable, d.profile or "", consumes)
 
 
 def _minor_order(name: str) -> tuple:
@@ -132,7 +98,7 @@ class NodeGpus:
         return self.gpus[0].memory_mib if self.gpus else 0
 
     def islands(self) -> list[int] | None:
-        values = [g.facts.attributes.get(ISLAND_ATTRIBUTE) for g in self.gpus]
+        values = [g.facts.attributes.get(dra.ATTR_NVLINK_ISLAND) for g in self.gpus]
         if all(v is None for v in values):
             return None
         ids: dict[Any, int] = {}
@@ -153,12 +119,14 @@ def node_gpus(devices: list[Device]) -> NodeGpus:
 
 
 class DraInventory:
-    """Slices by name; the devices of each node, rebuilt for a node when one of its slices changes."""
+    """Slices by name; the devices of each node (and the pools' shared counters), rebuilt for a node when one of
+    its slices changes."""
 
     def __init__(self) -> None:
-        self.slices: dict[str, tuple[str, str, int, list[Device]]] = {}
+        self.slices: dict[str, dra.SliceView] = {}
         self.nodes: dict[str, NodeGpus] = {}
         self.devices: dict[tuple[str, str, str], Device] = {}
+        self.counters: dict[tuple[str, str, str], dict[str, int]] = {}  # (driver, pool, counter set) -> amounts
 
     def sync(self, items: list[dict[str, Any]]) -> set[str]:
         """All slices anew; the nodes whose GPUs may have changed."""
@@ -166,35 +134,43 @@ class DraInventory:
         self.slices.clear()
         for obj in items:
             self._read(obj)
-        touched = {v[0] for v in self.slices.values()} | before
+        touched = {v.node for v in self.slices.values() if v.node} | before
         for node in touched:
             self._rebuild(node)
         return touched
 
     def event(self, kind: str, obj: dict[str, Any]) -> set[str]:
-        name = obj["metadata"]["name"]
+        name = (obj.get("metadata") or {}).get("name", "")
         old = self.slices.pop(name, None)
         if kind != "DELETED":
             self._read(obj)
-        touched = {v[0] for v in (old, self.slices.get(name)) if v is not None and v[0]}
+        touched = {v.node for v in (old, self.slices.get(name)) if v is not None and v.node}
         for node in touched:
             self._rebuild(node)
         return touched
 
     def _read(self, obj: dict[str, Any]) -> None:
         try:
-            self.slices[obj["metadata"]["name"]] = devices_of(obj)
-        except PodSpecError as exc:
-            log.error("%s; its devices are left out", exc)
+            view = dra.parse_slice(obj)
+        except dra.SliceInvalid as exc:
+            name = (obj.get("metadata") or {}).get("name", "?") if isinstance(obj, dict) else "?"
+            log.error("ResourceSlice %s is left out: %s", name, exc)
+            return
+        self.slices[view.name] = view
 
     def _rebuild(self, node: str) -> None:
-        mine = [s for s in self.slices.values() if s[0] == node]
-        newest: dict[str, int] = {}
-        for _, pool, gen, _ in mine:
-            newest[pool] = max(newest.get(pool, gen), gen)
+        mine = [s for s in self.slices.values() if s.node == node]
         for ref in [r for r, d in self.devices.items() if d.node == node]:
             del self.devices[ref]
-        devices = [d for _, pool, gen, devs in mine if gen == newest[pool] for d in devs]
+        for key in [k for k in self.counters if (k[0], k[1]) in {(s.driver, s.pool) for s in mine}]:
+            del self.counters[key]
+        devices = [device_of(driver, pool, node, d) for (driver, pool), views in dra.pool_devices(mine).items()
+                   for d in views]
+        newest = {(s.driver, s.pool): s.generation for s in mine if s.devices}
+        for s in mine:
+            if s.generation >= newest.get((s.driver, s.pool), 0):
+                for cs, amounts in s.shared_counters.items():
+                    self.counters[(s.driver, s.pool, cs)] = dict(amounts)
         for d in devices:
             self.devices[d.ref] = d
         ng = node_gpus(devices)
@@ -202,3 +178,23 @@ class DraInventory:
             self.nodes[node] = ng
         else:
             self.nodes.pop(node, None)
+
+    def fits_counters(self, device: Device, taken: set[tuple[str, str, str]]) -> bool:
+        """Whether ``device`` still fits its pool's shared counters beside the devices ``taken`` (partitionable
+        devices: a GPU and its MIG partitions, or two overlapping partitions, exclude each other)."""
+        for cs, wants in device.consumes:
+            total = self.counters.get((device.driver, device.pool, cs))
+            if total is None:
+                continue  # the counters' slice is not seen (yet): the slot's compute still guards the GPU
+            used: dict[str, int] = {}
+            for ref in taken:
+                other = self.devices.get(ref)
+                if other is None or (other.driver, other.pool) != (device.driver, device.pool):
+                    continue
+                for ocs, amounts in other.consumes:
+                    if ocs == cs:
+                        for c, a in amounts:
+                            used[c] = used.get(c, 0) + a
+            if any(used.get(c, 0) + a > total.get(c, 0) for c, a in wants):
+                return False
+        return True

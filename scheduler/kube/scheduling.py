@@ -68,6 +68,12 @@ class PassActions:
     def start(self, workload: Workload, decision: Decision, now: float) -> None:
         key = workload.id
         assert decision.allocation is not None
+        if key in self.cache.dra_asks:
+            why = self.cache.pick_devices(key, decision.allocation)  # the core's GPUs as the claims' devices
+            if why is not None:
+                self.reasons[key] = why
+                self.labels[key] = "dra-devices"
+                return
         self.cache.reserve(key, Running(workload, decision.allocation, now, 0.0, None))
         uid = (self.cache.pods.get(key) or {}).get("metadata", {}).get("uid")  # of the pod decided for, now
         self.tasks.spawn(self.binder.bind(workload, decision, self.victims.pop(key, []), uid))
