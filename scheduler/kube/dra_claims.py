@@ -12,9 +12,12 @@ alone with that reason as an Event, and never allocated on a guess):
 - ``constraints[].matchAttribute`` on the NVLink island attribute (all GPUs on one island) or on an
   attribute every GPU of a node shares (``productName``, ``architecture``, ...).
 
-The core places by GPU model: selectors that pick some but not all devices of a model (a UUID, one
-island) are not supported. The claim names of a pod are its ``resourceClaimName`` or, for a
-template, the name in ``status.resourceClaimStatuses`` (set by kube-controller-manager).
+The core places by GPU model; where the selectors pick some but not all devices of a model (a node's
+label-like attribute, a UUID), the pod's nodes are narrowed to those with enough matching devices
+(``DraAsk.nodes``), and the devices are picked among the matching ones.
+
+The claim names of a pod are its ``resourceClaimName`` or, for a template, the name in
+``status.resourceClaimStatuses`` (set by kube-controller-manager).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class DraAsk:
     gpu_milli: int
     models: tuple[str, ...]
     same: tuple[str, ...]  # attributes all devices must share (qualified)
+    nodes: frozenset[str] | None = None  # None: any node with GPUs of ``models``; else only these
 
     @property
     def needs_island(self) -> bool:
@@ -165,7 +169,7 @@ def ask_of(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
             same.append(attr)
     if not requests:
         raise UnsupportedClaim("the pod's claims request no devices")
-    kinds, models = _kinds_and_models(requests, inventory)
+    kinds, models, nodes = _matching(requests, inventory)
     if len(kinds) != 1:
         raise UnsupportedClaim(f"the requests match {' and '.join(sorted(kinds)) or 'no'} devices: gpuaware "
                                "allocates whole GPUs or one MIG partition per pod")
@@ -176,31 +180,37 @@ def ask_of(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
         if num != 1:
             raise UnsupportedClaim(f"{num} MIG partitions requested: gpuaware allocates one per pod")
         milli = min(d.milli for d in inventory.devices.values() if d.kind == "mig" and requests[0].matches(d))
-    return DraAsk(tuple(keys), tuple(requests), kind, num, milli, tuple(sorted(models)), tuple(same))
+    return DraAsk(tuple(keys), tuple(requests), kind, num, milli, tuple(sorted(models)), tuple(same), nodes)
 
 
-def _kinds_and_models(requests: Iterable[DeviceRequest], inventory: DraInventory) -> tuple[set[str], set[str]]:
-    """Which device kinds the requests match anywhere, and on which GPU models; ``UnsupportedClaim`` when a
-    request matches only some devices of a model (the core places by model)."""
+def _matching(requests: Iterable[DeviceRequest], inventory: DraInventory
+              ) -> tuple[set[str], set[str], frozenset[str] | None]:
+    """Which device kinds the requests match anywhere, on which GPU models, and, where they match only some
+    devices of a model, the nodes with enough matching devices for all requests (else None: any)."""
     kinds: set[str] = set()
     models: set[str] | None = None
+    partial = False
+    per_node: dict[str, int] = {}
+    need = 0
     for r in requests:
         hit: dict[str, set[bool]] = {}
+        count: dict[str, int] = {}
         for d in inventory.devices.values():
             if d.kind not in ("gpu", "mig"):
                 continue
-            model = short_model(d.product)
             ok = all(s.matches(d.facts) for s in r.selectors)  # taints aside: a tainted GPU is cordoned
             if ok:
                 kinds.add(d.kind)
-            hit.setdefault(f"{d.kind}:{model}", set()).add(ok)
-        partial = sorted(k for k, v in hit.items() if v == {True, False})
-        if partial:
-            raise UnsupportedClaim(f"request {r.name} of {r.claim} selects some but not all devices of "
-                                   f"{', '.join(partial)}: gpuaware places by GPU model")
-        mine = {k.split(":", 1)[1] for k, v in hit.items() if v == {True}}
+                count[d.node] = count.get(d.node, 0) + 1
+            hit.setdefault(short_model(d.product), set()).add(ok)
+        partial |= any(v == {True, False} for v in hit.values())
+        mine = {m for m, v in hit.items() if True in v}
         models = mine if models is None else models & mine
-    return kinds, models or set()
+        need += r.count
+        for node, n in count.items():
+            per_node[node] = per_node.get(node, 0) + n
+    nodes = frozenset(n for n, c in per_node.items() if c >= need) if partial else None
+    return kinds, models or set(), nodes
 
 
 def pick(ask: DraAsk, ng: NodeGpus, slots: list[int], free_slots: list[int], taken: set[tuple[str, str, str]],
@@ -222,11 +232,12 @@ def pick(ask: DraAsk, ng: NodeGpus, slots: list[int], free_slots: list[int], tak
 
 
 def _slot_choices(ask: DraAsk, ng: NodeGpus, slots: list[int], free_slots: list[int]) -> Iterable[list[int]]:
+    """The core's GPUs, then free GPUs that match a request, one group of equal ``same`` attributes at a time."""
     yield slots
-    if not ask.same:
-        return  # the core's choice is any free GPUs of a matching model: nothing else to try
     by_value: dict[Any, list[int]] = {}
     for s in free_slots:
+        if not any(r.matches(ng.gpus[s]) for r in ask.requests):
+            continue
         key = tuple(ng.gpus[s].facts.attributes.get(a) for a in ask.same)
         by_value.setdefault(key, []).append(s)
     for group in sorted(by_value.values(), key=len):  # the smallest group that fits keeps bigger ones whole
