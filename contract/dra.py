@@ -78,6 +78,11 @@ TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
 # Limits the apiserver enforces (k8s.io/api/resource/v1 types.go), checked here so a bad slice is
 # refused with our reason rather than half-read.
 MAX_DEVICES_PER_SLICE = 128
+# kube-apiserver 1.36: "spec.devices: Too many: 88: must have at most 64 items" for devices with taints or
+# consumesCounters.
+MAX_DEVICES_PER_SLICE_WITH_COUNTERS_OR_TAINTS = 64
+# kube-apiserver 1.36: "spec.sharedCounters: Too many: 9: must have at most 8 items".
+MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_TAINTS_PER_DEVICE = 16
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -563,6 +568,10 @@ def parse_slice(obj: Any) -> SliceView:
         raise SliceInvalid("spec", "only one of sharedCounters or devices is allowed")
     if len(raw_devices) > MAX_DEVICES_PER_SLICE:
         raise SliceInvalid("spec.devices", f"more than {MAX_DEVICES_PER_SLICE} devices")
+    if len(raw_devices) > MAX_DEVICES_PER_SLICE_WITH_COUNTERS_OR_TAINTS and any(
+            isinstance(d, dict) and (d.get("taints") or d.get("consumesCounters")) for d in raw_devices):
+        raise SliceInvalid("spec.devices", f"more than {MAX_DEVICES_PER_SLICE_WITH_COUNTERS_OR_TAINTS} devices "
+                                           "with taints or consumesCounters in one slice")
     devices = []
     seen: set[str] = set()
     for i, d in enumerate(raw_devices):
@@ -571,6 +580,8 @@ def parse_slice(obj: Any) -> SliceView:
             raise SliceInvalid(f"spec.devices[{i}].name", f"{view.name!r} listed twice")
         seen.add(view.name)
         devices.append(view)
+    if len(raw_counters) > MAX_COUNTER_SETS_PER_SLICE:
+        raise SliceInvalid("spec.sharedCounters", f"more than {MAX_COUNTER_SETS_PER_SLICE} counter sets")
     shared: dict[str, dict[str, int]] = {}
     for i, cs in enumerate(raw_counters):
         cname = _need(cs, "name", f"spec.sharedCounters[{i}].name", str)
