@@ -3,8 +3,8 @@
 One control plane for the module (etcd + kube-apiserver; no kube-controller-manager, so claims are
 created up front and pods name them with ``resourceClaimName``). Nodes publish NVIDIA-shaped
 ResourceSlices (``contract.dra``); the scheduler runs in this process as its ServiceAccount with the
-shipped RBAC, and each test uses nodes and pods of its own (a DeviceClass selector on a node label
-keeps the tests' pools apart: each test's claims can only match its own devices).
+RBAC of the production overlay plus ``deploy/components/dra``, and each test uses nodes and pods of its
+own (each test's DeviceClass selects a test-group attribute of its own devices).
 
 - whole GPUs, two on one NVLink island, and a memory capacity request: the apiserver takes the
   allocations, the devices are the node's and distinct, the pods bound there;
@@ -36,23 +36,25 @@ from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane,
 from plumbing.kube.api import KubeApi
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
-from tests.support import need, shipped_rbac, wait_for
+from tests.support import RBAC_KINDS, need, overlay_with, wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 CRDS = REPO / "deploy" / "base" / "crds"
-SETTINGS = SchedulerSettings(pass_interval_s=0.02, extender_port=0, unqueued="allow")
+SETTINGS = SchedulerSettings(pass_interval_s=0.02, extender_port=0, unqueued="allow", dra=True)
 GB = 2**30
 
 
 @pytest.fixture(scope="module")
-def cp() -> Iterator[KubeControlPlane]:
+def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeControlPlane]:
     need(find_binaries, BinariesMissing)
     with KubeControlPlane() as plane:
         for crd in ("gpuqueues", "gpuworkloads"):
             plane.kubectl("apply", "-f", str(CRDS / f"gpuaware.io_{crd}.yaml"))
             plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}.gpuaware.io", "--timeout=60s")
         plane.create_namespace("gpuaware")
-        plane.apply(yaml.safe_dump_all(shipped_rbac(plane)))
+        # The production overlay with the DRA component, as docs/dra.md has it: its RBAC, applied as it ships.
+        rendered = plane.kubectl("kustomize", str(overlay_with(tmp_path_factory.mktemp("overlay"), "dra"))).stdout
+        plane.apply(yaml.safe_dump_all([d for d in yaml.safe_load_all(rendered) if d and d["kind"] in RBAC_KINDS]))
         yield plane
 
 
@@ -68,7 +70,7 @@ def body(resp: Any) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def scheduler(cp: KubeControlPlane, lead: bool = True) -> AsyncIterator[LiveScheduler]:
-    """gpuaware's scheduler as the ``gpuaware-scheduler`` ServiceAccount (the shipped RBAC), leading."""
+    """gpuaware's scheduler as the ``gpuaware-scheduler`` ServiceAccount (the shipped RBAC), leading or not."""
     cfg = client.Configuration()
     account = await asyncio.to_thread(cp.serviceaccount_kubeconfig, "gpuaware", "gpuaware-scheduler", create=False)
     config.load_kube_config(config_file=str(account), client_configuration=cfg)
@@ -223,8 +225,10 @@ async def test_a_claim_allocated_by_someone_else_meanwhile_is_a_conflict_and_the
         r = client.ResourceV1Api(admin(cp))
         await asyncio.to_thread(r.replace_namespaced_resource_claim_status, "contested", "default", other,
                                 _preload_content=False)
-        live.cache.dra.claims["default/contested"] = stale
-        live.schedule_once()  # places on what the stale claim says is free...
+        await wait_for(lambda: "default/contested" in live.cache.rejected, 10, "the allocation seen")
+        live.cache.claim_event("MODIFIED", stale)  # ...and made to miss it, as if it came a moment later
+        assert "default/contested" in live.cache.pending
+        live.schedule_once()  # places on what the stale claim says is free
         await wait_for(lambda: live.stats.decisions[("DROP", "claim-conflict")] == 1, 10, "the 409")
         assert live.stats.api_errors[("update-claim-status", 409)] == 1
     assert not read(cp, "pod", "contested")["spec"].get("nodeName")
