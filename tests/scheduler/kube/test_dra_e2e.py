@@ -13,7 +13,8 @@ own (each test's DeviceClass selects a test-group attribute of its own devices).
   requeued (not bound), the other allocation kept;
 - a selector in CEL gpuaware does not evaluate: the pod is left alone with the reason as an Event;
 - a GPUQueue's per-model quota counts claimed GPUs;
-- a MIG partition: the apiserver takes it, and overlapping partitions are not handed out together.
+- MIG partitions (partitionable devices, A's publisher): the apiserver takes them, and no two handed out
+  share a memory slice (the pool's shared counters).
 
 Skipped when the binaries are not built, failed under ``CI=true``.
 """
@@ -34,6 +35,7 @@ from kubernetes import client, config
 from contract import dra
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
 from plumbing.kube.api import KubeApi
+from plumbing.kube.resource_slices import NodeGpu, node_slices
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
 from tests.support import RBAC_KINDS, need, overlay_with, wait_for
@@ -266,3 +268,34 @@ async def test_a_queue_quota_per_model_counts_claimed_gpus(cp):
         await bound(cp, "q0", "dra-quota")
         await wait_for(lambda: "quota" in live.unschedulable._reported.get("dra-quota/q1", ""), 10, "q1 over quota")
     assert not read(cp, "pod", "q1", "dra-quota")["spec"].get("nodeName")
+
+
+async def test_mig_partitions_are_allocated_without_overlapping_memory_slices(cp):
+    parts = tuple([dra.MigPartition("1g.10gb", 19, p, 1, 9856 * 2**20, 14) for p in range(7)]
+                  + [dra.MigPartition("3g.40gb", 9, p, 4, 40192 * 2**20, 42, 3, 2) for p in (0, 4)]
+                  + [dra.MigPartition("7g.80gb", 0, 0, 8, 79 * 2**30, 98, 7, 5, 0, 1, 1)])  # the GPU's counters
+    gpu = NodeGpu(0, "GPU-dra-m-0", "NVIDIA A100-SXM4-80GB", 80 * GB, architecture="Ampere", partitions=parts)
+    node(cp, "dra-m", "mig")
+    r = client.ResourceV1Api(admin(cp))
+    for s in node_slices("dra-m", [gpu], generation=1):
+        for d in (s["spec"].get("devices") or []):
+            d["attributes"]["gpu.gpuaware.io/testGroup"] = {"string": "mig"}
+        r.create_resource_slice(s, _preload_content=False)
+    cls = device_class(cp, "mig", kind="mig")
+    profile = f'device.attributes["{dra.DRIVER}"].profile'
+    claim(cp, "m3", cls, selectors=(f'{profile} == "3g.40gb"',))
+    pod(cp, "m3", ["m3"])
+    async with scheduler(cp) as live:
+        await bound(cp, "m3")
+        (three,) = results(read(cp, "resourceclaim", "m3"))
+        start = int(three["device"].rsplit("-", 1)[1])
+        for i in range(4):  # 3g (4 slices) + three 1g fill the GPU's compute: a fourth 1g waits
+            claim(cp, f"m1-{i}", cls, selectors=(f'{profile} == "1g.10gb"',))
+            pod(cp, f"m1-{i}", [f"m1-{i}"])
+        await wait_for(lambda: sum(bool(read(cp, "pod", f"m1-{i}")["spec"].get("nodeName")) for i in range(4)) == 3,
+                       30, "three 1g placed", poll_s=0.2)
+        await wait_for(lambda: any(k.startswith("default/m1-") for k in live.cache.pending), 10, "one 1g waiting")
+    ones = [results(read(cp, "resourceclaim", f"m1-{i}")) for i in range(4)]
+    taken = [int(r[0]["device"].rsplit("-", 1)[1]) for r in ones if r]
+    assert three["device"].startswith("gpu-0-mig-3g40gb-9-") and len(taken) == 3 == len(set(taken))
+    assert not set(taken) & set(range(start, start + 4)), (three, taken)  # no memory slice twice
