@@ -205,6 +205,8 @@ async def test_a_restarted_scheduler_reads_the_claims_and_hands_out_no_device_tw
         await wait_for(lambda: sum(bool(read(cp, "pod", f"r{i}")["spec"].get("nodeName")) for i in range(5)) == 4,
                        30, "four of five placed", poll_s=0.2)
         await wait_for(lambda: any(k.startswith("default/r") for k in live.cache.pending), 10, "one pending")
+        c = live.cache.cluster  # the model charges the claims read from the API to the GPUs they name
+        assert (c.gpu_free[c.index["dra-r"]] == 0).all(), c.gpu_free[c.index["dra-r"]]
     mine = [(p, d) for p, d in all_allocated(cp) if p == "dra-r"]
     assert len(mine) == 4 == len(set(mine)), mine
 
