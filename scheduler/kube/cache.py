@@ -315,7 +315,9 @@ class ClusterCache:
             return []
 
     def _claimed_devices(self, pod: dict[str, Any]) -> list[Device]:
-        return [d for d in self.dra.devices_of_claims(self._claims_of(pod)) if d.node == pod["spec"]["nodeName"]]
+        """The GPUs and MIG partitions its claims were allocated on its node (other devices are no GPU slot)."""
+        ng = self.dra.inventory.nodes.get(pod["spec"]["nodeName"])
+        return [d for d in self.dra.devices_of_claims(self._claims_of(pod)) if ng is not None and d.ref in ng.slot_of]
 
     def _claimed_workload(self, pod: dict[str, Any]) -> Workload:
         """A bound pod with claims holds the devices its claims were allocated (none yet: none)."""
@@ -343,7 +345,7 @@ class ClusterCache:
             return
         used: dict[int, int] = {}
         for d in devices:
-            if d.node == devices[0].node:
+            if d.ref in ng.slot_of:
                 used[ng.slot_of[d.ref]] = used.get(ng.slot_of[d.ref], 0) + d.milli
         alloc = Allocation(hold, node, list(used), list(used.values()), 0, 0)
         self._clamp_gpus(alloc)
