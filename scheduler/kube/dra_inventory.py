@@ -40,7 +40,7 @@ class Device:
     kind: str  # "gpu", "mig", or another type (not a GPU slot: claims for it are left to kube-scheduler)
     uuid: str
     parent_uuid: str
-    tainted: bool  # NoSchedule/NoExecute: no new allocation
+    tainted: bool  # NoSchedule/NoExecute, or its pool is being republished: no new allocation
     profile: str = ""
     consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()  # (counter set, ((counter, amount), ...))
 
@@ -69,12 +69,12 @@ def _qualified(values: Mapping[str, Any], driver: str) -> dict[str, Any]:
     return {k if "/" in k else f"{driver}/{k}": v for k, v in values.items()}
 
 
-def device_of(driver: str, pool: str, node: str, d: dra.DeviceView) -> Device:
+def device_of(driver: str, pool: str, node: str, d: dra.DeviceView, incomplete: bool = False) -> Device:
     facts = DeviceFacts(driver, _qualified(d.attributes, driver),
                         {k: float(v) for k, v in _qualified(d.capacity, driver).items()})
     consumes = tuple((cs, tuple(sorted(counters.items()))) for cs, counters in sorted(d.consumes_counters.items()))
     return Device(driver, pool, d.name, node, facts, d.type, d.uuid or "", d.parent_uuid or "",
-                  not d.schedulable, d.profile or "", consumes)
+                  incomplete or not d.schedulable, d.profile or "", consumes)
 
 
 def _minor_order(name: str) -> tuple:
@@ -176,8 +176,11 @@ class DraInventory:
             self.devices.pop(ref, None)
         for key in sets:
             self.counters.pop(key, None)
-        devices = [device_of(driver, pool, node, d) for (driver, pool), views in dra.pool_devices(mine).items()
-                   for d in views]
+        # A pool being republished (fewer slices of its newest generation than it announces) keeps its devices
+        # in the model but hands none out, as kube-scheduler's allocator does.
+        partial = dra.incomplete_pools(mine)
+        devices = [device_of(driver, pool, node, d, (driver, pool) in partial)
+                   for (driver, pool), views in dra.pool_devices(mine).items() for d in views]
         newest: dict[tuple[str, str], int] = {}
         for s in mine:
             newest[(s.driver, s.pool)] = max(newest.get((s.driver, s.pool), s.generation), s.generation)

@@ -178,3 +178,11 @@ def test_allocated_claims_hold_their_gpus_with_or_without_their_pod_and_other_dr
     assert c.gpu_free[0].tolist() == [1000, 0, 1000, 1000] and "claim:ns/c" in c.allocations
     cache.claim_event("DELETED", held)
     assert c.gpu_free[0].tolist() == [1000] * 4
+
+
+def test_a_pool_being_republished_hands_out_nothing_until_all_its_slices_are_there():
+    devices, counters = a100_mig("m")  # two slices: the devices, then the counters
+    inv = inventory(devices)
+    assert inv.nodes["m"].gpus[0].tainted and all(m.tainted for m in inv.nodes["m"].migs)
+    inv.event("ADDED", counters)
+    assert not inv.nodes["m"].gpus[0].tainted and not any(m.tainted for m in inv.nodes["m"].migs)
