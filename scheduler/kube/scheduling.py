@@ -17,7 +17,7 @@ from scheduler.core.framework import Decision, Scheduler
 from scheduler.core.policies import profile
 from scheduler.core.preemption import Running
 from scheduler.core.queue import Tenant, TenantLedger
-from scheduler.core.status import Code, label_of, reason_label
+from scheduler.core.status import Code, Reason, label_of, reason_label
 from scheduler.core.workload import Workload
 from scheduler.core.workload_mix import WorkloadMix
 from scheduler.kube import queues
@@ -128,6 +128,8 @@ class SchedulingPass:
         core = self.core()
         ledger = self.ledger()
         actions = PassActions(cache, self.binder, self.evictor, self.departures, self.sink, self.stats, self.tasks)
+        for key in [k for k in cache.dra_resume if k in cache.pending]:
+            self._resume(key, actions, now)
         singles, gangs = [], {}
         for _key, pw in cache.pending.items():
             if pw.workload.gang:
@@ -156,6 +158,17 @@ class SchedulingPass:
             if w.id in cache.pending:
                 self.reporter.unschedulable(w, actions.reasons.get(w.id, NOT_TRIED), actions.labels.get(w.id, "other"))
         self.stats.pass_latency.observe(time.perf_counter() - started)
+
+    def _resume(self, key: str, actions: PassActions, now: float) -> None:
+        """A pod whose claims were allocated for it on a node before a restart is bound there (their devices)."""
+        w = self.cache.pending[key].workload
+        alloc = self.cache.resume(key)
+        if alloc is None:
+            self.reporter.unschedulable(w, "its claims are allocated on a node that is gone", "dra-devices")
+            return
+        node = self.cache.node_name(alloc.node)
+        why = Reason(Code.SCHEDULED, "dra", f"{node} gpus={alloc.gpus}: its claims were allocated there already")
+        actions.start(w, Decision(w, alloc, [why], nodes=len(self.cache.cluster)), now)
 
     def _place_gang(self, core: Scheduler, gang: str, members: list[PodWorkload], actions: PassActions,
                     now: float, ledger: TenantLedger | None = None) -> None:

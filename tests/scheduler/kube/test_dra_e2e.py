@@ -13,6 +13,7 @@ own (each test's DeviceClass selects a test-group attribute of its own devices).
   requeued (not bound), the other allocation kept;
 - a selector in CEL gpuaware does not evaluate: the pod is left alone with the reason as an Event;
 - a GPUQueue's per-model quota counts claimed GPUs;
+- a pod whose claims were written before a restart cut its Binding short is bound where they say;
 - MIG partitions (partitionable devices, A's publisher): the apiserver takes them, and no two handed out
   share a memory slice (the pool's shared counters).
 
@@ -301,3 +302,27 @@ async def test_mig_partitions_are_allocated_without_overlapping_memory_slices(cp
     taken = [int(r[0]["device"].rsplit("-", 1)[1]) for r in ones if r]
     assert three["device"].startswith("gpu-0-mig-3g40gb-9-") and len(taken) == 3 == len(set(taken))
     assert not set(taken) & set(range(start, start + 4)), (three, taken)  # no memory slice twice
+
+
+async def test_a_placement_cut_short_after_its_claim_writes_is_bound_where_the_claims_say(cp):
+    node(cp, "dra-s", "resume")
+    gpu_slice(cp, "dra-s", gpus=4, group="resume")
+    cls = device_class(cp, "resume")
+    claim(cp, "cut", cls)
+    pod(cp, "cut", ["cut"])
+    # What a scheduler that stopped between the claim's status write and the Binding leaves behind.
+    r = client.ResourceV1Api(admin(cp))
+    written = body(await asyncio.to_thread(r.read_namespaced_resource_claim, "cut", "default",
+                                           _preload_content=False))
+    written["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpus", "driver": dra.DRIVER, "pool": "dra-s", "device": "gpu-2"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["dra-s"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": "cut", "uid": read(cp, "pod", "cut")["metadata"]["uid"]}]}
+    await asyncio.to_thread(r.replace_namespaced_resource_claim_status, "cut", "default", written,
+                            _preload_content=False)
+    async with scheduler(cp) as live:
+        assert await bound(cp, "cut") == "dra-s"
+        c = live.cache.cluster
+        assert c.gpu_free[c.index["dra-s"], :4].tolist() == [1000, 1000, 0, 1000]  # its claim's GPU, once
+    assert [x["device"] for x in results(read(cp, "resourceclaim", "cut"))] == ["gpu-2"]
