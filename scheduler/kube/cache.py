@@ -277,6 +277,13 @@ class ClusterCache:
         except PodSpecError as exc:
             self.rejected[key] = Rejected(pod, str(exc))
 
+    def refuse(self, key: str, reason: str) -> None:
+        """Leave an unbound pod alone with ``reason`` (an Event) until it or its claims change."""
+        pod = self.pods.get(key)
+        self.pending.pop(key, None)
+        if pod is not None and not pod.get("spec", {}).get("nodeName"):
+            self.rejected[key] = Rejected(pod, reason)
+
     def tenant_of(self, pod: dict[str, Any]) -> str:
         fallback = queues.UNQUEUED_TENANT if self.unqueued == "best-effort" else DEFAULT_TENANT
         return self.tenants_by_namespace.get(pod["metadata"].get("namespace", ""), fallback)
