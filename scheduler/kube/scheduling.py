@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from contract.events import DecisionAction
 from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, place_gang, quota_mask, schedule_pass
 from scheduler.core.framework import Decision, Scheduler
 from scheduler.core.policies import profile
 from scheduler.core.preemption import Running
 from scheduler.core.queue import Tenant, TenantLedger
-from scheduler.core.status import Code, label_of, reason_label
+from scheduler.core.status import Code, Reason, label_of, reason_label
 from scheduler.core.workload import Workload
 from scheduler.core.workload_mix import WorkloadMix
 from scheduler.kube import queues
@@ -68,6 +70,12 @@ class PassActions:
     def start(self, workload: Workload, decision: Decision, now: float) -> None:
         key = workload.id
         assert decision.allocation is not None
+        if key in self.cache.dra_asks and key not in self.cache.dra_picks:  # (a gang's are picked beforehand)
+            why = self.cache.pick_devices(key, decision.allocation)  # the core's GPUs as the claims' devices
+            if why is not None:
+                self.reasons[key] = why
+                self.labels[key] = "dra-devices"
+                return
         self.cache.reserve(key, Running(workload, decision.allocation, now, 0.0, None))
         uid = (self.cache.pods.get(key) or {}).get("metadata", {}).get("uid")  # of the pod decided for, now
         self.tasks.spawn(self.binder.bind(workload, decision, self.victims.pop(key, []), uid))
@@ -121,6 +129,8 @@ class SchedulingPass:
         core = self.core()
         ledger = self.ledger()
         actions = PassActions(cache, self.binder, self.evictor, self.departures, self.sink, self.stats, self.tasks)
+        for key in [k for k in cache.dra_resume if k in cache.pending]:
+            self._resume(key, actions, now)
         singles, gangs = [], {}
         for _key, pw in cache.pending.items():
             if pw.workload.gang:
@@ -130,9 +140,18 @@ class SchedulingPass:
         for gang, members in gangs.items():
             self._place_gang(core, gang, members, actions, now, ledger)
         finish_at = {k: r.started_s + (r.workload.duration_s or UNKNOWN_DURATION_S) for k, r in cache.running.items()}
-        queue = QueueState(singles, cache.running, finish_at, ledger, cache.node_mask, enforce_quota=True)
+        # Pods whose claims select devices on some nodes only (scheduler.kube.dra_claims) go one at a time, with
+        # the node mask narrowed to those nodes.
+        narrowed = {w.id: ask.nodes for w in singles if (ask := cache.dra_asks.get(w.id)) and ask.nodes is not None}
+        queue = QueueState([w for w in singles if w.id not in narrowed], cache.running, finish_at, ledger,
+                           cache.node_mask, enforce_quota=True)
         pass_stats = PassStats()
         schedule_pass(core, cache.cluster, queue, self.queue_policy, actions, pass_stats, now)
+        for w in singles:
+            if w.id in narrowed and w.id in cache.pending:
+                mask = np.isin(np.asarray(cache.cluster.names), sorted(narrowed[w.id])) & cache.node_mask
+                one = QueueState([w], cache.running, finish_at, ledger, mask, enforce_quota=True)
+                schedule_pass(core, cache.cluster, one, self.queue_policy, actions, pass_stats, now, only=[w])
         for lat in pass_stats.latencies_s:
             self.stats.decision_latency.observe(lat)
             self.stats.decision_latencies.append(lat)
@@ -140,6 +159,38 @@ class SchedulingPass:
             if w.id in cache.pending:
                 self.reporter.unschedulable(w, actions.reasons.get(w.id, NOT_TRIED), actions.labels.get(w.id, "other"))
         self.stats.pass_latency.observe(time.perf_counter() - started)
+
+    def _pick_gang_devices(self, gang: str, decisions: list[Decision], members: list[PodWorkload]) -> bool:
+        """The claims' devices of every member with claims, or of none: all or nothing, as the gang."""
+        picked: list[str] = []
+        for d in decisions:
+            key = d.workload.id
+            if key not in self.cache.dra_asks:
+                continue
+            why = self.cache.pick_devices(key, d.allocation)
+            if why is None:
+                picked.append(key)
+                continue
+            for k in picked:
+                self.cache.drop_picks(k)
+            for other in decisions:  # pick_devices released the failed member's allocation already
+                if other.workload.id != key and other.workload.id in self.cache.cluster.allocations:
+                    self.cache.cluster.release(other.workload.id)
+            for m in members:
+                self.reporter.unschedulable(m.workload, f"gang {gang}: {why}; none of its members placed", GANG_LABEL)
+            return False
+        return True
+
+    def _resume(self, key: str, actions: PassActions, now: float) -> None:
+        """A pod whose claims were allocated for it on a node before a restart is bound there (their devices)."""
+        w = self.cache.pending[key].workload
+        alloc = self.cache.resume(key)
+        if alloc is None:
+            self.reporter.unschedulable(w, "its claims are allocated on a node that is gone", "dra-devices")
+            return
+        node = self.cache.node_name(alloc.node)
+        why = Reason(Code.SCHEDULED, "dra", f"{node} gpus={alloc.gpus}: its claims were allocated there already")
+        actions.start(w, Decision(w, alloc, [why], nodes=len(self.cache.cluster)), now)
 
     def _place_gang(self, core: Scheduler, gang: str, members: list[PodWorkload], actions: PassActions,
                     now: float, ledger: TenantLedger | None = None) -> None:
@@ -160,6 +211,10 @@ class SchedulingPass:
                 for m in members:
                     self.reporter.unschedulable(m.workload, f"gang {gang}: {refused.message}", GANG_LABEL)
                 return
+        for m in members:  # members whose claims select devices on some nodes only: the gang goes there
+            ask = self.cache.dra_asks.get(m.workload.id)
+            if ask is not None and ask.nodes is not None:
+                mask = mask & np.isin(np.asarray(self.cache.cluster.names), sorted(ask.nodes))
         decisions, reasons = place_gang(core, self.cache.cluster, [m.workload for m in members], mask)
         if decisions and ledger is not None:
             for d in decisions:
@@ -167,6 +222,8 @@ class SchedulingPass:
         if not decisions:
             for m in members:
                 self.reporter.unschedulable(m.workload, reasons[0], GANG_LABEL)
+            return
+        if not self._pick_gang_devices(gang, decisions, members):
             return
         for d in decisions:
             actions.start(d.workload, d, now)
