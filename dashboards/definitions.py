@@ -101,7 +101,9 @@ def gpu_health() -> Dashboard:
               width=8, description="Cordoned and draining, waiting for the reset/reboot the node condition "
                                    "GPUMaintenanceRequired asks for, or validating (docs/health.md)."),
         Panel("Lemon nodes (5+ remediations in 7 days)", [Target(
-            f"max by (node) (gpuaware_scheduler_lemon_node{{{SCHED}}}) == 1", "{{node}}")], kind="table", width=8),
+            f"count(max by (node) (gpuaware_scheduler_lemon_node{{{SCHED}}}) == 1) or vector(0)", "lemon nodes")],
+              kind="stat", width=8, description="The series exists only for a lemon node, so the count falls back "
+                                                "to 0; alert GpuLemonNode names each one (docs/runbooks.md)."),
         Panel("MTTR and MTBI (p50 over 7 days)", [
             Target(f"histogram_quantile(0.5, sum by (le) (increase("
                    f"gpuaware_scheduler_remediation_mttr_seconds_bucket{{{SCHED}}}[7d])))", "MTTR"),

@@ -148,6 +148,9 @@ class ClusterCache:
     rejected: dict[str, Rejected] = field(default_factory=dict)  # our pods whose annotations are wrong
     reservations: dict[str, Running] = field(default_factory=dict)  # placed by us, binding in flight
     cordoned: dict[str, set[int]] = field(default_factory=dict)  # node -> GPU indices
+    # (node, GPU) the Node watch has shown cordoned; health's chains clear theirs when they cordon, so a cordon
+    # gone from a key seen since is one an operator lifted.
+    cordon_seen: set[tuple[str, int]] = field(default_factory=set)
     _reserved_node: dict[str, str] = field(default_factory=dict)
     node_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # False: takes nothing new
     # DRA (scheduler.kube.dra_*): slices, claims and classes; what pending pods' claims ask for; the claims each
@@ -163,6 +166,7 @@ class ClusterCache:
     def sync_nodes(self, items: list[dict[str, Any]]) -> None:
         self.nodes = {n["metadata"]["name"]: n for n in items}
         self.cordoned = {name: gpus for name, n in self.nodes.items() if (gpus := annotations.cordoned_gpus(n))}
+        self.cordon_seen.update((name, g) for name, gpus in self.cordoned.items() for g in gpus)
         self.rebuild()
 
     def node_event(self, kind: str, node: dict[str, Any]) -> None:
@@ -177,6 +181,7 @@ class ClusterCache:
         gpus = annotations.cordoned_gpus(node)
         if gpus:
             self.cordoned[name] = gpus
+            self.cordon_seen.update((name, g) for g in gpus)
         else:
             self.cordoned.pop(name, None)
         if old is None or _spec_or_none(old) != _spec_or_none(node) or \

@@ -84,6 +84,9 @@ class HealthReactions:
             i, g = where[gpu_uuid]
             key = (c.names[i], g)
             chain = self.chains.get(key)
+            if chain is not None and self._released_by_operator(key):
+                self.end_by_operator(chain)
+                chain = None  # in service again: turning critical acts again
             if chain is not None:
                 self.advance(chain, state)
                 continue
@@ -172,6 +175,29 @@ class HealthReactions:
         if self._node_want(chain.node)[2] != self._written.get(chain.node):
             self.tasks.spawn(self.sync_node(chain.node))
 
+    def _released_by_operator(self, key: tuple[str, int]) -> bool:
+        """The chain's cordon was seen on the Node since it was written, and is gone (our own return to service
+        ends the chain first)."""
+        return key in self.cache.cordon_seen and key[1] not in self.cache.cordoned.get(key[0], ())
+
+    def end_by_operator(self, chain: Chain) -> None:
+        """An operator lifted the cordon mid-chain: their call that the GPU is fixed. New pods may land on it at
+        once, so the chain ends here (conditions cleared, device taint lifted) rather than holding a GPU that is
+        in service, which would leave those pods on it unprotected the next time it turns critical."""
+        key = (chain.node, chain.gpu)
+        log.info("GPU %d of %s: cordon lifted by an operator; its remediation chain ends", chain.gpu, chain.node)
+        self.chains.pop(key, None)
+        self.cache.cordon_seen.discard(key)
+        self._critical_seen.discard(key)
+        self._moving.pop(key, None)
+        self._node_drained.discard(key)
+        self.stats.decisions[("RESUME", "operator")] += 1
+        if self.device_taints is not None:
+            lift = self.device_taints.lift_if_tainted(self.calls, *key)
+            if lift is not None:
+                self.tasks.spawn(lift)
+        self.tasks.spawn(self.sync_node(chain.node))
+
     def drained(self, chain: Chain) -> bool:
         """No pod of ours holds the GPU (the whole node, for a reboot) or is still being evicted from it."""
         i = self.cache.cluster.index.get(chain.node)
@@ -194,6 +220,7 @@ class HealthReactions:
             log.warning("could not uncordon GPU %d of %s: %s", chain.gpu, chain.node, exc)
             return
         self.chains.pop(key, None)
+        self.cache.cordon_seen.discard(key)
         if self.device_taints is not None:
             lift = self.device_taints.lift_if_tainted(self.calls, *key)
             if lift is not None:
@@ -250,6 +277,7 @@ class HealthReactions:
                 await self.sync_node(node)
 
     async def cordon(self, node: str, gpu: int, state: GpuState) -> bool:
+        self.cache.cordon_seen.discard((node, gpu))  # an earlier cordon's sighting says nothing of this one
         try:
             await self.calls.call(self.calls.api.cordon_gpu, node, gpu)
             now = time.time()

@@ -110,6 +110,27 @@ async def test_acts_once_while_critical_and_again_after_a_repair(kube, listed, c
     assert stats.decisions[("CORDON", "gpu-critical")] == 2
 
 
+async def test_an_operator_lifting_the_cordon_mid_chain_ends_it_and_a_new_critical_acts_again(
+        kube, listed, calls, stats, tasks, wait_for):
+    """Found in tests/system/test_scheduler.py: the operator released the cordon while the chain waited for
+    validation, a pod landed on the GPU, and the GPU turning critical again left that pod on it."""
+    view, state, health, _published = setup(kube, listed, calls, stats, tasks)
+    view.learn(gpu(0, HealthBand.CRITICAL))
+    step(state, health)
+    await wait_for(lambda: len(tasks) == 0, what="first reaction")
+    health.cache.sync_nodes(kube.objects("nodes"))  # the Node watch shows the cordon
+    step(state, health)
+    assert ("n0", 0) in health.chains
+    node = {n["metadata"]["name"]: n for n in kube.objects("nodes")}["n0"]
+    node["metadata"]["annotations"].pop(annotations.ANN_CORDONED)  # the operator's uncordon, as the watch shows it
+    health.cache.sync_nodes([node])
+    view.learn(gpu(0, HealthBand.CRITICAL))
+    step(state, health)
+    await wait_for(lambda: len(tasks) == 0, what="second reaction")
+    assert stats.decisions[("RESUME", "operator")] == 1
+    assert stats.decisions[("CORDON", "gpu-critical")] == 2 and ("n0", 0) in health.chains
+
+
 async def test_a_refused_cordon_is_tried_again_on_the_next_update(kube, listed, calls, stats, tasks, wait_for):
     view, state, health, _published = setup(kube, listed, calls, stats, tasks, node_in_api=False)
     view.learn(gpu(0, HealthBand.CRITICAL))
