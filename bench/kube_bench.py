@@ -300,7 +300,7 @@ async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | N
         if mode == "gpuaware":
             live.leading.set()
         else:
-            ext = Extender.from_settings(live.cache, live.passes.core, lambda: True, settings)
+            ext = Extender.from_settings(live.cache, live.passes.core, lambda: True, settings, calls=live.calls)
             runner = web.AppRunner(ext.app(), access_log=None)
             await runner.setup()
             port = free_port()

@@ -498,3 +498,13 @@ async def test_extender_answers_kube_scheduler_json():
                 bad = await http.post("/filter", data=b"not json")
                 assert bad.status == 400
                 assert (await http.get("/healthz")).status == 200 and (await http.get("/readyz")).status == 200
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"PodNamespace": "d", "PodUID": "u", "Node": "n"}, "PodName"),
+    ({"PodName": "p", "PodNamespace": "d", "PodUID": 7, "Node": "n"}, "PodUID"),
+    ({"PodName": "p", "PodNamespace": "d", "PodUID": "u", "Node": ""}, "Node"),
+])
+def test_a_bind_body_that_is_not_extender_binding_args_names_the_field(body, field):
+    with pytest.raises(extender_args.BadRequest, match=field):
+        extender_args.parse(json.dumps(body).encode(), "bind")
