@@ -9,8 +9,9 @@ gets the same pods, written as that mode needs them:
 - ``kube_scheduler``: the default kube-scheduler alone; a fractional pod asks for a whole
   ``nvidia.com/gpu`` (it cannot ask for less);
 - ``extender``: kube-scheduler with the shipped extender configuration (``nodeCacheCapable``, no
-  ``managedResources``; over plain HTTP on loopback here) and gpuaware's extender in this process;
-  a fractional pod carries only ``gpuaware.io/gpu-milli``;
+  ``managedResources``, ``bindVerb``: gpuaware's extender writes the Bindings; over plain HTTP on
+  loopback here) and gpuaware's extender in this process; a fractional pod carries only
+  ``gpuaware.io/gpu-milli``;
 - ``gpuaware``: gpuaware's live scheduler binds (``schedulerName: gpuaware``), in this process,
   without the state feed (neither kube-scheduler mode sees telemetry either).
 
@@ -26,9 +27,9 @@ before the next mode.
 
 API budget: ``default`` is each component as shipped: kube-scheduler's clientConnection qps 50,
 burst 100; gpuaware's Python client has no client-side limit. ``raised`` gives every component the
-same token bucket (``--qps``, burst ``2 * qps``): kube-scheduler's clientConnection, and for gpuaware a
-limiter on every request of its API client, as client-go's. The apiserver keeps its default
-max-requests-inflight (400/200) in both.
+same token bucket (``--qps``, burst ``2 * qps``): kube-scheduler's clientConnection, and for gpuaware
+(both modes: the extender binds) a limiter on every request of its API client, as client-go's. The
+apiserver keeps its default max-requests-inflight (400/200) in both.
 """
 
 from __future__ import annotations
@@ -240,9 +241,16 @@ class _Driver:
             time.sleep(0.05)
         return {"bound": {n: self.bound.get(n) for n in names}}
 
+    def _delete(self, name: str) -> None:
+        resp = self.http.request("DELETE", f"{self.pods_url}/{name}?gracePeriodSeconds=0")
+        if resp.status not in (200, 404):
+            self.errors.append(f"delete {name}: {resp.status} {resp.data[:200]!r}")
+
     def delete_all(self, timeout_s: float = 600.0) -> None:
-        # deletecollection removes one pod at a time on the server: minutes for thousands on 2 cores.
-        self.http.request("DELETE", self.pods_url + "?gracePeriodSeconds=0", timeout=timeout_s)
+        # deletecollection removes one pod at a time on the server (minutes for thousands on 2 cores);
+        # one DELETE per pod over the pool runs them side by side.
+        items = json.loads(self.http.request("GET", self.pods_url).data)["items"]
+        list(self.pool.map(self._delete, [p["metadata"]["name"] for p in items]))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not json.loads(self.http.request("GET", self.pods_url + "?limit=1").data)["items"]:
@@ -290,8 +298,8 @@ async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | N
         finally:
             await asyncio.to_thread(cp.stop_scheduler)
         return
-    # extender and gpuaware: gpuaware's informers (reads) in this process; gpuaware mode also binds.
-    live = LiveScheduler(_api(cp.kubeconfig, qps if mode == "gpuaware" else None), settings, None)
+    # extender and gpuaware: gpuaware's informers and Bindings (the extender's /bind) in this process.
+    live = LiveScheduler(_api(cp.kubeconfig, qps), settings, None)
     stop = asyncio.Event()
     await live.start(sync_timeout_s=120)
     task = asyncio.create_task(live.run(stop))
