@@ -345,7 +345,7 @@ async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float,
         progress(f"{mode} ({tag}): backlog of {burst} pods")
         b = await ask(("create", burst_pods, 0.0, 0.0))
         async with _scheduler(mode, cp, qps):
-            b = {**b, **await ask(("wait", [n for n, _, _ in burst_pods], 180.0))}
+            b = {**b, **await ask(("wait", [n for n, _, _ in burst_pods], 300.0))}
             progress(f"{mode} ({tag}): {rate:.0f} pods/s for {seconds:.0f}s")
             s = await ask(("create", steady_pods, rate, 60.0))
         burst_bound = [t for t in b["bound"].values() if t is not None]
