@@ -257,7 +257,7 @@ class Extender:
                 only &= self.cache.node_mask
             d = self.core().schedule(c, w, only)  # allocates in the model: the next /filter sees it
             if d.allocation is None:
-                why = "; ".join(r.message for r in d.reasons)
+                why = "; ".join(d.reasons)
                 return {"Error": f"gpuaware: {node} has no room left for {key} ({why})"}
             self.cache.reserve(key, Running(w, d.allocation, time.time(), 0.0, None))
             reserved()
