@@ -66,6 +66,7 @@ CRDS = REPO / "deploy" / "base" / "crds"
 MODES = ("kube_scheduler", "extender", "gpuaware")
 NAMESPACE = "bench"
 DEFAULT_QPS = (50.0, 100)  # kube-scheduler's clientConnection defaults (qps, burst)
+IDLE_S = 30.0  # no binding for this long: the phase's pods that can be placed are placed
 
 
 # -- the cluster and the pods ---------------------------------------------------------------------
@@ -234,10 +235,15 @@ class _Driver:
         return {"created": created, "create_s": create_s, "errors": self.errors[-5:],
                 **self.wait([n for n, _, _ in pods], timeout_s)}
 
-    def wait(self, names: list[str], timeout_s: float) -> dict[str, Any]:
-        """{"bound": name -> when bound or None} once all are bound or after ``timeout_s``."""
+    def wait(self, names: list[str], timeout_s: float, idle_s: float = IDLE_S) -> dict[str, Any]:
+        """{"bound": name -> when bound or None} once all are bound, once ``idle_s`` passed without a binding
+        after the first (the trace has pods no node fits: waiting for them would only add minutes), or after
+        ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not all(n in self.bound for n in names):
+        while time.monotonic() < deadline:
+            times = [self.bound[n] for n in names if n in self.bound]
+            if len(times) == len(names) or (times and time.monotonic() - max(times) > idle_s):
+                break
             time.sleep(0.05)
         return {"bound": {n: self.bound.get(n) for n in names}}
 
