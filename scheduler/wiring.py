@@ -80,7 +80,8 @@ class SchedulerRuntime:
         self.settings, self.api, self.live, self.feed, self.publishers = settings, api, live, feed, publishers
         self.stats, self.view = live.stats, live.view
         self.ready = asyncio.Event()  # listed and caught up: the extender answers, /readyz says 200
-        self.extender = Extender.from_settings(live.cache, live.passes.core, self.ready.is_set, settings, self.stats)
+        self.extender = Extender.from_settings(live.cache, live.passes.core, self.ready.is_set, settings, self.stats,
+                                               live.calls)
         self._runner: web.AppRunner | None = None
         self._started: list[str] = []
         self.elector: LeaderElector | None = None

@@ -59,6 +59,13 @@ def _json(resp: Any) -> dict[str, Any]:
     return json.loads(resp.data or b"{}")
 
 
+def _done(resp: Any) -> None:
+    """Read a response whose body is not needed. With ``_preload_content=False`` urllib3 returns the
+    connection to the pool only once the body is read; unread, every call opened a new TLS connection."""
+    resp.drain_conn()
+    resp.release_conn()
+
+
 def api_error(exc: ApiException) -> tuple[int, str, str]:
     """(code, reason, message) of a failed call, from the Status body when there is one."""
     try:
@@ -111,7 +118,7 @@ class KubeApi:
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         try:
-            self.core.create_namespaced_pod_binding(name, namespace, body, **self._raw)
+            _done(self.core.create_namespaced_pod_binding(name, namespace, body, **self._raw))
         except ApiException as exc:
             if uid and exc.status == 409 and PodReplaced.MARK in api_error(exc)[2]:
                 raise PodReplaced(exc) from exc
@@ -133,7 +140,7 @@ class KubeApi:
 
     def evict(self, namespace: str, name: str) -> None:
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
-        self.core.create_namespaced_pod_eviction(name, namespace, body, **self._raw)
+        _done(self.core.create_namespaced_pod_eviction(name, namespace, body, **self._raw))
 
     def event(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal",
               component: str = "gpuaware-scheduler") -> None:
@@ -151,7 +158,7 @@ class KubeApi:
             "reportingInstance": component, "firstTimestamp": ts[:19] + "Z", "lastTimestamp": ts[:19] + "Z",
             "eventTime": ts, "action": reason, "count": 1,
         }
-        self.core.create_namespaced_event(ns, body, **self._raw)
+        _done(self.core.create_namespaced_event(ns, body, **self._raw))
 
     # Nodes
     def read_node(self, name: str) -> dict[str, Any]:
@@ -221,7 +228,7 @@ class KubeApi:
                 return
             patch.setdefault("metadata", {})["resourceVersion"] = node["metadata"]["resourceVersion"]
             try:
-                self.core.patch_node(name, patch, _content_type=MERGE_PATCH, **self._raw)
+                _done(self.core.patch_node(name, patch, _content_type=MERGE_PATCH, **self._raw))
                 return
             except ApiException as exc:
                 if exc.status != 409 or attempt >= attempts:
@@ -245,9 +252,9 @@ class KubeApi:
 
     # gpuaware.io
     def patch_queue_status(self, name: str, status: dict[str, Any]) -> None:
-        self.custom.patch_cluster_custom_object_status("gpuaware.io", "v1alpha1", "gpuqueues", name,
-                                                       {"status": status}, _content_type=MERGE_PATCH,
-                                                       **self._raw)
+        _done(self.custom.patch_cluster_custom_object_status("gpuaware.io", "v1alpha1", "gpuqueues", name,
+                                                             {"status": status}, _content_type=MERGE_PATCH,
+                                                             **self._raw))
 
     # Authentication (the stream, verifying the agents' node tokens)
     def review_token(self, token: str, audience: str) -> dict[str, Any]:

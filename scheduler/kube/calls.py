@@ -32,18 +32,22 @@ def _always() -> bool:
 
 
 class ApiCalls:
-    def __init__(self, api: KubeApi, stats: SchedulerStats, workers: int, may_act: Callable[[], bool] = _always):
+    def __init__(self, api: KubeApi, stats: SchedulerStats, workers: int, may_act: Callable[[], bool] = _always,
+                 event_workers: int = 2):
         self.api, self.stats = api, stats
         # Checked before every call, not only between passes: a bind or eviction already queued when the
         # Lease is lost must not reach the API once another replica may be acting (client-go's renew deadline).
         self.may_act = may_act
         # The official client is synchronous: its calls block, so they run on threads of their own.
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube-api")
+        # Events have threads of their own: under a burst they queue behind each other, never in front of
+        # a Binding (kube-scheduler's event broadcaster is likewise asynchronous to its binding cycle).
+        self._events = ThreadPoolExecutor(max_workers=event_workers, thread_name_prefix="kube-events")
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def call(self, fn: Callable[..., T], *args: Any, pool: ThreadPoolExecutor | None = None) -> T:
         if not self.may_act():
             raise NotLeading()
-        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+        return await asyncio.get_running_loop().run_in_executor(pool or self._pool, functools.partial(fn, *args))
 
     def failed(self, verb: str, exc: ApiException) -> tuple[int, str, str]:
         """Count an API error under its verb and status code; (code, reason, message)."""
@@ -53,7 +57,7 @@ class ApiCalls:
 
     async def event(self, pod: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
         try:
-            await self.call(self.api.event, pod, reason, message, type_)
+            await self.call(self.api.event, pod, reason, message, type_, pool=self._events)
         except ApiException as exc:
             self.failed("create-event", exc)
         except TRANSPORT_ERRORS as exc:  # an Event is best effort, as in kube-scheduler
@@ -62,3 +66,4 @@ class ApiCalls:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._events.shutdown(wait=False, cancel_futures=True)

@@ -35,17 +35,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from aiohttp import web
+from kubernetes.client.exceptions import ApiException
 
+from contract import annotations
+from plumbing.kube.api import TRANSPORT_ERRORS
 from scheduler.core.framework import Scheduler
-from scheduler.core.preemption import fits_on_node
+from scheduler.core.preemption import Running, fits_on_node
 from scheduler.kube import dra_claims, objects
 from scheduler.kube.cache import ClusterCache
+from scheduler.kube.calls import ApiCalls
 from scheduler.kube.extender_access import Access
 from scheduler.kube.extender_args import OFFLOAD_BYTES, BadRequest, parse
 from scheduler.kube.objects import PodSpecError
@@ -55,23 +60,33 @@ from scheduler.settings import SchedulerSettings
 log = logging.getLogger(__name__)
 
 MAX_EXTENDER_PRIORITY = 10
-VERBS = ("filter", "prioritize", "preempt")
+VERBS = ("filter", "prioritize", "preempt", "bind")
+# How long a /filter waits for the /bind of the pod filtered before it (see ``_settle``): kube-scheduler
+# sends that bind a few milliseconds after its scheduling cycle; the cap covers a cycle that ended
+# without one (a Reserve or Permit plugin failed, the pod was deleted).
+BIND_WAIT_S = 2.0
 MIB = 1024 * 1024
 
 
 class Extender:
     def __init__(self, cache: ClusterCache, core: Callable[[], Scheduler], ready: Callable[[], bool], *,
-                 stats: SchedulerStats | None = None, access: Access | None = None, max_body_bytes: int = 8 * MIB):
+                 stats: SchedulerStats | None = None, access: Access | None = None, max_body_bytes: int = 8 * MIB,
+                 calls: ApiCalls | None = None, bind_wait_s: float = BIND_WAIT_S):
+        """``calls``: the API client /bind writes Bindings with (without it /bind answers 500)."""
         self.cache, self.core, self.ready = cache, core, ready
         self.access = access or Access()
         self.max_body_bytes = max_body_bytes
         self.requests: Counter = stats.extender_requests if stats is not None else Counter()  # (verb, status)
+        self.calls, self.bind_wait_s = calls, bind_wait_s
+        # Pods this extender kept nodes for whose /bind has not come yet: key -> (pod as filtered, its bind came).
+        self._awaited: dict[str, tuple[dict[str, Any], asyncio.Event]] = {}
 
     @classmethod
     def from_settings(cls, cache: ClusterCache, core: Callable[[], Scheduler], ready: Callable[[], bool],
-                      settings: SchedulerSettings, stats: SchedulerStats | None = None) -> Extender:
+                      settings: SchedulerSettings, stats: SchedulerStats | None = None,
+                      calls: ApiCalls | None = None) -> Extender:
         return cls(cache, core, ready, stats=stats, access=Access.from_settings(settings),
-                   max_body_bytes=int(settings.extender_max_body_mib * MIB))
+                   max_body_bytes=int(settings.extender_max_body_mib * MIB), calls=calls)
 
     # ------------------------------------------------------------------ pure handlers (JSON in, JSON out)
     def _rank(self, pod: dict[str, Any]) -> tuple[np.ndarray, list[str]]:
@@ -206,6 +221,94 @@ class Extender:
                 keep[node] = victims
         return {"NodeNameToMetaVictims": keep}
 
+    # ------------------------------------------------------------------ binding (bindVerb)
+    async def _settle(self, key: str) -> None:
+        """Wait until every other pod this extender kept nodes for has had its /bind.
+
+        kube-scheduler schedules one pod at a time but binds asynchronously, and it does not count
+        ``gpuaware.io/gpu-milli``: without this, the next pod's /filter is answered before the last pod's
+        GPUs are reserved, both are given the same GPU, and the second /bind finds no room."""
+        waiting = [(k, ev) for k, (_, ev) in self._awaited.items() if k != key]
+        deadline = time.monotonic() + self.bind_wait_s
+        for k, ev in waiting:
+            try:
+                await asyncio.wait_for(ev.wait(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                log.info("extender: no /bind for %s within %.1fs; its filter answer lapses", k, self.bind_wait_s)
+                self._awaited.pop(k, None)
+
+    def _expect_bind(self, args: dict[str, Any], result: dict[str, Any]) -> None:
+        pod = args.get("Pod") or {}
+        if not objects.is_gpuaware(pod):
+            return
+        key = objects.key(pod)
+        kept = result["NodeNames"] if args.get("NodeNames") is not None else (result["Nodes"] or {}).get("items")
+        if kept:
+            self._awaited[key] = (pod, asyncio.Event())
+        else:
+            self._awaited.pop(key, None)
+
+    async def bind(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``ExtenderBindingResult``: the pod's GPUs on ``Node`` reserved in the cache, then one Binding
+        (UID precondition) that carries them as annotations; ``{"Error"}`` when the node has no room left
+        or the API refused. Pods gpuaware has nothing to say about are bound as they are."""
+        ns, name, uid, node = args["PodNamespace"], args["PodName"], args["PodUID"] or None, args["Node"]
+        key = f"{ns}/{name}"
+        filtered, came = self._awaited.pop(key, (None, asyncio.Event()))
+        try:
+            return await self._bind(key, ns, name, uid, node, filtered, came.set)
+        finally:
+            came.set()
+
+    async def _bind(self, key: str, ns: str, name: str, uid: str | None, node: str,
+                    filtered: dict[str, Any] | None, reserved: Callable[[], None]) -> dict[str, Any]:
+        """``reserved()`` once the model holds the pod's GPUs: the next /filter need not wait for the API."""
+        if self.calls is None:
+            raise RuntimeError("this extender has no API client to bind with")
+        pod = self.cache.pods.get(key)
+        if pod is None or (uid and pod["metadata"].get("uid") != uid):
+            pod = filtered  # kube-scheduler's watch may be ahead of ours
+        ann: dict[str, str] = {}
+        if pod is not None and objects.is_gpuaware(pod):
+            c = self.cache.cluster
+            i = c.index.get(node)
+            if i is None:
+                return {"Error": f"gpuaware: node {node} unknown (not yet seen by the scheduler's cache)"}
+            if key in self.cache.running and key not in self.cache.reservations:
+                return {"Error": f"gpuaware: {key} is bound already"}
+            if key in self.cache.reservations:  # a retried bind: its earlier reservation goes first
+                self.cache.unreserve(key)
+                self.cache.release(key)
+            w = self.cache.parse(pod).workload
+            only = np.zeros(len(c), dtype=bool)
+            only[i] = True
+            if len(self.cache.node_mask):
+                only &= self.cache.node_mask
+            d = self.core().schedule(c, w, only)  # allocates in the model: the next /filter sees it
+            if d.allocation is None:
+                why = "; ".join(d.reasons)
+                return {"Error": f"gpuaware: {node} has no room left for {key} ({why})"}
+            self.cache.reserve(key, Running(w, d.allocation, time.time(), 0.0, None))
+            reserved()
+            ann = {annotations.ANN_GPUS: objects.gpus_annotation(d.allocation, {}),
+                   annotations.ANN_SHARING: objects.sharing_annotation(d.allocation)}
+        try:
+            await self.calls.call(self.calls.api.bind, ns, name, node, ann, uid)
+        except ApiException as exc:
+            code, _, message = self.calls.failed("bind", exc)
+            self._withdraw(key, ann)
+            return {"Error": f"gpuaware: binding {key} to {node}: {code} {message}"}
+        except TRANSPORT_ERRORS as exc:
+            self.calls.stats.api_errors[("bind", 0)] += 1
+            self._withdraw(key, ann)
+            return {"Error": f"gpuaware: binding {key} to {node}: {exc}"}
+        return {"Error": ""}
+
+    def _withdraw(self, key: str, ann: dict[str, str]) -> None:
+        if ann:
+            self.cache.unreserve(key)
+            self.cache.release(key)
+
     # ------------------------------------------------------------------ HTTP
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -250,13 +353,20 @@ class Extender:
         large = len(body) > OFFLOAD_BYTES
         try:
             if large:  # a NodeList of hundreds of nodes: not on the loop
-                args = await asyncio.get_running_loop().run_in_executor(None, parse, body)
+                args = await asyncio.get_running_loop().run_in_executor(None, parse, body, verb)
             else:
-                args = parse(body)
+                args = parse(body, verb)
         except BadRequest as exc:
             return 400, {"Error": f"bad {verb} request: {exc}"}, large
         try:
-            return 200, getattr(self, verb)(args), large
+            if verb == "bind":
+                return 200, await self.bind(args), large
+            if verb == "filter" and objects.is_gpuaware(args["Pod"]):
+                await self._settle(objects.key(args["Pod"]))
+            answer = getattr(self, verb)(args)
+            if verb == "filter":
+                self._expect_bind(args, answer)
+            return 200, answer, large
         except Exception as exc:
             log.exception("extender /%s failed", verb)
             return 500, {"Error": f"gpuaware extender: {type(exc).__name__}: {exc}"}, large

@@ -22,14 +22,21 @@ class BadRequest(ValueError):
     """The body is not what kube-scheduler sends; the message names the field."""
 
 
-def parse(body: bytes) -> dict[str, Any]:
-    """The body's ``ExtenderArgs`` or ``ExtenderPreemptionArgs``, checked; raises :class:`BadRequest`."""
+def parse(body: bytes, verb: str = "filter") -> dict[str, Any]:
+    """The body's ``ExtenderArgs``, ``ExtenderPreemptionArgs`` or (``verb`` bind) ``ExtenderBindingArgs``,
+    checked; raises :class:`BadRequest`."""
     try:
         args = json.loads(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise BadRequest(f"request body is not JSON: {str(exc)[:200]}") from None
     if not isinstance(args, dict):
         raise BadRequest(f"request body is not a JSON object but {_kind(args)}")
+    if verb == "bind":
+        for key in ("PodName", "PodNamespace", "PodUID", "Node"):
+            _string(args.get(key), key)
+        if not args["PodName"] or not args["Node"]:
+            raise BadRequest("PodName and Node: must not be empty")
+        return args
     _pod(args.get("Pod"), "Pod")
     # Every field present is checked, whatever the verb: a body with a wrong field is wrong as a whole.
     _victims(args, "NodeNameToMetaVictims", _meta_pod)

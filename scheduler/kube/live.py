@@ -20,7 +20,9 @@ refuses a second binding of a pod.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import queue
 import time
 from collections.abc import Callable
 from typing import Any
@@ -85,7 +87,12 @@ class LiveScheduler:
             self.throttler = Throttler(view, self.gpu_state, self.cache, settings, self.stats, self.sink, self.tasks,
                                        control, may_act=lambda: self.may_act(),
                                        record=lambda n, g, w: self.calls.call(self.api.record_power_cap, n, g, w))
-        self._inbox: asyncio.Queue[tuple[str, str, Any]] = asyncio.Queue(maxsize=INBOX)
+        # Filled by the informer threads without a round trip through the loop per change (that cost a
+        # coroutine, a future and two thread switches per watch event under a burst); a full inbox blocks
+        # the watches (back-pressure). ``_arrived`` wakes the loop, once per batch (``_signalled``).
+        self._inbox: queue.Queue[tuple[str, str, Any]] = queue.Queue(maxsize=INBOX)
+        self._arrived = asyncio.Event()
+        self._signalled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._informers: list[Informer] = []
         self._dirty = True
@@ -126,7 +133,22 @@ class LiveScheduler:
     def _put(self, item: tuple[str, str, Any]) -> None:
         """From an informer thread: blocks while the inbox is full (back-pressure on the watch)."""
         assert self._loop is not None
-        asyncio.run_coroutine_threadsafe(self._inbox.put(item), self._loop).result()
+        self._inbox.put(item)
+        if not self._signalled:  # a wake-up already on its way covers this item too
+            self._signalled = True
+            self._loop.call_soon_threadsafe(self._wake_loop)
+
+    def _wake_loop(self) -> None:
+        self._signalled = False
+        self._arrived.set()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._apply(item)
 
     def wake(self) -> None:
         """Something changed that the next pass should see: run it without waiting for the clock."""
@@ -136,19 +158,15 @@ class LiveScheduler:
         """Apply changes and schedule until ``stop``; schedules only while ``leading`` is set."""
         last_pass = last_snapshot = 0.0
         while not stop.is_set():
-            try:
-                item = await asyncio.wait_for(self._inbox.get(), self.settings.pass_interval_s)
-                self._apply(item)
-                while not self._inbox.empty():
-                    self._apply(self._inbox.get_nowait())
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), self.settings.pass_interval_s)
+            self._arrived.clear()
+            self._drain()
             self.stats.leader = self.leading.is_set()
             due = self._dirty or time.monotonic() - last_pass >= 1.0
             if self.leading.is_set() and due:
                 await asyncio.sleep(self.settings.pass_interval_s)  # batch what arrives together
-                while not self._inbox.empty():
-                    self._apply(self._inbox.get_nowait())
+                self._drain()
                 self.schedule_once()
                 last_pass = time.monotonic()
             if self.leading.is_set():

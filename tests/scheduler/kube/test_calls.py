@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import threading
 
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -55,3 +57,17 @@ async def test_no_call_reaches_the_api_once_the_replica_may_no_longer_act(kube, 
         assert not [p for p in kube.objects("pods") if p["spec"].get("nodeName")]
     finally:
         gated.shutdown()
+
+
+async def test_an_event_goes_out_while_every_api_thread_is_busy(fake, stats):
+    pod = fake.create("pods", make_pod("p"))
+    busy = ApiCalls(KubeApi(connect(fake.url)), stats, workers=1)
+    release = threading.Event()
+    try:
+        held = asyncio.ensure_future(busy.call(release.wait))  # the only API thread, taken (a slow Binding)
+        await asyncio.wait_for(busy.event(pod, "Scheduled", "placed"), 30)  # would wait for the thread
+        assert [e["reason"] for e in fake.objects("events")] == ["Scheduled"]
+        assert not held.done()
+    finally:
+        release.set()
+        busy.shutdown()

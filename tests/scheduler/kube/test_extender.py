@@ -31,6 +31,7 @@ from scheduler.core.policies import profile
 from scheduler.core.workload_mix import WorkloadMix
 from scheduler.kube import extender_access, extender_args
 from scheduler.kube.cache import ClusterCache
+from scheduler.kube.calls import ApiCalls
 from scheduler.kube.extender import Extender
 from scheduler.kube.extender_access import Access, server_context
 from scheduler.metrics import QueueSnapshot, SchedulerCollector, SchedulerStats
@@ -517,3 +518,48 @@ def test_a_pod_with_claims_is_filtered_by_health_only_and_not_steered():
     assert {p["Score"] for p in ext.prioritize({"Pod": claimed, "NodeNames": ["n0", "n1", "n3"]})} == {0}
     victims = {"n0": {"Pods": [{"UID": "uid-busy"}], "NumPDBViolations": 0}}
     assert ext.preempt({"Pod": claimed, "NodeNameToMetaVictims": victims}) == {"NodeNameToMetaVictims": victims}
+
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"PodNamespace": "d", "PodUID": "u", "Node": "n"}, "PodName"),
+    ({"PodName": "p", "PodNamespace": "d", "PodUID": 7, "Node": "n"}, "PodUID"),
+    ({"PodName": "p", "PodNamespace": "d", "PodUID": "u", "Node": ""}, "Node"),
+])
+def test_a_bind_body_that_is_not_extender_binding_args_names_the_field(body, field):
+    with pytest.raises(extender_args.BadRequest, match=field):
+        extender_args.parse(json.dumps(body).encode(), "bind")
+
+
+def test_bind_reserves_the_gpus_writes_them_in_the_binding_and_refuses_a_node_without_room(kube):
+    cache = cluster()
+    calls = ApiCalls(KubeApi(kube.admin), SchedulerStats(), workers=2)
+    pods = {name: kube.create("pods", make_pod(name, gpus=gpus, scheduler="default-scheduler"))
+            for name, gpus in (("fits", 1), ("too-big", 2), ("old", 1))}
+    for name in ("n0", "n2"):
+        kube.create("nodes", make_node(name, gpus=2))
+    cache.sync_pods(cache_pods := [*cache.pods.values(), *pods.values()])
+    assert len(cache_pods) == 5
+
+    def bind(name: str, node: str, uid: str | None = None) -> dict:
+        uid = uid or pods[name]["metadata"]["uid"]
+        status, res = post(port, "/bind", {"PodName": name, "PodNamespace": "default", "PodUID": uid,
+                                           "Node": node})
+        assert status == 200, res
+        return res
+
+    try:
+        with served(make_extender(cache, calls=calls)) as port:
+            assert bind("fits", "n2") == {"Error": ""}
+            # n0's two GPUs are taken (by a pod kube-scheduler bound): nothing is written, nothing reserved.
+            assert "n0 has no room left for default/too-big" in bind("too-big", "n0")["Error"]
+            # A pod recreated under its name since kube-scheduler read it: the UID precondition refuses.
+            assert bind("old", "n2", uid="uid-of-an-earlier-pod")["Error"].startswith("gpuaware: binding")
+    finally:
+        calls.shutdown()
+    bound = {p["metadata"]["name"]: p for p in kube.objects("pods")}
+    assert bound["fits"]["spec"]["nodeName"] == "n2"
+    assert json.loads(bound["fits"]["metadata"]["annotations"]["gpuaware.io/gpus"])[0]["milli"] == 1000
+    assert not bound["too-big"]["spec"].get("nodeName") and not bound["old"]["spec"].get("nodeName")
+    assert set(cache.reservations) == {"default/fits"}
+    assert "default/old" not in cache.running and "default/too-big" not in cache.running

@@ -169,7 +169,7 @@ async def extender_behind_kube_scheduler(cp: KubeControlPlane, tmp_path: Path
     task = asyncio.create_task(live.run(stop))  # not leading: it only keeps the cache current
     runner: web.AppRunner | None = None
     try:
-        ext = RecordingExtender.from_settings(live.cache, live.passes.core, lambda: True, settings)
+        ext = RecordingExtender.from_settings(live.cache, live.passes.core, lambda: True, settings, calls=live.calls)
         runner = web.AppRunner(ext.app(), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port, ssl_context=server_context(settings)).start()
@@ -274,3 +274,38 @@ async def test_a_pod_with_an_invalid_gpuaware_request_stays_pending_with_gpuawar
         assert "invalid gpuaware request: gpuaware.io/gpu-milli: 5000 is outside" in cond["message"], cond
         assert await bound(cp, "bad") is None
         assert ext.requests[("filter", 200)] >= 1 and ("preempt", 200) not in ext.requests, ext.requests
+
+
+async def test_a_burst_of_fractional_pods_never_puts_more_than_a_whole_gpu_on_one(cp, tmp_path):
+    async with extender_behind_kube_scheduler(cp, tmp_path) as (live, ext):
+        await add_nodes(cp, live, [gpu_node(f"share-{i}", 1, "NVIDIA-A100-SXM4-80GB", "share") for i in range(3)])
+        # Twelve pods of 600 milli in one request: three fit (one per GPU). kube-scheduler takes them one after
+        # another, each within milliseconds of binding the last, long before gpuaware's watch shows that binding,
+        # and kube-scheduler itself does not count milli.
+        burst = [pod(f"share-{i:02d}", {"gpuaware.io/gpu-milli": "600"}, "share") for i in range(12)]
+        for p in burst:
+            p["metadata"]["labels"] = {"burst": "share"}
+        await asyncio.to_thread(cp.apply, {"apiVersion": "v1", "kind": "List", "items": burst})
+
+        async def settled() -> list[dict[str, Any]] | None:
+            out = await asyncio.to_thread(cp.kubectl, "get", "pods", "-l", "burst=share", "-o", "json")
+            items = json.loads(out.stdout)["items"]
+
+            def done(p: dict[str, Any]) -> bool:
+                conds = [c for c in p["status"].get("conditions") or [] if c["type"] == "PodScheduled"]
+                return bool(p["spec"].get("nodeName")) or bool(conds and conds[0].get("reason") == "Unschedulable")
+            return items if len(items) == 12 and all(map(done, items)) else None
+
+        items = await eventually(settled, "every pod bound or Unschedulable", 120)
+        on: dict[str, list[str]] = {}
+        for p in items:
+            if p["spec"].get("nodeName"):
+                on.setdefault(p["spec"]["nodeName"], []).append(p["metadata"]["name"])
+        assert all(len(pods) == 1 for pods in on.values()), on  # 2 x 600 milli on one GPU is over-commit
+        assert sorted(on) == ["share-0", "share-1", "share-2"], on
+        # gpuaware bound them (bindVerb), so each carries the GPU it holds, for the device plugin.
+        for p in items:
+            if p["spec"].get("nodeName"):
+                assert json.loads(p["metadata"]["annotations"]["gpuaware.io/gpus"]) == [
+                    {"index": 0, "uuid": None, "milli": 600}], p["metadata"]
+        assert ext.requests[("bind", 200)] >= 3, ext.requests
