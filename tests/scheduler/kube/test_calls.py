@@ -59,14 +59,14 @@ async def test_no_call_reaches_the_api_once_the_replica_may_no_longer_act(kube, 
         gated.shutdown()
 
 
-async def test_an_event_goes_out_while_every_api_thread_is_busy(fake, stats):
-    pod = fake.create("pods", make_pod("p"))
-    busy = ApiCalls(KubeApi(connect(fake.url)), stats, workers=1)
+async def test_an_event_goes_out_while_every_api_thread_is_busy(kube, stats):
+    pod = kube.create("pods", make_pod("p"))
+    busy = ApiCalls(kube.api(), stats, workers=1)
     release = threading.Event()
     try:
         held = asyncio.ensure_future(busy.call(release.wait))  # the only API thread, taken (a slow Binding)
         await asyncio.wait_for(busy.event(pod, "Scheduled", "placed"), 30)  # would wait for the thread
-        assert [e["reason"] for e in fake.objects("events")] == ["Scheduled"]
+        assert [e["reason"] for e in kube.objects("events")] == ["Scheduled"]
         assert not held.done()
     finally:
         release.set()
