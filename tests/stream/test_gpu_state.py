@@ -84,7 +84,7 @@ def test_forecasts_are_bounded_and_rebuilt_from_history_after_a_restart() -> Non
             hi = 100.0 if f.metric == "util_gpu" else t.fb_total_mib
             assert 0.0 <= f.lower <= f.mean <= f.upper <= hi
         # What the changelog stores is JSON; the restored tracker forecasts like the original.
-        restored = GpuTracker.from_dict(json.loads(json.dumps(proc.snapshots[key])))
+        restored = GpuTracker.from_dict(json.loads(json.dumps(proc.snapshot(key))))
         assert restored.samples == t.samples and restored.last_seq == t.last_seq
         # While the history covers the GPU's life (45 of 60 minutes here), replaying it rebuilds the
         # forecasters' River statistics, losses and errors exactly: the same forecasts and intervals.
@@ -115,7 +115,7 @@ def test_health_events_set_score_band_and_components() -> None:
     (state,) = proc.on_event(ev, 0, t0 + 20)  # a band change is published at once, not rate-limited
     assert state.health_band == HealthBand.CRITICAL and state.health_score == 22.0
     assert state.health_components == {"ecc": 40.0, "xid": 30.0}
-    assert proc.snapshots["GPU-n-0"]["recent_events"][-1][1] == "HEALTH_CHANGE"
+    assert proc.snapshot("GPU-n-0")["recent_events"][-1][1] == "HEALTH_CHANGE"
 
 
 def test_light_watch_points_move_utilisation_between_full_samples_once() -> None:
@@ -128,10 +128,10 @@ def test_light_watch_points_move_utilisation_between_full_samples_once() -> None
     batch.samples = []
     batch.points = [WatchPoint(0, 0, 90, 3000), WatchPoint(0, 1000, 95, 3100)]
     proc.on_telemetry(batch, 0, t0 + 2500)
-    snap = proc.snapshots["GPU-n-0"]
+    snap = proc.snapshot("GPU-n-0")
     assert snap["smoothed"]["util_gpu"] > 40 and proc.stats.points == 2
     proc.on_telemetry(batch, 0, t0 + 3000)  # replayed: applied once
-    assert proc.stats.points == 2 and proc.snapshots["GPU-n-0"]["smoothed"] == snap["smoothed"]
+    assert proc.stats.points == 2 and proc.snapshot("GPU-n-0")["smoothed"] == snap["smoothed"]
 
 
 def test_snapshot_fingerprint_is_what_asdict_gives():
