@@ -123,6 +123,8 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         rehome_after_ms=int(settings.gpu_rehome_after_s * 1000),
     )
     processor = StreamProcessor(table, tracker_settings, stats)
+    # A record that waited in the log longer than a heartbeat interval means the worker is catching up.
+    lag_ms = settings.max_publish_interval_ms
     tracer = observability.tracer("gpuaware.stream")
     positions: dict[tuple[str, int], int] = {}
 
@@ -160,7 +162,8 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
                         batch = decode(message.value, TelemetryBatch)
                         if verifier is not None:
                             await verifier.check(batch.node, _headers(message))
-                        states = processor.on_telemetry(batch, message.partition, now_ms())
+                        now = now_ms()
+                        states = processor.on_telemetry(batch, message.partition, now, _behind(message, now, lag_ms))
                     else:
                         states = processor.on_event(decode(message.value, GpuEvent), message.partition, now_ms())
                 except (DecodeError, InvalidRecord) as exc:
@@ -235,6 +238,11 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     consumed = {topics.TELEMETRY, topics.EVENTS, by_node_name, demand_topic.get_topic_name()}
     app.gpuaware_lag = lambda: _lag(app, positions, consumed)  # type: ignore[attr-defined]
     return app, processor
+
+
+def _behind(message: Any, now_ms: int, lag_ms: int) -> bool:
+    """The record was appended more than ``lag_ms`` ago (its log timestamp; Faust gives seconds)."""
+    return message.timestamp is not None and now_ms - message.timestamp * 1000 > lag_ms
 
 
 def _headers(message: Any) -> list[tuple[str, bytes]]:

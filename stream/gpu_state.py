@@ -268,14 +268,18 @@ class GpuTracker:
             self.verdict, self.recommended_action,
         )
 
-    def due(self, now_ms: int) -> bool:
+    def due(self, now_ms: int, behind: bool = False) -> bool:
         """Publish now? On a health band change, on another meaningful change (rate-limited), or when the
-        last one is getting old."""
+        last one is getting old. ``behind``: the record comes from a log the worker is catching up on, so
+        newer records of the GPU follow and a state on change would be stale on arrival: only health
+        changes go at once, the rest at the heartbeat's rate until the worker is caught up."""
         since = now_ms - self.last_published_ms
         if since >= self.settings.max_interval_ms:
             return True
         if self.published_band is not None and (self.health_band, self.verdict) != self.published_band:
             return True  # a health band or verdict change is what the scheduler acts on: never held back
+        if behind:
+            return False
         return since >= self.settings.min_interval_ms and self._signature() != self.published_signature
 
     def mark_published(self, now_ms: int) -> None:

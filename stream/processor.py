@@ -15,6 +15,7 @@ changelog) once its node's entry holds it, so the migration loses nothing and ne
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
 from collections.abc import Iterable, MutableMapping
@@ -146,10 +147,8 @@ class StreamProcessor:
                                           "gpus": {k: t.to_dict() for k, t in members.items()}}
         for key in [k for k in self.legacy if k in members]:
             self.legacy.discard(key)
-            try:
+            with contextlib.suppress(KeyError):
                 del self.snapshots[key]  # a tombstone in the changelog: compaction drops the old entry
-            except KeyError:
-                pass
 
     def forget(self, partitions: Iterable[int]) -> None:
         """Drop cached trackers of these partitions: they are reloaded from the table when next needed."""
@@ -178,7 +177,10 @@ class StreamProcessor:
             raise GpuClaimedElsewhere(f"{what} from node {node!r} names GPU {key}, which node {t.node!r} reported "
                                       f"{(now_ms - t.arrived_ms) // 1000} s ago")
 
-    def on_telemetry(self, batch: TelemetryBatch, partition: int, now_ms: int) -> list[GpuState]:
+    def on_telemetry(self, batch: TelemetryBatch, partition: int, now_ms: int,
+                     behind: bool = False) -> list[GpuState]:
+        """Apply a batch; the states due. ``behind``: the worker is catching up on this partition
+        (``GpuTracker.due``)."""
         check_batch(batch)
         for info in batch.gpus:
             self._check_owner(info.uuid, batch.node, partition, now_ms, f"telemetry batch #{batch.batch_seq}")
@@ -202,7 +204,7 @@ class StreamProcessor:
                 self.stats.points += 1
             touched[key] = t
         self._write(batch.node, touched.values())
-        return self._due(touched.values(), now_ms, observe=True)
+        return self._due(touched.values(), now_ms, observe=True, behind=behind)
 
     def on_event(self, event: GpuEvent, partition: int, now_ms: int) -> list[GpuState]:
         check_event(event)
@@ -217,10 +219,11 @@ class StreamProcessor:
 
     # ------------------------------------------------------------------ output
 
-    def _due(self, trackers: Iterable[GpuTracker], now_ms: int, observe: bool) -> list[GpuState]:
+    def _due(self, trackers: Iterable[GpuTracker], now_ms: int, observe: bool,
+             behind: bool = False) -> list[GpuState]:
         out = []
         for t in trackers:
-            if t.samples and t.due(now_ms):
+            if t.samples and t.due(now_ms, behind):
                 state = t.state(now_ms)
                 t.mark_published(now_ms)
                 if observe:

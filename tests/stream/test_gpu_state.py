@@ -105,6 +105,22 @@ def test_publishing_is_on_change_and_rate_bounded() -> None:
     assert changed.util_gpu > 60
 
 
+def test_a_worker_catching_up_publishes_health_changes_at_once_and_the_rest_as_heartbeats() -> None:
+    proc = StreamProcessor({}, TrackerSettings(min_interval_ms=1000, max_interval_ms=10_000))
+    t0 = 1_700_000_000_000
+    assert len(proc.on_telemetry(telemetry_batch("n", 1, t0), 0, t0, behind=True)) == 1  # the first state
+    # Changed, past the minimum interval, but newer records follow in the log: not published ...
+    assert proc.on_telemetry(telemetry_batch("n", 2, t0 + 2000, util=95), 0, t0 + 2000, behind=True) == []
+    ev = GpuEvent("e1", t0 + 2100, "n", "GPU-n-0", EventKind.HEALTH_CHANGE, Severity.CRITICAL, "health_score", 22.0,
+                  None, "x", {"new_band": "CRITICAL"})
+    assert len(proc.on_event(ev, 0, t0 + 2100)) == 1  # ... a health change is, at once
+    assert proc.on_telemetry(telemetry_batch("n", 3, t0 + 4000, util=10), 0, t0 + 4000, behind=True) == []
+    (beat,) = proc.on_telemetry(telemetry_batch("n", 4, t0 + 12_200, util=95), 0, t0 + 12_200, behind=True)
+    assert beat.samples == 4  # the heartbeat's rate still holds while behind
+    # Caught up: a change goes out again on the next record.
+    assert proc.on_telemetry(telemetry_batch("n", 5, t0 + 13_300, util=10), 0, t0 + 13_300) != []
+
+
 def test_health_events_set_score_band_and_components() -> None:
     proc = StreamProcessor({})
     t0 = 1_700_000_000_000
