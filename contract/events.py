@@ -483,6 +483,17 @@ def _decoder(tp: Any) -> Any:
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         hints = _hints(tp)
         plan = [(f.name, _decoder(hints[f.name])) for f in dataclasses.fields(tp) if f.init]
+        if all(conv is None for _, conv in plan):
+
+            # Plain fields only (a telemetry sample): Avro's dict is the keyword arguments when its names
+            # are the record's (TypeError otherwise); skipping the per-field copy halves a sample's conversion.
+            def decode_plain(v: dict[str, Any]) -> Any:
+                try:
+                    return tp(**v)
+                except TypeError:
+                    return tp(**{name: v[name] for name, _ in plan})
+
+            return decode_plain
 
         def decode_record(v: dict[str, Any]) -> Any:
             return tp(**{name: v[name] if conv is None or v[name] is None else conv(v[name]) for name, conv in plan})

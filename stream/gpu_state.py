@@ -125,16 +125,16 @@ class GpuTracker:
         self.sample_ts_ms = max(self.sample_ts_ms, ts_ms)
         self.arrived_ms = now_ms
         self.samples += 1
-        values = {
-            "util_gpu": float(sample.util_gpu), "util_mem": float(sample.util_mem),
-            "fb_used_mib": float(sample.fb_used_mib), "power_w": sample.power_dw / 10.0, "temp_c": float(sample.temp_c),
-        }
-        for name, v in values.items():
-            prev = self.smoothed.get(name)
-            self.smoothed[name] = v if prev is None else prev + SMOOTHING * (v - prev)
-        self.fingerprint.learn_one(ts_ms, values["util_gpu"], values["util_mem"], values["fb_used_mib"],
-                                   float(info.fb_total_mib), values["power_w"])
-        self._bucket(ts_ms // MINUTE_MS, values["util_gpu"], values["fb_used_mib"])
+        util, fb, power = float(sample.util_gpu), float(sample.fb_used_mib), sample.power_dw / 10.0
+        util_mem = float(sample.util_mem)
+        s = self.smoothed
+        # Runs for every sample: a tuple of pairs, not a dict built per call (docs/performance.md).
+        for name, v in (("util_gpu", util), ("util_mem", util_mem), ("fb_used_mib", fb), ("power_w", power),
+                        ("temp_c", float(sample.temp_c))):
+            prev = s.get(name)
+            s[name] = v if prev is None else prev + SMOOTHING * (v - prev)
+        self.fingerprint.learn_one(ts_ms, util, util_mem, fb, float(info.fb_total_mib), power)
+        self._bucket(ts_ms // MINUTE_MS, util, fb)
         return Learned.APPLIED
 
     def learn_point(self, point: WatchPoint, ts_ms: int, now_ms: int) -> bool:
