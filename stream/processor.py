@@ -27,12 +27,20 @@ from stream.rollup import Partial, model_demand, node_state
 
 NODE_HEARTBEAT_MS = 30_000
 SNAPSHOT_VERSION = 2
-NODE_KEY_PREFIX = "node:"  # GPU UUIDs (the version 1 keys) start with "GPU-", so the two never collide
+# GPU UUIDs (the version 1 keys) start with "GPU-", so these never collide with them.
+NODE_KEY_PREFIX = "node:"
+OWNER_KEY_PREFIX = "owner:"
 
 
 def node_key(node: str) -> str:
     """The table key of a node's entry."""
     return NODE_KEY_PREFIX + node
+
+
+def owner_key(uuid: str) -> str:
+    """The table key naming the node whose entry holds a GPU: written when a GPU joins a node (rarely), read
+    when a worker meets a GPU it holds no tracker for, so that a restarted worker still knows whose it is."""
+    return OWNER_KEY_PREFIX + uuid
 
 
 class InvalidRecord(ValueError):
@@ -115,6 +123,11 @@ class StreamProcessor:
             self._node(node, partition)
         t = self.trackers.get(key)
         if t is None:
+            owner = self.snapshots.get(owner_key(key))
+            if owner and owner != node:
+                self._node(owner, partition)
+                t = self.trackers.get(key)
+        if t is None:
             legacy = self.snapshots.get(key)
             if legacy:
                 t = GpuTracker.from_dict(legacy, self.settings)
@@ -143,6 +156,8 @@ class StreamProcessor:
                     self.members[before].pop(t.uuid, None)
                 members[t.uuid] = t
                 self.member_of[t.uuid] = node
+                if before != node:
+                    self.snapshots[owner_key(t.uuid)] = node
         self.snapshots[node_key(node)] = {"v": SNAPSHOT_VERSION,
                                           "gpus": {k: t.to_dict() for k, t in members.items()}}
         for key in [k for k in self.legacy if k in members]:

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, Severity, TelemetryBatch
-from stream.processor import InvalidRecord, StreamProcessor, node_key
+from stream.processor import GpuClaimedElsewhere, InvalidRecord, StreamProcessor, node_key, owner_key
 from tests.support import telemetry_batch
 
 
@@ -98,8 +98,11 @@ def test_a_batch_writes_one_entry_for_its_node_not_one_per_gpu() -> None:
     table = _Recording()
     proc = StreamProcessor(table)
     proc.on_telemetry(telemetry_batch("n", 1, T0, gpus=8), 0, T0)
+    # The first batch also says, once per GPU, which node's entry holds it.
+    assert sorted(table.writes) == sorted([node_key("n")] + [owner_key(f"GPU-n-{i}") for i in range(8)])
+    table.writes.clear()
     proc.on_telemetry(telemetry_batch("n", 2, T0 + 1000, gpus=8), 0, T0 + 1000)
-    assert table.writes == [node_key("n"), node_key("n")]
+    assert table.writes == [node_key("n")]
     assert sorted(table[node_key("n")]["gpus"]) == [f"GPU-n-{i}" for i in range(8)]
 
 
@@ -134,8 +137,9 @@ def test_version_1_per_gpu_entries_are_migrated_into_the_node_entry_and_deleted(
     proc = StreamProcessor(v1)
     proc.on_telemetry(telemetry_batch("n", 4, T0 + 4000, gpus=2), 0, T0 + 4000)
     assert [t.samples for t in proc.trackers.values()] == [4, 4]  # nothing lost in the move
-    assert sorted(v1) == [node_key("n")] and sorted(v1.writes) == sorted(
-        [node_key("n"), "-GPU-n-0", "-GPU-n-1"])
+    assert sorted(v1) == [node_key("n"), owner_key("GPU-n-0"), owner_key("GPU-n-1")]
+    assert sorted(v1.writes) == sorted([node_key("n"), "-GPU-n-0", "-GPU-n-1", owner_key("GPU-n-0"),
+                                        owner_key("GPU-n-1")])
     assert sorted(v1[node_key("n")]["gpus"]) == ["GPU-n-0", "GPU-n-1"]
 
 
@@ -149,3 +153,12 @@ def test_a_moved_gpu_leaves_its_old_nodes_entry() -> None:
     proc.on_telemetry(telemetry_batch("a", 2, later + 1000), 0, later + 1000)  # node a is back with one GPU
     assert sorted(table[node_key("b")]["gpus"]) == ["GPU-a-1"]
     assert sorted(table[node_key("a")]["gpus"]) == ["GPU-a-0"]
+
+
+def test_a_restarted_processor_still_knows_whose_gpu_it_is() -> None:
+    table = _Recording()
+    StreamProcessor(table).on_telemetry(telemetry_batch("b", 1, T0), 0, T0)
+    again = StreamProcessor(table)  # restarted: no tracker in memory, node b has not reported since
+    forged = dataclasses.replace(telemetry_batch("a", 1, T0 + 1000), gpus=[GpuInfo("GPU-b-0", 0, "A100", 81920)])
+    with pytest.raises(GpuClaimedElsewhere, match="node 'b'"):
+        again.on_telemetry(forged, 0, T0 + 1000)
