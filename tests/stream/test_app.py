@@ -95,3 +95,14 @@ def test_a_restarted_rocksdb_worker_recovers_state_exactly_from_disk_and_the_cha
     before, after, written, replayed = _restart(kafka_settings, tmp_path, unique, "memory")
     assert {k: _values(s) for k, s in after.items()} == {k: _values(s) for k, s in before.items()}
     assert written >= ROUNDS * NODES and replayed == written
+
+
+def test_a_record_older_in_the_log_than_a_heartbeat_interval_means_catching_up() -> None:
+    from types import SimpleNamespace
+
+    from stream.app import _behind
+
+    now = 1_700_000_000_000
+    assert _behind(SimpleNamespace(timestamp=(now - 30_001) / 1000), now, 30_000)
+    assert not _behind(SimpleNamespace(timestamp=(now - 2_000) / 1000), now, 30_000)
+    assert not _behind(SimpleNamespace(timestamp=None), now, 30_000)  # no log time: treated as live
