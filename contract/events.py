@@ -442,8 +442,11 @@ def _field_encoder(tp: Any) -> Any:
         return None
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         enc = _encoder(tp)
-        return lambda v: enc(v) if dataclasses.is_dataclass(v) else _to_avro(v)
-    return _to_avro  # enums and anything else: the generic walk
+        return lambda v: enc(v) if type(v) is tp else _to_avro(v)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        # A state's band, verdict and action: the generic walk asked is_dataclass() of each first.
+        return lambda v: v.value if isinstance(v, enum.Enum) else v
+    return _to_avro  # anything else: the generic walk
 
 
 @cache

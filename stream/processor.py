@@ -97,6 +97,7 @@ class StreamProcessor:
         self.member_of: dict[str, str] = {}  # GPU UUID -> the node whose members hold it
         self.node_partition: dict[str, int] = {}
         self.legacy: set[str] = set()  # version 1 keys loaded but not yet deleted
+        self.behind: set[int] = set()  # partitions whose last record came from a log being caught up on
 
     # ------------------------------------------------------------------ state
 
@@ -168,6 +169,7 @@ class StreamProcessor:
     def forget(self, partitions: Iterable[int]) -> None:
         """Drop cached trackers of these partitions: they are reloaded from the table when next needed."""
         gone = set(partitions)
+        self.behind -= gone
         for key in [k for k, p in self.partition_of.items() if p in gone]:
             self.trackers.pop(key, None)
             self.partition_of.pop(key, None)
@@ -197,6 +199,10 @@ class StreamProcessor:
         """Apply a batch; the states due. ``behind``: the worker is catching up on this partition
         (``GpuTracker.due``)."""
         check_batch(batch)
+        if behind:
+            self.behind.add(partition)
+        else:
+            self.behind.discard(partition)
         for info in batch.gpus:
             self._check_owner(info.uuid, batch.node, partition, now_ms, f"telemetry batch #{batch.batch_seq}")
         touched: dict[str, GpuTracker] = {}
@@ -219,7 +225,7 @@ class StreamProcessor:
                 self.stats.points += 1
             touched[key] = t
         self._write(batch.node, touched.values())
-        return self._due(touched.values(), now_ms, observe=True, behind=behind)
+        return self._due(touched.values(), now_ms, observe=True)
 
     def on_event(self, event: GpuEvent, partition: int, now_ms: int) -> list[GpuState]:
         check_event(event)
@@ -234,11 +240,11 @@ class StreamProcessor:
 
     # ------------------------------------------------------------------ output
 
-    def _due(self, trackers: Iterable[GpuTracker], now_ms: int, observe: bool,
-             behind: bool = False) -> list[GpuState]:
+    def _due(self, trackers: Iterable[GpuTracker], now_ms: int, observe: bool) -> list[GpuState]:
         out = []
+        behind = self.behind
         for t in trackers:
-            if t.samples and t.due(now_ms, behind):
+            if t.samples and t.due(now_ms, bool(behind) and self.partition_of.get(t.uuid) in behind):
                 state = t.state(now_ms)
                 t.mark_published(now_ms)
                 if observe:
@@ -247,7 +253,8 @@ class StreamProcessor:
         return out
 
     def heartbeats(self, now_ms: int, partitions: set[int] | None) -> list[GpuState]:
-        """States not published for ``max_interval_ms`` (their freshness timestamps tell how old the data is)."""
+        """States not published for ``max_interval_ms`` (their freshness timestamps tell how old the data is),
+        and changes held back by ``min_interval_ms`` (not while their partition is being caught up on)."""
         return self._due(self.owned(partitions), now_ms, observe=False)
 
     def node_states(self, now_ms: int, partitions: set[int] | None) -> list[NodeState]:

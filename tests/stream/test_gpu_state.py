@@ -111,6 +111,7 @@ def test_a_worker_catching_up_publishes_health_changes_at_once_and_the_rest_as_h
     assert len(proc.on_telemetry(telemetry_batch("n", 1, t0), 0, t0, behind=True)) == 1  # the first state
     # Changed, past the minimum interval, but newer records follow in the log: not published ...
     assert proc.on_telemetry(telemetry_batch("n", 2, t0 + 2000, util=95), 0, t0 + 2000, behind=True) == []
+    assert proc.heartbeats(t0 + 3000, None) == []  # nor by the heartbeat timer
     ev = GpuEvent("e1", t0 + 2100, "n", "GPU-n-0", EventKind.HEALTH_CHANGE, Severity.CRITICAL, "health_score", 22.0,
                   None, "x", {"new_band": "CRITICAL"})
     assert len(proc.on_event(ev, 0, t0 + 2100)) == 1  # ... a health change is, at once
