@@ -163,7 +163,8 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
                         if verifier is not None:
                             await verifier.check(batch.node, _headers(message))
                         now = now_ms()
-                        states = processor.on_telemetry(batch, message.partition, now, _behind(message, now, lag_ms))
+                        behind = _behind(message, now, lag_ms, _highwater(app, message.tp))
+                        states = processor.on_telemetry(batch, message.partition, now, behind)
                     else:
                         states = processor.on_event(decode(message.value, GpuEvent), message.partition, now_ms())
                 except (DecodeError, InvalidRecord) as exc:
@@ -240,9 +241,20 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     return app, processor
 
 
-def _behind(message: Any, now_ms: int, lag_ms: int) -> bool:
-    """The record was appended more than ``lag_ms`` ago (its log timestamp; Faust gives seconds)."""
-    return message.timestamp is not None and now_ms - message.timestamp * 1000 > lag_ms
+def _behind(message: Any, now_ms: int, lag_ms: int, highwater: int | None) -> bool:
+    """Catching up: newer records follow this one in its partition (by the high watermark of the last
+    fetch) and it was appended more than ``lag_ms`` ago (its log timestamp; Faust gives seconds). Both,
+    so that the last record of a partition is never held back, whatever the producer's clock says."""
+    ts = message.timestamp
+    return (ts is not None and ts > 0 and now_ms - ts * 1000 > lag_ms
+            and highwater is not None and highwater - message.offset > 1)
+
+
+def _highwater(app: faust.App, tp: Any) -> int | None:
+    try:
+        return app.consumer.highwater(tp)
+    except Exception:  # not assigned (any more): treated as caught up
+        return None
 
 
 def _headers(message: Any) -> list[tuple[str, bytes]]:

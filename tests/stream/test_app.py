@@ -97,12 +97,18 @@ def test_a_restarted_rocksdb_worker_recovers_state_exactly_from_disk_and_the_cha
     assert written >= ROUNDS * NODES and replayed == written
 
 
-def test_a_record_older_in_the_log_than_a_heartbeat_interval_means_catching_up() -> None:
+def test_a_record_older_in_the_log_than_a_heartbeat_interval_with_newer_ones_after_it_means_catching_up() -> None:
     from types import SimpleNamespace
 
     from stream.app import _behind
 
     now = 1_700_000_000_000
-    assert _behind(SimpleNamespace(timestamp=(now - 30_001) / 1000), now, 30_000)
-    assert not _behind(SimpleNamespace(timestamp=(now - 2_000) / 1000), now, 30_000)
-    assert not _behind(SimpleNamespace(timestamp=None), now, 30_000)  # no log time: treated as live
+
+    def record(age_ms: int | None, offset: int = 10) -> SimpleNamespace:
+        return SimpleNamespace(timestamp=None if age_ms is None else (now - age_ms) / 1000, offset=offset)
+
+    assert _behind(record(30_001), now, 30_000, highwater=100)
+    assert not _behind(record(2_000), now, 30_000, highwater=100)
+    assert not _behind(record(30_001, offset=99), now, 30_000, highwater=100)  # the partition's last record
+    assert not _behind(record(None), now, 30_000, highwater=100)  # no log time: treated as live
+    assert not _behind(record(30_001), now, 30_000, highwater=None)  # no fetch position: treated as live
