@@ -93,7 +93,7 @@ async def run_store(kafka: KafkaSettings, workdir: Path, store: str, gpus: int, 
             await _produce(fleet.batches(now - (rounds - r) * samples_per_batch * 1000, 1000), producer)
         worker.start()
         began = time.monotonic()
-        _, filled = await _wait_applied([worker], rounds * per_round, timeout_s=1200)
+        _, filled, _ = await _wait_applied([worker], rounds * per_round, timeout_s=1200)
         fill_s = filled - began
         fill_rss = peak_rss_mib(worker.pid)
         if progress:
@@ -107,7 +107,7 @@ async def run_store(kafka: KafkaSettings, workdir: Path, store: str, gpus: int, 
         worker = StreamWorkerProcess(kafka, app_id, workdir, app_id, **stream)
         worker.start()
         began = time.monotonic()
-        first, applied = await _wait_applied([worker], per_round, timeout_s=1200)
+        first, applied, _ = await _wait_applied([worker], per_round, timeout_s=1200)
         exact, published = await _states_after(kafka, states_from, f"GPU-{app_id}-", (rounds + 1) * samples_per_batch,
                                                gpus, 120)
         return {
