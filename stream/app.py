@@ -45,9 +45,9 @@ ROCKSDB_OPTIONS = {"write_buffer_size": 8 << 20, "max_write_buffer_number": 2, "
 
 
 def changelog_spec(settings: StreamSettings) -> topics.TopicSpec:
-    """The ``gpus`` table's changelog: compacted per-GPU snapshots, as voluminous as ``gpu.state.v1``."""
+    """The ``gpus`` table's changelog: compacted node entries (their GPUs' snapshots) and GPU owners."""
     return topics.TopicSpec(f"{settings.app_id}-gpus-changelog", topics.spec(topics.TELEMETRY).partitions,
-                            "compact", None, "GPU UUID", "changelog of the per-GPU state table",
+                            "compact", None, "node:<name> or owner:<GPU UUID>", "changelog of the per-GPU state table",
                             topics.HIGH_VOLUME_STATE)
 
 
@@ -112,7 +112,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     async def restored(event: Any) -> None:
         stats.changelog_restored["standby" if app.assignor.is_standby(event.message.tp) else "active"] += 1
 
-    # GPU UUID -> GpuTracker snapshot, both JSON. The compaction settings also reach a changelog that Faust
+    # node:<name> -> its GPUs' GpuTracker snapshots, owner:<uuid> -> node (stream.processor), JSON. The compaction settings also reach a changelog that Faust
     # creates itself (ensure_topics normally creates it first); Faust sets the cleanup policy.
     changelog = {k: v for k, v in changelog_spec(settings).configs().items() if k != "cleanup.policy"}
     table = app.Table("gpus", partitions=partitions, extra_topic_configs=changelog, on_changelog_event=restored,
