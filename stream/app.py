@@ -112,8 +112,9 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     async def restored(event: Any) -> None:
         stats.changelog_restored["standby" if app.assignor.is_standby(event.message.tp) else "active"] += 1
 
-    # node:<name> -> its GPUs' GpuTracker snapshots, owner:<uuid> -> node (stream.processor), JSON. The compaction settings also reach a changelog that Faust
-    # creates itself (ensure_topics normally creates it first); Faust sets the cleanup policy.
+    # node:<name> -> its GPUs' GpuTracker snapshots, owner:<uuid> -> node (stream.processor), JSON. The
+    # compaction settings also reach a changelog that Faust creates itself (ensure_topics normally creates it
+    # first); Faust sets the cleanup policy.
     changelog = {k: v for k, v in changelog_spec(settings).configs().items() if k != "cleanup.policy"}
     table = app.Table("gpus", partitions=partitions, extra_topic_configs=changelog, on_changelog_event=restored,
                       options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
