@@ -4,7 +4,7 @@
 
 For each store, on a fresh embedded broker of its own (or the one named): ``rounds`` telemetry batches per node
 of a ``gpus`` fleet (8 GPUs per node, ``samples_per_batch`` samples per GPU per batch) go through one
-worker, which writes every GPU's snapshot to the table's changelog once per batch; the worker is
+worker, which writes each node's entry (its GPUs' snapshots) to the table's changelog once per batch; the worker is
 stopped (SIGTERM, as a rollout or a rescheduled pod does), one more batch per node is written while
 it is down, and the worker is started again on the same data directory. Timed from that start:
 - ``first_new_sample_s``: until the first new sample is applied. Faust processes nothing before the
@@ -14,8 +14,9 @@ it is down, and the worker is started again on the same data directory. Timed fr
 - ``recovered_exactly``: every GPU's next ``gpu.state.v1`` counts all its samples, none lost;
 - ``changelog_records`` at the restart, and ``changelog_records_replayed`` by the restarted worker
   (``gpuaware_stream_changelog_restored_total{role="active"}``).
-The embedded Tansu broker never compacts, so the changelog holds ``rounds`` records per GPU; on a
-Kafka that compacts, a memory-store replay shrinks towards one record per GPU plus the uncompacted head.
+The embedded Tansu broker never compacts, so the changelog holds ``rounds`` records per node (and one
+``owner:`` record per GPU); on a Kafka that compacts, a memory-store replay shrinks towards one record per
+node and GPU plus the uncompacted head.
 Prints JSON.
 """
 
@@ -92,7 +93,7 @@ async def run_store(kafka: KafkaSettings, workdir: Path, store: str, gpus: int, 
             await _produce(fleet.batches(now - (rounds - r) * samples_per_batch * 1000, 1000), producer)
         worker.start()
         began = time.monotonic()
-        _, filled = await _wait_applied([worker], rounds * per_round, timeout_s=1200)
+        _, filled, _ = await _wait_applied([worker], rounds * per_round, timeout_s=1200)
         fill_s = filled - began
         fill_rss = peak_rss_mib(worker.pid)
         if progress:
@@ -106,7 +107,7 @@ async def run_store(kafka: KafkaSettings, workdir: Path, store: str, gpus: int, 
         worker = StreamWorkerProcess(kafka, app_id, workdir, app_id, **stream)
         worker.start()
         began = time.monotonic()
-        first, applied = await _wait_applied([worker], per_round, timeout_s=1200)
+        first, applied, _ = await _wait_applied([worker], per_round, timeout_s=1200)
         exact, published = await _states_after(kafka, states_from, f"GPU-{app_id}-", (rounds + 1) * samples_per_batch,
                                                gpus, 120)
         return {

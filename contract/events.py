@@ -442,8 +442,11 @@ def _field_encoder(tp: Any) -> Any:
         return None
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         enc = _encoder(tp)
-        return lambda v: enc(v) if dataclasses.is_dataclass(v) else _to_avro(v)
-    return _to_avro  # enums and anything else: the generic walk
+        return lambda v: enc(v) if type(v) is tp else _to_avro(v)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        # A state's band, verdict and action: the generic walk asked is_dataclass() of each first.
+        return lambda v: v.value if isinstance(v, enum.Enum) else v
+    return _to_avro  # anything else: the generic walk
 
 
 @cache
@@ -483,6 +486,17 @@ def _decoder(tp: Any) -> Any:
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         hints = _hints(tp)
         plan = [(f.name, _decoder(hints[f.name])) for f in dataclasses.fields(tp) if f.init]
+        if all(conv is None for _, conv in plan):
+
+            # Plain fields only (a telemetry sample): Avro's dict is the keyword arguments when its names
+            # are the record's (TypeError otherwise); skipping the per-field copy halves a sample's conversion.
+            def decode_plain(v: dict[str, Any]) -> Any:
+                try:
+                    return tp(**v)
+                except TypeError:
+                    return tp(**{name: v[name] for name, _ in plan})
+
+            return decode_plain
 
         def decode_record(v: dict[str, Any]) -> Any:
             return tp(**{name: v[name] if conv is None or v[name] is None else conv(v[name]) for name, conv in plan})

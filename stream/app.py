@@ -46,9 +46,9 @@ ROCKSDB_OPTIONS = {"write_buffer_size": 8 << 20, "max_write_buffer_number": 2, "
 
 
 def changelog_spec(settings: StreamSettings) -> topics.TopicSpec:
-    """The ``gpus`` table's changelog: compacted per-GPU snapshots, as voluminous as ``gpu.state.v1``."""
+    """The ``gpus`` table's changelog: compacted node entries (their GPUs' snapshots) and GPU owners."""
     return topics.TopicSpec(f"{settings.app_id}-gpus-changelog", topics.spec(topics.TELEMETRY).partitions,
-                            "compact", None, "GPU UUID", "changelog of the per-GPU state table",
+                            "compact", None, "node:<name> or owner:<GPU UUID>", "changelog of the per-GPU state table",
                             topics.HIGH_VOLUME_STATE)
 
 
@@ -113,8 +113,9 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     async def restored(event: Any) -> None:
         stats.changelog_restored["standby" if app.assignor.is_standby(event.message.tp) else "active"] += 1
 
-    # GPU UUID -> GpuTracker snapshot, both JSON. The compaction settings also reach a changelog that Faust
-    # creates itself (ensure_topics normally creates it first); Faust sets the cleanup policy.
+    # node:<name> -> its GPUs' GpuTracker snapshots, owner:<uuid> -> node (stream.processor), JSON. The
+    # compaction settings also reach a changelog that Faust creates itself (ensure_topics normally creates it
+    # first); Faust sets the cleanup policy.
     changelog = {k: v for k, v in changelog_spec(settings).configs().items() if k != "cleanup.policy"}
     table = app.Table("gpus", partitions=partitions, extra_topic_configs=changelog, on_changelog_event=restored,
                       options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
@@ -124,6 +125,8 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         rehome_after_ms=int(settings.gpu_rehome_after_s * 1000),
     )
     processor = StreamProcessor(table, tracker_settings, stats)
+    # A record that waited in the log longer than a heartbeat interval means the worker is catching up.
+    lag_ms = settings.max_publish_interval_ms
     tracer = observability.tracer("gpuaware.stream")
     positions: dict[tuple[str, int], int] = {}
 
@@ -161,7 +164,9 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
                         batch = decode(message.value, TelemetryBatch)
                         if verifier is not None:
                             await verifier.check(batch.node, _headers(message))
-                        states = processor.on_telemetry(batch, message.partition, now_ms())
+                        now = now_ms()
+                        behind = _behind(message, now, lag_ms, _highwater(app, message.tp))
+                        states = processor.on_telemetry(batch, message.partition, now, behind)
                     else:
                         states = processor.on_event(decode(message.value, GpuEvent), message.partition, now_ms())
                 except (DecodeError, InvalidRecord) as exc:
@@ -237,6 +242,22 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     consumed = {topics.TELEMETRY, topics.EVENTS, by_node_name, demand_topic.get_topic_name()}
     app.gpuaware_lag = lambda: _lag(app, positions, consumed)  # type: ignore[attr-defined]
     return app, processor
+
+
+def _behind(message: Any, now_ms: int, lag_ms: int, highwater: int | None) -> bool:
+    """Catching up: newer records follow this one in its partition (by the high watermark of the last
+    fetch) and it was appended more than ``lag_ms`` ago (its log timestamp; Faust gives seconds). Both,
+    so that the last record of a partition is never held back, whatever the producer's clock says."""
+    ts = message.timestamp
+    return (ts is not None and ts > 0 and now_ms - ts * 1000 > lag_ms
+            and highwater is not None and highwater - message.offset > 1)
+
+
+def _highwater(app: faust.App, tp: Any) -> int | None:
+    try:
+        return app.consumer.highwater(tp)
+    except Exception:  # not assigned (any more): treated as caught up
+        return None
 
 
 def _headers(message: Any) -> list[tuple[str, bytes]]:

@@ -69,22 +69,28 @@ class WorkloadFingerprint:
 
     def features(self) -> FingerprintFeatures:
         return FingerprintFeatures(
-            util_mean=self.util_mean, util_std=math.sqrt(max(self.util_var, 0.0)),
-            mem_bw_share=self.util_mem_mean / self.util_mean if self.util_mean > 1.0 else 0.0,
+            util_mean=self.util_mean, util_std=self._util_std(), mem_bw_share=self._mem_bw_share(),
             fb_share=self.fb_share, fb_growth_mib_per_min=self.fb_growth, power_w=self.power_w,
         )
 
+    def _util_std(self) -> float:
+        return math.sqrt(max(self.util_var, 0.0))
+
+    def _mem_bw_share(self) -> float:
+        return self.util_mem_mean / self.util_mean if self.util_mean > 1.0 else 0.0
+
     def _classify(self) -> str:
+        # Runs for every sample: reads the statistics directly rather than building FingerprintFeatures.
         if self.n < self.min_samples:
             return UNKNOWN
-        f = self.features()
-        if f.util_mean < 5.0 and f.util_std < 10.0:
-            return IDLE_HOLDING if f.fb_share >= 0.02 else IDLE
+        util_mean, util_std = self.util_mean, self._util_std()
+        if util_mean < 5.0 and util_std < 10.0:
+            return IDLE_HOLDING if self.fb_share >= 0.02 else IDLE
         # Bursty: the spread is large next to the level (on/off request traffic).
-        if f.util_std > 20.0 and f.util_std > 0.5 * f.util_mean:
+        if util_std > 20.0 and util_std > 0.5 * util_mean:
             return INFERENCE_BURSTY
-        if f.util_mean >= 60.0:
-            return TRAINING_MEMORY if f.mem_bw_share >= 0.6 else TRAINING_COMPUTE
+        if util_mean >= 60.0:
+            return TRAINING_MEMORY if self._mem_bw_share() >= 0.6 else TRAINING_COMPUTE
         return INFERENCE_STEADY
 
     def predict_one(self) -> tuple[str, float]:

@@ -129,19 +129,21 @@ class GpuTracker:
         self.sample_ts_ms = max(self.sample_ts_ms, ts_ms)
         self.arrived_ms = now_ms
         self.samples += 1
-        values = {
-            "util_gpu": float(sample.util_gpu), "util_mem": float(sample.util_mem),
-            "fb_used_mib": float(sample.fb_used_mib), "power_w": sample.power_dw / 10.0, "temp_c": float(sample.temp_c),
-        }
-        if sample.sm_clock_mhz is not None:
-            values["sm_clock_mhz"] = float(sample.sm_clock_mhz)
+        util, fb, power = float(sample.util_gpu), float(sample.fb_used_mib), sample.power_dw / 10.0
+        util_mem = float(sample.util_mem)
+        s = self.smoothed
+        # Runs for every sample: a tuple of pairs, not a dict built per call (docs/performance.md).
+        for name, v in (("util_gpu", util), ("util_mem", util_mem), ("fb_used_mib", fb), ("power_w", power),
+                        ("temp_c", float(sample.temp_c))):
+            prev = s.get(name)
+            s[name] = v if prev is None else prev + SMOOTHING * (v - prev)
+        if sample.sm_clock_mhz is not None:  # the fleet peer check compares clocks under load
+            clock = float(sample.sm_clock_mhz)
+            prev = s.get("sm_clock_mhz")
+            s["sm_clock_mhz"] = clock if prev is None else prev + SMOOTHING * (clock - prev)
         self.throttle_reasons = sample.throttle_reasons or 0
-        for name, v in values.items():
-            prev = self.smoothed.get(name)
-            self.smoothed[name] = v if prev is None else prev + SMOOTHING * (v - prev)
-        self.fingerprint.learn_one(ts_ms, values["util_gpu"], values["util_mem"], values["fb_used_mib"],
-                                   float(info.fb_total_mib), values["power_w"])
-        self._bucket(ts_ms // MINUTE_MS, values["util_gpu"], values["fb_used_mib"])
+        self.fingerprint.learn_one(ts_ms, util, util_mem, fb, float(info.fb_total_mib), power)
+        self._bucket(ts_ms // MINUTE_MS, util, fb)
         return Learned.APPLIED
 
     def learn_point(self, point: WatchPoint, ts_ms: int, now_ms: int) -> bool:
@@ -283,14 +285,18 @@ class GpuTracker:
             self.verdict, self.recommended_action, tuple(sorted(self.fleet_strikes)) if self.fleet_reasons else (),
         )
 
-    def due(self, now_ms: int) -> bool:
+    def due(self, now_ms: int, behind: bool = False) -> bool:
         """Publish now? On a health band change, on another meaningful change (rate-limited), or when the
-        last one is getting old."""
+        last one is getting old. ``behind``: the record comes from a log the worker is catching up on, so
+        newer records of the GPU follow and a state on change would be stale on arrival: only health
+        changes go at once, the rest at the heartbeat's rate until the worker is caught up."""
         since = now_ms - self.last_published_ms
         if since >= self.settings.max_interval_ms:
             return True
         if self.published_band is not None and (self.health_band, self.verdict) != self.published_band:
             return True  # a health band or verdict change is what the scheduler acts on: never held back
+        if behind:
+            return False
         return since >= self.settings.min_interval_ms and self._signature() != self.published_signature
 
     def mark_published(self, now_ms: int) -> None:

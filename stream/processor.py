@@ -2,13 +2,20 @@
 
 ``StreamProcessor`` owns the in-memory ``GpuTracker`` of every GPU in the partitions this worker
 holds, backed by a mapping of snapshots (a Faust table with a changelog in the app, a dict in
-tests). Every applied telemetry batch writes the touched GPUs' snapshots, so a worker that takes
-over a partition carries on from the last processed batch; duplicates replayed after a crash are
-recognised per GPU and applied once.
+tests). Every applied record writes its node's entry, one value holding the snapshots of all the
+node's GPUs, so a worker that takes over a partition carries on from the last processed batch;
+duplicates replayed after a crash are recognised per GPU and applied once.
+
+One entry per node, not per GPU: each table write is a RocksDB put and a changelog record produced
+through Faust, and that per-record work, not the bytes, was most of a worker's time (docs/performance.md).
+Entries written before this layout (``SNAPSHOT_VERSION`` 1: one per GPU, keyed by its UUID) are still
+read; a GPU found only there is loaded from it, and its old key is deleted (a tombstone in the
+changelog) once its node's entry holds it, so the migration loses nothing and needs no reset.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
 from collections.abc import Iterable, MutableMapping
@@ -20,6 +27,21 @@ from stream.metrics import StreamStats
 from stream.rollup import Partial, model_demand, node_state
 
 NODE_HEARTBEAT_MS = 30_000
+SNAPSHOT_VERSION = 2
+# GPU UUIDs (the version 1 keys) start with "GPU-", so these never collide with them.
+NODE_KEY_PREFIX = "node:"
+OWNER_KEY_PREFIX = "owner:"
+
+
+def node_key(node: str) -> str:
+    """The table key of a node's entry."""
+    return NODE_KEY_PREFIX + node
+
+
+def owner_key(uuid: str) -> str:
+    """The table key naming the node whose entry holds a GPU: written when a GPU joins a node (rarely), read
+    when a worker meets a GPU it holds no tracker for, so that a restarted worker still knows whose it is."""
+    return OWNER_KEY_PREFIX + uuid
 
 
 class InvalidRecord(ValueError):
@@ -72,25 +94,93 @@ class StreamProcessor:
         self.partition_of: dict[str, int] = {}
         self.node_published: dict[str, tuple[int, tuple]] = {}
         self.fleet_settings = fleet_peers.FleetPeerSettings()
+        # node -> its GPUs' trackers, for every node whose entry has been loaded (what its entry is written from)
+        self.members: dict[str, dict[str, GpuTracker]] = {}
+        self.member_of: dict[str, str] = {}  # GPU UUID -> the node whose members hold it
+        self.node_partition: dict[str, int] = {}
+        self.legacy: set[str] = set()  # version 1 keys loaded but not yet deleted
+        self.behind: set[int] = set()  # partitions whose last record came from a log being caught up on
 
     # ------------------------------------------------------------------ state
 
-    def tracker(self, key: str, partition: int) -> GpuTracker:
+    def _node(self, node: str, partition: int) -> dict[str, GpuTracker]:
+        """The node's GPUs, loaded from its entry the first time the node is seen here."""
+        members = self.members.get(node)
+        if members is None:
+            members = self.members[node] = {}
+            entry = self.snapshots.get(node_key(node))
+            for key, snapshot in (entry or {}).get("gpus", {}).items():
+                t = self.trackers.get(key)
+                if t is None:
+                    t = self.trackers[key] = GpuTracker.from_dict(snapshot, self.settings)
+                    self.partition_of[key] = partition
+                if t.node in (node, "") and key not in self.member_of:  # a moved board stays with its new node
+                    members[key] = t
+                    self.member_of[key] = node
+        self.node_partition[node] = partition
+        return members
+
+    def tracker(self, key: str, partition: int, node: str = "") -> GpuTracker:
+        """GPU ``key`` as reported by ``node``: from memory, its node's entry, a version 1 entry, or new."""
+        if node:
+            self._node(node, partition)
         t = self.trackers.get(key)
         if t is None:
-            snapshot = self.snapshots.get(key)
-            t = (GpuTracker.from_dict(snapshot, self.settings) if snapshot
-                 else GpuTracker(uuid=key, settings=self.settings))
+            owner = self.snapshots.get(owner_key(key))
+            if owner and owner != node:
+                self._node(owner, partition)
+                t = self.trackers.get(key)
+        if t is None:
+            legacy = self.snapshots.get(key)
+            if legacy:
+                t = GpuTracker.from_dict(legacy, self.settings)
+                self.legacy.add(key)
+            else:
+                t = GpuTracker(uuid=key, settings=self.settings)
             self.trackers[key] = t
         self.partition_of[key] = partition
         return t
 
+    def snapshot(self, key: str) -> dict | None:
+        """GPU ``key``'s stored snapshot (from its node's entry)."""
+        t = self.trackers.get(key)
+        entry = self.snapshots.get(node_key(t.node)) if t is not None and t.node else None
+        return entry["gpus"].get(key) if entry else None
+
+    def _write(self, node: str, touched: Iterable[GpuTracker]) -> None:
+        """Write ``node``'s entry after ``touched`` (its GPUs in the record just applied) changed."""
+        members = self.members.setdefault(node, {})
+        for t in touched:
+            if t.node != node:
+                continue
+            if t.uuid not in members:  # new here, or moved from another node: it leaves that node's entry
+                before = self.member_of.get(t.uuid)
+                if before is not None and before in self.members:
+                    self.members[before].pop(t.uuid, None)
+                members[t.uuid] = t
+                self.member_of[t.uuid] = node
+                if before != node:
+                    self.snapshots[owner_key(t.uuid)] = node
+        self.snapshots[node_key(node)] = {"v": SNAPSHOT_VERSION,
+                                          "gpus": {k: t.to_dict() for k, t in members.items()}}
+        for key in [k for k in self.legacy if k in members]:
+            self.legacy.discard(key)
+            with contextlib.suppress(KeyError):
+                del self.snapshots[key]  # a tombstone in the changelog: compaction drops the old entry
+
     def forget(self, partitions: Iterable[int]) -> None:
         """Drop cached trackers of these partitions: they are reloaded from the table when next needed."""
         gone = set(partitions)
+        self.behind -= gone
         for key in [k for k, p in self.partition_of.items() if p in gone]:
             self.trackers.pop(key, None)
             self.partition_of.pop(key, None)
+            self.legacy.discard(key)
+        for node in [n for n, p in self.node_partition.items() if p in gone]:
+            for key in self.members.pop(node, {}):
+                if self.member_of.get(key) == node:
+                    del self.member_of[key]
+            self.node_partition.pop(node, None)
 
     def owned(self, partitions: set[int] | None) -> list[GpuTracker]:
         return [t for k, t in self.trackers.items() if partitions is None or self.partition_of.get(k) in partitions]
@@ -100,21 +190,28 @@ class StreamProcessor:
     def _check_owner(self, key: str, node: str, partition: int, now_ms: int, what: str) -> None:
         """A GPU belongs to the node that reports it until that node has been silent ``rehome_after_ms``
         (a board moved to another host): one node cannot take over, or speak for, another's GPU."""
-        t = self.tracker(key, partition)
+        t = self.tracker(key, partition, node)
         if t.node and t.node != node and now_ms - t.arrived_ms < self.settings.rehome_after_ms:
             self.stats.gpu_claimed_elsewhere += 1
             raise GpuClaimedElsewhere(f"{what} from node {node!r} names GPU {key}, which node {t.node!r} reported "
                                       f"{(now_ms - t.arrived_ms) // 1000} s ago")
 
-    def on_telemetry(self, batch: TelemetryBatch, partition: int, now_ms: int) -> list[GpuState]:
+    def on_telemetry(self, batch: TelemetryBatch, partition: int, now_ms: int,
+                     behind: bool = False) -> list[GpuState]:
+        """Apply a batch; the states due. ``behind``: the worker is catching up on this partition
+        (``GpuTracker.due``)."""
         check_batch(batch)
+        if behind:
+            self.behind.add(partition)
+        else:
+            self.behind.discard(partition)
         for info in batch.gpus:
             self._check_owner(info.uuid, batch.node, partition, now_ms, f"telemetry batch #{batch.batch_seq}")
         touched: dict[str, GpuTracker] = {}
         for sample in batch.samples:
             info = batch.gpus[sample.gpu]
             key = info.uuid
-            t = touched.get(key) or self.tracker(key, partition)
+            t = touched.get(key) or self.tracker(key, partition, batch.node)
             learned = t.learn_sample(batch.node, info, sample, batch.base_ts_ms + sample.dt_ms, now_ms)
             if learned is Learned.APPLIED:
                 self.stats.samples += 1
@@ -125,29 +222,31 @@ class StreamProcessor:
             touched[key] = t
         for point in batch.points:
             key = batch.gpus[point.gpu].uuid
-            t = touched.get(key) or self.tracker(key, partition)
+            t = touched.get(key) or self.tracker(key, partition, batch.node)
             if t.learn_point(point, batch.base_ts_ms + point.dt_ms, now_ms):
                 self.stats.points += 1
             touched[key] = t
-        for key, t in touched.items():
-            self.snapshots[key] = t.to_dict()
+        self._write(batch.node, touched.values())
         return self._due(touched.values(), now_ms, observe=True)
 
     def on_event(self, event: GpuEvent, partition: int, now_ms: int) -> list[GpuState]:
         check_event(event)
         key = event.gpu_uuid
         self._check_owner(key, event.node, partition, now_ms, f"event {event.event_id}")
-        t = self.tracker(key, partition)
+        t = self.tracker(key, partition, event.node)
         t.learn_event(event)
-        self.snapshots[key] = t.to_dict()
+        # Its owner's entry: an event may come from a node the GPU moved to before a sample has.
+        self._node(t.node, partition)
+        self._write(t.node, [t])
         return self._due([t], now_ms, observe=False)
 
     # ------------------------------------------------------------------ output
 
     def _due(self, trackers: Iterable[GpuTracker], now_ms: int, observe: bool) -> list[GpuState]:
         out = []
+        behind = self.behind
         for t in trackers:
-            if t.samples and t.due(now_ms):
+            if t.samples and t.due(now_ms, bool(behind) and self.partition_of.get(t.uuid) in behind):
                 state = t.state(now_ms)
                 t.mark_published(now_ms)
                 if observe:
@@ -156,7 +255,8 @@ class StreamProcessor:
         return out
 
     def heartbeats(self, now_ms: int, partitions: set[int] | None) -> list[GpuState]:
-        """States not published for ``max_interval_ms`` (their freshness timestamps tell how old the data is)."""
+        """States not published for ``max_interval_ms`` (their freshness timestamps tell how old the data is),
+        and changes held back by ``min_interval_ms`` (not while their partition is being caught up on)."""
         return self._due(self.owned(partitions), now_ms, observe=False)
 
     def fleet_check(self, now_ms: int, partitions: set[int] | None) -> None:

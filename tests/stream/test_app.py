@@ -1,4 +1,6 @@
-"""The Faust app's table store: a restarted worker's per-GPU state, and how much changelog it replays."""
+"""The Faust app's table store: a restarted worker's per-GPU state, and how much changelog it replays.
+
+The table holds one entry per node (its GPUs' snapshots), so the changelog has one record per node per batch."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from tests.system.test_stream_workers import MINUTE_MS, _latest
 
 pytestmark = pytest.mark.timeout(300)
 ROUNDS = 40
+NODES = 3
 RESTORED_ACTIVE = 'gpuaware_stream_changelog_restored_total{role="active"}'
 
 
@@ -32,7 +35,7 @@ def _restart(kafka: KafkaSettings, tmp_path: Path, unique: str, store: str) -> t
     publishes is what it recovered. Returns (states before the stop, states after the restart, records
     in the table's changelog at the restart, and how many of them the restarted worker replayed)."""
     app_id = f"test-app-{store}-{unique}"
-    nodes = [f"ra-{store}-{unique}-{n}" for n in range(3)]
+    nodes = [f"ra-{store}-{unique}-{n}" for n in range(NODES)]
     mine = {f"GPU-{n}-{i}" for n in nodes for i in range(2)}
     start = int(time.time() * 1000) - 30 * MINUTE_MS
     last = {n: _batch(n, ROUNDS, start + ROUNDS * 5000) for n in nodes}
@@ -87,8 +90,25 @@ def test_a_restarted_rocksdb_worker_recovers_state_exactly_from_disk_and_the_cha
     before, after, written, replayed = _restart(kafka_settings, tmp_path, unique, "rocksdb")
     assert {k: _values(s) for k, s in after.items()} == {k: _values(s) for k, s in before.items()}
     # Every acknowledged changelog write was already on disk: nothing was left to replay.
-    assert written >= ROUNDS * len(before) and replayed == 0
+    assert len(before) == 2 * NODES and written >= ROUNDS * NODES and replayed == 0
     # The memory store gets the same state back only by replaying the table's whole changelog.
     before, after, written, replayed = _restart(kafka_settings, tmp_path, unique, "memory")
     assert {k: _values(s) for k, s in after.items()} == {k: _values(s) for k, s in before.items()}
-    assert written >= ROUNDS * len(before) and replayed == written
+    assert written >= ROUNDS * NODES and replayed == written
+
+
+def test_a_record_older_in_the_log_than_a_heartbeat_interval_with_newer_ones_after_it_means_catching_up() -> None:
+    from types import SimpleNamespace
+
+    from stream.app import _behind
+
+    now = 1_700_000_000_000
+
+    def record(age_ms: int | None, offset: int = 10) -> SimpleNamespace:
+        return SimpleNamespace(timestamp=None if age_ms is None else (now - age_ms) / 1000, offset=offset)
+
+    assert _behind(record(30_001), now, 30_000, highwater=100)
+    assert not _behind(record(2_000), now, 30_000, highwater=100)
+    assert not _behind(record(30_001, offset=99), now, 30_000, highwater=100)  # the partition's last record
+    assert not _behind(record(None), now, 30_000, highwater=100)  # no log time: treated as live
+    assert not _behind(record(30_001), now, 30_000, highwater=None)  # no fetch position: treated as live

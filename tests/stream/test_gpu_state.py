@@ -84,7 +84,7 @@ def test_forecasts_are_bounded_and_rebuilt_from_history_after_a_restart() -> Non
             hi = 100.0 if f.metric == "util_gpu" else t.fb_total_mib
             assert 0.0 <= f.lower <= f.mean <= f.upper <= hi
         # What the changelog stores is JSON; the restored tracker forecasts like the original.
-        restored = GpuTracker.from_dict(json.loads(json.dumps(proc.snapshots[key])))
+        restored = GpuTracker.from_dict(json.loads(json.dumps(proc.snapshot(key))))
         assert restored.samples == t.samples and restored.last_seq == t.last_seq
         # While the history covers the GPU's life (45 of 60 minutes here), replaying it rebuilds the
         # forecasters' River statistics, losses and errors exactly: the same forecasts and intervals.
@@ -105,6 +105,23 @@ def test_publishing_is_on_change_and_rate_bounded() -> None:
     assert changed.util_gpu > 60
 
 
+def test_a_worker_catching_up_publishes_health_changes_at_once_and_the_rest_as_heartbeats() -> None:
+    proc = StreamProcessor({}, TrackerSettings(min_interval_ms=1000, max_interval_ms=10_000))
+    t0 = 1_700_000_000_000
+    assert len(proc.on_telemetry(telemetry_batch("n", 1, t0), 0, t0, behind=True)) == 1  # the first state
+    # Changed, past the minimum interval, but newer records follow in the log: not published ...
+    assert proc.on_telemetry(telemetry_batch("n", 2, t0 + 2000, util=95), 0, t0 + 2000, behind=True) == []
+    assert proc.heartbeats(t0 + 3000, None) == []  # nor by the heartbeat timer
+    ev = GpuEvent("e1", t0 + 2100, "n", "GPU-n-0", EventKind.HEALTH_CHANGE, Severity.CRITICAL, "health_score", 22.0,
+                  None, "x", {"new_band": "CRITICAL"})
+    assert len(proc.on_event(ev, 0, t0 + 2100)) == 1  # ... a health change is, at once
+    assert proc.on_telemetry(telemetry_batch("n", 3, t0 + 4000, util=10), 0, t0 + 4000, behind=True) == []
+    (beat,) = proc.on_telemetry(telemetry_batch("n", 4, t0 + 12_200, util=95), 0, t0 + 12_200, behind=True)
+    assert beat.samples == 4  # the heartbeat's rate still holds while behind
+    # Caught up: a change goes out again on the next record.
+    assert proc.on_telemetry(telemetry_batch("n", 5, t0 + 13_300, util=10), 0, t0 + 13_300) != []
+
+
 def test_health_events_set_score_band_and_components() -> None:
     proc = StreamProcessor({})
     t0 = 1_700_000_000_000
@@ -115,7 +132,7 @@ def test_health_events_set_score_band_and_components() -> None:
     (state,) = proc.on_event(ev, 0, t0 + 20)  # a band change is published at once, not rate-limited
     assert state.health_band == HealthBand.CRITICAL and state.health_score == 22.0
     assert state.health_components == {"ecc": 40.0, "xid": 30.0}
-    assert proc.snapshots["GPU-n-0"]["recent_events"][-1][1] == "HEALTH_CHANGE"
+    assert proc.snapshot("GPU-n-0")["recent_events"][-1][1] == "HEALTH_CHANGE"
 
 
 def test_light_watch_points_move_utilisation_between_full_samples_once() -> None:
@@ -128,10 +145,10 @@ def test_light_watch_points_move_utilisation_between_full_samples_once() -> None
     batch.samples = []
     batch.points = [WatchPoint(0, 0, 90, 3000), WatchPoint(0, 1000, 95, 3100)]
     proc.on_telemetry(batch, 0, t0 + 2500)
-    snap = proc.snapshots["GPU-n-0"]
+    snap = proc.snapshot("GPU-n-0")
     assert snap["smoothed"]["util_gpu"] > 40 and proc.stats.points == 2
     proc.on_telemetry(batch, 0, t0 + 3000)  # replayed: applied once
-    assert proc.stats.points == 2 and proc.snapshots["GPU-n-0"]["smoothed"] == snap["smoothed"]
+    assert proc.stats.points == 2 and proc.snapshot("GPU-n-0")["smoothed"] == snap["smoothed"]
 
 
 def test_snapshot_fingerprint_is_what_asdict_gives():

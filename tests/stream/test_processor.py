@@ -3,12 +3,15 @@ decodable record crashes it (hypothesis)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, Severity, TelemetryBatch
-from stream.processor import InvalidRecord, StreamProcessor
+from stream.processor import GpuClaimedElsewhere, InvalidRecord, StreamProcessor, node_key, owner_key
 from tests.support import telemetry_batch
 
 
@@ -70,3 +73,92 @@ def test_any_decodable_record_is_applied_or_rejected_as_invalid_never_crashes(re
         assert decode(encode(state)) == state
     proc.heartbeats(now + 60_000, None)
     proc.node_states(now, None)
+
+
+class _Recording(dict):
+    """A table that counts writes and deletes, each of which is a changelog record in the app."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.writes: list[str] = []
+
+    def __setitem__(self, key, value) -> None:
+        self.writes.append(key)
+        super().__setitem__(key, json.loads(json.dumps(value)))  # stored as JSON, as the changelog does
+
+    def __delitem__(self, key) -> None:
+        self.writes.append(f"-{key}")
+        super().__delitem__(key)
+
+
+T0 = 1_700_000_000_000
+
+
+def test_a_batch_writes_one_entry_for_its_node_not_one_per_gpu() -> None:
+    table = _Recording()
+    proc = StreamProcessor(table)
+    proc.on_telemetry(telemetry_batch("n", 1, T0, gpus=8), 0, T0)
+    # The first batch also says, once per GPU, which node's entry holds it.
+    assert sorted(table.writes) == sorted([node_key("n")] + [owner_key(f"GPU-n-{i}") for i in range(8)])
+    table.writes.clear()
+    proc.on_telemetry(telemetry_batch("n", 2, T0 + 1000, gpus=8), 0, T0 + 1000)
+    assert table.writes == [node_key("n")]
+    assert sorted(table[node_key("n")]["gpus"]) == [f"GPU-n-{i}" for i in range(8)]
+
+
+def test_a_restarted_processor_carries_on_exactly_from_the_node_entries() -> None:
+    table = _Recording()
+    proc = StreamProcessor(table)
+    for seq in range(1, 6):
+        proc.on_telemetry(telemetry_batch("n", seq, T0 + seq * 1000, gpus=4), 0, T0 + seq * 1000)
+    ev = GpuEvent("e1", T0 + 5500, "n", "GPU-n-2", EventKind.HEALTH_CHANGE, Severity.CRITICAL, "health_score", 20.0,
+                  None, "x", {"new_band": "CRITICAL"})
+    proc.on_event(ev, 0, T0 + 5500)
+    before = {k: t.to_dict() for k, t in proc.trackers.items()}
+    again = StreamProcessor(table)
+    for seq in range(4, 7):  # the re-read tail after a crash, then one new batch
+        again.on_telemetry(telemetry_batch("n", seq, T0 + seq * 1000, gpus=4), 0, T0 + 7000)
+    assert again.stats.duplicates == 8 and again.stats.samples == 4
+    for key, snapshot in before.items():
+        t = again.trackers[key]
+        assert (t.samples, t.last_seq) == (snapshot["samples"] + 1, 6)
+    assert again.trackers["GPU-n-2"].health_band == "CRITICAL"
+    # A node seen only through an event still has its GPUs' entry loaded before the entry is written.
+    third = StreamProcessor(table)
+    third.on_event(dataclasses.replace(ev, event_id="e2", ts_ms=T0 + 8000), 0, T0 + 8000)
+    assert sorted(table[node_key("n")]["gpus"]) == [f"GPU-n-{i}" for i in range(4)]
+
+
+def test_version_1_per_gpu_entries_are_migrated_into_the_node_entry_and_deleted() -> None:
+    old = StreamProcessor({})
+    for seq in range(1, 4):
+        old.on_telemetry(telemetry_batch("n", seq, T0 + seq * 1000, gpus=2), 0, T0 + seq * 1000)
+    v1 = _Recording({k: json.loads(json.dumps(t.to_dict())) for k, t in old.trackers.items()})  # the old layout
+    proc = StreamProcessor(v1)
+    proc.on_telemetry(telemetry_batch("n", 4, T0 + 4000, gpus=2), 0, T0 + 4000)
+    assert [t.samples for t in proc.trackers.values()] == [4, 4]  # nothing lost in the move
+    assert sorted(v1) == [node_key("n"), owner_key("GPU-n-0"), owner_key("GPU-n-1")]
+    assert sorted(v1.writes) == sorted([node_key("n"), "-GPU-n-0", "-GPU-n-1", owner_key("GPU-n-0"),
+                                        owner_key("GPU-n-1")])
+    assert sorted(v1[node_key("n")]["gpus"]) == ["GPU-n-0", "GPU-n-1"]
+
+
+def test_a_moved_gpu_leaves_its_old_nodes_entry() -> None:
+    table = _Recording()
+    proc = StreamProcessor(table)
+    proc.on_telemetry(telemetry_batch("a", 1, T0, gpus=2), 0, T0)
+    later = T0 + proc.settings.rehome_after_ms + 1
+    moved = dataclasses.replace(telemetry_batch("b", 1, later), gpus=[GpuInfo("GPU-a-1", 0, "A100", 81920)])
+    proc.on_telemetry(moved, 0, later)
+    proc.on_telemetry(telemetry_batch("a", 2, later + 1000), 0, later + 1000)  # node a is back with one GPU
+    assert sorted(table[node_key("b")]["gpus"]) == ["GPU-a-1"]
+    assert sorted(table[node_key("a")]["gpus"]) == ["GPU-a-0"]
+
+
+def test_a_restarted_processor_still_knows_whose_gpu_it_is() -> None:
+    table = _Recording()
+    StreamProcessor(table).on_telemetry(telemetry_batch("b", 1, T0), 0, T0)
+    again = StreamProcessor(table)  # restarted: no tracker in memory, node b has not reported since
+    forged = dataclasses.replace(telemetry_batch("a", 1, T0 + 1000), gpus=[GpuInfo("GPU-b-0", 0, "A100", 81920)])
+    with pytest.raises(GpuClaimedElsewhere, match="node 'b'"):
+        again.on_telemetry(forged, 0, T0 + 1000)
