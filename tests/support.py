@@ -30,6 +30,7 @@ from agent.replay import simulate
 from contract import annotations, topics
 from contract.events import GpuInfo, GpuSample, TelemetryBatch, decode
 from plumbing.kafka_settings import KafkaSettings
+from plumbing.kube.api import KubeApi
 from scheduler.core.cluster import ClusterState, NodeSpec
 from scheduler.core.framework import Profile, Scheduler
 from scheduler.core.plugins.health import HealthFilter
@@ -282,7 +283,15 @@ async def running(kube: Kube, settings: SchedulerSettings = FAST, view: StateVie
                   lead: bool = True, **publishers) -> AsyncIterator[LiveScheduler]:
     """A ``LiveScheduler`` on the session's apiserver as the shipped ``gpuaware-scheduler`` ServiceAccount,
     leading unless ``lead`` is false, stopped on the way out."""
-    live = LiveScheduler(kube.api(), settings, view, **publishers)
+    async with live_scheduler(kube.api(), settings, view, lead, **publishers) as live:
+        yield live
+
+
+@contextlib.asynccontextmanager
+async def live_scheduler(api: KubeApi, settings: SchedulerSettings = FAST, view: StateView | None = None,
+                         lead: bool = True, **publishers) -> AsyncIterator[LiveScheduler]:
+    """A ``LiveScheduler`` speaking through ``api``, leading unless ``lead`` is false, stopped on the way out."""
+    live = LiveScheduler(api, settings, view, **publishers)
     await live.start()
     if lead:
         live.leading.set()

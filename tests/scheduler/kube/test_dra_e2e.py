@@ -39,7 +39,7 @@ from plumbing.kube.api import KubeApi
 from plumbing.kube.resource_slices import NodeGpu, node_slices
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
-from tests.support import RBAC_KINDS, need, overlay_with, wait_for
+from tests.support import RBAC_KINDS, live_scheduler, need, overlay_with, wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 CRDS = REPO / "deploy" / "base" / "crds"
@@ -81,18 +81,8 @@ async def scheduler(cp: KubeControlPlane, lead: bool = True, account_name: str =
     account = await asyncio.to_thread(cp.serviceaccount_kubeconfig, "gpuaware", account_name,
                                       create=account_name != "gpuaware-scheduler")
     config.load_kube_config(config_file=str(account), client_configuration=cfg)
-    live = LiveScheduler(KubeApi(client.ApiClient(cfg)), SETTINGS, None)
-    await live.start()
-    if lead:
-        live.leading.set()
-    stop = asyncio.Event()
-    task = asyncio.create_task(live.run(stop))
-    try:
+    async with live_scheduler(KubeApi(client.ApiClient(cfg)), SETTINGS, None, lead) as live:
         yield live
-    finally:
-        stop.set()
-        await task
-        await live.stop()
 
 
 def node(cp: KubeControlPlane, name: str, group: str) -> None:
