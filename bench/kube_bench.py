@@ -251,8 +251,8 @@ class _Driver:
         raise RuntimeError(f"pods of namespace {NAMESPACE} not deleted after {timeout_s:.0f}s")
 
 
-def _driver_process(conn, server: str, ca: str, cert: str, key: str) -> None:
-    driver = _Driver(server, ca, cert, key)
+def _driver_process(conn, server: str, ca: str, cert: str, key: str, factory: type[_Driver] = _Driver) -> None:
+    driver = factory(server, ca, cert, key)
     conn.send("ready")
     while True:
         cmd = conn.recv()
@@ -263,6 +263,8 @@ def _driver_process(conn, server: str, ca: str, cert: str, key: str) -> None:
             conn.send("deleted")
         elif cmd[0] == "wait":
             conn.send(driver.wait(cmd[1], cmd[2]))
+        elif cmd[0] == "call":  # a method of ``factory``'s (the DRA bench's claims)
+            conn.send(getattr(driver, cmd[1])(*cmd[2:]))
         else:
             _, pods, rate, timeout_s = cmd
             conn.send(driver.phase(pods, rate, timeout_s))
