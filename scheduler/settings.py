@@ -52,6 +52,9 @@ class SchedulerSettings(BaseModel):
     breaker_window_s: float = Field(300.0, gt=0, le=86400)
     remediation_dry_run: bool = Field(False, description="decide and record cordons and moves for GPU health, "
                                                          "but make no API call")
+    device_taints: bool = Field(False, description="DRA: also taint a critical GPU's devices with DeviceTaintRules "
+                                                   "(resource.k8s.io/v1beta2, gate DRADeviceTaintRules) and lift them "
+                                                   "when it recovers; RBAC in deploy/components/dra (docs/dra.md)")
     unqueued: Literal["allow", "best-effort", "reject"] = Field(
         "best-effort", description="pods of namespaces in no GPUQueue: best-effort (at most medium priority, always "
         "preemptible, reclaimed from first), reject, or allow (as if in one unlimited queue)")

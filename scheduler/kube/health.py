@@ -25,6 +25,7 @@ from scheduler.feed import StateView
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.calls import ApiCalls
 from scheduler.kube.decisions import DecisionSink, Outcome
+from scheduler.kube.device_taints import DeviceTaints
 from scheduler.kube.evictor import Evictor
 from scheduler.kube.tasks import Tasks
 from scheduler.metrics import SchedulerStats
@@ -41,8 +42,9 @@ def needs_remediation(state: GpuState) -> bool:
 
 class HealthReactions:
     def __init__(self, view: StateView, calls: ApiCalls, cache: ClusterCache, stats: SchedulerStats,
-                 sink: DecisionSink, evictor: Evictor, tasks: Tasks):
+                 sink: DecisionSink, evictor: Evictor, tasks: Tasks, device_taints: DeviceTaints | None = None):
         self.view, self.calls, self.cache, self.stats = view, calls, cache, stats
+        self.device_taints = device_taints  # DRA: the GPU's devices tainted while it is critical
         self.sink, self.evictor, self.tasks = sink, evictor, tasks
         self._critical_seen: set[tuple[str, int]] = set()  # (node, GPU index) acted on while it stays critical
         settings = evictor.settings
@@ -62,6 +64,8 @@ class HealthReactions:
             i, g = where[gpu_uuid]
             key = (c.names[i], g)
             if not needs_remediation(state):
+                if self.device_taints is not None and self.device_taints.may_be_tainted(*key):
+                    self.tasks.spawn(self.device_taints.lift_async(self.calls, *key))
                 self._critical_seen.discard(key)  # turning critical again (after a repair) acts again
                 self._held.discard(key)
             elif key not in self._critical_seen:
@@ -96,6 +100,8 @@ class HealthReactions:
         with observability.tracer(__name__).start_as_current_span("scheduler.cordon_and_migrate", context=parent,
                                                                   attributes=attributes):
             await self.cordon(node, gpu)
+            if self.device_taints is not None:
+                await self.device_taints.taint_async(self.calls, node, gpu, "critical")
             await self.migrate_off(node, gpu)
 
     async def cordon(self, node: str, gpu: int) -> None:

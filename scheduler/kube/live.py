@@ -32,6 +32,7 @@ from scheduler.kube.cache import ClusterCache
 from scheduler.kube.calls import ApiCalls
 from scheduler.kube.decisions import DecisionPublisher, DecisionSink, discard_decision
 from scheduler.kube.departures import Departures
+from scheduler.kube.device_taints import DeviceTaints
 from scheduler.kube.evictor import Evictor
 from scheduler.kube.health import HealthReactions
 from scheduler.kube.live_state import LiveGpuState
@@ -80,7 +81,7 @@ class LiveScheduler:
         if view is not None:
             self.gpu_state = LiveGpuState(view, self.cache)
             self.health = HealthReactions(view, self.calls, self.cache, self.stats, self.sink, self.evictor,
-                                          self.tasks)
+                                          self.tasks, DeviceTaints(api.client) if settings.device_taints else None)
             self.throttler = Throttler(view, self.gpu_state, self.cache, settings, self.stats, self.sink, self.tasks,
                                        control, may_act=lambda: self.may_act(),
                                        record=lambda n, g, w: self.calls.call(self.api.record_power_cap, n, g, w))

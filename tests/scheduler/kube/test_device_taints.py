@@ -1,0 +1,167 @@
+"""A critical GPU's DRA devices tainted with DeviceTaintRules and lifted on recovery, on a real kube-apiserver
+1.36 with the DRADeviceTaintRules gate; kube-scheduler (with kwok running the pods) keeps a claim off a
+tainted GPU and places it once the taint is lifted. The health chain's hook (HealthReactions) taints on
+critical and lifts on recovery. Skipped when the control plane is not built, failed under ``CI=true``."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import config
+
+from contract import dra
+from gpuaware.local.kube_control_plane import KWOK_NODE_ANNOTATION, BinariesMissing, KubeControlPlane, find_binaries
+from plumbing.kube.api import KubeApi
+from plumbing.kube.resource_slices import NodeGpu, SlicePublisher
+from scheduler.kube import device_taints
+from scheduler.kube.calls import ApiCalls
+from scheduler.kube.device_taints import DeviceTaints, gpu_devices
+from scheduler.metrics import SchedulerStats
+from tests.contract.nvidia_slices import a100_static_mig_node, h100_node
+from tests.support import REPO, need
+
+GATES = {"DRADeviceTaintRules": True}
+RUNTIME = ["--runtime-config=resource.k8s.io/v1beta2=true"]
+
+
+@pytest.fixture(scope="module")
+def cp() -> Iterator[KubeControlPlane]:
+    need(find_binaries, BinariesMissing)
+    with KubeControlPlane(scheduler=True, kwok=True, feature_gates=GATES, apiserver_args=RUNTIME) as plane:
+        plane.kubectl("apply", "-f", str(REPO / "deploy/components/dra-deviceclasses/deviceclasses.yaml"))
+        yield plane
+
+
+@pytest.fixture(scope="module")
+def api_client(cp):
+    return config.new_client_from_config(str(cp.kubeconfig))
+
+
+def kwok_node(cp: KubeControlPlane, name: str) -> None:
+    cp.apply({"apiVersion": "v1", "kind": "Node",
+              "metadata": {"name": name, "annotations": dict([KWOK_NODE_ANNOTATION]),
+                           "labels": {"kubernetes.io/hostname": name}},
+              "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+                         "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"}}})
+
+
+def claim_and_pod(cp: KubeControlPlane, name: str) -> None:
+    cp.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+              "metadata": {"name": name, "namespace": "default"},
+              "spec": {"devices": {"requests": [
+                  {"name": "gpu", "exactly": {"deviceClassName": dra.DEVICE_CLASS_GPU}}]}}})
+    cp.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+              "spec": {"tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+                       "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                       "containers": [{"name": "c", "image": "registry.invalid/x:1",
+                                       "resources": {"claims": [{"name": "gpu"}]}}]}})
+
+
+def get(cp: KubeControlPlane, *args: str) -> dict[str, Any]:
+    return json.loads(cp.kubectl("get", *args, "-o", "json").stdout)
+
+
+def until(cond, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out: {what}")
+        time.sleep(0.2)
+
+
+def unschedulable(cp: KubeControlPlane, pod: str) -> bool:
+    conds = get(cp, "pod", pod, "-n", "default").get("status", {}).get("conditions") or []
+    return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conds)
+
+
+def test_gpu_devices_finds_the_whole_gpu_and_its_partitions():
+    assert gpu_devices([h100_node("h")], 3) == [(dra.DRIVER, "h", "gpu-3")]
+    assert gpu_devices([a100_static_mig_node("a")], 1) == [
+        (dra.DRIVER, "a", "gpu-1-mig-3g40gb-9-0"), (dra.DRIVER, "a", "gpu-1-mig-2g20gb-14-4"),
+        (dra.DRIVER, "a", "gpu-1-mig-2g20gb-14-6")]
+    broken = h100_node("b")
+    broken["spec"]["devices"][0]["capacity"] = {}
+    assert gpu_devices([broken], 0) == []  # a slice that does not parse is skipped, not guessed at
+
+
+def test_kube_scheduler_keeps_a_claim_off_a_tainted_gpu_until_it_is_lifted(cp, api_client):
+    kwok_node(cp, "kw-taint")
+    SlicePublisher(api_client).publish("kw-taint", [NodeGpu(0, "GPU-kw-0", "NVIDIA H100 80GB HBM3", 80 * 2**30)])
+    taints = DeviceTaints(api_client)
+    assert taints.taint("kw-taint", 0, "critical") == 1
+    assert taints.taint("kw-taint", 0, "critical") == 0  # once is enough
+    (rule,) = get(cp, "devicetaintrules")["items"]
+    assert rule["spec"]["deviceSelector"] == {"driver": dra.DRIVER, "pool": "kw-taint", "device": "gpu-0"}
+    assert rule["spec"]["taint"]["key"] == dra.TAINT_UNHEALTHY and rule["spec"]["taint"]["effect"] == "NoSchedule"
+    assert taints.load() == {("kw-taint", 0)}  # found again, as a restarted scheduler finds it
+    claim_and_pod(cp, "wants-gpu")
+    until(lambda: unschedulable(cp, "wants-gpu"), "kube-scheduler reporting the pod unschedulable")
+    assert "cannot allocate all claims" in json.dumps(get(cp, "pod", "wants-gpu", "-n", "default")["status"])
+    assert taints.lift("kw-taint", 0) == 1 and taints.load() == set()
+    until(lambda: get(cp, "pod", "wants-gpu", "-n", "default")["spec"].get("nodeName") == "kw-taint",
+          "the pod placed once the taint was lifted")
+    claim = get(cp, "resourceclaim", "wants-gpu", "-n", "default")
+    assert claim["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
+
+
+async def test_the_health_chain_taints_on_critical_and_lifts_on_recovery(cp, api_client):
+    SlicePublisher(api_client).publish("kw-chain", [NodeGpu(g, f"GPU-ch-{g}", "H100", 80 * 2**30) for g in range(2)])
+    taints = DeviceTaints(api_client)
+    calls = ApiCalls(KubeApi(api_client), SchedulerStats(), workers=2)
+    try:
+        assert taints.may_be_tainted("kw-chain", 1)  # nothing read yet: a recovery must look
+        await taints.taint_async(calls, "kw-chain", 1, "critical")
+        assert {(r["spec"]["deviceSelector"]["pool"], r["spec"]["deviceSelector"]["device"])
+                for r in get(cp, "devicetaintrules")["items"]} == {("kw-chain", "gpu-1")}
+        await taints.lift_async(calls, "kw-chain", 0)  # a GPU never tainted: the rules read once, nothing deleted
+        assert taints.tainted == {("kw-chain", 1)} and not taints.may_be_tainted("kw-chain", 0)
+        await taints.lift_async(calls, "kw-chain", 1)
+        assert get(cp, "devicetaintrules")["items"] == [] and taints.tainted == set()
+    finally:
+        calls.shutdown()
+
+
+async def test_without_the_api_tainting_switches_itself_off(cp, api_client, monkeypatch, caplog):
+    monkeypatch.setattr(device_taints, "RULES_VERSION", "v1alpha9")  # an apiserver that serves no DeviceTaintRule
+    SlicePublisher(api_client).publish("kw-off", [NodeGpu(0, "GPU-off-0", "H100", 80 * 2**30)])
+    stats = SchedulerStats()
+    calls = ApiCalls(KubeApi(api_client), stats, workers=2)
+    taints = DeviceTaints(api_client)
+    try:
+        await taints.taint_async(calls, "kw-off", 0, "critical")
+        assert taints.served is False and stats.api_errors[("create-devicetaintrule", 404)] == 1
+        assert "DRADeviceTaintRules" in caplog.text
+        await taints.taint_async(calls, "kw-off", 0, "critical")  # no second try, no second warning
+        assert stats.api_errors[("create-devicetaintrule", 404)] == 1 and not taints.may_be_tainted("kw-off", 0)
+    finally:
+        calls.shutdown()
+
+
+async def test_health_reactions_taint_a_critical_gpu_and_lift_it_when_it_recovers(
+        cp, api_client, fake, listed, calls, stats, tasks, wait_for):
+    """The hook in scheduler/kube/health.py: the node and pods live in the fake apiserver as in
+    test_health.py, the slices and rules in the real one."""
+    from contract.events import HealthBand
+    from scheduler.kube.health import HealthReactions
+    from tests.scheduler.kube.test_health import gpu, setup, step
+
+    SlicePublisher(api_client).publish("n0", [NodeGpu(g, f"GPU-n0-{g}", "H100", 80 * 2**30) for g in range(2)])
+    view, state, health, _ = setup(fake, listed, calls, stats, tasks)
+    taints = DeviceTaints(api_client)
+    health = HealthReactions(view, calls, health.cache, stats, health.sink, health.evictor, tasks, taints)
+
+    def rules() -> set[str]:
+        return {r["spec"]["deviceSelector"]["device"] for r in get(cp, "devicetaintrules")["items"]
+                if r["spec"]["deviceSelector"]["pool"] == "n0"}
+
+    step(state, health)
+    view.learn(gpu(1, HealthBand.CRITICAL))
+    step(state, health)
+    await wait_for(lambda: rules() == {"gpu-1"}, what="GPU 1's device tainted")
+    view.learn(gpu(1, HealthBand.HEALTHY))
+    step(state, health)
+    await wait_for(lambda: rules() == set(), what="the taint lifted")
