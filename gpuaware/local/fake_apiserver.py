@@ -64,6 +64,9 @@ RESOURCES = [
     Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
     Resource("gpuaware.io", "v1alpha1", "gpuqueues", "GPUQueue", False),
     Resource("gpuaware.io", "v1alpha1", "gpuworkloads", "GPUWorkload", True),
+    Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False),
+    Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True),
+    Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False),
 ]
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 

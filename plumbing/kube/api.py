@@ -94,6 +94,7 @@ class KubeApi:
         self.core = client.CoreV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.resource = client.ResourceV1Api(api_client)  # resource.k8s.io/v1 (DRA)
 
     # Pods
     def bind(self, namespace: str, name: str, node: str, annotations: dict[str, str] | None = None,
@@ -114,6 +115,13 @@ class KubeApi:
             if uid and exc.status == 409 and PodReplaced.MARK in api_error(exc)[2]:
                 raise PodReplaced(exc) from exc
             raise
+
+    def write_claim_status(self, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT a ResourceClaim's status subresource; ``body.metadata.resourceVersion`` is the precondition (409
+        Conflict when the claim changed since: someone else may have allocated it)."""
+        meta = body["metadata"]
+        return _json(self.resource.replace_namespaced_resource_claim_status(meta["name"], meta["namespace"], body,
+                                                                           **self._raw))
 
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None]) -> dict[str, Any]:
         return _json(self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}},

@@ -26,6 +26,7 @@ from scheduler.kube.cache import ClusterCache
 from scheduler.kube.calls import ApiCalls
 from scheduler.kube.decisions import DecisionSink, Outcome
 from scheduler.kube.departures import Departures
+from scheduler.kube.dra_writer import ClaimsRefused, ClaimWriter
 from scheduler.metrics import SchedulerStats
 from scheduler.settings import SchedulerSettings
 
@@ -45,6 +46,7 @@ class Binder:
         self.sink, self.departures, self.view = sink, departures, view
         self.on_bound, self.wake = on_bound, wake
         self._slots = asyncio.Semaphore(settings.bind_workers)
+        self.claims = ClaimWriter(calls)
 
     def gpu_uuids(self, node: str) -> dict[int, str]:
         """GPU index -> UUID on ``node``, as the live state knows them (empty without it)."""
@@ -73,6 +75,19 @@ class Binder:
             return
         async with self._slots:
             started = time.perf_counter()
+            written: list[dict] = []
+            picks = self.cache.dra_picks.get(key)
+            if picks is not None:
+                # Claims first, as kube-scheduler's PreBind: the pod has its devices from the moment it has a node.
+                pod = self.cache.pods.get(key)
+                try:
+                    if pod is None or (uid and pod["metadata"].get("uid") != uid):
+                        raise ClaimsRefused(f"{key} is gone or replaced", conflict=True)
+                    written = await self.claims.allocate(self.cache.dra.claims, node, picks, pod)
+                except ClaimsRefused as exc:
+                    self.stats.decisions[("DROP", "claim-conflict" if exc.conflict else "claim-write-failed")] += 1
+                    self.requeue(key, f"claims not allocated: {exc}")
+                    return
             try:
                 # One write: the GPUs are on the pod from the moment it has a node (the device plugin reads them).
                 await self.calls.call(self.calls.api.bind, ns, name, node, {
@@ -80,6 +95,7 @@ class Binder:
                     annotations.ANN_SHARING: objects.sharing_annotation(alloc)}, uid)
             except TRANSPORT_ERRORS as exc:
                 self.stats.api_errors[("bind", 0)] += 1
+                await self.claims.release(written)
                 # Unknown whether the Binding landed: the pod's next watch event says; until then it is requeued
                 # and a second Binding would get 409 (kept as the API's answer).
                 self.requeue(key, f"bind interrupted: {exc}")
@@ -88,6 +104,8 @@ class Binder:
                 # Deleted and recreated under its name since this placement was made: the new pod is pending on
                 # its own (its ADDED event queues it); this placement is dropped, and it is no API error.
                 log.info("%s: replaced by a new pod of the same name; placement dropped", key)
+                await self.claims.release(written)
+                self.cache.drop_picks(key)
                 self.cache.unreserve(key)
                 self.cache.release(key)
                 self.stats.decisions[("DROP", "pod-replaced")] += 1
@@ -95,6 +113,8 @@ class Binder:
                 return
             except ApiException as exc:
                 code, reason, message = self.calls.failed("bind", exc)
+                await self.claims.release(written)
+                self.cache.drop_picks(key)
                 self.cache.unreserve(key)
                 self.cache.release(key)
                 if code == 409:
@@ -121,6 +141,7 @@ class Binder:
 
     def requeue(self, key: str, why: str) -> None:
         """Withdraw a placement: the pod gives its GPUs back and, while unbound, waits in the queue again."""
+        self.cache.drop_picks(key)
         self.cache.unreserve(key)
         self.cache.release(key)
         pod = self.cache.pods.get(key)

@@ -9,6 +9,7 @@ applied incrementally (the hot path).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,10 +19,13 @@ import numpy as np
 
 from contract import annotations
 from contract.events import HealthBand
-from scheduler.core.cluster import Allocation, ClusterState
+from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
 from scheduler.core.preemption import Running
 from scheduler.core.workload import Workload
-from scheduler.kube import objects, queues
+from scheduler.kube import dra_claims, objects, queues
+from scheduler.kube.dra_claims import DeviceRequest, DraAsk
+from scheduler.kube.dra_inventory import Device
+from scheduler.kube.dra_state import DraState
 from scheduler.kube.objects import PodSpecError, PodWorkload
 
 log = logging.getLogger(__name__)
@@ -127,6 +131,12 @@ class ClusterCache:
     cordoned: dict[str, set[int]] = field(default_factory=dict)  # node -> GPU indices
     _reserved_node: dict[str, str] = field(default_factory=dict)
     node_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # False: takes nothing new
+    # DRA (scheduler.kube.dra_*): slices, claims and classes; what pending pods' claims ask for; the claims each
+    # pod holding an allocation is charged for (a claim allocated with no such pod is a hold of its own).
+    dra: DraState = field(default_factory=DraState)
+    dra_asks: dict[str, DraAsk] = field(default_factory=dict)
+    dra_picks: dict[str, list[tuple[DeviceRequest, Device]]] = field(default_factory=dict)  # binding in flight
+    pod_claims: dict[str, list[str]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ nodes
     def sync_nodes(self, items: list[dict[str, Any]]) -> None:
@@ -159,13 +169,14 @@ class ClusterCache:
         specs = []
         for name, n in sorted(self.nodes.items()):
             try:
-                specs.append(objects.node_spec(n))
+                specs.append(self._node_spec(n))
             except PodSpecError as exc:  # the API validates quantities; this is defence, not a path
                 log.warning("node %s left out: %s", name, exc)
         self.cluster = ClusterState(specs)
         # Nothing new lands on a cordoned or NotReady node; what runs there stays accounted.
         self.node_mask = np.array([objects.schedulable(self.nodes[name]) for name in self.cluster.names], dtype=bool)
         self.running.clear()
+        self.pod_claims.clear()
         for key in sorted(self.pods, key=lambda k: created_s(self.pods[k])):
             if self.pods[key].get("spec", {}).get("nodeName"):
                 self._account(self.pods[key])
@@ -179,11 +190,29 @@ class ClusterCache:
                 self.running[key] = r
             except ValueError:
                 del self.reservations[key]  # the bind task will fail or the pod will show up bound
+        for key, picks in self.dra_picks.items():
+            if key in self.reservations:
+                self.pod_claims[key] = sorted({r.claim for r, _ in picks})
+        charged = {c for cs in self.pod_claims.values() for c in cs}
+        for claim in self.dra.claims:
+            if claim not in charged:
+                self._hold(claim)
         self.apply_cordons()
+
+    def _node_spec(self, node: dict[str, Any]) -> NodeSpec:
+        """The node as its allocatable says, with the GPUs its ResourceSlices publish where it has any."""
+        spec = objects.node_spec(node)
+        ng = self.dra.inventory.nodes.get(spec.name)
+        if ng is None:
+            return spec
+        return NodeSpec(spec.name, spec.cpu_milli, spec.memory_mib, len(ng.gpus), ng.model, ng.memory_mib,
+                        ng.islands(), ng.mig_mode())
 
     def apply_cordons(self) -> None:
         """Cordoned GPUs are critical in the model, whatever their live state says."""
-        for name, gpus in self.cordoned.items():
+        tainted = {name: {s for s, d in enumerate(ng.gpus) if d.tainted}
+                   for name, ng in self.dra.inventory.nodes.items()}
+        for name, gpus in [*self.cordoned.items(), *tainted.items()]:  # a device taint keeps new claims off too
             i = self.cluster.index.get(name)
             for g in gpus:
                 if i is not None and g < self.cluster.max_gpus and self.cluster.band[i, g] != 2:
@@ -206,13 +235,17 @@ class ClusterCache:
             self.pods.pop(key, None)
             self.pending.pop(key, None)
             self.rejected.pop(key, None)
+            self.dra_asks.pop(key, None)
             self.unreserve(key)
             if key in self.running:
                 self.release(key)
+            for claim in self.pod_claims.pop(key, []):
+                self._hold(claim)  # allocated until deallocated (kube-controller-manager's claim controller)
             return key
         self.pods[key] = pod
         if pod.get("spec", {}).get("nodeName"):
             self.pending.pop(key, None)
+            self.dra_asks.pop(key, None)
             self.unreserve(key)  # our binding is confirmed (or someone else bound it)
             running = self.running.get(key)
             if running is None or self.cluster.names[running.allocation.node] != pod["spec"]["nodeName"]:
@@ -244,10 +277,21 @@ class ClusterCache:
     def parse(self, pod: dict[str, Any]) -> PodWorkload:
         """The pod as the core's workload, with its tenant and arrival; raises ``PodSpecError``."""
         pw = objects.workload_of(pod, self.tenant_of(pod), created_s(pod))
-        return queues.govern(pw, pod, self.queue_by_namespace.get(pod["metadata"].get("namespace", "")),
-                             self.unqueued)
+        pw = queues.govern(pw, pod, self.queue_by_namespace.get(pod["metadata"].get("namespace", "")), self.unqueued)
+        if not dra_claims.has_claims(pod):
+            return pw
+        if pw.workload.num_gpu:
+            raise PodSpecError(f"both {objects.GPU_RESOURCE} and resourceClaims: ask for GPUs one way")
+        ask = dra_claims.ask_of(pod, self.dra.claims, self.dra.classes, self.dra.inventory)
+        models = ask.models if not pw.workload.models else tuple(m for m in ask.models if m in pw.workload.models)
+        self.dra_asks[objects.key(pod)] = ask
+        return dataclasses.replace(pw, workload=dataclasses.replace(
+            pw.workload, num_gpu=ask.num_gpu, gpu_milli=ask.gpu_milli, models=models or ("(none)",),
+            needs_nvlink=pw.workload.needs_nvlink or ask.needs_island))
 
     def workload(self, pod: dict[str, Any]) -> Workload:
+        if dra_claims.has_claims(pod) and pod.get("spec", {}).get("nodeName"):
+            return self._claimed_workload(pod)
         try:
             return self.parse(pod).workload
         except PodSpecError:
@@ -258,6 +302,52 @@ class ClusterCache:
                 gpus = 0
             return Workload(objects.key(pod), num_gpu=gpus, tenant=self.tenant_of(pod))
 
+    def _claims_of(self, pod: dict[str, Any]) -> list[str]:
+        try:
+            return dra_claims.claim_names(pod)
+        except PodSpecError:
+            return []
+
+    def _claimed_devices(self, pod: dict[str, Any]) -> list[Device]:
+        return [d for d in self.dra.devices_of_claims(self._claims_of(pod)) if d.node == pod["spec"]["nodeName"]]
+
+    def _claimed_workload(self, pod: dict[str, Any]) -> Workload:
+        """A bound pod with claims holds the devices its claims were allocated (none yet: none)."""
+        try:
+            pw = objects.workload_of(pod, self.tenant_of(pod), created_s(pod))
+            w = queues.govern(pw, pod, self.queue_by_namespace.get(pod["metadata"].get("namespace", "")),
+                              self.unqueued).workload
+        except PodSpecError:
+            w = Workload(objects.key(pod), tenant=self.tenant_of(pod))
+        devices = self._claimed_devices(pod)
+        one_mig = len(devices) == 1 and devices[0].kind == "mig"
+        return dataclasses.replace(w, num_gpu=len(devices), gpu_milli=devices[0].milli if one_mig else 1000)
+
+    def _hold(self, claim: str) -> None:
+        """Charge an allocated claim no pod here is charged for (reserved for a pod gone or not ours to know)."""
+        hold = f"claim:{claim}"
+        if hold in self.cluster.allocations:
+            self.cluster.release(hold)
+        devices = self.dra.devices_of_claims([claim])
+        if not devices:
+            return
+        node = self.cluster.index.get(devices[0].node)
+        ng = self.dra.inventory.nodes.get(devices[0].node)
+        if node is None or ng is None:
+            return
+        used: dict[int, int] = {}
+        for d in devices:
+            if d.node == devices[0].node:
+                used[ng.slot_of[d.ref]] = used.get(ng.slot_of[d.ref], 0) + d.milli
+        alloc = Allocation(hold, node, list(used), list(used.values()), 0, 0)
+        self._clamp_gpus(alloc)
+        self.cluster.allocate(alloc)
+
+    def _clamp_gpus(self, alloc: Allocation) -> None:
+        """What the API says is allocated is charged as far as the model has room (never negative)."""
+        alloc.milli = [min(m, int(self.cluster.gpu_free[alloc.node, g])) for g, m in zip(alloc.gpus, alloc.milli,
+                                                                                            strict=True)]
+
     def _account(self, pod: dict[str, Any]) -> None:
         """Charge a bound pod's resources to its node."""
         key = objects.key(pod)
@@ -265,6 +355,22 @@ class ClusterCache:
         if node is None or key in self.running:
             return
         w = self.workload(pod)
+        if dra_claims.has_claims(pod):
+            claims = self._claims_of(pod)
+            for claim in claims:
+                if f"claim:{claim}" in self.cluster.allocations:
+                    self.cluster.release(f"claim:{claim}")
+            self.pod_claims[key] = claims
+            ng = self.dra.inventory.nodes.get(pod["spec"]["nodeName"])
+            devices = self._claimed_devices(pod) if ng is not None else []
+            alloc = Allocation(w.id, node, [ng.slot_of[d.ref] for d in devices] if ng else [],
+                               [d.milli for d in devices], w.cpu_milli, w.memory_mib,
+                               [0] * len(devices), "mig" if any(d.kind == "mig" for d in devices) else "exclusive")
+            self._clamp(alloc)
+            self._clamp_gpus(alloc)
+            self.cluster.allocate(alloc)
+            self.running[key] = Running(w, alloc, started_s=created_s(pod), done_s=0.0, checkpoint_every_s=None)
+            return
         try:
             alloc = objects.allocation_of(pod, node, w)
         except PodSpecError as exc:
@@ -301,11 +407,14 @@ class ClusterCache:
     def reserve(self, key: str, running: Running) -> None:
         """A placement of ours whose binding is in flight (already allocated in the model)."""
         self.pending.pop(key, None)
+        if key in self.dra_picks:
+            self.pod_claims[key] = sorted({r.claim for r, _ in self.dra_picks[key]})
         self.reservations[key] = running
         self._reserved_node[key] = self.cluster.names[running.allocation.node]
         self.running[key] = running
 
     def unreserve(self, key: str) -> None:
+        self.dra_picks.pop(key, None)  # its devices stay in flight until the claims say they are allocated
         self.reservations.pop(key, None)
         self._reserved_node.pop(key, None)
 
@@ -313,6 +422,93 @@ class ClusterCache:
         self.running.pop(key, None)
         if key in self.cluster.allocations:
             self.cluster.release(key)
+
+    # ------------------------------------------------------------------ DRA
+    def sync_slices(self, items: list[dict[str, Any]]) -> None:
+        self.dra.inventory.sync(items)
+        self.rebuild()
+        self._requeue_claimants(None)
+
+    def slice_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if self.dra.inventory.event(kind, obj):
+            self.rebuild()  # the node's GPU slots changed
+            self._requeue_claimants(None)
+
+    def sync_claims(self, items: list[dict[str, Any]]) -> None:
+        self.dra.sync_claims(items)
+        self.rebuild()
+        self._requeue_claimants(None)
+
+    def claim_event(self, kind: str, obj: dict[str, Any]) -> None:
+        """The API's word on a claim: the pod charged for it is charged again, or it becomes a hold."""
+        claim = self.dra.claim_event(kind, obj)
+        if f"claim:{claim}" in self.cluster.allocations:
+            self.cluster.release(f"claim:{claim}")
+        owners = [p for p, cs in self.pod_claims.items() if claim in cs]
+        for p in owners:
+            if p not in self.reservations and p in self.pods:  # ours in flight: the reservation holds the slots
+                self.release(p)
+                self._account(self.pods[p])
+        if not owners:
+            self._hold(claim)
+        self._requeue_claimants(claim)
+
+    def sync_classes(self, items: list[dict[str, Any]]) -> None:
+        self.dra.sync_classes(items)
+        self._requeue_claimants(None)
+
+    def class_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.dra.class_event(kind, obj)
+        self._requeue_claimants(None)
+
+    def _requeue_claimants(self, claim: str | None) -> None:
+        """Unbound pods with claims read again (``claim``: only those using it): what they ask may have changed."""
+        for key in [*self.pending, *self.rejected]:
+            pod = self.pods.get(key)
+            if pod is None or not dra_claims.has_claims(pod):
+                continue
+            if claim is not None and claim not in self._claims_of(pod):
+                continue
+            self.pending.pop(key, None)
+            self.dra_asks.pop(key, None)
+            self.queue_if_ours(pod)
+
+    def pick_devices(self, key: str, alloc: Allocation) -> str | None:
+        """Devices for a placement the core made for a pod with claims (in the model already): its GPUs, or
+        others of the same node where the claims' constraints want; None when done, else why not (the
+        placement is then released)."""
+        ask = self.dra_asks.get(key)
+        node = self.cluster.names[alloc.node]
+        ng = self.dra.inventory.nodes.get(node)
+        if ask is None or ng is None:
+            self.cluster.release(key)
+            return f"node {node} publishes no GPUs in ResourceSlices" if ng is None else "claims not read"
+        free = [s for s in range(len(ng.gpus)) if s in alloc.gpus or
+                (self.cluster.gpu_free[alloc.node, s] >= (alloc.milli[0] if alloc.milli else 1000)
+                 and self.cluster.band[alloc.node, s] != 2)]
+        taken = self.dra.taken()
+        got = dra_claims.pick(ask, ng, list(alloc.gpus), free, taken,
+                              lambda d: self.dra.inventory.fits_counters(d, taken))
+        if isinstance(got, str):
+            self.cluster.release(key)
+            return f"{node}: {got}"
+        slots, picks = got
+        if slots != alloc.gpus:
+            self.cluster.release(key)
+            alloc.gpus = slots
+            alloc.milli = [d.milli for _, d in picks] if ask.kind == "mig" else [1000] * len(slots)
+            alloc.gpu_memory_mib = [0] * len(slots)
+            self.cluster.allocate(alloc)
+        self.dra_picks[key] = picks
+        for _, d in picks:
+            self.dra.in_flight[d.ref] = key
+        return None
+
+    def drop_picks(self, key: str) -> None:
+        """A placement with claims withdrawn: its devices are no longer in flight."""
+        self.dra_picks.pop(key, None)
+        for ref in [r for r, k in self.dra.in_flight.items() if k == key]:
+            del self.dra.in_flight[ref]
 
     # ------------------------------------------------------------------ queues
     def sync_queues(self, items: list[dict[str, Any]]) -> None:

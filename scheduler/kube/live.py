@@ -102,6 +102,11 @@ class LiveScheduler:
             WatchSpec("gpuqueues", lambda **kw: custom.list_cluster_custom_object(
                 "gpuaware.io", "v1alpha1", "gpuqueues", **kw)),
         ]
+        if self.settings.dra:
+            dra = self.api.resource
+            specs += [WatchSpec("deviceclasses", dra.list_device_class),
+                      WatchSpec("resourceslices", dra.list_resource_slice),
+                      WatchSpec("resourceclaims", dra.list_resource_claim_for_all_namespaces)]
         for spec in specs:
             self._informers.append(Informer(spec, self._on_sync(spec.name), self._on_event(spec.name)).start())
         await asyncio.to_thread(wait_synced, self._informers, sync_timeout_s)
@@ -179,6 +184,13 @@ class LiveScheduler:
                 self.passes.learn(self.cache.workload(obj))
         elif name == "gpuqueues":
             self.cache.sync_queues(obj) if kind == "SYNC" else self.cache.queue_event(kind, obj)
+        elif name == "deviceclasses":
+            self.cache.sync_classes(obj) if kind == "SYNC" else self.cache.class_event(kind, obj)
+        elif name == "resourceslices":
+            self.cache.sync_slices(obj) if kind == "SYNC" else self.cache.slice_event(kind, obj)
+            self.passes.nodes_changed()
+        elif name == "resourceclaims":
+            self.cache.sync_claims(obj) if kind == "SYNC" else self.cache.claim_event(kind, obj)
 
     # ------------------------------------------------------------------ the pass and periodic work
     def schedule_once(self) -> None:

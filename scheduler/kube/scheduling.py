@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from contract.events import DecisionAction
 from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, place_gang, schedule_pass
 from scheduler.core.framework import Decision, Scheduler
@@ -68,6 +70,12 @@ class PassActions:
     def start(self, workload: Workload, decision: Decision, now: float) -> None:
         key = workload.id
         assert decision.allocation is not None
+        if key in self.cache.dra_asks:
+            why = self.cache.pick_devices(key, decision.allocation)  # the core's GPUs as the claims' devices
+            if why is not None:
+                self.reasons[key] = why
+                self.labels[key] = "dra-devices"
+                return
         self.cache.reserve(key, Running(workload, decision.allocation, now, 0.0, None))
         uid = (self.cache.pods.get(key) or {}).get("metadata", {}).get("uid")  # of the pod decided for, now
         self.tasks.spawn(self.binder.bind(workload, decision, self.victims.pop(key, []), uid))
@@ -129,9 +137,18 @@ class SchedulingPass:
         for gang, members in gangs.items():
             self._place_gang(core, gang, members, actions, now, ledger)
         finish_at = {k: r.started_s + (r.workload.duration_s or UNKNOWN_DURATION_S) for k, r in cache.running.items()}
-        queue = QueueState(singles, cache.running, finish_at, ledger, cache.node_mask, enforce_quota=True)
+        # Pods whose claims select devices on some nodes only (scheduler.kube.dra_claims) go one at a time, with
+        # the node mask narrowed to those nodes.
+        narrowed = {w.id: ask.nodes for w in singles if (ask := cache.dra_asks.get(w.id)) and ask.nodes is not None}
+        queue = QueueState([w for w in singles if w.id not in narrowed], cache.running, finish_at, ledger,
+                           cache.node_mask, enforce_quota=True)
         pass_stats = PassStats()
         schedule_pass(core, cache.cluster, queue, self.queue_policy, actions, pass_stats, now)
+        for w in singles:
+            if w.id in narrowed and w.id in cache.pending:
+                mask = np.isin(np.asarray(cache.cluster.names), sorted(narrowed[w.id])) & cache.node_mask
+                one = QueueState([w], cache.running, finish_at, ledger, mask, enforce_quota=True)
+                schedule_pass(core, cache.cluster, one, self.queue_policy, actions, pass_stats, now, only=[w])
         for lat in pass_stats.latencies_s:
             self.stats.decision_latency.observe(lat)
             self.stats.decision_latencies.append(lat)

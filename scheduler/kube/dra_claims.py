@@ -1,0 +1,297 @@
+"""A pod's ResourceClaims as a request the core places, and the core's placement as claim allocations.
+
+What gpuaware allocates (anything else raises ``UnsupportedClaim`` with the reason; the pod is left
+alone with that reason as an Event, and never allocated on a guess):
+
+- requests ``exactly`` with ``allocationMode: ExactCount`` (``count``, default 1) of whole GPUs
+  (``type: gpu`` devices) — several requests and several claims of one pod add up — or of one MIG
+  partition (``type: mig``: one request of count 1 per pod);
+- selectors of the DeviceClass and of the request in the CEL forms ``dra_cel`` reads, and
+  ``capacity.requests`` (a device with at least that much: without ``allowMultipleAllocations`` a
+  request takes the whole device);
+- ``constraints[].matchAttribute`` on the NVLink island attribute (all GPUs on one island) or on an
+  attribute every GPU of a node shares (``productName``, ``architecture``, ...).
+
+The core places by GPU model; where the selectors pick some but not all devices of a model (a node's
+label-like attribute, a UUID), the pod's nodes are narrowed to those with enough matching devices
+(``DraAsk.nodes``), and the devices are picked among the matching ones.
+
+The claim names of a pod are its ``resourceClaimName`` or, for a template, the name in
+``status.resourceClaimStatuses`` (set by kube-controller-manager).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from contract import dra
+from scheduler.kube.dra_cel import DeviceFacts, Selector, compile_selector
+from scheduler.kube.dra_inventory import Device, DraInventory, NodeGpus
+from scheduler.kube.objects import PodSpecError, quantity, short_model
+
+NODE_UNIFORM = ("productName", "architecture", "brand", "driverVersion", "cudaDriverVersion",
+                "cudaComputeCapability", "type")
+
+
+class UnsupportedClaim(PodSpecError):
+    """A claim gpuaware does not allocate (kube-scheduler's DynamicResources plugin would)."""
+
+
+class ClaimsNotReady(PodSpecError):
+    """A claim of the pod does not exist yet (a template's claim not yet created): the pod waits."""
+
+
+@dataclass(frozen=True)
+class _Capacity:
+    """``capacity.requests``: the device must have at least this much of each."""
+
+    wants: tuple[tuple[str, float], ...]
+
+    def matches(self, d: DeviceFacts) -> bool:
+        # A name without a domain is the device's driver's.
+        return all(d.capacity.get(f"{d.driver}/{k[2:]}" if k.startswith("*/") else k, -1.0) >= v
+                   for k, v in self.wants)
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    claim: str  # ns/name
+    name: str  # the request's name in the claim
+    count: int
+    selectors: tuple[Selector | _Capacity, ...]
+
+    def matches(self, d: Device) -> bool:
+        return not d.tainted and all(s.matches(d.facts) for s in self.selectors)
+
+
+@dataclass(frozen=True)
+class DraAsk:
+    """What a pod's claims ask for, in the core's terms, plus what picking devices needs."""
+
+    claims: tuple[str, ...]
+    requests: tuple[DeviceRequest, ...]
+    kind: str  # "gpu" or "mig"
+    num_gpu: int
+    gpu_milli: int
+    models: tuple[str, ...]
+    same: tuple[str, ...]  # attributes all devices must share (qualified)
+    nodes: frozenset[str] | None = None  # None: any node with GPUs of ``models``; else only these
+
+    @property
+    def needs_island(self) -> bool:
+        return dra.ATTR_NVLINK_ISLAND in self.same
+
+
+def claim_names(pod: Mapping[str, Any]) -> list[str]:
+    """The keys (ns/name) of the pod's claims; ``ClaimsNotReady`` while a template's claim has no name yet."""
+    ns = pod["metadata"].get("namespace", "")
+    made = {s.get("name"): s.get("resourceClaimName")
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+    out = []
+    for c in (pod.get("spec") or {}).get("resourceClaims") or []:
+        name = c.get("resourceClaimName") or made.get(c.get("name"))
+        if not name:
+            raise ClaimsNotReady(f"resourceClaims[{c.get('name')}]: the claim of template "
+                                 f"{c.get('resourceClaimTemplateName')!r} is not created yet")
+        out.append(f"{ns}/{name}")
+    return out
+
+
+def has_claims(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("spec") or {}).get("resourceClaims"))
+
+
+def _selectors(raw: Any, where: str) -> list[Selector]:
+    out = []
+    for i, s in enumerate(raw or []):
+        expr = ((s or {}).get("cel") or {}).get("expression")
+        if not isinstance(expr, str):
+            raise UnsupportedClaim(f"{where}.selectors[{i}]: only cel selectors are read")
+        out.append(compile_selector(expr))
+    return out
+
+
+def _requests(claim: Mapping[str, Any], key: str, classes: Mapping[str, Mapping[str, Any]]) -> list[DeviceRequest]:
+    out = []
+    for i, r in enumerate(((claim.get("spec") or {}).get("devices") or {}).get("requests") or []):
+        where = f"ResourceClaim {key}: spec.devices.requests[{i}]"
+        ex = r.get("exactly")
+        if not isinstance(ex, dict):
+            raise UnsupportedClaim(f"{where}: only `exactly` requests are allocated by gpuaware (firstAvailable is "
+                                   "left to kube-scheduler)")
+        if (ex.get("allocationMode") or "ExactCount") != "ExactCount":
+            raise UnsupportedClaim(f"{where}.exactly.allocationMode: {ex.get('allocationMode')!r} is not supported")
+        if ex.get("adminAccess"):
+            raise UnsupportedClaim(f"{where}.exactly.adminAccess: not supported")
+        if ex.get("tolerations"):
+            raise UnsupportedClaim(f"{where}.exactly.tolerations: tainted devices are not handed out by gpuaware")
+        cls = classes.get(ex.get("deviceClassName") or "")
+        if cls is None:
+            raise ClaimsNotReady(f"{where}.exactly.deviceClassName: DeviceClass {ex.get('deviceClassName')!r} "
+                                 "does not exist")
+        sels: list[Selector | _Capacity] = [*_selectors((cls.get("spec") or {}).get("selectors"),
+                                                        f"DeviceClass {ex.get('deviceClassName')}.spec"),
+                                            *_selectors(ex.get("selectors"), f"{where}.exactly")]
+        wants = ((ex.get("capacity") or {}).get("requests") or {})
+        if wants:
+            sels.append(_Capacity(tuple(sorted(
+                (k if "/" in k else f"*/{k}", quantity(v, f"{where}.exactly.capacity.requests[{k}]"))
+                for k, v in wants.items()))))
+        out.append(DeviceRequest(key, r.get("name", ""), int(ex.get("count") or 1), tuple(sels)))
+    return out
+
+
+def ask_of(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
+           classes: Mapping[str, Mapping[str, Any]], inventory: DraInventory) -> DraAsk:
+    """The pod's claims as one request; ``UnsupportedClaim`` / ``ClaimsNotReady`` (both ``PodSpecError``)."""
+    keys = claim_names(pod)
+    requests: list[DeviceRequest] = []
+    same: list[str] = []
+    for key in keys:
+        claim = claims.get(key)
+        if claim is None:
+            raise ClaimsNotReady(f"ResourceClaim {key} does not exist (yet)")
+        if (claim.get("status") or {}).get("allocation"):
+            raise UnsupportedClaim(f"ResourceClaim {key} is allocated already (shared claims and claims allocated "
+                                   "by someone else are not placed by gpuaware)")
+        requests += _requests(claim, key, classes)
+        for i, c in enumerate(((claim.get("spec") or {}).get("devices") or {}).get("constraints") or []):
+            attr = c.get("matchAttribute")
+            if not attr or c.get("distinctAttribute"):
+                raise UnsupportedClaim(f"ResourceClaim {key}: spec.devices.constraints[{i}]: only matchAttribute "
+                                       "is supported")
+            if attr != dra.ATTR_NVLINK_ISLAND and attr.split("/", 1)[-1] not in NODE_UNIFORM:
+                raise UnsupportedClaim(f"ResourceClaim {key}: spec.devices.constraints[{i}].matchAttribute: "
+                                       f"{attr!r} is not the NVLink island ({dra.ATTR_NVLINK_ISLAND}) or an "
+                                       "attribute all GPUs of a node share")
+            same.append(attr)
+    if not requests:
+        raise UnsupportedClaim("the pod's claims request no devices")
+    kinds, models, nodes = _matching(requests, inventory)
+    if len(kinds) != 1:
+        raise UnsupportedClaim(f"the requests match {' and '.join(sorted(kinds)) or 'no'} devices: gpuaware "
+                               "allocates whole GPUs or one MIG partition per pod")
+    kind = kinds.pop()
+    num = sum(r.count for r in requests)
+    milli = 1000
+    if kind == "mig":
+        if num != 1:
+            raise UnsupportedClaim(f"{num} MIG partitions requested: gpuaware allocates one per pod")
+        milli = min(d.milli for d in inventory.devices.values() if d.kind == "mig" and requests[0].matches(d))
+    return DraAsk(tuple(keys), tuple(requests), kind, num, milli, tuple(sorted(models)), tuple(same), nodes)
+
+
+def _matching(requests: Iterable[DeviceRequest], inventory: DraInventory
+              ) -> tuple[set[str], set[str], frozenset[str] | None]:
+    """Which device kinds the requests match anywhere, on which GPU models, and, where they match only some
+    devices of a model, the nodes with enough matching devices for all requests (else None: any)."""
+    kinds: set[str] = set()
+    models: set[str] | None = None
+    partial = False
+    per_node: dict[str, int] = {}
+    need = 0
+    for r in requests:
+        hit: dict[str, set[bool]] = {}
+        count: dict[str, int] = {}
+        for d in inventory.devices.values():
+            if d.kind not in ("gpu", "mig"):
+                continue
+            ok = all(s.matches(d.facts) for s in r.selectors)  # taints aside: a tainted GPU is cordoned
+            if ok:
+                kinds.add(d.kind)
+                count[d.node] = count.get(d.node, 0) + 1
+            hit.setdefault(short_model(d.product), set()).add(ok)
+        partial |= any(v == {True, False} for v in hit.values())
+        mine = {m for m, v in hit.items() if True in v}
+        models = mine if models is None else models & mine
+        need += r.count
+        for node, n in count.items():
+            per_node[node] = per_node.get(node, 0) + n
+    nodes = frozenset(n for n, c in per_node.items() if c >= need) if partial else None
+    return kinds, models or set(), nodes
+
+
+def pick(ask: DraAsk, ng: NodeGpus, slots: list[int], free_slots: list[int], taken: set[tuple[str, str, str]],
+         fits: Callable[[Device], bool]) -> tuple[list[int], list[tuple[DeviceRequest, Device]]] | str:
+    """The devices for ``ask`` on a node: the core's ``slots`` if they do, else others of ``free_slots``;
+    (slots, [(request, device)]) or why none do. ``fits``: the device's shared counters allow it."""
+    if ask.kind == "mig":
+        for slot in [*slots, *free_slots]:
+            cands = sorted((m for m in ng.migs if ng.slot_of[m.ref] == slot and m.ref not in taken
+                            and ask.requests[0].matches(m) and fits(m)), key=lambda m: (m.milli, m.name))
+            if cands:
+                return [slot], [(ask.requests[0], cands[0])]
+        return "no free MIG partition matching the request on the chosen GPU"
+    for choice in _slot_choices(ask, ng, slots, free_slots):
+        out = _assign(ask, [ng.gpus[s] for s in choice], taken, fits)
+        if out is not None:
+            return choice, out
+    return f"no {ask.num_gpu} free GPUs matching the requests and constraints together"
+
+
+def _slot_choices(ask: DraAsk, ng: NodeGpus, slots: list[int], free_slots: list[int]) -> Iterable[list[int]]:
+    """The core's GPUs, then free GPUs that match a request, one group of equal ``same`` attributes at a time."""
+    yield slots
+    by_value: dict[Any, list[int]] = {}
+    for s in free_slots:
+        if not any(r.matches(ng.gpus[s]) for r in ask.requests):
+            continue
+        key = tuple(ng.gpus[s].facts.attributes.get(a) for a in ask.same)
+        by_value.setdefault(key, []).append(s)
+    for group in sorted(by_value.values(), key=len):  # the smallest group that fits keeps bigger ones whole
+        if len(group) >= ask.num_gpu:
+            yield group[: ask.num_gpu]
+
+
+def _assign(ask: DraAsk, devices: list[Device], taken: set[tuple[str, str, str]], fits: Callable[[Device], bool]
+            ) -> list[tuple[DeviceRequest, Device]] | None:
+    if any(d.ref in taken or not fits(d) for d in devices):
+        return None
+    for a in ask.same:
+        if len({d.facts.attributes.get(a) for d in devices}) != 1 or a not in devices[0].facts.attributes:
+            return None
+    out, left = [], list(devices)
+    for r in sorted(ask.requests, key=lambda r: -len(r.selectors)):  # the pickiest request first
+        mine = [d for d in left if r.matches(d)][: r.count]
+        if len(mine) < r.count:
+            return None
+        out += [(r, d) for d in mine]
+        left = [d for d in left if d not in mine]
+    return out
+
+
+def allocation_status(claim: Mapping[str, Any], node: str, picked: list[tuple[DeviceRequest, Device]],
+                      pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The claim with ``status.allocation`` for this node and ``reservedFor`` the pod (PUT to .../status;
+    the claim's resourceVersion stays the precondition)."""
+    key = f"{claim['metadata'].get('namespace', '')}/{claim['metadata']['name']}"
+    results = [{"request": r.name, "driver": d.driver, "pool": d.pool, "device": d.name}
+               for r, d in picked if r.claim == key]
+    meta = pod["metadata"]
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": dict(claim["metadata"]),
+            "spec": claim["spec"], "status": {
+                "allocation": {"devices": {"results": results}, "nodeSelector": {"nodeSelectorTerms": [{
+                    "matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+                "reservedFor": [{"resource": "pods", "name": meta["name"], "uid": meta["uid"]}]}}
+    return body
+
+
+def released_status(claim: Mapping[str, Any]) -> dict[str, Any]:
+    """The claim with its allocation and reservations taken back (a placement withdrawn before its Binding)."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": dict(claim["metadata"]),
+            "spec": claim["spec"], "status": {}}
+
+
+def allocated_refs(claim: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    alloc = (claim.get("status") or {}).get("allocation") or {}
+    return [(r.get("driver", ""), r.get("pool", ""), r.get("device", ""))
+            for r in (alloc.get("devices") or {}).get("results") or []]
+
+
+def reserved_for(claim: Mapping[str, Any]) -> list[str]:
+    """Keys (ns/name) of the pods a claim is reserved for."""
+    ns = claim["metadata"].get("namespace", "")
+    return [f"{ns}/{r.get('name')}" for r in (claim.get("status") or {}).get("reservedFor") or []
+            if r.get("resource") == "pods"]

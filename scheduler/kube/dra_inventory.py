@@ -1,0 +1,200 @@
+"""The GPUs that ResourceSlices publish, and which of them ResourceClaims hold (resource.k8s.io/v1).
+
+Slices of NVIDIA's driver (``gpu.nvidia.com``) describe each node's GPUs as devices named
+``gpu-<minor>`` (attribute ``type: gpu``) and its MIG partitions as ``gpu-<minor>-mig-...``
+(``type: mig``, ``parentUUID``). A node's whole-GPU devices, in the order of their minor numbers,
+are the node's GPU slots in the core's model (``slot``); a MIG device lives on its parent's slot.
+Only the newest generation of a pool counts (a driver replaces a pool by bumping it).
+
+The claims' ``status.allocation`` is the source of truth for which devices are taken: the cache
+charges every allocated claim (``ClusterCache``), so a restarted scheduler hands out no device twice.
+Devices with a ``NoSchedule`` or ``NoExecute`` taint take no new claims.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from contract import dra
+from scheduler.kube.dra_cel import DeviceFacts
+from scheduler.kube.objects import short_model
+
+log = logging.getLogger(__name__)
+
+MIG_SLICE_MILLI = 143  # one of seven compute slices (scheduler.core.cluster.MIG_SLICE_MILLI)
+_MIG_PROFILE = re.compile(r"^(\d+)g\.")
+_MINOR = re.compile(r"(\d+)")
+
+
+@dataclass(frozen=True)
+class Device:
+    driver: str
+    pool: str
+    name: str
+    node: str
+    facts: DeviceFacts  # qualified attribute and capacity names, as selectors read them
+    kind: str  # "gpu", "mig", or another type (not a GPU slot: claims for it are left to kube-scheduler)
+    uuid: str
+    parent_uuid: str
+    tainted: bool  # NoSchedule/NoExecute: no new allocation
+    profile: str = ""
+    consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()  # (counter set, ((counter, amount), ...))
+
+    @property
+    def ref(self) -> tuple[str, str, str]:
+        return self.driver, self.pool, self.name
+
+    @property
+    def milli(self) -> int:
+        """The compute a device takes of its GPU slot: all of it, or the MIG profile's slices."""
+        if self.kind != "mig":
+            return 1000
+        m = _MIG_PROFILE.match(self.profile)
+        return min(1000, int(m.group(1)) * MIG_SLICE_MILLI) if m else 1000
+
+    @property
+    def memory_mib(self) -> int:
+        return int(self.facts.capacity.get(f"{self.driver}/{dra.CAP_MEMORY}", 0) // 2**20)
+
+    @property
+    def product(self) -> str:
+        return str(self.facts.attributes.get(f"{self.driver}/{dra.ATTR_PRODUCT_NAME}", ""))
+
+
+def _qualified(values: Mapping[str, Any], driver: str) -> dict[str, Any]:
+    return {k if "/" in k else f"{driver}/{k}": v for k, v in values.items()}
+
+
+def device_of(driver: str, pool: str, node: str, d: dra.DeviceView) -> Device:
+    facts = DeviceFacts(driver, _qualified(d.attributes, driver),
+                        {k: float(v) for k, v in _qualified(d.capacity, driver).items()})
+    consumes = tuple((cs, tuple(sorted(counters.items()))) for cs, counters in sorted(d.consumes_counters.items()))
+    return Device(driver, pool, d.name, node, facts, d.type, d.uuid or "", d.parent_uuid or "",
+                  not d.schedulable, d.profile or "", consumes)
+
+
+def _minor_order(name: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in _MINOR.split(name))
+
+
+@dataclass
+class NodeGpus:
+    """One node's GPUs as slices publish them."""
+
+    gpus: list[Device]  # whole GPUs, slot order
+    migs: list[Device]
+    slot_of: dict[tuple[str, str, str], int] = field(default_factory=dict)  # device ref -> slot
+
+    @property
+    def model(self) -> str:
+        return short_model(self.gpus[0].product) if self.gpus else "none"
+
+    @property
+    def memory_mib(self) -> int:
+        return self.gpus[0].memory_mib if self.gpus else 0
+
+    def islands(self) -> list[int] | None:
+        values = [g.facts.attributes.get(dra.ATTR_NVLINK_ISLAND) for g in self.gpus]
+        if all(v is None for v in values):
+            return None
+        ids: dict[Any, int] = {}
+        return [ids.setdefault(v, len(ids)) for v in values]
+
+    def mig_mode(self) -> list[bool] | None:
+        parents = {m.parent_uuid for m in self.migs}
+        return [g.uuid in parents for g in self.gpus] if parents else None
+
+
+def node_gpus(devices: list[Device]) -> NodeGpus:
+    gpus = sorted((d for d in devices if d.kind == "gpu"), key=lambda d: _minor_order(d.name))
+    by_uuid = {g.uuid: i for i, g in enumerate(gpus) if g.uuid}
+    migs = [d for d in devices if d.kind == "mig" and d.parent_uuid in by_uuid]
+    ng = NodeGpus(gpus, migs)
+    ng.slot_of = {g.ref: i for i, g in enumerate(gpus)} | {m.ref: by_uuid[m.parent_uuid] for m in migs}
+    return ng
+
+
+class DraInventory:
+    """Slices by name; the devices of each node (and the pools' shared counters), rebuilt for a node when one of
+    its slices changes."""
+
+    def __init__(self) -> None:
+        self.slices: dict[str, dra.SliceView] = {}
+        self.nodes: dict[str, NodeGpus] = {}
+        self.devices: dict[tuple[str, str, str], Device] = {}
+        self.counters: dict[tuple[str, str, str], dict[str, int]] = {}  # (driver, pool, counter set) -> amounts
+
+    def sync(self, items: list[dict[str, Any]]) -> set[str]:
+        """All slices anew; the nodes whose GPUs may have changed."""
+        before = set(self.nodes)
+        self.slices.clear()
+        for obj in items:
+            self._read(obj)
+        touched = {v.node for v in self.slices.values() if v.node} | before
+        for node in touched:
+            self._rebuild(node)
+        return touched
+
+    def event(self, kind: str, obj: dict[str, Any]) -> set[str]:
+        name = (obj.get("metadata") or {}).get("name", "")
+        old = self.slices.pop(name, None)
+        if kind != "DELETED":
+            self._read(obj)
+        touched = {v.node for v in (old, self.slices.get(name)) if v is not None and v.node}
+        for node in touched:
+            self._rebuild(node)
+        return touched
+
+    def _read(self, obj: dict[str, Any]) -> None:
+        try:
+            view = dra.parse_slice(obj)
+        except dra.SliceInvalid as exc:
+            name = (obj.get("metadata") or {}).get("name", "?") if isinstance(obj, dict) else "?"
+            log.error("ResourceSlice %s is left out: %s", name, exc)
+            return
+        self.slices[view.name] = view
+
+    def _rebuild(self, node: str) -> None:
+        mine = [s for s in self.slices.values() if s.node == node]
+        for ref in [r for r, d in self.devices.items() if d.node == node]:
+            del self.devices[ref]
+        for key in [k for k in self.counters if (k[0], k[1]) in {(s.driver, s.pool) for s in mine}]:
+            del self.counters[key]
+        devices = [device_of(driver, pool, node, d) for (driver, pool), views in dra.pool_devices(mine).items()
+                   for d in views]
+        newest = {(s.driver, s.pool): s.generation for s in mine if s.devices}
+        for s in mine:
+            if s.generation >= newest.get((s.driver, s.pool), 0):
+                for cs, amounts in s.shared_counters.items():
+                    self.counters[(s.driver, s.pool, cs)] = dict(amounts)
+        for d in devices:
+            self.devices[d.ref] = d
+        ng = node_gpus(devices)
+        if ng.gpus:
+            self.nodes[node] = ng
+        else:
+            self.nodes.pop(node, None)
+
+    def fits_counters(self, device: Device, taken: set[tuple[str, str, str]]) -> bool:
+        """Whether ``device`` still fits its pool's shared counters beside the devices ``taken`` (partitionable
+        devices: a GPU and its MIG partitions, or two overlapping partitions, exclude each other)."""
+        for cs, wants in device.consumes:
+            total = self.counters.get((device.driver, device.pool, cs))
+            if total is None:
+                continue  # the counters' slice is not seen (yet): the slot's compute still guards the GPU
+            used: dict[str, int] = {}
+            for ref in taken:
+                other = self.devices.get(ref)
+                if other is None or (other.driver, other.pool) != (device.driver, device.pool):
+                    continue
+                for ocs, amounts in other.consumes:
+                    if ocs == cs:
+                        for c, a in amounts:
+                            used[c] = used.get(c, 0) + a
+            if any(used.get(c, 0) + a > total.get(c, 0) for c, a in wants):
+                return False
+        return True

@@ -1,0 +1,264 @@
+"""gpuaware allocating ResourceClaims on a real kube-apiserver (v1.36.3, ``resource.k8s.io/v1``).
+
+One control plane for the module (etcd + kube-apiserver; no kube-controller-manager, so claims are
+created up front and pods name them with ``resourceClaimName``). Nodes publish NVIDIA-shaped
+ResourceSlices (``contract.dra``); the scheduler runs in this process as its ServiceAccount with the
+shipped RBAC, and each test uses nodes and pods of its own (a DeviceClass selector on a node label
+keeps the tests' pools apart: each test's claims can only match its own devices).
+
+- whole GPUs, two on one NVLink island, and a memory capacity request: the apiserver takes the
+  allocations, the devices are the node's and distinct, the pods bound there;
+- a restarted scheduler reads the claims and hands out no device twice;
+- a claim allocated by someone else after the scheduler read it: 409 on the status write, the pod
+  requeued (not bound), the other allocation kept;
+- a selector in CEL gpuaware does not evaluate: the pod is left alone with the reason as an Event;
+- a GPUQueue's per-model quota counts claimed GPUs;
+- a MIG partition: the apiserver takes it, and overlapping partitions are not handed out together.
+
+Skipped when the binaries are not built, failed under ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, config
+
+from contract import dra
+from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
+from plumbing.kube.api import KubeApi
+from scheduler.kube.live import LiveScheduler
+from scheduler.settings import SchedulerSettings
+from tests.support import need, shipped_rbac, wait_for
+
+REPO = Path(__file__).resolve().parents[3]
+CRDS = REPO / "deploy" / "base" / "crds"
+SETTINGS = SchedulerSettings(pass_interval_s=0.02, extender_port=0, unqueued="allow")
+GB = 2**30
+
+
+@pytest.fixture(scope="module")
+def cp() -> Iterator[KubeControlPlane]:
+    need(find_binaries, BinariesMissing)
+    with KubeControlPlane() as plane:
+        for crd in ("gpuqueues", "gpuworkloads"):
+            plane.kubectl("apply", "-f", str(CRDS / f"gpuaware.io_{crd}.yaml"))
+            plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}.gpuaware.io", "--timeout=60s")
+        plane.create_namespace("gpuaware")
+        plane.apply(yaml.safe_dump_all(shipped_rbac(plane)))
+        yield plane
+
+
+def admin(cp: KubeControlPlane) -> client.ApiClient:
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+def body(resp: Any) -> dict[str, Any]:
+    return json.loads(resp.data)
+
+
+@contextlib.asynccontextmanager
+async def scheduler(cp: KubeControlPlane, lead: bool = True) -> AsyncIterator[LiveScheduler]:
+    """gpuaware's scheduler as the ``gpuaware-scheduler`` ServiceAccount (the shipped RBAC), leading."""
+    cfg = client.Configuration()
+    account = await asyncio.to_thread(cp.serviceaccount_kubeconfig, "gpuaware", "gpuaware-scheduler", create=False)
+    config.load_kube_config(config_file=str(account), client_configuration=cfg)
+    live = LiveScheduler(KubeApi(client.ApiClient(cfg)), SETTINGS, None)
+    await live.start()
+    if lead:
+        live.leading.set()
+    stop = asyncio.Event()
+    task = asyncio.create_task(live.run(stop))
+    try:
+        yield live
+    finally:
+        stop.set()
+        await task
+        await live.stop()
+
+
+def node(cp: KubeControlPlane, name: str, group: str) -> None:
+    cp.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"gpuaware-test": group}},
+              "status": {"capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+                         "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}}})
+
+
+def gpu_slice(cp: KubeControlPlane, name: str, product: str = "NVIDIA H100 80GB HBM3", gpus: int = 8,
+              islands: int = 2, memory: int = 80 * GB, group: str = "") -> None:
+    devices = [dra.gpu_device(i, uuid=f"GPU-{name}-{i}", product_name=product, memory_bytes=memory,
+                              architecture="Hopper", nvlink_island=i * islands // gpus) for i in range(gpus)]
+    for d in devices:  # the test's group, so that each test's DeviceClass selects its own devices only
+        d["attributes"]["gpu.gpuaware.io/testGroup"] = {"string": group}
+    r = client.ResourceV1Api(admin(cp))
+    r.create_resource_slice(dra.resource_slice(name, devices), _preload_content=False)
+
+
+def device_class(cp: KubeControlPlane, group: str, kind: str = "gpu") -> str:
+    name = f"{group}-{kind}"
+    cp.apply({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+              "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{dra.DRIVER}" && '
+                                              f'device.attributes["{dra.DRIVER}"].type == "{kind}" && '
+                                              f'device.attributes["gpu.gpuaware.io"].testGroup == "{group}"'}}]}})
+    return name
+
+
+def claim(cp: KubeControlPlane, name: str, cls: str, count: int = 1, selectors: tuple[str, ...] = (),
+          capacity: dict[str, str] | None = None, constraints: list[dict] | None = None, ns: str = "default") -> None:
+    exactly: dict[str, Any] = {"deviceClassName": cls, "count": count,
+                               "selectors": [{"cel": {"expression": s}} for s in selectors]}
+    if capacity:
+        exactly["capacity"] = {"requests": capacity}
+    spec: dict[str, Any] = {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}
+    if constraints:
+        spec["devices"]["constraints"] = constraints
+    cp.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+              "metadata": {"name": name, "namespace": ns}, "spec": spec})
+
+
+def pod(cp: KubeControlPlane, name: str, claims: list[str], ns: str = "default") -> None:
+    cp.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+              "spec": {"schedulerName": "gpuaware",
+                       "containers": [{"name": "main", "image": "registry.example.com/job:1.0",
+                                       "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                                     "claims": [{"name": c} for c in claims]}}],
+                       "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims]}})
+
+
+def read(cp: KubeControlPlane, kind: str, name: str, ns: str = "default") -> dict[str, Any]:
+    return json.loads(cp.kubectl("get", kind, name, "-n", ns, "-o", "json").stdout)
+
+
+def results(c: dict[str, Any]) -> list[dict[str, Any]]:
+    return ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+
+
+async def bound(cp: KubeControlPlane, name: str, ns: str = "default") -> str:
+    out: dict[str, str] = {}
+
+    def check() -> bool:
+        out["node"] = read(cp, "pod", name, ns)["spec"].get("nodeName") or ""
+        return bool(out["node"])
+
+    await wait_for(check, 30, f"pod {name} bound", poll_s=0.2)
+    return out["node"]
+
+
+def all_allocated(cp: KubeControlPlane) -> list[tuple[str, str]]:
+    items = json.loads(cp.kubectl("get", "resourceclaims", "-A", "-o", "json").stdout)["items"]
+    return [(r["pool"], r["device"]) for c in items for r in results(c)]
+
+
+async def test_whole_gpus_an_nvlink_pair_and_a_memory_request_are_allocated_as_the_apiserver_takes_them(cp):
+    node(cp, "dra-a", "alloc")
+    gpu_slice(cp, "dra-a", group="alloc")
+    cls = device_class(cp, "alloc")
+    island = dra.ATTR_NVLINK_ISLAND
+    claim(cp, "pair", cls, count=2, constraints=[{"requests": ["gpus"], "matchAttribute": island}])
+    claim(cp, "big", cls, capacity={"memory": "40Gi"},
+          selectors=(f'device.attributes["{dra.DRIVER}"].productName == "NVIDIA H100 80GB HBM3"',
+                     f'device.capacity["{dra.DRIVER}"].memory.compareTo(quantity("64Gi")) >= 0'))
+    pod(cp, "pair-pod", ["pair"])
+    pod(cp, "big-pod", ["big"])
+    async with scheduler(cp):
+        assert await bound(cp, "pair-pod") == "dra-a"
+        assert await bound(cp, "big-pod") == "dra-a"
+    pair, big = read(cp, "resourceclaim", "pair"), read(cp, "resourceclaim", "big")
+    pod_uid = read(cp, "pod", "pair-pod")["metadata"]["uid"]
+    assert pair["status"]["reservedFor"] == [{"resource": "pods", "name": "pair-pod", "uid": pod_uid}]
+    assert pair["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"] == [
+        {"key": "metadata.name", "operator": "In", "values": ["dra-a"]}]
+    devices = [r["device"] for r in results(pair)] + [r["device"] for r in results(big)]
+    assert len(devices) == 3 == len(set(devices)), devices
+    assert all(r["driver"] == dra.DRIVER and r["pool"] == "dra-a" and r["request"] == "gpus"
+               for r in results(pair) + results(big))
+    islands = {int(d.split("-")[1]) * 2 // 8 for d in devices[:2]}  # gpu_slice: 4 GPUs per island
+    assert len(islands) == 1, devices
+
+
+async def test_a_restarted_scheduler_reads_the_claims_and_hands_out_no_device_twice(cp):
+    node(cp, "dra-r", "restart")
+    gpu_slice(cp, "dra-r", gpus=4, group="restart")
+    cls = device_class(cp, "restart")
+    for i in range(2):
+        claim(cp, f"r{i}", cls)
+        pod(cp, f"r{i}", [f"r{i}"])
+    async with scheduler(cp):
+        for i in range(2):
+            await bound(cp, f"r{i}")
+    for i in range(2, 5):  # three more on four GPUs, two taken: one must wait
+        claim(cp, f"r{i}", cls)
+        pod(cp, f"r{i}", [f"r{i}"])
+    async with scheduler(cp) as live:  # a new process: only the API to go by
+        await wait_for(lambda: sum(bool(read(cp, "pod", f"r{i}")["spec"].get("nodeName")) for i in range(5)) == 4,
+                       30, "four of five placed", poll_s=0.2)
+        await wait_for(lambda: any(k.startswith("default/r") for k in live.cache.pending), 10, "one pending")
+    mine = [(p, d) for p, d in all_allocated(cp) if p == "dra-r"]
+    assert len(mine) == 4 == len(set(mine)), mine
+
+
+async def test_a_claim_allocated_by_someone_else_meanwhile_is_a_conflict_and_the_pod_waits(cp):
+    node(cp, "dra-c", "conflict")
+    gpu_slice(cp, "dra-c", gpus=2, group="conflict")
+    cls = device_class(cp, "conflict")
+    claim(cp, "contested", cls)
+    pod(cp, "contested", ["contested"])
+    async with scheduler(cp, lead=False) as live:
+        await wait_for(lambda: "default/contested" in live.cache.pending, 10, "the pod queued")
+        await wait_for(lambda: "default/contested" in live.cache.dra.claims, 10, "the claim read")
+        stale = json.loads(json.dumps(live.cache.dra.claims["default/contested"]))
+        # Someone else (kube-scheduler, another replica) allocates it; the cache is made to miss that.
+        other = dict(stale, status={"allocation": {"devices": {"results": [
+            {"request": "gpus", "driver": dra.DRIVER, "pool": "dra-c", "device": "gpu-1"}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["dra-c"]}]}]}}})
+        r = client.ResourceV1Api(admin(cp))
+        await asyncio.to_thread(r.replace_namespaced_resource_claim_status, "contested", "default", other,
+                                _preload_content=False)
+        live.cache.dra.claims["default/contested"] = stale
+        live.schedule_once()  # places on what the stale claim says is free...
+        await wait_for(lambda: live.stats.decisions[("DROP", "claim-conflict")] == 1, 10, "the 409")
+        assert live.stats.api_errors[("update-claim-status", 409)] == 1
+    assert not read(cp, "pod", "contested")["spec"].get("nodeName")
+    assert [r["device"] for r in results(read(cp, "resourceclaim", "contested"))] == ["gpu-1"]
+
+
+async def test_a_selector_gpuaware_cannot_evaluate_leaves_the_pod_alone_with_the_reason(cp):
+    node(cp, "dra-u", "unsupported")
+    gpu_slice(cp, "dra-u", gpus=2, group="unsupported")
+    cls = device_class(cp, "unsupported")
+    claim(cp, "regex", cls, selectors=(f'device.attributes["{dra.DRIVER}"].productName.matches("H1.*")',))
+    pod(cp, "regex", ["regex"])
+    async with scheduler(cp) as live:
+        await wait_for(lambda: "default/regex" in live.cache.rejected, 10, "left alone")
+        await wait_for(lambda: any("not supported by gpuaware" in e["message"] for e in json.loads(cp.kubectl(
+            "get", "events", "-n", "default", "--field-selector", "involvedObject.name=regex", "-o", "json"
+        ).stdout)["items"]), 10, "the reason as an Event", poll_s=0.2)
+    assert "matches()" in live.cache.rejected["default/regex"].reason
+    assert not read(cp, "pod", "regex")["spec"].get("nodeName")
+    assert not results(read(cp, "resourceclaim", "regex"))
+
+
+async def test_a_queue_quota_per_model_counts_claimed_gpus(cp):
+    cp.create_namespace("dra-quota")
+    node(cp, "dra-q", "quota")
+    gpu_slice(cp, "dra-q", gpus=4, group="quota")
+    cls = device_class(cp, "quota")
+    cp.apply({"apiVersion": "gpuaware.io/v1alpha1", "kind": "GPUQueue", "metadata": {"name": "dra-quota"},
+              "spec": {"tenant": "dra-quota", "namespaces": ["dra-quota"], "borrowing": {"enabled": False},
+                       "quota": [{"model": "H100", "gpus": 2}]}})
+    for i in range(2):
+        claim(cp, f"q{i}", cls, count=2 if i == 0 else 1, ns="dra-quota")
+        pod(cp, f"q{i}", [f"q{i}"], ns="dra-quota")
+    async with scheduler(cp) as live:
+        await bound(cp, "q0", "dra-quota")
+        await wait_for(lambda: "quota" in live.unschedulable._reported.get("dra-quota/q1", ""), 10, "q1 over quota")
+    assert not read(cp, "pod", "q1", "dra-quota")["spec"].get("nodeName")
