@@ -17,6 +17,7 @@ from agent.exporter import AgentCollector, serve
 from agent.identity import NodeToken
 from agent.pod_uids import PodUids
 from agent.podresources import PodAttribution, PodResourcesWatcher
+from agent.resource_slices import publish_until_done
 from agent.runtime import AgentRuntime
 from agent.sampling import SamplingPolicy, load_policy
 from agent.settings import AgentSettings
@@ -64,6 +65,24 @@ def follow_pod_uids(settings: AgentSettings, pods: PodResourcesWatcher, attribut
     return PodUids.from_settings(pods, node_name(settings), settings.api_server, api)
 
 
+def publish_slices(settings: AgentSettings, runtime: AgentRuntime, stop: asyncio.Event) -> asyncio.Task | None:
+    """``agent.resource_slices``: the node's GPUs as DRA ResourceSlices, in the background (docs/dra.md)."""
+    if not settings.resource_slices:
+        return None
+    from kubernetes.config import ConfigException
+
+    from plumbing.kube.api import connect
+    from plumbing.kube.resource_slices import SlicePublisher
+
+    try:
+        api = connect(settings.api_server, pool_size=2)
+    except ConfigException as exc:
+        raise ValueError(f"agent.resource_slices: no Kubernetes API to publish to ({exc}); set agent.api_server "
+                         "or run the agent in a pod") from None
+    return asyncio.create_task(publish_until_done(SlicePublisher(api), runtime.cores, stop,
+                                                  settings.resource_slices_retry_s))
+
+
 async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host: str, metrics_port: int,
                     duration_s: float | None, stop: asyncio.Event) -> AgentRuntime:
     policy = load_policy(settings.policy_path) if settings.policy_path else SamplingPolicy()
@@ -82,12 +101,15 @@ async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host:
     sims = {c.cluster for c in collectors if isinstance(c, SimCollector)}
     attribution: PodAttribution = sims.pop().attribution() if sims else pods
     uids = follow_pod_uids(settings, pods, attribution, runtime.cordons.api if runtime.cordons else None)
+    slices = publish_slices(settings, runtime, stop)
     serve_metrics(runtime, metrics_host, metrics_port, attribution, settings)
     log.info("agent running: %d node(s), %d GPU(s), collector %s", len(runtime.cores),
              sum(len(c.devices) for c in runtime.cores), settings.collector)
     try:
         await runtime.run(stop, duration_s)
     finally:
+        if slices:
+            slices.cancel()
         if uids:
             uids.stop()
         pods.stop()

@@ -33,6 +33,11 @@ class AgentSettings(BaseModel):
                                "runs too and the agent's copies are named gpuaware_dcgm_* so nothing counts twice")
     pod_resources_socket: str = Field("/var/lib/kubelet/pod-resources/kubelet.sock",
                                       description="kubelet PodResources API; GPU metrics get pod labels when present")
+    resource_slices: bool = Field(False, description="publish this node's GPUs as DRA ResourceSlices (driver "
+                                                     "gpu.nvidia.com) for nodes without NVIDIA's DRA driver; needs "
+                                                     "deploy/components/agent-resource-slices (docs/dra.md)")
+    resource_slices_retry_s: float = Field(30.0, gt=0, le=3600,
+                                           description="a failed ResourceSlice publish is tried again after this long")
     pod_uids: bool = Field(False, description="follow the UIDs of this node's pods (an informer on spec.nodeName) "
                                               "so shared GPUs get per-pod series; needs list/watch of pods, "
                                               "granted by deploy/components/agent-pod-uids (off: least privilege)")

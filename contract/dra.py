@@ -609,3 +609,41 @@ def pool_devices(slices: Iterable[SliceView]) -> dict[tuple[str, str], list[Devi
         if s.generation == newest[key]:
             out.setdefault(key, []).extend(s.devices)
     return out
+
+
+@dataclass(frozen=True)
+class TaintRuleView:
+    """A ``DeviceTaintRule`` (``resource.k8s.io/v1beta2``): ``taint`` on every device its selector matches
+    (an empty selector field matches any)."""
+
+    name: str
+    driver: str | None
+    pool: str | None
+    device: str | None
+    taint: Taint
+
+    def applies(self, driver: str, pool: str, device: str) -> bool:
+        return ((self.driver is None or self.driver == driver) and (self.pool is None or self.pool == pool)
+                and (self.device is None or self.device == device))
+
+
+def parse_taint_rule(obj: Any) -> TaintRuleView:
+    """A DeviceTaintRule as typed data, or :class:`SliceInvalid` naming the field and the reason."""
+    if not isinstance(obj, dict):
+        raise SliceInvalid("", f"a DeviceTaintRule must be an object, not {type(obj).__name__}")
+    name = _need(_need(obj, "metadata", "metadata", dict), "name", "metadata.name", str)
+    spec = _need(obj, "spec", "spec", dict)
+    selector = spec.get("deviceSelector") or {}
+    if not isinstance(selector, dict):
+        raise SliceInvalid("spec.deviceSelector", "must be an object")
+    picked = {}
+    for key in ("driver", "pool", "device"):
+        value = selector.get(key)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise SliceInvalid(f"spec.deviceSelector.{key}", "must be a non-empty string")
+        picked[key] = value
+    try:
+        (taint,) = _taints([_need(spec, "taint", "spec.taint", dict)], "spec.taint")
+    except SliceInvalid as exc:  # one taint, not a list: no [0] in the field
+        raise SliceInvalid(exc.field.replace("spec.taint[0]", "spec.taint"), exc.reason) from None
+    return TaintRuleView(name, picked["driver"], picked["pool"], picked["device"], taint)

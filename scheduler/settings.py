@@ -58,8 +58,9 @@ class SchedulerSettings(BaseModel):
     unqueued: Literal["allow", "best-effort", "reject"] = Field(
         "best-effort", description="pods of namespaces in no GPUQueue: best-effort (at most medium priority, always "
         "preemptible, reclaimed from first), reject, or allow (as if in one unlimited queue)")
-    dra: bool = Field(True, description="place pods with resourceClaims: watch ResourceSlices, ResourceClaims and "
-                                        "DeviceClasses (resource.k8s.io/v1, Kubernetes 1.34+) and allocate the claims")
+    dra: bool = Field(False, description="place pods with resourceClaims: watch ResourceSlices, ResourceClaims and "
+                                         "DeviceClasses (resource.k8s.io/v1, Kubernetes 1.34+) and allocate the "
+                                         "claims; RBAC in deploy/components/dra (docs/dra-scheduling.md)")
     stale_after_s: float = Field(90.0, gt=0, description="a GPU with no state this long is treated as degraded")
     catch_up_stall_s: float = Field(30.0, gt=0, le=3600,
                                     description="on start, give up reading the state topics after this long "

@@ -25,7 +25,7 @@ from scheduler.core.workload import Workload
 from scheduler.kube import dra_claims, objects, queues
 from scheduler.kube.dra_claims import DeviceRequest, DraAsk
 from scheduler.kube.dra_inventory import Device
-from scheduler.kube.dra_state import DraState
+from scheduler.kube.dra_state import DraState, claim_key
 from scheduler.kube.objects import PodSpecError, PodWorkload
 
 log = logging.getLogger(__name__)
@@ -137,6 +137,7 @@ class ClusterCache:
     dra_asks: dict[str, DraAsk] = field(default_factory=dict)
     dra_picks: dict[str, list[tuple[DeviceRequest, Device]]] = field(default_factory=dict)  # binding in flight
     pod_claims: dict[str, list[str]] = field(default_factory=dict)
+    claim_users: dict[str, set[str]] = field(default_factory=dict)  # claim -> unbound pods of ours naming it
 
     # ------------------------------------------------------------------ nodes
     def sync_nodes(self, items: list[dict[str, Any]]) -> None:
@@ -236,6 +237,8 @@ class ClusterCache:
             self.pending.pop(key, None)
             self.rejected.pop(key, None)
             self.dra_asks.pop(key, None)
+            for claim in self._claims_of(pod) if dra_claims.has_claims(pod) else ():
+                self.claim_users.get(claim, set()).discard(key)
             self.unreserve(key)
             if key in self.running:
                 self.release(key)
@@ -264,6 +267,9 @@ class ClusterCache:
             return
         if pod["metadata"].get("deletionTimestamp") or key in self.pending or key in self.reservations:
             return
+        if dra_claims.has_claims(pod):
+            for claim in self._claims_of(pod):
+                self.claim_users.setdefault(claim, set()).add(key)
         try:
             self.pending[key] = self.parse(pod)
             self.rejected.pop(key, None)
@@ -441,10 +447,14 @@ class ClusterCache:
 
     def claim_event(self, kind: str, obj: dict[str, Any]) -> None:
         """The API's word on a claim: the pod charged for it is charged again, or it becomes a hold."""
+        old = self.dra.claims.get(claim_key(obj))
         claim = self.dra.claim_event(kind, obj)
         if f"claim:{claim}" in self.cluster.allocations:
             self.cluster.release(f"claim:{claim}")
-        owners = [p for p, cs in self.pod_claims.items() if claim in cs]
+        # The pods charged for it: those it is (or was) reserved for, and ours whose binding is in flight.
+        near = {*dra_claims.reserved_for(obj), *(dra_claims.reserved_for(old) if old else ()),
+                *(p for p, picks in self.dra_picks.items() if any(r.claim == claim for r, _ in picks))}
+        owners = [p for p in near if claim in self.pod_claims.get(p, ())]
         for p in owners:
             if p not in self.reservations and p in self.pods:  # ours in flight: the reservation holds the slots
                 self.release(p)
@@ -463,11 +473,10 @@ class ClusterCache:
 
     def _requeue_claimants(self, claim: str | None) -> None:
         """Unbound pods with claims read again (``claim``: only those using it): what they ask may have changed."""
-        for key in [*self.pending, *self.rejected]:
+        keys = [*self.pending, *self.rejected] if claim is None else list(self.claim_users.get(claim, ()))
+        for key in keys:
             pod = self.pods.get(key)
-            if pod is None or not dra_claims.has_claims(pod):
-                continue
-            if claim is not None and claim not in self._claims_of(pod):
+            if pod is None or not dra_claims.has_claims(pod) or (key not in self.pending and key not in self.rejected):
                 continue
             self.pending.pop(key, None)
             self.dra_asks.pop(key, None)

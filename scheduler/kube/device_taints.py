@@ -17,10 +17,10 @@ node and GPU, so a restarted scheduler lifts the taints a previous one set.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from kubernetes import client
@@ -72,7 +72,7 @@ class DeviceTaints:
         self._raw = {"_preload_content": False, "_request_timeout": request_timeout_s}
         self.served = True  # False once the apiserver answered that it serves no DeviceTaintRule
         self.tainted: set[tuple[str, int]] | None = None  # (node, GPU) with rules; None: not read yet
-        self._lock = asyncio.Lock()
+        self._loading = False  # the first read of the rules under way
 
     def _rules(self) -> list[dict[str, Any]]:
         resp = self.custom.list_cluster_custom_object(GROUP, RULES_VERSION, RULES,
@@ -131,18 +131,32 @@ class DeviceTaints:
         return lifted
 
     # From the scheduler's event loop: failures logged and counted, never raised into the health chain.
-    def may_be_tainted(self, node: str, gpu: int) -> bool:
-        return self.served and (self.tainted is None or (node, gpu) in self.tainted)
-
     async def taint_async(self, calls: ApiCalls, node: str, gpu: int, reason: str) -> None:
         await self._guarded(calls, "create-devicetaintrule", self.taint, node, gpu, reason)
 
-    async def lift_async(self, calls: ApiCalls, node: str, gpu: int) -> None:
-        async with self._lock:  # the first lifts after a start wait for one read of the rules
-            if self.tainted is None and self.served:
-                await self._guarded(calls, "list-devicetaintrules", self.load)
-            if not self.may_be_tainted(node, gpu) or self.tainted is None:
-                return
+    def lift_if_tainted(self, calls: ApiCalls, node: str, gpu: int) -> Coroutine[Any, Any, None] | None:
+        """For a GPU in service: the lift to run when it may hold gpuaware's taint, else None (no call).
+
+        Until the rules have been read once (after a start) the first GPU in service reads them; the others
+        get None meanwhile and are asked again on the next state update, when the answer is known."""
+        if not self.served:
+            return None
+        if self.tainted is None:
+            if self._loading:
+                return None
+            self._loading = True
+            return self._load_then_lift(calls, node, gpu)
+        return self._lift(calls, node, gpu) if (node, gpu) in self.tainted else None
+
+    async def _load_then_lift(self, calls: ApiCalls, node: str, gpu: int) -> None:
+        try:
+            await self._guarded(calls, "list-devicetaintrules", self.load)
+        finally:
+            self._loading = False
+        if self.tainted is not None and (node, gpu) in self.tainted:
+            await self._lift(calls, node, gpu)
+
+    async def _lift(self, calls: ApiCalls, node: str, gpu: int) -> None:
         await self._guarded(calls, "delete-devicetaintrule", self.lift, node, gpu)
 
     async def _guarded(self, calls: ApiCalls, verb: str, fn: Any, *args: Any) -> None:
@@ -152,7 +166,7 @@ class DeviceTaints:
             await calls.call(fn, *args)
         except ApiException as exc:
             code, _, message = calls.failed(verb, exc)
-            if code == 404 and fn is not self.lift:
+            if code == 404:  # the API not served (a missing object's 404 is caught where it can happen)
                 self.served = False
                 log.warning("the apiserver serves no %s/%s DeviceTaintRule (%s): GPU health is not written as "
                             "device taints; enable the DRADeviceTaintRules feature gate and runtime-config "

@@ -45,8 +45,8 @@ class _Quantity(float):
     """A number that came from ``quantity(...)`` or a capacity, so ``compareTo`` applies."""
 
 
-_TOKEN = re.compile(r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<num>-?\d+)|(?P<op>==|!=|<=|>=|&&|\|\||[<>!.\[\](),])'
-                    r"|(?P<id>[A-Za-z_][A-Za-z0-9_]*))")
+_TOKEN = re.compile(r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\')|(?P<num>-?\d+)'
+                    r"|(?P<op>==|!=|<=|>=|&&|\|\||[<>!.\[\](),])|(?P<id>[A-Za-z_][A-Za-z0-9_]*))")
 
 Fn = Callable[[DeviceFacts], Any]
 

@@ -22,7 +22,7 @@ The claim names of a pod are its ``resourceClaimName`` or, for a template, the n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,10 +183,19 @@ def ask_of(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
     return DraAsk(tuple(keys), tuple(requests), kind, num, milli, tuple(sorted(models)), tuple(same), nodes)
 
 
-def _matching(requests: Iterable[DeviceRequest], inventory: DraInventory
+def _matching(requests: list[DeviceRequest], inventory: DraInventory
               ) -> tuple[set[str], set[str], frozenset[str] | None]:
     """Which device kinds the requests match anywhere, on which GPU models, and, where they match only some
     devices of a model, the nodes with enough matching devices for all requests (else None: any)."""
+    key = tuple((r.count, r.selectors) for r in requests)
+    if key not in inventory.matches:
+        inventory.matches[key] = _match_all(requests, inventory)
+    kinds, models, nodes = inventory.matches[key]
+    return set(kinds), set(models), nodes
+
+
+def _match_all(requests: list[DeviceRequest], inventory: DraInventory
+               ) -> tuple[set[str], set[str], frozenset[str] | None]:
     kinds: set[str] = set()
     models: set[str] | None = None
     partial = False
@@ -213,7 +222,7 @@ def _matching(requests: Iterable[DeviceRequest], inventory: DraInventory
     return kinds, models or set(), nodes
 
 
-def pick(ask: DraAsk, ng: NodeGpus, slots: list[int], free_slots: list[int], taken: set[tuple[str, str, str]],
+def pick(ask: DraAsk, ng: NodeGpus, slots: list[int], free_slots: list[int], taken: Container[tuple[str, str, str]],
          fits: Callable[[Device], bool]) -> tuple[list[int], list[tuple[DeviceRequest, Device]]] | str:
     """The devices for ``ask`` on a node: the core's ``slots`` if they do, else others of ``free_slots``;
     (slots, [(request, device)]) or why none do. ``fits``: the device's shared counters allow it."""
@@ -245,7 +254,7 @@ def _slot_choices(ask: DraAsk, ng: NodeGpus, slots: list[int], free_slots: list[
             yield group[: ask.num_gpu]
 
 
-def _assign(ask: DraAsk, devices: list[Device], taken: set[tuple[str, str, str]], fits: Callable[[Device], bool]
+def _assign(ask: DraAsk, devices: list[Device], taken: Container[tuple[str, str, str]], fits: Callable[[Device], bool]
             ) -> list[tuple[DeviceRequest, Device]] | None:
     if any(d.ref in taken or not fits(d) for d in devices):
         return None

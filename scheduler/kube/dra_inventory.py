@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +127,9 @@ class DraInventory:
         self.nodes: dict[str, NodeGpus] = {}
         self.devices: dict[tuple[str, str, str], Device] = {}
         self.counters: dict[tuple[str, str, str], dict[str, int]] = {}  # (driver, pool, counter set) -> amounts
+        # What a set of requests matches over all devices (scheduler.kube.dra_claims), until the devices change:
+        # pods of one shape repeat it, and a cluster has thousands of devices.
+        self.matches: dict[Any, Any] = {}
 
     def sync(self, items: list[dict[str, Any]]) -> set[str]:
         """All slices anew; the nodes whose GPUs may have changed."""
@@ -159,6 +162,7 @@ class DraInventory:
         self.slices[view.name] = view
 
     def _rebuild(self, node: str) -> None:
+        self.matches.clear()
         mine = [s for s in self.slices.values() if s.node == node]
         for ref in [r for r, d in self.devices.items() if d.node == node]:
             del self.devices[ref]
@@ -179,7 +183,7 @@ class DraInventory:
         else:
             self.nodes.pop(node, None)
 
-    def fits_counters(self, device: Device, taken: set[tuple[str, str, str]]) -> bool:
+    def fits_counters(self, device: Device, taken: Container[tuple[str, str, str]]) -> bool:
         """Whether ``device`` still fits its pool's shared counters beside the devices ``taken`` (partitionable
         devices: a GPU and its MIG partitions, or two overlapping partitions, exclude each other)."""
         for cs, wants in device.consumes:
@@ -187,9 +191,9 @@ class DraInventory:
             if total is None:
                 continue  # the counters' slice is not seen (yet): the slot's compute still guards the GPU
             used: dict[str, int] = {}
-            for ref in taken:
-                other = self.devices.get(ref)
-                if other is None or (other.driver, other.pool) != (device.driver, device.pool):
+            ng = self.nodes.get(device.node)
+            for other in (ng.gpus + ng.migs) if ng is not None else ():
+                if other.ref not in taken or (other.driver, other.pool) != (device.driver, device.pool):
                     continue
                 for ocs, amounts in other.consumes:
                     if ocs == cs:

@@ -20,6 +20,16 @@ def claim_key(obj: dict[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta['name']}"
 
 
+class _Taken:
+    """The devices allocated or in flight, asked one at a time (no copy of thousands of claims per placement)."""
+
+    def __init__(self, state: DraState):
+        self.state = state
+
+    def __contains__(self, ref: object) -> bool:
+        return ref in self.state.taken_by or ref in self.state.in_flight
+
+
 class DraState:
     def __init__(self) -> None:
         self.inventory = DraInventory()
@@ -56,8 +66,8 @@ class DraState:
             self.classes[obj["metadata"]["name"]] = obj
 
     # ------------------------------------------------------------------ reading
-    def taken(self) -> set[Ref]:
-        return set(self.taken_by) | set(self.in_flight)
+    def taken(self) -> _Taken:
+        return _Taken(self)
 
     def devices_of_claims(self, keys: list[str]) -> list[Device]:
         """The known devices allocated to these claims (a device of a slice gone is left out)."""

@@ -19,7 +19,14 @@ answer echoes the kept ones. What each verb answers (docs/scheduler.md, "Extende
   and an ``ignorable`` extender's errors are skipped (logged), so a failure never reads as an answer.
 
 Pods that ask for no GPU and carry no gpuaware annotation pass through untouched: every node
-passes, every score is 0 (backward compatible). Decisions use the same cluster cache and core
+passes, every score is 0 (backward compatible).
+
+Pods with ``resourceClaims`` (DRA) are kube-scheduler's to allocate: its DynamicResources plugin picks
+the devices and writes the claims, and an extender sees only the pod and node names, never the
+devices. gpuaware does not second-guess that choice (docs/dra-scheduling.md, "Extender mode"): /filter
+fails only nodes on which every GPU is critical or that are cordoned by gpuaware (per-device health
+reaches kube-scheduler as device taints), /prioritize scores 0, and /preempt keeps kube-scheduler's
+candidates as they are. Decisions use the same cluster cache and core
 as the custom scheduler; nothing is reserved (kube-scheduler binds).
 """
 
@@ -37,7 +44,7 @@ from aiohttp import web
 
 from scheduler.core.framework import Scheduler
 from scheduler.core.preemption import fits_on_node
-from scheduler.kube import objects
+from scheduler.kube import dra_claims, objects
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.extender_access import Access
 from scheduler.kube.extender_args import OFFLOAD_BYTES, BadRequest, parse
@@ -83,6 +90,8 @@ class Extender:
         names = self._names(args)
         result: dict[str, Any] = {"Nodes": args.get("Nodes"), "NodeNames": args.get("NodeNames"),
                                   "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
+        if dra_claims.has_claims(pod):
+            return self._filter_claim_pod(names, result)
         if not objects.is_gpuaware(pod):
             return result
         try:
@@ -119,10 +128,30 @@ class Extender:
             result["Nodes"] = {**nodes, "items": [n for n in nodes.get("items") or [] if n["metadata"]["name"] in kept]}
         return result
 
+    def _filter_claim_pod(self, names: list[str], result: dict[str, Any]) -> dict[str, Any]:
+        """Health only: a node whose GPUs are all critical (or that gpuaware keeps free of new work) fails."""
+        c = self.cache.cluster
+        keep = []
+        for name in names:
+            i = c.index.get(name)
+            if i is not None and c.gpu_count[i] and (c.band[i, : c.gpu_count[i]] >= 2).all():
+                result["FailedNodes"][name] = "gpuaware: every GPU of the node is critical"
+            elif i is not None and len(self.cache.node_mask) and not self.cache.node_mask[i]:
+                result["FailedNodes"][name] = "gpuaware: node takes no new work (cordoned or not ready)"
+            else:
+                keep.append(name)
+        if result.get("NodeNames") is not None:
+            result["NodeNames"] = keep
+        else:
+            nodes = result.get("Nodes") or {}
+            kept = set(keep)
+            result["Nodes"] = {**nodes, "items": [n for n in nodes.get("items") or [] if n["metadata"]["name"] in kept]}
+        return result
+
     def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         pod = args.get("Pod") or {}
         names = self._names(args)
-        if not objects.is_gpuaware(pod):
+        if dra_claims.has_claims(pod) or not objects.is_gpuaware(pod):
             return [{"Host": n, "Score": 0} for n in names]
         try:
             scores, _ = self._rank(pod)
@@ -147,7 +176,7 @@ class Extender:
             meta = {n: {"Pods": [{"UID": p["metadata"]["uid"]} for p in (v.get("Pods") or [])],
                         "NumPDBViolations": v.get("NumPDBViolations", 0)}
                     for n, v in args["NodeNameToVictims"].items()}
-        if not objects.is_gpuaware(pod):
+        if dra_claims.has_claims(pod) or not objects.is_gpuaware(pod):
             return {"NodeNameToMetaVictims": meta}
         try:
             w = self.cache.parse(pod).workload

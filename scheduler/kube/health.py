@@ -64,8 +64,9 @@ class HealthReactions:
             i, g = where[gpu_uuid]
             key = (c.names[i], g)
             if not needs_remediation(state):
-                if self.device_taints is not None and self.device_taints.may_be_tainted(*key):
-                    self.tasks.spawn(self.device_taints.lift_async(self.calls, *key))
+                lift = self.device_taints.lift_if_tainted(self.calls, *key) if self.device_taints else None
+                if lift is not None:
+                    self.tasks.spawn(lift)
                 self._critical_seen.discard(key)  # turning critical again (after a repair) acts again
                 self._held.discard(key)
             elif key not in self._critical_seen:

@@ -161,3 +161,16 @@ def test_any_corruption_is_read_or_refused_with_a_field(path, junk):
     except dra.SliceInvalid as err:
         assert err.reason
         assert str(err).startswith(f"{err.field}: ")
+
+
+def test_taint_rules_are_read_and_matched():
+    rule = dra.parse_taint_rule({"metadata": {"name": "r"}, "spec": {
+        "deviceSelector": {"driver": dra.DRIVER, "pool": "n1"},
+        "taint": {"key": dra.TAINT_UNHEALTHY, "value": "critical", "effect": "NoSchedule"}}})
+    assert rule.applies(dra.DRIVER, "n1", "gpu-3") and not rule.applies(dra.DRIVER, "n2", "gpu-3")
+    assert rule.taint == dra.Taint(dra.TAINT_UNHEALTHY, "critical", "NoSchedule")
+    with pytest.raises(dra.SliceInvalid, match=r"^spec.taint.effect: 'Soon' is not one of"):
+        dra.parse_taint_rule({"metadata": {"name": "r"}, "spec": {"taint": {"key": "k", "effect": "Soon"}}})
+    with pytest.raises(dra.SliceInvalid, match=r"spec\.deviceSelector\.pool: must be a non-empty string"):
+        dra.parse_taint_rule({"metadata": {"name": "r"}, "spec": {"deviceSelector": {"pool": 3},
+                                                                  "taint": {"key": "k", "effect": "None"}}})

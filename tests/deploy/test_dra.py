@@ -22,6 +22,7 @@ from deploy import checks as mc
 from deploy.crds import CrdsMissing, third_party_crd_files
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
 from plumbing.kube.resource_slices import NodeGpu, SlicePublisher
+from tests.contract.nvidia_slices import h100_node
 from tests.support import RBAC_KINDS, REPO, need, overlay_with
 
 if shutil.which("kubectl") is None:
@@ -49,7 +50,7 @@ def one(docs: list[mc.Doc], kind: str, name: str) -> mc.Doc:
 
 @pytest.fixture(scope="module")
 def overlay(tmp_path_factory) -> Path:
-    return overlay_with(tmp_path_factory.mktemp("dra") / "mine", "dra", "dra-deviceclasses")
+    return overlay_with(tmp_path_factory.mktemp("dra") / "mine", "dra", "dra-deviceclasses", "agent-resource-slices")
 
 
 def test_the_components_render_pass_the_policy_and_the_schemas(overlay):
@@ -69,6 +70,13 @@ def test_the_components_render_pass_the_policy_and_the_schemas(overlay):
     from gpuaware.config import load_config
 
     assert load_config(environ={"GPUAWARE_SCHEDULER__DEVICE_TAINTS": "true"}).scheduler.device_taints is True
+    agent_env = {e["name"]: e for e in one(docs, "DaemonSet", "gpuaware-agent")["spec"]["template"]["spec"]
+                 ["containers"][0]["env"]}
+    assert agent_env["GPUAWARE_AGENT__RESOURCE_SLICES"]["value"] == "true" and "GPUAWARE_CONFIG" in agent_env
+    assert load_config(environ={"GPUAWARE_AGENT__RESOURCE_SLICES": "true"}).agent.resource_slices is True
+    assert one(docs, "ClusterRole", "gpuaware-agent-resource-slices")["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+         "verbs": ["list", "create", "update", "delete"]}]
     need(third_party_crd_files, CrdsMissing)
     dra_docs = [d for d in docs if d["apiVersion"].startswith("resource.k8s.io/")]
     assert mc.schema_problems(dra_docs + list(yaml.safe_load_all(EXAMPLE.read_text())), DRA_VERSIONS) == []
@@ -173,3 +181,45 @@ def test_every_dra_call_works_as_the_scheduler_and_nothing_more(cp):
     assert _status(custom.delete_namespaced_custom_object, g, v, "vision-train", "resourceclaims", "c1") == 403
     assert _status(custom.delete_cluster_custom_object, g, v, "deviceclasses", dra.DEVICE_CLASS_GPU) == 403
     assert _status(custom.list_namespaced_custom_object, g, v, "vision-train", "resourceclaimtemplates") == 403
+
+
+def _token_client(cp: KubeControlPlane, token: str) -> client.ApiClient:
+    cfg = yaml.safe_load(cp.kubeconfig.read_text())
+    cfg["users"] = [{"name": "bearer", "user": {"token": token}}]
+    for ctx in cfg["contexts"]:
+        ctx["context"]["user"] = "bearer"
+    path = cp.kubeconfig.parent / f"token-{abs(hash(token))}.kubeconfig"
+    path.write_text(yaml.safe_dump(cfg))
+    return config.new_client_from_config(str(path))
+
+
+def test_an_agent_publishes_the_slices_of_its_own_node_and_no_others(cp):
+    """The admission policy of deploy/components/agent-resource-slices, with the token the kubelet mounts."""
+    admin = config.new_client_from_config(str(cp.kubeconfig))
+    for node in ("slice-a", "slice-b"):
+        cp.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    cp.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agent-slice-a", "namespace": NS},
+              "spec": {"nodeName": "slice-a", "serviceAccountName": "gpuaware-agent",
+                       "containers": [{"name": "main", "image": "registry.invalid/agent:1"}]}})
+    token = cp.kubectl("create", "token", "gpuaware-agent", "-n", NS, "--bound-object-kind", "Pod",
+                       "--bound-object-name", "agent-slice-a").stdout.strip()
+    agent = SlicePublisher(_token_client(cp, token))
+    gpus = [NodeGpu(0, "GPU-sa-0", "H100", 80 * 2**30)]
+    assert agent.publish("slice-a", gpus).written == 1
+    assert agent.publish("slice-a", [NodeGpu(1, "GPU-sa-1", "H100", 80 * 2**30)]).written == 1  # an update
+    with pytest.raises(ApiException) as other:
+        agent.publish("slice-b", gpus)
+    assert "only the ResourceSlices of the node its pod runs on" in json.loads(other.value.body)["message"]
+    # NVIDIA's slice on its own node: not the agent's to change.
+    nvidia = h100_node("slice-a")
+    nvidia["metadata"].pop("generateName")
+    SlicePublisher(admin).custom.create_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", nvidia)
+    with pytest.raises(ApiException) as theirs:
+        agent.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices",
+                                                  nvidia["metadata"]["name"])
+    assert "only gpuaware's gpu.nvidia.com ResourceSlices" in json.loads(theirs.value.body)["message"]
+    # Without a node claim (a plain ServiceAccount token) nothing is written.
+    plain = SlicePublisher(config.new_client_from_config(
+        str(cp.serviceaccount_kubeconfig(NS, "gpuaware-agent", create=False))))
+    with pytest.raises(ApiException):
+        plain.publish("slice-a", [NodeGpu(2, "GPU-sa-2", "H100", 80 * 2**30)])

@@ -44,11 +44,6 @@ EXPECTED: dict[str, set[Row]] = {
         ("events", "[]", "[create]"),
         ("gpuqueues.gpuaware.io", "[]", "[list watch]"),
         ("gpuqueues.gpuaware.io/status", "[]", "[patch]"),
-        ("resourceslices.resource.k8s.io", "[]", "[list watch]"),  # DRA: docs/dra-scheduling.md
-        ("resourceclaims.resource.k8s.io", "[]", "[list watch]"),
-        ("deviceclasses.resource.k8s.io", "[]", "[list watch]"),
-        ("resourceclaims.resource.k8s.io/status", "[]", "[update]"),  # allocation + reservedFor of its pods' claims
-        ("resourceclaims.resource.k8s.io/binding", "[]", "[update]"),  # 1.36 asks it of allocation writers too
         ("leases.coordination.k8s.io", "[gpuaware-scheduler]", "[get update]"),
         ("leases.coordination.k8s.io", "[]", "[create]"),  # RBAC cannot restrict a create by name
     },

@@ -9,6 +9,7 @@ built, failed under ``CI=true``.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -16,10 +17,10 @@ from kubernetes import config
 from kubernetes.client.exceptions import ApiException
 
 from contract import dra
-from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
+from gpuaware.local.kube_control_plane import KWOK_NODE_ANNOTATION, BinariesMissing, KubeControlPlane, find_binaries
 from plumbing.kube.resource_slices import NodeGpu, SlicePublisher, node_slices
 from tests.contract.nvidia_slices import a100_static_mig_node, h100_node
-from tests.support import need
+from tests.support import REPO, need
 
 A100_PARTS = tuple([dra.MigPartition("1g.10gb", 19, p, 1, 9856 * 2**20, 14) for p in range(7)]
                    + [dra.MigPartition("3g.40gb", 9, p, 4, 40192 * 2**20, 42, 3, 2) for p in (0, 4)]
@@ -135,3 +136,62 @@ def test_bad_gpus_are_refused_with_the_field():
         NodeGpu(0, "GPU-0", "A100", 0)
     with pytest.raises(ValueError, match="uuid: required"):
         NodeGpu(0, "", "A100", 1)
+
+
+# ----------------------------------------------------------------------------- kube-scheduler on these slices
+@pytest.fixture(scope="module")
+def scheduling_cp() -> Iterator[KubeControlPlane]:
+    need(find_binaries, BinariesMissing)
+    with KubeControlPlane(scheduler=True, kwok=True) as plane:
+        plane.kubectl("apply", "-f", str(REPO / "deploy/components/dra-deviceclasses/deviceclasses.yaml"))
+        yield plane
+
+
+def _claimed_pod(cp: KubeControlPlane, name: str, device_class: str, cel: str | None = None) -> None:
+    exactly: dict = {"deviceClassName": device_class}
+    if cel:
+        exactly["selectors"] = [{"cel": {"expression": cel}}]
+    cp.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+              "metadata": {"name": name, "namespace": "default"},
+              "spec": {"devices": {"requests": [{"name": "r", "exactly": exactly}]}}})
+    cp.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+              "spec": {"tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+                       "resourceClaims": [{"name": "r", "resourceClaimName": name}],
+                       "containers": [{"name": "c", "image": "registry.invalid/x:1",
+                                       "resources": {"claims": [{"name": "r"}]}}]}})
+
+
+def _pod_state(cp: KubeControlPlane, name: str) -> str:
+    pod = json.loads(cp.kubectl("get", "pod", name, "-n", "default", "-o", "json").stdout)
+    if pod["spec"].get("nodeName"):
+        return "placed"
+    conds = pod.get("status", {}).get("conditions") or []
+    return "unschedulable" if any(c.get("reason") == "Unschedulable" for c in conds) else "pending"
+
+
+def _until(cond, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out: {what}")
+        time.sleep(0.2)
+
+
+def test_kube_scheduler_honours_the_partitions_counters(scheduling_cp):
+    """A MIG partition allocated from the published counters leaves the whole GPU unallocatable: the shape
+    the publisher writes is the one kube-scheduler's allocator understands."""
+    cp = scheduling_cp
+    cp.apply({"apiVersion": "v1", "kind": "Node",
+              "metadata": {"name": "kw-mig", "annotations": dict([KWOK_NODE_ANNOTATION])},
+              "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+                         "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"}}})
+    SlicePublisher(config.new_client_from_config(str(cp.kubeconfig))).publish("kw-mig", a100s(1))
+    _claimed_pod(cp, "one-mig", dra.DEVICE_CLASS_MIG, "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'")
+    _until(lambda: _pod_state(cp, "one-mig") == "placed", "the MIG claim allocated")
+    _claimed_pod(cp, "whole-gpu", dra.DEVICE_CLASS_GPU)
+    _until(lambda: _pod_state(cp, "whole-gpu") == "unschedulable", "the whole GPU refused: a partition holds it")
+    _claimed_pod(cp, "another-mig", dra.DEVICE_CLASS_MIG, "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'")
+    _until(lambda: _pod_state(cp, "another-mig") == "placed", "a second 1g partition beside the first")
+    got = {json.loads(cp.kubectl("get", "resourceclaim", n, "-n", "default", "-o", "json").stdout)
+           ["status"]["allocation"]["devices"]["results"][0]["device"] for n in ("one-mig", "another-mig")}
+    assert len(got) == 2 and all(d.startswith("gpu-0-mig-1g10gb-19-") for d in got)

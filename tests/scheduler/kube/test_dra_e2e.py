@@ -3,8 +3,8 @@
 One control plane for the module (etcd + kube-apiserver; no kube-controller-manager, so claims are
 created up front and pods name them with ``resourceClaimName``). Nodes publish NVIDIA-shaped
 ResourceSlices (``contract.dra``); the scheduler runs in this process as its ServiceAccount with the
-shipped RBAC, and each test uses nodes and pods of its own (a DeviceClass selector on a node label
-keeps the tests' pools apart: each test's claims can only match its own devices).
+RBAC of the production overlay plus ``deploy/components/dra``, and each test uses nodes and pods of its
+own (each test's DeviceClass selects a test-group attribute of its own devices).
 
 - whole GPUs, two on one NVLink island, and a memory capacity request: the apiserver takes the
   allocations, the devices are the node's and distinct, the pods bound there;
@@ -13,7 +13,8 @@ keeps the tests' pools apart: each test's claims can only match its own devices)
   requeued (not bound), the other allocation kept;
 - a selector in CEL gpuaware does not evaluate: the pod is left alone with the reason as an Event;
 - a GPUQueue's per-model quota counts claimed GPUs;
-- a MIG partition: the apiserver takes it, and overlapping partitions are not handed out together.
+- MIG partitions (partitionable devices, A's publisher): the apiserver takes them, and no two handed out
+  share a memory slice (the pool's shared counters).
 
 Skipped when the binaries are not built, failed under ``CI=true``.
 """
@@ -34,25 +35,28 @@ from kubernetes import client, config
 from contract import dra
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
 from plumbing.kube.api import KubeApi
+from plumbing.kube.resource_slices import NodeGpu, node_slices
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
-from tests.support import need, shipped_rbac, wait_for
+from tests.support import RBAC_KINDS, need, overlay_with, wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 CRDS = REPO / "deploy" / "base" / "crds"
-SETTINGS = SchedulerSettings(pass_interval_s=0.02, extender_port=0, unqueued="allow")
+SETTINGS = SchedulerSettings(pass_interval_s=0.02, extender_port=0, unqueued="allow", dra=True)
 GB = 2**30
 
 
 @pytest.fixture(scope="module")
-def cp() -> Iterator[KubeControlPlane]:
+def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeControlPlane]:
     need(find_binaries, BinariesMissing)
     with KubeControlPlane() as plane:
         for crd in ("gpuqueues", "gpuworkloads"):
             plane.kubectl("apply", "-f", str(CRDS / f"gpuaware.io_{crd}.yaml"))
             plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}.gpuaware.io", "--timeout=60s")
         plane.create_namespace("gpuaware")
-        plane.apply(yaml.safe_dump_all(shipped_rbac(plane)))
+        # The production overlay with the DRA component, as docs/dra.md has it: its RBAC, applied as it ships.
+        rendered = plane.kubectl("kustomize", str(overlay_with(tmp_path_factory.mktemp("overlay"), "dra"))).stdout
+        plane.apply(yaml.safe_dump_all([d for d in yaml.safe_load_all(rendered) if d and d["kind"] in RBAC_KINDS]))
         yield plane
 
 
@@ -68,7 +72,7 @@ def body(resp: Any) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def scheduler(cp: KubeControlPlane, lead: bool = True) -> AsyncIterator[LiveScheduler]:
-    """gpuaware's scheduler as the ``gpuaware-scheduler`` ServiceAccount (the shipped RBAC), leading."""
+    """gpuaware's scheduler as the ``gpuaware-scheduler`` ServiceAccount (the shipped RBAC), leading or not."""
     cfg = client.Configuration()
     account = await asyncio.to_thread(cp.serviceaccount_kubeconfig, "gpuaware", "gpuaware-scheduler", create=False)
     config.load_kube_config(config_file=str(account), client_configuration=cfg)
@@ -201,6 +205,8 @@ async def test_a_restarted_scheduler_reads_the_claims_and_hands_out_no_device_tw
         await wait_for(lambda: sum(bool(read(cp, "pod", f"r{i}")["spec"].get("nodeName")) for i in range(5)) == 4,
                        30, "four of five placed", poll_s=0.2)
         await wait_for(lambda: any(k.startswith("default/r") for k in live.cache.pending), 10, "one pending")
+        c = live.cache.cluster  # the model charges the claims read from the API to the GPUs they name
+        assert (c.gpu_free[c.index["dra-r"]] == 0).all(), c.gpu_free[c.index["dra-r"]]
     mine = [(p, d) for p, d in all_allocated(cp) if p == "dra-r"]
     assert len(mine) == 4 == len(set(mine)), mine
 
@@ -223,8 +229,10 @@ async def test_a_claim_allocated_by_someone_else_meanwhile_is_a_conflict_and_the
         r = client.ResourceV1Api(admin(cp))
         await asyncio.to_thread(r.replace_namespaced_resource_claim_status, "contested", "default", other,
                                 _preload_content=False)
-        live.cache.dra.claims["default/contested"] = stale
-        live.schedule_once()  # places on what the stale claim says is free...
+        await wait_for(lambda: "default/contested" in live.cache.rejected, 10, "the allocation seen")
+        live.cache.claim_event("MODIFIED", stale)  # ...and made to miss it, as if it came a moment later
+        assert "default/contested" in live.cache.pending
+        live.schedule_once()  # places on what the stale claim says is free
         await wait_for(lambda: live.stats.decisions[("DROP", "claim-conflict")] == 1, 10, "the 409")
         assert live.stats.api_errors[("update-claim-status", 409)] == 1
     assert not read(cp, "pod", "contested")["spec"].get("nodeName")
@@ -262,3 +270,34 @@ async def test_a_queue_quota_per_model_counts_claimed_gpus(cp):
         await bound(cp, "q0", "dra-quota")
         await wait_for(lambda: "quota" in live.unschedulable._reported.get("dra-quota/q1", ""), 10, "q1 over quota")
     assert not read(cp, "pod", "q1", "dra-quota")["spec"].get("nodeName")
+
+
+async def test_mig_partitions_are_allocated_without_overlapping_memory_slices(cp):
+    parts = tuple([dra.MigPartition("1g.10gb", 19, p, 1, 9856 * 2**20, 14) for p in range(7)]
+                  + [dra.MigPartition("3g.40gb", 9, p, 4, 40192 * 2**20, 42, 3, 2) for p in (0, 4)]
+                  + [dra.MigPartition("7g.80gb", 0, 0, 8, 79 * 2**30, 98, 7, 5, 0, 1, 1)])  # the GPU's counters
+    gpu = NodeGpu(0, "GPU-dra-m-0", "NVIDIA A100-SXM4-80GB", 80 * GB, architecture="Ampere", partitions=parts)
+    node(cp, "dra-m", "mig")
+    r = client.ResourceV1Api(admin(cp))
+    for s in node_slices("dra-m", [gpu], generation=1):
+        for d in (s["spec"].get("devices") or []):
+            d["attributes"]["gpu.gpuaware.io/testGroup"] = {"string": "mig"}
+        r.create_resource_slice(s, _preload_content=False)
+    cls = device_class(cp, "mig", kind="mig")
+    profile = f'device.attributes["{dra.DRIVER}"].profile'
+    claim(cp, "m3", cls, selectors=(f'{profile} == "3g.40gb"',))
+    pod(cp, "m3", ["m3"])
+    async with scheduler(cp) as live:
+        await bound(cp, "m3")
+        (three,) = results(read(cp, "resourceclaim", "m3"))
+        start = int(three["device"].rsplit("-", 1)[1])
+        for i in range(4):  # 3g (4 slices) + three 1g fill the GPU's compute: a fourth 1g waits
+            claim(cp, f"m1-{i}", cls, selectors=(f'{profile} == "1g.10gb"',))
+            pod(cp, f"m1-{i}", [f"m1-{i}"])
+        await wait_for(lambda: sum(bool(read(cp, "pod", f"m1-{i}")["spec"].get("nodeName")) for i in range(4)) == 3,
+                       30, "three 1g placed", poll_s=0.2)
+        await wait_for(lambda: any(k.startswith("default/m1-") for k in live.cache.pending), 10, "one 1g waiting")
+    ones = [results(read(cp, "resourceclaim", f"m1-{i}")) for i in range(4)]
+    taken = [int(r[0]["device"].rsplit("-", 1)[1]) for r in ones if r]
+    assert three["device"].startswith("gpu-0-mig-3g40gb-9-") and len(taken) == 3 == len(set(taken))
+    assert not set(taken) & set(range(start, start + 4)), (three, taken)  # no memory slice twice

@@ -498,3 +498,22 @@ async def test_extender_answers_kube_scheduler_json():
                 bad = await http.post("/filter", data=b"not json")
                 assert bad.status == 400
                 assert (await http.get("/healthz")).status == 200 and (await http.get("/readyz")).status == 200
+
+
+# --------------------------------------------------------------------------- DRA: kube-scheduler allocates
+def test_a_pod_with_claims_is_filtered_by_health_only_and_not_steered():
+    """kube-scheduler's DynamicResources plugin picks the devices; the extender only keeps it off nodes
+    whose GPUs are all critical (docs/dra-scheduling.md, "Extender mode"), even without DRA informers."""
+    cache = cluster()
+    cache.cordoned["n2"] = {0, 1}
+    cache.apply_cordons()
+    ext = make_extender(cache)
+    claimed = gpu_pod(gpus=0, annotations={"gpuaware.io/gpu-models": "A100"})
+    claimed["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "c"}]
+    # n0 is full for the core's model, n1 half: a claim pod still passes both (kube-scheduler knows the devices).
+    res = ext.filter({"Pod": claimed, "NodeNames": ["n0", "n1", "n2", "n3"]})
+    assert res["NodeNames"] == ["n0", "n1", "n3"] and list(res["FailedNodes"]) == ["n2"]
+    assert "every GPU of the node is critical" in res["FailedNodes"]["n2"] and not res["FailedAndUnresolvableNodes"]
+    assert {p["Score"] for p in ext.prioritize({"Pod": claimed, "NodeNames": ["n0", "n1", "n3"]})} == {0}
+    victims = {"n0": {"Pods": [{"UID": "uid-busy"}], "NumPDBViolations": 0}}
+    assert ext.preempt({"Pod": claimed, "NodeNameToMetaVictims": victims}) == {"NodeNameToMetaVictims": victims}

@@ -1,0 +1,155 @@
+"""A pod's ResourceClaims as the core's request, the devices picked for a placement, and what is left to
+kube-scheduler (with the reason). Slices are built with ``contract.dra`` as NVIDIA's driver shapes them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from contract import dra
+from gpuaware.local.fake_apiserver import make_node
+from scheduler.kube.cache import ClusterCache
+from scheduler.kube.dra_claims import ClaimsNotReady, UnsupportedClaim, ask_of, pick
+from scheduler.kube.dra_inventory import DraInventory
+from scheduler.kube.objects import PodSpecError
+
+GB = 2**30
+GPU_CLASS = {"metadata": {"name": "gpu.nvidia.com"}, "spec": {"selectors": [{"cel": {"expression":
+             'device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "gpu"'}}]}}
+MIG_CLASS = {"metadata": {"name": "mig.nvidia.com"}, "spec": {"selectors": [{"cel": {"expression":
+             'device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "mig"'}}]}}
+CLASSES = {"gpu.nvidia.com": GPU_CLASS, "mig.nvidia.com": MIG_CLASS}
+PARTS = tuple([dra.MigPartition("1g.10gb", 19, p, 1, 9856 * 2**20, 14) for p in range(7)]
+              + [dra.MigPartition("7g.80gb", 0, 0, 8, 79 * 2**30, 98, 7, 5, 0, 1, 1)])
+
+
+def gpus(node: str, n: int, product: str = "NVIDIA H100 80GB HBM3", islands: int = 2, tainted: int | None = None):
+    return [dra.gpu_device(i, uuid=f"GPU-{node}-{i}", product_name=product, memory_bytes=80 * GB,
+                           nvlink_island=i * islands // n,
+                           taints=[dra.device_taint()] if i == tainted else ()) for i in range(n)]
+
+
+def a100_mig(node: str) -> list[dict[str, Any]]:
+    devices = [dra.gpu_device(0, uuid=f"GPU-{node}-0", product_name="NVIDIA A100-SXM4-80GB", memory_bytes=80 * GB,
+                              partitions=PARTS)]
+    devices += [dra.mig_device(0, p, parent_uuid=f"GPU-{node}-0", product_name="NVIDIA A100-SXM4-80GB")
+                for p in PARTS]
+    return [dra.resource_slice(node, devices, slice_count=2),
+            dra.resource_slice(node, shared_counters=[dra.gpu_counter_set(0, 80 * GB, PARTS)], slice_count=2)]
+
+
+def inventory(*slices: dict[str, Any]) -> DraInventory:
+    inv = DraInventory()
+    inv.sync(list(slices))
+    return inv
+
+
+def claim(name: str, *requests: dict[str, Any], constraints: list[dict] | None = None,
+          status: dict | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"devices": {"requests": list(requests)}}
+    if constraints:
+        spec["devices"]["constraints"] = constraints
+    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"}, "spec": spec,
+            "status": status or {}}
+
+
+def exactly(name: str = "gpus", cls: str = "gpu.nvidia.com", count: int = 1, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": cls, "count": count, **extra}}
+
+
+def pod(*claims: str, templates: dict[str, str] | None = None) -> dict[str, Any]:
+    refs = [{"name": c, "resourceClaimName": c} for c in claims]
+    refs += [{"name": k, "resourceClaimTemplateName": v} for k, v in (templates or {}).items()]
+    return {"metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"schedulerName": "gpuaware", "containers": [{"name": "c"}], "resourceClaims": refs}}
+
+
+def claims(*objs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {f"ns/{c['metadata']['name']}": c for c in objs}
+
+
+def test_whole_gpus_add_up_over_requests_and_claims_and_the_models_come_from_the_devices():
+    inv = inventory(dra.resource_slice("h", gpus("h", 8)),
+                    dra.resource_slice("a", gpus("a", 8, "NVIDIA A100-SXM4-80GB")))
+    sel = {"selectors": [{"cel": {"expression": 'device.capacity["gpu.nvidia.com"].memory.compareTo('
+                                                'quantity("64Gi")) >= 0 && device.attributes["gpu.nvidia.com"]'
+                                                '.productName.contains("H100")'}}]}
+    ask = ask_of(pod("c1", "c2"), claims(claim("c1", exactly(count=2), exactly("more", **sel)),
+                                         claim("c2", exactly(count=3))), CLASSES, inv)
+    assert (ask.kind, ask.num_gpu, ask.gpu_milli) == ("gpu", 6, 1000)
+    assert ask.models == ("H100",) and ask.nodes is None  # every H100 matches: the core places by model
+
+
+def test_a_selector_matching_part_of_a_model_narrows_the_nodes():
+    inv = inventory(dra.resource_slice("h1", gpus("h1", 2)), dra.resource_slice("h2", gpus("h2", 2)))
+    one = {"selectors": [{"cel": {"expression": 'device.attributes["gpu.nvidia.com"].uuid == "GPU-h2-1"'}}]}
+    ask = ask_of(pod("c"), claims(claim("c", exactly(**one))), CLASSES, inv)
+    assert ask.nodes == frozenset({"h2"})
+
+
+@pytest.mark.parametrize(("request_", "constraints", "why"), [
+    ({"name": "g", "firstAvailable": [{"name": "a", "deviceClassName": "gpu.nvidia.com"}]}, None,
+     "only `exactly` requests"),
+    (exactly(allocationMode="All"), None, "allocationMode: 'All'"),
+    (exactly(adminAccess=True), None, "adminAccess"),
+    (exactly(), [{"requests": ["gpus"], "matchAttribute": "gpu.nvidia.com/uuid"}], "matchAttribute"),
+    (exactly(), [{"requests": ["gpus"], "distinctAttribute": "gpu.nvidia.com/uuid"}], "only matchAttribute"),
+    (exactly(selectors=[{"cel": {"expression": "device.attributes['x'].y.matches('z')"}}]), None, "matches()"),
+])
+def test_what_gpuaware_does_not_allocate_is_refused_with_the_field_and_reason(request_, constraints, why):
+    inv = inventory(dra.resource_slice("h", gpus("h", 8)))
+    with pytest.raises(PodSpecError) as info:  # UnsupportedClaim, or UnsupportedCel for the selector
+        ask_of(pod("c"), claims(claim("c", request_, constraints=constraints)), CLASSES, inv)
+    assert why in str(info.value)
+
+
+def test_a_claim_allocated_already_or_not_there_yet_is_not_placed():
+    inv = inventory(dra.resource_slice("h", gpus("h", 8)))
+    taken = claim("c", exactly(), status={"allocation": {"devices": {"results": []}}})
+    with pytest.raises(UnsupportedClaim, match="allocated already"):
+        ask_of(pod("c"), claims(taken), CLASSES, inv)
+    with pytest.raises(ClaimsNotReady, match="template 'gpu-template'"):
+        ask_of(pod(templates={"g": "gpu-template"}), {}, CLASSES, inv)
+    with pytest.raises(ClaimsNotReady, match="DeviceClass 'nope'"):
+        ask_of(pod("c"), claims(claim("c", exactly(cls="nope"))), CLASSES, inv)
+
+
+def test_whole_gpus_and_a_mig_partition_in_one_pod_are_refused():
+    inv = inventory(*a100_mig("m"))
+    with pytest.raises(UnsupportedClaim, match="whole GPUs or one MIG partition"):
+        ask_of(pod("c"), claims(claim("c", exactly(), exactly("part", cls="mig.nvidia.com"))), CLASSES, inv)
+
+
+def test_an_nvlink_pair_is_repicked_on_one_island_when_the_cores_gpus_span_two():
+    inv = inventory(dra.resource_slice("h", gpus("h", 4, islands=2)))  # islands: [0, 0, 1, 1]
+    pair = claim("c", exactly(count=2), constraints=[{"requests": ["gpus"], "matchAttribute": dra.ATTR_NVLINK_ISLAND}])
+    ask = ask_of(pod("c"), claims(pair), CLASSES, inv)
+    assert ask.needs_island
+    slots, picked = pick(ask, inv.nodes["h"], [1, 2], [1, 2, 3], set(), lambda d: True)
+    assert slots == [2, 3] and [d.name for _, d in picked] == ["gpu-2", "gpu-3"]
+    assert isinstance(pick(ask, inv.nodes["h"], [1, 2], [1, 2], set(), lambda d: True), str)  # no island has 2
+
+
+def test_a_mig_partition_is_picked_where_the_shared_counters_still_allow_it():
+    inv = inventory(*a100_mig("m"))
+    profile = {"selectors": [{"cel": {"expression": 'device.attributes["gpu.nvidia.com"].profile == "1g.10gb"'}}]}
+    ask = ask_of(pod("c"), claims(claim("c", exactly(cls="mig.nvidia.com", **profile))), CLASSES, inv)
+    assert (ask.kind, ask.num_gpu, ask.gpu_milli) == ("mig", 1, 143)
+    first = ("gpu.nvidia.com", "m", dra.mig_device_name(0, "1g.10gb", 19, 0))
+    taken = {first}
+    slots, picked = pick(ask, inv.nodes["m"], [0], [0], taken, lambda d: inv.fits_counters(d, taken))
+    assert slots == [0] and picked[0][1].name == dra.mig_device_name(0, "1g.10gb", 19, 1)
+    whole = {("gpu.nvidia.com", "m", "gpu-0")}  # the whole GPU holds every memory slice: no partition fits
+    assert isinstance(pick(ask, inv.nodes["m"], [0], [0], whole, lambda d: inv.fits_counters(d, whole)), str)
+
+
+def test_slices_give_a_node_its_gpus_and_a_tainted_device_takes_nothing_new():
+    cache = ClusterCache()
+    node = make_node("h", gpus=0)
+    cache.sync_nodes([node])
+    cache.sync_slices([dra.resource_slice("h", gpus("h", 4, tainted=2))])
+    c = cache.cluster
+    assert (int(c.gpu_count[0]), str(c.models[0]), int(c.gpu_mem_cap[0, 0])) == (4, "H100", 80 * 1024)
+    assert c.nvlink[0].tolist() == [0, 0, 1, 1]
+    assert c.band[0].tolist() == [0, 0, 2, 0]  # the taint keeps the core off it, as it keeps kube-scheduler
