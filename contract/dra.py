@@ -611,6 +611,20 @@ def pool_devices(slices: Iterable[SliceView]) -> dict[tuple[str, str], list[Devi
     return out
 
 
+
+def incomplete_pools(slices: Iterable[SliceView]) -> set[tuple[str, str]]:
+    """(driver, pool) whose newest generation has fewer slices than its ``resourceSliceCount`` says: being
+    republished right now. kube-scheduler's allocator does not allocate from such a pool; neither should we."""
+    newest: dict[tuple[str, str], tuple[int, int, int]] = {}  # generation, slices seen, slices announced
+    for s in slices:
+        key = (s.driver, s.pool)
+        gen, seen, count = newest.get(key, (-1, 0, 0))
+        if s.generation > gen:
+            newest[key] = (s.generation, 1, s.slice_count)
+        elif s.generation == gen:
+            newest[key] = (gen, seen + 1, max(count, s.slice_count))
+    return {key for key, (_, seen, count) in newest.items() if seen < count}
+
 @dataclass(frozen=True)
 class TaintRuleView:
     """A ``DeviceTaintRule`` (``resource.k8s.io/v1beta2``): ``taint`` on every device its selector matches

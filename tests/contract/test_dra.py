@@ -174,3 +174,13 @@ def test_taint_rules_are_read_and_matched():
     with pytest.raises(dra.SliceInvalid, match=r"spec\.deviceSelector\.pool: must be a non-empty string"):
         dra.parse_taint_rule({"metadata": {"name": "r"}, "spec": {"deviceSelector": {"pool": 3},
                                                                   "taint": {"key": "k", "effect": "None"}}})
+
+
+def test_a_pool_with_slices_missing_is_incomplete():
+    dev = dra.gpu_device(0, uuid="a", memory_bytes=1, **KW)
+    one_of_two = dra.parse_slice(dra.resource_slice("n", [dev], generation=2, slice_count=2))
+    older = dra.parse_slice(dra.resource_slice("n", [dev], generation=1, slice_count=1, name="old"))
+    assert dra.incomplete_pools([older, one_of_two]) == {(dra.DRIVER, "n")}
+    other = dra.parse_slice(dra.resource_slice("n", shared_counters=[dra.gpu_counter_set(0, 1, A100_PARTS)],
+                                               generation=2, slice_count=2))
+    assert dra.incomplete_pools([older, one_of_two, other]) == set()

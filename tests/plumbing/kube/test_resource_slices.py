@@ -195,3 +195,32 @@ def test_kube_scheduler_honours_the_partitions_counters(scheduling_cp):
     got = {json.loads(cp.kubectl("get", "resourceclaim", n, "-n", "default", "-o", "json").stdout)
            ["status"]["allocation"]["devices"]["results"][0]["device"] for n in ("one-mig", "another-mig")}
     assert len(got) == 2 and all(d.startswith("gpu-0-mig-1g10gb-19-") for d in got)
+
+
+def test_the_examples_nvlink_claim_gets_two_gpus_of_one_island(scheduling_cp):
+    """deploy/examples/dra: "two GPUs with >= 80 GiB on one NVLink island" against gpuaware's attribute. GPU 0
+    is alone on island 0, GPUs 1 and 2 share island 1: first fit (gpu-0, gpu-1) would break the constraint."""
+    import yaml
+
+    cp = scheduling_cp
+    cp.apply({"apiVersion": "v1", "kind": "Node",
+              "metadata": {"name": "kw-link", "annotations": dict([KWOK_NODE_ANNOTATION]),
+                           "labels": {"kubernetes.io/hostname": "kw-link"}},
+              "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+                         "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"}}})
+    gpus = [NodeGpu(i, f"GPU-link-{i}", "NVIDIA H100 80GB HBM3", 80 * 2**30, nvlink_island=island)
+            for i, island in enumerate((0, 1, 1))]
+    SlicePublisher(config.new_client_from_config(str(cp.kubeconfig))).publish("kw-link", gpus)
+    (template,) = [d for d in yaml.safe_load_all((REPO / "deploy/examples/dra/workload.yaml").read_text())
+                   if d["kind"] == "ResourceClaimTemplate" and d["metadata"]["name"] == "two-linked-gpus"]
+    cp.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+              "metadata": {"name": "linked", "namespace": "default"}, "spec": template["spec"]["spec"]})
+    cp.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "linked", "namespace": "default"},
+              "spec": {"tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+                       "nodeSelector": {"kubernetes.io/hostname": "kw-link"},
+                       "resourceClaims": [{"name": "gpus", "resourceClaimName": "linked"}],
+                       "containers": [{"name": "c", "image": "registry.invalid/x:1",
+                                       "resources": {"claims": [{"name": "gpus"}]}}]}})
+    _until(lambda: _pod_state(cp, "linked") == "placed", "the linked-GPU claim allocated")
+    claim = json.loads(cp.kubectl("get", "resourceclaim", "linked", "-n", "default", "-o", "json").stdout)
+    assert sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"]) == ["gpu-1", "gpu-2"]
