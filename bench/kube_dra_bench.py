@@ -36,6 +36,7 @@ import json
 import math
 import multiprocessing as mp
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -47,6 +48,7 @@ from bench.kube_bench import (
     CRDS,
     DEFAULT_QPS,
     NAMESPACE,
+    REPO,
     _Driver,
     _driver_process,
     _p,
@@ -55,42 +57,49 @@ from bench.kube_bench import (
     kwok_nodes,
 )
 from bench.scheduler_bench import trace_sample
+from contract import dra
 from gpuaware.local.kube_control_plane import KubeControlPlane
+from plumbing.kube.resource_slices import NodeGpu, node_slices
 from scheduler.sim.openb import GPU_MEMORY_MIB, load_nodes
 
 DRA_MODES = ("kube_scheduler_dra", "gpuaware_dra")
-DRIVER = "gpu.nvidia.com"
-DEVICE_CLASS = "gpu.nvidia.com"
+DRIVER = dra.DRIVER
+DEVICE_CLASS = dra.DEVICE_CLASS_GPU
 REQUEST = "gpu"
 MIB = 1024 * 1024
+UNKNOWN_MODEL_MEMORY_MIB = 16384
+FRACTIONS = ("whole", "memory")
+DEVICE_CLASSES = REPO / "deploy" / "components" / "dra-deviceclasses" / "deviceclasses.yaml"
 CLAIMS_PATH = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
 
 
 # -- the cluster's devices --------------------------------------------------------------------------
 
-def _slice(node: str, model: str, memory_mib: int, gpus: int) -> dict[str, Any]:
-    devices = [{"name": f"gpu-{i}", "allowMultipleAllocations": True,
-                "attributes": {"type": {"string": "gpu"}, "productName": {"string": model},
-                               "index": {"int": i}},
-                "capacity": {"memory": {"value": f"{memory_mib}Mi"}}} for i in range(gpus)]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-gpu"},
-            "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1,
-                                                                  "resourceSliceCount": 1},
-                     "devices": devices}}
+def _memory_mib(model: str) -> int:
+    # openb publishes no memory for G2/G3: their slices say 16 GiB (it only matters with --dra-fraction memory).
+    return GPU_MEMORY_MIB.get(model) or UNKNOWN_MODEL_MEMORY_MIB
 
 
-def dra_cluster(node_csv: str | Path, node_count: int | None = None) -> tuple[list[dict], list[dict], dict]:
-    """(kwok Nodes, one ResourceSlice per node, the DeviceClass) of the first ``node_count`` GPU nodes."""
+def dra_cluster(node_csv: str | Path, node_count: int | None = None,
+                fraction: str = "whole") -> tuple[list[dict], list[dict]]:
+    """(kwok Nodes, their ResourceSlices as gpuaware's publisher writes them) of the first ``node_count``
+    GPU nodes; with ``fraction`` ``memory`` every GPU is shareable (``allowMultipleAllocations``)."""
     specs = load_nodes(node_csv)[:node_count]
     names = {s.name for s in specs}
     nodes = [n for n in kwok_nodes(node_csv) if n["metadata"]["name"] in names]
-    for n in nodes:  # the GPUs are devices now: the extended resource would let a pod have them twice
+    for n in nodes:  # the GPUs are devices now, not an extended resource
         for key in ("capacity", "allocatable"):
             n["status"][key].pop("nvidia.com/gpu", None)
-    slices = [_slice(s.name, s.model, s.gpu_memory_mib, s.gpus) for s in specs]
-    device_class = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DEVICE_CLASS},
-                    "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
-    return nodes, slices, device_class
+    slices = []
+    for s in specs:
+        gpus = [NodeGpu(index=i, uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{s.name}/{i}')}", model=s.model,
+                        memory_bytes=_memory_mib(s.model) * MIB) for i in range(s.gpus)]
+        for sl in node_slices(s.name, gpus, generation=1):
+            if fraction == "memory":
+                for d in sl["spec"]["devices"]:
+                    d["allowMultipleAllocations"] = True
+            slices.append(sl)
+    return nodes, slices
 
 
 # -- the pods and their claims ----------------------------------------------------------------------
@@ -99,9 +108,10 @@ def _model_selector(models: list[str]) -> str:
     return " || ".join(f'device.attributes["{DRIVER}"].productName == "{m}"' for m in models)
 
 
-def dra_pods(pod_csv: str | Path, count: int, seed: int, prefix: str, mode: str,
-             cluster_models: list[str]) -> tuple[list[tuple[str, int, bytes]], list[bytes]]:
-    """(pods as (name, GPU milli, JSON body), their ResourceClaims' JSON bodies) of ``count`` trace pods."""
+def dra_pods(pod_csv: str | Path, count: int, seed: int, prefix: str, mode: str, cluster_models: list[str],
+             fraction: str = "whole") -> tuple[list[tuple[str, int, bytes]], list[bytes]]:
+    """(pods as (name, GPU milli, JSON body), their ResourceClaims' JSON bodies) of ``count`` trace pods;
+    a fractional pod asks for a whole GPU, or with ``fraction`` ``memory`` for its share of the memory."""
     pods, claims = [], []
     for i, w in enumerate(trace_sample(pod_csv, count, seed)):
         name = f"{prefix}-{i:05d}"
@@ -113,11 +123,11 @@ def dra_pods(pod_csv: str | Path, count: int, seed: int, prefix: str, mode: str,
         if w.num_gpu:
             exactly: dict[str, Any] = {"deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount",
                                        "count": w.num_gpu}
-            models = [m for m in (w.models or cluster_models) if m in GPU_MEMORY_MIB] or cluster_models
+            models = [m for m in w.models if m in cluster_models] or cluster_models
             if w.models:
                 exactly["selectors"] = [{"cel": {"expression": _model_selector(models)}}]
-            if w.num_gpu == 1 and w.gpu_milli < 1000:
-                smallest = min(GPU_MEMORY_MIB[m] for m in models)
+            if fraction == "memory" and w.num_gpu == 1 and w.gpu_milli < 1000:
+                smallest = min(_memory_mib(m) for m in models)
                 exactly["capacity"] = {"requests": {"memory": f"{math.ceil(smallest * w.gpu_milli / 1000)}Mi"}}
             claims.append(json.dumps({
                 "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
@@ -218,14 +228,16 @@ async def _dra_scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int]
 
 async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float, int] | None, pod_csv: str,
                         burst: int, rate: float, seconds: float, seed: int, slices: list[dict],
-                        models: list[str], tag: str, progress: Callable[[str], None]) -> dict[str, Any]:
+                        models: list[str], fraction: str, tag: str,
+                        progress: Callable[[str], None]) -> dict[str, Any]:
     async def ask(cmd: tuple) -> Any:
         await asyncio.to_thread(conn.send, cmd)
         return await asyncio.to_thread(conn.recv)
 
-    burst_pods, burst_claims = dra_pods(pod_csv, burst, seed, f"{tag}-burst", mode, models)
+    burst_pods, burst_claims = dra_pods(pod_csv, burst, seed, f"{tag}-burst", mode, models, fraction)
     n_steady = int(rate * seconds)
-    steady_pods, steady_claims = dra_pods(pod_csv, n_steady, seed + 1, f"{tag}-steady", mode, models)
+    steady_pods, steady_claims = dra_pods(pod_csv, n_steady, seed + 1, f"{tag}-steady", mode, models,
+                                            fraction)
     try:
         progress(f"{mode}: {len(burst_claims) + len(steady_claims)} claims")
         claim_errors = await ask(("call", "create_claims", burst_claims + steady_claims))
@@ -262,9 +274,11 @@ async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float,
 
 def run_dra_bench(node_csv: str, pod_csv: str, burst: int = 1000, rate: float = 200.0, seconds: float = 5.0,
                   seed: int = 0, modes: tuple[str, ...] = DRA_MODES, budgets: tuple[str, ...] = ("raised",),
-                  qps: float = 500.0, node_count: int | None = None,
+                  qps: float = 500.0, node_count: int | None = None, fraction: str = "whole",
                   progress: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
-    nodes, slices, device_class = dra_cluster(node_csv, node_count)
+    if fraction not in FRACTIONS:
+        raise ValueError(f"fraction: {fraction!r} is not one of {', '.join(FRACTIONS)}")
+    nodes, slices = dra_cluster(node_csv, node_count, fraction)
     models = sorted({d["attributes"]["productName"]["string"] for s in slices for d in s["spec"]["devices"]})
     raised = (qps, int(2 * qps))
     api_budget = {
@@ -280,7 +294,8 @@ def run_dra_bench(node_csv: str, pod_csv: str, burst: int = 1000, rate: float = 
             cp.kubectl("wait", "--for=condition=Established", f"crd/{crd}.gpuaware.io", "--timeout=60s")
         cp.create_namespace(NAMESPACE)
         cp.kubectl("create", "-f", "-", input=yaml.safe_dump(
-            {"apiVersion": "v1", "kind": "List", "items": [*nodes, device_class, *slices]}), timeout_s=600)
+            {"apiVersion": "v1", "kind": "List", "items": [*nodes, *slices]}), timeout_s=600)
+        cp.kubectl("apply", "-f", str(DEVICE_CLASSES))
         progress(f"control plane with {len(nodes)} kwok nodes and their ResourceSlices in "
                  f"{time.monotonic() - t0:.0f}s; versions {cp.versions()}")
         ctx = mp.get_context("spawn")
@@ -296,13 +311,14 @@ def run_dra_bench(node_csv: str, pod_csv: str, burst: int = 1000, rate: float = 
                 q = raised if budget == "raised" else None
                 runs[budget] = {"api_budget": api_budget[budget], "modes": {
                     mode: asyncio.run(_measure_mode(mode, cp, parent, q, pod_csv, burst, rate, seconds, seed,
-                                                    slices, models, f"{budget[0]}{mode[0]}", progress))
+                                                    slices, models, fraction, f"{budget[0]}{mode[0]}", progress))
                     for mode in modes}}
         finally:
             parent.send(("stop",))
             driver.join(timeout=10)
             if driver.is_alive():
                 driver.kill()
-        return {"nodes": len(nodes), "gpus": sum(len(s["spec"]["devices"]) for s in slices), "burst_pods": burst,
+        return {"nodes": len(nodes), "gpus": sum(len(s["spec"]["devices"]) for s in slices), "fraction": fraction,
+                "burst_pods": burst,
                 "rate_pods_per_s": rate, "rate_pods": int(rate * seconds), "versions": cp.versions(),
                 "api_budget": api_budget, "runs": runs}
