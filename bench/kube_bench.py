@@ -281,9 +281,10 @@ def _phase_figures(result: dict[str, Any]) -> tuple[float | None, list[float], l
 
 
 @contextlib.asynccontextmanager
-async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | None) -> AsyncIterator[None]:
-    """``mode``'s scheduler, running until the block ends."""
-    settings = SchedulerSettings(extender_port=0, leader_elect=False, stale_after_s=3600)
+async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | None,
+                     dra: bool = False) -> AsyncIterator[None]:
+    """``mode``'s scheduler, running until the block ends; ``dra``: gpuaware allocates ResourceClaims."""
+    settings = SchedulerSettings(extender_port=0, leader_elect=False, stale_after_s=3600, dra=dra)
     if mode == "kube_scheduler":
         doc = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"}
         await asyncio.to_thread(cp.start_scheduler, _with_qps(doc, qps))

@@ -222,7 +222,7 @@ class _DraDriver(_Driver):
 
 @contextlib.asynccontextmanager
 async def _dra_scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | None) -> AsyncIterator[None]:
-    async with _scheduler("kube_scheduler" if mode == "kube_scheduler_dra" else "gpuaware", cp, qps):
+    async with _scheduler("kube_scheduler" if mode == "kube_scheduler_dra" else "gpuaware", cp, qps, dra=True):
         yield
 
 
