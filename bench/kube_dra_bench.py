@@ -2,30 +2,33 @@
 ResourceClaims, side by side on the real control plane.
 
 Setup as ``bench.kube_bench``: etcd, kube-apiserver, kube-scheduler and kwok (the pinned v1.36.3
-binaries), the openb GPU nodes as kwok nodes, and for each node one ResourceSlice of driver
-``gpu.nvidia.com`` (NVIDIA-shaped devices ``gpu-<i>`` with ``productName`` and ``memory``) and the
-DeviceClass ``gpu.nvidia.com``. Every trace pod that asks for GPUs gets a ResourceClaim created before
-it (there is no kube-controller-manager, so ``resourceClaimName``, not a template):
+binaries), the openb GPU nodes as kwok nodes (without ``nvidia.com/gpu``: the GPUs are devices), for
+each node its ResourceSlice as gpuaware's publisher writes it (``plumbing.kube.resource_slices``:
+NVIDIA-shaped devices of driver ``gpu.nvidia.com``, ``productName`` the openb model) and the shipped
+DeviceClasses. Every trace pod that asks for GPUs gets a ResourceClaim created before it (there is no
+kube-controller-manager, so ``resourceClaimName``, not a template):
 
-- ``num_gpu`` whole GPUs: one request ``ExactCount`` of ``num_gpu`` devices of the class;
-- a fractional pod (one GPU, ``gpu_milli`` < 1000): one device with a ``capacity.requests.memory``
-  of its fraction of the smallest GPU memory among the models it may use (DRA consumable capacity,
-  beta and on by default in 1.36). No openb model is MIG-capable, and NVIDIA's own slices do not
-  mark GPUs shareable: the bench's slices set ``allowMultipleAllocations`` so that the API can
-  express the fraction. A whole-GPU claim on such a device consumes all its memory;
-- ``gpu_spec`` (allowed models): a CEL selector on ``productName``.
+- one request ``ExactCount`` of ``num_gpu`` devices of class ``gpu.nvidia.com``;
+- ``gpu_spec`` (allowed models): a CEL selector on ``productName``;
+- a fractional pod (one GPU, ``gpu_milli`` < 1000), ``fraction``: ``whole`` (default) asks for a whole
+  GPU; ``memory`` asks for its fraction of the smallest GPU memory among the models it may use (DRA
+  consumable capacity, beta and on by default in 1.36) and marks every device
+  ``allowMultipleAllocations`` (NVIDIA's slices do not). gpuaware does not allocate shared devices yet,
+  and no openb model has MIG partitions, hence the default.
 
 Modes, each on the same pods (names differ per mode), one after the other on one cluster:
 
 - ``kube_scheduler_dra``: the real kube-scheduler, whose DynamicResources plugin allocates claims;
-- ``gpuaware_dra``: gpuaware's live scheduler (``schedulerName: gpuaware``) allocates and binds.
+- ``gpuaware_dra``: gpuaware's live scheduler (``schedulerName: gpuaware``, ``dra: true``) allocates
+  and binds.
 
 Per mode, as in ``bench.kube_bench``: a backlog of ``burst`` pods created before the scheduler starts
 (``pods_per_s``: the drain), then ``rate`` pods/s for ``seconds`` (``p99_create_to_bind_s``), then
-``pending``; ``unallocated_gpu_pct`` and ``devices_allocated_twice`` come from the apiserver's
-account: the claims' ``status.allocation`` (a result with ``consumedCapacity`` takes that share of
-the device's memory, one without takes the device). Between modes the pods are deleted and the
-claims released (their finalizer removed and deleted: no controller-manager deallocates them here).
+``pending``; ``unallocated_gpu_pct``, ``devices_allocated_twice`` and ``bound_pods_without_allocation``
+come from the apiserver's account: the claims' ``status.allocation`` (a result with ``consumedCapacity``
+below the device's memory takes that share of it, any other the whole device). Between modes the pods
+are deleted and the claims released (their finalizer removed, then deleted: no controller-manager
+deallocates them here).
 """
 
 from __future__ import annotations
