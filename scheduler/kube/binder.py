@@ -86,7 +86,15 @@ class Binder:
                     written = await self.claims.allocate(self.cache.dra.claims, node, picks, pod)
                 except ClaimsRefused as exc:
                     self.stats.decisions[("DROP", "claim-conflict" if exc.conflict else "claim-write-failed")] += 1
-                    self.requeue(key, f"claims not allocated: {exc}")
+                    if exc.lasting:  # asking again every pass would only hammer the apiserver with the same refusal
+                        self.cache.drop_picks(key)
+                        self.cache.unreserve(key)
+                        self.cache.release(key)
+                        self.cache.refuse(key, f"the apiserver refused its claims' allocation: {exc}")
+                        log.warning("%s: claims not allocated, left alone until it or its claims change: %s", key, exc)
+                        self.wake()
+                    else:
+                        self.requeue(key, f"claims not allocated: {exc}")
                     return
             try:
                 # One write: the GPUs are on the pod from the moment it has a node (the device plugin reads them).

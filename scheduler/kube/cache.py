@@ -138,6 +138,7 @@ class ClusterCache:
     dra_picks: dict[str, list[tuple[DeviceRequest, Device]]] = field(default_factory=dict)  # binding in flight
     pod_claims: dict[str, list[str]] = field(default_factory=dict)
     claim_users: dict[str, set[str]] = field(default_factory=dict)  # claim -> unbound pods of ours naming it
+    dra_resume: dict[str, tuple[str, list[tuple[DeviceRequest, Device]]]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ nodes
     def sync_nodes(self, items: list[dict[str, Any]]) -> None:
@@ -276,6 +277,13 @@ class ClusterCache:
         except PodSpecError as exc:
             self.rejected[key] = Rejected(pod, str(exc))
 
+    def refuse(self, key: str, reason: str) -> None:
+        """Leave an unbound pod alone with ``reason`` (an Event) until it or its claims change."""
+        pod = self.pods.get(key)
+        self.pending.pop(key, None)
+        if pod is not None and not pod.get("spec", {}).get("nodeName"):
+            self.rejected[key] = Rejected(pod, reason)
+
     def tenant_of(self, pod: dict[str, Any]) -> str:
         fallback = queues.UNQUEUED_TENANT if self.unqueued == "best-effort" else DEFAULT_TENANT
         return self.tenants_by_namespace.get(pod["metadata"].get("namespace", ""), fallback)
@@ -288,6 +296,14 @@ class ClusterCache:
             return pw
         if pw.workload.num_gpu:
             raise PodSpecError(f"both {objects.GPU_RESOURCE} and resourceClaims: ask for GPUs one way")
+        resume = dra_claims.resumed(pod, self.dra.claims, self.dra.inventory)
+        if resume is not None:  # its claims name a node already: it goes there (``resume``)
+            self.dra_resume[objects.key(pod)] = resume
+            self.dra_asks.pop(objects.key(pod), None)
+            devices = [d for _, d in resume[1]]
+            one_mig = len(devices) == 1 and devices[0].kind == "mig"
+            return dataclasses.replace(pw, workload=dataclasses.replace(
+                pw.workload, num_gpu=len(devices), gpu_milli=devices[0].milli if one_mig else 1000))
         ask = dra_claims.ask_of(pod, self.dra.claims, self.dra.classes, self.dra.inventory)
         models = ask.models if not pw.workload.models else tuple(m for m in ask.models if m in pw.workload.models)
         self.dra_asks[objects.key(pod)] = ask
@@ -315,7 +331,9 @@ class ClusterCache:
             return []
 
     def _claimed_devices(self, pod: dict[str, Any]) -> list[Device]:
-        return [d for d in self.dra.devices_of_claims(self._claims_of(pod)) if d.node == pod["spec"]["nodeName"]]
+        """The GPUs and MIG partitions its claims were allocated on its node (other devices are no GPU slot)."""
+        ng = self.dra.inventory.nodes.get(pod["spec"]["nodeName"])
+        return [d for d in self.dra.devices_of_claims(self._claims_of(pod)) if ng is not None and d.ref in ng.slot_of]
 
     def _claimed_workload(self, pod: dict[str, Any]) -> Workload:
         """A bound pod with claims holds the devices its claims were allocated (none yet: none)."""
@@ -343,7 +361,7 @@ class ClusterCache:
             return
         used: dict[int, int] = {}
         for d in devices:
-            if d.node == devices[0].node:
+            if d.ref in ng.slot_of:
                 used[ng.slot_of[d.ref]] = used.get(ng.slot_of[d.ref], 0) + d.milli
         alloc = Allocation(hold, node, list(used), list(used.values()), 0, 0)
         self._clamp_gpus(alloc)
@@ -480,6 +498,7 @@ class ClusterCache:
                 continue
             self.pending.pop(key, None)
             self.dra_asks.pop(key, None)
+            self.dra_resume.pop(key, None)
             self.queue_if_ours(pod)
 
     def pick_devices(self, key: str, alloc: Allocation) -> str | None:
@@ -512,6 +531,27 @@ class ClusterCache:
         for _, d in picks:
             self.dra.in_flight[d.ref] = key
         return None
+
+    def resume(self, key: str) -> Allocation | None:
+        """The allocation of a pod whose claims name its node and devices already (``dra_claims.resumed``): the
+        claims' holds become the pod's, and the binder writes the same claims and binds. None if the node is gone."""
+        node, picks = self.dra_resume.pop(key)
+        i, ng, pw = self.cluster.index.get(node), self.dra.inventory.nodes.get(node), self.pending.get(key)
+        if i is None or ng is None or pw is None:
+            return None
+        for claim in {r.claim for r, _ in picks}:
+            if f"claim:{claim}" in self.cluster.allocations:
+                self.cluster.release(f"claim:{claim}")
+        w = pw.workload
+        devices = [d for _, d in picks if d.ref in ng.slot_of]
+        alloc = Allocation(key, i, [ng.slot_of[d.ref] for d in devices], [d.milli for d in devices], w.cpu_milli,
+                           w.memory_mib, [0] * len(devices), "mig" if any(d.kind == "mig" for d in devices)
+                           else "exclusive")
+        self._clamp(alloc)
+        self._clamp_gpus(alloc)
+        self.cluster.allocate(alloc)
+        self.dra_picks[key] = picks
+        return alloc
 
     def drop_picks(self, key: str) -> None:
         """A placement with claims withdrawn: its devices are no longer in flight."""

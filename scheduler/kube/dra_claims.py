@@ -99,6 +99,34 @@ def claim_names(pod: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def resumed(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]], inventory: DraInventory
+            ) -> tuple[str, list[tuple[DeviceRequest, Device]]] | None:
+    """A placement cut short between its claims' writes and its Binding (a restart, a lost answer): every
+    claim of the pod allocated on one node and reserved for this very pod (UID). (node, devices), else None."""
+    try:
+        keys = claim_names(pod)
+    except ClaimsNotReady:
+        return None
+    uid, nodes, picks = pod["metadata"].get("uid"), set(), []
+    for key in keys:
+        status = (claims.get(key) or {}).get("status") or {}
+        alloc = status.get("allocation")
+        if not alloc or not any(r.get("uid") == uid for r in status.get("reservedFor") or []):
+            return None
+        for term in (alloc.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
+            for f in term.get("matchFields") or []:
+                if f.get("key") == "metadata.name":
+                    nodes.update(f.get("values") or [])
+        for r in (alloc.get("devices") or {}).get("results") or []:
+            d = inventory.devices.get((r.get("driver", ""), r.get("pool", ""), r.get("device", "")))
+            if d is None:
+                return None
+            picks.append((DeviceRequest(key, r.get("request", ""), 1, ()), d))
+    if len(nodes) != 1 or not picks or any(d.node not in nodes for _, d in picks):
+        return None
+    return nodes.pop(), picks
+
+
 def has_claims(pod: Mapping[str, Any]) -> bool:
     return bool((pod.get("spec") or {}).get("resourceClaims"))
 

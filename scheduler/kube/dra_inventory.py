@@ -40,7 +40,7 @@ class Device:
     kind: str  # "gpu", "mig", or another type (not a GPU slot: claims for it are left to kube-scheduler)
     uuid: str
     parent_uuid: str
-    tainted: bool  # NoSchedule/NoExecute: no new allocation
+    tainted: bool  # NoSchedule/NoExecute, or its pool is being republished: no new allocation
     profile: str = ""
     consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()  # (counter set, ((counter, amount), ...))
 
@@ -69,12 +69,12 @@ def _qualified(values: Mapping[str, Any], driver: str) -> dict[str, Any]:
     return {k if "/" in k else f"{driver}/{k}": v for k, v in values.items()}
 
 
-def device_of(driver: str, pool: str, node: str, d: dra.DeviceView) -> Device:
+def device_of(driver: str, pool: str, node: str, d: dra.DeviceView, incomplete: bool = False) -> Device:
     facts = DeviceFacts(driver, _qualified(d.attributes, driver),
                         {k: float(v) for k, v in _qualified(d.capacity, driver).items()})
     consumes = tuple((cs, tuple(sorted(counters.items()))) for cs, counters in sorted(d.consumes_counters.items()))
     return Device(driver, pool, d.name, node, facts, d.type, d.uuid or "", d.parent_uuid or "",
-                  not d.schedulable, d.profile or "", consumes)
+                  incomplete or not d.schedulable, d.profile or "", consumes)
 
 
 def _minor_order(name: str) -> tuple:
@@ -127,14 +127,17 @@ class DraInventory:
         self.nodes: dict[str, NodeGpus] = {}
         self.devices: dict[tuple[str, str, str], Device] = {}
         self.counters: dict[tuple[str, str, str], dict[str, int]] = {}  # (driver, pool, counter set) -> amounts
+        self._by_node: dict[str, set[str]] = {}  # node -> its slices' names (a node is rebuilt alone)
+        self._node_keys: dict[str, tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]] = {}
         # What a set of requests matches over all devices (scheduler.kube.dra_claims), until the devices change:
         # pods of one shape repeat it, and a cluster has thousands of devices.
         self.matches: dict[Any, Any] = {}
 
     def sync(self, items: list[dict[str, Any]]) -> set[str]:
         """All slices anew; the nodes whose GPUs may have changed."""
-        before = set(self.nodes)
+        before = set(self.nodes) | set(self._node_keys)
         self.slices.clear()
+        self._by_node.clear()
         for obj in items:
             self._read(obj)
         touched = {v.node for v in self.slices.values() if v.node} | before
@@ -145,6 +148,8 @@ class DraInventory:
     def event(self, kind: str, obj: dict[str, Any]) -> set[str]:
         name = (obj.get("metadata") or {}).get("name", "")
         old = self.slices.pop(name, None)
+        if old is not None and old.node:
+            self._by_node.get(old.node, set()).discard(name)
         if kind != "DELETED":
             self._read(obj)
         touched = {v.node for v in (old, self.slices.get(name)) if v is not None and v.node}
@@ -160,23 +165,34 @@ class DraInventory:
             log.error("ResourceSlice %s is left out: %s", name, exc)
             return
         self.slices[view.name] = view
+        if view.node:
+            self._by_node.setdefault(view.node, set()).add(view.name)
 
     def _rebuild(self, node: str) -> None:
         self.matches.clear()
-        mine = [s for s in self.slices.values() if s.node == node]
-        for ref in [r for r, d in self.devices.items() if d.node == node]:
-            del self.devices[ref]
-        for key in [k for k in self.counters if (k[0], k[1]) in {(s.driver, s.pool) for s in mine}]:
-            del self.counters[key]
-        devices = [device_of(driver, pool, node, d) for (driver, pool), views in dra.pool_devices(mine).items()
-                   for d in views]
-        newest = {(s.driver, s.pool): s.generation for s in mine if s.devices}
+        mine = [self.slices[n] for n in sorted(self._by_node.get(node, ()))]
+        refs, sets = self._node_keys.pop(node, ([], []))
+        for ref in refs:
+            self.devices.pop(ref, None)
+        for key in sets:
+            self.counters.pop(key, None)
+        # A pool being republished (fewer slices of its newest generation than it announces) keeps its devices
+        # in the model but hands none out, as kube-scheduler's allocator does.
+        partial = dra.incomplete_pools(mine)
+        devices = [device_of(driver, pool, node, d, (driver, pool) in partial)
+                   for (driver, pool), views in dra.pool_devices(mine).items() for d in views]
+        newest: dict[tuple[str, str], int] = {}
         for s in mine:
-            if s.generation >= newest.get((s.driver, s.pool), 0):
+            newest[(s.driver, s.pool)] = max(newest.get((s.driver, s.pool), s.generation), s.generation)
+        sets = []
+        for s in mine:
+            if s.generation == newest[(s.driver, s.pool)]:
                 for cs, amounts in s.shared_counters.items():
                     self.counters[(s.driver, s.pool, cs)] = dict(amounts)
+                    sets.append((s.driver, s.pool, cs))
         for d in devices:
             self.devices[d.ref] = d
+        self._node_keys[node] = ([d.ref for d in devices], sets)
         ng = node_gpus(devices)
         if ng.gpus:
             self.nodes[node] = ng

@@ -25,11 +25,12 @@ log = logging.getLogger(__name__)
 
 
 class ClaimsRefused(Exception):
-    """The apiserver did not take a claim's allocation: ``conflict`` when it changed since it was read."""
+    """The apiserver did not take a claim's allocation: ``conflict`` when it changed since it was read;
+    ``lasting`` when the answer will not change by asking again (403 Forbidden, 422 Invalid, ...)."""
 
-    def __init__(self, message: str, conflict: bool):
+    def __init__(self, message: str, conflict: bool, lasting: bool = False):
         super().__init__(message)
-        self.conflict = conflict
+        self.conflict, self.lasting = conflict, lasting
 
 
 class ClaimWriter:
@@ -53,8 +54,8 @@ class ClaimWriter:
                     raise
                 if isinstance(exc, ApiException):
                     code, reason, message = self.calls.failed("update-claim-status", exc)
-                    raise ClaimsRefused(f"ResourceClaim {key}: {code} {reason}: {message}",
-                                        conflict=code == 409) from exc
+                    raise ClaimsRefused(f"ResourceClaim {key}: {code} {reason}: {message}", conflict=code == 409,
+                                        lasting=400 <= code < 500 and code not in (409, 429)) from exc
                 self.calls.stats.api_errors[("update-claim-status", 0)] += 1
                 raise ClaimsRefused(f"ResourceClaim {key}: {exc}", conflict=False) from exc
         return written

@@ -17,7 +17,7 @@ from scheduler.core.framework import Decision, Scheduler
 from scheduler.core.policies import profile
 from scheduler.core.preemption import Running
 from scheduler.core.queue import Tenant, TenantLedger
-from scheduler.core.status import Code, label_of, reason_label
+from scheduler.core.status import Code, Reason, label_of, reason_label
 from scheduler.core.workload import Workload
 from scheduler.core.workload_mix import WorkloadMix
 from scheduler.kube import queues
@@ -70,7 +70,7 @@ class PassActions:
     def start(self, workload: Workload, decision: Decision, now: float) -> None:
         key = workload.id
         assert decision.allocation is not None
-        if key in self.cache.dra_asks:
+        if key in self.cache.dra_asks and key not in self.cache.dra_picks:  # (a gang's are picked beforehand)
             why = self.cache.pick_devices(key, decision.allocation)  # the core's GPUs as the claims' devices
             if why is not None:
                 self.reasons[key] = why
@@ -128,6 +128,8 @@ class SchedulingPass:
         core = self.core()
         ledger = self.ledger()
         actions = PassActions(cache, self.binder, self.evictor, self.departures, self.sink, self.stats, self.tasks)
+        for key in [k for k in cache.dra_resume if k in cache.pending]:
+            self._resume(key, actions, now)
         singles, gangs = [], {}
         for _key, pw in cache.pending.items():
             if pw.workload.gang:
@@ -157,6 +159,38 @@ class SchedulingPass:
                 self.reporter.unschedulable(w, actions.reasons.get(w.id, NOT_TRIED), actions.labels.get(w.id, "other"))
         self.stats.pass_latency.observe(time.perf_counter() - started)
 
+    def _pick_gang_devices(self, gang: str, decisions: list[Decision], members: list[PodWorkload]) -> bool:
+        """The claims' devices of every member with claims, or of none: all or nothing, as the gang."""
+        picked: list[str] = []
+        for d in decisions:
+            key = d.workload.id
+            if key not in self.cache.dra_asks:
+                continue
+            why = self.cache.pick_devices(key, d.allocation)
+            if why is None:
+                picked.append(key)
+                continue
+            for k in picked:
+                self.cache.drop_picks(k)
+            for other in decisions:  # pick_devices released the failed member's allocation already
+                if other.workload.id != key and other.workload.id in self.cache.cluster.allocations:
+                    self.cache.cluster.release(other.workload.id)
+            for m in members:
+                self.reporter.unschedulable(m.workload, f"gang {gang}: {why}; none of its members placed", GANG_LABEL)
+            return False
+        return True
+
+    def _resume(self, key: str, actions: PassActions, now: float) -> None:
+        """A pod whose claims were allocated for it on a node before a restart is bound there (their devices)."""
+        w = self.cache.pending[key].workload
+        alloc = self.cache.resume(key)
+        if alloc is None:
+            self.reporter.unschedulable(w, "its claims are allocated on a node that is gone", "dra-devices")
+            return
+        node = self.cache.node_name(alloc.node)
+        why = Reason(Code.SCHEDULED, "dra", f"{node} gpus={alloc.gpus}: its claims were allocated there already")
+        actions.start(w, Decision(w, alloc, [why], nodes=len(self.cache.cluster)), now)
+
     def _place_gang(self, core: Scheduler, gang: str, members: list[PodWorkload], actions: PassActions,
                     now: float, ledger: TenantLedger | None = None) -> None:
         size = max(m.gang_size for m in members)
@@ -172,13 +206,20 @@ class SchedulingPass:
                 self.reporter.unschedulable(m.workload, f"gang {gang}: tenant {first.tenant} has used its quota and "
                                                         "borrowing limit", GANG_LABEL)
             return
-        decisions, reasons = place_gang(core, self.cache.cluster, [m.workload for m in members], self.cache.node_mask)
+        mask = self.cache.node_mask
+        for m in members:  # members whose claims select devices on some nodes only: the gang goes there
+            ask = self.cache.dra_asks.get(m.workload.id)
+            if ask is not None and ask.nodes is not None:
+                mask = mask & np.isin(np.asarray(self.cache.cluster.names), sorted(ask.nodes))
+        decisions, reasons = place_gang(core, self.cache.cluster, [m.workload for m in members], mask)
         if decisions and ledger is not None:
             for d in decisions:
                 ledger.charge(d.workload, model=str(self.cache.cluster.models[d.allocation.node]))
         if not decisions:
             for m in members:
                 self.reporter.unschedulable(m.workload, reasons[0], GANG_LABEL)
+            return
+        if not self._pick_gang_devices(gang, decisions, members):
             return
         for d in decisions:
             actions.start(d.workload, d, now)

@@ -49,3 +49,33 @@ def test_anything_else_is_refused_naming_what_and_where(expression, where):
     with pytest.raises(UnsupportedCel, match="CEL") as info:
         compile_selector(expression)
     assert where in str(info.value)
+
+
+def test_the_shipped_device_classes_and_the_example_workload_are_read():
+    """What deploy/ ships (NVIDIA's DeviceClasses, the example's request selectors) is within what gpuaware reads."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[3]
+    docs = [d for f in (repo / "deploy/components/dra-deviceclasses/deviceclasses.yaml",
+                        repo / "deploy/examples/dra/workload.yaml") for d in yaml.safe_load_all(f.read_text()) if d]
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("cel"), dict):
+                found.append(node["cel"]["expression"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(json.loads(json.dumps(docs)))
+    assert len(found) >= 4, found
+    for expression in found:
+        compile_selector(expression)  # raises UnsupportedCel otherwise
+    gpu = compile_selector(found[0])
+    assert gpu.matches(H100)

@@ -153,3 +153,36 @@ def test_slices_give_a_node_its_gpus_and_a_tainted_device_takes_nothing_new():
     assert (int(c.gpu_count[0]), str(c.models[0]), int(c.gpu_mem_cap[0, 0])) == (4, "H100", 80 * 1024)
     assert c.nvlink[0].tolist() == [0, 0, 1, 1]
     assert c.band[0].tolist() == [0, 0, 2, 0]  # the taint keeps the core off it, as it keeps kube-scheduler
+
+
+def test_allocated_claims_hold_their_gpus_with_or_without_their_pod_and_other_drivers_devices_are_no_slot():
+    cache = ClusterCache()
+    cache.sync_nodes([make_node("h", gpus=0)])
+    nic = dra.resource_slice("h", [{"name": "eth1", "attributes": {"type": {"string": "nic"}}}],
+                             driver="nic.example.com", name="h-nic")
+    cache.sync_slices([dra.resource_slice("h", gpus("h", 4)), nic])
+    results = [{"request": "g", "driver": dra.DRIVER, "pool": "h", "device": "gpu-1"},
+               {"request": "n", "driver": "nic.example.com", "pool": "h", "device": "eth1"}]
+    held = claim("c", exactly(), status={"allocation": {"devices": {"results": results}},
+                                         "reservedFor": [{"resource": "pods", "name": "p", "uid": "u1"}]})
+    cache.sync_claims([held])
+    assert cache.cluster.gpu_free[0].tolist() == [1000, 0, 1000, 1000]  # a hold: no pod known yet
+    running = pod("c")
+    running["spec"]["nodeName"] = "h"
+    cache.sync_pods([running])  # (a new model: rebuilt)
+    c = cache.cluster
+    assert c.gpu_free[0].tolist() == [1000, 0, 1000, 1000] and "claim:ns/c" not in c.allocations
+    assert cache.running["ns/p"].allocation.gpus == [1] and cache.running["ns/p"].allocation.milli == [1000]
+    assert cache.running["ns/p"].workload.num_gpu == 1
+    cache.pod_event("DELETED", running)  # ended: the devices stay taken until the claim is deallocated
+    assert c.gpu_free[0].tolist() == [1000, 0, 1000, 1000] and "claim:ns/c" in c.allocations
+    cache.claim_event("DELETED", held)
+    assert c.gpu_free[0].tolist() == [1000] * 4
+
+
+def test_a_pool_being_republished_hands_out_nothing_until_all_its_slices_are_there():
+    devices, counters = a100_mig("m")  # two slices: the devices, then the counters
+    inv = inventory(devices)
+    assert inv.nodes["m"].gpus[0].tainted and all(m.tainted for m in inv.nodes["m"].migs)
+    inv.event("ADDED", counters)
+    assert not inv.nodes["m"].gpus[0].tainted and not any(m.tainted for m in inv.nodes["m"].migs)

@@ -13,6 +13,7 @@ own (each test's DeviceClass selects a test-group attribute of its own devices).
   requeued (not bound), the other allocation kept;
 - a selector in CEL gpuaware does not evaluate: the pod is left alone with the reason as an Event;
 - a GPUQueue's per-model quota counts claimed GPUs;
+- a pod whose claims were written before a restart cut its Binding short is bound where they say;
 - MIG partitions (partitionable devices, A's publisher): the apiserver takes them, and no two handed out
   share a memory slice (the pool's shared counters).
 
@@ -56,7 +57,9 @@ def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeControlPlane]:
         plane.create_namespace("gpuaware")
         # The production overlay with the DRA component, as docs/dra.md has it: its RBAC, applied as it ships.
         rendered = plane.kubectl("kustomize", str(overlay_with(tmp_path_factory.mktemp("overlay"), "dra"))).stdout
-        plane.apply(yaml.safe_dump_all([d for d in yaml.safe_load_all(rendered) if d and d["kind"] in RBAC_KINDS]))
+        rbac = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in RBAC_KINDS]
+        plane.apply(yaml.safe_dump_all(rbac))
+        plane.rbac = rbac  # type: ignore[attr-defined]
         yield plane
 
 
@@ -71,10 +74,12 @@ def body(resp: Any) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def scheduler(cp: KubeControlPlane, lead: bool = True) -> AsyncIterator[LiveScheduler]:
+async def scheduler(cp: KubeControlPlane, lead: bool = True, account_name: str = "gpuaware-scheduler"
+                    ) -> AsyncIterator[LiveScheduler]:
     """gpuaware's scheduler as the ``gpuaware-scheduler`` ServiceAccount (the shipped RBAC), leading or not."""
     cfg = client.Configuration()
-    account = await asyncio.to_thread(cp.serviceaccount_kubeconfig, "gpuaware", "gpuaware-scheduler", create=False)
+    account = await asyncio.to_thread(cp.serviceaccount_kubeconfig, "gpuaware", account_name,
+                                      create=account_name != "gpuaware-scheduler")
     config.load_kube_config(config_file=str(account), client_configuration=cfg)
     live = LiveScheduler(KubeApi(client.ApiClient(cfg)), SETTINGS, None)
     await live.start()
@@ -301,3 +306,55 @@ async def test_mig_partitions_are_allocated_without_overlapping_memory_slices(cp
     taken = [int(r[0]["device"].rsplit("-", 1)[1]) for r in ones if r]
     assert three["device"].startswith("gpu-0-mig-3g40gb-9-") and len(taken) == 3 == len(set(taken))
     assert not set(taken) & set(range(start, start + 4)), (three, taken)  # no memory slice twice
+
+
+async def test_a_placement_cut_short_after_its_claim_writes_is_bound_where_the_claims_say(cp):
+    node(cp, "dra-s", "resume")
+    gpu_slice(cp, "dra-s", gpus=4, group="resume")
+    cls = device_class(cp, "resume")
+    claim(cp, "cut", cls)
+    pod(cp, "cut", ["cut"])
+    # What a scheduler that stopped between the claim's status write and the Binding leaves behind.
+    r = client.ResourceV1Api(admin(cp))
+    written = body(await asyncio.to_thread(r.read_namespaced_resource_claim, "cut", "default",
+                                           _preload_content=False))
+    written["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpus", "driver": dra.DRIVER, "pool": "dra-s", "device": "gpu-2"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["dra-s"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": "cut", "uid": read(cp, "pod", "cut")["metadata"]["uid"]}]}
+    await asyncio.to_thread(r.replace_namespaced_resource_claim_status, "cut", "default", written,
+                            _preload_content=False)
+    async with scheduler(cp) as live:
+        assert await bound(cp, "cut") == "dra-s"
+        c = live.cache.cluster
+        assert c.gpu_free[c.index["dra-s"], :4].tolist() == [1000, 1000, 0, 1000]  # its claim's GPU, once
+    assert [x["device"] for x in results(read(cp, "resourceclaim", "cut"))] == ["gpu-2"]
+
+
+async def test_a_lasting_refusal_of_the_claim_write_leaves_the_pod_alone_instead_of_asking_every_pass(cp):
+    """As a ServiceAccount granted everything but ``resourceclaims/binding`` (1.36 refuses the allocation
+    with 422): the pod gets the apiserver's reason once, and the write is not repeated pass after pass."""
+    grants = []
+    for d in cp.rbac:  # type: ignore[attr-defined]
+        if d["kind"] in ("ClusterRole", "ClusterRoleBinding") and d["metadata"]["name"].startswith("gpuaware-sched"):
+            d = json.loads(json.dumps(d).replace("gpuaware-scheduler", "dra-no-binding"))
+            for rule in d.get("rules") or []:
+                rule["resources"] = [r for r in rule["resources"] if r != "resourceclaims/binding"]
+            d["rules" if d["kind"] == "ClusterRole" else "subjects"] = [
+                x for x in d.get("rules" if d["kind"] == "ClusterRole" else "subjects") or [] if x.get("resources", 1)]
+            grants.append(d)
+    cp.apply(yaml.safe_dump_all(grants))
+    node(cp, "dra-f", "forbidden")
+    gpu_slice(cp, "dra-f", gpus=2, group="forbidden")
+    cls = device_class(cp, "forbidden")
+    claim(cp, "nobind", cls)
+    pod(cp, "nobind", ["nobind"])
+    async with scheduler(cp, account_name="dra-no-binding") as live:
+        await wait_for(lambda: "default/nobind" in live.cache.rejected, 30, "left alone")
+        assert "resourceclaims/binding" in live.cache.rejected["default/nobind"].reason
+        for _ in range(5):  # passes place nothing for it (requeued, each would write the claim again)
+            live.schedule_once()
+            await wait_for(lambda: len(live.tasks) == 0, 30, "the pass's tasks done")
+        assert live.stats.api_errors[("update-claim-status", 422)] == 1
+    assert not read(cp, "pod", "nobind")["spec"].get("nodeName")

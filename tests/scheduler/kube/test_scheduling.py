@@ -115,3 +115,30 @@ def test_the_core_is_rebuilt_when_nodes_change_or_the_mix_has_grown(tasks):
     for i in range(MIX_REBUILD_EVERY):
         passes.learn(cache.workload(make_pod(f"p{i}")))
     assert passes.core() is not rebuilt
+
+
+async def test_a_gang_with_claims_gets_devices_for_all_its_members_or_for_none(tasks, wait_for):
+    """A member whose claims' devices cannot be picked where the core placed it holds back the whole gang:
+    no member starts, the others' devices are no longer in flight and their GPUs are free again."""
+    from contract import dra
+    gang = {"gpuaware.io/gang": "g", "gpuaware.io/gang-size": "2"}
+    pods = [make_pod(f"m{i}", gpus=0, annotations=gang) for i in range(2)]
+    for i, p in enumerate(pods):
+        p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": f"c{i}"}]
+    passes, cache, binds, _, events, _, _ = setup(tasks, [make_node("n0", gpus=0)], [])
+    cache.sync_classes([{"metadata": {"name": "gpu"}, "spec": {"selectors": [
+        {"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}]}}])
+    cache.sync_slices([dra.resource_slice("n0", [dra.gpu_device(g, uuid=f"GPU-{g}", product_name="NVIDIA H100",
+                                                                memory_bytes=80 * 2**30) for g in range(2)])])
+    cache.sync_claims([{"metadata": {"name": f"c{i}", "namespace": "default", "resourceVersion": "1"},
+                        "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu"}}]}}}
+                       for i in range(2)])
+    cache.sync_pods(pods)
+    real = cache.pick_devices
+    cache.pick_devices = lambda key, alloc: "no device" if key.endswith("m1") and cache.release(key) is None \
+        else real(key, alloc)
+    passes.run(1000.0)
+    await settle(tasks, wait_for)
+    assert binds.started == [] and not cache.dra_picks and not cache.dra.in_flight
+    assert set(cache.pending) == {"default/m0", "default/m1"} and not cache.cluster.allocations
+    assert all("gang default/g: no device; none of its members placed" in m for _, m in events.written)
