@@ -265,8 +265,8 @@ class _Driver:
         raise RuntimeError(f"pods of namespace {NAMESPACE} not deleted after {timeout_s:.0f}s")
 
 
-def _driver_process(conn, server: str, ca: str, cert: str, key: str) -> None:
-    driver = _Driver(server, ca, cert, key)
+def _driver_process(conn, server: str, ca: str, cert: str, key: str, factory: type[_Driver] = _Driver) -> None:
+    driver = factory(server, ca, cert, key)
     conn.send("ready")
     while True:
         cmd = conn.recv()
@@ -277,6 +277,8 @@ def _driver_process(conn, server: str, ca: str, cert: str, key: str) -> None:
             conn.send("deleted")
         elif cmd[0] == "wait":
             conn.send(driver.wait(cmd[1], cmd[2]))
+        elif cmd[0] == "call":  # a method of ``factory``'s (the DRA bench's claims)
+            conn.send(getattr(driver, cmd[1])(*cmd[2:]))
         else:
             _, pods, rate, timeout_s = cmd
             conn.send(driver.phase(pods, rate, timeout_s))
@@ -293,9 +295,10 @@ def _phase_figures(result: dict[str, Any]) -> tuple[float | None, list[float], l
 
 
 @contextlib.asynccontextmanager
-async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | None) -> AsyncIterator[None]:
-    """``mode``'s scheduler, running until the block ends."""
-    settings = SchedulerSettings(extender_port=0, leader_elect=False, stale_after_s=3600)
+async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | None,
+                     dra: bool = False) -> AsyncIterator[None]:
+    """``mode``'s scheduler, running until the block ends; ``dra``: gpuaware allocates ResourceClaims."""
+    settings = SchedulerSettings(extender_port=0, leader_elect=False, stale_after_s=3600, dra=dra)
     if mode == "kube_scheduler":
         doc = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"}
         await asyncio.to_thread(cp.start_scheduler, _with_qps(doc, qps))

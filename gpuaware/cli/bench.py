@@ -119,17 +119,27 @@ def bench_stream_cmd(obj: Context, worker_counts: str, gpus: int, samples_per_ba
               help="Pods of the throughput phase (real: a backlog created before the scheduler starts).")
 @click.option("--rate", type=float, default=200.0, show_default=True, help="Pods/s for the latency phase.")
 @click.option("--seconds", type=float, default=15.0, show_default=True, help="Length of the latency phase.")
-@click.option("--modes", default="kube_scheduler,extender,gpuaware", show_default=True,
-              help="real: the modes to run, comma-separated.")
+@click.option("--modes", default=None,
+              help="real: the modes to run, comma-separated [default: kube_scheduler,extender,gpuaware; "
+                   "with --dra kube_scheduler_dra,gpuaware_dra].")
 @click.option("--budgets", default="default,raised", show_default=True,
               help="real: API budgets, comma-separated: default (as shipped) and raised (--qps for all).")
 @click.option("--qps", type=float, default=500.0, show_default=True,
               help="real: the raised budget's client QPS (burst twice that) for kube-scheduler and gpuaware.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--dra", is_flag=True,
+              help="real: GPUs as DRA devices (a ResourceSlice per node) and pods with ResourceClaims: "
+                   "kube-scheduler's DynamicResources plugin and gpuaware allocating them (docs/performance.md).")
+@click.option("--dra-fraction", type=click.Choice(["whole", "memory"]), default="whole", show_default=True,
+              help="--dra: a fractional trace pod's claim asks for a whole GPU, or for its share of the GPU's "
+                   "memory (consumable capacity; gpuaware does not allocate shared devices yet).")
+@click.option("--node-count", type=click.IntRange(min=1), default=None,
+              help="real: only the first N GPU nodes of --nodes (quick runs) [default: all].")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.pass_obj
 def bench_scheduler_cmd(obj: Context, kube: str, node_csv: str, pod_csv: str, burst: int, rate: float,
-                        seconds: float, modes: str, budgets: str, qps: float, seed: int, as_json: bool) -> None:
+                        seconds: float, modes: str | None, budgets: str, qps: float, seed: int, dra: bool,
+                        dra_fraction: str, node_count: int | None, as_json: bool) -> None:
     """Pods bound per second and p99 creation-to-binding on the 1,213-node openb cluster.
 
     --kube real (default): the real control plane with the trace's nodes as kwok nodes; in one run,
@@ -138,6 +148,10 @@ def bench_scheduler_cmd(obj: Context, kube: str, node_csv: str, pod_csv: str, bu
     {"runs": {budget: {"api_budget", "modes": {mode: {pods_per_s, p99_create_to_bind_s,
     unallocated_gpu_pct, pending, ...}}}}}.
 
+    --dra: the same with GPUs as DRA devices and a ResourceClaim per GPU pod; modes
+    kube_scheduler_dra (kube-scheduler's DynamicResources plugin) and gpuaware_dra; per mode also
+    devices_allocated_twice and bound_pods_without_allocation, from the claims the apiserver holds.
+
     --kube fake: gpuaware alone on a fake kube-apiserver (its own process), every GPU's state
     through the broker. Progress goes to stderr; the figures to stdout.
 
@@ -145,11 +159,14 @@ def bench_scheduler_cmd(obj: Context, kube: str, node_csv: str, pod_csv: str, bu
     Example:
       gpuaware bench scheduler --burst 1000 --rate 200 --seconds 5 --json
       gpuaware bench scheduler --kube fake --burst 2000 --rate 200 --seconds 15 --json
+      gpuaware bench scheduler --dra --budgets raised --burst 1000 --rate 100 --seconds 5 --json
     """
     for path in (node_csv, pod_csv):
         if not Path(path).is_file():
             raise click.BadParameter(f"{path}: no such file (the openb traces live in ../shared/traces)")
     if kube == "fake":
+        if dra:
+            raise click.BadParameter("--dra needs the real control plane", param_hint="--kube")
         from bench.scheduler_bench import run_bench
 
         with _broker(obj, session_timeout_ms=2000) as (kafka, _):
@@ -158,11 +175,15 @@ def bench_scheduler_cmd(obj: Context, kube: str, node_csv: str, pod_csv: str, bu
         echo_figures(result, as_json, 28)
         return
     from bench.kube_bench import MODES, run_kube_bench
+    from bench.kube_dra_bench import DRA_MODES, run_dra_bench
     from gpuaware.local.kube_control_plane import BinariesMissing, find_binaries
 
-    chosen = tuple(m for m in modes.split(",") if m.strip())
-    if not chosen or set(chosen) - set(MODES):
-        raise click.BadParameter(f"{modes!r}: give some of {','.join(MODES)}", param_hint="--modes")
+    if node_count is not None and not dra:
+        raise click.BadParameter("only with --dra (the three-mode bench runs every node)", param_hint="--node-count")
+    known = DRA_MODES if dra else MODES
+    chosen = tuple(m for m in (modes or ",".join(known)).split(",") if m.strip())
+    if not chosen or set(chosen) - set(known):
+        raise click.BadParameter(f"{modes!r}: give some of {','.join(known)}", param_hint="--modes")
     chosen_budgets = tuple(b for b in budgets.split(",") if b.strip())
     if not chosen_budgets or set(chosen_budgets) - {"default", "raised"}:
         raise click.BadParameter(f"{budgets!r}: give default, raised or both", param_hint="--budgets")
@@ -171,8 +192,12 @@ def bench_scheduler_cmd(obj: Context, kube: str, node_csv: str, pod_csv: str, bu
     except BinariesMissing as exc:
         raise click.ClickException(f"{exc}; or run this bench with --kube fake") from None
     observability.setup("bench", log_level="warning")
-    result = run_kube_bench(node_csv, pod_csv, burst, rate, seconds, seed, chosen, chosen_budgets, qps,
-                            progress=progress_to_stderr("bench scheduler"))
+    if dra:
+        result = run_dra_bench(node_csv, pod_csv, burst, rate, seconds, seed, chosen, chosen_budgets, qps,
+                               node_count, dra_fraction, progress=progress_to_stderr("bench scheduler --dra"))
+    else:
+        result = run_kube_bench(node_csv, pod_csv, burst, rate, seconds, seed, chosen, chosen_budgets, qps,
+                                progress=progress_to_stderr("bench scheduler"))
     click.echo(json.dumps(result, indent=2) if as_json else json.dumps(result))
 
 

@@ -76,3 +76,12 @@ def test_the_token_bucket_gives_burst_at_once_then_qps():
     for _ in range(5):
         bucket.take()
     assert waits == pytest.approx([1 / 50] * 5)  # then one token per 1/qps
+
+
+def test_bench_scheduler_dra_names_its_own_modes_and_scale_knob_before_starting_anything():
+    result = run("bench", "scheduler", "--dra", "--modes", "extender", timeout=60)
+    assert result.returncode == 2 and "kube_scheduler_dra,gpuaware_dra" in result.stderr
+    result = run("bench", "scheduler", "--node-count", "5", timeout=60)
+    assert result.returncode == 2 and "only with --dra" in result.stderr
+    result = run("bench", "scheduler", "--kube", "fake", "--dra", timeout=60)
+    assert result.returncode == 2 and "--dra needs the real control plane" in result.stderr
