@@ -6,6 +6,7 @@ failed under ``CI=true``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,7 +39,16 @@ def api(cp) -> KubeApi:
     cfg = client.Configuration()
     config.load_kube_config(config_file=str(cp.serviceaccount_kubeconfig(NS, "gpuaware-scheduler", create=False)),
                             client_configuration=cfg)
-    return KubeApi(client.ApiClient(cfg))
+    scheduler = KubeApi(client.ApiClient(cfg))
+    # An admission policy binds once the apiserver's policy informer has it, a moment after it is created (CI
+    # saw a refused write go through): wait until a write it refuses is refused, on a node of its own.
+    _node(cp, "probe-node")
+    evil = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Probe", "message": "x"}]}}
+    deadline = time.monotonic() + 60
+    while _status(scheduler.core.patch_node_status, "probe-node", evil, _content_type=STRATEGIC_MERGE_PATCH) != 422:
+        assert time.monotonic() < deadline, "the shipped admission policies were not enforced within 60 s"
+        time.sleep(0.2)  # polling interval of a condition with a deadline
+    return scheduler
 
 
 def _status(call: Any, *args: Any, **kwargs: Any) -> int:

@@ -103,9 +103,9 @@ async def test_bind_waits_for_its_victims_to_be_gone(kube, listed, calls, stats,
     asked: list[str] = []
     call = calls.call
 
-    async def recorded(fn, *args):
+    async def recorded(fn, *args, **kwargs):
         asked.append(fn.__name__)
-        return await call(fn, *args)
+        return await call(fn, *args, **kwargs)
 
     calls.call = recorded
     task = asyncio.create_task(binder.bind(d.workload, d, ["default/victim"]))
