@@ -138,6 +138,9 @@ class NodeVerdicts:
         g = self.gpus[gpu]
         g.xids.clear()
         g.findings.clear()
+        # A reset device starts afresh: its old verdict is no reason to hold a better one back (the
+        # scheduler's validation window is what proves the GPU before it returns to service).
+        g.current, g.better_since = Judgement(), None
 
     def _app_on_others(self, gpu: int, at: float) -> int:
         return sum(1 for i, g in enumerate(self.gpus) if i != gpu and any(
