@@ -10,6 +10,7 @@ waiting, as it would be for a person. Each request is answered once, until the c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from agent.collectors.sim import SimCluster
@@ -44,7 +45,5 @@ class ResetTool:
     async def run(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
         while not stop.is_set():
             await asyncio.to_thread(self.once)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), every_s)
-            except TimeoutError:
-                pass

@@ -83,7 +83,7 @@ def test_each_gpu_replays_the_pod_and_scaled_memory_numpys_draws_gave():
 
 
 def test_a_reset_ends_a_faults_run_but_not_a_dead_gpu_or_an_operators_cap():
-    cluster, clock = sim_cluster(nodes=1, gpus_per_node=2)
+    cluster, _ = sim_cluster(nodes=1, gpus_per_node=2)
     gpu = cluster.gpus[0][0]
     gpu.faults = [Fault(kind="stuck_util", node=0, gpu=0, at_s=1), Fault(kind="power_cap", node=0, gpu=0, at_s=1),
                   Fault(kind="dead", node=0, gpu=0, at_s=50)]
