@@ -189,12 +189,14 @@ class AgentCore:
             return out
         self.next_watch = now + self.policy.floor_s
         reads = self._watch_round(out, now)
-        peer_findings = dict(self.peers.learn(reads))
+        full = {t.device.index: t.last_sample for t in self.tracks if t.last_sample is not None}
+        peer_findings: dict[int, list[Finding]] = {}
+        for index, finding in self.peers.learn(reads, full):
+            peer_findings.setdefault(index, []).append(finding)
         for index, watch in reads.items():
             track = self.tracks[index]
             found = track.detectors.learn_one(watch)
-            if index in peer_findings:
-                found.append(peer_findings[index])
+            found += peer_findings.get(index, [])
             self._after_watch(out, track, watch, found)
         return out
 
