@@ -258,7 +258,7 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
             "records": dict(state.state_records),
             "gpus_with_state": len(state.gpu_states),
             "workload_classes": dict(Counter(s.workload_class or "unknown" for s in state.gpu_states.values())),
-            "demand_forecast": [asdict(d) for d in state.forecast.models] if state.forecast else [],
+            "demand_forecast": forecast_rows(state.forecast),
         },
         "scheduler": scheduler_summary,
         "kube": kube if scheduler else None,
@@ -266,6 +266,11 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
         "components": {"broker": "running", "agents": "running", "stream": "running",
                        "scheduler": "running" if sched is not None else "off (--no-scheduler)"},
     }
+
+
+def forecast_rows(forecast: ClusterForecast | None) -> list[dict]:
+    """The newest cluster forecast as JSON rows (its records are slots dataclasses: ``vars`` cannot read them)."""
+    return [asdict(d) for d in forecast.models] if forecast else []
 
 
 def worst_verdict(evs: list) -> tuple[str | None, str | None]:
