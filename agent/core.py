@@ -173,6 +173,8 @@ class AgentCore:
     def tick(self, now: float | None = None) -> TickOutput:
         now = self.clock() if now is None else now
         out = TickOutput()
+        for index in self.collector.gpu_resets():
+            self.gpu_reset(index)
         for x in self.collector.xid_events():
             track = self.tracks[x.gpu_index]
             track.health.learn_xid(x.ts, x.xid)
@@ -187,14 +189,27 @@ class AgentCore:
             return out
         self.next_watch = now + self.policy.floor_s
         reads = self._watch_round(out, now)
-        peer_findings = dict(self.peers.learn(reads))
+        full = {t.device.index: t.last_sample for t in self.tracks if t.last_sample is not None}
+        peer_findings: dict[int, list[Finding]] = {}
+        for index, finding in self.peers.learn(reads, full):
+            peer_findings.setdefault(index, []).append(finding)
         for index, watch in reads.items():
             track = self.tracks[index]
             found = track.detectors.learn_one(watch)
-            if index in peer_findings:
-                found.append(peer_findings[index])
+            found += peer_findings.get(index, [])
             self._after_watch(out, track, watch, found)
         return out
+
+    def gpu_reset(self, index: int) -> None:
+        """GPU ``index`` was reset: what its XIDs, findings and score said was the old device state's; it is
+        judged afresh from its next reads."""
+        track = self.tracks[index]
+        d = track.device
+        track.health = HealthScorer(d.slowdown_temp_c or 87.0)
+        track.detectors = GpuDetectors(d, seed=d.index)
+        track.last_xid = None
+        self.verdicts.reset(index)  # its next watch read emits the fresh verdict
+        track.sampler.snap()
 
     def _watch_round(self, out: TickOutput, now: float) -> dict[int, Reading]:
         """One watch read of every GPU still answering (a GPU that stopped is marked lost), timed."""

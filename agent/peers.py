@@ -15,16 +15,28 @@ learning slowly (``offset_tau``), so a fault is absorbed over tens of minutes, l
 and a GPU can never get stuck off a line it may no longer learn. Until the model's power has varied
 enough to tell the slope, the slope is ``prior_c``. Nothing is judged for ``judge_after_s`` after the
 agent starts: the smoothed power starts from one reading, not from the heat sink's history.
+
+The same peers judge three more signals (``PeerChecks``; docs/health.md, "Peer comparison"), each a
+GPU against its same-model peers on the node, ``hold`` reads in a row:
+
+- SM clock under load: busy (``busy_util``) and with no throttle reason, a clock ``clock_deficit``
+  below every one of its busy peers' is a board losing clocks before any reason says so (a clock a reason
+  explains is the throttle rules' business);
+- power at utilisation: busy, among busy peers within ``util_window`` points of its utilisation, none
+  of them throttled, power ``power_deviation`` (and ``power_floor_w`` W) above all of them or below all;
+- single-bit ECC rate: errors over ``sbe_window_s`` at least ``sbe_min`` and ``sbe_factor`` times the
+  peers' median (plus one): a slow storm the absolute rate rule (60/min, 5 in 10 s) does not reach.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 from agent.anomaly import Finding
-from agent.readings import Reading
+from agent.readings import THROTTLE_GPU_IDLE, Reading
 
 THERMAL_TAU_S = 40.0
 
@@ -80,6 +92,96 @@ class ModelSlope:
         return self.sxy / self.sxx if self.sxx > 0.4 else prior
 
 
+@dataclass(frozen=True)
+class PeerSettings:
+    hold: int = 5  # reads in a row
+    busy_util: float = 50.0
+    clock_deficit: float = 0.10
+    util_window: float = 10.0
+    # Wide: two jobs at the same utilisation differ in power (memory- vs compute-bound); a board drawing
+    # a third more or less than both its peers is more than a workload's difference.
+    power_deviation: float = 0.35
+    power_floor_w: float = 60.0
+    sbe_window_s: float = 600.0
+    sbe_min: int = 5
+    sbe_factor: float = 5.0
+
+
+class PeerChecks:
+    """Clocks, power at utilisation and SBE rate against same-model peers on the node."""
+
+    def __init__(self, models: list[str], s: PeerSettings | None = None):
+        self.models, self.s = models, s or PeerSettings()
+        self.runs: dict[tuple[str, int], int] = {}
+        self.sbe: list[deque[tuple[float, int]]] = [deque() for _ in models]
+
+    def _peers(self, gpu: int, values: dict[int, float]) -> list[float]:
+        return [v for g, v in values.items() if g != gpu and self.models[g] == self.models[gpu]]
+
+    def _sbe_count(self, gpu: int, r: Reading) -> int | None:
+        if r.ecc_sbe_volatile is None:
+            return None
+        w = self.sbe[gpu]
+        if w and r.ecc_sbe_volatile < w[-1][1]:
+            w.clear()  # the volatile counter started again (a reset, a driver reload)
+        w.append((r.ts, r.ecc_sbe_volatile))
+        while len(w) > 1 and w[0][0] < r.ts - self.s.sbe_window_s:
+            w.popleft()
+        return w[-1][1] - w[0][1]
+
+    def check(self, readings: dict[int, Reading], full: dict[int, Reading], judge: bool) -> list[tuple[int, Finding]]:
+        s = self.s
+        quiet = {g: r for g, r in readings.items() if not (r.throttle_reasons or 0) & ~THROTTLE_GPU_IDLE}
+        # Power is compared under load only: near idle it climbs steeply with the first few points of
+        # utilisation, so "the same utilisation" is not the same operating point there.
+        busy = {g: r for g, r in quiet.items() if (r.util_gpu or 0) >= s.busy_util}
+        clocks = {g: float(f.sm_clock_mhz) for g, f in full.items()
+                  if f.sm_clock_mhz and (f.util_gpu or 0) >= s.busy_util and g in quiet
+                  and not (f.throttle_reasons or 0) & ~THROTTLE_GPU_IDLE}
+        sbe = {g: c for g, r in readings.items() if (c := self._sbe_count(g, r)) is not None}
+        found: dict[tuple[str, int], tuple[float, float, str]] = {}
+        for g, clock in clocks.items():
+            peers = self._peers(g, clocks)
+            if len(peers) >= 2:
+                med = min(peers)  # below every busy peer (one slow peer does not make the others outliers)
+                if med > 0 and (med - clock) / med >= s.clock_deficit:
+                    found[("clock_peer", g)] = (clock, (med - clock) / med, (
+                        f"SM clock {clock:.0f} MHz under load, {(med - clock) / med:.0%} below each of its same-model "
+                        f"peers (slowest {med:.0f} MHz) with no throttle reason: check its power delivery and clocks"))
+        for g, r in busy.items():
+            if r.power_w is None or r.util_gpu is None:
+                continue
+            near = {h: q.power_w for h, q in busy.items() if q.power_w is not None and q.util_gpu is not None
+                    and abs(q.util_gpu - r.util_gpu) <= s.util_window}
+            peers = self._peers(g, near)
+            if len(peers) >= 2:
+                # Off every peer the same way, not just their median: with a few peers, one faulty peer
+                # (a hung kernel at 100% drawing idle power) must not make the healthy ones outliers.
+                med = max(peers) if r.power_w > max(peers) else min(peers) if r.power_w < min(peers) else r.power_w
+                off = r.power_w - med
+                if med > 0 and abs(off) / med >= s.power_deviation and abs(off) >= s.power_floor_w:
+                    found[("power_peer", g)] = (r.power_w, off / med, (
+                        f"power {r.power_w:.0f} W, {off / med:+.0%} against the nearest of its same-model peers at "
+                        f"{r.util_gpu:.0f}% busy: check its power delivery and cooling"))
+        for g, count in sbe.items():
+            peers = self._peers(g, sbe)
+            if len(peers) >= 2:
+                med = statistics.median(peers)
+                if count >= s.sbe_min and count >= s.sbe_factor * (med + 1):
+                    found[("ecc_peer", g)] = (float(count), count - med, (
+                        f"{count} single-bit ECC errors in {s.sbe_window_s / 60:.0f} min, its same-model peers "
+                        f"{med:.0f}: its memory is wearing"))
+        out = []
+        for key in set(self.runs) | set(found):
+            run = self.runs.get(key, 0) + 1 if key in found and judge else 0
+            self.runs[key] = run
+            if run == s.hold:
+                value, score, message = found[key]
+                metric = {"clock_peer": "sm_clock_mhz", "power_peer": "power_w", "ecc_peer": "ecc_sbe_volatile"}
+                out.append((key[1], Finding(key[0], metric[key[0]], score, value, message)))
+        return out
+
+
 class NodePeers:
     """One per node: ``learn(tracks' readings)`` once per watch round returns the findings."""
 
@@ -93,11 +195,13 @@ class NodePeers:
         self.threshold_c, self.hold, self.prior_c = threshold_c, hold, prior_c
         self.settle_s, self.judge_after_s, self.offset_tau = settle_s, judge_after_s, offset_tau
         self.started: float | None = None
+        self.checks = PeerChecks(models)
 
     def excess(self, gpu: int) -> float:
         return self.lines[gpu].excess
 
-    def learn(self, readings: dict[int, Reading]) -> list[tuple[int, Finding]]:
+    def learn(self, readings: dict[int, Reading], full: dict[int, Reading] | None = None) -> list[tuple[int, Finding]]:
+        """``readings``: this round's watch reads; ``full``: each GPU's newest full sample (its clocks)."""
         if not readings:
             return []
         now = max(r.ts for r in readings.values())
@@ -128,4 +232,5 @@ class NodePeers:
                     "thermal_peer", "temp_c", rel, readings[gpu].temp_c or 0.0,
                     f"{rel:.1f} °C hotter than its usual at this power, relative to its same-model peers: "
                     f"check its fan and airflow")))
-        return out
+        fresh = {g: f for g, f in (full or {}).items() if g in readings and readings[g].ts - f.ts <= 30.0}
+        return out + self.checks.check(readings, fresh, age >= self.settle_s)

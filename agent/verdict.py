@@ -84,6 +84,9 @@ BURST_1H = 3  # a hardware XID this often in an hour: the action escalates one s
 FINDINGS: dict[str, tuple[HealthVerdict, HealthAction, float]] = {
     "thermal_runaway": (C, A.DRAIN, 600.0),
     "thermal_peer": (W, A.DRAIN, 600.0),
+    "clock_peer": (W, A.WATCH, 600.0),
+    "power_peer": (W, A.WATCH, 600.0),
+    "ecc_peer": (W, A.WATCH, 600.0),
     "stuck_busy": (W, A.RESET_GPU, 600.0),
     "ecc_sbe_rate": (W, A.WATCH, 600.0),
     "telemetry_collapse": (W, A.DRAIN, 600.0),
@@ -138,6 +141,9 @@ class NodeVerdicts:
         g = self.gpus[gpu]
         g.xids.clear()
         g.findings.clear()
+        # A reset device starts afresh: its old verdict is no reason to hold a better one back (the
+        # scheduler's validation window is what proves the GPU before it returns to service).
+        g.current, g.better_since = Judgement(), None
 
     def _app_on_others(self, gpu: int, at: float) -> int:
         return sum(1 for i, g in enumerate(self.gpus) if i != gpu and any(

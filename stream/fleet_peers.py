@@ -1,5 +1,6 @@
-"""Fleet-level peer comparison: a GPU whose temperature at its power, SM clock under load, or power at its
-utilisation deviates from the same model's fleet (docs/health.md, "Peer comparison").
+"""Fleet-level peer comparison: a GPU whose temperature at its power, SM clock under load, power at its
+utilisation, or single-bit ECC errors over the last 10 minutes deviate from the same model's fleet
+(docs/health.md, "Peer comparison").
 
 The agent compares a GPU with the GPUs of its own node (agent/peers.py); a node whose GPUs all run hot
 together, or a node with one GPU of a model, has no peers there. The stream sees many nodes. For each GPU
@@ -21,6 +22,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from stream.gpu_state import SBE_WINDOW_MS
+
 MAD_TO_SIGMA = 1.4826
 
 
@@ -39,6 +42,8 @@ class FleetPeerSettings:
     power_deviation: float = 0.25  # power this share off the peers' median, either way
     power_floor_w: float = 5.0
     z: float = 4.0
+    sbe_min: int = 5  # single-bit ECC errors in the tracker's window (stream.gpu_state.SBE_WINDOW_MS)
+    sbe_floor: float = 1.0
 
 
 def _robust(values: Sequence[float], floor: float) -> tuple[float, float]:
@@ -47,7 +52,9 @@ def _robust(values: Sequence[float], floor: float) -> tuple[float, float]:
     return med, max(floor, MAD_TO_SIGMA * statistics.median(abs(v - med) for v in values))
 
 
-Row = tuple[str, float, float, float, float | None, bool]  # uuid, power W, temp °C, util %, SM MHz, power-capped
+# uuid, power W, temp °C, util %, SM MHz, power-capped, single-bit ECC errors in the window (None: not reported)
+Row = (tuple[str, float, float, float, float | None, bool]
+       | tuple[str, float, float, float, float | None, bool, int | None])
 SW_POWER_CAP = 0x4  # NVML clocks event reason: an operator's or the scheduler's power cap holds the clocks
 
 
@@ -77,7 +84,7 @@ def outliers(gpus: Sequence[Row], s: FleetPeerSettings) -> dict[str, list[tuple[
                                                  f"its model at the same power (robust z {excess / spread:.1f})"))
     if len(busy) - 1 >= s.min_peers:
         med, spread = _robust([float(g[4]) for g in busy if g[4] is not None], s.clock_floor_mhz)
-        for uuid, _, _, _, clock, _ in busy:
+        for uuid, _, _, _, clock, *_ in busy:
             deficit = med - float(clock or 0.0)
             if med > 0 and deficit / med >= s.clock_deficit and deficit / spread >= s.z:
                 out[uuid].append(("clock", f"fleet peers: SM clock {clock:.0f} MHz, {deficit / med:.0%} below "
@@ -92,6 +99,15 @@ def outliers(gpus: Sequence[Row], s: FleetPeerSettings) -> dict[str, list[tuple[
                 out[uuid].append(("power", f"fleet peers: power {power:.0f} W, {off / med:+.0%} against "
                                            f"{len(group) - 1} GPUs of its model at the same utilisation "
                                            f"(robust z {abs(off) / spread:.1f})"))
+    counted = [(g[0], g[6]) for g in gpus if len(g) > 6 and g[6] is not None]
+    if len(counted) - 1 >= s.min_peers:
+        med, spread = _robust([float(c) for _, c in counted], s.sbe_floor)
+        for uuid, count in counted:
+            excess = count - med
+            if count >= s.sbe_min and excess / spread >= s.z:
+                out[uuid].append(("ecc", f"fleet peers: {count} single-bit ECC errors in "
+                                         f"{SBE_WINDOW_MS // 60_000} min against a median of {med:.0f} on "
+                                         f"{len(counted) - 1} GPUs of its model (robust z {excess / spread:.1f})"))
     return out
 
 
@@ -107,7 +123,8 @@ def check(trackers: Iterable, now_ms: int, s: FleetPeerSettings) -> None:
             t.fleet_strikes, t.fleet_reasons = {}, []
     for group in by_model.values():
         rows = [(t.uuid, t.smoothed["power_w"], t.smoothed.get("temp_c", 0.0), t.smoothed.get("util_gpu", 0.0),
-                 t.smoothed.get("sm_clock_mhz"), bool(t.throttle_reasons & SW_POWER_CAP)) for t in group]
+                 t.smoothed.get("sm_clock_mhz"), bool(t.throttle_reasons & SW_POWER_CAP),
+                 t.sbe_window[-1][1] - t.sbe_window[0][1] if t.sbe_window else None) for t in group]
         now = outliers(rows, s)
         for t in group:
             found = dict(now.get(t.uuid, []))

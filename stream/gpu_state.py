@@ -46,6 +46,7 @@ from stream.forecast import ExpertForecaster
 log = logging.getLogger(__name__)
 
 MINUTE_MS = 60_000
+SBE_WINDOW_MS = 600_000  # the fleet peer check's single-bit ECC window (stream.fleet_peers)
 SMOOTHING = 0.3
 HISTORY_MINUTES = 60
 RECENT_EVENTS = 8
@@ -106,6 +107,7 @@ class GpuTracker:
     throttle_reasons: int = 0  # the newest sample's NVML clocks event reasons
     fleet_strikes: dict[str, int] = field(default_factory=dict)
     fleet_reasons: list[str] = field(default_factory=list)
+    sbe_window: deque = field(default_factory=deque)  # (sample ms, volatile SBE count) over the fleet's window
     _forecasters: dict[tuple[str, int], ExpertForecaster] | None = None
 
     # ------------------------------------------------------------------ learning
@@ -142,6 +144,13 @@ class GpuTracker:
             prev = s.get("sm_clock_mhz")
             s["sm_clock_mhz"] = clock if prev is None else prev + SMOOTHING * (clock - prev)
         self.throttle_reasons = sample.throttle_reasons or 0
+        if sample.ecc_sbe is not None:  # the fleet peer check compares SBE counts over a window
+            w = self.sbe_window
+            if w and sample.ecc_sbe < w[-1][1]:
+                w.clear()  # the volatile counter started again (a GPU reset, a driver reload)
+            w.append((ts_ms, sample.ecc_sbe))
+            while len(w) > 1 and w[0][0] < ts_ms - SBE_WINDOW_MS:
+                w.popleft()
         self.fingerprint.learn_one(ts_ms, util, util_mem, fb, float(info.fb_total_mib), power)
         self._bucket(ts_ms // MINUTE_MS, util, fb)
         return Learned.APPLIED

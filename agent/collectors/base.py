@@ -22,6 +22,11 @@ class Collector(Protocol):
         """XID errors seen since the last call (event-driven, not polled)."""
         ...
 
+    def gpu_resets(self) -> list[int]:
+        """GPUs reset since the last call (the simulator models the reset a GPUResetRequired condition asks
+        the cluster's tooling for; NVML has no reset notification, so the NVML collector reports none)."""
+        ...
+
     def set_power_limit(self, index: int, watts: float) -> None: ...
 
     def reset_power_limit(self, index: int) -> None:

@@ -303,6 +303,9 @@ class NvmlCollector:
             out, self._xids = self._xids, []
         return out
 
+    def gpu_resets(self) -> list[int]:
+        return []  # NVML does not announce a reset done by another process (docs/health.md)
+
     def set_power_limit(self, index: int, watts: float) -> None:
         d = self._devices[index]
         if d.power_max_w is not None and watts > d.power_max_w:

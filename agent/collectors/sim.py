@@ -227,6 +227,7 @@ class SimGpu:
         self.power_limit = self.spec.board_power_w
         self.dead = False
         self.pending_xids: list[XidEvent] = []
+        self.reset_pending = False  # reset since the collector last said so
         self.sm_clock = self.spec.sm_clock_max_mhz
         self.nvlink_kib = 0.0
         self.mig_profiles = scenario.mig.get(index, [])
@@ -243,6 +244,20 @@ class SimGpu:
         while self.second < target:
             self.second += 1
             self._step(self.second, epoch)
+
+    # What a GPU reset clears: the device's state. A power cap is an operator's setting, a dead GPU is off
+    # the bus (a reset cannot reach it), the node's telemetry path is not the GPU's.
+    RESET_CLEARS = frozenset({"ecc_sbe_storm", "ecc_dbe", "xid", "thermal_runaway", "stuck_util"})
+
+    def reset(self) -> None:
+        """A GPU reset (``nvidia-smi -r``, what the cluster's tooling does for a GPUResetRequired condition):
+        the faults it clears end now and the volatile ECC counters start again; retired pages stay."""
+        now = self.second + 1
+        self.faults = [f.model_copy(update={"duration_s": now - f.at_s})
+                       if f.kind in self.RESET_CLEARS and f.at_s < now and f.active(now) else f for f in self.faults]
+        self.ecc_sbe = self.ecc_dbe = 0
+        self.pending_xids.clear()
+        self.reset_pending = True
 
     def _active(self, kind: str, s: int) -> list[Fault]:
         return [f for f in self.faults if f.kind == kind and f.active(s)]
@@ -487,6 +502,16 @@ class SimCollector:
             gpu.advance_to(t, self.cluster.epoch)
             out.extend(gpu.pending_xids)
             gpu.pending_xids.clear()
+        return out
+
+    def reset_gpu(self, index: int) -> None:
+        """Reset GPU ``index`` now; the agent learns it from ``gpu_resets``."""
+        self._gpus[index].reset()
+
+    def gpu_resets(self) -> list[int]:
+        out = [g.index for g in self._gpus if g.reset_pending]
+        for g in self._gpus:
+            g.reset_pending = False
         return out
 
     def set_power_limit(self, index: int, watts: float) -> None:

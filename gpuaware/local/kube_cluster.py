@@ -24,6 +24,7 @@ from gpuaware.local.kube_control_plane import KWOK_NODE_ANNOTATION, BinariesMiss
 KUBE_MODES = ("real", "embedded")
 CRDS = Path(__file__).resolve().parents[2] / "deploy" / "base" / "crds"
 PODS = BY_PATH[("", "v1", "pods")]
+NODES = BY_PATH[("", "v1", "nodes")]
 # The priorities PodLoad gives pods, as PriorityClasses (the real apiserver computes spec.priority).
 PRIORITY_CLASSES = {200_000: "gpuaware-latency-sensitive", 5_000: "gpuaware-standard"}
 
@@ -45,6 +46,7 @@ class LocalCluster(Protocol):
     def stop(self) -> None: ...
     def create(self, plural: str, obj: dict[str, Any], group: str = "", version: str = "v1") -> Any: ...
     def pods(self) -> list[dict[str, Any]]: ...
+    def nodes(self) -> list[dict[str, Any]]: ...
     def bound_at(self, key: str) -> float | None: ...
     def delete_pod(self, namespace: str, name: str) -> None: ...
 
@@ -72,6 +74,9 @@ class EmbeddedCluster:
 
     def pods(self) -> list[dict[str, Any]]:
         return self.fake.store.list(PODS, None, None)[0]
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return self.fake.store.list(NODES, None, None)[0]
 
     def bound_at(self, key: str) -> float | None:
         return self.fake.store.bound_at.get(key)
@@ -140,6 +145,11 @@ class RealCluster:
             if p["spec"].get("nodeName"):
                 self._bound.setdefault(f"{p['metadata']['namespace']}/{p['metadata']['name']}", now)
         return items
+
+    def nodes(self) -> list[dict[str, Any]]:
+        import json
+
+        return json.loads(self._core.list_node(_preload_content=False).data)["items"]
 
     def bound_at(self, key: str) -> float | None:
         return self._bound.get(key)

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.live import Live
@@ -41,6 +41,7 @@ from contract.events import (
 from gpuaware.local.broker import BrokerSettings, LocalBroker
 from gpuaware.local.processes import finish, free_port, stop_children
 from gpuaware.local.prometheus import LocalPrometheus
+from gpuaware.local.reset_tool import ResetTool
 from gpuaware.local.stack_scheduler import StackScheduler
 from gpuaware.local.stream_workers import StreamWorkerProcess
 from gpuaware.local.view import StackView, logs_above
@@ -159,6 +160,16 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
                                                                   sched.cluster.api_server, 2.0)
                 else:  # the real apiserver: through the kubeconfig (KUBECONFIG)
                     runtime.cordons = CordonWatcher(runtime.cores, KubeApi(connect(pool_size=2)), runtime.stats, 2.0)
+            resets = ResetTool(sched.cluster, cluster) if sched is not None else None
+            if resets is not None:  # the cluster's tooling: answers a GPUResetRequired condition with a reset
+                resets_stop = asyncio.Event()
+                resets_task = asyncio.create_task(resets.run(resets_stop))
+
+                async def stop_resets() -> None:
+                    resets_stop.set()
+                    await resets_task
+
+                started.push_async_callback(stop_resets)
             prom = None
             if prometheus:
                 agent_port = free_port()
@@ -219,6 +230,8 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
                        "scheduler_reaction_s": sched.reaction_s(scenario.node_name(f.node), f.gpu,
                                                                 cluster.epoch + f.at_s) if sched else None,
                        "verdict": verdict, "action": action,
+                       "gpu_reset_by_tooling": resets is not None
+                       and (scenario.node_name(f.node), f.gpu) in resets.resets,
                        **(sched.remediation(scenario.node_name(f.node), f.gpu, cluster.epoch + f.at_s) if sched
                           else {})})
     bands = Counter(("lost" if t.lost else t.health.band.value.lower()) for c in runtime.cores for t in c.tracks)
@@ -245,7 +258,7 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
             "records": dict(state.state_records),
             "gpus_with_state": len(state.gpu_states),
             "workload_classes": dict(Counter(s.workload_class or "unknown" for s in state.gpu_states.values())),
-            "demand_forecast": [vars(d) for d in state.forecast.models] if state.forecast else [],
+            "demand_forecast": forecast_rows(state.forecast),
         },
         "scheduler": scheduler_summary,
         "kube": kube if scheduler else None,
@@ -253,6 +266,11 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
         "components": {"broker": "running", "agents": "running", "stream": "running",
                        "scheduler": "running" if sched is not None else "off (--no-scheduler)"},
     }
+
+
+def forecast_rows(forecast: ClusterForecast | None) -> list[dict]:
+    """The newest cluster forecast as JSON rows (its records are slots dataclasses: ``vars`` cannot read them)."""
+    return [asdict(d) for d in forecast.models] if forecast else []
 
 
 def worst_verdict(evs: list) -> tuple[str | None, str | None]:

@@ -88,6 +88,20 @@ def open_chains(node: Mapping[str, Any]) -> tuple[dict[int, tuple[HealthAction, 
     return {}, None
 
 
+_REQUESTED = re.compile(r"^(\w+): GPU ([\d,]+)$")
+
+
+def requested(node: Mapping[str, Any]) -> tuple[HealthAction, list[int]] | None:
+    """What a node's ``GPUMaintenanceRequired`` condition asks the cluster's tooling for: (action, GPU indices),
+    or None when it asks nothing (the message ``desired`` writes)."""
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == GPU_MAINTENANCE and c.get("status") == "True":
+            m = _REQUESTED.match(c.get("message") or "")
+            if m and m.group(1).upper() in HealthAction.__members__:
+                return HealthAction[m.group(1).upper()], [int(g) for g in m.group(2).split(",")]
+    return None
+
+
 def condition_objects(want: Mapping[str, tuple[str, str, str]], node: Mapping[str, Any] | None,
                       now: str) -> list[dict[str, Any]]:
     """The conditions to write: a type whose status is unchanged keeps its lastTransitionTime."""

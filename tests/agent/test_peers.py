@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agent.anomaly import EccRate, TelemetryCollapse
 from agent.collectors.sim import SimCluster
 from agent.core import AgentCore
@@ -86,3 +88,50 @@ def test_collapse_precedes_the_loss_and_the_verdict_asks_for_a_drain_first():
     drain = [s for s, e in events if e.gpu_uuid == gpu3 and e.attributes.get("action") == "DRAIN"]
     assert collapse and 500 <= collapse[0] <= 508
     assert drain and drain[0] < 560 <= lost[0]
+
+
+def _flagged(readings_at, seconds: int = 300, full_at=None) -> list[tuple[int, str]]:
+    peers = NodePeers(["H100"] * 4, [700.0] * 4)
+    out = []
+    for s in range(seconds):
+        rs = readings_at(float(s))
+        full = full_at(float(s)) if full_at else None
+        out += [(s, g, f.detector) for g, f in peers.learn(rs, full)]
+    return out
+
+
+def test_a_gpu_losing_clocks_under_load_with_no_throttle_reason_is_flagged_and_its_peers_are_not():
+    def full(ts):
+        return {g: reading(ts, util=90.0, power=500.0, sm_clock_mhz=1500 if g == 3 and ts >= 250 else 1980, full=True)
+                for g in range(4)}
+
+    found = _flagged(lambda ts: {g: reading(ts, util=90.0, power=500.0) for g in range(4)}, full_at=full)
+    assert {(g, d) for _, g, d in found} == {(3, "clock_peer")} and found[0][0] >= 250
+
+
+def test_power_off_its_peers_at_the_same_utilisation_is_flagged_a_gpu_at_another_utilisation_is_not():
+    def reads(ts):
+        rs = {g: reading(ts, util=80.0, power=500.0) for g in range(3)}
+        rs[3] = reading(ts, util=80.0, power=700.0 if ts >= 250 else 500.0)
+        return {**rs, 2: reading(ts, util=20.0, power=150.0)}  # idler: another operating point, no peers there
+
+    found = _flagged(reads)
+    assert {(g, d) for _, g, d in found} == {(3, "power_peer")}
+
+
+def test_a_slow_sbe_trickle_below_the_rate_rule_is_flagged_against_peers_that_see_none():
+    def reads(ts):
+        rs = {g: reading(ts) for g in range(4)}
+        rs[1] = replace(reading(ts), ecc_sbe_volatile=int(max(0.0, ts - 220) / 12))  # 5 errors a minute, 1 per 12 s
+        return rs
+
+    found = _flagged(reads)
+    assert {(g, d) for _, g, d in found} == {(1, "ecc_peer")}
+    rate_rule = EccRate()
+    assert all(rate_rule.learn_one(reads(float(s))[1]) is None for s in range(300))  # the absolute rule misses it
+
+
+def test_a_healthy_node_at_different_loads_flags_nothing():
+    found = _flagged(lambda ts: {g: reading(ts, util=20.0 * g, power=100.0 + 100.0 * g) for g in range(4)},
+                     full_at=lambda ts: {g: reading(ts, util=20.0 * g, sm_clock_mhz=1980, full=True) for g in range(4)})
+    assert found == []

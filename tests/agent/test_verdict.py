@@ -112,3 +112,26 @@ def test_the_agent_event_carries_the_verdict_and_the_stream_publishes_it():
     (state,) = proc.on_event(evs[-1], 0, 1_700_000_000_050)
     assert (state.verdict, state.recommended_action) == (V.CRITICAL, A.RESET_GPU)
     assert any("uncontained ECC" in r for r in state.verdict_reasons)
+
+
+def test_a_gpu_reset_ends_the_fault_and_the_agent_judges_the_gpu_afresh():
+    """XID 119 holds CRITICAL / reset for 24 h; the reset the action asks for clears it (docs/health.md): the
+    simulated reset ends what a reset clears, the agent learns it from the collector and reads PASS at once."""
+    cluster, clock = sim_cluster(nodes=1, gpus_per_node=2)
+    collector = cluster.node(0)
+    core = AgentCore(collector, SamplingPolicy(), clock=lambda: clock[0])
+    cluster.gpus[0][1].pending_xids.append(XidEvent(1, 1.0, 119))
+    for s in range(1, 20):
+        clock[0] = float(s)
+        core.tick(float(s))
+    assert (core.tracks[1].verdict.verdict, core.tracks[1].verdict.action) == (V.CRITICAL, A.RESET_GPU)
+    collector.reset_gpu(1)
+    clock[0] = 20.0
+    evs = [e for e in core.tick(20.0).events if e.kind is EventKind.HEALTH_CHANGE]
+    assert [e.attributes["verdict"] for e in evs] == ["PASS"]  # sent: the stream and scheduler see it
+    assert collector.gpu_resets() == []  # told once
+    for s in range(21, 21 + int(IMPROVE_AFTER_S) + 5):  # and it holds: the XID is not judged again
+        clock[0] = float(s)
+        core.tick(float(s))
+        assert core.tracks[1].verdict.verdict is V.PASS
+

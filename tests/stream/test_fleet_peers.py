@@ -83,3 +83,22 @@ def test_the_processor_judges_only_the_gpus_of_its_partitions():
     for _ in range(3):
         processor.fleet_check(now, {0})
     assert processor.trackers["GPU-99"].fleet_reasons
+
+
+def test_a_gpu_with_single_bit_errors_its_fleet_does_not_see_is_flagged_stray_errors_are_not():
+    rnd = random.Random(3)
+    rows = [(*r, rnd.choice([0, 0, 0, 1])) for r in fleet(64)]  # the stray correctable error
+    rows[11] = (*rows[11][:6], 12)  # a slow storm: 12 in 10 minutes
+    found = outliers(rows, S)
+    assert {u: [k for k, _ in v] for u, v in found.items()} == {"GPU-11": ["ecc"]}
+    assert outliers([(*r[:6], None) for r in rows], S) == {}  # no counts reported, nothing judged
+
+
+def test_the_tracker_counts_single_bit_errors_over_its_window_and_a_reset_counter_starts_again():
+    t = GpuTracker(uuid="GPU-1")
+    info = GpuInfo("GPU-1", 0, "H100", 81920)
+    for i, (ts, sbe) in enumerate([(0, 100), (300_000, 104), (700_000, 110), (710_000, 2)]):
+        t.learn_sample("n0", info, GpuSample(0, i + 1, 0, 90, 50, 40000, 6500, 60, 1980, ecc_sbe=sbe), ts, ts)
+        if ts == 700_000:
+            assert t.sbe_window[-1][1] - t.sbe_window[0][1] == 6  # 104 -> 110: the first read left the window
+    assert list(t.sbe_window) == [(710_000, 2)]

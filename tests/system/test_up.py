@@ -62,3 +62,24 @@ def test_up_runs_the_simulated_cluster_and_every_fault_gets_a_reaction(tmp_path,
         assert "GpuLost" in summary["prometheus"]["alerts_firing"], summary["prometheus"]
     else:
         assert summary["prometheus"] is None
+
+
+@pytest.mark.broker
+def test_up_shows_a_gpu_reset_validated_and_returned_to_service(tmp_path):
+    """A fault a GPU reset clears (XID 119, GSP RPC timeout: critical, reset the GPU): cordoned, drained, the
+    reset requested through the node's GPUMaintenanceRequired condition, done by the cluster's tooling (the
+    simulator's reset), validated for up's 30 s and returned: the GPU is uncordoned by the end."""
+    scenario = tmp_path / "reset.yaml"
+    scenario.write_text("name: reset\nseed: 9\nnodes: 2\ngpus_per_node: 4\nmodels: [H100]\nfaults:\n"
+                        "  - {kind: xid, node: 0, gpu: 1, at_s: 2, xid: 119}\n")
+    result = run("up", "--port", "0", "--duration", "55", "--json", "--scenario", str(scenario), "--kube", "embedded",
+                 timeout=180)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    (fault,) = summary["faults"]
+    assert (fault["verdict"], fault["action"]) == ("CRITICAL", "RESET_GPU"), fault
+    assert fault["gpu_reset_by_tooling"] and not fault["breaker_held"], fault
+    assert isinstance(fault["time_back_in_service_s"], float), fault
+    assert fault["time_to_cordon_s"] <= fault["time_action_requested_s"] <= fault["time_back_in_service_s"], fault
+    assert summary["agent_cordoned_gpus"] == 0  # the agents saw the cordon lifted
+    assert summary["health_bands"]["healthy"] == 8

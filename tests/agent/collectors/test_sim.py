@@ -8,7 +8,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.collectors.sim import load_scenario
+from agent.collectors.sim import Fault, load_scenario
 from tests.support import FUZZ, KINDS_SCENARIO, json_values, sim_cluster
 
 
@@ -80,3 +80,13 @@ def test_each_gpu_replays_the_pod_and_scaled_memory_numpys_draws_gave():
                 * gpu.spec.fb_total_mib
             assert expected.dtype == np.float32
             assert gpu.mem_series.tolist() == expected.tolist()
+
+
+def test_a_reset_ends_a_faults_run_but_not_a_dead_gpu_or_an_operators_cap():
+    cluster, _ = sim_cluster(nodes=1, gpus_per_node=2)
+    gpu = cluster.gpus[0][0]
+    gpu.faults = [Fault(kind="stuck_util", node=0, gpu=0, at_s=1), Fault(kind="power_cap", node=0, gpu=0, at_s=1),
+                  Fault(kind="dead", node=0, gpu=0, at_s=50)]
+    gpu.advance_to(10, 0.0)
+    gpu.reset()
+    assert not gpu.faults[0].active(12) and gpu.faults[1].active(12) and gpu.faults[2].active(60)

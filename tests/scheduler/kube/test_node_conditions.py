@@ -68,3 +68,12 @@ def test_a_new_leader_reads_the_open_chains_back_from_the_condition():
     healthy, _ = nc.desired([])
     assert nc.open_chains({"status": {"conditions": nc.condition_objects(healthy, None, "2026-02-02T10:00:00Z")}}) \
         == ({}, None)
+
+
+def test_what_the_maintenance_condition_asks_reads_back_as_written():
+    conditions, _ = nc.desired([chain(5, HealthAction.RESET_GPU, drained=True, requested=True),
+                                chain(7, HealthAction.RESET_GPU, drained=True, requested=True)])
+    node = {"status": {"conditions": nc.condition_objects(conditions, None, "2026-01-01T00:00:00Z")}}
+    assert nc.requested(node) == (HealthAction.RESET_GPU, [5, 7])
+    quiet, _ = nc.desired([])
+    assert nc.requested({"status": {"conditions": nc.condition_objects(quiet, None, "2026-01-01T00:00:00Z")}}) is None
