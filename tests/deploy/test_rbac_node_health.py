@@ -6,6 +6,7 @@ failed under ``CI=true``.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -42,13 +43,18 @@ def api(cp) -> KubeApi:
     scheduler = KubeApi(client.ApiClient(cfg))
     # An admission policy binds once the apiserver's policy informer has it, a moment after it is created (CI
     # saw a refused write go through): wait until a write it refuses is refused, on a node of its own.
+    # Each probe changes the condition (a write the policy let through before it bound would make the next,
+    # identical one a no-op, which the policy allows).
     _node(cp, "probe-node")
-    evil = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Probe", "message": "x"}]}}
     deadline = time.monotonic() + 60
-    while _status(scheduler.core.patch_node_status, "probe-node", evil, _content_type=STRATEGIC_MERGE_PATCH) != 422:
+    for attempt in itertools.count():
+        evil = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": f"Probe{attempt}",
+                                           "message": "x"}]}}
+        if _status(scheduler.core.patch_node_status, "probe-node", evil, _content_type=STRATEGIC_MERGE_PATCH) == 422:
+            return scheduler
         assert time.monotonic() < deadline, "the shipped admission policies were not enforced within 60 s"
         time.sleep(0.2)  # polling interval of a condition with a deadline
-    return scheduler
+    raise AssertionError("unreachable")
 
 
 def _status(call: Any, *args: Any, **kwargs: Any) -> int:

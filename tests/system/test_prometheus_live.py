@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.timeout(420),
 
 SCENARIO = """name: live
 seed: 4
-nodes: 1
+nodes: 2
 gpus_per_node: 6
 models: [H100, A100]
 workloads: [training-compute, idle-holding, inference-bursty, trace, training-memory, trace]
@@ -81,6 +81,9 @@ def _query(prometheus: LocalPrometheus, expr: str) -> list:
 
 def _cluster(kube: Kube, unique: str) -> None:
     kube.create("nodes", make_node(f"live-{unique}-000", gpus=6))
+    # Node 000's XID 79 asks for a reboot, which drains the whole node and taints it NoSchedule: the tenants'
+    # pods need a healthy node with live state to run on for the allocation and fairness gauges to have series.
+    kube.create("nodes", make_node(f"live-{unique}-001", gpus=6))
     kube.create("nodes", make_node(f"spare-{unique}", gpus=8, product="NVIDIA-A100-SXM4-80GB"))
     for tenant, weight, quota in (("vision", 2, 4), ("speech", 1, 2)):
         kube.create("gpuqueues", {"metadata": {"name": tenant}, "spec": {
