@@ -25,6 +25,14 @@ def _scheduler(kubeconfig: Path, log: Path) -> subprocess.Popen:
                             env={**os.environ, "KUBECONFIG": str(kubeconfig)})
 
 
+def _wait_for_line(log: Path, text: str, proc: subprocess.Popen, timeout: float = 40) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if text in log.read_text():
+            return
+        time.sleep(0.1)
+
+
 def test_scheduler_killed_mid_stream_restarts_binds_every_pod_once_and_never_shares_a_gpu(tmp_path, kube):
     account = kube.accounts["gpuaware-scheduler"]
 
@@ -63,6 +71,9 @@ def test_scheduler_killed_mid_stream_restarts_binds_every_pod_once_and_never_sha
             while time.monotonic() < deadline and bound() < len(created):
                 time.sleep(0.05)
         finally:
+            # A SIGTERM before the restarted process has installed its handler would kill it (-15), not stop it:
+            # once it says ready it is inside the handler's scope.
+            _wait_for_line(tmp_path / "second.log", "state caught up: ready", second)
             second.send_signal(signal.SIGTERM)
             assert second.wait(20) == 0
     finally:
