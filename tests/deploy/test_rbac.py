@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from contract import annotations
 from contract.identity import NODE_TOKEN_HEADER, TOKEN_AUDIENCE
-from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
+from gpuaware.local.kube_control_plane import KubeControlPlane
 from plumbing.kube.api import KubeApi, now_rfc3339
-from tests.support import REPO, need, overlay_with, shipped_rbac
+from tests.real_kube import api_client
+from tests.support import REPO, overlay_with, shipped_rbac
 
 NS = "gpuaware"
 
@@ -53,18 +52,6 @@ EXPECTED: dict[str, set[Row]] = {
     },
 }
 _ROW = re.compile(r"^(\S*)\s+(\[[^\]]*\])\s+(\[[^\]]*\])\s+(\[[^\]]*\])\s*$")
-
-
-@pytest.fixture(scope="module")
-def cp() -> Iterator[KubeControlPlane]:
-    need(find_binaries, BinariesMissing)
-    with KubeControlPlane(scheduler=False, kwok=False) as plane:
-        plane.create_namespace(NS)
-        for path in sorted((REPO / "deploy" / "base" / "crds").glob("*.yaml")):
-            plane.kubectl("apply", "-f", str(path))
-        plane.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-        plane.apply(yaml.safe_dump_all(shipped_rbac(plane)))
-        yield plane
 
 
 def permissions(cp: KubeControlPlane, kubeconfig: Path) -> set[tuple[str, str, str, str]]:
@@ -99,9 +86,7 @@ def test_serviceaccount_has_exactly_the_expected_permissions(cp, everyone, accou
 
 # ----------------------------------------------------------------------------- the calls themselves
 def _api(kubeconfig: Path) -> KubeApi:
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
-    return KubeApi(client.ApiClient(cfg))
+    return KubeApi(api_client(kubeconfig))
 
 
 def _status(call: Any, *args: Any, **kwargs: Any) -> int:

@@ -8,39 +8,23 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
+from gpuaware.local.kube_control_plane import KubeControlPlane
 from plumbing.kube.api import STRATEGIC_MERGE_PATCH, KubeApi, now_rfc3339
 from scheduler.kube import node_conditions
-from tests.support import REPO, need, shipped_rbac
+from tests.real_kube import api_client
 
 NS = "gpuaware"
 
 
 @pytest.fixture(scope="module")
-def cp() -> Iterator[KubeControlPlane]:
-    need(find_binaries, BinariesMissing)
-    with KubeControlPlane(scheduler=False, kwok=False) as plane:
-        plane.create_namespace(NS)
-        for path in sorted((REPO / "deploy" / "base" / "crds").glob("*.yaml")):
-            plane.kubectl("apply", "-f", str(path))
-        plane.apply(yaml.safe_dump_all(shipped_rbac(plane)))
-        yield plane
-
-
-@pytest.fixture(scope="module")
 def api(cp) -> KubeApi:
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(cp.serviceaccount_kubeconfig(NS, "gpuaware-scheduler", create=False)),
-                            client_configuration=cfg)
-    scheduler = KubeApi(client.ApiClient(cfg))
+    scheduler = KubeApi(api_client(cp.serviceaccount_kubeconfig(NS, "gpuaware-scheduler", create=False)))
     # An admission policy binds once the apiserver's policy informer has it, a moment after it is created (CI
     # saw a refused write go through): wait until a write it refuses is refused, on a node of its own.
     # Each probe changes the condition (a write the policy let through before it bound would make the next,
