@@ -40,6 +40,8 @@ EXPECTED: dict[str, set[EventKind]] = {
     "stuck_util": {EventKind.ANOMALY},
     "dead": {EventKind.HEALTH_CHANGE},
     "telemetry_collapse": {EventKind.ANOMALY},
+    "clock_degraded": {EventKind.ANOMALY},  # clock_peer
+    "power_skew": {EventKind.ANOMALY},  # power_peer
 }
 V, A = HealthVerdict, HealthAction
 EXPECTED_VERDICT: dict[str, tuple[HealthVerdict, HealthAction]] = {
@@ -50,6 +52,8 @@ EXPECTED_VERDICT: dict[str, tuple[HealthVerdict, HealthAction]] = {
     "stuck_util": (V.WARNING, A.RESET_GPU),
     "dead": (V.CRITICAL, A.REBOOT_NODE),
     "telemetry_collapse": (V.WARNING, A.DRAIN),
+    "clock_degraded": (V.WARNING, A.WATCH),
+    "power_skew": (V.WARNING, A.WATCH),
 }
 VERDICTS = list(VERDICT_RANK)  # index by rank + 1
 ACTIONS = list(ACTION_RANK)

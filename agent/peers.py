@@ -23,7 +23,8 @@ GPU against its same-model peers on the node, ``hold`` reads in a row:
   below every one of its busy peers' is a board losing clocks before any reason says so (a clock a reason
   explains is the throttle rules' business);
 - power at utilisation: busy, among busy peers within ``util_window`` points of its utilisation, none
-  of them throttled, power ``power_deviation`` (and ``power_floor_w`` W) above all of them or below all;
+  of them throttled, power ``power_deviation`` (and ``power_floor_w`` W) off their median and
+  ``power_margin`` beyond the nearest of them, above all of them or below all;
 - single-bit ECC rate: errors over ``sbe_window_s`` at least ``sbe_min`` and ``sbe_factor`` times the
   peers' median (plus one): a slow storm the absolute rate rule (60/min, 5 in 10 s) does not reach.
 """
@@ -102,6 +103,7 @@ class PeerSettings:
     # a third more or less than both its peers is more than a workload's difference.
     power_deviation: float = 0.35
     power_floor_w: float = 60.0
+    power_margin: float = 0.15  # beyond the nearest such peer (a share of its power)
     sbe_window_s: float = 600.0
     sbe_min: int = 5
     sbe_factor: float = 5.0
@@ -155,13 +157,17 @@ class PeerChecks:
                     and abs(q.util_gpu - r.util_gpu) <= s.util_window}
             peers = self._peers(g, near)
             if len(peers) >= 2:
-                # Off every peer the same way, not just their median: with a few peers, one faulty peer
-                # (a hung kernel at 100% drawing idle power) must not make the healthy ones outliers.
-                med = max(peers) if r.power_w > max(peers) else min(peers) if r.power_w < min(peers) else r.power_w
+                # Off their median, and beyond every peer by a margin: with a few peers, one faulty peer
+                # (a hung kernel at 100% drawing idle power) must not make the healthy ones outliers, and
+                # one peer off the same way (a slow board drawing less) must not hide the outlier.
+                med = statistics.median(peers)
+                nearest = max(peers) if r.power_w > med else min(peers)
                 off = r.power_w - med
-                if med > 0 and abs(off) / med >= s.power_deviation and abs(off) >= s.power_floor_w:
+                beyond = (r.power_w - nearest) * (1 if off > 0 else -1)
+                if (med > 0 and nearest > 0 and abs(off) / med >= s.power_deviation and abs(off) >= s.power_floor_w
+                        and beyond / nearest >= s.power_margin):
                     found[("power_peer", g)] = (r.power_w, off / med, (
-                        f"power {r.power_w:.0f} W, {off / med:+.0%} against the nearest of its same-model peers at "
+                        f"power {r.power_w:.0f} W, {off / med:+.0%} against the median of its same-model peers at "
                         f"{r.util_gpu:.0f}% busy: check its power delivery and cooling"))
         for g, count in sbe.items():
             peers = self._peers(g, sbe)

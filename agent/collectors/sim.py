@@ -89,7 +89,7 @@ WORKLOAD_SHAPE: dict[str, tuple[float, float]] = {
 }
 
 FaultKind = Literal["ecc_sbe_storm", "ecc_dbe", "xid", "thermal_runaway", "power_cap", "stuck_util", "dead",
-                    "telemetry_collapse"]
+                    "telemetry_collapse", "clock_degraded", "power_skew"]
 
 
 class Fault(BaseModel):
@@ -106,6 +106,12 @@ class Fault(BaseModel):
     cap_w: float | None = Field(None, gt=0, description="power_cap: watts (default 45% of board power)")
     every_s: float | None = Field(None, gt=0, description="xid: repeated this often while active")
     period_s: float | None = Field(None, gt=0, description="power_cap: on for half of each period (flapping)")
+    clock_factor: float = Field(0.8, gt=0, lt=1, description=(
+        "clock_degraded: SM clock as a share of its peers' under the same load, with no throttle reason "
+        "(a degraded board: a PLL or voltage regulator that no longer reaches its clocks)"))
+    power_factor: float = Field(1.45, gt=0, description=(
+        "power_skew: board power drawn as a multiple of a healthy board's at the same utilisation "
+        "(a failing VRM: conversion losses above 1, a missing phase or lost load below 1); heat follows it"))
     verdict: HealthVerdict | None = Field(None, description="the verdict expected (default: by kind, evaluation)")
     action: HealthAction | None = Field(None, description="the action expected (default: by kind, evaluation)")
 
@@ -277,7 +283,11 @@ class SimGpu:
         self.mem = min(spec.fb_total_mib * 0.98, max(0.0, mem))
         # A hung kernel reads 100% busy while the SMs draw little: power follows real work.
         work = 0.03 if stuck else util / 100.0
-        uncapped = power_for(spec, work)
+        # A board that no longer reaches its clocks does the same work slower: busy as long, its dynamic
+        # power down with the clock (the voltage stays); a failing VRM draws off the healthy curve.
+        slow = min((f.clock_factor for f in self._active("clock_degraded", s)), default=1.0)
+        skew = math.prod(f.power_factor for f in self._active("power_skew", s))
+        uncapped = (spec.idle_power_w + (power_for(spec, work) - spec.idle_power_w) * slow) * skew
         caps = self._active("power_cap", s)
         self.power_limit = min([f.cap_w or 0.45 * spec.board_power_w for f in caps], default=spec.board_power_w)
         throttle = 0
@@ -296,7 +306,7 @@ class SimGpu:
         self.temp = min(self.temp, spec.shutdown_temp_c + 5)
         self.power = power
         self.throttle = throttle
-        self.sm_clock = int(spec.sm_clock_max_mhz * (0.6 if throttle & ~THROTTLE_GPU_IDLE else 1.0))
+        self.sm_clock = int(spec.sm_clock_max_mhz * slow * (0.6 if throttle & ~THROTTLE_GPU_IDLE else 1.0))
         self.energy_mj += power * 1000.0
         if spec.nvlink:
             self.nvlink_kib += util / 100.0 * NVLINK_KIB_PER_S_BUSY

@@ -119,6 +119,23 @@ def test_power_off_its_peers_at_the_same_utilisation_is_flagged_a_gpu_at_another
     assert {(g, d) for _, g, d in found} == {(3, "power_peer")}
 
 
+def test_a_peer_itself_drawing_less_does_not_hide_a_gpu_drawing_far_less_and_a_hung_peer_flags_no_healthy_one():
+    def reads(ts):
+        rs = {g: reading(ts, util=95.0, power=670.0) for g in range(3)}
+        rs[1] = reading(ts, util=95.0, power=550.0)  # a slow board: a fifth less, not an outlier itself
+        rs[3] = reading(ts, util=95.0, power=370.0 if ts >= 250 else 670.0)  # 45% less than its healthy peers
+        return rs
+
+    found = _flagged(reads)
+    assert {(g, d) for _, g, d in found} == {(3, "power_peer")} and found[0][0] >= 250
+
+    def hung(ts):  # two healthy GPUs and a hung kernel at 100% busy drawing idle power
+        return {0: reading(ts, util=100.0, power=670.0), 1: reading(ts, util=100.0, power=672.0),
+                2: reading(ts, util=100.0, power=90.0)}
+
+    assert {g for _, g, _ in _flagged(hung)} <= {2}
+
+
 def test_a_slow_sbe_trickle_below_the_rate_rule_is_flagged_against_peers_that_see_none():
     def reads(ts):
         rs = {g: reading(ts) for g in range(4)}
