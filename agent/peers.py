@@ -19,7 +19,8 @@ agent starts: the smoothed power starts from one reading, not from the heat sink
 The same peers judge three more signals (``PeerChecks``; docs/health.md, "Peer comparison"), each a
 GPU against its same-model peers on the node, ``hold`` reads in a row:
 
-- SM clock under load: busy (``busy_util``) and with no throttle reason, a clock ``clock_deficit``
+- SM clock under load (the watch read's, else the newest full sample's): busy (``busy_util``) and with
+  no throttle reason, a clock ``clock_deficit``
   below every one of its busy peers' is a board losing clocks before any reason says so (a clock a reason
   explains is the throttle rules' business);
 - power at utilisation: busy, among busy peers within ``util_window`` points of its utilisation, none
@@ -137,9 +138,12 @@ class PeerChecks:
         # Power is compared under load only: near idle it climbs steeply with the first few points of
         # utilisation, so "the same utilisation" is not the same operating point there.
         busy = {g: r for g, r in quiet.items() if (r.util_gpu or 0) >= s.busy_util}
-        clocks = {g: float(f.sm_clock_mhz) for g, f in full.items()
-                  if f.sm_clock_mhz and (f.util_gpu or 0) >= s.busy_util and g in quiet
-                  and not (f.throttle_reasons or 0) & ~THROTTLE_GPU_IDLE}
+        clocks: dict[int, float] = {}
+        for g, r in quiet.items():  # the watch read's clock; a collector that watches none: the newest full sample's
+            f = r if r.sm_clock_mhz else full.get(g)
+            if f is not None and f.sm_clock_mhz and (f.util_gpu or 0) >= s.busy_util \
+                    and not (f.throttle_reasons or 0) & ~THROTTLE_GPU_IDLE:
+                clocks[g] = float(f.sm_clock_mhz)
         sbe = {g: c for g, r in readings.items() if (c := self._sbe_count(g, r)) is not None}
         found: dict[tuple[str, int], tuple[float, float, str]] = {}
         for g, clock in clocks.items():

@@ -149,9 +149,11 @@ class NvmlCollector:
             pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
         r.throttle_reasons = self._try(reasons_fn, h)
         self._read_fields(h, r, self._field_ids if full else self._watch_ids)
+        # Watched too: a board losing clocks under load with no throttle reason is judged against its peers
+        # on every watch read (agent/peers.py), not a full-sample interval later.
+        r.sm_clock_mhz = self._try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
         if not full:
             return r
-        r.sm_clock_mhz = self._try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
         r.mem_clock_mhz = self._try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM)
         limit = self._try(pynvml.nvmlDeviceGetEnforcedPowerLimit, h)
         r.power_limit_w = limit / 1000 if limit is not None else None

@@ -348,12 +348,11 @@ class SimGpu:
         r = Reading(
             ts=ts, full=full, util_gpu=round(self.util, 1), fb_used_mib=round(self.mem),
             temp_c=round(self.temp, 1), power_w=round(self.power, 1), throttle_reasons=self.throttle,
-            ecc_sbe_volatile=self.ecc_sbe, ecc_dbe_volatile=self.ecc_dbe, read_s=0.002,
+            ecc_sbe_volatile=self.ecc_sbe, ecc_dbe_volatile=self.ecc_dbe, read_s=0.002, sm_clock_mhz=self.sm_clock,
         )
         if full:
             r.util_mem = round(self.util * self.mem_bw_share, 1)
             r.fb_free_mib = spec.fb_total_mib - r.fb_used_mib
-            r.sm_clock_mhz = self.sm_clock
             r.mem_clock_mhz = spec.mem_clock_mhz
             r.power_limit_w = self.power_limit
             r.energy_mj = int(self.energy_mj)
@@ -412,7 +411,7 @@ class SimGpu:
         u = _jitter(self.scenario.seed + 31, self.gid, self.second)
         r.read_s = 0.002 + 0.5 * severity * (0.75 + 0.25 * u)
         if u > 1 - 0.2 * severity:
-            r.util_gpu = r.fb_used_mib = r.temp_c = r.power_w = r.throttle_reasons = None
+            r.util_gpu = r.fb_used_mib = r.temp_c = r.power_w = r.throttle_reasons = r.sm_clock_mhz = None
             r.ecc_sbe_volatile = r.ecc_dbe_volatile = None
         elif u < -1 + severity:
             r.power_w = r.ecc_sbe_volatile = r.ecc_dbe_volatile = None

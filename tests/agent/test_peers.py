@@ -109,6 +109,16 @@ def test_a_gpu_losing_clocks_under_load_with_no_throttle_reason_is_flagged_and_i
     assert {(g, d) for _, g, d in found} == {(3, "clock_peer")} and found[0][0] >= 250
 
 
+def test_the_clock_of_the_watch_read_is_judged_without_waiting_for_a_full_sample():
+    def reads(ts):
+        return {g: reading(ts, util=90.0, power=500.0, sm_clock_mhz=1500 if g == 3 and ts >= 250 else 1980)
+                for g in range(4)}
+
+    stale = {g: reading(0.0, util=90.0, power=500.0, sm_clock_mhz=1980, full=True) for g in range(4)}
+    found = _flagged(reads, full_at=lambda ts: stale)  # full samples from before the fault
+    assert [(s, g, d) for s, g, d in found] == [(254, 3, "clock_peer")]
+
+
 def test_power_off_its_peers_at_the_same_utilisation_is_flagged_a_gpu_at_another_utilisation_is_not():
     def reads(ts):
         rs = {g: reading(ts, util=80.0, power=500.0) for g in range(3)}

@@ -185,7 +185,8 @@ def test_readings_in_the_agents_units(nvml):
     assert (watch.ts, watch.full, watch.util_gpu, watch.util_mem, watch.temp_c) == (1000.0, False, 97, 41, 61)
     assert (watch.fb_used_mib, watch.fb_free_mib, watch.power_w) == (1024, 79 * 1024, 650.5)
     assert (watch.throttle_reasons, watch.ecc_sbe_volatile, watch.ecc_dbe_volatile) == (0x4, 3, 0)
-    assert watch.sm_clock_mhz is None and watch.pcie_replays is None  # full-sample fields only
+    assert watch.sm_clock_mhz == 1980  # watched: the clock peer check judges every watch read
+    assert watch.mem_clock_mhz is None and watch.pcie_replays is None  # full-sample fields only
     full = c.read(0, full=True)
     assert (full.sm_clock_mhz, full.mem_clock_mhz, full.power_limit_w, full.energy_mj) == (1980, 2619, 700, 123456789)
     assert (full.pcie_replays, full.mem_temp_c, full.remapped_rows_correctable, full.remap_failure) == (5, 52, 1, False)
