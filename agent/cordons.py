@@ -6,6 +6,12 @@ that annotation; an operator may edit it too. The agent reads its node's annotat
 at the policy's floor while it drains and is looked at, and ``gpuaware_gpu_cordoned`` shows it.
 A failed read keeps the last known cordons and is counted, never fatal.
 
+The same round learns GPU resets: NVML does not announce a reset done by another process, so the
+tooling that reset a GPU (answering ``GPUMaintenanceRequired: GPUResetRequired``) stamps it in the
+node's ``gpuaware.io/gpu-resets`` annotation, {GPU index: unix time}. A stamp the agent has not seen,
+no older than the agent itself (whose state is fresh anyway), makes it judge that GPU afresh
+(``AgentCore.gpu_reset``); a GPU with no new stamp keeps its verdict.
+
 The same round acknowledges power caps: when the caps NVML accepted on this node differ from its
 ``gpuaware.io/power-caps-applied`` annotation, the agent writes them there. Its ServiceAccount may
 patch only that annotation, and only on the node its token was issued on (an admission policy on
@@ -17,7 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from agent.core import AgentCore
 from agent.exporter import AgentStats
@@ -28,12 +35,17 @@ log = logging.getLogger(__name__)
 
 
 class CordonWatcher:
-    def __init__(self, cores: Sequence[AgentCore], api, stats: AgentStats, every_s: float = 15.0):
+    def __init__(self, cores: Sequence[AgentCore], api, stats: AgentStats, every_s: float = 15.0,
+                 clock: Callable[[], float] = time.time):
         self.cores = list(cores)
         self.api = api  # plumbing.kube.api.KubeApi
         self.stats = stats
         self.every_s = every_s
         self._missing: set[str] = set()
+        self.started = clock()  # a reset stamped before the agent started is older than what it knows
+        self._resets_read: dict[str, dict[int, float]] = {}  # node -> the stamps of the last read
+        self._resets_seen: dict[tuple[str, int], float] = {}  # (node, GPU) -> the stamp acted on
+        self._bad_resets: set[str] = set()
 
     @classmethod
     def from_settings(cls, cores: Sequence[AgentCore], stats: AgentStats, api_server: str | None,
@@ -55,6 +67,7 @@ class CordonWatcher:
                 node = self.api.read_node(core.node)
                 out[core.node] = annotations.cordoned_gpus(node)
                 self._missing.discard(core.node)
+                self._read_resets(core.node, node)
                 self._acknowledge(core, node)
             except ApiException as exc:
                 out[core.node] = None
@@ -71,6 +84,15 @@ class CordonWatcher:
                 log.warning("reading node %s for cordons failed: %s", core.node, exc)
         return out
 
+    def _read_resets(self, name: str, node: dict) -> None:
+        try:
+            self._resets_read[name] = annotations.gpu_resets(node)
+            self._bad_resets.discard(name)
+        except ValueError as exc:  # the tooling's write is wrong: say so once, act on none of it
+            if name not in self._bad_resets:
+                self._bad_resets.add(name)
+                log.warning("node %s: %s; its GPU resets are not acted on", name, exc)
+
     def _acknowledge(self, core: AgentCore, node: dict) -> None:
         """Write the caps NVML accepted to the node's acknowledgement annotation, when they differ."""
         from plumbing.kube.api import TRANSPORT_ERRORS, ApiException
@@ -86,6 +108,15 @@ class CordonWatcher:
 
     def apply(self, cordons: dict[str, set[int] | None]) -> None:
         for core in self.cores:
+            for index, at in sorted(self._resets_read.pop(core.node, {}).items()):
+                key = (core.node, index)
+                if at == self._resets_seen.get(key) or index >= len(core.tracks):
+                    continue
+                self._resets_seen[key] = at
+                if at >= self.started:
+                    log.warning("GPU %d of %s was reset (%s): judged afresh", index, core.node,
+                                annotations.ANN_GPU_RESETS)
+                    core.gpu_reset(index)
             gpus = cordons.get(core.node)
             if gpus is None:
                 continue

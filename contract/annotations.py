@@ -19,6 +19,10 @@ ANN_CORDONED = PREFIX + "cordoned-gpus"  # on a Node: comma list of GPU indices 
 ANN_POWER_CAPS = PREFIX + "power-caps"  # on a Node: JSON {GPU index: watts}, the caps the scheduler has in force
 # on a Node, written by that node's agent: the caps NVML accepted, {GPU index: watts} (the acknowledgement)
 ANN_POWER_CAPS_APPLIED = PREFIX + "power-caps-applied"
+# On a Node: JSON {GPU index: unix time of its last reset}, written by the tooling that reset the GPUs
+# (answering GPUMaintenanceRequired: GPUResetRequired). NVML does not announce a reset done by another
+# process; this tells the node's agent, which judges those GPUs afresh (docs/health.md).
+ANN_GPU_RESETS = PREFIX + "gpu-resets"
 ANN_CHECKPOINT_REQUEST = PREFIX + "checkpoint-requested"  # on a Pod: the time (RFC 3339) a checkpoint was asked
 ANN_CHECKPOINT_DONE = PREFIX + "checkpoint-done"  # on a Pod, written by the workload when its checkpoint is safe
 LABEL_PRODUCT = "nvidia.com/gpu.product"  # GPU Operator's GPU feature discovery
@@ -54,3 +58,26 @@ def power_caps(node: Mapping[str, Any], key: str = ANN_POWER_CAPS) -> dict[int, 
 def power_caps_value(caps: Mapping[int, int]) -> str | None:
     """The annotation's value; None (the annotation removed) when no cap is in force."""
     return json.dumps({str(g): int(w) for g, w in sorted(caps.items())}, separators=(",", ":")) if caps else None
+
+
+def gpu_resets(node: Mapping[str, Any]) -> dict[int, float]:
+    """The GPU resets a Node's annotation records, {GPU index: unix time}; ValueError names what is wrong."""
+    raw = (node["metadata"].get("annotations") or {}).get(ANN_GPU_RESETS) or ""
+    try:
+        parsed = json.loads(raw) if raw else {}
+    except ValueError as exc:
+        raise ValueError(f"annotation {ANN_GPU_RESETS}: not JSON ({exc})") from exc
+    if not isinstance(parsed, dict):
+        raise ValueError(f"annotation {ANN_GPU_RESETS}: want an object {{GPU index: unix time}}, got {raw[:80]!r}")
+    out = {}
+    for k, v in parsed.items():
+        if not (isinstance(k, str) and k.isdigit()):
+            raise ValueError(f"annotation {ANN_GPU_RESETS}: key {k!r} is not a GPU index")
+        if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+            raise ValueError(f"annotation {ANN_GPU_RESETS}: GPU {k}: {v!r} is not a unix time")
+        out[int(k)] = float(v)
+    return out
+
+
+def gpu_resets_value(resets: Mapping[int, float]) -> str:
+    return json.dumps({str(g): round(t, 3) for g, t in sorted(resets.items())}, separators=(",", ":"))

@@ -255,15 +255,16 @@ class SimGpu:
     # the bus (a reset cannot reach it), the node's telemetry path is not the GPU's.
     RESET_CLEARS = frozenset({"ecc_sbe_storm", "ecc_dbe", "xid", "thermal_runaway", "stuck_util"})
 
-    def reset(self) -> None:
+    def reset(self, announce: bool = True) -> None:
         """A GPU reset (``nvidia-smi -r``, what the cluster's tooling does for a GPUResetRequired condition):
-        the faults it clears end now and the volatile ECC counters start again; retired pages stay."""
+        the faults it clears end now and the volatile ECC counters start again; retired pages stay.
+        ``announce``: the collector tells the agent (``gpu_resets``); False as NVML, which does not."""
         now = self.second + 1
         self.faults = [f.model_copy(update={"duration_s": now - f.at_s})
                        if f.kind in self.RESET_CLEARS and f.at_s < now and f.active(now) else f for f in self.faults]
         self.ecc_sbe = self.ecc_dbe = 0
         self.pending_xids.clear()
-        self.reset_pending = True
+        self.reset_pending = announce
 
     def _active(self, kind: str, s: int) -> list[Fault]:
         return [f for f in self.faults if f.kind == kind and f.active(s)]
@@ -513,9 +514,10 @@ class SimCollector:
             gpu.pending_xids.clear()
         return out
 
-    def reset_gpu(self, index: int) -> None:
-        """Reset GPU ``index`` now; the agent learns it from ``gpu_resets``."""
-        self._gpus[index].reset()
+    def reset_gpu(self, index: int, announce: bool = True) -> None:
+        """Reset GPU ``index`` now; the agent learns it from ``gpu_resets``, or with ``announce=False`` (as on
+        NVML, which announces no reset) from the node's ``gpuaware.io/gpu-resets`` annotation (agent/cordons.py)."""
+        self._gpus[index].reset(announce)
 
     def gpu_resets(self) -> list[int]:
         out = [g.index for g in self._gpus if g.reset_pending]

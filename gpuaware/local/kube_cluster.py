@@ -49,6 +49,7 @@ class LocalCluster(Protocol):
     def nodes(self) -> list[dict[str, Any]]: ...
     def bound_at(self, key: str) -> float | None: ...
     def delete_pod(self, namespace: str, name: str) -> None: ...
+    def annotate_node(self, name: str, values: dict[str, str | None]) -> None: ...
 
 
 class EmbeddedCluster:
@@ -83,6 +84,9 @@ class EmbeddedCluster:
 
     def delete_pod(self, namespace: str, name: str) -> None:
         self.fake.store.delete(PODS, namespace, name)
+
+    def annotate_node(self, name: str, values: dict[str, str | None]) -> None:
+        self.fake.store.patch(NODES, None, name, {"metadata": {"annotations": values}})
 
 
 class RealCluster:
@@ -156,6 +160,9 @@ class RealCluster:
 
     def delete_pod(self, namespace: str, name: str) -> None:
         self._core.delete_namespaced_pod(name, namespace, grace_period_seconds=0, _preload_content=False)
+
+    def annotate_node(self, name: str, values: dict[str, str | None]) -> None:
+        self._core.patch_node(name, {"metadata": {"annotations": values}}, _preload_content=False)
 
 
 def make_cluster(kube: str) -> LocalCluster:

@@ -14,8 +14,10 @@ from agent.collectors.sim import SimCluster, load_scenario
 from agent.cordons import CordonWatcher
 from agent.core import AgentCore
 from agent.exporter import AgentCollector, AgentStats
+from agent.readings import XidEvent
 from agent.sampling import SamplingPolicy
 from contract import annotations
+from contract.events import HealthAction, HealthVerdict
 from gpuaware.local.fake_apiserver import make_node
 from plumbing.kube.api import MERGE_PATCH, KubeApi, connect
 
@@ -124,3 +126,60 @@ def test_power_caps_the_gpus_accepted_are_acknowledged_on_the_node(kube):
     runtime.handle_control(AgentControl("c", 0, cores[0].node, ControlKind.POWER_CAP, None, uuid, 0))
     watcher.apply(watcher.read())
     assert acked() == {}
+
+
+def test_a_gpu_reset_stamped_on_the_node_is_judged_afresh_and_a_gpu_not_reset_keeps_its_verdict(kube):
+    """Issue 19: NVML announces no reset done by another process, so an XID verdict outlived the reset that
+    cleared it. The tooling that reset a GPU stamps it in the node's gpuaware.io/gpu-resets annotation; the
+    agent (as the shipped ServiceAccount, a GET of its node) judges that GPU afresh, and only that GPU."""
+    clock = [0.0]
+    cluster = SimCluster(load_scenario("baseline").model_copy(update={"nodes": 1, "gpus_per_node": 3}),
+                         clock=lambda: clock[0], epoch=0.0)
+    core = AgentCore(cluster.node(0), SamplingPolicy(), clock=lambda: clock[0])
+    kube.create("nodes", make_node(core.node, gpus=3))
+    stats = AgentStats()
+    watcher = CordonWatcher([core], kube.api("gpuaware-agent"), stats, clock=lambda: 1000.0)
+    admin = KubeApi(kube.admin)
+
+    def tick_to(s: int) -> None:
+        while clock[0] < s:
+            clock[0] += 1.0
+            core.tick(clock[0])
+
+    def verdicts() -> list[tuple[HealthVerdict, HealthAction]]:
+        return [(t.verdict.verdict, t.verdict.action) for t in core.tracks]
+
+    bad = (HealthVerdict.CRITICAL, HealthAction.RESET_GPU)
+    for g in range(3):
+        cluster.gpus[0][g].pending_xids.append(XidEvent(g, 1.0, 119))  # GSP RPC timeout: held 24 h
+    tick_to(20)
+    assert verdicts() == [bad] * 3
+    # GPUs 1 and 2 are reset; as on NVML the collector says nothing. GPU 1's reset is stamped on the node,
+    # GPU 0 carries a stamp from before the agent started (a reset it already knows nothing of), GPU 2 none.
+    for g in (1, 2):
+        cluster.node(0).reset_gpu(g, announce=False)
+    tick_to(22)
+    assert verdicts() == [bad] * 3  # unseen: the verdict outlives the reset
+    admin.annotate_node(core.node, {annotations.ANN_GPU_RESETS: annotations.gpu_resets_value({0: 900.0, 1: 1010.0})})
+    watcher.apply(watcher.read())
+    tick_to(24)
+    assert verdicts() == [bad, (HealthVerdict.PASS, HealthAction.NONE), bad]
+
+    # The same stamp read again is not a new reset: a fault after it stands.
+    cluster.gpus[0][1].pending_xids.append(XidEvent(1, 25.0, 119))
+    tick_to(26)
+    watcher.apply(watcher.read())
+    tick_to(28)
+    assert verdicts()[1] == bad
+
+    # A bad stamp is refused (warned once), acted on nowhere; the next good one is.
+    admin.annotate_node(core.node, {annotations.ANN_GPU_RESETS: '{"1": "yesterday"}'})
+    watcher.apply(watcher.read())
+    tick_to(30)
+    assert verdicts()[1] == bad
+    cluster.node(0).reset_gpu(1, announce=False)
+    admin.annotate_node(core.node, {annotations.ANN_GPU_RESETS: annotations.gpu_resets_value({1: 1040.0})})
+    watcher.apply(watcher.read())
+    tick_to(32)
+    assert verdicts() == [bad, (HealthVerdict.PASS, HealthAction.NONE), bad]
+    assert stats.cordon_read_errors == 0
