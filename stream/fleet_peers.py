@@ -10,8 +10,11 @@ of identical simulated boards does not make every tenth of a degree an outlier).
 far in absolute terms and far in robust z, in ``strikes`` checks in a row, before its reason is shown:
 DCGM 4.5's "deviation from the system mean" check, done over the fleet with robust statistics.
 
-The fleet is what one worker holds (its partitions of ``gpu.state``): with several workers each judges
-against its share, still hundreds of GPUs of a model in a large fleet. Pure: the caller passes the trackers.
+The fleet is what one worker holds (its partitions of ``gpu.telemetry``, keyed by node): with several
+workers each judges against its share, still hundreds of GPUs of a model in a large fleet. The share is a
+uniform sample of whole nodes (the partitioner hashes the node's name, blind to its health), so its median
+and spread estimate the fleet's; only the peer count shrinks, and below ``min_peers`` a model is not judged
+on that worker (docs/health.md, "In the fleet"). Pure: the caller passes the trackers.
 """
 
 from __future__ import annotations
