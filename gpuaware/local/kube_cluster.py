@@ -86,7 +86,7 @@ class EmbeddedCluster:
         self.fake.store.delete(PODS, namespace, name)
 
     def annotate_node(self, name: str, values: dict[str, str | None]) -> None:
-        self.fake.store.patch(NODES, None, name, {"metadata": {"annotations": values}})
+        self.fake.store.patch(NODES, "", name, {"metadata": {"annotations": values}})
 
 
 class RealCluster:
