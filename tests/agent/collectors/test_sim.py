@@ -8,7 +8,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.collectors.sim import Fault, load_scenario
+from agent.collectors.sim import Fault, Scenario, SimCluster, load_scenario
 from tests.support import FUZZ, KINDS_SCENARIO, json_values, sim_cluster
 
 
@@ -90,3 +90,18 @@ def test_a_reset_ends_a_faults_run_but_not_a_dead_gpu_or_an_operators_cap():
     gpu.advance_to(10, 0.0)
     gpu.reset()
     assert not gpu.faults[0].active(12) and gpu.faults[1].active(12) and gpu.faults[2].active(60)
+
+
+def test_a_degraded_board_loses_clocks_with_no_throttle_reason_and_a_failing_vrm_draws_off_the_curve():
+    """The fault shapes of the clock and power peer checks (agent/peers.py): nothing a throttle rule reads."""
+    scenario = Scenario(name="board-test", nodes=1, gpus_per_node=3, models=["H100"], workloads=["training-compute"],
+                        faults=[Fault(kind="clock_degraded", node=0, gpu=1, at_s=10, clock_factor=0.8),
+                                Fault(kind="power_skew", node=0, gpu=2, at_s=10, power_factor=0.55)])
+    clock = [0.0]
+    node = SimCluster(scenario, clock=lambda: clock[0], epoch=0.0).node(0)
+    clock[0] = 20.0
+    healthy, slow, skewed = (node.read(g, full=False) for g in range(3))
+    assert healthy.throttle_reasons == slow.throttle_reasons == skewed.throttle_reasons == 0
+    assert slow.sm_clock_mhz == int(healthy.sm_clock_mhz * 0.8)  # watched: on the watch read
+    assert 0.75 < slow.power_w / healthy.power_w < 0.9  # its dynamic power falls with the clock: under the power rule
+    assert skewed.sm_clock_mhz == healthy.sm_clock_mhz and skewed.power_w < 0.6 * healthy.power_w
