@@ -18,9 +18,11 @@ from __future__ import annotations
 import json
 import logging
 import time
+import weakref
 from typing import Any
 
 import faust
+import faust.streams as faust_streams
 from aiokafka.structs import TopicPartition
 from opentelemetry import trace
 
@@ -168,9 +170,10 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
                         if verifier is not None:
                             await verifier.check(batch.node, _headers(message))
                         behind = _behind(message, now, lag_ms, _highwater(app, message.tp))
-                        processor.apply_telemetry(batch, message.partition, now, take, behind)
+                        processor.apply_telemetry(batch, message.partition, now, take, behind, event)
                     else:
-                        processor.apply_event(decode(message.value, GpuEvent), message.partition, now, take)
+                        processor.apply_event(decode(message.value, GpuEvent), message.partition, now, take,
+                                              event)
                 except (DecodeError, InvalidRecord) as exc:
                     to_dlq(message, exc)
                     continue
@@ -180,7 +183,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
             parent, links = _parent_and_links(contexts)
             with tracer.start_as_current_span("stream.process", context=parent, links=links,
                                               attributes={"messaging.batch.message_count": len(events)}):
-                states = processor.finish(take, now_ms())
+                states = processor.finish(take, now_ms(), _writing_under)
                 headers = observability.inject_headers() if states else None
                 for state in states:
                     send(topics.GPU_STATE, state, headers)
@@ -260,6 +263,14 @@ def _behind(message: Any, now_ms: int, lag_ms: int, highwater: int | None) -> bo
     ts = message.timestamp
     return (ts is not None and ts > 0 and now_ms - ts * 1000 > lag_ms
             and highwater is not None and highwater - message.offset > 1)
+
+
+def _writing_under(event: Any) -> None:
+    """Faust puts a table write in the partition of the current event, a context variable that its stream
+    iteration sets; an agent handling a take has none, so each node's write is made under the record that last
+    touched the node. Set in the agent's own task only: the stream's ``current_event`` attribute, which
+    ``take_events`` reads while filling the next take, is left alone."""
+    faust_streams._current_event.set(weakref.ref(event))
 
 
 def _parent_and_links(contexts: list[Any]) -> tuple[Any, list[trace.Link] | None]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import defaultdict
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 
 from contract.events import GpuEvent, GpuState, NodeState, TelemetryBatch
 from stream import fleet_peers
@@ -88,18 +88,20 @@ class Take:
     """What the records of one take (the records a worker handles together) touched: each node's entry is
     written, and each GPU's state considered, once per take instead of once per record (docs/performance.md)."""
 
-    __slots__ = ("nodes", "observed", "unobserved")
+    __slots__ = ("nodes", "observed", "sources", "unobserved")
 
     def __init__(self) -> None:
         self.nodes: dict[str, dict[str, GpuTracker]] = {}  # node -> its GPUs touched, in order of last touch
+        self.sources: dict[str, object] = {}  # node -> the last record that touched it (``finish``'s ``writing``)
         self.observed: dict[str, GpuTracker] = {}  # GPUs given samples: their states count towards latency
         self.unobserved: dict[str, GpuTracker] = {}  # GPUs given events only
 
-    def touch(self, node: str) -> dict[str, GpuTracker]:
+    def touch(self, node: str, source: object = None) -> dict[str, GpuTracker]:
         touched = self.nodes.pop(node, None)
         if touched is None:
             touched = {}
         self.nodes[node] = touched  # re-inserted: the last node to take a moved GPU is written last
+        self.sources[node] = source
         return touched
 
 
@@ -216,9 +218,10 @@ class StreamProcessor:
                                       f"{(now_ms - t.arrived_ms) // 1000} s ago")
 
     def apply_telemetry(self, batch: TelemetryBatch, partition: int, now_ms: int, take: Take,
-                        behind: bool = False) -> None:
+                        behind: bool = False, source: object = None) -> None:
         """Apply a batch into ``take`` (written and published by ``finish``); ``InvalidRecord`` changes nothing.
-        ``behind``: the worker is catching up on this partition (``GpuTracker.due``)."""
+        ``behind``: the worker is catching up on this partition (``GpuTracker.due``). ``source``: the record
+        it came from, handed to ``finish``'s ``writing``."""
         check_batch(batch)
         for info in batch.gpus:
             self._check_owner(info.uuid, batch.node, partition, now_ms, f"telemetry batch #{batch.batch_seq}")
@@ -226,7 +229,7 @@ class StreamProcessor:
             self.behind.add(partition)
         else:
             self.behind.discard(partition)
-        touched = take.touch(batch.node)
+        touched = take.touch(batch.node, source)
         stats = self.stats
         gpus = batch.gpus
         base = batch.base_ts_ms
@@ -251,7 +254,7 @@ class StreamProcessor:
             touched[key] = t
             take.observed[key] = t
 
-    def apply_event(self, event: GpuEvent, partition: int, now_ms: int, take: Take) -> None:
+    def apply_event(self, event: GpuEvent, partition: int, now_ms: int, take: Take, source: object = None) -> None:
         """Apply an event into ``take``; ``InvalidRecord`` changes nothing."""
         check_event(event)
         key = event.gpu_uuid
@@ -260,12 +263,16 @@ class StreamProcessor:
         t.learn_event(event)
         # Its owner's entry: an event may come from a node the GPU moved to before a sample has.
         self._node(t.node, partition)
-        take.touch(t.node)[key] = t
+        take.touch(t.node, source)[key] = t
         take.unobserved.setdefault(key, t)
 
-    def finish(self, take: Take, now_ms: int) -> list[GpuState]:
-        """Write each node ``take`` touched once, in the order they were last touched; the states due, one per GPU."""
+    def finish(self, take: Take, now_ms: int, writing: Callable[[object], None] | None = None) -> list[GpuState]:
+        """Write each node ``take`` touched once, in the order they were last touched; the states due, one per GPU.
+        ``writing(source)`` is called before each node's writes with the last record that touched the node (Faust
+        puts a table write in the partition of the event being handled)."""
         for node, touched in take.nodes.items():
+            if writing is not None:
+                writing(take.sources[node])
             self._write(node, touched.values())
         states = self._due(take.observed.values(), now_ms, observe=True)
         return states + self._due([t for k, t in take.unobserved.items() if k not in take.observed], now_ms,
