@@ -2,9 +2,10 @@
 
 ``StreamProcessor`` owns the in-memory ``GpuTracker`` of every GPU in the partitions this worker
 holds, backed by a mapping of snapshots (a Faust table with a changelog in the app, a dict in
-tests). Every applied record writes its node's entry, one value holding the snapshots of all the
-node's GPUs, so a worker that takes over a partition carries on from the last processed batch;
-duplicates replayed after a crash are recognised per GPU and applied once.
+tests). Records are applied in takes (``Take``: one record, or the many a worker handles together);
+finishing a take writes each touched node's entry, one value holding the snapshots of all the node's
+GPUs, before the take's records are acknowledged, so a worker that takes over a partition carries on
+from the last processed take; duplicates replayed after a crash are recognised per GPU and applied once.
 
 One entry per node, not per GPU: each table write is a RocksDB put and a changelog record produced
 through Faust, and that per-record work, not the bytes, was most of a worker's time (docs/performance.md).
