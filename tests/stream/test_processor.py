@@ -204,7 +204,7 @@ def test_a_take_leaves_the_same_state_and_table_as_the_same_records_one_by_one()
     # are duplicates, a new batch applies.
     again = StreamProcessor(taken)
     take = Take()
-    for r in records[-64:] + [telemetry_batch("a", 150, T0 + 150_000, gpus=3)]:
+    for r in [*records[-64:], telemetry_batch("a", 150, T0 + 150_000, gpus=3)]:
         again.apply_telemetry(r, 0, now, take)
     again.finish(take, now)
     assert again.stats.duplicates == 64 * 3 and again.stats.samples == 3
