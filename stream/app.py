@@ -154,39 +154,48 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         positions[(message.topic, message.partition)] = message.offset
         return message
 
+    async def handle(events: list[Any]) -> None:
+        """Apply ``events`` as one take: each node's table entry written, each GPU's state considered, once."""
+        take = Take()
+        now = now_ms()
+        contexts = []
+        for event in events:
+            message = received(event)
+            try:
+                if message.topic == topics.TELEMETRY:
+                    batch = decode(message.value, TelemetryBatch)
+                    if verifier is not None:
+                        await verifier.check(batch.node, _headers(message))
+                    behind = _behind(message, now, lag_ms, _highwater(app, message.tp))
+                    processor.apply_telemetry(batch, message.partition, now, take, behind, event)
+                else:
+                    processor.apply_event(decode(message.value, GpuEvent), message.partition, now, take, event)
+            except (DecodeError, InvalidRecord) as exc:
+                to_dlq(message, exc)
+                continue
+            if message.headers:
+                contexts.append(observability.extract_context(_headers(message)))
+        # The take's trace goes on from its first traced record (the others are linked) into its states.
+        parent, links = _parent_and_links(contexts)
+        with tracer.start_as_current_span("stream.process", context=parent, links=links,
+                                          attributes={"messaging.batch.message_count": len(events)}):
+            states = processor.finish(take, now_ms(), _writing_under)
+            headers = observability.inject_headers() if states else None
+            for state in states:
+                send(topics.GPU_STATE, state, headers)
+
     @app.agent(inputs, name="process")
     async def process(stream: Any) -> None:
-        # Records are handled in takes: every node's entry is written, and every GPU's state considered,
-        # once per take, not once per record. Faust acks a take's records after this body has handled them.
+        if settings.take_max_records == 1:
+            # One record at a time (the default): Faust acks each record once its take is finished.
+            async for event in stream.events():
+                await handle([event])
+            return
+        # Takes of many records (Faust's take_events, which acks a take's records after this body has handled
+        # them): every node's entry is written, and every GPU's state considered, once per take. Experimental:
+        # a worker stalled after a rebalance in tests/system/test_stream_workers.py (docs/stream.md).
         async for events in stream.take_events(settings.take_max_records, within=settings.take_within_s):
-            take = Take()
-            now = now_ms()
-            contexts = []
-            for event in events:
-                message = received(event)
-                try:
-                    if message.topic == topics.TELEMETRY:
-                        batch = decode(message.value, TelemetryBatch)
-                        if verifier is not None:
-                            await verifier.check(batch.node, _headers(message))
-                        behind = _behind(message, now, lag_ms, _highwater(app, message.tp))
-                        processor.apply_telemetry(batch, message.partition, now, take, behind, event)
-                    else:
-                        processor.apply_event(decode(message.value, GpuEvent), message.partition, now, take,
-                                              event)
-                except (DecodeError, InvalidRecord) as exc:
-                    to_dlq(message, exc)
-                    continue
-                if message.headers:
-                    contexts.append(observability.extract_context(_headers(message)))
-            # The take's trace goes on from its first traced record (the others are linked) into its states.
-            parent, links = _parent_and_links(contexts)
-            with tracer.start_as_current_span("stream.process", context=parent, links=links,
-                                              attributes={"messaging.batch.message_count": len(events)}):
-                states = processor.finish(take, now_ms(), _writing_under)
-                headers = observability.inject_headers() if states else None
-                for state in states:
-                    send(topics.GPU_STATE, state, headers)
+            await handle(events)
 
     @app.agent(events, name="rekey-events")
     async def rekey_events(stream: Any) -> None:
