@@ -18,10 +18,13 @@ from __future__ import annotations
 import json
 import logging
 import time
+import weakref
 from typing import Any
 
 import faust
+import faust.streams as faust_streams
 from aiokafka.structs import TopicPartition
+from opentelemetry import trace
 
 from contract import topics
 from contract.events import ClusterForecast, DecodeError, GpuEvent, TelemetryBatch, dead_letter, decode, encode
@@ -31,7 +34,7 @@ from plumbing.kafka_settings import KafkaSettings
 from stream.gpu_state import TrackerSettings
 from stream.identity import NodeVerifier, without_token
 from stream.metrics import StreamStats
-from stream.processor import InvalidRecord, StreamProcessor, check_event
+from stream.processor import InvalidRecord, StreamProcessor, Take, check_event
 from stream.rollup import Partial, merge_demand
 from stream.settings import StreamSettings
 
@@ -151,30 +154,48 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         positions[(message.topic, message.partition)] = message.offset
         return message
 
+    async def handle(events: list[Any]) -> None:
+        """Apply ``events`` as one take: each node's table entry written, each GPU's state considered, once."""
+        take = Take()
+        now = now_ms()
+        contexts = []
+        for event in events:
+            message = received(event)
+            try:
+                if message.topic == topics.TELEMETRY:
+                    batch = decode(message.value, TelemetryBatch)
+                    if verifier is not None:
+                        await verifier.check(batch.node, _headers(message))
+                    behind = _behind(message, now, lag_ms, _highwater(app, message.tp))
+                    processor.apply_telemetry(batch, message.partition, now, take, behind, event)
+                else:
+                    processor.apply_event(decode(message.value, GpuEvent), message.partition, now, take, event)
+            except (DecodeError, InvalidRecord) as exc:
+                to_dlq(message, exc)
+                continue
+            if message.headers:
+                contexts.append(observability.extract_context(_headers(message)))
+        # The take's trace goes on from its first traced record (the others are linked) into its states.
+        parent, links = _parent_and_links(contexts)
+        with tracer.start_as_current_span("stream.process", context=parent, links=links,
+                                          attributes={"messaging.batch.message_count": len(events)}):
+            states = processor.finish(take, now_ms(), _writing_under)
+            headers = observability.inject_headers() if states else None
+            for state in states:
+                send(topics.GPU_STATE, state, headers)
+
     @app.agent(inputs, name="process")
     async def process(stream: Any) -> None:
-        async for event in stream.events():
-            message = received(event)
-            # The agent's trace goes on here and into the states this record causes.
-            parent = observability.extract_context(_headers(message))
-            with tracer.start_as_current_span("stream.process", context=parent,
-                                              attributes={"messaging.source": message.topic}):
-                try:
-                    if message.topic == topics.TELEMETRY:
-                        batch = decode(message.value, TelemetryBatch)
-                        if verifier is not None:
-                            await verifier.check(batch.node, _headers(message))
-                        now = now_ms()
-                        behind = _behind(message, now, lag_ms, _highwater(app, message.tp))
-                        states = processor.on_telemetry(batch, message.partition, now, behind)
-                    else:
-                        states = processor.on_event(decode(message.value, GpuEvent), message.partition, now_ms())
-                except (DecodeError, InvalidRecord) as exc:
-                    to_dlq(message, exc)
-                    continue
-                headers = observability.inject_headers() if states else None
-                for state in states:
-                    send(topics.GPU_STATE, state, headers)
+        if settings.take_max_records == 1:
+            # One record at a time (the default): Faust acks each record once its take is finished.
+            async for event in stream.events():
+                await handle([event])
+            return
+        # Takes of many records (Faust's take_events, which acks a take's records after this body has handled
+        # them): every node's entry is written, and every GPU's state considered, once per take. Experimental:
+        # a worker stalled after a rebalance in tests/system/test_stream_workers.py (docs/stream.md).
+        async for events in stream.take_events(settings.take_max_records, within=settings.take_within_s):
+            await handle(events)
 
     @app.agent(events, name="rekey-events")
     async def rekey_events(stream: Any) -> None:
@@ -251,6 +272,23 @@ def _behind(message: Any, now_ms: int, lag_ms: int, highwater: int | None) -> bo
     ts = message.timestamp
     return (ts is not None and ts > 0 and now_ms - ts * 1000 > lag_ms
             and highwater is not None and highwater - message.offset > 1)
+
+
+def _writing_under(event: Any) -> None:
+    """Faust puts a table write in the partition of the current event, a context variable that its stream
+    iteration sets; an agent handling a take has none, so each node's write is made under the record that last
+    touched the node. Set in the agent's own task only: the stream's ``current_event`` attribute, which
+    ``take_events`` reads while filling the next take, is left alone."""
+    faust_streams._current_event.set(weakref.ref(event))
+
+
+def _parent_and_links(contexts: list[Any]) -> tuple[Any, list[trace.Link] | None]:
+    """The first traced record's context as the take's parent, the other traced records' spans as links."""
+    spans = [trace.get_current_span(c).get_span_context() for c in contexts]
+    traced = [(c, s) for c, s in zip(contexts, spans, strict=True) if s.is_valid]
+    if not traced:
+        return None, None
+    return traced[0][0], [trace.Link(s) for _, s in traced[1:]] or None
 
 
 def _highwater(app: faust.App, tp: Any) -> int | None:

@@ -2,9 +2,10 @@
 
 ``StreamProcessor`` owns the in-memory ``GpuTracker`` of every GPU in the partitions this worker
 holds, backed by a mapping of snapshots (a Faust table with a changelog in the app, a dict in
-tests). Every applied record writes its node's entry, one value holding the snapshots of all the
-node's GPUs, so a worker that takes over a partition carries on from the last processed batch;
-duplicates replayed after a crash are recognised per GPU and applied once.
+tests). Records are applied in takes (``Take``: one record, or the many a worker handles together);
+finishing a take writes each touched node's entry, one value holding the snapshots of all the node's
+GPUs, before the take's records are acknowledged, so a worker that takes over a partition carries on
+from the last processed take; duplicates replayed after a crash are recognised per GPU and applied once.
 
 One entry per node, not per GPU: each table write is a RocksDB put and a changelog record produced
 through Faust, and that per-record work, not the bytes, was most of a worker's time (docs/performance.md).
@@ -18,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import defaultdict
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 
 from contract.events import GpuEvent, GpuState, NodeState, TelemetryBatch
 from stream import fleet_peers
@@ -82,6 +83,27 @@ def check_event(event: GpuEvent) -> None:
 
 class GpuClaimedElsewhere(InvalidRecord):
     """A node reports a GPU UUID that another node reports too, and that node is not silent."""
+
+
+class Take:
+    """What the records of one take (the records a worker handles together) touched: each node's entry is
+    written, and each GPU's state considered, once per take instead of once per record (docs/performance.md)."""
+
+    __slots__ = ("nodes", "observed", "sources", "unobserved")
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, GpuTracker]] = {}  # node -> its GPUs touched, in order of last touch
+        self.sources: dict[str, object] = {}  # node -> the last record that touched it (``finish``'s ``writing``)
+        self.observed: dict[str, GpuTracker] = {}  # GPUs given samples: their states count towards latency
+        self.unobserved: dict[str, GpuTracker] = {}  # GPUs given events only
+
+    def touch(self, node: str, source: object = None) -> dict[str, GpuTracker]:
+        touched = self.nodes.pop(node, None)
+        if touched is None:
+            touched = {}
+        self.nodes[node] = touched  # re-inserted: the last node to take a moved GPU is written last
+        self.sources[node] = source
+        return touched
 
 
 class StreamProcessor:
@@ -196,40 +218,45 @@ class StreamProcessor:
             raise GpuClaimedElsewhere(f"{what} from node {node!r} names GPU {key}, which node {t.node!r} reported "
                                       f"{(now_ms - t.arrived_ms) // 1000} s ago")
 
-    def on_telemetry(self, batch: TelemetryBatch, partition: int, now_ms: int,
-                     behind: bool = False) -> list[GpuState]:
-        """Apply a batch; the states due. ``behind``: the worker is catching up on this partition
-        (``GpuTracker.due``)."""
+    def apply_telemetry(self, batch: TelemetryBatch, partition: int, now_ms: int, take: Take,
+                        behind: bool = False, source: object = None) -> None:
+        """Apply a batch into ``take`` (written and published by ``finish``); ``InvalidRecord`` changes nothing.
+        ``behind``: the worker is catching up on this partition (``GpuTracker.due``). ``source``: the record
+        it came from, handed to ``finish``'s ``writing``."""
         check_batch(batch)
+        for info in batch.gpus:
+            self._check_owner(info.uuid, batch.node, partition, now_ms, f"telemetry batch #{batch.batch_seq}")
         if behind:
             self.behind.add(partition)
         else:
             self.behind.discard(partition)
-        for info in batch.gpus:
-            self._check_owner(info.uuid, batch.node, partition, now_ms, f"telemetry batch #{batch.batch_seq}")
-        touched: dict[str, GpuTracker] = {}
+        touched = take.touch(batch.node, source)
+        stats = self.stats
+        gpus = batch.gpus
+        base = batch.base_ts_ms
         for sample in batch.samples:
-            info = batch.gpus[sample.gpu]
+            info = gpus[sample.gpu]
             key = info.uuid
             t = touched.get(key) or self.tracker(key, partition, batch.node)
-            learned = t.learn_sample(batch.node, info, sample, batch.base_ts_ms + sample.dt_ms, now_ms)
+            learned = t.learn_sample(batch.node, info, sample, base + sample.dt_ms, now_ms)
             if learned is Learned.APPLIED:
-                self.stats.samples += 1
+                stats.samples += 1
             elif learned is Learned.DUPLICATE:
-                self.stats.duplicates += 1
+                stats.duplicates += 1
             else:
-                self.stats.clock_skew_rejected += 1
+                stats.clock_skew_rejected += 1
             touched[key] = t
+            take.observed[key] = t
         for point in batch.points:
-            key = batch.gpus[point.gpu].uuid
+            key = gpus[point.gpu].uuid
             t = touched.get(key) or self.tracker(key, partition, batch.node)
-            if t.learn_point(point, batch.base_ts_ms + point.dt_ms, now_ms):
-                self.stats.points += 1
+            if t.learn_point(point, base + point.dt_ms, now_ms):
+                stats.points += 1
             touched[key] = t
-        self._write(batch.node, touched.values())
-        return self._due(touched.values(), now_ms, observe=True)
+            take.observed[key] = t
 
-    def on_event(self, event: GpuEvent, partition: int, now_ms: int) -> list[GpuState]:
+    def apply_event(self, event: GpuEvent, partition: int, now_ms: int, take: Take, source: object = None) -> None:
+        """Apply an event into ``take``; ``InvalidRecord`` changes nothing."""
         check_event(event)
         key = event.gpu_uuid
         self._check_owner(key, event.node, partition, now_ms, f"event {event.event_id}")
@@ -237,8 +264,32 @@ class StreamProcessor:
         t.learn_event(event)
         # Its owner's entry: an event may come from a node the GPU moved to before a sample has.
         self._node(t.node, partition)
-        self._write(t.node, [t])
-        return self._due([t], now_ms, observe=False)
+        take.touch(t.node, source)[key] = t
+        take.unobserved.setdefault(key, t)
+
+    def finish(self, take: Take, now_ms: int, writing: Callable[[object], None] | None = None) -> list[GpuState]:
+        """Write each node ``take`` touched once, in the order they were last touched; the states due, one per GPU.
+        ``writing(source)`` is called before each node's writes with the last record that touched the node (Faust
+        puts a table write in the partition of the event being handled)."""
+        for node, touched in take.nodes.items():
+            if writing is not None:
+                writing(take.sources[node])
+            self._write(node, touched.values())
+        states = self._due(take.observed.values(), now_ms, observe=True)
+        return states + self._due([t for k, t in take.unobserved.items() if k not in take.observed], now_ms,
+                                  observe=False)
+
+    def on_telemetry(self, batch: TelemetryBatch, partition: int, now_ms: int,
+                     behind: bool = False) -> list[GpuState]:
+        """One batch on its own: applied, its node written, the states due."""
+        take = Take()
+        self.apply_telemetry(batch, partition, now_ms, take, behind)
+        return self.finish(take, now_ms)
+
+    def on_event(self, event: GpuEvent, partition: int, now_ms: int) -> list[GpuState]:
+        take = Take()
+        self.apply_event(event, partition, now_ms, take)
+        return self.finish(take, now_ms)
 
     # ------------------------------------------------------------------ output
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, Severity, TelemetryBatch
-from stream.processor import GpuClaimedElsewhere, InvalidRecord, StreamProcessor, node_key, owner_key
+from stream.processor import GpuClaimedElsewhere, InvalidRecord, StreamProcessor, Take, node_key, owner_key
 from tests.support import telemetry_batch
 
 
@@ -162,3 +162,66 @@ def test_a_restarted_processor_still_knows_whose_gpu_it_is() -> None:
     forged = dataclasses.replace(telemetry_batch("a", 1, T0 + 1000), gpus=[GpuInfo("GPU-b-0", 0, "A100", 81920)])
     with pytest.raises(GpuClaimedElsewhere, match="node 'b'"):
         again.on_telemetry(forged, 0, T0 + 1000)
+
+
+def test_a_take_writes_each_nodes_entry_once_and_publishes_one_state_per_gpu() -> None:
+    table = _Recording()
+    proc = StreamProcessor(table)
+    proc.on_telemetry(telemetry_batch("a", 1, T0, gpus=2), 0, T0)  # known GPUs: no owner: writes below
+    table.writes.clear()
+    observed = proc.stats.latency.count
+    take = Take()
+    now = T0 + 60_000
+    for seq in range(2, 12):
+        for node in ("a", "b"):
+            proc.apply_telemetry(telemetry_batch(node, seq, T0 + seq * 1000, gpus=2), 0, now, take)
+    ev = GpuEvent("e1", now, "a", "GPU-a-1", EventKind.HEALTH_CHANGE, Severity.CRITICAL, "health_score", 20.0,
+                  None, "x", {"new_band": "CRITICAL"})
+    proc.apply_event(ev, 0, now, take)
+    assert table.writes == []  # nothing written before the take is finished
+    states = proc.finish(take, now)
+    assert sorted(table.writes) == sorted([node_key("a"), node_key("b"), owner_key("GPU-b-0"), owner_key("GPU-b-1")])
+    assert sorted(s.gpu_uuid for s in states) == ["GPU-a-0", "GPU-a-1", "GPU-b-0", "GPU-b-1"]
+    assert {s.gpu_uuid: s.samples for s in states} == {"GPU-a-0": 11, "GPU-a-1": 11, "GPU-b-0": 10, "GPU-b-1": 10}
+    assert proc.stats.latency.count - observed == 4  # one sample-to-state observation per state, not per record
+
+
+def test_a_take_leaves_the_same_state_and_table_as_the_same_records_one_by_one() -> None:
+    records = [telemetry_batch(n, seq, T0 + seq * 1000, util=10 * seq % 100, gpus=3)
+               for seq in range(1, 150) for n in ("a", "b")]  # over two minutes: forecasts are rendered
+    one_by_one, taken = _Recording(), _Recording()
+    serial, batched = StreamProcessor(one_by_one), StreamProcessor(taken)
+    now = T0 + 200_000
+    for r in records:
+        serial.on_telemetry(r, 0, now)
+    for start in range(0, len(records), 64):
+        take = Take()
+        for r in records[start:start + 64]:
+            batched.apply_telemetry(r, 0, now, take)
+        batched.finish(take, now)
+    assert dict(taken) == dict(one_by_one)
+    # And a processor restarted from the batched table carries on exactly: the last take's records replayed
+    # are duplicates, a new batch applies.
+    again = StreamProcessor(taken)
+    take = Take()
+    for r in [*records[-64:], telemetry_batch("a", 150, T0 + 150_000, gpus=3)]:
+        again.apply_telemetry(r, 0, now, take)
+    again.finish(take, now)
+    assert again.stats.duplicates == 64 * 3 and again.stats.samples == 3
+    assert {k: t.samples for k, t in again.trackers.items()} == {
+        **{f"GPU-a-{i}": 150 for i in range(3)}, **{f"GPU-b-{i}": 149 for i in range(3)}}
+
+
+def test_an_invalid_record_in_a_take_changes_nothing_and_the_rest_of_the_take_applies() -> None:
+    table = _Recording()
+    proc = StreamProcessor(table)
+    take = Take()
+    proc.apply_telemetry(telemetry_batch("a", 1, T0), 0, T0, take)
+    bad = telemetry_batch("b", 1, T0)
+    bad.samples[0].util_gpu = 250
+    with pytest.raises(InvalidRecord):
+        proc.apply_telemetry(bad, 0, T0, take)
+    proc.apply_telemetry(telemetry_batch("a", 2, T0 + 1000), 0, T0 + 1000, take)
+    states = proc.finish(take, T0 + 1000)
+    assert [(s.gpu_uuid, s.samples) for s in states] == [("GPU-a-0", 2)]
+    assert node_key("b") not in table and "GPU-b-0" not in proc.trackers
