@@ -27,7 +27,8 @@ class PolicySpec:
 # The stream-driven parts of ``gpuaware``, each kept because the dynamic ablation shows it pays
 # (docs/scheduling.md "What the stream changes"): signal, filters, scores.
 STREAM_PARTS = (
-    ("forecast", ("forecast-fit",), (("forecast-fit", 1.0),)),
+    # forecast-fit's score at 0.1: a tie-breaker among FGD's equals; at 1.0 it outweighed FGD's packing.
+    ("forecast", ("forecast-fit",), (("forecast-fit", 0.1),)),
     ("fingerprint", (), (("fingerprint-colocation", 0.5),)),
     ("thermal", (), (("power-headroom", 0.3),)),
 )
