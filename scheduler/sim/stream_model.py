@@ -17,7 +17,8 @@ below). ``parts`` says which signals the scheduler may use (the ablation's varia
 slowdowns and violations are the same in every variant. Each tick (``tick_s``) the model writes the
 signals into the cluster arrays the plugins read, optionally (``recharge``, off: it did not pay)
 re-charges shared jobs to their forecast (a job is charged the forecast upper bound of its compute and
-memory, plus margins, never more than it requested), and reports what ``dynamic.py`` must do: speeds, OOM kills, re-charges.
+memory, plus margins, never more than it requested), and reports what ``dynamic.py`` must do: speeds,
+OOM kills, re-charges.
 Violations: a GPU-tick whose jobs want more memory than it has (the newest shared job is OOM-killed
 and restarts) or more compute than it has (an SLO miss: every job on it slows).
 """

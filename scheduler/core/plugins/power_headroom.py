@@ -6,8 +6,8 @@ node's tightest GPU. A GPU at its slowdown temperature or power limit clocks dow
 so new work goes where there is margin. Only a shortage counts: headroom above ``near`` (default 15%:
 about 13 C below slowdown, or 15% under the power limit) scores the same everywhere, so a cool cluster
 leaves placement to the packing scores (normalised per cycle, a temperature spread of a few degrees
-would otherwise outweigh FGD and spread work for nothing). A GPU without live state scores the mean of the live ones; with
-none live the score is flat (the other scores decide).
+would otherwise outweigh FGD and spread work for nothing). A GPU without live state scores the mean
+of the live ones; with none live the score is flat (the other scores decide).
 """
 
 from __future__ import annotations
