@@ -15,9 +15,10 @@
 The scheduler layer may not import ``stream`` or ``agent``: both come in as callables (the protocols
 below). ``parts`` says which signals the scheduler may use (the ablation's variants); the physics,
 slowdowns and violations are the same in every variant. Each tick (``tick_s``) the model writes the
-signals into the cluster arrays the plugins read, re-charges shared jobs to their forecast (the
-``forecast`` part: a job is charged the forecast upper bound of its compute and memory, plus margins,
-never more than it requested), and reports what ``dynamic.py`` must do: speeds, OOM kills, re-charges.
+signals into the cluster arrays the plugins read, optionally (``recharge``, off: it did not pay)
+re-charges shared jobs to their forecast (a job is charged the forecast upper bound of its compute and
+memory, plus margins, never more than it requested), and reports what ``dynamic.py`` must do: speeds,
+OOM kills, re-charges.
 Violations: a GPU-tick whose jobs want more memory than it has (the newest shared job is OOM-killed
 and restarts) or more compute than it has (an SLO miss: every job on it slows).
 """
@@ -73,6 +74,11 @@ class StreamConfig:
     compute_margin: float = 0.10
     mem_margin: float = 0.15
     floor_milli: int = 50
+    # Re-charging running shared jobs to their forecast: measured on the loaded ablation cluster it let
+    # more work start on borrowed quota, tripled preemptions (reclaims) and cost mean JCT
+    # (docs/scheduling.md "The ablation"), so it is off; the forecast part then filters and scores only,
+    # as it does live.
+    recharge: bool = False
 
 
 @dataclass
@@ -193,7 +199,7 @@ class StreamModel:
                 if job.seen >= cfg.warmup_ticks:
                     hi_u = share * min(1.0, job.fu.forecast().upper)
                     hi_m = share * min(1.0, max(job.fm.forecast().upper, job.mem_high))
-                    if w.shares_gpu:
+                    if w.shares_gpu and cfg.recharge:
                         want = np.ceil(1000 * hi_u * (1 + cfg.compute_margin))
                         milli = int(min(w.gpu_milli, max(cfg.floor_milli, want)))
                         mem = int(min(w.gpu_memory_mib, JOB_MEMORY_MIB * hi_m * (1 + cfg.mem_margin)))

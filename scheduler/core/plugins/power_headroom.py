@@ -3,8 +3,11 @@
 Headroom of a GPU = the smaller of (slowdown temperature - temperature) / slowdown temperature and
 (power limit - power draw) / power limit, from the stream's live state; a multi-GPU workload reads its
 node's tightest GPU. A GPU at its slowdown temperature or power limit clocks down whatever runs on it,
-so new work goes where there is margin. A GPU without live state scores the mean of the live ones; with
-none live the score is flat (the other scores decide).
+so new work goes where there is margin. Only a shortage counts: headroom above ``near`` (default 15%:
+about 13 C below slowdown, or 15% under the power limit) scores the same everywhere, so a cool cluster
+leaves placement to the packing scores (normalised per cycle, a temperature spread of a few degrees
+would otherwise outweigh FGD and spread work for nothing). A GPU without live state scores the mean
+of the live ones; with none live the score is flat (the other scores decide).
 """
 
 from __future__ import annotations
@@ -27,11 +30,14 @@ class PowerHeadroom:
     name = "power-headroom"
     signal = SIGNAL
 
+    def __init__(self, near: float = 0.15):
+        self.near = near
+
     def score(self, ctx: CycleContext, cand: Candidates) -> np.ndarray:
         c, w = ctx.cluster, ctx.workload
         if w.num_gpu == 0 or not c.live[cand.node].any():
             return np.zeros(len(cand))
-        room = np.where(c.live, headroom(c), np.nan)
+        room = np.where(c.live, np.minimum(headroom(c), self.near), np.nan)
         if w.num_gpu == 1:
             out = room[cand.node, cand.gpu]
         else:

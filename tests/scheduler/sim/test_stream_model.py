@@ -44,9 +44,10 @@ def physics(model, util, temp, dt):
 GAVEL = {"v100": {"('ResNet-50 (batch size 64)', 1)": {"null": 10.0, "('ResNet-50 (batch size 64)', 1)": [5.0, 5.0]}}}
 
 
-def _model(util, mem, parts=("forecast", "thermal"), table=None):
+def _model(util, mem, parts=("forecast", "thermal"), table=None, recharge=True):
     series = [(np.full(100, util, dtype=float), np.full(100, mem, dtype=float))]
-    return StreamModel(series, LastValue, physics, None, table, StreamConfig(parts=frozenset(parts), warmup_ticks=2))
+    return StreamModel(series, LastValue, physics, None, table,
+                       StreamConfig(parts=frozenset(parts), warmup_ticks=2, recharge=recharge))
 
 
 def _run(model, c, jobs, ticks=1):
@@ -84,6 +85,14 @@ def test_after_warm_up_a_shared_job_is_charged_its_forecast_not_its_request():
     milli, mem = out.recharge["j0"]
     assert milli == int(np.ceil(1000 * 0.5 * 0.22 * 1.1)) and mem == JOB_MEMORY_MIB // 2
     assert c.forecast_util[0, 0] == 50.0 * 0.22
+
+
+def test_re_charging_is_off_by_default_the_forecast_is_still_written():
+    # It did not pay in the ablation (docs/scheduling.md): the forecast part filters and scores only.
+    assert StreamConfig().recharge is False
+    model, c = _model(20.0, 1.0, recharge=False), cluster(2)
+    out, _ = _run(model, c, [(500, None)], ticks=3)
+    assert out.recharge == {} and c.forecast_util[0, 0] == 50.0 * 0.22
 
 
 def test_without_the_forecast_part_nothing_is_recharged():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scheduler.core.cluster import Allocation
-from scheduler.core.framework import Profile, Scheduler
+from scheduler.core.framework import Candidates, CycleContext, Profile, Scheduler
 from scheduler.core.plugins.forecast_fit import ForecastFit
 from scheduler.core.workload import Workload
 from tests.support import cluster
@@ -20,29 +20,42 @@ def _place(c, w):
     return Scheduler(Profile("t", [ForecastFit()], [(ForecastFit(), 1.0)])).schedule(c, w)
 
 
-def test_the_busiest_forecast_that_fits_wins_and_names_the_signal():
+def test_the_fullest_memory_forecast_that_fits_wins_and_names_the_signal():
     c = _two_half_used()
     c.live[:] = True
-    c.forecast_util[0] = [10.0, 45.0]  # both residents asked for half; GPU 1's really uses it
-    c.forecast_mem[0] = [4000.0, 4000.0]
+    c.forecast_util[0] = [45.0, 10.0]  # compute is not what bounds sharing: memory is
+    c.forecast_mem[0] = [4000.0, 8000.0]
     d = _place(c, Workload("w", 0, 0, 1, 300, gpu_memory_mib=4000))
     assert d.allocation.gpus == [1] and d.signals == ["forecast"]
 
 
 def test_the_memory_margin_keeps_a_forecast_miss_from_oom_killing_a_co_tenant():
-    c = _two_half_used()
+    c = cluster(2)
+    for g in (0, 1):  # residents without a memory request: only the forecast bounds them
+        c.allocate(Allocation(f"r{g}", 0, [g], [500], 0, 0, [0], "shared"))
     c.live[:] = True
-    c.forecast_util[0] = [10.0, 45.0]
-    c.forecast_mem[0] = [4000.0, 10000.0]  # 10000 + 6000 * 1.15 > 16384: GPU 1 is out, even with compute free
+    c.forecast_mem[0] = [4000.0, 10000.0]  # 10000 * 1.15 + 6000 > 16384: GPU 1 is out, even with compute free
     d = _place(c, Workload("w", 0, 0, 1, 300, gpu_memory_mib=6000))
     assert d.allocation.gpus == [0]
+
+
+def test_pairs_that_fit_by_request_are_not_turned_away_by_the_margin():
+    # Regression: the margin grew the newcomer's (known) request, so two 0.47 shares of a 16 GiB GPU
+    # (7700 MiB each) no longer fitted together and a loaded cluster fragmented.
+    c = cluster(1)
+    c.allocate(Allocation("r", 0, [0], [470], 0, 0, [7700], "shared"))
+    c.live[:] = True
+    c.forecast_mem[0] = [7700.0]  # not warmed up: its request
+    ctx = CycleContext(c, Workload("w", 0, 0, 1, 470, gpu_memory_mib=7700))
+    assert ForecastFit().filter_gpus(ctx)[0, 0]
+    c.forecast_mem[0] = [9000.0]  # a forecast above the charge cannot be: the charge bounds it
+    assert ForecastFit().filter_gpus(ctx)[0, 0]
 
 
 def test_without_live_state_the_score_is_flat_and_nothing_is_filtered():
     c = _two_half_used()
     c.forecast_mem[0] = [16000.0, 16000.0]  # not live: ignored
     p = ForecastFit()
-    from scheduler.core.framework import Candidates, CycleContext
 
     ctx = CycleContext(c, Workload("w", 0, 0, 1, 300, gpu_memory_mib=6000))
     assert p.filter_gpus(ctx).all()

@@ -36,3 +36,16 @@ def test_a_gpu_without_live_state_scores_the_mean_of_the_live_ones():
     ctx = CycleContext(c, Workload("x", 0, 0, 1, 1000))
     s = PowerHeadroom().score(ctx, Candidates(c.gpu_exists.nonzero()[0], c.gpu_exists.nonzero()[1]))
     assert s[0] > s[2] > s[1]
+
+
+def test_a_cool_cluster_scores_flat_so_packing_decides():
+    # Regression: a few degrees apart, far from slowdown, used to take the whole normalised score range
+    # and spread work against FGD's packing.
+    c = cluster(2)
+    c.live[:] = True
+    c.temp[0] = [40.0, 60.0]
+    c.power[0] = [100.0, 150.0]
+    c.power_limit[0] = [300.0, 300.0]
+    ctx = CycleContext(c, Workload("x", 0, 0, 1, 1000))
+    s = PowerHeadroom().score(ctx, Candidates(c.gpu_exists.nonzero()[0], c.gpu_exists.nonzero()[1]))
+    assert s[0] == s[1] and ctx.signals == {"thermal"}
