@@ -28,6 +28,7 @@ CPU time is the figure to compare on a shared machine: wall time there is mostly
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -287,10 +288,8 @@ def run_size(gpus: int, seconds: float, pod_csv: str | Path, states_per_gpu_s: f
         return result
     finally:
         for conn in (api_parent, feed_parent):
-            try:
+            with contextlib.suppress(OSError):
                 conn.send("stop")
-            except OSError:
-                pass
         for p in (api, gen):
             p.join(timeout=10)
             if p.is_alive():
