@@ -94,3 +94,27 @@ def test_fgd_fills_a_half_used_gpu_rather_than_breaking_a_whole_one():
     c.allocate(Allocation("half", 0, [0], [500], 1000, 1024))
     d = scheduler_with(FragmentationGradient(TYPES)).schedule(c, Workload("w", 1000, 1024, 1, 500))
     assert (d.allocation.node, d.allocation.gpus) == (0, [0])
+
+
+def test_nodes_in_the_same_state_share_one_score_and_it_is_the_definitions():
+    """FGD scores each node state once per cycle (a fleet's thousands of empty nodes are one state); every
+    candidate still gets what the definition gives for its own node."""
+    c = ClusterState([NodeSpec(f"n{i}", 16000, 65536, 4, "V100") for i in range(40)])
+    for i in range(0, 40, 3):  # every third node half used on GPU 0, every ninth on GPU 1 too
+        c.allocate(Allocation(f"a{i}", i, [0], [500], 1000, 1024))
+        if i % 9 == 0:
+            c.allocate(Allocation(f"b{i}", i, [1], [810], 1000, 1024))
+    types = TaskTypes.from_counts({(1000, 1024, 1, 1000): 3, (2000, 1024, 1, 300): 2, (4000, 4096, 2, 1000): 1,
+                                   (8000, 1024, 0, 0): 1})
+    fgd = FragmentationGradient(types)
+    fgd.node_fragmentation(c)
+    ids = fgd._nodes.state_id
+    assert len(set(ids.tolist())) == 3 and ids[1] == ids[2] and ids[0] == ids[9] != ids[3]
+    for w in (Workload("one", 1000, 1024, 1, 300), Workload("whole", 1000, 1024, 1, 1000),
+              Workload("two", 1000, 1024, 2, 1000), Workload("cpu", 1000, 1024, 0)):
+        ctx = CycleContext(c, w)
+        cand, _ = Scheduler(Profile("t", [], [])).candidates(ctx)
+        _check_delta(fgd, ctx, cand, types)
+    c.allocate(Allocation("moved", 1, [2], [1000], 0, 0))  # node 1 leaves its state: its id follows
+    fgd.node_fragmentation(c)
+    assert fgd._nodes.state_id[1] != fgd._nodes.state_id[2]
