@@ -152,6 +152,7 @@ class NodeFigures:
         return np.array([ids.setdefault(row.tobytes(), len(ids)) for row in sig], dtype=np.int64)
 
 
+ROUND_DIGITS = 6
 DENSE_KEYS = 1 << 22  # below this key range, a lookup table beats sorting (np.unique) the candidates
 
 
@@ -213,7 +214,9 @@ class FragmentationGradient:
                 free -= np.where(ok & take, 1000, 0)
             gpus = GpuFigures.of(free, t.thresholds)
         after = fragmentation_of(gpus, c.cpu_free[n] - w.cpu_milli, c.mem_free[n] - w.memory_mib, t) @ t.p
-        return after[inverse] - before
+        # To a millionth of a milli-GPU: the matrix product's last bits depend on how many rows it was given, and
+        # the framework's 0-100 normalisation would turn candidates that differ by rounding alone into 0 and 100.
+        return np.round(after[inverse] - before, ROUND_DIGITS)
 
     def score(self, ctx: CycleContext, cand: Candidates) -> np.ndarray:
         return -self.delta(ctx, cand)
