@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,10 +75,11 @@ class StateView:
     # GPU per pass spent most of the pass on GPUs nothing had happened to.
     changed_gpus: set[str] = field(default_factory=set)
     changed_nodes: set[str] = field(default_factory=set)
-    # Per GPU, in the order first learned (``slot``): when its newest sample stops counting as fresh (ms), so
-    # staleness is one vectorised comparison rather than a call per GPU.
+    # Per GPU, in the order first learned (``slot``), what the model is written from, kept as columns as each
+    # record is learned: a pass writes the fleet with one vectorised step per column (``apply_slots``), where
+    # at 50,000 GPUs reading every record again took most of the pass.
     slot: dict[str, int] = field(default_factory=dict)
-    _fresh: np.ndarray = field(default_factory=lambda: np.zeros(1024, dtype=np.int64))
+    _cols: dict[str, np.ndarray] = field(default_factory=lambda: _columns(1024))
 
     def silent_ms(self, now_ms: int) -> int:
         """How long since the feed delivered anything (0 before the first record)."""
@@ -108,7 +109,7 @@ class StateView:
                     self.fresh_at[record.gpu_uuid] = arrived
                 self.gpus[record.gpu_uuid] = record
                 self.changed_gpus.add(record.gpu_uuid)
-                self._set_fresh(record)
+                self._set_row(record)
                 if headers and (old is None or old.health_band != record.health_band):
                     self.band_trace[record.gpu_uuid] = list(headers)
         elif isinstance(record, NodeState):
@@ -125,26 +126,33 @@ class StateView:
         # data. And no later than the arrival of that sample: a clock running ahead cannot keep it fresh.
         return state.sample_ts_ms if arrived is None else min(state.sample_ts_ms, arrived)
 
-    def _set_fresh(self, state: GpuState) -> None:
-        i = self.slot.setdefault(state.gpu_uuid, len(self.slot))
-        if i >= len(self._fresh):
-            self._fresh = np.concatenate([self._fresh, np.zeros(len(self._fresh), dtype=np.int64)])
-        self._fresh[i] = self._fresh_ms(state, self.fresh_at.get(state.gpu_uuid))
+    def _set_row(self, s: GpuState) -> None:
+        i = self.slot.setdefault(s.gpu_uuid, len(self.slot))
+        cols = self._cols
+        if i >= len(cols["fresh"]):
+            grown = _columns(2 * len(cols["fresh"]))
+            for name, col in cols.items():
+                grown[name][:len(col)] = col
+            self._cols = cols = grown
+        cols["fresh"][i] = self._fresh_ms(s, self.fresh_at.get(s.gpu_uuid))
+        cols["band"][i] = BAND_CODE[s.health_band]
+        cols["util"][i] = s.util_gpu
+        cols["forecast_util"][i] = _forecast(s)
+        cols["temp"][i] = s.temp_c
+        cols["forecast_mem"][i] = _forecast(s, "fb_used_mib", s.fb_used_mib)
+        cols["power"][i] = s.power_w
+        cols["fingerprint"][i] = s.workload_class or ""
 
     def is_stale(self, state: GpuState, now_ms: int) -> bool:
         return now_ms - self._fresh_ms(state, self.fresh_at.get(state.gpu_uuid)) > self.stale_after_ms
 
-    def fresh_ms(self, slots: np.ndarray) -> np.ndarray:
-        """Per slot (``slot``), when the GPU's newest sample was fresh (ms)."""
-        return self._fresh[slots]
-
     def stale(self, now_ms: int) -> list[str]:
         """The stale GPUs' UUIDs, sorted."""
         names = list(self.slot)
-        return sorted(names[i] for i in np.flatnonzero(now_ms - self._fresh[:len(names)] > self.stale_after_ms))
+        return sorted(names[i] for i in np.flatnonzero(now_ms - self._cols["fresh"][:len(names)] > self.stale_after_ms))
 
     def stale_count(self, now_ms: int) -> int:
-        return int(np.count_nonzero(now_ms - self._fresh[:len(self.slot)] > self.stale_after_ms))
+        return int(np.count_nonzero(now_ms - self._cols["fresh"][:len(self.slot)] > self.stale_after_ms))
 
     def take_changes(self) -> tuple[set[str], set[str]]:
         """The GPUs and nodes whose state changed since the last call (the live model's reader's)."""
@@ -152,51 +160,52 @@ class StateView:
         self.changed_gpus, self.changed_nodes = set(), set()
         return gpus, nodes
 
-    def apply(self, cluster: ClusterState, locate: Callable[[str], tuple[int, int] | None], now_ms: int,
-              uuids: Iterable[str] | None = None) -> int:
-        """Write live state into ``cluster`` for every GPU ``locate`` places (of ``uuids`` only, when given: the
-        others are as they were written last); returns how many were written."""
+    def apply(self, cluster: ClusterState, locate: Callable[[str], tuple[int, int] | None], now_ms: int) -> int:
+        """Write live state into ``cluster`` for every GPU ``locate`` places; returns how many were placed."""
+        slots = np.full(cluster.band.shape, -1, dtype=np.int64)
+        for uuid, i in self.slot.items():
+            at = locate(uuid)
+            if at is not None:
+                slots[at] = i
+        return self.apply_slots(cluster, slots, now_ms)
+
+    def apply_slots(self, cluster: ClusterState, slots: np.ndarray, now_ms: int) -> int:
+        """Write live state into ``cluster`` where ``slots`` (node, GPU) holds a GPU's ``slot`` (-1: none there:
+        left as it is); returns how many were written."""
         outage = self.outage(now_ms)
         judged_at = self.last_arrival_ms if outage and self.last_arrival_ms is not None else now_ms
-        gpus = self.gpus
-        where, bands, rows = [], [], []
-        for uuid in gpus if uuids is None else uuids:
-            s = gpus.get(uuid)
-            at = locate(uuid) if s is not None else None
-            if at is None:
-                continue
-            band = s.health_band
-            forecast = _forecast(s)
-            if self.is_stale(s, judged_at):
-                band = HealthBand.CRITICAL if band == HealthBand.CRITICAL else HealthBand.DEGRADED
-                forecast = 100.0
-            elif outage:  # the GPU was fine when the feed went silent: keep its band, assume it busy
-                forecast = 100.0
-            where.append(at)
-            bands.append(BAND_CODE[band])
-            # The stream plugins' inputs; a stale GPU is not live, so they fall back to the requests for it.
-            rows.append((s.util_gpu, forecast, s.temp_c, not self.is_stale(s, now_ms),
-                         _forecast(s, "fb_used_mib", s.fb_used_mib), s.power_w, s.workload_class or ""))
-        if not where:
-            return 0
-        # One assignment per column: at 50,000 GPUs a numpy scalar write per GPU and column was most of a pass.
-        node, gpu = np.array(where, dtype=np.int64).T
-        band = np.array(bands, dtype=np.int8)
-        moved = cluster.band[node, gpu] != band
-        if moved.any():
-            cluster.band[node[moved], gpu[moved]] = band[moved]
-            np.add.at(cluster.version, node[moved], 1)  # as ``set_band``: the node's plugin caches are stale
-        util, forecast, temp, live, forecast_mem, power, fingerprint = zip(*rows, strict=True)
-        cluster.util[node, gpu] = util
-        cluster.forecast_util[node, gpu] = forecast
-        cluster.temp[node, gpu] = temp
-        cluster.live[node, gpu] = live
-        cluster.forecast_mem[node, gpu] = forecast_mem
-        cluster.power[node, gpu] = power
-        fp = np.empty(len(fingerprint), dtype=object)
-        fp[:] = fingerprint
-        cluster.fingerprint[node, gpu] = fp
-        return len(where)
+        at = slots >= 0
+        i = slots[at]
+        cols = self._cols
+        fresh = cols["fresh"][i]
+        stale = judged_at - fresh > self.stale_after_ms
+        band = cols["band"][i]
+        band = np.where(stale, np.where(band == BAND_CODE[HealthBand.CRITICAL], band, BAND_CODE[HealthBand.DEGRADED]),
+                        band).astype(np.int8)
+        moved = cluster.band[at] != band
+        if moved.any():  # as ``set_band``: the node's plugin caches are stale
+            np.add.at(cluster.version, np.nonzero(at)[0][moved], 1)
+        cluster.band[at] = band
+        cluster.util[at] = cols["util"][i]
+        # Stale, or fine when the feed went silent (an outage): assumed fully busy.
+        cluster.forecast_util[at] = np.where(stale | outage, 100.0, cols["forecast_util"][i])
+        cluster.temp[at] = cols["temp"][i]
+        # The stream plugins' inputs; a stale GPU is not live, so they fall back to the requests for it.
+        cluster.live[at] = now_ms - fresh <= self.stale_after_ms
+        cluster.forecast_mem[at] = cols["forecast_mem"][i]
+        cluster.power[at] = cols["power"][i]
+        cluster.fingerprint[at] = cols["fingerprint"][i]
+        return len(i)
+
+
+def _columns(size: int) -> dict[str, np.ndarray]:
+    """``StateView``'s per-GPU columns: the model's live-state arrays, per slot."""
+    cols = {name: np.zeros(size, dtype=np.float32) for name in ("util", "forecast_util", "temp", "forecast_mem",
+                                                                "power")}
+    cols["fresh"] = np.zeros(size, dtype=np.int64)  # when its newest sample stops counting as fresh (ms)
+    cols["band"] = np.zeros(size, dtype=np.int8)  # BAND_CODE of its record's band
+    cols["fingerprint"] = np.full(size, "", dtype=object)
+    return cols
 
 
 def _forecast(s: GpuState, metric: str = "util_gpu", now: float | None = None) -> float:

@@ -1,10 +1,10 @@
 """Live GPU state (``scheduler.feed``) into the cluster model: health bands, staleness, where each GPU is.
 
-Applied incrementally: a pass writes only the GPUs whose state changed since the last one, those whose
-node's state changed (they may have moved), and those whose staleness flipped with time (one vectorised
-comparison over the fleet). The whole fleet is written again only for a new model (nodes changed) and
-while the feed is out or just back (every forecast is taken as busy then). At 50,000 GPUs writing every
-GPU on every pass took most of the pass (docs/performance.md, "scheduler at fleet scale").
+Where each GPU is (``where``) is kept, not rebuilt per pass: located again for a new model (nodes changed)
+and for the nodes whose node state changed. The view keeps what the model is written from as columns, so a
+pass writes the whole fleet in one vectorised step per column (``StateView.apply_slots``); at 50,000 GPUs
+rebuilding ``where`` and writing GPU by GPU took most of the pass (docs/performance.md, "scheduler at fleet
+scale").
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections import deque
 
 import numpy as np
 
+from scheduler.core.cluster import ClusterState
 from scheduler.feed import StateView
 from scheduler.kube.cache import ClusterCache
 
@@ -24,16 +25,15 @@ class LiveGpuState:
         self.view, self.cache = view, cache
         self.where: dict[str, tuple[int, int]] = {}  # GPU UUID -> (node index, GPU index) in the current model
         self.band_changes: deque[tuple[float, str, int, int]] = deque(maxlen=10_000)  # (unix s, node, GPU, band)
-        # The GPUs the last ``apply`` wrote because their state changed or they were newly located (None: all):
+        # The GPUs whose state changed or that were located anew by the last ``apply`` (None: all, a new model):
         # what the health reactions need to look at besides the GPUs they are already acting on.
         self.changed: set[str] | None = None
         self._applied: tuple[int, int] | None = None
         self._applied_at = 0.0
-        self._model_id: int | None = None  # id() of the model the arrays below are for
-        self._outage = False
+        # The model the arrays below are for (held, not its id(): a rebuilt model may be given a freed one's id).
+        self._model: ClusterState | None = None
         self._uuid_at = np.empty((0, 0), dtype=object)  # (node, GPU) -> UUID located there, or None
         self._slot_at = np.empty((0, 0), dtype=np.int64)  # (node, GPU) -> the view's slot of that UUID, or -1
-        self._stale = np.zeros((0, 0), dtype=bool)  # as last written
 
     def apply(self, now: float) -> bool:
         """Bring the model's bands up to date; False when nothing could have changed since the last time."""
@@ -43,29 +43,18 @@ class LiveGpuState:
             return False
         self._applied, self._applied_at = key, now
         c = self.cache.cluster
-        now_ms = int(now * 1000)
         changed, nodes = self.view.take_changes()
-        outage = self.view.outage(now_ms)
-        full = id(c) != self._model_id or outage or self._outage
-        self._outage = outage
-        if id(c) != self._model_id:
+        if c is not self._model:
             self._locate_all()
+            self.changed = None
         else:
-            changed |= self._relocate(nodes)
-        for uuid in changed:  # a GPU located before its first state arrived gets its slot with that state
+            self.changed = changed | self._relocate(nodes)
+        for uuid in changed:  # a GPU located before its first state arrived: its slot, with that state
             at = self.where.get(uuid)
             if at is not None:
                 self._slot_at[at] = self.view.slot.get(uuid, -1)
-        stale = self._stale_now(now_ms)
         before = c.band.copy()
-        if full:
-            self.changed = None
-            self.view.apply(c, self.where.get, now_ms)
-        else:
-            flipped = [u for u in self._uuid_at[stale != self._stale].tolist() if u is not None]
-            self.changed = changed
-            self.view.apply(c, self.where.get, now_ms, changed.union(flipped))
-        self._stale = stale
+        self.view.apply_slots(c, self._slot_at, int(now * 1000))
         self.cache.apply_cordons()  # a cordon stands whatever the stream says
         for i, g in np.argwhere(c.band != before):
             self.band_changes.append((now, c.names[int(i)], int(g), int(c.band[i, g])))
@@ -78,11 +67,10 @@ class LiveGpuState:
 
     def _locate_all(self) -> None:
         c = self.cache.cluster
-        self._model_id = id(c)
+        self._model = c
         self.where = {}
         self._uuid_at = np.full(c.band.shape, None, dtype=object)
         self._slot_at = np.full(c.band.shape, -1, dtype=np.int64)
-        self._stale = np.zeros(c.band.shape, dtype=bool)
         self._relocate(self.view.nodes)
 
     def _relocate(self, nodes) -> set[str]:
@@ -109,9 +97,3 @@ class LiveGpuState:
                     self._slot_at[i, gpu.index] = self.view.slot.get(gpu.uuid, -1)
                     moved.add(gpu.uuid)
         return moved
-
-    def _stale_now(self, now_ms: int) -> np.ndarray:
-        """Per (node, GPU) of the model: located, with state, and stale now."""
-        slots = self._slot_at
-        known = slots >= 0
-        return known & (now_ms - self.view.fresh_ms(np.where(known, slots, 0)) > self.view.stale_after_ms)
