@@ -5,10 +5,12 @@ one machine, so what it reports for the scheduler at 50,000 GPUs is mostly the C
 Here nothing stands between the fleet and the scheduler:
 - a **feed process** (its own, so encoding is not the scheduler's cost) publishes what the stream
   would: first one ``node.state.v1`` per node and one ``gpu.state.v1`` per GPU (the compacted
-  topics the scheduler catches up on), then ``states_per_gpu_s`` fresh GPU states per GPU per second
+  topics the scheduler catches up on), then ``states_per_gpu_s`` GPU states per GPU per second
   (default 0.12: the stream publishes a state per new sample, and the agents' default sampling
   policy gives ~0.12 samples per GPU per second under the GenTD26 replay, ``bench pipeline``'s
-  published samples/s over its GPUs), each stamped when sent, in 100 ms batches through a pipe;
+  published samples/s over its GPUs), in 100 ms batches through a pipe: each a GPU's newest
+  encoded state, re-encoded with fresh stamps and values as fast as half of each tick allows, so
+  the rate holds on a loaded machine;
 - the scheduler reads them through its own feed path (``scheduler.feed.StateFeed`` with a consumer
   over that pipe: decode, ``StateView.learn``), into ``LiveScheduler`` wired as in production;
 - a **fake API server process** holds the fleet's nodes (8 GPUs each, models mixed as in ``gpuaware
@@ -59,6 +61,7 @@ from scheduler.settings import SchedulerSettings
 STATES_PER_GPU_S = 0.12
 POD_RATE = 20.0
 BATCH_S = 0.1
+REFRESH_S = 0.05  # of each BATCH_S tick, encoding fresh states
 GPU_TP = TopicPartition(topics.GPU_STATE, 0)
 NODE_TP = TopicPartition(topics.NODE_STATE, 0)
 FORECAST_METRICS = ("util_gpu", "fb_used_mib")
@@ -82,7 +85,12 @@ def gpu_state(node: str, g: int, model: str, now_ms: int, rng: random.Random) ->
 
 
 def _feed_process(conn, gpus: int, prefix: str, states_per_gpu_s: float, seed: int) -> None:
-    """Child: the fleet's state once (the compacted topics), then fresh GPU states at the fleet's rate."""
+    """Child: the fleet's state once (the compacted topics), then GPU states at the fleet's rate.
+
+    What is sent is each GPU's newest encoded state, picked at random (so the rate holds whatever this process
+    gets of a CPU); as much of the fleet as ``REFRESH_S`` of a tick allows is encoded afresh, stamped now, in the
+    meantime, so the states keep moving and stay fresh (records are accepted by publish time, and samples stay
+    fresh for 90 s)."""
     scenario = fleet(gpus, prefix)
     rng = random.Random(seed)
     now = int(time.time() * 1000)
@@ -91,21 +99,22 @@ def _feed_process(conn, gpus: int, prefix: str, states_per_gpu_s: float, seed: i
                                           [NodeGpu(f"GPU-{name}-{g}", g, model, 81_559, 0, HealthBand.HEALTHY)
                                            for g in range(GPUS_PER_NODE)], 8000, 8 * 81_559))
                          for name, model in nodes]))
-    conn.send(("gpus", [encode(gpu_state(name, g, model, now, rng)) for name, model in nodes
-                        for g in range(GPUS_PER_NODE)]))
-    rate = states_per_gpu_s * len(nodes) * GPUS_PER_NODE
+    newest = [encode(gpu_state(name, g, model, now, rng)) for name, model in nodes for g in range(GPUS_PER_NODE)]
+    conn.send(("gpus", newest))
+    rate = states_per_gpu_s * len(newest)
     started, sent = time.monotonic(), 0
     while not conn.poll():  # the parent's "stop"
-        due = int((time.monotonic() - started) * rate) - sent
+        tick = time.monotonic()
+        due = int((tick - started) * rate) - sent
         if due > 0:
-            now = int(time.time() * 1000)
-            batch = []
-            for _ in range(due):
-                name, model = nodes[rng.randrange(len(nodes))]
-                batch.append(encode(gpu_state(name, rng.randrange(GPUS_PER_NODE), model, now, rng)))
-            conn.send(("live", time.time(), batch))
+            conn.send(("live", time.time(), [newest[rng.randrange(len(newest))] for _ in range(due)]))
             sent += due
-        time.sleep(BATCH_S)
+        now = int(time.time() * 1000)
+        while time.monotonic() - tick < REFRESH_S:
+            i = rng.randrange(len(newest))
+            name, model = nodes[i // GPUS_PER_NODE]
+            newest[i] = encode(gpu_state(name, i % GPUS_PER_NODE, model, now, rng))
+        time.sleep(max(0.0, BATCH_S - (time.monotonic() - tick)))
 
 
 class PipeConsumer:

@@ -118,3 +118,27 @@ def test_nodes_in_the_same_state_share_one_score_and_it_is_the_definitions():
     c.allocate(Allocation("moved", 1, [2], [1000], 0, 0))  # node 1 leaves its state: its id follows
     fgd.node_fragmentation(c)
     assert fgd._nodes.state_id[1] != fgd._nodes.state_id[2]
+
+
+def test_candidates_alike_score_exactly_alike_however_their_figures_were_computed():
+    """Nodes in the same state whose fragmentation was computed in different batches (all nodes at first, the
+    changed ones since) get the same score to the bit: the matrix product's last bits vary with the rows it is
+    given, and the 0-100 normalisation made a gap of one rounding error a gap of 100 between candidates."""
+    rng = np.random.default_rng(3)
+    c = ClusterState([NodeSpec(f"n{i}", 128000, 786432, 8, "V100") for i in range(64)])
+    types = TaskTypes.from_counts({(4000, 22888, 1, 320): 5, (1000, 1024, 1, 1000): 3, (2000, 1024, 1, 500): 2,
+                                   (8000, 16384, 2, 1000): 1, (6000, 8192, 0, 0): 1, (3000, 4096, 1, 250): 2})
+    fgd = FragmentationGradient(types)
+    w = Workload("w", 4000, 22888, 1, 320)
+    for step in range(40):  # allocations and releases spread over the nodes, each pass recomputing a few rows
+        n = int(rng.integers(64))
+        c.allocate(Allocation(f"a{step}", n, [int(rng.integers(8))], [250], 2000, 4096))
+        if step % 3 == 0:
+            c.release(f"a{step}")
+        ctx = CycleContext(c, w)
+        cand, _ = Scheduler(Profile("t", [], [])).candidates(ctx)
+        scores = fgd.score(ctx, cand)
+        state = fgd._nodes.state_id[cand.node] * 1001 + c.gpu_free[cand.node, cand.gpu]
+        for key in np.unique(state):
+            alike = scores[state == key]
+            assert (alike == alike[0]).all(), f"step {step}: {np.unique(alike)}"
