@@ -137,9 +137,18 @@ class StateView:
         cols["fresh"][i] = self._fresh_ms(s, self.fresh_at.get(s.gpu_uuid))
         cols["band"][i] = BAND_CODE[s.health_band]
         cols["util"][i] = s.util_gpu
-        cols["forecast_util"][i] = _forecast(s)
+        # Each metric's forecast at the planning horizon: the upper end of its interval (headroom is for the worst
+        # case); without one, its value now. Both in one walk over the forecasts: this runs per record.
+        util = mem = None
+        for f in s.forecasts:
+            if f.horizon_s == FORECAST_HORIZON_S:
+                if f.metric == "util_gpu" and util is None:
+                    util = f.upper
+                elif f.metric == "fb_used_mib" and mem is None:
+                    mem = f.upper
+        cols["forecast_util"][i] = s.util_gpu if util is None else util
         cols["temp"][i] = s.temp_c
-        cols["forecast_mem"][i] = _forecast(s, "fb_used_mib", s.fb_used_mib)
+        cols["forecast_mem"][i] = s.fb_used_mib if mem is None else mem
         cols["power"][i] = s.power_w
         cols["fingerprint"][i] = s.workload_class or ""
 
@@ -206,13 +215,6 @@ def _columns(size: int) -> dict[str, np.ndarray]:
     cols["band"] = np.zeros(size, dtype=np.int8)  # BAND_CODE of its record's band
     cols["fingerprint"] = np.full(size, "", dtype=object)
     return cols
-
-
-def _forecast(s: GpuState, metric: str = "util_gpu", now: float | None = None) -> float:
-    """A metric's forecast at the planning horizon: the upper end of its interval (headroom is for the worst
-    case); without one, its value now."""
-    ups = [f.upper for f in s.forecasts if f.metric == metric and f.horizon_s == FORECAST_HORIZON_S]
-    return ups[0] if ups else (s.util_gpu if now is None else now)
 
 
 class StateFeed:
