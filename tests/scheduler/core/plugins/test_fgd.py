@@ -142,3 +142,23 @@ def test_candidates_alike_score_exactly_alike_however_their_figures_were_compute
         for key in np.unique(state):
             alike = scores[state == key]
             assert (alike == alike[0]).all(), f"step {step}: {np.unique(alike)}"
+
+
+def test_a_candidates_score_does_not_depend_on_the_others_scored_with_it():
+    """Scored alone or among all candidates, to the bit (the product's rounding varies with the batch)."""
+    rng = np.random.default_rng(5)
+    c = ClusterState([NodeSpec(f"n{i}", 128000, 786432, 8, "V100") for i in range(48)])
+    for k in range(60):
+        c.allocate(Allocation(f"a{k}", int(rng.integers(48)), [int(rng.integers(8))], [int(rng.choice([90, 250, 500]))],
+                              int(rng.integers(500, 4000)), 4096))
+    types = TaskTypes.from_counts({(4000, 22888, 1, 320): 5, (1000, 1024, 1, 1000): 3, (2000, 1024, 1, 500): 2,
+                                   (8000, 16384, 2, 1000): 1, (6000, 8192, 0, 0): 1, (3000, 4096, 1, 250): 2,
+                                   (1500, 2048, 1, 90): 4, (12000, 65536, 4, 1000): 1})
+    fgd = FragmentationGradient(types)
+    for w in (Workload("one", 4000, 22888, 1, 320), Workload("two", 8000, 16384, 2, 1000)):
+        ctx = CycleContext(c, w)
+        cand, _ = Scheduler(Profile("t", [], [])).candidates(ctx)
+        together = fgd.delta(ctx, cand)
+        for k in range(0, len(cand), 7):
+            alone = fgd.delta(ctx, Candidates(cand.node[k:k + 1], cand.gpu[k:k + 1]))
+            assert alone[0] == together[k], (w.id, k, alone[0], together[k])
