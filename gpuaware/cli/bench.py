@@ -244,7 +244,7 @@ def bench_pipeline_cmd(obj: Context, sizes: str, worker_counts: str, seconds: fl
 @click.option("--pod-rate", type=float, default=20.0, show_default=True, help="openb pods created per second.")
 @click.option("--pods", "pod_csv", default=f"{OPENB}/openb_pod_list_default.csv", show_default=True,
               help="The openb pod trace the pods are sampled from.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the pod sample and the GPU states.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as indented JSON.")
 def bench_scheduler_scale_cmd(sizes: str, seconds: float, states_per_gpu_s: float, pod_rate: float, pod_csv: str,
                               seed: int, as_json: bool) -> None:
