@@ -236,6 +236,38 @@ def bench_pipeline_cmd(obj: Context, sizes: str, worker_counts: str, seconds: fl
                + f"\nlargest sustained: {result['largest_sustained_gpus']} GPUs")
 
 
+@bench.command("scheduler-scale")
+@click.option("--sizes", default="4096,50000,100000", show_default=True, help="Fleet sizes in GPUs, comma-separated.")
+@click.option("--seconds", type=float, default=30.0, show_default=True, help="Measured time per size.")
+@click.option("--states-per-gpu-s", type=float, default=0.12, show_default=True,
+              help="Fresh gpu.state.v1 records per GPU per second (the stream's rate at the default sampling).")
+@click.option("--pod-rate", type=float, default=20.0, show_default=True, help="openb pods created per second.")
+@click.option("--pods", "pod_csv", default=f"{OPENB}/openb_pod_list_default.csv", show_default=True,
+              help="The openb pod trace the pods are sampled from.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the pod sample and the GPU states.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as indented JSON.")
+def bench_scheduler_scale_cmd(sizes: str, seconds: float, states_per_gpu_s: float, pod_rate: float, pod_csv: str,
+                              seed: int, as_json: bool) -> None:
+    """The scheduler alone with a fleet's live state: the fleet's gpu.state.v1 records fed straight to its
+    feed path at the stream's rate, openb pods from a fake API server, no broker or stream workers.
+
+    Per size: cycle p50/p99 (one pod's decision) wall and CPU, pass and state-apply p99, feed lag,
+    CPU and RSS of the scheduler process. Progress on stderr, figures on stdout.
+
+    \b
+    Example:
+      gpuaware bench scheduler-scale --sizes 4096,50000 --seconds 20 --json
+    """
+    from bench.scheduler_scale import run_scale_bench
+
+    if not Path(pod_csv).exists():
+        raise click.BadParameter(f"{pod_csv} does not exist", param_hint="--pods")
+    fleet = _int_list(sizes, 8, "--sizes", "4096,50000")
+    result = run_scale_bench(fleet, seconds, pod_csv, states_per_gpu_s, pod_rate, seed,
+                             progress=progress_to_stderr("bench scheduler-scale"))
+    click.echo(json.dumps(result, indent=2) if as_json else "\n".join(json.dumps(r) for r in result["results"]))
+
+
 @contextmanager
 def _pipeline_broker(obj: Context, broker: str) -> Iterator[tuple[KafkaSettings, int | None]]:
     """``_broker``, or a fresh Apache Kafka (real parts) with the contract's topics when ``broker`` is apache."""

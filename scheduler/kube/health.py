@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 
 from kubernetes.client.exceptions import ApiException
 
@@ -73,12 +73,18 @@ class HealthReactions:
         self._not_ours: set[tuple[str, int]] = set()  # cordons no condition of ours explains (an operator's)
         self._lifted: set[tuple[str, int]] = set()  # returned to service; the cache may still show the cordon
 
-    def react(self, where: Mapping[str, tuple[int, int]]) -> None:
-        """After live state was applied: act on each GPU (UUID located by ``where``) that turned critical."""
+    def react(self, where: Mapping[str, tuple[int, int]], changed: Set[str] | None = None,
+              uuid_at: Callable[[int, int], str | None] | None = None) -> None:
+        """After live state was applied: act on each GPU (UUID located by ``where``) that turned critical.
+
+        ``changed`` (with ``uuid_at``, the UUID at a (node index, GPU index)): the GPUs whose state changed since
+        the last call; only they and the GPUs already acted on are looked at (the others' answer is the one
+        they got last time). None: every GPU."""
         c = self.cache.cluster
         if not self.dry_run:
             self.adopt()
-        for gpu_uuid, state in self.view.gpus.items():
+        for gpu_uuid in self._to_look_at(changed, uuid_at):
+            state = self.view.gpus[gpu_uuid]
             if gpu_uuid not in where:
                 continue
             i, g = where[gpu_uuid]
@@ -124,6 +130,18 @@ class HealthReactions:
                     continue
                 self.tasks.spawn(self.cordon_and_migrate(c.names[i], g, gpu_uuid, state))
         self.stats.remediation_gpus = Counter(ch.step.value for ch in self.chains.values())
+
+    def _to_look_at(self, changed: Set[str] | None, uuid_at: Callable[[int, int], str | None] | None) -> Iterable[str]:
+        """The GPUs ``react`` must look at, in the view's order (the breaker admits the first ones it sees)."""
+        taints = self.device_taints
+        if changed is None or uuid_at is None or (taints is not None and taints.served and taints.tainted is None):
+            return self.view.gpus  # (a device taint's rules not read yet: the first GPU in service reads them)
+        keys = {*self.chains, *self._held, *self._critical_seen,
+                *(taints.tainted or () if taints is not None and taints.served else ())}
+        index = self.cache.cluster.index
+        extra = {u for node, g in keys if (i := index.get(node)) is not None and (u := uuid_at(i, g)) is not None}
+        slot = self.view.slot
+        return sorted((u for u in changed | extra if u in self.view.gpus), key=slot.__getitem__)
 
     def adopt(self) -> None:
         """Take over the chains an earlier leader left open: a cordoned GPU its node's GPUUnhealthy condition

@@ -217,7 +217,7 @@ class LiveScheduler:
         self._dirty = False
         now = time.time()
         if self.gpu_state is not None and self.health is not None and self.gpu_state.apply(now):
-            self.health.react(self.gpu_state.where)
+            self.health.react(self.gpu_state.where, self.gpu_state.changed, self.gpu_state.uuid_at)
         self.unschedulable.report_rejected()
         self.passes.run(now, started)
 

@@ -36,6 +36,6 @@ def queue_snapshot(cache: ClusterCache, view: StateView | None, now: float) -> Q
     snap.running = len(cache.running)
     snap.cordoned_gpus = sum(len(v) for v in cache.cordoned.values())
     if view is not None:
-        snap.stale_gpus = len(view.stale(int(now * 1000)))
+        snap.stale_gpus = view.stale_count(int(now * 1000))
     snap.allocated_gpu_share = c.allocated_gpu_milli / c.total_gpu_milli if c.total_gpu_milli else 0.0
     return snap

@@ -116,6 +116,10 @@ class NodeFigures:
         self._versions: np.ndarray | None = None
         self.gpus: GpuFigures | None = None
         self.frag: np.ndarray | None = None
+        # Per node, an id shared by the nodes in the same state as far as fragmentation can tell (free CPU,
+        # memory, and the free compute of its GPUs as a multiset): FGD scores each such state once per cycle.
+        self.state_id = np.zeros(0, dtype=np.int64)
+        self._ids: dict[bytes, int] = {}
 
     def node_fragmentation(self, c) -> np.ndarray:
         if self._cluster_id != id(c) or self._versions is None or len(self._versions) != len(c):
@@ -125,6 +129,8 @@ class NodeFigures:
                 self.on_new_cluster(c)
             self.gpus = GpuFigures.of(c.gpu_free, self.thresholds)
             self.frag = self.fragment(c, self.gpus, slice(None))
+            self._ids = {}
+            self.state_id = self._state_ids(c, np.arange(len(c)))
             return self.frag
         changed = np.flatnonzero(c.version != self._versions)
         if len(changed):
@@ -132,7 +138,38 @@ class NodeFigures:
             self.gpus.set_rows(changed, figures)
             self.frag[changed] = self.fragment(c, figures, changed)
             self._versions[changed] = c.version[changed]
+            if len(self._ids) > 4 * len(c) + 64:  # states long gone: number the current ones afresh
+                self._ids = {}
+                self.state_id = self._state_ids(c, np.arange(len(c)))
+            else:
+                self.state_id[changed] = self._state_ids(c, changed)
         return self.frag
+
+    def _state_ids(self, c, rows: np.ndarray) -> np.ndarray:
+        free = np.sort(c.gpu_free[rows], axis=1)
+        sig = np.concatenate([c.cpu_free[rows, None], c.mem_free[rows, None], free], axis=1).astype(np.int64)
+        ids = self._ids
+        return np.array([ids.setdefault(row.tobytes(), len(ids)) for row in sig], dtype=np.int64)
+
+
+ROUND_DIGITS = 6
+DENSE_KEYS = 1 << 22  # below this key range, a lookup table beats sorting (np.unique) the candidates
+
+
+def _first_of_each(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the index of one element with each distinct key, in key order; each element's place in that)."""
+    if not len(keys):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    top = int(keys.max()) + 1
+    if top > DENSE_KEYS:
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        return first, inverse.ravel()
+    one_at = np.full(top, -1, dtype=np.int64)
+    one_at[keys] = np.arange(len(keys))  # of repeated keys one write stands: any of them will do
+    present = np.flatnonzero(one_at >= 0)
+    rank = np.empty(top, dtype=np.int64)
+    rank[present] = np.arange(len(present))
+    return one_at[present], rank[keys]
 
 
 def fragmentation(free: np.ndarray, cpu: np.ndarray, mem: np.ndarray, types: TaskTypes) -> np.ndarray:
@@ -156,16 +193,19 @@ class FragmentationGradient:
         """Expected fragmentation after minus before, per candidate (milli-GPU)."""
         c, w, t = ctx.cluster, ctx.workload, self.types
         before = self.node_fragmentation(c)[cand.node]
+        # Candidates on nodes in the same state (``NodeFigures.state_id``) taking a GPU with the same free share
+        # leave the same after-state: each is scored once, on its first candidate. A fleet of 50,000 GPUs has
+        # few such states where it has thousands of nodes.
+        state = self._nodes.state_id[cand.node]
+        first, inverse = _first_of_each(state * 1001 + c.gpu_free[cand.node, cand.gpu] if w.num_gpu == 1 else state)
+        n = cand.node[first]
         if w.num_gpu == 1:
-            # GPUs of one node with the same free share give the same after-state: score each once, and
-            # from the node's figures with one GPU changed rather than from all its GPUs again.
-            keys = cand.node * 2048 + c.gpu_free[cand.node, cand.gpu]
-            _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-            n, g = cand.node[first], cand.gpu[first]
+            # From the node's figures with one GPU changed rather than from all its GPUs again.
+            g = cand.gpu[first]
             gpus = self._nodes.gpus.rows(n).after_taking(c.gpu_free[n, g], w.gpu_milli, t.thresholds)
         else:
-            inverse = None
-            n = cand.node
+            # (Every GPU a multi-GPU workload may take is wholly free, so which ones it takes changes nothing
+            # here: the after-state is its node state's.)
             free = c.gpu_free[n].copy()
             if w.num_gpu > 1:
                 # Whole GPUs are interchangeable for fragmentation: take the first k fully free.
@@ -174,9 +214,9 @@ class FragmentationGradient:
                 free -= np.where(ok & take, 1000, 0)
             gpus = GpuFigures.of(free, t.thresholds)
         after = fragmentation_of(gpus, c.cpu_free[n] - w.cpu_milli, c.mem_free[n] - w.memory_mib, t) @ t.p
-        if inverse is not None:
-            after = after[inverse.ravel()]
-        return after - before
+        # To a millionth of a milli-GPU: the matrix product's last bits depend on how many rows it was given, and
+        # the framework's 0-100 normalisation would turn candidates that differ by rounding alone into 0 and 100.
+        return np.round(after[inverse] - before, ROUND_DIGITS)
 
     def score(self, ctx: CycleContext, cand: Candidates) -> np.ndarray:
         return -self.delta(ctx, cand)

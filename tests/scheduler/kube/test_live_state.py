@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 from contract import annotations
@@ -63,3 +64,58 @@ def test_a_cordon_stands_whatever_the_stream_says():
     cache.node_event("MODIFIED", node)
     state.apply(time.time())
     assert int(cache.cluster.band[0, 0]) > 0 and int(cache.cluster.band[0, 1]) == 0
+
+
+def _fleet(nodes: int) -> ClusterCache:
+    cache = ClusterCache(scheduler_name="gpuaware")
+    cache.sync_nodes([make_node(f"n{i}", gpus=4) for i in range(nodes)])
+    return cache
+
+
+def _model(cache: ClusterCache) -> dict[str, list]:
+    """What the plugins read of live state (not ``version``, a cache key: writing every GPU bumped it for a
+    cordoned GPU on every pass, its stream band written and the cordon's written back over it)."""
+    c = cache.cluster
+    return {name: getattr(c, name).tolist() for name in ("band", "util", "forecast_util", "temp", "live",
+                                                         "forecast_mem", "power", "fingerprint")}
+
+
+def test_applying_only_what_changed_leaves_the_model_as_applying_everything_would():
+    """The incremental apply (changed GPUs, moved GPUs, staleness flipping with time, a feed outage and its end)
+    against a fresh ``LiveGpuState`` writing every GPU each time, on the same records at the same times."""
+    rng = random.Random(7)
+    t0 = 1_800_000_000.0
+    incremental, full = _fleet(6), _fleet(6)
+    views = [StateView(stale_after_ms=20_000, clock=lambda: t0), StateView(stale_after_ms=20_000, clock=lambda: t0)]
+    live = LiveGpuState(views[0], incremental)
+
+    def learn(record, at_s: float) -> None:
+        for v in views:
+            v.learn(record, arrived_ms=int(at_s * 1000))
+
+    def node_state(i: int, at_s: float, shift: int = 0) -> NodeState:
+        return NodeState(f"n{i}", int(at_s * 1000), None, None, [
+            NodeGpu(f"GPU-{i + 7 * shift}-{g}", g, "H100", 81920, 0, HealthBand.HEALTHY) for g in range(4)], 0, 0)
+
+    for i in range(5):  # n5 has no node state: its GPUs are nowhere
+        learn(node_state(i, t0), t0)
+    now = t0
+    for step in range(60):
+        now += rng.choice([0.3, 1.0, 4.0, 15.0]) if step != 30 else 40.0  # step 30: the feed is silent, an outage
+        for _ in range(rng.randrange(0, 6)):
+            n, g = rng.randrange(21), rng.randrange(4)
+            sample = int((now - rng.choice([0, 0, 5, 25])) * 1000)
+            learn(GpuState(f"GPU-{n}-{g}", f"n{n % 7}", "H100", sample, int(now * 1000), rng.uniform(0, 100), 1.0,
+                           rng.uniform(0, 8e4), 81920, rng.uniform(50, 700), rng.uniform(30, 90), 90.0,
+                           rng.choice(list(HealthBand)), workload_class=rng.choice([None, "training"])), now)
+        if step % 17 == 5:  # a node's GPUs replaced (their states may have arrived before)
+            learn(node_state(rng.randrange(5), now, shift=rng.randrange(3)), now)
+        if step == 40:
+            cordoned = make_node("n2", gpus=4)
+            cordoned["metadata"]["annotations"] = {annotations.ANN_CORDONED: "1"}
+            for cache in (incremental, full):
+                cache.node_event("MODIFIED", cordoned)
+        live.apply(now)
+        LiveGpuState(views[1], full).apply(now)
+        assert _model(incremental) == _model(full), f"step {step}"
+    assert live.band_changes  # the sequence did move bands

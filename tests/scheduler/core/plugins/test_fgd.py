@@ -94,3 +94,71 @@ def test_fgd_fills_a_half_used_gpu_rather_than_breaking_a_whole_one():
     c.allocate(Allocation("half", 0, [0], [500], 1000, 1024))
     d = scheduler_with(FragmentationGradient(TYPES)).schedule(c, Workload("w", 1000, 1024, 1, 500))
     assert (d.allocation.node, d.allocation.gpus) == (0, [0])
+
+
+def test_nodes_in_the_same_state_share_one_score_and_it_is_the_definitions():
+    """FGD scores each node state once per cycle (a fleet's thousands of empty nodes are one state); every
+    candidate still gets what the definition gives for its own node."""
+    c = ClusterState([NodeSpec(f"n{i}", 16000, 65536, 4, "V100") for i in range(40)])
+    for i in range(0, 40, 3):  # every third node half used on GPU 0, every ninth on GPU 1 too
+        c.allocate(Allocation(f"a{i}", i, [0], [500], 1000, 1024))
+        if i % 9 == 0:
+            c.allocate(Allocation(f"b{i}", i, [1], [810], 1000, 1024))
+    types = TaskTypes.from_counts({(1000, 1024, 1, 1000): 3, (2000, 1024, 1, 300): 2, (4000, 4096, 2, 1000): 1,
+                                   (8000, 1024, 0, 0): 1})
+    fgd = FragmentationGradient(types)
+    fgd.node_fragmentation(c)
+    ids = fgd._nodes.state_id
+    assert len(set(ids.tolist())) == 3 and ids[1] == ids[2] and ids[0] == ids[9] != ids[3]
+    for w in (Workload("one", 1000, 1024, 1, 300), Workload("whole", 1000, 1024, 1, 1000),
+              Workload("two", 1000, 1024, 2, 1000), Workload("cpu", 1000, 1024, 0)):
+        ctx = CycleContext(c, w)
+        cand, _ = Scheduler(Profile("t", [], [])).candidates(ctx)
+        _check_delta(fgd, ctx, cand, types)
+    c.allocate(Allocation("moved", 1, [2], [1000], 0, 0))  # node 1 leaves its state: its id follows
+    fgd.node_fragmentation(c)
+    assert fgd._nodes.state_id[1] != fgd._nodes.state_id[2]
+
+
+def test_candidates_alike_score_exactly_alike_however_their_figures_were_computed():
+    """Nodes in the same state whose fragmentation was computed in different batches (all nodes at first, the
+    changed ones since) get the same score to the bit: the matrix product's last bits vary with the rows it is
+    given, and the 0-100 normalisation made a gap of one rounding error a gap of 100 between candidates."""
+    rng = np.random.default_rng(3)
+    c = ClusterState([NodeSpec(f"n{i}", 128000, 786432, 8, "V100") for i in range(64)])
+    types = TaskTypes.from_counts({(4000, 22888, 1, 320): 5, (1000, 1024, 1, 1000): 3, (2000, 1024, 1, 500): 2,
+                                   (8000, 16384, 2, 1000): 1, (6000, 8192, 0, 0): 1, (3000, 4096, 1, 250): 2})
+    fgd = FragmentationGradient(types)
+    w = Workload("w", 4000, 22888, 1, 320)
+    for step in range(40):  # allocations and releases spread over the nodes, each pass recomputing a few rows
+        n = int(rng.integers(64))
+        c.allocate(Allocation(f"a{step}", n, [int(rng.integers(8))], [250], 2000, 4096))
+        if step % 3 == 0:
+            c.release(f"a{step}")
+        ctx = CycleContext(c, w)
+        cand, _ = Scheduler(Profile("t", [], [])).candidates(ctx)
+        scores = fgd.score(ctx, cand)
+        state = fgd._nodes.state_id[cand.node] * 1001 + c.gpu_free[cand.node, cand.gpu]
+        for key in np.unique(state):
+            alike = scores[state == key]
+            assert (alike == alike[0]).all(), f"step {step}: {np.unique(alike)}"
+
+
+def test_a_candidates_score_does_not_depend_on_the_others_scored_with_it():
+    """Scored alone or among all candidates, to the bit (the product's rounding varies with the batch)."""
+    rng = np.random.default_rng(5)
+    c = ClusterState([NodeSpec(f"n{i}", 128000, 786432, 8, "V100") for i in range(48)])
+    for k in range(60):
+        c.allocate(Allocation(f"a{k}", int(rng.integers(48)), [int(rng.integers(8))], [int(rng.choice([90, 250, 500]))],
+                              int(rng.integers(500, 4000)), 4096))
+    types = TaskTypes.from_counts({(4000, 22888, 1, 320): 5, (1000, 1024, 1, 1000): 3, (2000, 1024, 1, 500): 2,
+                                   (8000, 16384, 2, 1000): 1, (6000, 8192, 0, 0): 1, (3000, 4096, 1, 250): 2,
+                                   (1500, 2048, 1, 90): 4, (12000, 65536, 4, 1000): 1})
+    fgd = FragmentationGradient(types)
+    for w in (Workload("one", 4000, 22888, 1, 320), Workload("two", 8000, 16384, 2, 1000)):
+        ctx = CycleContext(c, w)
+        cand, _ = Scheduler(Profile("t", [], [])).candidates(ctx)
+        together = fgd.delta(ctx, cand)
+        for k in range(0, len(cand), 7):
+            alone = fgd.delta(ctx, Candidates(cand.node[k:k + 1], cand.gpu[k:k + 1]))
+            assert alone[0] == together[k], (w.id, k, alone[0], together[k])
