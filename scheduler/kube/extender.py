@@ -80,6 +80,11 @@ class Extender:
         self.calls, self.bind_wait_s = calls, bind_wait_s
         # Pods this extender kept nodes for whose /bind has not come yet: key -> (pod as filtered, its bind came).
         self._awaited: dict[str, tuple[dict[str, Any], asyncio.Event]] = {}
+        # The last /filter's ranking (pod UID, scores, reasons): its /prioritize, next in the same
+        # scheduling cycle, scores from it rather than ranking every node again. kube-scheduler runs a
+        # cycle on one snapshot, one pod at a time, so this is the view it filtered on; a /bind (which
+        # changes the model) drops it.
+        self._ranked: tuple[str, np.ndarray, list[str]] | None = None
 
     @classmethod
     def from_settings(cls, cache: ClusterCache, core: Callable[[], Scheduler], ready: Callable[[], bool],
@@ -93,6 +98,14 @@ class Extender:
         """Every node's score for the pod (-inf: it cannot go there) and why nodes failed; raises PodSpecError."""
         mask = self.cache.node_mask if len(self.cache.node_mask) else None
         return self.core().rank(self.cache.cluster, self.cache.parse(pod).workload, mask)
+
+    def _ranked_for(self, pod: dict[str, Any]) -> tuple[np.ndarray, list[str]]:
+        """The ranking the pod's /filter just made (taken: used once), else a new one."""
+        uid, ranked = pod.get("metadata", {}).get("uid"), self._ranked
+        self._ranked = None
+        if uid and ranked is not None and ranked[0] == uid:
+            return ranked[1], ranked[2]
+        return self._rank(pod)
 
     @staticmethod
     def _names(args: dict[str, Any]) -> list[str]:
@@ -112,6 +125,7 @@ class Extender:
         try:
             scores, reasons = self._rank(pod)
         except PodSpecError as exc:
+            self._ranked = None
             # Unresolvable on every node, not an Error: kube-scheduler skips an ignorable extender's
             # Error (the pod would be bound as if gpuaware had no say) and otherwise reports only an
             # opaque scheduling error; this way the pod stays Pending as Unschedulable with our reason
@@ -123,6 +137,8 @@ class Extender:
             else:
                 result["Nodes"] = {**(args.get("Nodes") or {}), "items": []}
             return result
+        uid = pod.get("metadata", {}).get("uid")
+        self._ranked = (uid, scores, reasons) if uid else None
         c = self.cache.cluster
         why = "; ".join(reasons) or "does not fit"
         keep = []
@@ -169,7 +185,7 @@ class Extender:
         if dra_claims.has_claims(pod) or not objects.is_gpuaware(pod):
             return [{"Host": n, "Score": 0} for n in names]
         try:
-            scores, _ = self._rank(pod)
+            scores, _ = self._ranked_for(pod)
         except PodSpecError:
             return [{"Host": n, "Score": 0} for n in names]
         c = self.cache.cluster
@@ -289,6 +305,7 @@ class Extender:
                 why = "; ".join(d.reasons)
                 return {"Error": f"gpuaware: {node} has no room left for {key} ({why})"}
             self.cache.reserve(key, Running(w, d.allocation, time.time(), 0.0, None))
+            self._ranked = None  # ranked before this reservation
             reserved()
             ann = {annotations.ANN_GPUS: objects.gpus_annotation(d.allocation, {}),
                    annotations.ANN_SHARING: objects.sharing_annotation(d.allocation)}
