@@ -107,6 +107,15 @@ class Extender:
             return ranked[1], ranked[2]
         return self._rank(pod)
 
+    def _scores_of(self, names: list[str], scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(cache index of each of ``names``, -1 when unknown; its score, -inf when unknown)."""
+        index = self.cache.cluster.index
+        idx = np.fromiter((index.get(n, -1) for n in names), dtype=np.int64, count=len(names))
+        out = np.full(len(names), -np.inf)
+        known = idx >= 0
+        out[known] = scores[idx[known]]
+        return idx, out
+
     @staticmethod
     def _names(args: dict[str, Any]) -> list[str]:
         if args.get("NodeNames") is not None:
@@ -139,14 +148,13 @@ class Extender:
             return result
         uid = pod.get("metadata", {}).get("uid")
         self._ranked = (uid, scores, reasons) if uid else None
-        c = self.cache.cluster
+        idx, node_scores = self._scores_of(names, scores)
         why = "; ".join(reasons) or "does not fit"
         keep = []
-        for name in names:
-            i = c.index.get(name)
-            if i is None:
+        for name, i, fits in zip(names, idx.tolist(), np.isfinite(node_scores).tolist(), strict=True):
+            if i < 0:
                 result["FailedNodes"][name] = "gpuaware: node unknown (not yet seen by the scheduler's cache)"
-            elif not np.isfinite(scores[i]):
+            elif not fits:
                 # Health and capacity can change, so the failure is resolvable (kube may preempt for it).
                 result["FailedNodes"][name] = f"gpuaware: {why}"
             else:
@@ -188,17 +196,15 @@ class Extender:
             scores, _ = self._ranked_for(pod)
         except PodSpecError:
             return [{"Host": n, "Score": 0} for n in names]
-        c = self.cache.cluster
-        known = [scores[c.index[n]] for n in names if n in c.index and np.isfinite(scores[c.index[n]])]
-        lo, hi = (min(known), max(known)) if known else (0.0, 0.0)
-        out = []
-        for n in names:
-            i = c.index.get(n)
-            s = scores[i] if i is not None else -np.inf
-            score = 0 if not np.isfinite(s) else MAX_EXTENDER_PRIORITY if hi == lo else \
-                round((s - lo) / (hi - lo) * MAX_EXTENDER_PRIORITY)
-            out.append({"Host": n, "Score": int(score)})
-        return out
+        _, node_scores = self._scores_of(names, scores)
+        fits = np.isfinite(node_scores)
+        points = np.zeros(len(names), dtype=np.int64)
+        if fits.any():
+            lo, hi = node_scores[fits].min(), node_scores[fits].max()
+            points[fits] = MAX_EXTENDER_PRIORITY if hi == lo else \
+                np.round((node_scores[fits] - lo) / (hi - lo) * MAX_EXTENDER_PRIORITY)
+        # One pass in numpy, not per node in Python: kube-scheduler sends every feasible node (1,000s).
+        return [{"Host": n, "Score": p} for n, p in zip(names, points.tolist(), strict=True)]
 
     def preempt(self, args: dict[str, Any]) -> dict[str, Any]:
         pod = args.get("Pod") or {}
