@@ -15,15 +15,16 @@ gets the same pods, written as that mode needs them:
 - ``gpuaware``: gpuaware's live scheduler binds (``schedulerName: gpuaware``), in this process,
   without the state feed (neither kube-scheduler mode sees telemetry either).
 
-A driver in **its own process** creates the pods (pre-serialised, over a pool of connections) and
-watches them; it stamps creation (just before the POST) and binding (the watch event that first shows
-``spec.nodeName``) on one clock. Per mode: a backlog of ``burst`` pods created before the mode's
-scheduler starts (``pods_per_s`` = bound pods / (last binding - first binding): the drain, not this
-box's pod creation, which is slower than the schedulers here), then ``rate`` pods/s for ``seconds``
-(``p99_create_to_bind_s``); then ``pending`` (pods of both phases not bound after the wait) and
-``unallocated_gpu_pct`` (GPU capacity not requested by a bound pod, as in the fragmentation experiment:
-a fractional pod given a whole GPU allocates its fraction). The pods are then deleted (grace period 0)
-before the next mode.
+The driver (``bench.kube_harness``: its own processes, pre-serialised bodies, keep-alive connection
+pools) creates the pods and watches them; it stamps creation (just before the POST) and binding (the
+watch event that first shows ``spec.nodeName``) on one clock. Per mode: a backlog of ``burst`` pods
+created before the mode's scheduler starts, ``pods_per_s`` = bound backlog pods / (last binding - the
+moment the scheduler was started: its start-up and informer sync count, this box's pod creation does
+not; ``first_to_last_bind_pods_per_s`` beside it leaves the start-up out); then ``rate`` pods/s for
+``seconds``: ``p99_create_to_bind_s``, with ``driver_pods_per_s`` (the rate the driver reached) next to
+it; then ``pending`` (pods of both phases not bound after the wait) and ``unallocated_gpu_pct`` (GPU
+capacity not requested by a bound pod, as in the fragmentation experiment: a fractional pod given a
+whole GPU allocates its fraction). The pods are then deleted (grace period 0) before the next mode.
 
 API budget: ``default`` is each component as shipped: kube-scheduler's clientConnection qps 50,
 burst 100; gpuaware's Python client has no client-side limit. ``raised`` gives every component the

@@ -22,13 +22,14 @@ Modes, each on the same pods (names differ per mode), one after the other on one
 - ``gpuaware_dra``: gpuaware's live scheduler (``schedulerName: gpuaware``, ``dra: true``) allocates
   and binds.
 
-Per mode, as in ``bench.kube_bench``: a backlog of ``burst`` pods created before the scheduler starts
-(``pods_per_s``: the drain), then ``rate`` pods/s for ``seconds`` (``p99_create_to_bind_s``), then
-``pending``; ``unallocated_gpu_pct``, ``devices_allocated_twice`` and ``bound_pods_without_allocation``
-come from the apiserver's account: the claims' ``status.allocation`` (a result with ``consumedCapacity``
-below the device's memory takes that share of it, any other the whole device). Between modes the pods
-are deleted and the claims released (their finalizer removed, then deleted: no controller-manager
-deallocates them here).
+Per mode, as in ``bench.kube_bench`` (setup, driver and timing figures: ``bench.kube_harness``): a
+backlog of ``burst`` pods created before the scheduler starts (``pods_per_s``: from the scheduler's
+start to the last binding), then ``rate`` pods/s for ``seconds`` (``p99_create_to_bind_s``, with the
+``driver_pods_per_s`` reached), then ``pending``; ``unallocated_gpu_pct``, ``devices_allocated_twice``
+and ``bound_pods_without_allocation`` come from the apiserver's account: the claims'
+``status.allocation`` (a result with ``consumedCapacity`` below the device's memory takes that share of
+it, any other the whole device). Between modes the pods are deleted and the claims released (their
+finalizer removed, then deleted: no controller-manager deallocates them here).
 """
 
 from __future__ import annotations
