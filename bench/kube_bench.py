@@ -15,15 +15,16 @@ gets the same pods, written as that mode needs them:
 - ``gpuaware``: gpuaware's live scheduler binds (``schedulerName: gpuaware``), in this process,
   without the state feed (neither kube-scheduler mode sees telemetry either).
 
-A driver in **its own process** creates the pods (pre-serialised, over a pool of connections) and
-watches them; it stamps creation (just before the POST) and binding (the watch event that first shows
-``spec.nodeName``) on one clock. Per mode: a backlog of ``burst`` pods created before the mode's
-scheduler starts (``pods_per_s`` = bound pods / (last binding - first binding): the drain, not this
-box's pod creation, which is slower than the schedulers here), then ``rate`` pods/s for ``seconds``
-(``p99_create_to_bind_s``); then ``pending`` (pods of both phases not bound after the wait) and
-``unallocated_gpu_pct`` (GPU capacity not requested by a bound pod, as in the fragmentation experiment:
-a fractional pod given a whole GPU allocates its fraction). The pods are then deleted (grace period 0)
-before the next mode.
+The driver (``bench.kube_harness``: its own processes, pre-serialised bodies, keep-alive connection
+pools) creates the pods and watches them; it stamps creation (just before the POST) and binding (the
+watch event that first shows ``spec.nodeName``) on one clock. Per mode: a backlog of ``burst`` pods
+created before the mode's scheduler starts, ``pods_per_s`` = bound backlog pods / (last binding - the
+moment the scheduler was started: its start-up and informer sync count, this box's pod creation does
+not; ``first_to_last_bind_pods_per_s`` beside it leaves the start-up out); then ``rate`` pods/s for
+``seconds``: ``p99_create_to_bind_s``, with ``driver_pods_per_s`` (the rate the driver reached) next to
+it; then ``pending`` (pods of both phases not bound after the wait) and ``unallocated_gpu_pct`` (GPU
+capacity not requested by a bound pod, as in the fragmentation experiment: a fractional pod given a
+whole GPU allocates its fraction). The pods are then deleted (grace period 0) before the next mode.
 
 API budget: ``default`` is each component as shipped: kube-scheduler's clientConnection qps 50,
 burst 100; gpuaware's Python client has no client-side limit. ``raised`` gives every component the
@@ -37,20 +38,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import multiprocessing as mp
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import urllib3
 import yaml
 from aiohttp import web
 from kubernetes import client, config
 
+from bench.kube_harness import (
+    NAMESPACE,
+    REPO,
+    Pods,
+    api_budget,
+    bench_control_plane,
+    driver_process,
+    raised_qps,
+    timing_figures,
+)
 from bench.scheduler_bench import trace_sample
 from gpuaware.local.kube_control_plane import KWOK_NODE_ANNOTATION, KubeControlPlane
 from gpuaware.local.processes import free_port
@@ -60,13 +67,8 @@ from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
 from scheduler.sim.openb import load_nodes
 
-REPO = Path(__file__).resolve().parents[1]
 SCHEDULER_YAML = REPO / "deploy" / "base" / "scheduler" / "scheduler.yaml"
-CRDS = REPO / "deploy" / "base" / "crds"
 MODES = ("kube_scheduler", "extender", "gpuaware")
-NAMESPACE = "bench"
-DEFAULT_QPS = (50.0, 100)  # kube-scheduler's clientConnection defaults (qps, burst)
-IDLE_S = 30.0  # no binding for this long: the phase's pods that can be placed are placed
 
 
 # -- the cluster and the pods ---------------------------------------------------------------------
@@ -85,7 +87,7 @@ def kwok_nodes(node_csv: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def bench_pods(pod_csv: str | Path, count: int, seed: int, prefix: str, mode: str) -> list[tuple[str, int, bytes]]:
+def bench_pods(pod_csv: str | Path, count: int, seed: int, prefix: str, mode: str) -> Pods:
     """(name, GPU milli requested, JSON body) of ``count`` trace pods, written for ``mode``."""
     out = []
     for i, w in enumerate(trace_sample(pod_csv, count, seed)):
@@ -171,128 +173,7 @@ def _api(kubeconfig: Path, qps: tuple[float, int] | None, pool: int = 64) -> Kub
     return KubeApi(api_client)
 
 
-# -- the driver: its own process, creating pods and watching them bind ----------------------------
-
-class _Driver:
-    def __init__(self, server: str, ca: str, cert: str, key: str, threads: int = 8):
-        self.server = server
-        self.http = urllib3.PoolManager(maxsize=threads + 2, cert_reqs="CERT_REQUIRED", ca_certs=ca,
-                                        cert_file=cert, key_file=key, retries=False, timeout=30.0)
-        self.pool = ThreadPoolExecutor(threads)
-        self.bound: dict[str, float] = {}
-        self.nodes: dict[str, str] = {}
-        self.errors: list[str] = []
-        self._lock = threading.Lock()
-        base = f"{server}/api/v1/namespaces/{NAMESPACE}/pods"
-        self.pods_url = base
-        rv = json.loads(self.http.request("GET", base + "?limit=1").data)["metadata"]["resourceVersion"]
-        threading.Thread(target=self._watch, args=(rv,), daemon=True).start()
-
-    def _watch(self, rv: str) -> None:
-        while True:
-            resp = self.http.request("GET", f"{self.pods_url}?watch=1&resourceVersion={rv}&timeoutSeconds=3600",
-                                     preload_content=False, timeout=urllib3.Timeout(connect=10, read=None))
-            buf = b""
-            for chunk in resp.stream(65536):
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                now = time.monotonic()
-                for line in lines:
-                    if not line.strip():
-                        continue
-                    event = json.loads(line)
-                    obj = event["object"]
-                    if event["type"] == "ERROR":
-                        rv = ""
-                        continue
-                    rv = obj["metadata"]["resourceVersion"]
-                    node = obj.get("spec", {}).get("nodeName")
-                    name = obj["metadata"]["name"]
-                    if node and name not in self.bound:
-                        with self._lock:
-                            self.bound[name] = now
-                            self.nodes[name] = node
-
-    def _create(self, body: bytes, created: dict[str, float], name: str) -> None:
-        created[name] = time.monotonic()
-        resp = self.http.request("POST", self.pods_url, body=body, headers={"Content-Type": "application/json"})
-        if resp.status != 201:
-            self.errors.append(f"{name}: {resp.status} {resp.data[:200]!r}")
-
-    def phase(self, pods: list[tuple[str, int, bytes]], rate: float, timeout_s: float) -> dict[str, Any]:
-        created: dict[str, float] = {}
-        start = time.monotonic()
-        futures = []
-        for i, (name, _, body) in enumerate(pods):
-            if rate:
-                delay = start + i / rate - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-            futures.append(self.pool.submit(self._create, body, created, name))
-        for f in futures:
-            f.result()
-        create_s = time.monotonic() - start
-        return {"created": created, "create_s": create_s, "errors": self.errors[-5:],
-                **self.wait([n for n, _, _ in pods], timeout_s)}
-
-    def wait(self, names: list[str], timeout_s: float, idle_s: float = IDLE_S) -> dict[str, Any]:
-        """{"bound": name -> when bound or None} once all are bound, once ``idle_s`` passed without a binding
-        after the first (the trace has pods no node fits: waiting for them would only add minutes), or after
-        ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            times = [self.bound[n] for n in names if n in self.bound]
-            if len(times) == len(names) or (times and time.monotonic() - max(times) > idle_s):
-                break
-            time.sleep(0.05)
-        return {"bound": {n: self.bound.get(n) for n in names}}
-
-    def _delete(self, name: str) -> None:
-        resp = self.http.request("DELETE", f"{self.pods_url}/{name}?gracePeriodSeconds=0")
-        if resp.status not in (200, 404):
-            self.errors.append(f"delete {name}: {resp.status} {resp.data[:200]!r}")
-
-    def delete_all(self, timeout_s: float = 600.0) -> None:
-        # deletecollection removes one pod at a time on the server (minutes for thousands on 2 cores);
-        # one DELETE per pod over the pool runs them side by side.
-        items = json.loads(self.http.request("GET", self.pods_url).data)["items"]
-        list(self.pool.map(self._delete, [p["metadata"]["name"] for p in items]))
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not json.loads(self.http.request("GET", self.pods_url + "?limit=1").data)["items"]:
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"pods of namespace {NAMESPACE} not deleted after {timeout_s:.0f}s")
-
-
-def _driver_process(conn, server: str, ca: str, cert: str, key: str, factory: type[_Driver] = _Driver) -> None:
-    driver = factory(server, ca, cert, key)
-    conn.send("ready")
-    while True:
-        cmd = conn.recv()
-        if cmd[0] == "stop":
-            return
-        if cmd[0] == "delete":
-            driver.delete_all()
-            conn.send("deleted")
-        elif cmd[0] == "wait":
-            conn.send(driver.wait(cmd[1], cmd[2]))
-        elif cmd[0] == "call":  # a method of ``factory``'s (the DRA bench's claims)
-            conn.send(getattr(driver, cmd[1])(*cmd[2:]))
-        else:
-            _, pods, rate, timeout_s = cmd
-            conn.send(driver.phase(pods, rate, timeout_s))
-
-
 # -- the run ----------------------------------------------------------------------------------------
-
-def _phase_figures(result: dict[str, Any]) -> tuple[float | None, list[float], list[str]]:
-    created, bound = result["created"], result["bound"]
-    done = [k for k in created if bound.get(k) is not None]
-    lat = [bound[k] - created[k] for k in done]
-    span = (max(bound[k] for k in done) - min(created.values())) if done else None
-    return span, lat, done
-
 
 @contextlib.asynccontextmanager
 async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | None,
@@ -334,10 +215,6 @@ async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | N
         await live.stop()
 
 
-def _p(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 3) if values else None
-
-
 async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float, int] | None, pod_csv: str,
                         burst: int, rate: float, seconds: float, seed: int, capacity_milli: int, tag: str,
                         progress: Callable[[str], None]) -> dict[str, Any]:
@@ -349,27 +226,22 @@ async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float,
     n_steady = int(rate * seconds)
     steady_pods = bench_pods(pod_csv, n_steady, seed + 1, f"{tag}-steady", mode)
     try:
-        # The burst is a backlog: created before the scheduler starts, so that the drain measures
+        # The burst is a backlog: created before the scheduler starts, so that its drain measures
         # scheduling and binding, not how fast this box creates pods.
         progress(f"{mode} ({tag}): backlog of {burst} pods")
         b = await ask(("create", burst_pods, 0.0, 0.0))
+        started = time.monotonic()
         async with _scheduler(mode, cp, qps):
             b = {**b, **await ask(("wait", [n for n, _, _ in burst_pods], 300.0))}
             progress(f"{mode} ({tag}): {rate:.0f} pods/s for {seconds:.0f}s")
             s = await ask(("create", steady_pods, rate, 60.0))
-        burst_bound = [t for t in b["bound"].values() if t is not None]
-        _, steady_lat, steady_done = _phase_figures(s)
+        figures = timing_figures(b, s, started)
+        done = figures.pop("done")
         milli = {n: m for n, m, _ in burst_pods + steady_pods}
-        done = [n for n, t in b["bound"].items() if t is not None] + steady_done
-        drain = max(burst_bound) - min(burst_bound) if len(burst_bound) > 1 else None
         return {
-            "pods_per_s": round(len(burst_bound) / drain, 1) if drain else None,
-            "p99_create_to_bind_s": _p(steady_lat, 99),
+            **figures,
             "unallocated_gpu_pct": round(100.0 * (1 - sum(milli[n] for n in done) / capacity_milli), 2),
             "pending": len(milli) - len(done),
-            "p50_create_to_bind_s": _p(steady_lat, 50),
-            "burst_drain_s": round(drain, 2) if drain else None,
-            "steady_create_pods_per_s": round(n_steady / s["create_s"], 1) if s["create_s"] else None,
             "create_errors": b["errors"] + s["errors"],
         }
     finally:
@@ -378,45 +250,21 @@ async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float,
 
 def run_kube_bench(node_csv: str, pod_csv: str, burst: int = 1000, rate: float = 200.0, seconds: float = 5.0,
                    seed: int = 0, modes: tuple[str, ...] = MODES, budgets: tuple[str, ...] = ("default", "raised"),
-                   qps: float = 500.0, progress: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
-    nodes = kwok_nodes(node_csv)
+                   qps: float = 500.0, node_count: int | None = None,
+                   progress: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    nodes = kwok_nodes(node_csv)[:node_count]
     capacity_milli = 1000 * sum(int(n["status"]["capacity"]["nvidia.com/gpu"]) for n in nodes)
-    raised = (qps, int(2 * qps))
-    api_budget = {
-        "default": {"kube_scheduler": {"qps": DEFAULT_QPS[0], "burst": DEFAULT_QPS[1]},
-                    "gpuaware": "no client-side limit (Python client), bind_workers 16"},
-        "raised": {"all": {"qps": raised[0], "burst": raised[1]}},
-        "apiserver": "max-requests-inflight 400, max-mutating-requests-inflight 200 (defaults)",
-    }
+    budget_table = api_budget(qps)
     t0 = time.monotonic()
-    with KubeControlPlane(kwok=True) as cp:
-        for crd in ("gpuqueues", "gpuworkloads"):  # gpuaware's informers list GPUQueues
-            cp.kubectl("apply", "-f", str(CRDS / f"gpuaware.io_{crd}.yaml"))
-            cp.kubectl("wait", "--for=condition=Established", f"crd/{crd}.gpuaware.io", "--timeout=60s")
-        cp.create_namespace(NAMESPACE)
-        cp.kubectl("create", "-f", "-", input=yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}),
-                   timeout_s=300)
+    with bench_control_plane(nodes, create_timeout_s=300) as cp, driver_process(cp) as conn:
         progress(f"control plane with {len(nodes)} kwok nodes in {time.monotonic() - t0:.0f}s; "
                  f"versions {cp.versions()}")
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        cert, key = cp.admin_cert
-        driver = ctx.Process(target=_driver_process, name="bench-driver", daemon=True,
-                             args=(child, cp.server, str(cp.ca_file), str(cert), str(key)))
-        driver.start()
-        try:
-            parent.recv()
-            runs: dict[str, Any] = {}
-            for budget in budgets:
-                q = raised if budget == "raised" else None
-                runs[budget] = {"api_budget": api_budget[budget], "modes": {
-                    mode: asyncio.run(_measure_mode(mode, cp, parent, q, pod_csv, burst, rate, seconds, seed,
-                                                    capacity_milli, f"{budget[0]}{mode[0]}", progress))
-                    for mode in modes}}
-        finally:
-            parent.send(("stop",))
-            driver.join(timeout=10)
-            if driver.is_alive():
-                driver.kill()
+        runs: dict[str, Any] = {}
+        for budget in budgets:
+            q = raised_qps(qps) if budget == "raised" else None
+            runs[budget] = {"api_budget": budget_table[budget], "modes": {
+                mode: asyncio.run(_measure_mode(mode, cp, conn, q, pod_csv, burst, rate, seconds, seed,
+                                                capacity_milli, f"{budget[0]}{mode[0]}", progress))
+                for mode in modes}}
         return {"nodes": len(nodes), "gpus": capacity_milli // 1000, "burst_pods": burst, "rate_pods_per_s": rate,
-                "rate_pods": int(rate * seconds), "versions": cp.versions(), "api_budget": api_budget, "runs": runs}
+                "rate_pods": int(rate * seconds), "versions": cp.versions(), "api_budget": budget_table, "runs": runs}

@@ -22,13 +22,14 @@ Modes, each on the same pods (names differ per mode), one after the other on one
 - ``gpuaware_dra``: gpuaware's live scheduler (``schedulerName: gpuaware``, ``dra: true``) allocates
   and binds.
 
-Per mode, as in ``bench.kube_bench``: a backlog of ``burst`` pods created before the scheduler starts
-(``pods_per_s``: the drain), then ``rate`` pods/s for ``seconds`` (``p99_create_to_bind_s``), then
-``pending``; ``unallocated_gpu_pct``, ``devices_allocated_twice`` and ``bound_pods_without_allocation``
-come from the apiserver's account: the claims' ``status.allocation`` (a result with ``consumedCapacity``
-below the device's memory takes that share of it, any other the whole device). Between modes the pods
-are deleted and the claims released (their finalizer removed, then deleted: no controller-manager
-deallocates them here).
+Per mode, as in ``bench.kube_bench`` (setup, driver and timing figures: ``bench.kube_harness``): a
+backlog of ``burst`` pods created before the scheduler starts (``pods_per_s``: from the scheduler's
+start to the last binding), then ``rate`` pods/s for ``seconds`` (``p99_create_to_bind_s``, with the
+``driver_pods_per_s`` reached), then ``pending``; ``unallocated_gpu_pct``, ``devices_allocated_twice``
+and ``bound_pods_without_allocation`` come from the apiserver's account: the claims'
+``status.allocation`` (a result with ``consumedCapacity`` below the device's memory takes that share of
+it, any other the whole device). Between modes the pods are deleted and the claims released (their
+finalizer removed, then deleted: no controller-manager deallocates them here).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import asyncio
 import contextlib
 import json
 import math
-import multiprocessing as mp
 import time
 import uuid
 from collections import defaultdict
@@ -45,19 +45,16 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from bench.kube_bench import (
-    CRDS,
-    DEFAULT_QPS,
+from bench.kube_bench import _scheduler, kwok_nodes
+from bench.kube_harness import (
     NAMESPACE,
     REPO,
-    _Driver,
-    _driver_process,
-    _p,
-    _phase_figures,
-    _scheduler,
-    kwok_nodes,
+    Driver,
+    api_budget,
+    bench_control_plane,
+    driver_process,
+    raised_qps,
+    timing_figures,
 )
 from bench.scheduler_bench import trace_sample
 from contract import dra
@@ -188,7 +185,7 @@ def allocation_account(claims: list[dict], slices: list[dict], bound: set[str]) 
 
 # -- the driver: kube_bench's, plus claims ----------------------------------------------------------
 
-class _DraDriver(_Driver):
+class _DraDriver(Driver):
     def create_claims(self, bodies: list[bytes]) -> list[str]:
         url = self.server + CLAIMS_PATH
 
@@ -246,25 +243,20 @@ async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float,
         claim_errors = await ask(("call", "create_claims", burst_claims + steady_claims))
         progress(f"{mode}: backlog of {burst} pods")
         b = await ask(("create", burst_pods, 0.0, 0.0))
+        started = time.monotonic()
         async with _dra_scheduler(mode, cp, qps):
             b = {**b, **await ask(("wait", [n for n, _, _ in burst_pods], 180.0))}
             progress(f"{mode}: {rate:.0f} pods/s for {seconds:.0f}s")
             s = await ask(("create", steady_pods, rate, 60.0))
         claims = await ask(("call", "list_claims"))
-        burst_bound = [t for t in b["bound"].values() if t is not None]
-        _, steady_lat, steady_done = _phase_figures(s)
-        done = [n for n, t in b["bound"].items() if t is not None] + steady_done
+        figures = timing_figures(b, s, started)
+        done = figures.pop("done")
         account = allocation_account(claims, slices, set(done))
         gpus = sum(len(sl["spec"]["devices"]) for sl in slices)
-        drain = max(burst_bound) - min(burst_bound) if len(burst_bound) > 1 else None
         return {
-            "pods_per_s": round(len(burst_bound) / drain, 1) if drain else None,
-            "p99_create_to_bind_s": _p(steady_lat, 99),
+            **figures,
             "unallocated_gpu_pct": round(100.0 * (1 - account["allocated_gpus"] / gpus), 2),
             "pending": len(burst_pods) + len(steady_pods) - len(done),
-            "p50_create_to_bind_s": _p(steady_lat, 50),
-            "burst_drain_s": round(drain, 2) if drain else None,
-            "steady_create_pods_per_s": round(n_steady / s["create_s"], 1) if s["create_s"] else None,
             "claims": len(burst_claims) + len(steady_claims),
             "devices_allocated_twice": account["devices_allocated_twice"],
             "bound_pods_without_allocation": len(account["bound_pods_unallocated"]),
@@ -283,45 +275,20 @@ def run_dra_bench(node_csv: str, pod_csv: str, burst: int = 1000, rate: float = 
         raise ValueError(f"fraction: {fraction!r} is not one of {', '.join(FRACTIONS)}")
     nodes, slices = dra_cluster(node_csv, node_count, fraction)
     models = sorted({d["attributes"]["productName"]["string"] for s in slices for d in s["spec"]["devices"]})
-    raised = (qps, int(2 * qps))
-    api_budget = {
-        "default": {"kube_scheduler": {"qps": DEFAULT_QPS[0], "burst": DEFAULT_QPS[1]},
-                    "gpuaware": "no client-side limit (Python client), bind_workers 16"},
-        "raised": {"all": {"qps": raised[0], "burst": raised[1]}},
-        "apiserver": "max-requests-inflight 400, max-mutating-requests-inflight 200 (defaults)",
-    }
+    budget_table = api_budget(qps)
     t0 = time.monotonic()
-    with KubeControlPlane(kwok=True) as cp:
-        for crd in ("gpuqueues", "gpuworkloads"):  # gpuaware's informers list GPUQueues
-            cp.kubectl("apply", "-f", str(CRDS / f"gpuaware.io_{crd}.yaml"))
-            cp.kubectl("wait", "--for=condition=Established", f"crd/{crd}.gpuaware.io", "--timeout=60s")
-        cp.create_namespace(NAMESPACE)
-        cp.kubectl("create", "-f", "-", input=yaml.safe_dump(
-            {"apiVersion": "v1", "kind": "List", "items": [*nodes, *slices]}), timeout_s=600)
-        cp.kubectl("apply", "-f", str(DEVICE_CLASSES))
+    with (bench_control_plane([*nodes, *slices], [DEVICE_CLASSES]) as cp,
+          driver_process(cp, _DraDriver) as conn):
         progress(f"control plane with {len(nodes)} kwok nodes and their ResourceSlices in "
                  f"{time.monotonic() - t0:.0f}s; versions {cp.versions()}")
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        cert, key = cp.admin_cert
-        driver = ctx.Process(target=_driver_process, name="bench-dra-driver", daemon=True,
-                             args=(child, cp.server, str(cp.ca_file), str(cert), str(key), _DraDriver))
-        driver.start()
-        try:
-            parent.recv()
-            runs: dict[str, Any] = {}
-            for budget in budgets:
-                q = raised if budget == "raised" else None
-                runs[budget] = {"api_budget": api_budget[budget], "modes": {
-                    mode: asyncio.run(_measure_mode(mode, cp, parent, q, pod_csv, burst, rate, seconds, seed,
-                                                    slices, models, fraction, f"{budget[0]}{mode[0]}", progress))
-                    for mode in modes}}
-        finally:
-            parent.send(("stop",))
-            driver.join(timeout=10)
-            if driver.is_alive():
-                driver.kill()
+        runs: dict[str, Any] = {}
+        for budget in budgets:
+            q = raised_qps(qps) if budget == "raised" else None
+            runs[budget] = {"api_budget": budget_table[budget], "modes": {
+                mode: asyncio.run(_measure_mode(mode, cp, conn, q, pod_csv, burst, rate, seconds, seed,
+                                                slices, models, fraction, f"{budget[0]}{mode[0]}", progress))
+                for mode in modes}}
         return {"nodes": len(nodes), "gpus": sum(len(s["spec"]["devices"]) for s in slices), "fraction": fraction,
                 "burst_pods": burst,
                 "rate_pods_per_s": rate, "rate_pods": int(rate * seconds), "versions": cp.versions(),
-                "api_budget": api_budget, "runs": runs}
+                "api_budget": budget_table, "runs": runs}

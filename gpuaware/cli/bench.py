@@ -167,6 +167,9 @@ def bench_scheduler_cmd(obj: Context, kube: str, node_csv: str, pod_csv: str, bu
     if kube == "fake":
         if dra:
             raise click.BadParameter("--dra needs the real control plane", param_hint="--kube")
+        if node_count is not None:
+            raise click.BadParameter("only on the real control plane (the fake one runs every node)",
+                                     param_hint="--node-count")
         from bench.scheduler_bench import run_bench
 
         with _broker(obj, session_timeout_ms=2000) as (kafka, _):
@@ -178,8 +181,6 @@ def bench_scheduler_cmd(obj: Context, kube: str, node_csv: str, pod_csv: str, bu
     from bench.kube_dra_bench import DRA_MODES, run_dra_bench
     from gpuaware.local.kube_control_plane import BinariesMissing, find_binaries
 
-    if node_count is not None and not dra:
-        raise click.BadParameter("only with --dra (the three-mode bench runs every node)", param_hint="--node-count")
     known = DRA_MODES if dra else MODES
     chosen = tuple(m for m in (modes or ",".join(known)).split(",") if m.strip())
     if not chosen or set(chosen) - set(known):
@@ -197,7 +198,7 @@ def bench_scheduler_cmd(obj: Context, kube: str, node_csv: str, pod_csv: str, bu
                                node_count, dra_fraction, progress=progress_to_stderr("bench scheduler --dra"))
     else:
         result = run_kube_bench(node_csv, pod_csv, burst, rate, seconds, seed, chosen, chosen_budgets, qps,
-                                progress=progress_to_stderr("bench scheduler"))
+                                node_count, progress=progress_to_stderr("bench scheduler"))
     click.echo(json.dumps(result, indent=2) if as_json else json.dumps(result))
 
 

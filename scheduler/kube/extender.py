@@ -80,6 +80,11 @@ class Extender:
         self.calls, self.bind_wait_s = calls, bind_wait_s
         # Pods this extender kept nodes for whose /bind has not come yet: key -> (pod as filtered, its bind came).
         self._awaited: dict[str, tuple[dict[str, Any], asyncio.Event]] = {}
+        # The last /filter's ranking (pod UID, scores, reasons): its /prioritize, next in the same
+        # scheduling cycle, scores from it rather than ranking every node again. kube-scheduler runs a
+        # cycle on one snapshot, one pod at a time, so this is the view it filtered on; a /bind (which
+        # changes the model) drops it.
+        self._ranked: tuple[str, np.ndarray, list[str]] | None = None
 
     @classmethod
     def from_settings(cls, cache: ClusterCache, core: Callable[[], Scheduler], ready: Callable[[], bool],
@@ -93,6 +98,23 @@ class Extender:
         """Every node's score for the pod (-inf: it cannot go there) and why nodes failed; raises PodSpecError."""
         mask = self.cache.node_mask if len(self.cache.node_mask) else None
         return self.core().rank(self.cache.cluster, self.cache.parse(pod).workload, mask)
+
+    def _ranked_for(self, pod: dict[str, Any]) -> tuple[np.ndarray, list[str]]:
+        """The ranking the pod's /filter just made (taken: used once), else a new one."""
+        uid, ranked = pod.get("metadata", {}).get("uid"), self._ranked
+        self._ranked = None
+        if uid and ranked is not None and ranked[0] == uid:
+            return ranked[1], ranked[2]
+        return self._rank(pod)
+
+    def _scores_of(self, names: list[str], scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(cache index of each of ``names``, -1 when unknown; its score, -inf when unknown)."""
+        index = self.cache.cluster.index
+        idx = np.fromiter((index.get(n, -1) for n in names), dtype=np.int64, count=len(names))
+        out = np.full(len(names), -np.inf)
+        known = idx >= 0
+        out[known] = scores[idx[known]]
+        return idx, out
 
     @staticmethod
     def _names(args: dict[str, Any]) -> list[str]:
@@ -112,6 +134,7 @@ class Extender:
         try:
             scores, reasons = self._rank(pod)
         except PodSpecError as exc:
+            self._ranked = None
             # Unresolvable on every node, not an Error: kube-scheduler skips an ignorable extender's
             # Error (the pod would be bound as if gpuaware had no say) and otherwise reports only an
             # opaque scheduling error; this way the pod stays Pending as Unschedulable with our reason
@@ -123,14 +146,15 @@ class Extender:
             else:
                 result["Nodes"] = {**(args.get("Nodes") or {}), "items": []}
             return result
-        c = self.cache.cluster
+        uid = pod.get("metadata", {}).get("uid")
+        self._ranked = (uid, scores, reasons) if uid else None
+        idx, node_scores = self._scores_of(names, scores)
         why = "; ".join(reasons) or "does not fit"
         keep = []
-        for name in names:
-            i = c.index.get(name)
-            if i is None:
+        for name, i, fits in zip(names, idx.tolist(), np.isfinite(node_scores).tolist(), strict=True):
+            if i < 0:
                 result["FailedNodes"][name] = "gpuaware: node unknown (not yet seen by the scheduler's cache)"
-            elif not np.isfinite(scores[i]):
+            elif not fits:
                 # Health and capacity can change, so the failure is resolvable (kube may preempt for it).
                 result["FailedNodes"][name] = f"gpuaware: {why}"
             else:
@@ -169,20 +193,18 @@ class Extender:
         if dra_claims.has_claims(pod) or not objects.is_gpuaware(pod):
             return [{"Host": n, "Score": 0} for n in names]
         try:
-            scores, _ = self._rank(pod)
+            scores, _ = self._ranked_for(pod)
         except PodSpecError:
             return [{"Host": n, "Score": 0} for n in names]
-        c = self.cache.cluster
-        known = [scores[c.index[n]] for n in names if n in c.index and np.isfinite(scores[c.index[n]])]
-        lo, hi = (min(known), max(known)) if known else (0.0, 0.0)
-        out = []
-        for n in names:
-            i = c.index.get(n)
-            s = scores[i] if i is not None else -np.inf
-            score = 0 if not np.isfinite(s) else MAX_EXTENDER_PRIORITY if hi == lo else \
-                round((s - lo) / (hi - lo) * MAX_EXTENDER_PRIORITY)
-            out.append({"Host": n, "Score": int(score)})
-        return out
+        _, node_scores = self._scores_of(names, scores)
+        fits = np.isfinite(node_scores)
+        points = np.zeros(len(names), dtype=np.int64)
+        if fits.any():
+            lo, hi = node_scores[fits].min(), node_scores[fits].max()
+            points[fits] = MAX_EXTENDER_PRIORITY if hi == lo else \
+                np.round((node_scores[fits] - lo) / (hi - lo) * MAX_EXTENDER_PRIORITY)
+        # One pass in numpy, not per node in Python: kube-scheduler sends every feasible node (1,000s).
+        return [{"Host": n, "Score": p} for n, p in zip(names, points.tolist(), strict=True)]
 
     def preempt(self, args: dict[str, Any]) -> dict[str, Any]:
         pod = args.get("Pod") or {}
@@ -289,6 +311,7 @@ class Extender:
                 why = "; ".join(d.reasons)
                 return {"Error": f"gpuaware: {node} has no room left for {key} ({why})"}
             self.cache.reserve(key, Running(w, d.allocation, time.time(), 0.0, None))
+            self._ranked = None  # ranked before this reservation
             reserved()
             ann = {annotations.ANN_GPUS: objects.gpus_annotation(d.allocation, {}),
                    annotations.ANN_SHARING: objects.sharing_annotation(d.allocation)}

@@ -81,7 +81,7 @@ def test_the_token_bucket_gives_burst_at_once_then_qps():
 def test_bench_scheduler_dra_names_its_own_modes_and_scale_knob_before_starting_anything():
     result = run("bench", "scheduler", "--dra", "--modes", "extender", timeout=60)
     assert result.returncode == 2 and "kube_scheduler_dra,gpuaware_dra" in result.stderr
-    result = run("bench", "scheduler", "--node-count", "5", timeout=60)
-    assert result.returncode == 2 and "only with --dra" in result.stderr
+    result = run("bench", "scheduler", "--kube", "fake", "--node-count", "5", timeout=60)
+    assert result.returncode == 2 and "only on the real control plane" in result.stderr
     result = run("bench", "scheduler", "--kube", "fake", "--dra", timeout=60)
     assert result.returncode == 2 and "--dra needs the real control plane" in result.stderr

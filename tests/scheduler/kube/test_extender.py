@@ -148,6 +148,27 @@ def test_an_invalid_gpuaware_request_fails_every_node_unresolvably_and_gets_no_s
         assert status == 200 and prio == [{"Host": "n1", "Score": 0}, {"Host": "n2", "Score": 0}]
 
 
+def test_prioritize_scores_from_its_filters_ranking_of_the_same_pod_and_ranks_anew_otherwise():
+    core = Scheduler(profile("gpuaware", WorkloadMix(), 0))
+    ranked = []
+    rank = core.rank
+    core.rank = lambda *a, **kw: ranked.append(1) or rank(*a, **kw)
+    ext = Extender(cluster(), lambda: core, lambda: True)
+    pod = gpu_pod(annotations={"gpuaware.io/gpu-milli": "500"})
+    pod["metadata"]["uid"] = "uid-new"
+    args = {"Pod": pod, "NodeNames": ["n0", "n1", "n2", "n3"]}
+    kept = ext.filter(args)["NodeNames"]
+    assert len(ranked) == 1
+    scores = ext.prioritize({"Pod": pod, "NodeNames": kept})
+    assert len(ranked) == 1  # the filter's ranking, one scheduling cycle
+    assert ext.prioritize({"Pod": pod, "NodeNames": kept}) == scores and len(ranked) == 2  # used once
+    ext.filter(args)
+    other = gpu_pod("other", annotations={"gpuaware.io/gpu-milli": "500"})
+    other["metadata"]["uid"] = "uid-other"
+    ext.prioritize({"Pod": other, "NodeNames": kept})
+    assert len(ranked) == 4  # its own ranking, not the one the last /filter made for another pod
+
+
 # --------------------------------------------------------------------------- 2. nodeCacheCapable
 def test_node_cache_capable_requests_get_names_back_from_the_extenders_own_cache():
     ext = make_extender()
