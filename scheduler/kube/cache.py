@@ -51,6 +51,11 @@ def _spec_or_none(node: dict[str, Any]):
         return None
 
 
+def _asks(claim: dict[str, Any]) -> tuple[Any, ...]:
+    """What of a claim its pods' requests depend on."""
+    return claim.get("spec"), claim.get("status"), claim["metadata"].get("deletionTimestamp")
+
+
 class QueueSpecError(ValueError):
     """A GPUQueue the scheduler cannot read."""
 
@@ -503,7 +508,10 @@ class ClusterCache:
                 self._account(self.pods[p])
         if not owners:
             self._hold(claim)
-        self._requeue_claimants(claim)
+        if kind == "DELETED" or old is None or _asks(old) != _asks(obj):
+            # Not on a finalizer put on or taken off (our own write around a claim's allocation): that changes
+            # nothing the pods ask for, and a pod refused for good would be asked for again.
+            self._requeue_claimants(claim)
 
     def sync_classes(self, items: list[dict[str, Any]]) -> None:
         self.dra.sync_classes(items)

@@ -181,6 +181,8 @@ def ask_of(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
         claim = claims.get(key)
         if claim is None:
             raise ClaimsNotReady(f"ResourceClaim {key} does not exist (yet)")
+        if claim["metadata"].get("deletionTimestamp"):
+            raise ClaimsNotReady(f"ResourceClaim {key} is being deleted")
         if (claim.get("status") or {}).get("allocation"):
             raise UnsupportedClaim(f"ResourceClaim {key} is allocated already (shared claims and claims allocated "
                                    "by someone else are not placed by gpuaware)")
@@ -313,6 +315,22 @@ def allocation_status(claim: Mapping[str, Any], node: str, picked: list[tuple[De
                     "matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
                 "reservedFor": [{"resource": "pods", "name": meta["name"], "uid": meta["uid"]}]}}
     return body
+
+
+# kube-scheduler's DynamicResources plugin puts this finalizer on a claim before it writes the allocation
+# (k8s.io/api/resource/v1 ``Finalizer``), so that a claim deleted while its pod runs stays, allocation and all,
+# until kube-controller-manager's resource claim controller deallocates it and takes the finalizer off.
+FINALIZER = "resource.kubernetes.io/delete-protection"
+
+
+def with_finalizer(claim: Mapping[str, Any], on: bool) -> dict[str, Any] | None:
+    """The claim (for a PUT) with the delete-protection finalizer added (``on``) or removed; None when it
+    already is so (nothing to write)."""
+    have = list(claim["metadata"].get("finalizers") or [])
+    if (FINALIZER in have) == on:
+        return None
+    return {**claim, "metadata": {**claim["metadata"],
+                                  "finalizers": [*have, FINALIZER] if on else [f for f in have if f != FINALIZER]}}
 
 
 def released_status(claim: Mapping[str, Any]) -> dict[str, Any]:

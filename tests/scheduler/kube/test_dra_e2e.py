@@ -14,6 +14,8 @@ own (each test's DeviceClass selects a test-group attribute of its own devices).
 - a selector in CEL gpuaware does not evaluate: the pod is left alone with the reason as an Event;
 - a GPUQueue's per-model quota counts claimed GPUs;
 - a pod whose claims were written before a restart cut its Binding short is bound where they say;
+- the delete-protection finalizer: a claim deleted while allocated stays, allocation and all, and its
+  device is not handed out again (nor is a claim being deleted allocated);
 - MIG partitions (partitionable devices, A's publisher): the apiserver takes them, and no two handed out
   share a memory slice (the pool's shared counters).
 
@@ -37,6 +39,7 @@ from contract import dra
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
 from plumbing.kube.api import KubeApi
 from plumbing.kube.resource_slices import NodeGpu, node_slices
+from scheduler.kube import dra_claims
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
 from tests.support import RBAC_KINDS, live_scheduler, need, overlay_with, wait_for
@@ -229,7 +232,8 @@ async def test_a_claim_allocated_by_someone_else_meanwhile_is_a_conflict_and_the
         assert "default/contested" in live.cache.pending
         live.schedule_once()  # places on what the stale claim says is free
         await wait_for(lambda: live.stats.decisions[("DROP", "claim-conflict")] == 1, 10, "the 409")
-        assert live.stats.api_errors[("update-claim-status", 409)] == 1
+        assert live.stats.api_errors[("update-claim", 409)] == 1  # the finalizer write, the first with its version
+    assert dra_claims.FINALIZER not in (read(cp, "resourceclaim", "contested")["metadata"].get("finalizers") or [])
     assert not read(cp, "pod", "contested")["spec"].get("nodeName")
     assert [r["device"] for r in results(read(cp, "resourceclaim", "contested"))] == ["gpu-1"]
 
@@ -348,3 +352,35 @@ async def test_a_lasting_refusal_of_the_claim_write_leaves_the_pod_alone_instead
             await wait_for(lambda: len(live.tasks) == 0, 30, "the pass's tasks done")
         assert live.stats.api_errors[("update-claim-status", 422)] == 1
     assert not read(cp, "pod", "nobind")["spec"].get("nodeName")
+
+
+async def test_a_claim_deleted_while_allocated_keeps_its_device_until_it_is_deallocated(cp):
+    """kube-scheduler's delete-protection finalizer: gpuaware puts it on before the allocation, so deleting
+    the claim of a running pod leaves the claim (deletionTimestamp set) and its allocation in the API."""
+    node(cp, "dra-d", "delete")
+    gpu_slice(cp, "dra-d", gpus=1, islands=1, group="delete")
+    cls = device_class(cp, "delete")
+    claim(cp, "kept", cls)
+    pod(cp, "kept", ["kept"])
+    async with scheduler(cp):
+        await bound(cp, "kept")
+    kept = read(cp, "resourceclaim", "kept")
+    assert kept["metadata"]["finalizers"] == [dra_claims.FINALIZER]
+    cp.kubectl("delete", "resourceclaim", "kept", "-n", "default", "--wait=false")
+    kept = read(cp, "resourceclaim", "kept")
+    assert kept["metadata"].get("deletionTimestamp") and [r["device"] for r in results(kept)] == ["gpu-0"]
+    claim(cp, "after", cls)
+    pod(cp, "after", ["after"])
+    async with scheduler(cp) as live:  # restarted: the deleted claim still holds the node's only GPU
+        await wait_for(lambda: "default/after" in live.cache.pending and "default/kept" in live.cache.dra.claims,
+                       10, "the pod and the claim read")
+        for _ in range(3):
+            live.schedule_once()
+            await wait_for(lambda: len(live.tasks) == 0, 30, "the pass's tasks done")
+        assert not read(cp, "pod", "after")["spec"].get("nodeName")
+        # A pod whose claim is being deleted waits with that reason, and its claim is not allocated.
+        pod(cp, "late", ["kept"])
+        await wait_for(lambda: "default/late" in live.cache.rejected, 10, "the late pod left waiting")
+        assert "ResourceClaim default/kept is being deleted" in live.cache.rejected["default/late"].reason
+    assert [r["device"] for r in results(read(cp, "resourceclaim", "kept"))] == ["gpu-0"]
+    assert not results(read(cp, "resourceclaim", "after"))
