@@ -53,6 +53,7 @@ class NodeGpu:
     pci_bus_id: str | None = None
     partitions: tuple[dra.MigPartition, ...] = ()
     taints: tuple[dict[str, Any], ...] = field(default=())
+    shareable: bool = False  # published with allowMultipleAllocations: claims take memory shares of it
 
     def __post_init__(self) -> None:
         if self.index < 0:
@@ -77,7 +78,7 @@ def node_devices(gpus: Sequence[NodeGpu]) -> tuple[list[dict[str, Any]], list[di
                   "cuda_driver_version": g.cuda_driver_version, "pci_bus_id": g.pci_bus_id,
                   "nvlink_island": g.nvlink_island, "index": g.index, "taints": g.taints}
         devices.append(dra.gpu_device(g.device_minor, uuid=g.uuid, memory_bytes=g.memory_bytes,
-                                      partitions=g.partitions, **common))
+                                      partitions=g.partitions, shareable=g.shareable, **common))
         if g.partitions:
             counters.append(dra.gpu_counter_set(g.device_minor, g.memory_bytes, g.partitions))
             devices.extend(dra.mig_device(g.device_minor, p, parent_uuid=g.uuid, **common) for p in g.partitions)

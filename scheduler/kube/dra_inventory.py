@@ -43,6 +43,17 @@ class Device:
     tainted: bool  # NoSchedule/NoExecute, or its pool is being republished: no new allocation
     profile: str = ""
     consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()  # (counter set, ((counter, amount), ...))
+    shareable: bool = False  # allowMultipleAllocations: claims may take memory shares of it
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.facts.capacity.get(f"{self.driver}/{dra.CAP_MEMORY}", 0))
+
+    def share_milli(self, used_bytes: int) -> int:
+        """The compute a memory share takes of the GPU slot in the core's model: its fraction of the memory,
+        rounded up (so the model never holds less than the claims do)."""
+        mem = self.memory_bytes
+        return 1000 if mem <= 0 else min(1000, max(1, -(-used_bytes * 1000 // mem)))
 
     @property
     def ref(self) -> tuple[str, str, str]:
@@ -74,7 +85,7 @@ def device_of(driver: str, pool: str, node: str, d: dra.DeviceView, incomplete: 
                         {k: float(v) for k, v in _qualified(d.capacity, driver).items()})
     consumes = tuple((cs, tuple(sorted(counters.items()))) for cs, counters in sorted(d.consumes_counters.items()))
     return Device(driver, pool, d.name, node, facts, d.type, d.uuid or "", d.parent_uuid or "",
-                  incomplete or not d.schedulable, d.profile or "", consumes)
+                  incomplete or not d.schedulable, d.profile or "", consumes, d.shareable)
 
 
 def _minor_order(name: str) -> tuple:

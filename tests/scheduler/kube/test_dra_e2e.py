@@ -14,6 +14,9 @@ own (each test's DeviceClass selects a test-group attribute of its own devices).
 - a selector in CEL gpuaware does not evaluate: the pod is left alone with the reason as an Event;
 - a GPUQueue's per-model quota counts claimed GPUs;
 - a pod whose claims were written before a restart cut its Binding short is bound where they say;
+- memory shares of GPUs that allow multiple allocations (consumable capacity): the apiserver takes them
+  (shareID, consumedCapacity), no GPU's memory is over-committed across claims nor after a restart, and a
+  whole-GPU claim does not get a shared GPU;
 - the delete-protection finalizer: a claim deleted while allocated stays, allocation and all, and its
   device is not handed out again (nor is a claim being deleted allocated);
 - MIG partitions (partitionable devices, A's publisher): the apiserver takes them, and no two handed out
@@ -95,9 +98,10 @@ def node(cp: KubeControlPlane, name: str, group: str) -> None:
 
 
 def gpu_slice(cp: KubeControlPlane, name: str, product: str = "NVIDIA H100 80GB HBM3", gpus: int = 8,
-              islands: int = 2, memory: int = 80 * GB, group: str = "") -> None:
+              islands: int = 2, memory: int = 80 * GB, group: str = "", shareable: bool = False) -> None:
     devices = [dra.gpu_device(i, uuid=f"GPU-{name}-{i}", product_name=product, memory_bytes=memory,
-                              architecture="Hopper", nvlink_island=i * islands // gpus) for i in range(gpus)]
+                              architecture="Hopper", nvlink_island=i * islands // gpus, shareable=shareable)
+               for i in range(gpus)]
     for d in devices:  # the test's group, so that each test's DeviceClass selects its own devices only
         d["attributes"]["gpu.gpuaware.io/testGroup"] = {"string": group}
     r = client.ResourceV1Api(admin(cp))
@@ -384,3 +388,51 @@ async def test_a_claim_deleted_while_allocated_keeps_its_device_until_it_is_deal
         assert "ResourceClaim default/kept is being deleted" in live.cache.rejected["default/late"].reason
     assert [r["device"] for r in results(read(cp, "resourceclaim", "kept"))] == ["gpu-0"]
     assert not results(read(cp, "resourceclaim", "after"))
+
+
+async def test_memory_shares_of_shareable_gpus_are_packed_without_over_committing_a_gpu(cp):
+    node(cp, "dra-sh", "share")
+    gpu_slice(cp, "dra-sh", gpus=2, islands=1, group="share", shareable=True)
+    cls = device_class(cp, "share")
+    for i in range(5):  # 30 GiB each on two 80 GiB GPUs: two per GPU, the fifth waits
+        claim(cp, f"sh{i}", cls, capacity={"memory": "30Gi"})
+        pod(cp, f"sh{i}", [f"sh{i}"])
+
+    def placed(names: list[str]) -> list[str]:
+        return [n for n in names if read(cp, "pod", n)["spec"].get("nodeName")]
+
+    async def passes(live: LiveScheduler) -> None:
+        for _ in range(3):
+            live.schedule_once()
+            await wait_for(lambda: len(live.tasks) == 0, 30, "the pass's tasks done")
+
+    first = [f"sh{i}" for i in range(5)]
+    async with scheduler(cp) as live:
+        await wait_for(lambda: len(placed(first)) == 4, 30, "four shares placed", poll_s=0.2)
+        claim(cp, "sh-whole", cls)  # a whole GPU: both are shared, so it waits
+        pod(cp, "sh-whole", ["sh-whole"])
+        await wait_for(lambda: "default/sh-whole" in live.cache.pending, 10, "the whole-GPU pod waiting")
+        await passes(live)
+        assert len(placed(first)) == 4 and not placed(["sh-whole"])
+    # The waiting pods go (a waiting whole-GPU pod would have the node kept for it), then a new process, with
+    # only the claims to go by: 20 GiB fits beside two 30 GiB shares, another 30 GiB nowhere.
+    for name in [*set(first) - set(placed(first)), "sh-whole"]:
+        cp.kubectl("delete", "pod", name, "-n", "default", "--wait=false")
+    claim(cp, "sh-small", cls, capacity={"memory": "20Gi"})
+    pod(cp, "sh-small", ["sh-small"])
+    async with scheduler(cp) as live:
+        await bound(cp, "sh-small")
+        claim(cp, "sh-more", cls, capacity={"memory": "30Gi"})
+        pod(cp, "sh-more", ["sh-more"])
+        await wait_for(lambda: "default/sh-more" in live.cache.pending, 10, "the last share waiting")
+        await passes(live)
+        assert not placed(["sh-more"])
+    used: dict[str, int] = {}
+    ids = []
+    for name in [*first, "sh-small", "sh-more", "sh-whole"]:
+        for r in results(read(cp, "resourceclaim", name)):
+            assert r["pool"] == "dra-sh" and r["shareID"] and r["consumedCapacity"]["memory"], r
+            used[r["device"]] = used.get(r["device"], 0) + int(r["consumedCapacity"]["memory"])
+            ids.append(r["shareID"])
+    assert sorted(used.values()) == [60 * GB, 80 * GB], used  # never more than a GPU's 80 GiB
+    assert len(ids) == 5 == len(set(ids))
