@@ -488,6 +488,16 @@ class ClusterCache:
             self.rebuild()  # the node's GPU slots changed
             self._requeue_claimants(None)
 
+    def sync_taint_rules(self, items: list[dict[str, Any]]) -> None:
+        self.dra.inventory.sync_rules(items)
+        self.rebuild()  # a tainted GPU is critical in the model
+        self._requeue_claimants(None)
+
+    def taint_rule_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if self.dra.inventory.rule_event(kind, obj):
+            self.rebuild()
+            self._requeue_claimants(None)
+
     def sync_claims(self, items: list[dict[str, Any]]) -> None:
         self.dra.sync_claims(items)
         self.rebuild()
