@@ -346,12 +346,13 @@ def allocation_status(claim: Mapping[str, Any], node: str, picked: list[tuple[De
         if r.claim != key:
             continue
         result: dict[str, Any] = {"request": r.name, "driver": d.driver, "pool": d.pool, "device": d.name}
-        if r.share:
-            # As kube-scheduler: a share of a device that allows multiple allocations is told apart by its
-            # shareID, and says what it consumes. Derived from the claim, so a rewrite (resumed) says the same.
+        if r.share or d.shareable:
+            # As kube-scheduler: every allocation of a device that allows multiple allocations is a share, told
+            # apart by its shareID and saying what it consumes (taken whole: all of its memory, so kube-scheduler
+            # puts no share beside it). The ID derives from the claim, so a rewrite (resumed) says the same.
             result["shareID"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{claim['metadata'].get('uid')}/{r.name}/"
                                                f"{d.driver}/{d.pool}/{d.name}"))
-            result["consumedCapacity"] = {dra.CAP_MEMORY: str(r.share)}
+            result["consumedCapacity"] = {dra.CAP_MEMORY: str(r.share or d.memory_bytes)}
         results.append(result)
     meta = pod["metadata"]
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": dict(claim["metadata"]),

@@ -219,3 +219,13 @@ def test_two_memory_shares_in_one_pod_are_refused():
     two = claim("c", exactly(count=2, capacity={"requests": {"memory": "10Gi"}}))
     with pytest.raises(UnsupportedClaim, match="2 memory shares requested"):
         ask_of(pod("c"), claims(two), CLASSES, inv)
+
+
+def test_a_shareable_gpu_taken_whole_is_written_as_a_share_of_all_its_memory():
+    inv = inventory(shareable("s", 1))
+    c = claim("c", exactly())
+    ask = ask_of(pod("c"), claims(c), CLASSES, inv)
+    assert ask.kind == "gpu"
+    _, picked = pick(ask, inv.nodes["s"], [0], [0], set(), lambda d: True)
+    (result,) = allocation_status(c, "s", picked, pod("c"))["status"]["allocation"]["devices"]["results"]
+    assert result["consumedCapacity"] == {"memory": str(80 * GB)} and result["shareID"]
