@@ -82,7 +82,8 @@ def publish_slices(settings: AgentSettings, runtime: AgentRuntime, stop: asyncio
         raise ValueError(f"agent.resource_slices: no Kubernetes API to publish to ({exc}); set agent.api_server "
                          "or run the agent in a pod") from None
     return asyncio.create_task(publish_until_done(SlicePublisher(api), runtime.cores, stop,
-                                                  settings.resource_slices_retry_s))
+                                                  settings.resource_slices_retry_s,
+                                                  settings.resource_slices_shareable))
 
 
 async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host: str, metrics_port: int,

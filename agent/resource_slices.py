@@ -60,22 +60,24 @@ def _version(text: str) -> str:
         return "0.0"
 
 
-def node_gpus(core: AgentCore) -> list[NodeGpu]:
+def node_gpus(core: AgentCore, shareable: bool = False) -> list[NodeGpu]:
+    """The node's GPUs to publish; ``shareable`` (``agent.resource_slices_shareable``): each allows multiple
+    allocations, claims taking memory shares of it (DRA consumable capacity)."""
     devices = list(core.devices.values()) if isinstance(core.devices, dict) else list(core.devices)
     islands = nvlink_islands(devices)
     return [NodeGpu(index=d.index, uuid=d.uuid, model=d.model, memory_bytes=d.fb_total_mib * 2**20,
                     nvlink_island=islands.get(d.uuid), pci_bus_id=pci_bus_id(d.pci_bus_id),
-                    driver_version=_version(d.driver_version))
+                    driver_version=_version(d.driver_version), shareable=shareable)
             for d in sorted(devices, key=lambda d: d.index) if d.fb_total_mib > 0]
 
 
 async def publish_until_done(publisher: SlicePublisher, cores: Sequence[AgentCore], stop: asyncio.Event,
-                             retry_s: float = RETRY_S) -> None:
+                             retry_s: float = RETRY_S, shareable: bool = False) -> None:
     pending = list(cores)
     while pending and not stop.is_set():
         for core in list(pending):
             try:
-                result = await asyncio.to_thread(publisher.publish, core.node, node_gpus(core))
+                result = await asyncio.to_thread(publisher.publish, core.node, node_gpus(core, shareable))
                 log.info("ResourceSlices of %s: generation %d (%d written, %d deleted)", core.node,
                          result.generation, result.written, result.deleted)
                 pending.remove(core)

@@ -42,6 +42,10 @@ class AgentSettings(BaseModel):
                                                      "deploy/components/agent-resource-slices (docs/dra.md)")
     resource_slices_retry_s: float = Field(30.0, gt=0, le=3600,
                                            description="a failed ResourceSlice publish is tried again after this long")
+    resource_slices_shareable: bool = Field(False, description="publish the GPUs as shareable (allowMultipleAllocations"
+                                                               ": claims take GPU-memory shares, DRA consumable "
+                                                               "capacity, Kubernetes 1.34+ with DRAConsumableCapacity"
+                                                               "); only where the workloads share GPUs safely")
     pod_uids: bool = Field(False, description="follow the UIDs of this node's pods (an informer on spec.nodeName) "
                                               "so shared GPUs get per-pod series; needs list/watch of pods, "
                                               "granted by deploy/components/agent-pod-uids (off: least privilege)")

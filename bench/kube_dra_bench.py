@@ -13,8 +13,8 @@ kube-controller-manager, so ``resourceClaimName``, not a template):
 - a fractional pod (one GPU, ``gpu_milli`` < 1000), ``fraction``: ``whole`` (default) asks for a whole
   GPU; ``memory`` asks for its fraction of the smallest GPU memory among the models it may use (DRA
   consumable capacity, beta and on by default in 1.36) and marks every device
-  ``allowMultipleAllocations`` (NVIDIA's slices do not). gpuaware does not allocate shared devices yet,
-  and no openb model has MIG partitions, hence the default.
+  ``allowMultipleAllocations`` (NVIDIA's slices do not); both kube-scheduler and gpuaware then allocate
+  memory shares (``shareID`` + ``consumedCapacity``). No openb model has MIG partitions.
 
 Modes, each on the same pods (names differ per mode), one after the other on one cluster:
 

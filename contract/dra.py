@@ -194,9 +194,13 @@ def gpu_device(minor: int, *, uuid: str, product_name: str, memory_bytes: int, b
                architecture: str = "", cuda_compute_capability: str = "0.0", driver_version: str = "0.0",
                cuda_driver_version: str = "0.0", pci_bus_id: str | None = None, nvlink_island: int | None = None,
                index: int | None = None, partitions: Sequence[MigPartition] = (),
-               taints: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+               taints: Sequence[Mapping[str, Any]] = (), shareable: bool = False) -> dict[str, Any]:
     """A whole GPU as NVIDIA publishes it; with ``partitions`` it consumes its whole counter set
-    (:func:`gpu_counter_set`), so that it and its MIG partitions exclude each other."""
+    (:func:`gpu_counter_set`), so that it and its MIG partitions exclude each other. ``shareable``: the
+    device allows multiple allocations (DRA consumable capacity), each claim consuming a share of its
+    ``memory`` (NVIDIA's driver does not publish this; gpuaware's publisher does when asked)."""
+    if shareable and partitions:
+        raise ValueError("shareable: a GPU with MIG partitions is shared by its partitions, not by memory shares")
     attrs = {ATTR_TYPE: _attr(TYPE_GPU), ATTR_UUID: _attr(uuid)}
     attrs.update(_common_attributes(product_name=product_name, brand=brand, architecture=architecture,
                                     cuda_compute_capability=cuda_compute_capability, driver_version=driver_version,
@@ -209,6 +213,8 @@ def gpu_device(minor: int, *, uuid: str, product_name: str, memory_bytes: int, b
                                        "counters": _gpu_counters(memory_bytes, partitions)}]
     if taints:
         device["taints"] = [dict(t) for t in taints]
+    if shareable:
+        device["allowMultipleAllocations"] = True
     return device
 
 
@@ -355,6 +361,7 @@ class DeviceView:
     attributes: Mapping[str, Any] = field(default_factory=dict)
     consumes_counters: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
+    shareable: bool = False  # allowMultipleAllocations: claims consume shares of its capacity
 
     @property
     def schedulable(self) -> bool:
@@ -490,6 +497,9 @@ def parse_device(raw: Any, where: str, driver: str = DRIVER) -> DeviceView:
     memory = capacity.get(CAP_MEMORY, capacity.get(f"{driver}/{CAP_MEMORY}"))
     if driver == DRIVER and dtype in (TYPE_GPU, TYPE_MIG) and memory is None:
         raise SliceInvalid(f"{where}.capacity.memory", f"required on a {dtype} device")
+    shareable = raw.get("allowMultipleAllocations", False)
+    if not isinstance(shareable, bool):
+        raise SliceInvalid(f"{where}.allowMultipleAllocations", f"{shareable!r} is not a bool")
     island, index = attrs.get(ATTR_NVLINK_ISLAND), attrs.get(ATTR_INDEX)
     for key, value in ((ATTR_NVLINK_ISLAND, island), (ATTR_INDEX, index)):
         if value is not None and not isinstance(value, int):
@@ -499,7 +509,7 @@ def parse_device(raw: Any, where: str, driver: str = DRIVER) -> DeviceView:
         uuid=_local(attrs, ATTR_UUID, driver), product_name=_local(attrs, ATTR_PRODUCT_NAME, driver),
         memory_bytes=memory, parent_uuid=_local(attrs, ATTR_PARENT_UUID, driver),
         profile=_local(attrs, ATTR_PROFILE, driver), nvlink_island=island, index=index, capacity=capacity,
-        attributes=attrs, consumes_counters=consumes, taints=taints)
+        attributes=attrs, consumes_counters=consumes, taints=taints, shareable=shareable)
 
 
 def _taints(raw: Any, where: str) -> tuple[Taint, ...]:

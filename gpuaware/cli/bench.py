@@ -132,7 +132,7 @@ def bench_stream_cmd(obj: Context, worker_counts: str, gpus: int, samples_per_ba
                    "kube-scheduler's DynamicResources plugin and gpuaware allocating them (docs/performance.md).")
 @click.option("--dra-fraction", type=click.Choice(["whole", "memory"]), default="whole", show_default=True,
               help="--dra: a fractional trace pod's claim asks for a whole GPU, or for its share of the GPU's "
-                   "memory (consumable capacity; gpuaware does not allocate shared devices yet).")
+                   "memory (consumable capacity: shareable devices, allocated as shares by both modes).")
 @click.option("--node-count", type=click.IntRange(min=1), default=None,
               help="real: only the first N GPU nodes of --nodes (quick runs) [default: all].")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")

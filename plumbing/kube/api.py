@@ -131,6 +131,13 @@ class KubeApi:
         return _json(self.resource.replace_namespaced_resource_claim_status(meta["name"], meta["namespace"], body,
                                                                            **self._raw))
 
+    def update_claim(self, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT a ResourceClaim (its metadata: the delete-protection finalizer); ``body.metadata.resourceVersion``
+        is the precondition, as for the status write."""
+        meta = body["metadata"]
+        return _json(self.resource.replace_namespaced_resource_claim(meta["name"], meta["namespace"], body,
+                                                                    **self._raw))
+
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None]) -> dict[str, Any]:
         return _json(self.core.patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}},
                                                     _content_type=MERGE_PATCH, **self._raw))

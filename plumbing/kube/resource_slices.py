@@ -53,6 +53,7 @@ class NodeGpu:
     pci_bus_id: str | None = None
     partitions: tuple[dra.MigPartition, ...] = ()
     taints: tuple[dict[str, Any], ...] = field(default=())
+    shareable: bool = False  # published with allowMultipleAllocations: claims take memory shares of it
 
     def __post_init__(self) -> None:
         if self.index < 0:
@@ -77,15 +78,18 @@ def node_devices(gpus: Sequence[NodeGpu]) -> tuple[list[dict[str, Any]], list[di
                   "cuda_driver_version": g.cuda_driver_version, "pci_bus_id": g.pci_bus_id,
                   "nvlink_island": g.nvlink_island, "index": g.index, "taints": g.taints}
         devices.append(dra.gpu_device(g.device_minor, uuid=g.uuid, memory_bytes=g.memory_bytes,
-                                      partitions=g.partitions, **common))
+                                      partitions=g.partitions, shareable=g.shareable, **common))
         if g.partitions:
             counters.append(dra.gpu_counter_set(g.device_minor, g.memory_bytes, g.partitions))
             devices.extend(dra.mig_device(g.device_minor, p, parent_uuid=g.uuid, **common) for p in g.partitions)
     return devices, counters
 
 
-def node_slices(node: str, gpus: Sequence[NodeGpu], generation: int, driver: str = dra.DRIVER) -> list[dict[str, Any]]:
-    """The slices of ``node``'s pool at ``generation`` (pure; what :meth:`SlicePublisher.publish` writes)."""
+def node_slices(node: str, gpus: Sequence[NodeGpu], generation: int, driver: str = dra.DRIVER,
+                node_uid: str | None = None) -> list[dict[str, Any]]:
+    """The slices of ``node``'s pool at ``generation`` (pure; what :meth:`SlicePublisher.publish` writes). With
+    ``node_uid`` each is owned by the Node (as the kubelet plugins of DRA drivers, NVIDIA's included, publish
+    them): the garbage collector deletes them with the node."""
     devices, counters = node_devices(gpus)
     per = dra.MAX_DEVICES_PER_SLICE
     if any(d.get("taints") or d.get("consumesCounters") for d in devices):
@@ -101,6 +105,10 @@ def node_slices(node: str, gpus: Sequence[NodeGpu], generation: int, driver: str
     out += [dra.resource_slice(node, shared_counters=chunk, driver=driver, generation=generation, slice_count=count,
                                name=dra.slice_name(node, "counters" if k == 0 else f"counters-{k}"), labels=labels)
             for k, chunk in enumerate(counter_chunks)]
+    if node_uid:
+        for body in out:
+            body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid,
+                                                    "controller": True}]
     return out
 
 
@@ -122,7 +130,8 @@ def _content(obj: dict[str, Any]) -> str:
     for dev in spec.get("devices") or []:
         for taint in dev.get("taints") or []:
             taint.pop("timeAdded", None)
-    return json.dumps({"name": obj["metadata"]["name"], "spec": spec}, sort_keys=True)
+    owners = [o.get("uid") for o in obj["metadata"].get("ownerReferences") or []]
+    return json.dumps({"name": obj["metadata"]["name"], "owners": owners, "spec": spec}, sort_keys=True)
 
 
 class SlicePublisher:
@@ -131,6 +140,7 @@ class SlicePublisher:
     def __init__(self, api_client: client.ApiClient, driver: str = dra.DRIVER,
                  request_timeout_s: float = REQUEST_TIMEOUT_S):
         self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
         self.driver = driver
         self._raw = {"_preload_content": False, "_request_timeout": request_timeout_s}
 
@@ -147,13 +157,14 @@ class SlicePublisher:
         generation = max((s["spec"]["pool"].get("generation", 0) for s in existing.values()), default=0)
         if not gpus:
             return PublishResult(generation, deleted=self._delete(existing.values()))
-        wanted = node_slices(node, gpus, generation, self.driver)
+        uid = self._node_uid(node)
+        wanted = node_slices(node, gpus, generation, self.driver, uid)
         if existing and sorted(map(_content, wanted)) == sorted(map(_content, existing.values())) and all(
                 s["spec"]["pool"].get("generation") == generation for s in existing.values()):
             return PublishResult(generation)
         generation += 1
         result = PublishResult(generation)
-        for body in node_slices(node, gpus, generation, self.driver):
+        for body in node_slices(node, gpus, generation, self.driver, uid):
             name = body["metadata"]["name"]
             old = existing.pop(name, None)
             if old is None:
@@ -164,6 +175,17 @@ class SlicePublisher:
             result.written += 1
         result.deleted = self._delete(existing.values())
         return result
+
+    def _node_uid(self, node: str) -> str | None:
+        """The Node's UID, to own its slices; None when there is no such Node (yet): the slices are then
+        published without an owner (a garbage collector would delete a slice owned by a Node it cannot find)."""
+        try:
+            resp = self.core.read_node(node, **self._raw)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return json.loads(resp.data)["metadata"]["uid"]
 
     def withdraw(self, node: str) -> int:
         """Delete gpuaware's slices of ``node``; how many there were."""

@@ -51,6 +51,11 @@ def _spec_or_none(node: dict[str, Any]):
         return None
 
 
+def _asks(claim: dict[str, Any]) -> tuple[Any, ...]:
+    """What of a claim its pods' requests depend on."""
+    return claim.get("spec"), claim.get("status"), claim["metadata"].get("deletionTimestamp")
+
+
 class QueueSpecError(ValueError):
     """A GPUQueue the scheduler cannot read."""
 
@@ -354,10 +359,12 @@ class ClusterCache:
         except PodSpecError:
             return []
 
-    def _claimed_devices(self, pod: dict[str, Any]) -> list[Device]:
-        """The GPUs and MIG partitions its claims were allocated on its node (other devices are no GPU slot)."""
+    def _claimed_devices(self, pod: dict[str, Any]) -> list[tuple[Device, int]]:
+        """The GPUs, MIG partitions and GPU shares its claims were allocated on its node, with the compute each
+        takes of its slot (other devices are no GPU slot)."""
         ng = self.dra.inventory.nodes.get(pod["spec"]["nodeName"])
-        return [d for d in self.dra.devices_of_claims(self._claims_of(pod)) if ng is not None and d.ref in ng.slot_of]
+        return [(d, m) for d, m in self.dra.devices_of_claims(self._claims_of(pod))
+                if ng is not None and d.ref in ng.slot_of]
 
     def _claimed_workload(self, pod: dict[str, Any]) -> Workload:
         """A bound pod with claims holds the devices its claims were allocated (none yet: none)."""
@@ -368,8 +375,7 @@ class ClusterCache:
         except PodSpecError:
             w = Workload(objects.key(pod), tenant=self.tenant_of(pod))
         devices = self._claimed_devices(pod)
-        one_mig = len(devices) == 1 and devices[0].kind == "mig"
-        return dataclasses.replace(w, num_gpu=len(devices), gpu_milli=devices[0].milli if one_mig else 1000)
+        return dataclasses.replace(w, num_gpu=len(devices), gpu_milli=devices[0][1] if len(devices) == 1 else 1000)
 
     def _hold(self, claim: str) -> None:
         """Charge an allocated claim no pod here is charged for (reserved for a pod gone or not ours to know)."""
@@ -379,14 +385,14 @@ class ClusterCache:
         devices = self.dra.devices_of_claims([claim])
         if not devices:
             return
-        node = self.cluster.index.get(devices[0].node)
-        ng = self.dra.inventory.nodes.get(devices[0].node)
+        node = self.cluster.index.get(devices[0][0].node)
+        ng = self.dra.inventory.nodes.get(devices[0][0].node)
         if node is None or ng is None:
             return
         used: dict[int, int] = {}
-        for d in devices:
+        for d, milli in devices:
             if d.ref in ng.slot_of:
-                used[ng.slot_of[d.ref]] = used.get(ng.slot_of[d.ref], 0) + d.milli
+                used[ng.slot_of[d.ref]] = used.get(ng.slot_of[d.ref], 0) + milli
         alloc = Allocation(hold, node, list(used), list(used.values()), 0, 0)
         self._clamp_gpus(alloc)
         self.cluster.allocate(alloc)
@@ -411,9 +417,9 @@ class ClusterCache:
             self.pod_claims[key] = claims
             ng = self.dra.inventory.nodes.get(pod["spec"]["nodeName"])
             devices = self._claimed_devices(pod) if ng is not None else []
-            alloc = Allocation(w.id, node, [ng.slot_of[d.ref] for d in devices] if ng else [],
-                               [d.milli for d in devices], w.cpu_milli, w.memory_mib,
-                               [0] * len(devices), "mig" if any(d.kind == "mig" for d in devices) else "exclusive")
+            alloc = Allocation(w.id, node, [ng.slot_of[d.ref] for d, _ in devices] if ng else [],
+                               [m for _, m in devices], w.cpu_milli, w.memory_mib,
+                               [0] * len(devices), "mig" if any(d.kind == "mig" for d, _ in devices) else "exclusive")
             self._clamp(alloc)
             self._clamp_gpus(alloc)
             self.cluster.allocate(alloc)
@@ -482,6 +488,16 @@ class ClusterCache:
             self.rebuild()  # the node's GPU slots changed
             self._requeue_claimants(None)
 
+    def sync_taint_rules(self, items: list[dict[str, Any]]) -> None:
+        self.dra.inventory.sync_rules(items)
+        self.rebuild()  # a tainted GPU is critical in the model
+        self._requeue_claimants(None)
+
+    def taint_rule_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if self.dra.inventory.rule_event(kind, obj):
+            self.rebuild()
+            self._requeue_claimants(None)
+
     def sync_claims(self, items: list[dict[str, Any]]) -> None:
         self.dra.sync_claims(items)
         self.rebuild()
@@ -503,7 +519,10 @@ class ClusterCache:
                 self._account(self.pods[p])
         if not owners:
             self._hold(claim)
-        self._requeue_claimants(claim)
+        if kind == "DELETED" or old is None or _asks(old) != _asks(obj):
+            # Not on a finalizer put on or taken off (our own write around a claim's allocation): that changes
+            # nothing the pods ask for, and a pod refused for good would be asked for again.
+            self._requeue_claimants(claim)
 
     def sync_classes(self, items: list[dict[str, Any]]) -> None:
         self.dra.sync_classes(items)
@@ -539,8 +558,13 @@ class ClusterCache:
                 (self.cluster.gpu_free[alloc.node, s] >= (alloc.milli[0] if alloc.milli else 1000)
                  and self.cluster.band[alloc.node, s] != 2)]
         taken = self.dra.taken()
-        got = dra_claims.pick(ask, ng, list(alloc.gpus), free, taken,
-                              lambda d: self.dra.inventory.fits_counters(d, taken))
+        if ask.kind == "share":  # the claims' consumed memory decides, not the model's compute
+            def fits(d: Device) -> bool:
+                return self.dra.share_fits(d, ask.requests[0].share)
+        else:
+            def fits(d: Device) -> bool:
+                return self.dra.inventory.fits_counters(d, taken)
+        got = dra_claims.pick(ask, ng, list(alloc.gpus), free, taken, fits)
         if isinstance(got, str):
             self.cluster.release(key)
             return f"{node}: {got}"
@@ -548,12 +572,16 @@ class ClusterCache:
         if slots != alloc.gpus:
             self.cluster.release(key)
             alloc.gpus = slots
-            alloc.milli = [d.milli for _, d in picks] if ask.kind == "mig" else [1000] * len(slots)
+            alloc.milli = ([d.milli for _, d in picks] if ask.kind == "mig" else [ask.gpu_milli] if ask.kind == "share"
+                           else [1000] * len(slots))
             alloc.gpu_memory_mib = [0] * len(slots)
             self.cluster.allocate(alloc)
         self.dra_picks[key] = picks
-        for _, d in picks:
-            self.dra.in_flight[d.ref] = key
+        for r, d in picks:
+            if r.share:
+                self.dra.fly_share(key, r.claim, d, r.share)
+            else:
+                self.dra.in_flight[d.ref] = key
         return None
 
     def resume(self, key: str) -> Allocation | None:
@@ -567,9 +595,9 @@ class ClusterCache:
             if f"claim:{claim}" in self.cluster.allocations:
                 self.cluster.release(f"claim:{claim}")
         w = pw.workload
-        devices = [d for _, d in picks if d.ref in ng.slot_of]
-        alloc = Allocation(key, i, [ng.slot_of[d.ref] for d in devices], [d.milli for d in devices], w.cpu_milli,
-                           w.memory_mib, [0] * len(devices), "mig" if any(d.kind == "mig" for d in devices)
+        devices = [(d, d.share_milli(r.share) if r.share else d.milli) for r, d in picks if d.ref in ng.slot_of]
+        alloc = Allocation(key, i, [ng.slot_of[d.ref] for d, _ in devices], [m for _, m in devices], w.cpu_milli,
+                           w.memory_mib, [0] * len(devices), "mig" if any(d.kind == "mig" for d, _ in devices)
                            else "exclusive")
         self._clamp(alloc)
         self._clamp_gpus(alloc)
@@ -580,8 +608,7 @@ class ClusterCache:
     def drop_picks(self, key: str) -> None:
         """A placement with claims withdrawn: its devices are no longer in flight."""
         self.dra_picks.pop(key, None)
-        for ref in [r for r, k in self.dra.in_flight.items() if k == key]:
-            del self.dra.in_flight[ref]
+        self.dra.land(key)
 
     # ------------------------------------------------------------------ queues
     def sync_queues(self, items: list[dict[str, Any]]) -> None:

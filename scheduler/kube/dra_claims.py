@@ -9,6 +9,10 @@ alone with that reason as an Event, and never allocated on a guess):
 - selectors of the DeviceClass and of the request in the CEL forms ``dra_cel`` reads, and
   ``capacity.requests`` (a device with at least that much: without ``allowMultipleAllocations`` a
   request takes the whole device);
+- a **memory share** of a GPU that allows multiple allocations (``allowMultipleAllocations``, DRA
+  consumable capacity): one request of count 1 with ``capacity.requests.memory``, placed by the core
+  as a fractional pod (its share of the GPU's memory as ``gpu_milli``), written with a ``shareID`` and
+  ``consumedCapacity``; the claims' consumed memory per device is the source of truth (never over it);
 - ``constraints[].matchAttribute`` on the NVLink island attribute (all GPUs on one island) or on an
   attribute every GPU of a node shares (``productName``, ``architecture``, ...).
 
@@ -22,6 +26,7 @@ The claim names of a pod are its ``resourceClaimName`` or, for a template, the n
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +66,7 @@ class DeviceRequest:
     name: str  # the request's name in the claim
     count: int
     selectors: tuple[Selector | _Capacity, ...]
+    share: int = 0  # bytes of memory asked by ``capacity.requests``: a share, where the device allows it
 
     def matches(self, d: Device) -> bool:
         return not d.tainted and all(s.matches(d.facts) for s in self.selectors)
@@ -72,7 +78,7 @@ class DraAsk:
 
     claims: tuple[str, ...]
     requests: tuple[DeviceRequest, ...]
-    kind: str  # "gpu" or "mig"
+    kind: str  # "gpu", "mig" or "share" (a memory share of a GPU that allows multiple allocations)
     num_gpu: int
     gpu_milli: int
     models: tuple[str, ...]
@@ -121,7 +127,7 @@ def resumed(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]], inv
             d = inventory.devices.get((r.get("driver", ""), r.get("pool", ""), r.get("device", "")))
             if d is None:
                 return None
-            picks.append((DeviceRequest(key, r.get("request", ""), 1, ()), d))
+            picks.append((DeviceRequest(key, r.get("request", ""), 1, (), _consumed(r)), d))
     if len(nodes) != 1 or not picks or any(d.node not in nodes for _, d in picks):
         return None
     return nodes.pop(), picks
@@ -163,11 +169,13 @@ def _requests(claim: Mapping[str, Any], key: str, classes: Mapping[str, Mapping[
                                                         f"DeviceClass {ex.get('deviceClassName')}.spec"),
                                             *_selectors(ex.get("selectors"), f"{where}.exactly")]
         wants = ((ex.get("capacity") or {}).get("requests") or {})
+        share = 0
         if wants:
-            sels.append(_Capacity(tuple(sorted(
-                (k if "/" in k else f"*/{k}", quantity(v, f"{where}.exactly.capacity.requests[{k}]"))
-                for k, v in wants.items()))))
-        out.append(DeviceRequest(key, r.get("name", ""), int(ex.get("count") or 1), tuple(sels)))
+            amounts = tuple(sorted((k if "/" in k else f"*/{k}",
+                                    quantity(v, f"{where}.exactly.capacity.requests[{k}]")) for k, v in wants.items()))
+            sels.append(_Capacity(amounts))
+            share = int(sum(v for k, v in amounts if k.split("/", 1)[1] == dra.CAP_MEMORY))
+        out.append(DeviceRequest(key, r.get("name", ""), int(ex.get("count") or 1), tuple(sels), share))
     return out
 
 
@@ -181,6 +189,8 @@ def ask_of(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
         claim = claims.get(key)
         if claim is None:
             raise ClaimsNotReady(f"ResourceClaim {key} does not exist (yet)")
+        if claim["metadata"].get("deletionTimestamp"):
+            raise ClaimsNotReady(f"ResourceClaim {key} is being deleted")
         if (claim.get("status") or {}).get("allocation"):
             raise UnsupportedClaim(f"ResourceClaim {key} is allocated already (shared claims and claims allocated "
                                    "by someone else are not placed by gpuaware)")
@@ -200,7 +210,8 @@ def ask_of(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
     kinds, models, nodes = _matching(requests, inventory)
     if len(kinds) != 1:
         raise UnsupportedClaim(f"the requests match {' and '.join(sorted(kinds)) or 'no'} devices: gpuaware "
-                               "allocates whole GPUs or one MIG partition per pod")
+                               "allocates whole GPUs or one MIG partition per pod (or one memory share of a GPU that "
+                               "allows multiple allocations)")
     kind = kinds.pop()
     num = sum(r.count for r in requests)
     milli = 1000
@@ -208,14 +219,33 @@ def ask_of(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
         if num != 1:
             raise UnsupportedClaim(f"{num} MIG partitions requested: gpuaware allocates one per pod")
         milli = min(d.milli for d in inventory.devices.values() if d.kind == "mig" and requests[0].matches(d))
+    elif kind == "share":
+        if num != 1 or len(requests) != 1:
+            raise UnsupportedClaim(f"{num} memory shares requested: gpuaware allocates one per pod (one request, "
+                                   "count 1)")
+        milli = _share_milli(requests[0], inventory)
     return DraAsk(tuple(keys), tuple(requests), kind, num, milli, tuple(sorted(models)), tuple(same), nodes)
+
+
+def _share_milli(r: DeviceRequest, inventory: DraInventory) -> int:
+    """The share as the core's ``gpu_milli``: its fraction of the smallest matching GPU's memory (the most it
+    is of any GPU it may land on, so the model never holds less than the claims consume)."""
+    key = ("share", r.selectors, r.share)
+    if key not in inventory.matches:
+        inventory.matches[key] = max((d.share_milli(r.share) for d in inventory.devices.values()
+                                      if d.kind == "gpu" and d.shareable and r.matches(d)), default=1000)
+    return int(inventory.matches[key])
+
+
+def _kind(r: DeviceRequest, d: Device) -> str:
+    return "share" if d.kind == "gpu" and d.shareable and r.share else d.kind
 
 
 def _matching(requests: list[DeviceRequest], inventory: DraInventory
               ) -> tuple[set[str], set[str], frozenset[str] | None]:
     """Which device kinds the requests match anywhere, on which GPU models, and, where they match only some
     devices of a model, the nodes with enough matching devices for all requests (else None: any)."""
-    key = tuple((r.count, r.selectors) for r in requests)
+    key = tuple((r.count, r.selectors, bool(r.share)) for r in requests)
     if key not in inventory.matches:
         inventory.matches[key] = _match_all(requests, inventory)
     kinds, models, nodes = inventory.matches[key]
@@ -237,7 +267,7 @@ def _match_all(requests: list[DeviceRequest], inventory: DraInventory
                 continue
             ok = all(s.matches(d.facts) for s in r.selectors)  # taints aside: a tainted GPU is cordoned
             if ok:
-                kinds.add(d.kind)
+                kinds.add(_kind(r, d))
                 count[d.node] = count.get(d.node, 0) + 1
             hit.setdefault(short_model(d.product), set()).add(ok)
         partial |= any(v == {True, False} for v in hit.values())
@@ -254,6 +284,13 @@ def pick(ask: DraAsk, ng: NodeGpus, slots: list[int], free_slots: list[int], tak
          fits: Callable[[Device], bool]) -> tuple[list[int], list[tuple[DeviceRequest, Device]]] | str:
     """The devices for ``ask`` on a node: the core's ``slots`` if they do, else others of ``free_slots``;
     (slots, [(request, device)]) or why none do. ``fits``: the device's shared counters allow it."""
+    if ask.kind == "share":
+        r = ask.requests[0]
+        for slot in [*slots, *free_slots]:
+            d = ng.gpus[slot]
+            if d.shareable and r.matches(d) and fits(d):
+                return [slot], [(r, d)]
+        return f"no GPU with {r.share} bytes of memory free matching the request"
     if ask.kind == "mig":
         for slot in [*slots, *free_slots]:
             cands = sorted((m for m in ng.migs if ng.slot_of[m.ref] == slot and m.ref not in taken
@@ -304,8 +341,19 @@ def allocation_status(claim: Mapping[str, Any], node: str, picked: list[tuple[De
     """The claim with ``status.allocation`` for this node and ``reservedFor`` the pod (PUT to .../status;
     the claim's resourceVersion stays the precondition)."""
     key = f"{claim['metadata'].get('namespace', '')}/{claim['metadata']['name']}"
-    results = [{"request": r.name, "driver": d.driver, "pool": d.pool, "device": d.name}
-               for r, d in picked if r.claim == key]
+    results: list[dict[str, Any]] = []
+    for r, d in picked:
+        if r.claim != key:
+            continue
+        result: dict[str, Any] = {"request": r.name, "driver": d.driver, "pool": d.pool, "device": d.name}
+        if r.share or d.shareable:
+            # As kube-scheduler: every allocation of a device that allows multiple allocations is a share, told
+            # apart by its shareID and saying what it consumes (taken whole: all of its memory, so kube-scheduler
+            # puts no share beside it). The ID derives from the claim, so a rewrite (resumed) says the same.
+            result["shareID"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{claim['metadata'].get('uid')}/{r.name}/"
+                                               f"{d.driver}/{d.pool}/{d.name}"))
+            result["consumedCapacity"] = {dra.CAP_MEMORY: str(r.share or d.memory_bytes)}
+        results.append(result)
     meta = pod["metadata"]
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": dict(claim["metadata"]),
             "spec": claim["spec"], "status": {
@@ -315,16 +363,48 @@ def allocation_status(claim: Mapping[str, Any], node: str, picked: list[tuple[De
     return body
 
 
+# kube-scheduler's DynamicResources plugin puts this finalizer on a claim before it writes the allocation
+# (k8s.io/api/resource/v1 ``Finalizer``), so that a claim deleted while its pod runs stays, allocation and all,
+# until kube-controller-manager's resource claim controller deallocates it and takes the finalizer off.
+FINALIZER = "resource.kubernetes.io/delete-protection"
+
+
+def with_finalizer(claim: Mapping[str, Any], on: bool) -> dict[str, Any] | None:
+    """The claim (for a PUT) with the delete-protection finalizer added (``on``) or removed; None when it
+    already is so (nothing to write)."""
+    have = list(claim["metadata"].get("finalizers") or [])
+    if (FINALIZER in have) == on:
+        return None
+    return {**claim, "metadata": {**claim["metadata"],
+                                  "finalizers": [*have, FINALIZER] if on else [f for f in have if f != FINALIZER]}}
+
+
 def released_status(claim: Mapping[str, Any]) -> dict[str, Any]:
     """The claim with its allocation and reservations taken back (a placement withdrawn before its Binding)."""
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": dict(claim["metadata"]),
             "spec": claim["spec"], "status": {}}
 
 
-def allocated_refs(claim: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+def _consumed(result: Mapping[str, Any]) -> int:
+    """Bytes of memory a result with a ``shareID`` consumes of its device (0: the device is taken whole)."""
+    if not result.get("shareID"):
+        return 0
+    used = (result.get("consumedCapacity") or {}).get(dra.CAP_MEMORY)
+    try:
+        return int(quantity(used, "consumedCapacity.memory")) if used is not None else 0
+    except PodSpecError:
+        return 0
+
+
+def allocated(claim: Mapping[str, Any]) -> list[tuple[tuple[str, str, str], int]]:
+    """The claim's allocated devices with the memory each share consumes (0: the whole device)."""
     alloc = (claim.get("status") or {}).get("allocation") or {}
-    return [(r.get("driver", ""), r.get("pool", ""), r.get("device", ""))
+    return [((r.get("driver", ""), r.get("pool", ""), r.get("device", "")), _consumed(r))
             for r in (alloc.get("devices") or {}).get("results") or []]
+
+
+def allocated_refs(claim: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    return [ref for ref, _ in allocated(claim)]
 
 
 def reserved_for(claim: Mapping[str, Any]) -> list[str]:

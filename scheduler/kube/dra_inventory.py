@@ -8,7 +8,8 @@ Only the newest generation of a pool counts (a driver replaces a pool by bumping
 
 The claims' ``status.allocation`` is the source of truth for which devices are taken: the cache
 charges every allocated claim (``ClusterCache``), so a restarted scheduler hands out no device twice.
-Devices with a ``NoSchedule`` or ``NoExecute`` taint take no new claims.
+Devices with a ``NoSchedule`` or ``NoExecute`` taint take no new claims: a taint in the slice, or one a
+DeviceTaintRule (``resource.k8s.io/v1beta2``, where served) puts on the device.
 """
 
 from __future__ import annotations
@@ -43,6 +44,17 @@ class Device:
     tainted: bool  # NoSchedule/NoExecute, or its pool is being republished: no new allocation
     profile: str = ""
     consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()  # (counter set, ((counter, amount), ...))
+    shareable: bool = False  # allowMultipleAllocations: claims may take memory shares of it
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.facts.capacity.get(f"{self.driver}/{dra.CAP_MEMORY}", 0))
+
+    def share_milli(self, used_bytes: int) -> int:
+        """The compute a memory share takes of the GPU slot in the core's model: its fraction of the memory,
+        rounded up (so the model never holds less than the claims do)."""
+        mem = self.memory_bytes
+        return 1000 if mem <= 0 else min(1000, max(1, -(-used_bytes * 1000 // mem)))
 
     @property
     def ref(self) -> tuple[str, str, str]:
@@ -69,12 +81,20 @@ def _qualified(values: Mapping[str, Any], driver: str) -> dict[str, Any]:
     return {k if "/" in k else f"{driver}/{k}": v for k, v in values.items()}
 
 
-def device_of(driver: str, pool: str, node: str, d: dra.DeviceView, incomplete: bool = False) -> Device:
+def _ruled(rule: dra.TaintRuleView, driver: str, pool: str, name: str) -> bool:
+    return all(want is None or want == have for want, have in ((rule.driver, driver), (rule.pool, pool),
+                                                                (rule.device, name)))
+
+
+def device_of(driver: str, pool: str, node: str, d: dra.DeviceView, incomplete: bool = False,
+              rules: Mapping[str, dra.TaintRuleView] | None = None) -> Device:
     facts = DeviceFacts(driver, _qualified(d.attributes, driver),
                         {k: float(v) for k, v in _qualified(d.capacity, driver).items()})
     consumes = tuple((cs, tuple(sorted(counters.items()))) for cs, counters in sorted(d.consumes_counters.items()))
     return Device(driver, pool, d.name, node, facts, d.type, d.uuid or "", d.parent_uuid or "",
-                  incomplete or not d.schedulable, d.profile or "", consumes)
+                  incomplete or not d.schedulable or any(
+                      r.taint.effect in ("NoSchedule", "NoExecute") and _ruled(r, driver, pool, d.name)
+                      for r in (rules or {}).values()), d.profile or "", consumes, d.shareable)
 
 
 def _minor_order(name: str) -> tuple:
@@ -127,6 +147,7 @@ class DraInventory:
         self.nodes: dict[str, NodeGpus] = {}
         self.devices: dict[tuple[str, str, str], Device] = {}
         self.counters: dict[tuple[str, str, str], dict[str, int]] = {}  # (driver, pool, counter set) -> amounts
+        self.rules: dict[str, dra.TaintRuleView] = {}  # DeviceTaintRules by name
         self._by_node: dict[str, set[str]] = {}  # node -> its slices' names (a node is rebuilt alone)
         self._node_keys: dict[str, tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]] = {}
         # What a set of requests matches over all devices (scheduler.kube.dra_claims), until the devices change:
@@ -157,6 +178,34 @@ class DraInventory:
             self._rebuild(node)
         return touched
 
+    def sync_rules(self, items: list[dict[str, Any]]) -> set[str]:
+        """All DeviceTaintRules anew; the nodes rebuilt (all: a rule may name any device)."""
+        self.rules = {}
+        for obj in items:
+            self._read_rule(obj)
+        return self._rebuild_all()
+
+    def rule_event(self, kind: str, obj: dict[str, Any]) -> set[str]:
+        self.rules.pop((obj.get("metadata") or {}).get("name", ""), None)
+        if kind != "DELETED":
+            self._read_rule(obj)
+        return self._rebuild_all()
+
+    def _read_rule(self, obj: dict[str, Any]) -> None:
+        try:
+            rule = dra.parse_taint_rule(obj)
+        except dra.SliceInvalid as exc:
+            name = (obj.get("metadata") or {}).get("name", "?") if isinstance(obj, dict) else "?"
+            log.error("DeviceTaintRule %s is left out: %s", name, exc)
+            return
+        self.rules[rule.name] = rule
+
+    def _rebuild_all(self) -> set[str]:
+        nodes = set(self._by_node)
+        for node in nodes:
+            self._rebuild(node)
+        return nodes
+
     def _read(self, obj: dict[str, Any]) -> None:
         try:
             view = dra.parse_slice(obj)
@@ -179,7 +228,7 @@ class DraInventory:
         # A pool being republished (fewer slices of its newest generation than it announces) keeps its devices
         # in the model but hands none out, as kube-scheduler's allocator does.
         partial = dra.incomplete_pools(mine)
-        devices = [device_of(driver, pool, node, d, (driver, pool) in partial)
+        devices = [device_of(driver, pool, node, d, (driver, pool) in partial, self.rules)
                    for (driver, pool), views in dra.pool_devices(mine).items() for d in views]
         newest: dict[tuple[str, str], int] = {}
         for s in mine:

@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from plumbing.kube.api import Informer, KubeApi, WatchSpec, wait_synced
 from scheduler.feed import StateView
 from scheduler.kube.binder import Binder
@@ -51,6 +53,21 @@ log = logging.getLogger(__name__)
 
 INBOX = 10_000  # informer changes not yet applied; a full inbox blocks the watches
 
+
+
+TAINT_RULES = ("resource.k8s.io", "v1beta2", "devicetaintrules")
+
+
+def _serves_taint_rules(custom: Any) -> bool:
+    """Whether the apiserver serves DeviceTaintRules (beta and off by default on 1.36): a watch of an API not
+    served would only fail, again and again."""
+    try:
+        found = custom.get_api_resources(*TAINT_RULES[:2])
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return any(r.name == TAINT_RULES[2] for r in found.resources or [])
 
 class LiveScheduler:
     def __init__(self, api: KubeApi, settings: SchedulerSettings, view: StateView | None = None,
@@ -114,6 +131,12 @@ class LiveScheduler:
             specs += [WatchSpec("deviceclasses", dra.list_device_class),
                       WatchSpec("resourceslices", dra.list_resource_slice),
                       WatchSpec("resourceclaims", dra.list_resource_claim_for_all_namespaces)]
+            if await asyncio.to_thread(_serves_taint_rules, custom):
+                specs.append(WatchSpec("devicetaintrules", lambda **kw: custom.list_cluster_custom_object(
+                    *TAINT_RULES, **kw)))
+            else:
+                log.info("DeviceTaintRules are not served (gate DRADeviceTaintRules, resource.k8s.io/%s): only the "
+                         "slices' device taints keep claims off devices", TAINT_RULES[1])
         for spec in specs:
             self._informers.append(Informer(spec, self._on_sync(spec.name), self._on_event(spec.name)).start())
         await asyncio.to_thread(wait_synced, self._informers, sync_timeout_s)
@@ -209,6 +232,9 @@ class LiveScheduler:
             self.passes.nodes_changed()
         elif name == "resourceclaims":
             self.cache.sync_claims(obj) if kind == "SYNC" else self.cache.claim_event(kind, obj)
+        elif name == "devicetaintrules":
+            self.cache.sync_taint_rules(obj) if kind == "SYNC" else self.cache.taint_rule_event(kind, obj)
+            self.passes.nodes_changed()
 
     # ------------------------------------------------------------------ the pass and periodic work
     def schedule_once(self) -> None:

@@ -69,3 +69,12 @@ async def test_the_sim_nodes_gpus_are_published_as_nvidia_shaped_slices(cp):
         assert all(d.type == dra.TYPE_GPU and d.product_name for d in view.devices)
     # A restart with the same GPUs writes nothing.
     assert not publisher.publish(cores[0].node, node_gpus(cores[0])).changed
+
+
+async def test_with_resource_slices_shareable_the_gpus_allow_multiple_allocations(cp):
+    scenario = load_scenario("baseline").model_copy(update={"nodes": 1})
+    (core,) = [AgentCore(c, SamplingPolicy()) for c in SimCluster(scenario).collectors()]
+    publisher = SlicePublisher(config.new_client_from_config(str(cp.kubeconfig)))
+    await asyncio.wait_for(publish_until_done(publisher, [core], asyncio.Event(), retry_s=0.1, shareable=True), 60)
+    (view,) = [dra.parse_slice(s) for s in publisher.current(core.node)]
+    assert view.devices and all(d.shareable for d in view.devices)

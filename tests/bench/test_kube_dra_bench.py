@@ -111,3 +111,14 @@ def test_a_tiny_run_on_the_real_control_plane_allocates_every_bound_pods_claim_o
         assert figures["devices_allocated_twice"] == 0, (mode, figures)
         assert figures["pending"] == 0, (mode, figures)  # seed 4: the 12 pods ask for <= 1 GPU each (12 GPUs)
         assert 0.0 <= figures["unallocated_gpu_pct"] < 100.0, (mode, figures)
+
+
+def test_a_tiny_run_with_memory_fractions_shares_gpus_in_both_modes_without_over_committing_one(traces):
+    need(find_binaries, BinariesMissing)
+    result = run_dra_bench(str(OPENB_NODES), str(OPENB_PODS), burst=8, rate=4.0, seconds=1.0, seed=4,
+                           budgets=("raised",), node_count=6, fraction="memory")
+    for mode, figures in result["runs"]["raised"]["modes"].items():
+        assert figures["create_errors"] == [] and figures["pending"] == 0, (mode, figures)
+        # The apiserver's account: shares of one GPU never add up to more than its memory, every bound pod allocated.
+        assert figures["devices_allocated_twice"] == 0, (mode, figures)
+        assert figures["bound_pods_without_allocation"] == 0, (mode, figures)

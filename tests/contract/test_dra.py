@@ -184,3 +184,17 @@ def test_a_pool_with_slices_missing_is_incomplete():
     other = dra.parse_slice(dra.resource_slice("n", shared_counters=[dra.gpu_counter_set(0, 1, A100_PARTS)],
                                                generation=2, slice_count=2))
     assert dra.incomplete_pools([older, one_of_two, other]) == set()
+
+
+def test_a_shareable_gpu_allows_multiple_allocations_and_reads_back_so():
+    d = dra.gpu_device(0, uuid="GPU-s-0", product_name="NVIDIA H100 80GB HBM3", memory_bytes=80 * 2**30,
+                       shareable=True)
+    assert d["allowMultipleAllocations"] is True
+    (view,) = dra.parse_slice(dra.resource_slice("s", [d])).devices
+    assert view.shareable
+    with pytest.raises(ValueError, match="shareable"):
+        dra.gpu_device(0, uuid="GPU-s-0", product_name="NVIDIA A100-SXM4-80GB", memory_bytes=80 * 2**30,
+                       shareable=True, partitions=(dra.MigPartition("1g.10gb", 19, 0, 1, 9856 * 2**20, 14),))
+    bad = dra.resource_slice("s", [dict(d, allowMultipleAllocations="yes")])
+    with pytest.raises(dra.SliceInvalid, match="allowMultipleAllocations"):
+        dra.parse_slice(bad)

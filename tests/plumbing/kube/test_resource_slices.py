@@ -224,3 +224,21 @@ def test_the_examples_nvlink_claim_gets_two_gpus_of_one_island(scheduling_cp):
     _until(lambda: _pod_state(cp, "linked") == "placed", "the linked-GPU claim allocated")
     claim = json.loads(cp.kubectl("get", "resourceclaim", "linked", "-n", "default", "-o", "json").stdout)
     assert sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"]) == ["gpu-1", "gpu-2"]
+
+
+def test_slices_are_owned_by_their_node_and_follow_a_recreated_one(cp, publisher):
+    """As DRA drivers' kubelet plugins publish them: the Node owns its slices (the garbage collector deletes them
+    with it); without a Node there is no owner to name; a Node recreated under its name owns them anew."""
+    gpus = [NodeGpu(0, "GPU-own-0", "NVIDIA H100 80GB HBM3", 80 * 2**30)]
+    publisher.publish("own-a", gpus)
+    assert all(not s["metadata"].get("ownerReferences") for s in publisher.current("own-a"))
+    uids = []
+    for _ in range(2):
+        cp.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "own-a"}})
+        uids.append(json.loads(cp.kubectl("get", "node", "own-a", "-o", "json").stdout)["metadata"]["uid"])
+        assert publisher.publish("own-a", gpus).changed
+        assert [s["metadata"]["ownerReferences"] for s in publisher.current("own-a")] == [[
+            {"apiVersion": "v1", "kind": "Node", "name": "own-a", "uid": uids[-1], "controller": True}]]
+        assert not publisher.publish("own-a", gpus).changed  # the same owner: nothing to write
+        cp.kubectl("delete", "node", "own-a")
+    assert uids[0] != uids[1]

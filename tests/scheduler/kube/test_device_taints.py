@@ -21,8 +21,9 @@ from scheduler.kube import device_taints
 from scheduler.kube.calls import ApiCalls
 from scheduler.kube.device_taints import DeviceTaints, gpu_devices
 from scheduler.metrics import SchedulerStats
+from scheduler.settings import SchedulerSettings
 from tests.contract.nvidia_slices import a100_static_mig_node, h100_node
-from tests.support import REPO, need
+from tests.support import REPO, live_scheduler, need, wait_for
 
 GATES = {"DRADeviceTaintRules": True}
 RUNTIME = ["--runtime-config=resource.k8s.io/v1beta2=true"]
@@ -49,13 +50,13 @@ def kwok_node(cp: KubeControlPlane, name: str) -> None:
                          "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"}}})
 
 
-def claim_and_pod(cp: KubeControlPlane, name: str) -> None:
+def claim_and_pod(cp: KubeControlPlane, name: str, scheduler: str = "default-scheduler") -> None:
     cp.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
               "metadata": {"name": name, "namespace": "default"},
               "spec": {"devices": {"requests": [
                   {"name": "gpu", "exactly": {"deviceClassName": dra.DEVICE_CLASS_GPU}}]}}})
     cp.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-              "spec": {"tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+              "spec": {"schedulerName": scheduler, "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
                        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
                        "containers": [{"name": "c", "image": "registry.invalid/x:1",
                                        "resources": {"claims": [{"name": "gpu"}]}}]}})
@@ -177,3 +178,34 @@ async def test_health_reactions_taint_a_critical_gpu_and_lift_it_when_it_recover
 
     await wait_for(passing, what="validated and back in service")
     await wait_for(lambda: rules() == set(), what="the taint lifted")
+
+
+async def test_gpuaware_keeps_claims_off_devices_a_rule_taints_and_uses_them_once_it_is_lifted(cp, api_client):
+    """gpuaware's allocator reads the DeviceTaintRules (served here): GPU 0 tainted, the first claim gets
+    GPU 1, the second waits, and it gets GPU 0 once the rule is gone."""
+    for crd in ("gpuqueues", "gpuworkloads"):  # what gpuaware's scheduler watches besides
+        cp.kubectl("apply", "-f", str(REPO / "deploy/base/crds" / f"gpuaware.io_{crd}.yaml"))
+        cp.kubectl("wait", "--for=condition=Established", f"crd/{crd}.gpuaware.io", "--timeout=60s")
+    kwok_node(cp, "kw-rules")
+    SlicePublisher(api_client).publish("kw-rules", [NodeGpu(g, f"GPU-ru-{g}", "NVIDIA H100 80GB HBM3", 80 * 2**30)
+                                                    for g in range(2)])
+    taints = DeviceTaints(api_client)
+    assert taints.taint("kw-rules", 0, "critical") == 1
+    for name in ("ru-a", "ru-b"):
+        claim_and_pod(cp, name, scheduler="gpuaware")
+    settings = SchedulerSettings(pass_interval_s=0.02, extender_port=0, unqueued="allow", dra=True)
+    async with live_scheduler(KubeApi(api_client), settings) as live:
+        await wait_for(lambda: get(cp, "pod", "ru-a", "-n", "default")["spec"].get("nodeName") == "kw-rules",
+                       30, "the first pod placed", poll_s=0.2)
+        assert next(iter(live.cache.dra.inventory.rules.values())).pool == "kw-rules"
+        await wait_for(lambda: "default/ru-b" in live.cache.pending, 10, "the second pod waiting")
+        for _ in range(3):
+            live.schedule_once()
+            await wait_for(lambda: len(live.tasks) == 0, 30, "the pass's tasks done")
+        assert not get(cp, "pod", "ru-b", "-n", "default")["spec"].get("nodeName")
+        assert taints.lift("kw-rules", 0) == 1
+        await wait_for(lambda: get(cp, "pod", "ru-b", "-n", "default")["spec"].get("nodeName") == "kw-rules",
+                       30, "the second pod placed once the rule is gone", poll_s=0.2)
+    devices = [get(cp, "resourceclaim", n, "-n", "default")["status"]["allocation"]["devices"]["results"][0]["device"]
+               for n in ("ru-a", "ru-b")]
+    assert devices == ["gpu-1", "gpu-0"]

@@ -10,7 +10,7 @@ import pytest
 from contract import dra
 from gpuaware.local.fake_apiserver import make_node
 from scheduler.kube.cache import ClusterCache
-from scheduler.kube.dra_claims import ClaimsNotReady, UnsupportedClaim, ask_of, pick
+from scheduler.kube.dra_claims import ClaimsNotReady, UnsupportedClaim, allocated, allocation_status, ask_of, pick
 from scheduler.kube.dra_inventory import DraInventory
 from scheduler.kube.objects import PodSpecError
 
@@ -186,3 +186,46 @@ def test_a_pool_being_republished_hands_out_nothing_until_all_its_slices_are_the
     assert inv.nodes["m"].gpus[0].tainted and all(m.tainted for m in inv.nodes["m"].migs)
     inv.event("ADDED", counters)
     assert not inv.nodes["m"].gpus[0].tainted and not any(m.tainted for m in inv.nodes["m"].migs)
+
+
+def shareable(node: str, n: int, memory: int = 80 * GB) -> dict[str, Any]:
+    return dra.resource_slice(node, [dra.gpu_device(i, uuid=f"GPU-{node}-{i}", product_name="NVIDIA H100 80GB HBM3",
+                                                    memory_bytes=memory, shareable=True) for i in range(n)])
+
+
+def test_a_memory_request_on_shareable_gpus_is_a_share_of_the_smallest_and_written_with_a_share_id():
+    inv = inventory(shareable("s", 2), shareable("t", 1, memory=40 * GB))
+    c = claim("c", exactly(capacity={"requests": {"memory": "10Gi"}}))
+    c["metadata"]["uid"] = "u1"
+    ask = ask_of(pod("c"), claims(c), CLASSES, inv)
+    assert (ask.kind, ask.num_gpu, ask.gpu_milli) == ("share", 1, 250)  # 10 of the smallest's 40 GiB
+    free = {"gpu-0": False, "gpu-1": True}  # what the claims leave of each GPU's memory
+    slots, picked = pick(ask, inv.nodes["s"], [0], [0, 1], set(), lambda d: free[d.name])
+    assert slots == [1] and [d.name for _, d in picked] == ["gpu-1"]
+    (result,) = allocation_status(c, "s", picked, pod("c"))["status"]["allocation"]["devices"]["results"]
+    assert result["consumedCapacity"] == {"memory": str(10 * GB)} and result["shareID"]
+    assert allocated(c | {"status": {"allocation": {"devices": {"results": [result]}}}}) == [
+        (("gpu.nvidia.com", "s", "gpu-1"), 10 * GB)]
+
+
+def test_a_memory_request_on_gpus_that_do_not_allow_sharing_takes_a_whole_gpu():
+    inv = inventory(dra.resource_slice("w", gpus("w", 2)))
+    ask = ask_of(pod("c"), claims(claim("c", exactly(capacity={"requests": {"memory": "10Gi"}}))), CLASSES, inv)
+    assert (ask.kind, ask.gpu_milli) == ("gpu", 1000)
+
+
+def test_two_memory_shares_in_one_pod_are_refused():
+    inv = inventory(shareable("s", 2))
+    two = claim("c", exactly(count=2, capacity={"requests": {"memory": "10Gi"}}))
+    with pytest.raises(UnsupportedClaim, match="2 memory shares requested"):
+        ask_of(pod("c"), claims(two), CLASSES, inv)
+
+
+def test_a_shareable_gpu_taken_whole_is_written_as_a_share_of_all_its_memory():
+    inv = inventory(shareable("s", 1))
+    c = claim("c", exactly())
+    ask = ask_of(pod("c"), claims(c), CLASSES, inv)
+    assert ask.kind == "gpu"
+    _, picked = pick(ask, inv.nodes["s"], [0], [0], set(), lambda d: True)
+    (result,) = allocation_status(c, "s", picked, pod("c"))["status"]["allocation"]["devices"]["results"]
+    assert result["consumedCapacity"] == {"memory": str(80 * GB)} and result["shareID"]

@@ -14,6 +14,11 @@ own (each test's DeviceClass selects a test-group attribute of its own devices).
 - a selector in CEL gpuaware does not evaluate: the pod is left alone with the reason as an Event;
 - a GPUQueue's per-model quota counts claimed GPUs;
 - a pod whose claims were written before a restart cut its Binding short is bound where they say;
+- memory shares of GPUs that allow multiple allocations (consumable capacity): the apiserver takes them
+  (shareID, consumedCapacity), no GPU's memory is over-committed across claims nor after a restart, and a
+  whole-GPU claim does not get a shared GPU;
+- the delete-protection finalizer: a claim deleted while allocated stays, allocation and all, and its
+  device is not handed out again (nor is a claim being deleted allocated);
 - MIG partitions (partitionable devices, A's publisher): the apiserver takes them, and no two handed out
   share a memory slice (the pool's shared counters).
 
@@ -37,6 +42,7 @@ from contract import dra
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
 from plumbing.kube.api import KubeApi
 from plumbing.kube.resource_slices import NodeGpu, node_slices
+from scheduler.kube import dra_claims
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
 from tests.support import RBAC_KINDS, live_scheduler, need, overlay_with, wait_for
@@ -92,9 +98,10 @@ def node(cp: KubeControlPlane, name: str, group: str) -> None:
 
 
 def gpu_slice(cp: KubeControlPlane, name: str, product: str = "NVIDIA H100 80GB HBM3", gpus: int = 8,
-              islands: int = 2, memory: int = 80 * GB, group: str = "") -> None:
+              islands: int = 2, memory: int = 80 * GB, group: str = "", shareable: bool = False) -> None:
     devices = [dra.gpu_device(i, uuid=f"GPU-{name}-{i}", product_name=product, memory_bytes=memory,
-                              architecture="Hopper", nvlink_island=i * islands // gpus) for i in range(gpus)]
+                              architecture="Hopper", nvlink_island=i * islands // gpus, shareable=shareable)
+               for i in range(gpus)]
     for d in devices:  # the test's group, so that each test's DeviceClass selects its own devices only
         d["attributes"]["gpu.gpuaware.io/testGroup"] = {"string": group}
     r = client.ResourceV1Api(admin(cp))
@@ -229,7 +236,8 @@ async def test_a_claim_allocated_by_someone_else_meanwhile_is_a_conflict_and_the
         assert "default/contested" in live.cache.pending
         live.schedule_once()  # places on what the stale claim says is free
         await wait_for(lambda: live.stats.decisions[("DROP", "claim-conflict")] == 1, 10, "the 409")
-        assert live.stats.api_errors[("update-claim-status", 409)] == 1
+        assert live.stats.api_errors[("update-claim", 409)] == 1  # the finalizer write, the first with its version
+    assert dra_claims.FINALIZER not in (read(cp, "resourceclaim", "contested")["metadata"].get("finalizers") or [])
     assert not read(cp, "pod", "contested")["spec"].get("nodeName")
     assert [r["device"] for r in results(read(cp, "resourceclaim", "contested"))] == ["gpu-1"]
 
@@ -348,3 +356,83 @@ async def test_a_lasting_refusal_of_the_claim_write_leaves_the_pod_alone_instead
             await wait_for(lambda: len(live.tasks) == 0, 30, "the pass's tasks done")
         assert live.stats.api_errors[("update-claim-status", 422)] == 1
     assert not read(cp, "pod", "nobind")["spec"].get("nodeName")
+
+
+async def test_a_claim_deleted_while_allocated_keeps_its_device_until_it_is_deallocated(cp):
+    """kube-scheduler's delete-protection finalizer: gpuaware puts it on before the allocation, so deleting
+    the claim of a running pod leaves the claim (deletionTimestamp set) and its allocation in the API."""
+    node(cp, "dra-d", "delete")
+    gpu_slice(cp, "dra-d", gpus=1, islands=1, group="delete")
+    cls = device_class(cp, "delete")
+    claim(cp, "kept", cls)
+    pod(cp, "kept", ["kept"])
+    async with scheduler(cp):
+        await bound(cp, "kept")
+    kept = read(cp, "resourceclaim", "kept")
+    assert kept["metadata"]["finalizers"] == [dra_claims.FINALIZER]
+    cp.kubectl("delete", "resourceclaim", "kept", "-n", "default", "--wait=false")
+    kept = read(cp, "resourceclaim", "kept")
+    assert kept["metadata"].get("deletionTimestamp") and [r["device"] for r in results(kept)] == ["gpu-0"]
+    claim(cp, "after", cls)
+    pod(cp, "after", ["after"])
+    async with scheduler(cp) as live:  # restarted: the deleted claim still holds the node's only GPU
+        await wait_for(lambda: "default/after" in live.cache.pending and "default/kept" in live.cache.dra.claims,
+                       10, "the pod and the claim read")
+        for _ in range(3):
+            live.schedule_once()
+            await wait_for(lambda: len(live.tasks) == 0, 30, "the pass's tasks done")
+        assert not read(cp, "pod", "after")["spec"].get("nodeName")
+        # A pod whose claim is being deleted waits with that reason, and its claim is not allocated.
+        pod(cp, "late", ["kept"])
+        await wait_for(lambda: "default/late" in live.cache.rejected, 10, "the late pod left waiting")
+        assert "ResourceClaim default/kept is being deleted" in live.cache.rejected["default/late"].reason
+    assert [r["device"] for r in results(read(cp, "resourceclaim", "kept"))] == ["gpu-0"]
+    assert not results(read(cp, "resourceclaim", "after"))
+
+
+async def test_memory_shares_of_shareable_gpus_are_packed_without_over_committing_a_gpu(cp):
+    node(cp, "dra-sh", "share")
+    gpu_slice(cp, "dra-sh", gpus=2, islands=1, group="share", shareable=True)
+    cls = device_class(cp, "share")
+    for i in range(5):  # 30 GiB each on two 80 GiB GPUs: two per GPU, the fifth waits
+        claim(cp, f"sh{i}", cls, capacity={"memory": "30Gi"})
+        pod(cp, f"sh{i}", [f"sh{i}"])
+
+    def placed(names: list[str]) -> list[str]:
+        return [n for n in names if read(cp, "pod", n)["spec"].get("nodeName")]
+
+    async def passes(live: LiveScheduler) -> None:
+        for _ in range(3):
+            live.schedule_once()
+            await wait_for(lambda: len(live.tasks) == 0, 30, "the pass's tasks done")
+
+    first = [f"sh{i}" for i in range(5)]
+    async with scheduler(cp) as live:
+        await wait_for(lambda: len(placed(first)) == 4, 30, "four shares placed", poll_s=0.2)
+        claim(cp, "sh-whole", cls)  # a whole GPU: both are shared, so it waits
+        pod(cp, "sh-whole", ["sh-whole"])
+        await wait_for(lambda: "default/sh-whole" in live.cache.pending, 10, "the whole-GPU pod waiting")
+        await passes(live)
+        assert len(placed(first)) == 4 and not placed(["sh-whole"])
+    # The waiting pods go (a waiting whole-GPU pod would have the node kept for it), then a new process, with
+    # only the claims to go by: 20 GiB fits beside two 30 GiB shares, another 30 GiB nowhere.
+    for name in [*set(first) - set(placed(first)), "sh-whole"]:
+        cp.kubectl("delete", "pod", name, "-n", "default", "--wait=false")
+    claim(cp, "sh-small", cls, capacity={"memory": "20Gi"})
+    pod(cp, "sh-small", ["sh-small"])
+    async with scheduler(cp) as live:
+        await bound(cp, "sh-small")
+        claim(cp, "sh-more", cls, capacity={"memory": "30Gi"})
+        pod(cp, "sh-more", ["sh-more"])
+        await wait_for(lambda: "default/sh-more" in live.cache.pending, 10, "the last share waiting")
+        await passes(live)
+        assert not placed(["sh-more"])
+    used: dict[str, int] = {}
+    ids = []
+    for name in [*first, "sh-small", "sh-more", "sh-whole"]:
+        for r in results(read(cp, "resourceclaim", name)):
+            assert r["pool"] == "dra-sh" and r["shareID"] and r["consumedCapacity"]["memory"], r
+            used[r["device"]] = used.get(r["device"], 0) + int(r["consumedCapacity"]["memory"])
+            ids.append(r["shareID"])
+    assert sorted(used.values()) == [60 * GB, 80 * GB], used  # never more than a GPU's 80 GiB
+    assert len(ids) == 5 == len(set(ids))
