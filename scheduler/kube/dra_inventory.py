@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from contract import dra
 from scheduler.kube.dra_cel import DeviceFacts
 from scheduler.kube.objects import short_model
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 MIG_SLICE_MILLI = 143  # one of seven compute slices (scheduler.core.cluster.MIG_SLICE_MILLI)
@@ -192,13 +193,8 @@ class DraInventory:
         return self._rebuild_all()
 
     def _read_rule(self, obj: dict[str, Any]) -> None:
-        try:
-            rule = dra.parse_taint_rule(obj)
-        except dra.SliceInvalid as exc:
-            name = (obj.get("metadata") or {}).get("name", "?") if isinstance(obj, dict) else "?"
-            log.error("DeviceTaintRule %s is left out: %s", name, exc)
-            return
-        self.rules[rule.name] = rule
+        if (rule := _parsed("DeviceTaintRule", dra.parse_taint_rule, obj)) is not None:
+            self.rules[rule.name] = rule
 
     def _rebuild_all(self) -> set[str]:
         nodes = set(self._by_node)
@@ -207,11 +203,7 @@ class DraInventory:
         return nodes
 
     def _read(self, obj: dict[str, Any]) -> None:
-        try:
-            view = dra.parse_slice(obj)
-        except dra.SliceInvalid as exc:
-            name = (obj.get("metadata") or {}).get("name", "?") if isinstance(obj, dict) else "?"
-            log.error("ResourceSlice %s is left out: %s", name, exc)
+        if (view := _parsed("ResourceSlice", dra.parse_slice, obj)) is None:
             return
         self.slices[view.name] = view
         if view.node:
@@ -267,3 +259,13 @@ class DraInventory:
             if any(used.get(c, 0) + a > total.get(c, 0) for c, a in wants):
                 return False
         return True
+
+
+def _parsed(kind: str, parse: Callable[[dict[str, Any]], T], obj: dict[str, Any]) -> T | None:
+    """``parse(obj)``, or None with the object's name and the reason logged: one bad object never blinds the rest."""
+    try:
+        return parse(obj)
+    except dra.SliceInvalid as exc:
+        name = (obj.get("metadata") or {}).get("name", "?") if isinstance(obj, dict) else "?"
+        log.error("%s %s is left out: %s", kind, name, exc)
+        return None

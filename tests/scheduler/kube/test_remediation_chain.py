@@ -12,8 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
-from kubernetes import client, config
 
 from contract import annotations
 from contract.events import DecisionAction, GpuState, HealthAction, HealthBand, HealthVerdict, NodeGpu, NodeState
@@ -30,7 +28,8 @@ from scheduler.kube.evictor import Evictor
 from scheduler.kube.health import HealthReactions
 from scheduler.kube.live_state import LiveGpuState
 from scheduler.settings import SchedulerSettings
-from tests.support import REPO, need, shipped_rbac
+from tests.real_kube import api_client, prepare
+from tests.support import need, shipped_rbac
 
 NS = "gpuaware"
 SETTINGS = SchedulerSettings(checkpoint_timeout_s=0.0, eviction_retry_s=0.05, eviction_timeout_s=2.0,
@@ -41,21 +40,15 @@ SETTINGS = SchedulerSettings(checkpoint_timeout_s=0.0, eviction_retry_s=0.05, ev
 def cp() -> Iterator[KubeControlPlane]:
     need(find_binaries, BinariesMissing)
     with KubeControlPlane(scheduler=False, kwok=False) as plane:
-        for ns in (NS, "train", "serve", "keep"):
+        prepare(plane, shipped_rbac(plane))
+        for ns in ("train", "serve", "keep"):
             plane.create_namespace(ns)
-        for path in sorted((REPO / "deploy" / "base" / "crds").glob("*.yaml")):
-            plane.kubectl("apply", "-f", str(path))
-        plane.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-        plane.apply(yaml.safe_dump_all(shipped_rbac(plane)))
         yield plane
 
 
 @pytest.fixture(scope="module")
 def api(cp) -> KubeApi:
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(cp.serviceaccount_kubeconfig(NS, "gpuaware-scheduler", create=False)),
-                            client_configuration=cfg)
-    return KubeApi(client.ApiClient(cfg))
+    return KubeApi(api_client(cp.serviceaccount_kubeconfig(NS, "gpuaware-scheduler", create=False)))
 
 
 def _get(cp: KubeControlPlane, *args: str) -> dict[str, Any]:
