@@ -300,3 +300,18 @@ async def test_another_schedulers_pod_on_the_failing_gpu_is_evicted_before_the_r
                         if not p["metadata"].get("deletionTimestamp")}
     finally:
         calls.shutdown()
+
+
+def test_a_malformed_gpu_pods_annotation_is_logged_with_field_and_reason_once_and_ignored(cp, api, stats, tasks,
+                                                                                         caplog):
+    _node(cp, "f1", gpus=2)
+    cp.kubectl("annotate", "node", "f1", f"{annotations.ANN_GPU_PODS}={{\"0\": \"train/x\"}}")
+    _, health, _, calls, _ = _reactions(cp, api, stats, tasks, "f1")
+    try:
+        with caplog.at_level("WARNING", logger="scheduler.kube.health"):
+            assert health.gpu_pods("f1") is None  # ignored: the cache's charge decides, as without it
+            assert health.gpu_pods("f1") is None
+        (record,) = [r for r in caplog.records if annotations.ANN_GPU_PODS in r.getMessage()]
+        assert "GPU 0" in record.getMessage() and "is not a list of namespace/name" in record.getMessage()
+    finally:
+        calls.shutdown()
