@@ -16,6 +16,11 @@ The same round acknowledges power caps: when the caps NVML accepted on this node
 ``gpuaware.io/power-caps-applied`` annotation, the agent writes them there. Its ServiceAccount may
 patch only that annotation, and only on the node its token was issued on (an admission policy on
 the token's node claim, deploy/base/agent/rbac.yaml).
+
+And it publishes which pods hold which of its GPUs, from the kubelet's PodResources view, in the node's
+``gpuaware.io/gpu-pods`` annotation (written only when it changes; the same admission policy allows that key
+too): the scheduler knows the GPUs of the pods it placed, not those of other schedulers' pods, and its
+remediation chain must move those off a failing GPU before a reset is requested.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Callable, Sequence
 
 from agent.core import AgentCore
 from agent.exporter import AgentStats
+from agent.podresources import PodResourcesWatcher
 from contract import annotations
 from plumbing.kube.reach import api_configured
 
@@ -46,6 +52,7 @@ class CordonWatcher:
         self._resets_read: dict[str, dict[int, float]] = {}  # node -> the stamps of the last read
         self._resets_seen: dict[tuple[str, int], float] = {}  # (node, GPU) -> the stamp acted on
         self._bad_resets: set[str] = set()
+        self.pods: PodResourcesWatcher | None = None  # set when the kubelet's PodResources socket is there
 
     @classmethod
     def from_settings(cls, cores: Sequence[AgentCore], stats: AgentStats, api_server: str | None,
@@ -69,6 +76,7 @@ class CordonWatcher:
                 self._missing.discard(core.node)
                 self._read_resets(core.node, node)
                 self._acknowledge(core, node)
+                self._publish_pods(core, node)
             except ApiException as exc:
                 out[core.node] = None
                 if exc.status == 404:  # not a node of this cluster (a simulated one, or renamed)
@@ -105,6 +113,27 @@ class CordonWatcher:
         except (ApiException, *TRANSPORT_ERRORS) as exc:  # tried again next round
             self.stats.cordon_read_errors += 1
             log.warning("acknowledging power caps on %s failed: %s", core.node, exc)
+
+    def gpu_pods(self, core: AgentCore) -> dict[int, list[str]]:
+        """{GPU index: ["ns/name"]} of the pods PodResources says hold this core's GPUs."""
+        owners = self.pods.owners if self.pods is not None else {}
+        return {t.device.index: [f"{ns}/{name}" for name, ns, _ in owners.get(t.device.uuid, ())]
+                for t in core.tracks}
+
+    def _publish_pods(self, core: AgentCore, node: dict) -> None:
+        """Write the GPU -> pods map to the node's annotation, when it differs from what is there."""
+        from plumbing.kube.api import TRANSPORT_ERRORS, ApiException
+
+        if self.pods is None or not self.pods.available:
+            return  # no view: say nothing rather than "no pods"
+        value = annotations.gpu_pods_value(self.gpu_pods(core))
+        if (node["metadata"].get("annotations") or {}).get(annotations.ANN_GPU_PODS) == value:
+            return
+        try:
+            self.api.annotate_node(core.node, {annotations.ANN_GPU_PODS: value})
+        except (ApiException, *TRANSPORT_ERRORS) as exc:  # tried again next round
+            self.stats.cordon_read_errors += 1
+            log.warning("publishing the pods on the GPUs of %s failed: %s", core.node, exc)
 
     def apply(self, cordons: dict[str, set[int] | None]) -> None:
         for core in self.cores:

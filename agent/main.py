@@ -100,6 +100,8 @@ async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host:
     pods = PodResourcesWatcher(settings.pod_resources_socket).start()
     if pods.available:
         log.info("mapping GPUs to pods through %s", settings.pod_resources_socket)
+        if runtime.cordons is not None:
+            runtime.cordons.pods = pods
     # The simulator is its own kubelet: pods on the GPUs its scenario marks shared.
     sims = {c.cluster for c in collectors if isinstance(c, SimCollector)}
     attribution: PodAttribution = sims.pop().attribution() if sims else pods

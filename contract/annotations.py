@@ -23,6 +23,10 @@ ANN_POWER_CAPS_APPLIED = PREFIX + "power-caps-applied"
 # (answering GPUMaintenanceRequired: GPUResetRequired). NVML does not announce a reset done by another
 # process; this tells the node's agent, which judges those GPUs afresh (docs/health.md).
 ANN_GPU_RESETS = PREFIX + "gpu-resets"
+# On a Node, written by that node's agent from the kubelet's PodResources view: JSON {GPU index: ["ns/name", ...]},
+# the pods holding each GPU, whoever scheduled them. The scheduler's remediation chain moves them off a failing GPU
+# before a reset is requested (docs/health.md).
+ANN_GPU_PODS = PREFIX + "gpu-pods"
 ANN_CHECKPOINT_REQUEST = PREFIX + "checkpoint-requested"  # on a Pod: the time (RFC 3339) a checkpoint was asked
 ANN_CHECKPOINT_DONE = PREFIX + "checkpoint-done"  # on a Pod, written by the workload when its checkpoint is safe
 LABEL_PRODUCT = "nvidia.com/gpu.product"  # GPU Operator's GPU feature discovery
@@ -81,3 +85,29 @@ def gpu_resets(node: Mapping[str, Any]) -> dict[int, float]:
 
 def gpu_resets_value(resets: Mapping[int, float]) -> str:
     return json.dumps({str(g): round(t, 3) for g, t in sorted(resets.items())}, separators=(",", ":"))
+
+
+def gpu_pods(node: Mapping[str, Any]) -> dict[int, set[str]]:
+    """The pods a Node's annotation says hold each GPU, {GPU index: {"ns/name"}}; ValueError names what is wrong."""
+    raw = (node["metadata"].get("annotations") or {}).get(ANN_GPU_PODS) or ""
+    try:
+        parsed = json.loads(raw) if raw else {}
+    except ValueError as exc:
+        raise ValueError(f"annotation {ANN_GPU_PODS}: not JSON ({exc})") from exc
+    if not isinstance(parsed, dict):
+        raise ValueError(f"annotation {ANN_GPU_PODS}: want an object {{GPU index: [namespace/name]}}, got {raw[:80]!r}")
+    out: dict[int, set[str]] = {}
+    for k, v in parsed.items():
+        if not (isinstance(k, str) and k.isdigit()):
+            raise ValueError(f"annotation {ANN_GPU_PODS}: key {k!r} is not a GPU index")
+        if not isinstance(v, list) or not all(isinstance(p, str) and p.count("/") == 1 and "" not in p.split("/")
+                                              for p in v):
+            raise ValueError(f"annotation {ANN_GPU_PODS}: GPU {k}: {v!r} is not a list of namespace/name")
+        out[int(k)] = set(v)
+    return out
+
+
+def gpu_pods_value(pods: Mapping[int, Iterable[str]]) -> str | None:
+    """The annotation's value, sorted so that an unchanged map writes nothing; None (removed) when no GPU is held."""
+    held = {str(g): sorted(set(p)) for g, p in sorted(pods.items()) if p}
+    return json.dumps(held, separators=(",", ":")) if held else None

@@ -43,15 +43,16 @@ class Evictor:
     def evicting(self, key: str) -> bool:
         return key in self._evicting
 
-    async def evict(self, pod: dict[str, Any], r: Running, reason: str, event_reason: str,
+    async def evict(self, pod: dict[str, Any], r: Running | None, reason: str, event_reason: str,
                     checkpoint: bool = True) -> None:
         """Evict a claimed pod, writing ``event_reason`` (e.g. Preempted, Migrated) as its Event; ``checkpoint``
-        False skips the checkpoint request (a namespace whose eviction mode is ``evict``)."""
+        False skips the checkpoint request (a namespace whose eviction mode is ``evict``); ``r`` None: a pod the
+        cache does not charge (another scheduler's, named by its node's agent), never asked to checkpoint."""
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         key = objects.key(pod)
         api = self.calls.api
         try:
-            if checkpoint and r.workload.checkpointable and self.settings.checkpoint_timeout_s > 0:
+            if checkpoint and r is not None and r.workload.checkpointable and self.settings.checkpoint_timeout_s > 0:
                 asked = now_rfc3339()
                 await self.calls.call(api.annotate_pod, ns, name, {annotations.ANN_CHECKPOINT_REQUEST: asked})
                 await self.await_checkpoint(key, asked)

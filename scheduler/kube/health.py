@@ -12,6 +12,12 @@ After the cordon, the rest of the chain (scheduler.core.remediation: drained -> 
 validated -> back in service) advances on every state update of the GPU; what it says on the Node
 (conditions and a taint, scheduler.kube.node_conditions) is written when it changes. Each namespace's
 pods leave as its GPUQueue's ``evictionMode`` says (checkpoint-then-evict by default).
+
+The GPU's pods are those gpuaware placed on it (its annotation on the pod) and, for pods of other schedulers,
+those the node's agent says hold it (the Node's ``gpuaware.io/gpu-pods``, from the kubelet's PodResources):
+they are evicted the same way before a reset is requested, and "drained" waits for them too. Where the node has
+no such annotation (or a malformed one: logged, ignored), another scheduler's pod is judged by the GPUs the cache
+charged it, as before.
 """
 
 from __future__ import annotations
@@ -23,10 +29,12 @@ from collections.abc import Callable, Iterable, Mapping, Set
 
 from kubernetes.client.exceptions import ApiException
 
+from contract import annotations
 from contract.events import DecisionAction, GpuState, HealthAction, HealthBand, HealthVerdict
 from plumbing import observability
 from plumbing.kube.api import TRANSPORT_ERRORS, now_rfc3339
 from scheduler.core.breaker import QuarantineBreaker, RemediationLedger
+from scheduler.core.preemption import Running
 from scheduler.core.remediation import DEFAULT_EVICTION_MODE, Chain, EvictionMode, Next
 from scheduler.feed import StateView
 from scheduler.kube import node_conditions
@@ -72,6 +80,7 @@ class HealthReactions:
         self._node_drained: set[tuple[str, int]] = set()  # chains whose drain took the whole node (a reboot)
         self._not_ours: set[tuple[str, int]] = set()  # cordons no condition of ours explains (an operator's)
         self._lifted: set[tuple[str, int]] = set()  # returned to service; the cache may still show the cordon
+        self._bad_gpu_pods: dict[str, str] = {}  # node -> the malformed gpu-pods value already logged
 
     def react(self, where: Mapping[str, tuple[int, int]], changed: Set[str] | None = None,
               uuid_at: Callable[[int, int], str | None] | None = None) -> None:
@@ -217,11 +226,9 @@ class HealthReactions:
         self.tasks.spawn(self.sync_node(chain.node))
 
     def drained(self, chain: Chain) -> bool:
-        """No pod of ours holds the GPU (the whole node, for a reboot) or is still being evicted from it."""
-        i = self.cache.cluster.index.get(chain.node)
-        whole_node = chain.action == HealthAction.REBOOT_NODE
-        holding = any(r.allocation.node == i and (whole_node or chain.gpu in r.allocation.gpus)
-                      for r in self.cache.running.values())
+        """No pod (ours, or another scheduler's its agent names) holds the GPU (the whole node, for a reboot) or
+        is still being evicted from it."""
+        holding = self.holders(chain.node, chain.gpu, chain.action == HealthAction.REBOOT_NODE)
         return not holding and not any(map(self.evictor.evicting, self._moving.get((chain.node, chain.gpu), ())))
 
     async def return_to_service(self, chain: Chain) -> None:
@@ -319,35 +326,71 @@ class HealthReactions:
         queue = self.cache.queue_by_namespace.get(pod["metadata"].get("namespace", ""))
         return queue.eviction_mode if queue is not None else DEFAULT_EVICTION_MODE
 
-    async def migrate_off(self, node: str, gpu: int) -> None:
+    def gpu_pods(self, node: str) -> dict[int, set[str]] | None:
+        """What the node's agent says holds each GPU; None where it says nothing (or nothing readable)."""
+        n = self.cache.nodes.get(node) or {}
+        raw = (n.get("metadata", {}).get("annotations") or {}).get(annotations.ANN_GPU_PODS)
+        if raw is None:
+            return None
+        try:
+            return annotations.gpu_pods(n)
+        except ValueError as exc:
+            if self._bad_gpu_pods.get(node) != raw:  # said once per value, not on every state update
+                self._bad_gpu_pods[node] = raw
+                log.warning("node %s: %s; ignored (other schedulers' pods judged by the GPUs charged to them)",
+                            node, exc)
+            return None
+
+    def holders(self, node: str, gpu: int, whole_node: bool) -> dict[str, Running | None]:
+        """The pods holding ``gpu`` of ``node`` (every GPU for ``whole_node``): key -> what the cache charges it.
+
+        A pod gpuaware placed holds the GPUs its annotation names; another scheduler's pod, the GPUs the
+        node's agent names it on, where the agent said (the cache only guessed those)."""
         i = self.cache.cluster.index.get(node)
+        named = self.gpu_pods(node)
+        on_gpu = set().union(*named.values()) if named and whole_node else (named or {}).get(gpu, set())
+        out: dict[str, Running | None] = {}
+        for key, r in list(self.cache.running.items()):
+            if r.allocation.node != i:
+                continue
+            pod = self.cache.pods.get(key) or {}
+            ours = annotations.ANN_GPUS in (pod.get("metadata", {}).get("annotations") or {})
+            if whole_node or (gpu in r.allocation.gpus if ours or named is None else key in on_gpu):
+                out[key] = r
+        for key in sorted(on_gpu - out.keys()):  # not charged to the node (e.g. no GPU request the cache saw)
+            pod = self.cache.pods.get(key)
+            if pod is not None and pod.get("spec", {}).get("nodeName") == node:
+                out[key] = None
+        return out
+
+    async def migrate_off(self, node: str, gpu: int) -> None:
         chain = self.chains.get((node, gpu))
         whole_node = chain is not None and chain.action == HealthAction.REBOOT_NODE  # a reboot takes every GPU
         if whole_node:
             self._node_drained.add((node, gpu))
-        victims = [r for r in list(self.cache.running.values())
-                   if r.allocation.node == i and (whole_node or gpu in r.allocation.gpus)]
-        for r in victims:
-            pod = self.cache.pods.get(r.workload.id)
+        for key, r in self.holders(node, gpu, whole_node).items():
+            pod = self.cache.pods.get(key)
             if pod is None:
                 continue
             mode = self.eviction_mode(pod)
             if mode == EvictionMode.NEVER:
-                if r.workload.id not in self._spared:
-                    self._spared.add(r.workload.id)
+                if key not in self._spared:
+                    self._spared.add(key)
                     self.stats.decisions[("DEFER", "eviction-mode-never")] += 1
                     await self.calls.event(pod, "GpuUnhealthy", f"GPU {gpu} of {node} is taken out of service; "
                                            "its GPUQueue's evictionMode is never: the pod keeps running, and the "
                                            "GPU's reset or reboot waits for it to end", "Warning")
                 continue
-            if not self.evictor.claim(r.workload.id):
+            if not self.evictor.claim(key):
                 continue
-            self.cache.release(r.workload.id)
-            self._moving.setdefault((node, gpu), set()).add(r.workload.id)
+            if r is not None:
+                self.cache.release(key)
+            self._moving.setdefault((node, gpu), set()).add(key)
             checkpoint = mode == EvictionMode.CHECKPOINT_THEN_EVICT
             reason = f"GPU {gpu} of {node} turned critical: {'checkpoint and ' if checkpoint else ''}move"
             self.stats.decisions[("MIGRATE", "gpu-critical")] += 1
-            await self.sink.record(Outcome(r.workload.id, DecisionAction.MIGRATE, node, [reason]), r.workload)
+            await self.sink.record(Outcome(key, DecisionAction.MIGRATE, node, [reason]),
+                                   r.workload if r is not None else None)
             self.tasks.spawn(self.evictor.evict(pod, r, reason, "Migrated", checkpoint=checkpoint))
         # Every pod on the GPU is released from it and its checkpoint-and-evict under way.
         self.timeline.setdefault((node, gpu), {})["moved"] = time.time()

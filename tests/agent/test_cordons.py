@@ -183,3 +183,32 @@ def test_a_gpu_reset_stamped_on_the_node_is_judged_afresh_and_a_gpu_not_reset_ke
     tick_to(32)
     assert verdicts() == [bad, (HealthVerdict.PASS, HealthAction.NONE), bad]
     assert stats.cordon_read_errors == 0
+
+
+def test_the_pods_holding_each_gpu_are_published_on_the_node_only_when_they_change(kube, tmp_path):
+    """Issue 19: the scheduler cannot see which GPU another scheduler's pod holds; the agent publishes its
+    PodResources view on its own Node (the admission policy allows that key, tests/deploy/test_rbac.py)."""
+    from agent.podresources import PodResourcesWatcher
+
+    cores, _ = _core()
+    kube.create("nodes", make_node(cores[0].node, gpus=4))
+    api = kube.agent_api(cores[0].node)
+    watcher = CordonWatcher(cores[:1], api, AgentStats())
+    socket_path = tmp_path / "kubelet.sock"
+    socket_path.touch()  # the kubelet's socket is there; its answer is the map below
+    pods = PodResourcesWatcher(str(socket_path))
+    watcher.pods = pods
+    uuid = [d.uuid for d in cores[0].devices]
+    pods.owners = {uuid[1]: [("train", "team", "main")], uuid[3]: [("a", "infer", "c"), ("b", "infer", "c")]}
+
+    def published() -> dict[int, set[str]]:
+        return annotations.gpu_pods(api.read_node(cores[0].node))
+
+    watcher.apply(watcher.read())
+    assert published() == {1: {"team/train"}, 3: {"infer/a", "infer/b"}}
+    version = api.read_node(cores[0].node)["metadata"]["resourceVersion"]
+    watcher.apply(watcher.read())
+    assert api.read_node(cores[0].node)["metadata"]["resourceVersion"] == version  # unchanged: not written
+    pods.owners = {}
+    watcher.apply(watcher.read())
+    assert annotations.ANN_GPU_PODS not in (api.read_node(cores[0].node)["metadata"].get("annotations") or {})

@@ -208,6 +208,11 @@ def test_the_agent_reads_a_node_and_writes_only_its_own_nodes_cap_acknowledgemen
     api.annotate_node("agent-node", acked)
     assert annotations.power_caps(_get(cp, "node", "agent-node"), annotations.ANN_POWER_CAPS_APPLIED) == {0: 300}
     assert _status(api.annotate_node, "agent-other", acked) == 422  # another node
+    # Which pods hold which GPU (issue 19): its own node only, like the acknowledgement.
+    held = {annotations.ANN_GPU_PODS: annotations.gpu_pods_value({1: ["team/other-sched"]})}
+    api.annotate_node("agent-node", held)
+    assert annotations.gpu_pods(_get(cp, "node", "agent-node")) == {1: {"team/other-sched"}}
+    assert _status(api.annotate_node, "agent-other", held) == 422
     assert _status(api.core.patch_node, "agent-node", {"metadata": {"labels": {"x": "y"}}}) == 422
     assert _status(api.annotate_node, "agent-node", {annotations.ANN_CORDONED: ""}) == 422
     assert _status(api.core.patch_node, "agent-node", {"spec": {"unschedulable": True}}) == 422

@@ -261,3 +261,50 @@ async def test_a_new_leader_takes_over_the_open_chain_and_leaves_an_operators_co
         assert stats.mttr.sum > 86400  # out of service since the condition turned True, not since the takeover
     finally:
         calls.shutdown()
+
+
+async def test_another_schedulers_pod_on_the_failing_gpu_is_evicted_before_the_reset_request(cp, api, stats, tasks,
+                                                                                            wait_for):
+    """Issue 19: the node's agent names which pods hold which GPU (gpuaware.io/gpu-pods); the cache alone would
+    have guessed the first free GPUs (xa on GPU 0, xb on GPU 1): the agent says the opposite, and is believed."""
+    _node(cp, "f0", gpus=2)
+    for name in ("xa", "xb"):
+        pod = make_pod(name, "train", scheduler="default-scheduler")
+        del pod["spec"]["priority"]
+        pod["spec"]["nodeName"] = "f0"
+        cp.apply({"apiVersion": "v1", "kind": "Pod", **pod})
+    cp.kubectl("annotate", "node", "f0", f"{annotations.ANN_GPU_PODS}="
+               + annotations.gpu_pods_value({0: ["train/xb"], 1: ["train/xa"]}))
+    cache, _, update, calls, _ = _reactions(cp, api, stats, tasks, "f0")
+    xid = ["XID 48: double-bit ECC error"]
+    try:
+        update(HealthVerdict.CRITICAL, HealthAction.RESET_GPU, xid)
+        await wait_for(lambda: len(tasks) == 0, what="cordon and moves")
+        pods = {p["metadata"]["name"]: p for p in _get(cp, "pods", "-n", "train")["items"]}
+        assert {k for k, p in pods.items() if k in ("xa", "xb") and p["metadata"].get("deletionTimestamp")} == {"xb"}
+        # Evicted, still terminating (no kubelet here): not drained, no reset requested yet.
+        assert _conditions(_get(cp, "node", "f0"))[node_conditions.GPU_MAINTENANCE][0] == "False"
+        cache.pod_event("DELETED", pods["xb"])  # gone
+        update(HealthVerdict.CRITICAL, HealthAction.RESET_GPU, xid)
+        await wait_for(lambda: len(tasks) == 0, what="reset requested")
+        maintenance = _conditions(_get(cp, "node", "f0"))[node_conditions.GPU_MAINTENANCE]
+        assert maintenance == ("True", "GPUResetRequired", "reset_gpu: GPU 0")
+        assert "xa" in {p["metadata"]["name"] for p in _get(cp, "pods", "-n", "train")["items"]
+                        if not p["metadata"].get("deletionTimestamp")}
+    finally:
+        calls.shutdown()
+
+
+def test_a_malformed_gpu_pods_annotation_is_logged_with_field_and_reason_once_and_ignored(cp, api, stats, tasks,
+                                                                                         caplog):
+    _node(cp, "f1", gpus=2)
+    cp.kubectl("annotate", "node", "f1", f"{annotations.ANN_GPU_PODS}={{\"0\": \"train/x\"}}")
+    _, health, _, calls, _ = _reactions(cp, api, stats, tasks, "f1")
+    try:
+        with caplog.at_level("WARNING", logger="scheduler.kube.health"):
+            assert health.gpu_pods("f1") is None  # ignored: the cache's charge decides, as without it
+            assert health.gpu_pods("f1") is None
+        (record,) = [r for r in caplog.records if annotations.ANN_GPU_PODS in r.getMessage()]
+        assert "GPU 0" in record.getMessage() and "is not a list of namespace/name" in record.getMessage()
+    finally:
+        calls.shutdown()
