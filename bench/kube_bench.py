@@ -53,10 +53,10 @@ from bench.kube_harness import (
     REPO,
     Pods,
     api_budget,
+    backlog_then_steady,
     bench_control_plane,
     driver_process,
     raised_qps,
-    timing_figures,
 )
 from bench.scheduler_bench import trace_sample
 from gpuaware.local.kube_control_plane import KWOK_NODE_ANNOTATION, KubeControlPlane
@@ -226,23 +226,14 @@ async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float,
     n_steady = int(rate * seconds)
     steady_pods = bench_pods(pod_csv, n_steady, seed + 1, f"{tag}-steady", mode)
     try:
-        # The burst is a backlog: created before the scheduler starts, so that its drain measures
-        # scheduling and binding, not how fast this box creates pods.
-        progress(f"{mode} ({tag}): backlog of {burst} pods")
-        b = await ask(("create", burst_pods, 0.0, 0.0))
-        started = time.monotonic()
-        async with _scheduler(mode, cp, qps):
-            b = {**b, **await ask(("wait", [n for n, _, _ in burst_pods], 300.0))}
-            progress(f"{mode} ({tag}): {rate:.0f} pods/s for {seconds:.0f}s")
-            s = await ask(("create", steady_pods, rate, 60.0))
-        figures = timing_figures(b, s, started)
+        figures = await backlog_then_steady(ask, _scheduler(mode, cp, qps), burst_pods, steady_pods, rate, seconds,
+                                            300.0, progress, f"{mode} ({tag})")
         done = figures.pop("done")
         milli = {n: m for n, m, _ in burst_pods + steady_pods}
         return {
             **figures,
             "unallocated_gpu_pct": round(100.0 * (1 - sum(milli[n] for n in done) / capacity_milli), 2),
             "pending": len(milli) - len(done),
-            "create_errors": b["errors"] + s["errors"],
         }
     finally:
         await ask(("delete",))

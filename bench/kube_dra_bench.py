@@ -51,10 +51,10 @@ from bench.kube_harness import (
     REPO,
     Driver,
     api_budget,
+    backlog_then_steady,
     bench_control_plane,
     driver_process,
     raised_qps,
-    timing_figures,
 )
 from bench.scheduler_bench import trace_sample
 from contract import dra
@@ -241,16 +241,10 @@ async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float,
     try:
         progress(f"{mode}: {len(burst_claims) + len(steady_claims)} claims")
         claim_errors = await ask(("call", "create_claims", burst_claims + steady_claims))
-        progress(f"{mode}: backlog of {burst} pods")
-        b = await ask(("create", burst_pods, 0.0, 0.0))
-        started = time.monotonic()
-        async with _dra_scheduler(mode, cp, qps):
-            b = {**b, **await ask(("wait", [n for n, _, _ in burst_pods], 180.0))}
-            progress(f"{mode}: {rate:.0f} pods/s for {seconds:.0f}s")
-            s = await ask(("create", steady_pods, rate, 60.0))
+        figures = await backlog_then_steady(ask, _dra_scheduler(mode, cp, qps), burst_pods, steady_pods, rate,
+                                            seconds, 180.0, progress, mode)
         claims = await ask(("call", "list_claims"))
-        figures = timing_figures(b, s, started)
-        done = figures.pop("done")
+        done, errors = figures.pop("done"), figures.pop("create_errors")
         account = allocation_account(claims, slices, set(done))
         gpus = sum(len(sl["spec"]["devices"]) for sl in slices)
         return {
@@ -260,7 +254,7 @@ async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float,
             "claims": len(burst_claims) + len(steady_claims),
             "devices_allocated_twice": account["devices_allocated_twice"],
             "bound_pods_without_allocation": len(account["bound_pods_unallocated"]),
-            "create_errors": claim_errors[:5] + b["errors"] + s["errors"],
+            "create_errors": claim_errors[:5] + errors,
         }
     finally:
         await ask(("delete",))

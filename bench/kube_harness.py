@@ -19,8 +19,9 @@ import multiprocessing as mp
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +283,22 @@ def driver_process(cp: KubeControlPlane, factory: type[Driver] = Driver) -> Iter
 
 
 # -- the figures ------------------------------------------------------------------------------------
+
+async def backlog_then_steady(ask: Callable[[tuple], Awaitable[Any]], scheduler: AbstractAsyncContextManager,
+                              burst_pods: list, steady_pods: list, rate: float, seconds: float, wait_s: float,
+                              progress: Callable[[str], None], label: str) -> dict[str, Any]:
+    """The burst as a backlog created before ``scheduler`` starts (its drain measures scheduling and binding, not
+    how fast this box creates pods), then ``steady_pods`` at ``rate``; ``timing_figures`` of both and the
+    driver's ``create_errors``."""
+    progress(f"{label}: backlog of {len(burst_pods)} pods")
+    b = await ask(("create", burst_pods, 0.0, 0.0))
+    started = time.monotonic()
+    async with scheduler:
+        b = {**b, **await ask(("wait", [n for n, _, _ in burst_pods], wait_s))}
+        progress(f"{label}: {rate:.0f} pods/s for {seconds:.0f}s")
+        s = await ask(("create", steady_pods, rate, 60.0))
+    return {**timing_figures(b, s, started), "create_errors": b["errors"] + s["errors"]}
+
 
 def p(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(values, q)), 3) if values else None

@@ -8,7 +8,7 @@ in docs/scheduler.md.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 PREFIX = "gpuaware.io/"
@@ -64,22 +64,29 @@ def power_caps_value(caps: Mapping[int, int]) -> str | None:
     return json.dumps({str(g): int(w) for g, w in sorted(caps.items())}, separators=(",", ":")) if caps else None
 
 
-def gpu_resets(node: Mapping[str, Any]) -> dict[int, float]:
-    """The GPU resets a Node's annotation records, {GPU index: unix time}; ValueError names what is wrong."""
-    raw = (node["metadata"].get("annotations") or {}).get(ANN_GPU_RESETS) or ""
+def _gpu_map(node: Mapping[str, Any], key: str, want: str) -> Iterator[tuple[int, Any]]:
+    """(GPU index, value) of a Node annotation holding a JSON object keyed by GPU index; ValueError names what is
+    wrong (``want`` says what the object should map to)."""
+    raw = (node["metadata"].get("annotations") or {}).get(key) or ""
     try:
         parsed = json.loads(raw) if raw else {}
     except ValueError as exc:
-        raise ValueError(f"annotation {ANN_GPU_RESETS}: not JSON ({exc})") from exc
+        raise ValueError(f"annotation {key}: not JSON ({exc})") from exc
     if not isinstance(parsed, dict):
-        raise ValueError(f"annotation {ANN_GPU_RESETS}: want an object {{GPU index: unix time}}, got {raw[:80]!r}")
-    out = {}
+        raise ValueError(f"annotation {key}: want an object {{GPU index: {want}}}, got {raw[:80]!r}")
     for k, v in parsed.items():
         if not (isinstance(k, str) and k.isdigit()):
-            raise ValueError(f"annotation {ANN_GPU_RESETS}: key {k!r} is not a GPU index")
+            raise ValueError(f"annotation {key}: key {k!r} is not a GPU index")
+        yield int(k), v
+
+
+def gpu_resets(node: Mapping[str, Any]) -> dict[int, float]:
+    """The GPU resets a Node's annotation records, {GPU index: unix time}; ValueError names what is wrong."""
+    out = {}
+    for g, v in _gpu_map(node, ANN_GPU_RESETS, "unix time"):
         if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-            raise ValueError(f"annotation {ANN_GPU_RESETS}: GPU {k}: {v!r} is not a unix time")
-        out[int(k)] = float(v)
+            raise ValueError(f"annotation {ANN_GPU_RESETS}: GPU {g}: {v!r} is not a unix time")
+        out[g] = float(v)
     return out
 
 
@@ -89,21 +96,12 @@ def gpu_resets_value(resets: Mapping[int, float]) -> str:
 
 def gpu_pods(node: Mapping[str, Any]) -> dict[int, set[str]]:
     """The pods a Node's annotation says hold each GPU, {GPU index: {"ns/name"}}; ValueError names what is wrong."""
-    raw = (node["metadata"].get("annotations") or {}).get(ANN_GPU_PODS) or ""
-    try:
-        parsed = json.loads(raw) if raw else {}
-    except ValueError as exc:
-        raise ValueError(f"annotation {ANN_GPU_PODS}: not JSON ({exc})") from exc
-    if not isinstance(parsed, dict):
-        raise ValueError(f"annotation {ANN_GPU_PODS}: want an object {{GPU index: [namespace/name]}}, got {raw[:80]!r}")
     out: dict[int, set[str]] = {}
-    for k, v in parsed.items():
-        if not (isinstance(k, str) and k.isdigit()):
-            raise ValueError(f"annotation {ANN_GPU_PODS}: key {k!r} is not a GPU index")
+    for g, v in _gpu_map(node, ANN_GPU_PODS, "[namespace/name]"):
         if not isinstance(v, list) or not all(isinstance(p, str) and p.count("/") == 1 and "" not in p.split("/")
                                               for p in v):
-            raise ValueError(f"annotation {ANN_GPU_PODS}: GPU {k}: {v!r} is not a list of namespace/name")
-        out[int(k)] = set(v)
+            raise ValueError(f"annotation {ANN_GPU_PODS}: GPU {g}: {v!r} is not a list of namespace/name")
+        out[g] = set(v)
     return out
 
 
