@@ -13,7 +13,9 @@ gets the same pods, written as that mode needs them:
   loopback here) and gpuaware's extender in this process; a fractional pod carries only
   ``gpuaware.io/gpu-milli``;
 - ``gpuaware``: gpuaware's live scheduler binds (``schedulerName: gpuaware``), in this process,
-  without the state feed (neither kube-scheduler mode sees telemetry either).
+  without the state feed (neither kube-scheduler mode sees telemetry either);
+- ``ceiling`` (opt-in: ``--modes``): no scheduler at all, a binder that decides nothing
+  (``bench.kube_ceiling``), for the most pods/s this control plane takes on this machine at that moment.
 
 The driver (``bench.kube_harness``: its own processes, pre-serialised bodies, keep-alive connection
 pools) creates the pods and watches them; it stamps creation (just before the POST) and binding (the
@@ -48,6 +50,8 @@ import yaml
 from aiohttp import web
 from kubernetes import client, config
 
+from bench.kube_ceiling import SCHEDULER_NAME as CEILING_SCHEDULER
+from bench.kube_ceiling import CeilingBinder
 from bench.kube_harness import (
     NAMESPACE,
     REPO,
@@ -69,6 +73,8 @@ from scheduler.sim.openb import load_nodes
 
 SCHEDULER_YAML = REPO / "deploy" / "base" / "scheduler" / "scheduler.yaml"
 MODES = ("kube_scheduler", "extender", "gpuaware")
+OPT_IN_MODES = ("ceiling",)  # run only when named: a reference, not a scheduler
+SCHEDULER_NAMES = {"gpuaware": "gpuaware", "ceiling": CEILING_SCHEDULER}
 
 
 # -- the cluster and the pods ---------------------------------------------------------------------
@@ -94,7 +100,7 @@ def bench_pods(pod_csv: str | Path, count: int, seed: int, prefix: str, mode: st
         frac = w.num_gpu == 1 and w.gpu_milli < 1000
         ann: dict[str, str] = {}
         gpus = w.num_gpu
-        if mode != "kube_scheduler":
+        if mode != "kube_scheduler":  # the extender, gpuaware and the ceiling read gpuaware's annotations
             if frac:
                 ann["gpuaware.io/gpu-milli"] = str(w.gpu_milli)
                 gpus = 0
@@ -106,7 +112,7 @@ def bench_pods(pod_csv: str | Path, count: int, seed: int, prefix: str, mode: st
             res["limits"] = {"nvidia.com/gpu": str(gpus)}
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": name, "namespace": NAMESPACE, "annotations": ann},
-               "spec": {"schedulerName": "gpuaware" if mode == "gpuaware" else "default-scheduler",
+               "spec": {"schedulerName": SCHEDULER_NAMES.get(mode, "default-scheduler"),
                         "containers": [{"name": "main", "image": "registry.invalid/job:1", "resources": res}]}}
         out.append((name, w.num_gpu * w.gpu_milli, json.dumps(pod).encode()))
     return out
@@ -180,6 +186,15 @@ async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | N
                      dra: bool = False) -> AsyncIterator[None]:
     """``mode``'s scheduler, running until the block ends; ``dra``: gpuaware allocates ResourceClaims."""
     settings = SchedulerSettings(extender_port=0, leader_elect=False, stale_after_s=3600, dra=dra)
+    if mode == "ceiling":
+        nodes = await asyncio.to_thread(_node_gpus, cp)
+        binder = CeilingBinder(_api(cp.kubeconfig, qps), nodes, settings.bind_workers)
+        await asyncio.to_thread(binder.start)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(binder.stop)
+        return
     if mode == "kube_scheduler":
         doc = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"}
         await asyncio.to_thread(cp.start_scheduler, _with_qps(doc, qps))
@@ -213,6 +228,13 @@ async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | N
         if runner is not None:
             await runner.cleanup()
         await live.stop()
+
+
+def _node_gpus(cp: KubeControlPlane) -> list[tuple[str, int]]:
+    """(name, whole GPUs) of every node, listed as the ceiling's start-up (gpuaware's informers list them too)."""
+    api = _api(cp.kubeconfig, None)
+    items = json.loads(api.core.list_node(_preload_content=False).data)["items"]
+    return [(n["metadata"]["name"], int(n["status"]["allocatable"].get("nvidia.com/gpu", 0))) for n in items]
 
 
 async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float, int] | None, pod_csv: str,
