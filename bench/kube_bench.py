@@ -65,11 +65,13 @@ from bench.kube_harness import (
 from bench.scheduler_bench import trace_sample
 from gpuaware.local.kube_control_plane import KWOK_NODE_ANNOTATION, KubeControlPlane
 from gpuaware.local.processes import free_port
+from plumbing.gc_policy import settle_long_lived_heap
 from plumbing.kube.api import KubeApi
 from scheduler.kube.extender import Extender
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
 from scheduler.sim.openb import load_nodes
+from scheduler.wiring import api_pool_size
 
 SCHEDULER_YAML = REPO / "deploy" / "base" / "scheduler" / "scheduler.yaml"
 MODES = ("kube_scheduler", "extender", "gpuaware")
@@ -188,7 +190,7 @@ async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | N
     settings = SchedulerSettings(extender_port=0, leader_elect=False, stale_after_s=3600, dra=dra)
     if mode == "ceiling":
         nodes = await asyncio.to_thread(_node_gpus, cp)
-        binder = CeilingBinder(_api(cp.kubeconfig, qps), nodes, settings.bind_workers)
+        binder = CeilingBinder(_api(cp.kubeconfig, qps, api_pool_size(settings)), nodes, settings.bind_workers)
         await asyncio.to_thread(binder.start)
         try:
             yield
@@ -204,9 +206,10 @@ async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | N
             await asyncio.to_thread(cp.stop_scheduler)
         return
     # extender and gpuaware: gpuaware's informers and Bindings (the extender's /bind) in this process.
-    live = LiveScheduler(_api(cp.kubeconfig, qps), settings, None)
+    live = LiveScheduler(_api(cp.kubeconfig, qps, api_pool_size(settings)), settings, None)
     stop = asyncio.Event()
     await live.start(sync_timeout_s=120)
+    settle_long_lived_heap()  # as ``gpuaware scheduler`` does once ready (scheduler.wiring)
     task = asyncio.create_task(live.run(stop))
     runner: web.AppRunner | None = None
     try:

@@ -46,7 +46,7 @@ def api_budget(qps: float) -> dict[str, Any]:
     """The ``api_budget`` table of both benches' JSON: ``raised`` gives every component ``qps`` / ``2 * qps``."""
     return {
         "default": {"kube_scheduler": {"qps": DEFAULT_QPS[0], "burst": DEFAULT_QPS[1]},
-                    "gpuaware": "no client-side limit (Python client), bind_workers 16"},
+                    "gpuaware": "no client-side limit (Python client), bind_workers 64"},
         "raised": {"all": {"qps": qps, "burst": int(2 * qps)}},
         "apiserver": "max-requests-inflight 400, max-mutating-requests-inflight 200 (defaults)",
     }

@@ -143,7 +143,7 @@ async def _measure(kafka: KafkaSettings, url: str, conn, pod_csv: str, burst: in
                    seed: int, gpus: int, progress: Callable[[str], None]) -> dict[str, Any]:
     # As ``gpuaware scheduler`` runs, but reading state only: the bench measures placement, not publishing.
     settings = SchedulerSettings(api_server=url, extender_port=0, leader_elect=False, stale_after_s=3600)
-    runtime = build_scheduler(settings, kafka, publish=False, api_pool_size=64)
+    runtime = build_scheduler(settings, kafka, publish=False, pool_size=64)
     live, view = runtime.live, runtime.view
     assert view is not None
     stop = asyncio.Event()

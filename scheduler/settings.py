@@ -39,8 +39,10 @@ class SchedulerSettings(BaseModel):
                       description="schedulerName of the pods this scheduler places")
     policy: str = Field("gpuaware", description=f"placement policy, one of {', '.join(POLICIES)}")
     pass_interval_s: float = Field(0.05, gt=0, le=10, description="batching window between scheduling passes")
-    pass_budget: int = Field(512, ge=1, le=100_000, description="scheduling cycles per pass")
-    bind_workers: int = Field(16, ge=1, le=256, description="binds (and their API calls) in flight at once")
+    # A pass holds the loop, and so every Binding in flight: a short one keeps binds going.
+    pass_budget: int = Field(64, ge=1, le=100_000, description="scheduling cycles per pass")
+    # Each bind waits ~50-200 ms on the apiserver: 16 in flight capped a burst at ~160 pods/s (bench cluster).
+    bind_workers: int = Field(64, ge=1, le=256, description="binds (and their API calls) in flight at once")
     checkpoint_timeout_s: float = Field(120.0, ge=0, le=3600,
                                         description="how long a checkpointable pod may take before it is evicted")
     eviction_timeout_s: float = Field(300.0, gt=0, le=86400,

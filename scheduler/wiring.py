@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from contract import topics
 from contract.events import AgentControl, SchedulerDecision, encode
 from plumbing import observability
+from plumbing.gc_policy import settle_long_lived_heap
 from plumbing.kafka_admin import check_topics, wait_ready
 from plumbing.kafka_settings import KafkaSettings
 from plumbing.kube.api import KubeApi, connect
@@ -109,6 +110,7 @@ class SchedulerRuntime:
             await self.publishers.start()
         self._started.append("live")
         await self.live.start(sync_timeout_s)
+        settle_long_lived_heap()
         if self.feed is not None:
             await self.feed.catch_up()
         self.ready.set()
@@ -157,15 +159,20 @@ class SchedulerRuntime:
             self._runner = None
 
 
+def api_pool_size(settings: SchedulerSettings) -> int:
+    """HTTP connections to the API: every bind in flight and its Event, at least 32."""
+    return max(32, settings.bind_workers * 2)
+
+
 def build_scheduler(settings: SchedulerSettings, kafka: KafkaSettings | None = None, *, publish: bool = True,
-                    api_pool_size: int | None = None) -> SchedulerRuntime:
+                    pool_size: int | None = None) -> SchedulerRuntime:
     """The scheduler on the API at ``settings.api_server``.
 
     ``kafka``: read live GPU state from it (else schedule on requests alone) and, with ``publish``,
-    send decisions and power caps to it. ``api_pool_size``: HTTP connections to the API (default:
-    twice ``bind_workers``, at least 32).
+    send decisions and power caps to it. ``pool_size``: HTTP connections to the API (default:
+    ``api_pool_size(settings)``).
     """
-    pool = api_pool_size or max(32, settings.bind_workers * 2)
+    pool = pool_size or api_pool_size(settings)
     api = KubeApi(connect(settings.api_server, pool_size=pool))
     stats = SchedulerStats()
     view = StateView(stale_after_ms=int(settings.stale_after_s * 1000)) if kafka is not None else None

@@ -93,7 +93,8 @@ class QueueState:
     demand: DemandOutlook | None = None  # the cluster demand forecast; None: none (or stale)
 
 
-def _shape(w: Workload) -> tuple:
+def request_shape(w: Workload) -> tuple:
+    """Workloads of one shape are alike to every filter: when one does not fit, the pass skips the others."""
     return (w.priority, w.cpu_milli, w.memory_mib, w.num_gpu, w.gpu_milli, w.models)
 
 
@@ -114,7 +115,7 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
     for w in order:
         if attempts >= policy.pass_budget:
             break
-        if _shape(w) in blocked:
+        if request_shape(w) in blocked:
             continue
         if peak and w.deferrable and now - w.submit_s < policy.defer_max_s:
             stats.deferred.add(w.id)
@@ -145,7 +146,7 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
             d.signals = sorted({*d.signals, DEMAND})
         if d.allocation is None:
             hooks.blocked(w, d, now)
-            blocked.add(_shape(w))
+            blocked.add(request_shape(w))
             if policy.reserve_and_backfill and reservation is None and w.priority == PriorityLevel.HIGH:
                 fit = earliest_fit(cluster, w, queue.running, queue.finish_at, now)
                 if fit is not None:

@@ -12,7 +12,15 @@ import time
 import numpy as np
 
 from contract.events import DecisionAction
-from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, place_gang, quota_mask, schedule_pass
+from scheduler.core.cycle import (
+    PassStats,
+    QueuePolicy,
+    QueueState,
+    place_gang,
+    quota_mask,
+    request_shape,
+    schedule_pass,
+)
 from scheduler.core.framework import Decision, Scheduler
 from scheduler.core.policies import profile
 from scheduler.core.preemption import Running
@@ -35,7 +43,6 @@ from scheduler.settings import SchedulerSettings
 UNKNOWN_DURATION_S = 24 * 3600.0  # running work without a duration estimate: assume it stays a day
 MIX_REBUILD_EVERY = 256  # pods seen before the scores built from the workload mix (FGD, model reservation) are rebuilt
 GANG_LABEL = label_of(Code.GANG_INCOMPLETE)
-NOT_TRIED = "not tried this pass: an identical request did not fit, or the pass budget ran out"
 
 
 class PassActions:
@@ -48,6 +55,7 @@ class PassActions:
         self.victims: dict[str, list[str]] = {}  # preemptor -> pods evicted for it
         self.reasons: dict[str, str] = {}  # pod -> why it was blocked
         self.labels: dict[str, str] = {}  # pod -> the low-cardinality label of why (from the reason codes)
+        self.shapes: dict[tuple, tuple[str, str]] = {}  # request shape -> (reason, label) of one that did not fit
 
     def evict(self, victim: Running, preemptor: Workload, now: float) -> None:
         key = victim.workload.id
@@ -66,6 +74,17 @@ class PassActions:
     def blocked(self, workload: Workload, decision: Decision, now: float) -> None:
         self.reasons[workload.id] = "; ".join(decision.reasons)
         self.labels[workload.id] = reason_label(decision)
+        self.shapes.setdefault(request_shape(workload), (self.reasons[workload.id], self.labels[workload.id]))
+
+    def why_not_placed(self, w: Workload) -> tuple[str, str] | None:
+        """(reason, label) for a pod this pass left pending, or None when it was not tried (the pass budget ran
+        out first, or the demand forecast held it): nothing to report for it yet, as kube-scheduler reports a
+        pod only once it has tried it. A burst of 2,000 used to write a FailedScheduling Event for each pod past
+        the budget, on every pass, in the bind path's apiserver."""
+        if w.id in self.reasons:
+            return self.reasons[w.id], self.labels[w.id]
+        same = self.shapes.get(request_shape(w))
+        return None if same is None else (f"an identical request did not fit: {same[0]}", same[1])
 
     def start(self, workload: Workload, decision: Decision, now: float) -> None:
         key = workload.id
@@ -156,8 +175,8 @@ class SchedulingPass:
             self.stats.decision_latency.observe(lat)
             self.stats.decision_latencies.append(lat)
         for w in singles:
-            if w.id in cache.pending:
-                self.reporter.unschedulable(w, actions.reasons.get(w.id, NOT_TRIED), actions.labels.get(w.id, "other"))
+            if w.id in cache.pending and (why := actions.why_not_placed(w)) is not None:
+                self.reporter.unschedulable(w, *why)
         self.stats.pass_latency.observe(time.perf_counter() - started)
 
     def _pick_gang_devices(self, gang: str, decisions: list[Decision], members: list[PodWorkload]) -> bool:

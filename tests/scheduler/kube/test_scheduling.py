@@ -47,15 +47,15 @@ class Events:
         self.written.append((pod["metadata"]["name"], message))
 
 
-def setup(tasks, nodes: list[dict], pods: list[dict]):
+def setup(tasks, nodes: list[dict], pods: list[dict], settings: SchedulerSettings | None = None):
     cache = ClusterCache(scheduler_name="gpuaware")
     cache.sync_nodes(nodes)
     cache.sync_pods(pods)
     stats, sink, events, binds, evictions = SchedulerStats(), DecisionSink(), Events(), Binds(), Evictions()
     departures = Departures()
     reporter = UnschedulableReporter(events, cache, stats, sink, tasks)  # type: ignore[arg-type]
-    passes = SchedulingPass(SchedulerSettings(extender_port=0), cache, stats, sink, binds, evictions,  # type: ignore
-                            departures, reporter, tasks)
+    passes = SchedulingPass(settings or SchedulerSettings(extender_port=0), cache, stats, sink, binds,  # type: ignore
+                            evictions, departures, reporter, tasks)
     for p in pods:
         passes.learn(cache.workload(p))
     return passes, cache, binds, evictions, events, departures, stats
@@ -75,6 +75,24 @@ async def test_pods_that_fit_are_reserved_and_bound_the_rest_reported(tasks, wai
     ((name, reason),) = events.written
     assert name == "huge" and reason
     assert stats.pass_latency.count == 1 and len(stats.decision_latencies) >= 2
+
+
+async def test_pods_past_the_pass_budget_are_not_reported_and_identical_requests_get_the_tried_ones_reason(
+        tasks, wait_for):
+    """A burst past the budget used to get a "not tried" FailedScheduling Event per pod on every pass; a pod is
+    reported once it is tried, or when a pod with an identical request was tried and did not fit."""
+    pods = [make_pod("huge-1", gpus=8), make_pod("huge-2", gpus=8), make_pod("a", gpus=1),
+            make_pod("b", gpus=1, cpu="2")]
+    for i, p in enumerate(pods):
+        p["metadata"]["creationTimestamp"] = f"2026-01-01T00:00:0{i}Z"
+    passes, _, binds, _, events, _, _ = setup(tasks, [make_node("n0", gpus=2)], pods,
+                                              SchedulerSettings(extender_port=0, pass_budget=2))
+    passes.run(1000.0)
+    await settle(tasks, wait_for)
+    assert [b[0] for b in binds.started] == ["default/a"]
+    written = dict(events.written)
+    assert set(written) == {"huge-1", "huge-2"}, written  # b was not tried: the budget ran out at a
+    assert written["huge-2"] == f"an identical request did not fit: {written['huge-1']}"
 
 
 async def test_a_gang_waits_for_all_its_members_then_lands_together(tasks, wait_for):
