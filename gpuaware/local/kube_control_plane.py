@@ -30,6 +30,7 @@ ports and files; split, the pieces would pass that layout back and forth.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import ssl
@@ -38,7 +39,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,9 @@ import yaml
 
 from gpuaware.local.processes import ChildProcess, free_port
 from gpuaware.local.realparts import cache_dir, pinned_versions
+
+log = logging.getLogger(__name__)
+PORT_ATTEMPTS = 3
 
 BUILD_SCRIPT = "realparts/build-kube.sh"
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubectl", "kwok")
@@ -215,6 +219,7 @@ class KubeControlPlane:
         self._children: dict[str, ChildProcess] = {}
         self._versions: dict[str, str] | None = None
         self._pki: _Pki | None = None
+        self._clients: dict[str, tuple[Path, Path]] = {}  # component -> its client certificate and key
         self._kubeconfig: Path | None = None
 
     # -- what callers use ---------------------------------------------------------------------------
@@ -340,8 +345,8 @@ class KubeControlPlane:
         try:
             self._make_pki()
             self.timings["pki"] = time.monotonic() - t0
-            self._start_etcd()
-            self._start_apiserver()
+            self._start_on_free_ports("etcd", self._start_etcd)
+            self._start_on_free_ports("kube-apiserver", self._start_apiserver, self._pick_apiserver_port)
             self.create_namespace("default")
             if self._want_scheduler:
                 self.start_scheduler(self._scheduler_config)
@@ -375,12 +380,38 @@ class KubeControlPlane:
         # (kube-scheduler) log "missing content for CA bundle ... requestheader-client-ca-file" forever.
         front = _Pki(self.workdir / "pki" / "front-proxy")
         self._front_proxy = (front.ca_cert, *front.client("client", "front-proxy-client"))
+        self._clients = {"admin": (admin_cert, admin_key), "scheduler": (sched_cert, sched_key)}
+        self._pick_apiserver_port()
+
+    def _pick_apiserver_port(self) -> None:
+        """A port for the apiserver and the kubeconfigs that reach it there."""
+        assert self.workdir is not None and self._pki is not None
         self.port = free_port()
-        self._kubeconfig = _kubeconfig(self.workdir / "admin.kubeconfig", self.server, pki.ca_cert,
+        (admin_cert, admin_key), (sched_cert, sched_key) = self._clients["admin"], self._clients["scheduler"]
+        self._kubeconfig = _kubeconfig(self.workdir / "admin.kubeconfig", self.server, self._pki.ca_cert,
                                        {"client-certificate": str(admin_cert), "client-key": str(admin_key)})
         self._scheduler_kubeconfig = _kubeconfig(
-            self.workdir / "scheduler.kubeconfig", self.server, pki.ca_cert,
+            self.workdir / "scheduler.kubeconfig", self.server, self._pki.ca_cert,
             {"client-certificate": str(sched_cert), "client-key": str(sched_key)})
+
+    def _start_on_free_ports(self, name: str, start: Callable[[], None],
+                             new_ports: Callable[[], None] = lambda: None) -> None:
+        """``start()`` ``name``, again on new ports (``new_ports()``) when one it was given was taken meanwhile:
+        ``free_port`` only finds a port free at that moment, and on a busy machine another process (or one of
+        etcd's own connections) can take it before the child binds it. Seen in a test run as the apiserver
+        exiting with "bind: address already in use"."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                start()
+                return
+            except KubeControlPlaneError:
+                child = self._children[name]
+                if attempt == PORT_ATTEMPTS or "address already in use" not in child.log_tail(40):
+                    raise
+                log.warning("%s: a port it was given was taken meanwhile; starting it on new ports", name)
+                child.stop(grace_s=2.0)
+                del self._children[name]
+                new_ports()
 
     def _spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> ChildProcess:
         child = ChildProcess(name, argv, self.log_path(name), env=env)

@@ -261,3 +261,33 @@ def test_stop_leaves_no_process_and_no_files() -> None:
     assert not any(pid_alive(pid) for pid in pids if pid)
     assert not workdir.exists()
     print(f"etcd + kube-apiserver ready in {started:.1f}s: {plane.timings}")
+
+
+def test_an_apiserver_port_taken_before_it_binds_is_replaced_by_a_free_one(monkeypatch):
+    """free_port() only finds a port free at that moment; one taken before kube-apiserver binds it ended a test
+    run ("bind: address already in use"): the control plane starts the apiserver again on a new port."""
+    import socket
+
+    from gpuaware.local import kube_control_plane as kcp
+
+    _need_binaries()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    real, handed = kcp.free_port, []
+
+    def first_one_taken() -> int:
+        handed.append(port if not handed else real())
+        return handed[-1]
+
+    monkeypatch.setattr(kcp, "free_port", first_one_taken)
+    try:
+        with KubeControlPlane(scheduler=False, kwok=False) as plane:
+            assert plane.port != port
+            assert str(plane.port) in plane.kubeconfig.read_text()
+            from tests.real_kube import api_client
+
+            assert KubeApi(api_client(plane.kubeconfig)).core.list_namespace().items
+    finally:
+        taken.close()
