@@ -209,7 +209,7 @@ async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | N
     live = LiveScheduler(_api(cp.kubeconfig, qps, api_pool_size(settings)), settings, None)
     stop = asyncio.Event()
     await live.start(sync_timeout_s=120)
-    settle_long_lived_heap()  # as ``gpuaware scheduler`` does once ready (scheduler.wiring)
+    settle_long_lived_heap()  # as ``gpuaware scheduler`` does once ready (scheduler.main)
     task = asyncio.create_task(live.run(stop))
     runner: web.AppRunner | None = None
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from plumbing.gc_policy import settle_long_lived_heap
 from plumbing.kafka_settings import KafkaSettings
 from plumbing.signals import stop_on_signals
 from scheduler.kube.live import LiveScheduler
@@ -12,12 +13,16 @@ from scheduler.wiring import build_scheduler
 
 
 async def serve(kafka: KafkaSettings | None, settings: SchedulerSettings, metrics_host: str, metrics_port: int,
-                stop: asyncio.Event) -> LiveScheduler:
+                stop: asyncio.Event, own_process: bool = False) -> LiveScheduler:
+    """``own_process``: the process is the scheduler's alone, so its garbage collection is tuned for the heap
+    the scheduler keeps once ready (``plumbing.gc_policy``)."""
     runtime = build_scheduler(settings, kafka)
     if metrics_port:
         runtime.serve_metrics(metrics_host, metrics_port)
     try:
         await runtime.start()
+        if own_process:
+            settle_long_lived_heap()
         await runtime.run(stop)
     finally:
         await runtime.stop()
@@ -27,6 +32,6 @@ async def serve(kafka: KafkaSettings | None, settings: SchedulerSettings, metric
 def run_scheduler(kafka: KafkaSettings | None, settings: SchedulerSettings, metrics_host: str,
                   metrics_port: int) -> None:
     async def main() -> None:
-        await serve(kafka, settings, metrics_host, metrics_port, stop_on_signals())
+        await serve(kafka, settings, metrics_host, metrics_port, stop_on_signals(), own_process=True)
 
     asyncio.run(main())

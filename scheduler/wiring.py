@@ -24,7 +24,6 @@ from prometheus_client import CollectorRegistry, start_http_server
 from contract import topics
 from contract.events import AgentControl, SchedulerDecision, encode
 from plumbing import observability
-from plumbing.gc_policy import settle_long_lived_heap
 from plumbing.kafka_admin import check_topics, wait_ready
 from plumbing.kafka_settings import KafkaSettings
 from plumbing.kube.api import KubeApi, connect
@@ -110,7 +109,6 @@ class SchedulerRuntime:
             await self.publishers.start()
         self._started.append("live")
         await self.live.start(sync_timeout_s)
-        settle_long_lived_heap()
         if self.feed is not None:
             await self.feed.catch_up()
         self.ready.set()
