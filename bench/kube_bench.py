@@ -65,7 +65,7 @@ from bench.kube_harness import (
 from bench.scheduler_bench import trace_sample
 from gpuaware.local.kube_control_plane import KWOK_NODE_ANNOTATION, KubeControlPlane
 from gpuaware.local.processes import free_port
-from plumbing.gc_policy import settle_long_lived_heap
+from plumbing.gc_policy import fresh_process_gc, hold_collections, settle_long_lived_heap
 from plumbing.kube.api import KubeApi
 from scheduler.kube.extender import Extender
 from scheduler.kube.live import LiveScheduler
@@ -205,7 +205,10 @@ async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | N
         finally:
             await asyncio.to_thread(cp.stop_scheduler)
         return
-    # extender and gpuaware: gpuaware's informers and Bindings (the extender's /bind) in this process.
+    # extender and gpuaware: gpuaware's informers and Bindings (the extender's /bind) in this process, with the
+    # collector as a fresh ``gpuaware scheduler`` process has it (an earlier mode's settled heap would not be there).
+    fresh_process_gc()
+    hold_collections()  # as ``gpuaware scheduler`` does while it loads (scheduler.main)
     live = LiveScheduler(_api(cp.kubeconfig, qps, api_pool_size(settings)), settings, None)
     stop = asyncio.Event()
     await live.start(sync_timeout_s=120)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from plumbing.gc_policy import settle_long_lived_heap
+from plumbing.gc_policy import hold_collections, settle_long_lived_heap
 from plumbing.kafka_settings import KafkaSettings
 from plumbing.signals import stop_on_signals
 from scheduler.kube.live import LiveScheduler
@@ -19,6 +19,8 @@ async def serve(kafka: KafkaSettings | None, settings: SchedulerSettings, metric
     runtime = build_scheduler(settings, kafka)
     if metrics_port:
         runtime.serve_metrics(metrics_host, metrics_port)
+    if own_process:
+        hold_collections()
     try:
         await runtime.start()
         if own_process:

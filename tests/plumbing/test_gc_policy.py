@@ -2,15 +2,24 @@
 
 import gc
 
-from plumbing.gc_policy import YOUNG_THRESHOLD, settle_long_lived_heap
+from plumbing.gc_policy import (
+    PYTHON_DEFAULT_THRESHOLD,
+    YOUNG_THRESHOLD,
+    fresh_process_gc,
+    hold_collections,
+    settle_long_lived_heap,
+)
 
 
 def test_the_loaded_heap_is_frozen_and_the_young_generation_collected_less_often():
     before = gc.get_threshold()
     gc.set_threshold(700, 10, 10)  # CPython's defaults (a bench run in this process may have tuned them)
     try:
+        hold_collections()  # while the process loads, nothing walks the growing heap
+        assert not gc.isenabled()
         kept = [{"pod": i} for i in range(1000)]
         settle_long_lived_heap()
+        assert gc.isenabled()
         assert gc.get_freeze_count() >= len(kept)
         assert gc.get_threshold() == (YOUNG_THRESHOLD, 20, 10)
         a, b = [], []
@@ -19,5 +28,20 @@ def test_the_loaded_heap_is_frozen_and_the_young_generation_collected_less_often
         del a, b
         assert gc.collect() >= 2
     finally:
+        gc.enable()
+        gc.unfreeze()
+        gc.set_threshold(*before)
+
+
+def test_fresh_process_gc_undoes_the_settling():
+    before = gc.get_threshold()
+    try:
+        settle_long_lived_heap()
+        assert gc.get_freeze_count() > 0
+        fresh_process_gc()
+        assert gc.get_freeze_count() == 0
+        assert gc.get_threshold() == PYTHON_DEFAULT_THRESHOLD
+    finally:
+        gc.enable()
         gc.unfreeze()
         gc.set_threshold(*before)
