@@ -340,6 +340,16 @@ class ClusterCache:
             pw.workload, num_gpu=ask.num_gpu, gpu_milli=ask.gpu_milli, models=models or ("(none)",),
             needs_nvlink=pw.workload.needs_nvlink or ask.needs_island))
 
+    def known_workload(self, pod: dict[str, Any]) -> Workload:
+        """The workload the cache parsed when it queued or charged ``pod`` (just now, for a pod it was handed),
+        else parsed here: a burst's pods are then parsed once, not twice."""
+        key = objects.key(pod)
+        pending = self.pending.get(key)
+        if pending is not None:
+            return pending.workload
+        running = self.running.get(key)
+        return running.workload if running is not None else self.workload(pod)
+
     def workload(self, pod: dict[str, Any]) -> Workload:
         if dra_claims.has_claims(pod) and pod.get("spec", {}).get("nodeName"):
             return self._claimed_workload(pod)

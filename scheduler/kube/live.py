@@ -139,7 +139,9 @@ class LiveScheduler:
                          "slices' device taints keep claims off devices", TAINT_RULES[1])
         for spec in specs:
             self._informers.append(Informer(spec, self._on_sync(spec.name), self._on_event(spec.name)).start())
-        await asyncio.to_thread(wait_synced, self._informers, sync_timeout_s)
+        # The API threads start while the informers list, not one by one in the first pass's Bindings.
+        await asyncio.gather(asyncio.to_thread(wait_synced, self._informers, sync_timeout_s),
+                             asyncio.to_thread(self.calls.start_threads))
 
     async def stop(self) -> None:
         for inf in self._informers:
@@ -215,14 +217,14 @@ class LiveScheduler:
             if kind == "SYNC":
                 self.cache.sync_pods(obj)
                 for pod in obj:
-                    self.passes.learn(self.cache.workload(pod))
+                    self.passes.learn(self.cache.known_workload(pod))
                 return
             left = self.cache.pod_event(kind, obj)
             if left is not None:
                 self.unschedulable.forget(left)
                 self.departures.left(left)
             elif kind == "ADDED":
-                self.passes.learn(self.cache.workload(obj))
+                self.passes.learn(self.cache.known_workload(obj))
         elif name == "gpuqueues":
             self.cache.sync_queues(obj) if kind == "SYNC" else self.cache.queue_event(kind, obj)
         elif name == "deviceclasses":

@@ -27,3 +27,28 @@ def test_the_cache_survives_any_sequence_of_pod_events_and_keeps_its_invariants(
         cache.pod_event(kind, pod)
         cache.cluster.check_invariants()
     assert set(cache.cluster.allocations) == set(cache.running)
+
+
+def test_a_synced_pod_is_parsed_once_and_known_workload_gives_what_the_cache_parsed(monkeypatch):
+    from scheduler.kube import objects
+
+    parsed: list[str] = []
+    real = objects.workload_of
+
+    def counting(pod, *args):
+        parsed.append(pod["metadata"]["name"])
+        return real(pod, *args)
+
+    monkeypatch.setattr(objects, "workload_of", counting)
+    cache = ClusterCache()
+    cache.sync_nodes([make_node("n0", gpus=2)])
+    bound = make_pod("bound", annotations={ann.ANN_GPUS: '[{"index": 0, "milli": 1000}]'})
+    bound["spec"]["nodeName"] = "n0"
+    pods = [make_pod("a"), make_pod("b", gpus=2), bound, make_pod("c", scheduler="default-scheduler")]
+    cache.sync_pods(pods)
+    assert sorted(parsed) == ["a", "b", "bound"]  # queued or charged: parsed once each
+    known = [cache.known_workload(p) for p in pods[:3]]
+    assert sorted(parsed) == ["a", "b", "bound"]  # nothing parsed again
+    assert [w.num_gpu for w in known] == [1, 2, 1]
+    assert known == [cache.workload(p) for p in pods[:3]]
+    assert cache.known_workload(pods[3]).num_gpu == 1  # not ours: parsed where asked
