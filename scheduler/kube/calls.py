@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -43,6 +44,17 @@ class ApiCalls:
         # Events have threads of their own: under a burst they queue behind each other, never in front of
         # a Binding (kube-scheduler's event broadcaster is likewise asynchronous to its binding cycle).
         self._events = ThreadPoolExecutor(max_workers=event_workers, thread_name_prefix="kube-events")
+        self._workers, self._event_workers = workers, event_workers
+
+    def start_threads(self) -> None:
+        """Start every API thread now (blocks until they run). The executor starts a thread per call until it has
+        them all, on the calling thread, the event loop: a first pass's burst of Bindings would wait for them."""
+        for pool, n in ((self._pool, self._workers), (self._events, self._event_workers)):
+            hold = threading.Event()
+            started = [pool.submit(hold.wait) for _ in range(n)]  # each holds its thread: the next needs a new one
+            hold.set()
+            for f in started:
+                f.result()
 
     async def call(self, fn: Callable[..., T], *args: Any, pool: ThreadPoolExecutor | None = None) -> T:
         if not self.may_act():

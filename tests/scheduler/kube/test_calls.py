@@ -71,3 +71,14 @@ async def test_an_event_goes_out_while_every_api_thread_is_busy(kube, stats):
     finally:
         release.set()
         busy.shutdown()
+
+
+def test_start_threads_starts_every_api_thread_before_the_first_call(kube, stats):
+    calls = ApiCalls(kube.api(), stats, workers=5, event_workers=2)
+    try:
+        assert len(calls._pool._threads) == len(calls._events._threads) == 0  # the executor starts them lazily
+        calls.start_threads()
+        assert len(calls._pool._threads) == 5 and len(calls._events._threads) == 2
+        assert all(t.is_alive() for t in calls._pool._threads)
+    finally:
+        calls.shutdown()
