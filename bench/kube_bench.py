@@ -205,14 +205,15 @@ async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | N
         finally:
             await asyncio.to_thread(cp.stop_scheduler)
         return
-    # extender and gpuaware: gpuaware's informers and Bindings (the extender's /bind) in this process, with the
-    # collector as a fresh ``gpuaware scheduler`` process has it (an earlier mode's settled heap would not be there).
-    fresh_process_gc()
-    hold_collections()  # as ``gpuaware scheduler`` does while it loads (scheduler.main)
+    # extender and gpuaware: gpuaware's informers and Bindings (the extender's /bind) in this process, its
+    # collector as ``gpuaware scheduler`` runs it (scheduler.main), from a fresh process's (``_measure_mode``).
+    hold_collections()
     live = LiveScheduler(_api(cp.kubeconfig, qps, api_pool_size(settings)), settings, None)
     stop = asyncio.Event()
-    await live.start(sync_timeout_s=120)
-    settle_long_lived_heap()  # as ``gpuaware scheduler`` does once ready (scheduler.main)
+    try:
+        await live.start(sync_timeout_s=120)
+    finally:
+        settle_long_lived_heap()
     task = asyncio.create_task(live.run(stop))
     runner: web.AppRunner | None = None
     try:
@@ -253,6 +254,9 @@ async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float,
     burst_pods = bench_pods(pod_csv, burst, seed, f"{tag}-burst", mode)
     n_steady = int(rate * seconds)
     steady_pods = bench_pods(pod_csv, n_steady, seed + 1, f"{tag}-steady", mode)
+    # Every mode starts with a fresh process's collector, before the clock starts: an earlier mode's settled
+    # (frozen, tuned) heap would flatter the next one's start-up and keep the finished scheduler alive.
+    fresh_process_gc()
     try:
         figures = await backlog_then_steady(ask, _scheduler(mode, cp, qps), burst_pods, steady_pods, rate, seconds,
                                             300.0, progress, f"{mode} ({tag})")

@@ -59,6 +59,7 @@ from bench.kube_harness import (
 from bench.scheduler_bench import trace_sample
 from contract import dra
 from gpuaware.local.kube_control_plane import KubeControlPlane
+from plumbing.gc_policy import fresh_process_gc
 from plumbing.kube.resource_slices import NodeGpu, node_slices
 from scheduler.sim.openb import GPU_MEMORY_MIB, load_nodes
 
@@ -241,6 +242,7 @@ async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float,
     try:
         progress(f"{mode}: {len(burst_claims) + len(steady_claims)} claims")
         claim_errors = await ask(("call", "create_claims", burst_claims + steady_claims))
+        fresh_process_gc()  # as bench.kube_bench does for each mode
         figures = await backlog_then_steady(ask, _dra_scheduler(mode, cp, qps), burst_pods, steady_pods, rate,
                                             seconds, 180.0, progress, mode)
         claims = await ask(("call", "list_claims"))

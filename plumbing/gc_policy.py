@@ -6,8 +6,8 @@ change reached a full collection every second or two under a burst, each walking
 (~280 ms with the 1,213-node bench cluster: 3.6 s of a 25 s run in 13 pauses, holding the GIL, so no
 Binding went out meanwhile). No collection runs while the process loads (its informers list every node and
 pod), what was there when it became ready is frozen out of collection (it stays until the process ends or
-refcounting frees it) and the youngest generation is collected after 50,000 allocations, which makes full
-collections rare; cycles are still collected.
+refcounting frees it: cycles made while it loaded stay) and the youngest generation is collected after
+50,000 allocations, which makes full collections rare; cycles made afterwards are still collected.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import gc
 
 YOUNG_THRESHOLD = 50_000
-PYTHON_DEFAULT_THRESHOLD = (700, 10, 10)
+PYTHON_DEFAULT_THRESHOLD = gc.get_threshold()  # as the interpreter started (this module loads before any tuning)
 
 
 def hold_collections() -> None:
@@ -35,7 +35,10 @@ def settle_long_lived_heap() -> None:
 
 
 def fresh_process_gc() -> None:
-    """Undo ``settle_long_lived_heap`` (a benchmark starting another scheduler in the same process)."""
+    """Undo ``settle_long_lived_heap`` (a benchmark starting another scheduler in the same process): the earlier
+    one's frozen heap is collected (a finished scheduler is garbage in cycles) and the thresholds are the
+    interpreter's again."""
     gc.unfreeze()
     gc.set_threshold(*PYTHON_DEFAULT_THRESHOLD)
     gc.enable()
+    gc.collect()

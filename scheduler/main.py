@@ -22,9 +22,11 @@ async def serve(kafka: KafkaSettings | None, settings: SchedulerSettings, metric
     if own_process:
         hold_collections()
     try:
-        await runtime.start()
-        if own_process:
-            settle_long_lived_heap()
+        try:
+            await runtime.start()
+        finally:
+            if own_process:  # also when the start failed: the collector is never left off
+                settle_long_lived_heap()
         await runtime.run(stop)
     finally:
         await runtime.stop()
