@@ -9,14 +9,23 @@ from the last processed take; duplicates replayed after a crash are recognised p
 
 One entry per node, not per GPU: each table write is a RocksDB put and a changelog record produced
 through Faust, and that per-record work, not the bytes, was most of a worker's time (docs/performance.md).
-Entries written before this layout (``SNAPSHOT_VERSION`` 1: one per GPU, keyed by its UUID) are still
-read; a GPU found only there is loaded from it, and its old key is deleted (a tombstone in the
-changelog) once its node's entry holds it, so the migration loses nothing and needs no reset.
+The minute history (an hour per GPU, two thirds of a snapshot's JSON then) changes only when a minute
+closes, so it has its own entry per node (``hist:<name>``), written in the takes that close a minute; the
+node entry written for every batch holds the rest. Values are bytes the processor encodes itself (JSON,
+once: the app's table passes them through), where Faust's JSON codec encoded each write twice, for the
+store and for the changelog.
+
+Entries written before this layout are still read, and rewritten in it the first time their node is:
+``SNAPSHOT_VERSION`` 2 (a node entry holding its GPUs' history, what Faust's JSON codec wrote) and 1 (one
+per GPU, keyed by its UUID; a GPU found only there is loaded from it, and its old key is deleted, a
+tombstone in the changelog, once its node's entry holds it), so the migration loses nothing and needs no
+reset.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, MutableMapping
@@ -28,9 +37,10 @@ from stream.metrics import StreamStats
 from stream.rollup import Partial, model_demand, node_state
 
 NODE_HEARTBEAT_MS = 30_000
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3
 # GPU UUIDs (the version 1 keys) start with "GPU-", so these never collide with them.
 NODE_KEY_PREFIX = "node:"
+HISTORY_KEY_PREFIX = "hist:"
 OWNER_KEY_PREFIX = "owner:"
 
 
@@ -39,10 +49,24 @@ def node_key(node: str) -> str:
     return NODE_KEY_PREFIX + node
 
 
+def history_key(node: str) -> str:
+    """The table key of the minute history of a node's GPUs (version 3)."""
+    return HISTORY_KEY_PREFIX + node
+
+
 def owner_key(uuid: str) -> str:
     """The table key naming the node whose entry holds a GPU: written when a GPU joins a node (rarely), read
     when a worker meets a GPU it holds no tracker for, so that a restarted worker still knows whose it is."""
     return OWNER_KEY_PREFIX + uuid
+
+
+def encode_value(value: object) -> bytes:
+    """A table value as stored: the bytes Faust's JSON codec wrote before (so both read alike), made once."""
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def decode_value(raw: bytes | None) -> object:
+    return None if raw is None else json.loads(raw)
 
 
 class InvalidRecord(ValueError):
@@ -107,7 +131,7 @@ class Take:
 
 
 class StreamProcessor:
-    def __init__(self, snapshots: MutableMapping[str, dict], settings: TrackerSettings | None = None,
+    def __init__(self, snapshots: MutableMapping[str, bytes], settings: TrackerSettings | None = None,
                  stats: StreamStats | None = None):
         self.snapshots = snapshots
         self.settings = settings or TrackerSettings()
@@ -121,6 +145,8 @@ class StreamProcessor:
         self.member_of: dict[str, str] = {}  # GPU UUID -> the node whose members hold it
         self.node_partition: dict[str, int] = {}
         self.legacy: set[str] = set()  # version 1 keys loaded but not yet deleted
+        # GPU UUID -> (node, its tracker's ``history_changes``) when its history was last in that node's entry
+        self.history_written: dict[str, tuple[str, int]] = {}
         self.behind: set[int] = set()  # partitions whose last record came from a log being caught up on
 
     # ------------------------------------------------------------------ state
@@ -130,12 +156,18 @@ class StreamProcessor:
         members = self.members.get(node)
         if members is None:
             members = self.members[node] = {}
-            entry = self.snapshots.get(node_key(node))
-            for key, snapshot in (entry or {}).get("gpus", {}).items():
+            entry = decode_value(self.snapshots.get(node_key(node))) or {}
+            # Version 2 entries hold each GPU's history; version 3 keeps it in the node's history entry.
+            split = entry.get("v", 0) >= 3
+            histories = (decode_value(self.snapshots.get(history_key(node))) or {}).get("gpus", {}) if split else {}
+            for key, snapshot in entry.get("gpus", {}).items():
                 t = self.trackers.get(key)
                 if t is None:
-                    t = self.trackers[key] = GpuTracker.from_dict(snapshot, self.settings)
+                    t = self.trackers[key] = GpuTracker.from_dict(
+                        snapshot, self.settings, histories.get(key, []) if split else None)
                     self.partition_of[key] = partition
+                    if split:
+                        self.history_written[key] = (node, t.history_changes)
                 if t.node in (node, "") and key not in self.member_of:  # a moved board stays with its new node
                     members[key] = t
                     self.member_of[key] = node
@@ -148,12 +180,12 @@ class StreamProcessor:
             self._node(node, partition)
         t = self.trackers.get(key)
         if t is None:
-            owner = self.snapshots.get(owner_key(key))
+            owner = decode_value(self.snapshots.get(owner_key(key)))
             if owner and owner != node:
                 self._node(owner, partition)
                 t = self.trackers.get(key)
         if t is None:
-            legacy = self.snapshots.get(key)
+            legacy = decode_value(self.snapshots.get(key))
             if legacy:
                 t = GpuTracker.from_dict(legacy, self.settings)
                 self.legacy.add(key)
@@ -164,10 +196,16 @@ class StreamProcessor:
         return t
 
     def snapshot(self, key: str) -> dict | None:
-        """GPU ``key``'s stored snapshot (from its node's entry)."""
+        """GPU ``key``'s stored snapshot (from its node's entry and the node's history entry)."""
         t = self.trackers.get(key)
-        entry = self.snapshots.get(node_key(t.node)) if t is not None and t.node else None
-        return entry["gpus"].get(key) if entry else None
+        if t is None or not t.node:
+            return None
+        entry = decode_value(self.snapshots.get(node_key(t.node)))
+        snapshot = entry["gpus"].get(key) if entry else None
+        if snapshot is None or "history" in snapshot:
+            return snapshot
+        histories = decode_value(self.snapshots.get(history_key(t.node))) or {"gpus": {}}
+        return {**snapshot, "history": histories["gpus"].get(key, [])}
 
     def _write(self, node: str, touched: Iterable[GpuTracker]) -> None:
         """Write ``node``'s entry after ``touched`` (its GPUs in the record just applied) changed."""
@@ -182,9 +220,17 @@ class StreamProcessor:
                 members[t.uuid] = t
                 self.member_of[t.uuid] = node
                 if before != node:
-                    self.snapshots[owner_key(t.uuid)] = node
-        self.snapshots[node_key(node)] = {"v": SNAPSHOT_VERSION,
-                                          "gpus": {k: t.to_dict() for k, t in members.items()}}
+                    self.snapshots[owner_key(t.uuid)] = encode_value(node)
+        written = self.history_written
+        if any(t.history and written.get(k) != (node, t.history_changes) for k, t in members.items()):
+            # A minute closed (or a GPU joined, or the entry was read in an older layout): the whole node's
+            # history, so that the entry alone restores it.
+            self.snapshots[history_key(node)] = encode_value(
+                {"v": SNAPSHOT_VERSION, "gpus": {k: list(t.history) for k, t in members.items() if t.history}})
+            for k, t in members.items():
+                written[k] = (node, t.history_changes)
+        self.snapshots[node_key(node)] = encode_value(
+            {"v": SNAPSHOT_VERSION, "gpus": {k: t.to_dict(history=False) for k, t in members.items()}})
         for key in [k for k in self.legacy if k in members]:
             self.legacy.discard(key)
             with contextlib.suppress(KeyError):
@@ -198,6 +244,7 @@ class StreamProcessor:
             self.trackers.pop(key, None)
             self.partition_of.pop(key, None)
             self.legacy.discard(key)
+            self.history_written.pop(key, None)
         for node in [n for n, p in self.node_partition.items() if p in gone]:
             for key in self.members.pop(node, {}):
                 if self.member_of.get(key) == node:
