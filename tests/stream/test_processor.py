@@ -302,3 +302,42 @@ def test_version_2_node_entries_are_read_after_an_upgrade_and_rewritten_split() 
         old.on_telemetry(batch, 0, batch.base_ts_ms)
     for key, t in old.trackers.items():
         assert third.trackers[key].to_dict() == t.to_dict() and third.trackers[key].forecasts == t.forecasts
+
+
+def test_the_heartbeat_looks_only_at_gpus_that_can_be_due(monkeypatch) -> None:
+    from stream.gpu_state import GpuTracker
+
+    proc = StreamProcessor({})
+    for n in range(50):
+        proc.on_telemetry(telemetry_batch(f"n{n}", 1, T0, gpus=8), 0, T0)  # 400 states published
+    proc.on_telemetry(telemetry_batch("n0", 2, T0 + 500, util=90, gpus=8), 0, T0 + 500)  # held: min_interval
+    looked = []
+    real_due = GpuTracker.due
+    monkeypatch.setattr(GpuTracker, "due", lambda t, *a: looked.append(t.uuid) or real_due(t, *a))
+    assert sorted(s.gpu_uuid for s in proc.heartbeats(T0 + 1000, None)) == [f"GPU-n0-{i}" for i in range(8)]
+    assert len(looked) == 8
+    looked.clear()
+    assert proc.heartbeats(T0 + 2000, None) == [] and looked == []
+    # Every GPU again once its last state is max_interval_ms old, the oldest first.
+    beats = proc.heartbeats(T0 + proc.settings.max_interval_ms, None)
+    assert len(beats) == len(looked) == 392
+    assert len(proc.heartbeats(T0 + 1000 + proc.settings.max_interval_ms, None)) == 8
+
+
+def test_node_rollups_look_only_at_nodes_whose_gpus_changed_and_those_due_a_heartbeat(monkeypatch) -> None:
+    import stream.processor as processor
+    from stream.processor import NODE_HEARTBEAT_MS
+
+    proc = StreamProcessor({})
+    for n in range(20):
+        proc.on_telemetry(telemetry_batch(f"n{n:02d}", 1, T0, gpus=2), 0, T0)
+    rolled = []
+    real = processor.node_state
+    monkeypatch.setattr(processor, "node_state", lambda node, *a: rolled.append(node) or real(node, *a))
+    assert [s.node for s in proc.node_states(T0 + 5000, None)] == [f"n{n:02d}" for n in range(20)]
+    rolled.clear()
+    assert proc.node_states(T0 + 10_000, None) == [] and rolled == []
+    proc.on_telemetry(telemetry_batch("n03", 2, T0 + 11_000, util=5, gpus=2), 0, T0 + 11_000)  # more headroom
+    proc.on_telemetry(telemetry_batch("n04", 2, T0 + 11_000, gpus=2), 0, T0 + 11_000)  # the same
+    assert [s.node for s in proc.node_states(T0 + 15_000, None)] == ["n03"] and rolled == ["n03", "n04"]
+    assert len(proc.node_states(T0 + 5000 + NODE_HEARTBEAT_MS, None)) == 19  # all but n03, published since
