@@ -51,7 +51,8 @@ ROCKSDB_OPTIONS = {"write_buffer_size": 8 << 20, "max_write_buffer_number": 2, "
 def changelog_spec(settings: StreamSettings) -> topics.TopicSpec:
     """The ``gpus`` table's changelog: compacted node entries (their GPUs' snapshots) and GPU owners."""
     return topics.TopicSpec(f"{settings.app_id}-gpus-changelog", topics.spec(topics.TELEMETRY).partitions,
-                            "compact", None, "node:<name> or owner:<GPU UUID>", "changelog of the per-GPU state table",
+                            "compact", None, "node:<name>, hist:<name> or owner:<GPU UUID>",
+                            "changelog of the per-GPU state table",
                             topics.HIGH_VOLUME_STATE)
 
 
@@ -116,12 +117,14 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     async def restored(event: Any) -> None:
         stats.changelog_restored["standby" if app.assignor.is_standby(event.message.tp) else "active"] += 1
 
-    # node:<name> -> its GPUs' GpuTracker snapshots, owner:<uuid> -> node (stream.processor), JSON. The
+    # node:<name> -> its GPUs' GpuTracker snapshots, hist:<name> -> their minute history, owner:<uuid> -> node
+    # (stream.processor). Values are bytes (value_type=bytes: Faust's raw codec) that the processor encodes
+    # once; Faust's JSON codec would encode each write twice, for the store and for the changelog. The
     # compaction settings also reach a changelog that Faust creates itself (ensure_topics normally creates it
     # first); Faust sets the cleanup policy.
     changelog = {k: v for k, v in changelog_spec(settings).configs().items() if k != "cleanup.policy"}
     table = app.Table("gpus", partitions=partitions, extra_topic_configs=changelog, on_changelog_event=restored,
-                      options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
+                      value_type=bytes, options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
     tracker_settings = TrackerSettings(
         horizons_min=tuple(settings.horizons_min), min_interval_ms=settings.min_publish_interval_ms,
         max_interval_ms=settings.max_publish_interval_ms, max_clock_skew_ms=int(settings.max_clock_skew_s * 1000),

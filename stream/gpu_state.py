@@ -5,7 +5,8 @@ metrics, one-minute history, health, recent events, the workload fingerprint and
 forecasters, renders a ``GpuState`` record, and decides when that record is worth publishing
 (on change, at most every ``min_interval_ms``, at least every ``max_interval_ms``).
 
-Its snapshot (``to_dict``) is what the Faust table's changelog stores. Forecasters are not
+Its snapshot (``to_dict``) is what the Faust table's changelog stores; the processor stores the minute
+history apart from the rest, which changes with every sample (stream.processor). Forecasters are not
 serialised: they are rebuilt by replaying the retained minute history, which reproduces their
 windows and most of their loss and residual statistics (measured in tests/stream/test_gpu_state.py).
 Duplicate samples (an agent replaying its spool after an outage, or the stream re-reading after a
@@ -108,6 +109,8 @@ class GpuTracker:
     fleet_strikes: dict[str, int] = field(default_factory=dict)
     fleet_reasons: list[str] = field(default_factory=list)
     sbe_window: deque = field(default_factory=deque)  # (sample ms, volatile SBE count) over the fleet's window
+    # Minutes closed into the history since this tracker was built: tells the processor when to write it.
+    history_changes: int = 0
     _forecasters: dict[tuple[str, int], ExpertForecaster] | None = None
 
     # ------------------------------------------------------------------ learning
@@ -175,6 +178,7 @@ class GpuTracker:
             closed = (self.minute, self.bucket[0] / count, self.bucket[1] / count)
             self._models()  # built (from the history so far) before this minute joins it
             self.history.append(closed)
+            self.history_changes += 1
             self._learn_minute(closed[1], closed[2])
             self.bucket = [0.0, 0.0, 0]
         if self.minute is None or minute >= self.minute:
@@ -306,7 +310,11 @@ class GpuTracker:
             return True  # a health band or verdict change is what the scheduler acts on: never held back
         if behind:
             return False
-        return since >= self.settings.min_interval_ms and self._signature() != self.published_signature
+        return since >= self.settings.min_interval_ms and self.changed()
+
+    def changed(self) -> bool:
+        """A meaningful change since the last state published (or none published yet)."""
+        return self._signature() != self.published_signature
 
     def mark_published(self, now_ms: int) -> None:
         self.last_published_ms = now_ms
@@ -315,13 +323,14 @@ class GpuTracker:
 
     # ------------------------------------------------------------------ snapshot
 
-    def to_dict(self) -> dict:
-        return {
+    def to_dict(self, history: bool = True) -> dict:
+        """The snapshot; ``history=False`` leaves the minute history out (the processor stores it apart)."""
+        data = {
             "uuid": self.uuid, "node": self.node, "model": self.model, "index": self.index,
             "fb_total_mib": self.fb_total_mib, "samples": self.samples, "duplicates": self.duplicates,
             "last_seq": self.last_seq, "sample_ts_ms": self.sample_ts_ms, "arrived_ms": self.arrived_ms,
             "smoothed": self.smoothed,
-            "minute": self.minute, "bucket": self.bucket, "history": list(self.history),
+            "minute": self.minute, "bucket": self.bucket,
             "health_score": self.health_score, "health_band": self.health_band,
             "health_components": self.health_components, "verdict": self.verdict,
             "verdict_reasons": self.verdict_reasons, "recommended_action": self.recommended_action,
@@ -331,9 +340,14 @@ class GpuTracker:
             "fingerprint": dict(vars(self.fingerprint)), "last_published_ms": self.last_published_ms,
             "last_point_ms": self.last_point_ms,
         }
+        if history:
+            data["history"] = list(self.history)
+        return data
 
     @classmethod
-    def from_dict(cls, data: dict, settings: TrackerSettings | None = None) -> GpuTracker:
+    def from_dict(cls, data: dict, settings: TrackerSettings | None = None,
+                  history: list | None = None) -> GpuTracker:
+        """``history``: the minute history stored apart from ``data`` (None: ``data``'s own)."""
         t = cls(uuid=data["uuid"], settings=settings or TrackerSettings())
         for name in ("node", "model", "index", "fb_total_mib", "samples", "duplicates", "last_seq", "sample_ts_ms",
                      "smoothed", "minute", "bucket", "health_score", "health_band", "health_components",
@@ -345,7 +359,8 @@ class GpuTracker:
         t.verdict = data.get("verdict", HealthVerdict.UNKNOWN.value)
         t.verdict_reasons = list(data.get("verdict_reasons", []))
         t.recommended_action = data.get("recommended_action", HealthAction.UNKNOWN.value)
-        t.history = deque((tuple(h) for h in data["history"]), maxlen=HISTORY_MINUTES)
+        t.history = deque((tuple(h) for h in (data["history"] if history is None else history)),
+                          maxlen=HISTORY_MINUTES)
         t.recent_events = deque((tuple(e) for e in data["recent_events"]), maxlen=RECENT_EVENTS)
         t.fingerprint = WorkloadFingerprint.from_dict(data["fingerprint"])
         if t.history:

@@ -9,14 +9,23 @@ from the last processed take; duplicates replayed after a crash are recognised p
 
 One entry per node, not per GPU: each table write is a RocksDB put and a changelog record produced
 through Faust, and that per-record work, not the bytes, was most of a worker's time (docs/performance.md).
-Entries written before this layout (``SNAPSHOT_VERSION`` 1: one per GPU, keyed by its UUID) are still
-read; a GPU found only there is loaded from it, and its old key is deleted (a tombstone in the
-changelog) once its node's entry holds it, so the migration loses nothing and needs no reset.
+The minute history (an hour per GPU, two thirds of a snapshot's JSON then) changes only when a minute
+closes, so it has its own entry per node (``hist:<name>``), written in the takes that close a minute; the
+node entry written for every batch holds the rest. Values are bytes the processor encodes itself (JSON,
+once: the app's table passes them through), where Faust's JSON codec encoded each write twice, for the
+store and for the changelog.
+
+Entries written before this layout are still read, and rewritten in it the first time their node is:
+``SNAPSHOT_VERSION`` 2 (a node entry holding its GPUs' history, what Faust's JSON codec wrote) and 1 (one
+per GPU, keyed by its UUID; a GPU found only there is loaded from it, and its old key is deleted, a
+tombstone in the changelog, once its node's entry holds it), so the migration loses nothing and needs no
+reset.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, MutableMapping
@@ -28,9 +37,10 @@ from stream.metrics import StreamStats
 from stream.rollup import Partial, model_demand, node_state
 
 NODE_HEARTBEAT_MS = 30_000
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3
 # GPU UUIDs (the version 1 keys) start with "GPU-", so these never collide with them.
 NODE_KEY_PREFIX = "node:"
+HISTORY_KEY_PREFIX = "hist:"
 OWNER_KEY_PREFIX = "owner:"
 
 
@@ -39,10 +49,24 @@ def node_key(node: str) -> str:
     return NODE_KEY_PREFIX + node
 
 
+def history_key(node: str) -> str:
+    """The table key of the minute history of a node's GPUs (version 3)."""
+    return HISTORY_KEY_PREFIX + node
+
+
 def owner_key(uuid: str) -> str:
     """The table key naming the node whose entry holds a GPU: written when a GPU joins a node (rarely), read
     when a worker meets a GPU it holds no tracker for, so that a restarted worker still knows whose it is."""
     return OWNER_KEY_PREFIX + uuid
+
+
+def encode_value(value: object) -> bytes:
+    """A table value as stored: the bytes Faust's JSON codec wrote before (so both read alike), made once."""
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def decode_value(raw: bytes | None) -> object:
+    return None if raw is None else json.loads(raw)
 
 
 class InvalidRecord(ValueError):
@@ -107,7 +131,7 @@ class Take:
 
 
 class StreamProcessor:
-    def __init__(self, snapshots: MutableMapping[str, dict], settings: TrackerSettings | None = None,
+    def __init__(self, snapshots: MutableMapping[str, bytes], settings: TrackerSettings | None = None,
                  stats: StreamStats | None = None):
         self.snapshots = snapshots
         self.settings = settings or TrackerSettings()
@@ -121,6 +145,14 @@ class StreamProcessor:
         self.member_of: dict[str, str] = {}  # GPU UUID -> the node whose members hold it
         self.node_partition: dict[str, int] = {}
         self.legacy: set[str] = set()  # version 1 keys loaded but not yet deleted
+        # What the heartbeat looks at instead of every GPU every second (docs/performance.md): GPUs changed since
+        # their last state but held back (``min_interval_ms``, catching up) or loaded and not yet published, and
+        # the published ones, longest unpublished first (each publication moves a GPU to the end).
+        self.held: dict[str, GpuTracker] = {}
+        self.by_age: dict[str, GpuTracker] = {}
+        self.rollup_due: set[str] = set()  # nodes whose GPUs were loaded or changed since the last node rollups
+        # GPU UUID -> (node, its tracker's ``history_changes``) when its history was last in that node's entry
+        self.history_written: dict[str, tuple[str, int]] = {}
         self.behind: set[int] = set()  # partitions whose last record came from a log being caught up on
 
     # ------------------------------------------------------------------ state
@@ -130,12 +162,19 @@ class StreamProcessor:
         members = self.members.get(node)
         if members is None:
             members = self.members[node] = {}
-            entry = self.snapshots.get(node_key(node))
-            for key, snapshot in (entry or {}).get("gpus", {}).items():
+            self.rollup_due.add(node)
+            entry = decode_value(self.snapshots.get(node_key(node))) or {}
+            # Version 2 entries hold each GPU's history; version 3 keeps it in the node's history entry.
+            split = entry.get("v", 0) >= 3
+            histories = (decode_value(self.snapshots.get(history_key(node))) or {}).get("gpus", {}) if split else {}
+            for key, snapshot in entry.get("gpus", {}).items():
                 t = self.trackers.get(key)
                 if t is None:
-                    t = self.trackers[key] = GpuTracker.from_dict(snapshot, self.settings)
+                    t = self.trackers[key] = self.held[key] = GpuTracker.from_dict(
+                        snapshot, self.settings, histories.get(key, []) if split else None)
                     self.partition_of[key] = partition
+                    if split:
+                        self.history_written[key] = (node, t.history_changes)
                 if t.node in (node, "") and key not in self.member_of:  # a moved board stays with its new node
                     members[key] = t
                     self.member_of[key] = node
@@ -148,26 +187,32 @@ class StreamProcessor:
             self._node(node, partition)
         t = self.trackers.get(key)
         if t is None:
-            owner = self.snapshots.get(owner_key(key))
+            owner = decode_value(self.snapshots.get(owner_key(key)))
             if owner and owner != node:
                 self._node(owner, partition)
                 t = self.trackers.get(key)
         if t is None:
-            legacy = self.snapshots.get(key)
+            legacy = decode_value(self.snapshots.get(key))
             if legacy:
                 t = GpuTracker.from_dict(legacy, self.settings)
                 self.legacy.add(key)
             else:
                 t = GpuTracker(uuid=key, settings=self.settings)
-            self.trackers[key] = t
+            self.trackers[key] = self.held[key] = t
         self.partition_of[key] = partition
         return t
 
     def snapshot(self, key: str) -> dict | None:
-        """GPU ``key``'s stored snapshot (from its node's entry)."""
+        """GPU ``key``'s stored snapshot (from its node's entry and the node's history entry)."""
         t = self.trackers.get(key)
-        entry = self.snapshots.get(node_key(t.node)) if t is not None and t.node else None
-        return entry["gpus"].get(key) if entry else None
+        if t is None or not t.node:
+            return None
+        entry = decode_value(self.snapshots.get(node_key(t.node)))
+        snapshot = entry["gpus"].get(key) if entry else None
+        if snapshot is None or "history" in snapshot:
+            return snapshot
+        histories = decode_value(self.snapshots.get(history_key(t.node))) or {"gpus": {}}
+        return {**snapshot, "history": histories["gpus"].get(key, [])}
 
     def _write(self, node: str, touched: Iterable[GpuTracker]) -> None:
         """Write ``node``'s entry after ``touched`` (its GPUs in the record just applied) changed."""
@@ -179,12 +224,21 @@ class StreamProcessor:
                 before = self.member_of.get(t.uuid)
                 if before is not None and before in self.members:
                     self.members[before].pop(t.uuid, None)
+                    self.rollup_due.add(before)
                 members[t.uuid] = t
                 self.member_of[t.uuid] = node
                 if before != node:
-                    self.snapshots[owner_key(t.uuid)] = node
-        self.snapshots[node_key(node)] = {"v": SNAPSHOT_VERSION,
-                                          "gpus": {k: t.to_dict() for k, t in members.items()}}
+                    self.snapshots[owner_key(t.uuid)] = encode_value(node)
+        written = self.history_written
+        if any(t.history and written.get(k) != (node, t.history_changes) for k, t in members.items()):
+            # A minute closed (or a GPU joined, or the entry was read in an older layout): the whole node's
+            # history, so that the entry alone restores it.
+            self.snapshots[history_key(node)] = encode_value(
+                {"v": SNAPSHOT_VERSION, "gpus": {k: list(t.history) for k, t in members.items() if t.history}})
+            for k, t in members.items():
+                written[k] = (node, t.history_changes)
+        self.snapshots[node_key(node)] = encode_value(
+            {"v": SNAPSHOT_VERSION, "gpus": {k: t.to_dict(history=False) for k, t in members.items()}})
         for key in [k for k in self.legacy if k in members]:
             self.legacy.discard(key)
             with contextlib.suppress(KeyError):
@@ -198,6 +252,9 @@ class StreamProcessor:
             self.trackers.pop(key, None)
             self.partition_of.pop(key, None)
             self.legacy.discard(key)
+            self.history_written.pop(key, None)
+            self.held.pop(key, None)
+            self.by_age.pop(key, None)
         for node in [n for n, p in self.node_partition.items() if p in gone]:
             for key in self.members.pop(node, {}):
                 if self.member_of.get(key) == node:
@@ -275,6 +332,7 @@ class StreamProcessor:
             if writing is not None:
                 writing(take.sources[node])
             self._write(node, touched.values())
+            self.rollup_due.add(node)
         states = self._due(take.observed.values(), now_ms, observe=True)
         return states + self._due([t for k, t in take.unobserved.items() if k not in take.observed], now_ms,
                                   observe=False)
@@ -296,33 +354,65 @@ class StreamProcessor:
     def _due(self, trackers: Iterable[GpuTracker], now_ms: int, observe: bool) -> list[GpuState]:
         out = []
         behind = self.behind
+        held, by_age = self.held, self.by_age
         for t in trackers:
-            if t.samples and t.due(now_ms, bool(behind) and self.partition_of.get(t.uuid) in behind):
+            key = t.uuid
+            if not t.samples:
+                held.pop(key, None)  # nothing to publish until a sample comes, in a take that considers it again
+                continue
+            if t.due(now_ms, bool(behind) and self.partition_of.get(key) in behind):
                 state = t.state(now_ms)
                 t.mark_published(now_ms)
                 if observe:
                     self.stats.observe_latency(max(0.0, (now_ms - t.fresh_ms) / 1000.0))
                 out.append(state)
+                held.pop(key, None)
+                by_age.pop(key, None)
+                by_age[key] = t
+            elif t.changed():  # held back: due once min_interval_ms has passed, or the worker has caught up
+                held[key] = t
+            else:
+                held.pop(key, None)
         return out
 
     def heartbeats(self, now_ms: int, partitions: set[int] | None) -> list[GpuState]:
         """States not published for ``max_interval_ms`` (their freshness timestamps tell how old the data is),
-        and changes held back by ``min_interval_ms`` (not while their partition is being caught up on)."""
-        return self._due(self.owned(partitions), now_ms, observe=False)
+        and changes held back by ``min_interval_ms`` (not while their partition is being caught up on).
+
+        Only GPUs that can be due are looked at: the held ones, and the published ones up to the first
+        published less than ``max_interval_ms`` ago. Any other GPU's state is what it last published."""
+        candidates = dict(self.held)
+        oldest = now_ms - self.settings.max_interval_ms
+        for key, t in self.by_age.items():
+            if t.last_published_ms > oldest:
+                break
+            candidates[key] = t
+        owned = [t for k, t in candidates.items() if partitions is None or self.partition_of.get(k) in partitions]
+        return self._due(owned, now_ms, observe=False)
 
     def fleet_check(self, now_ms: int, partitions: set[int] | None) -> None:
         """Judge the owned GPUs against their model's fleet (stream.fleet_peers); a reason found shows on the
         GPU's next state."""
-        fleet_peers.check(self.owned(partitions), now_ms, self.fleet_settings)
+        owned = self.owned(partitions)
+        flagged = [bool(t.fleet_reasons) for t in owned]
+        fleet_peers.check(owned, now_ms, self.fleet_settings)
+        for t, before in zip(owned, flagged, strict=True):
+            if before or t.fleet_reasons:  # its state may change: the heartbeat considers it
+                self.held[t.uuid] = t
 
     def node_states(self, now_ms: int, partitions: set[int] | None) -> list[NodeState]:
-        """Node rollups that changed, or that were last published ``NODE_HEARTBEAT_MS`` ago."""
-        by_node: dict[str, list[GpuTracker]] = defaultdict(list)
-        for t in self.owned(partitions):
-            if t.node and t.samples:
-                by_node[t.node].append(t)
+        """Node rollups that changed, or that were last published ``NODE_HEARTBEAT_MS`` ago.
+
+        A rollup changes only with its GPUs, so only the nodes whose GPUs were loaded or in a take since the
+        last call are rolled up again, with those due a heartbeat, not every node every time."""
+        nodes = self.rollup_due | {n for n, (ts, _) in self.node_published.items() if now_ms - ts >= NODE_HEARTBEAT_MS}
+        self.rollup_due = set()
         out = []
-        for node, gpus in sorted(by_node.items()):
+        for node in sorted(nodes):
+            gpus = [t for t in self.members.get(node, {}).values() if t.node == node and t.samples
+                    and (partitions is None or self.partition_of.get(t.uuid) in partitions)]
+            if not gpus:
+                continue
             state = node_state(node, gpus, now_ms)
             signature = (tuple((g.uuid, g.health_band) for g in state.gpus), state.free_gpu_milli // 250,
                          state.free_fb_mib // 4096)

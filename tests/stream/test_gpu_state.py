@@ -47,7 +47,7 @@ def test_a_snapshot_frozen_in_the_future_heals_on_the_next_genuine_sample() -> N
     frozen = GpuTracker(uuid="GPU-n-0")
     frozen.learn_sample("n", GpuInfo("GPU-n-0", 0, "H100", 81920), GpuSample(0, 50, 0, 99, 50, 1000, 2500, 60),
                         T0 + HOUR, T0 + HOUR)  # learned by a worker before this check, or one whose clock was off
-    proc = StreamProcessor({"GPU-n-0": frozen.to_dict()})
+    proc = StreamProcessor({"GPU-n-0": json.dumps(frozen.to_dict()).encode()})
     proc.on_telemetry(_batch(3, T0), 0, T0)
     t = proc.trackers["GPU-n-0"]
     assert t.samples == 2 and t.sample_ts_ms == T0 and proc.stats.duplicates == 0

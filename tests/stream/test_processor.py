@@ -11,7 +11,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, Severity, TelemetryBatch
-from stream.processor import GpuClaimedElsewhere, InvalidRecord, StreamProcessor, Take, node_key, owner_key
+from stream.processor import (
+    GpuClaimedElsewhere,
+    InvalidRecord,
+    StreamProcessor,
+    Take,
+    decode_value,
+    history_key,
+    node_key,
+    owner_key,
+)
 from tests.support import telemetry_batch
 
 
@@ -83,8 +92,12 @@ class _Recording(dict):
         self.writes: list[str] = []
 
     def __setitem__(self, key, value) -> None:
+        assert isinstance(value, bytes)  # the app's table stores and logs the processor's bytes as they are
         self.writes.append(key)
-        super().__setitem__(key, json.loads(json.dumps(value)))  # stored as JSON, as the changelog does
+        super().__setitem__(key, value)
+
+    def entry(self, key) -> dict:
+        return decode_value(self[key])
 
     def __delitem__(self, key) -> None:
         self.writes.append(f"-{key}")
@@ -103,7 +116,7 @@ def test_a_batch_writes_one_entry_for_its_node_not_one_per_gpu() -> None:
     table.writes.clear()
     proc.on_telemetry(telemetry_batch("n", 2, T0 + 1000, gpus=8), 0, T0 + 1000)
     assert table.writes == [node_key("n")]
-    assert sorted(table[node_key("n")]["gpus"]) == [f"GPU-n-{i}" for i in range(8)]
+    assert sorted(table.entry(node_key("n"))["gpus"]) == [f"GPU-n-{i}" for i in range(8)]
 
 
 def test_a_restarted_processor_carries_on_exactly_from_the_node_entries() -> None:
@@ -126,21 +139,21 @@ def test_a_restarted_processor_carries_on_exactly_from_the_node_entries() -> Non
     # A node seen only through an event still has its GPUs' entry loaded before the entry is written.
     third = StreamProcessor(table)
     third.on_event(dataclasses.replace(ev, event_id="e2", ts_ms=T0 + 8000), 0, T0 + 8000)
-    assert sorted(table[node_key("n")]["gpus"]) == [f"GPU-n-{i}" for i in range(4)]
+    assert sorted(table.entry(node_key("n"))["gpus"]) == [f"GPU-n-{i}" for i in range(4)]
 
 
 def test_version_1_per_gpu_entries_are_migrated_into_the_node_entry_and_deleted() -> None:
     old = StreamProcessor({})
     for seq in range(1, 4):
         old.on_telemetry(telemetry_batch("n", seq, T0 + seq * 1000, gpus=2), 0, T0 + seq * 1000)
-    v1 = _Recording({k: json.loads(json.dumps(t.to_dict())) for k, t in old.trackers.items()})  # the old layout
+    v1 = _Recording({k: json.dumps(t.to_dict()).encode() for k, t in old.trackers.items()})  # the old layout
     proc = StreamProcessor(v1)
     proc.on_telemetry(telemetry_batch("n", 4, T0 + 4000, gpus=2), 0, T0 + 4000)
     assert [t.samples for t in proc.trackers.values()] == [4, 4]  # nothing lost in the move
     assert sorted(v1) == [node_key("n"), owner_key("GPU-n-0"), owner_key("GPU-n-1")]
     assert sorted(v1.writes) == sorted([node_key("n"), "-GPU-n-0", "-GPU-n-1", owner_key("GPU-n-0"),
                                         owner_key("GPU-n-1")])
-    assert sorted(v1[node_key("n")]["gpus"]) == ["GPU-n-0", "GPU-n-1"]
+    assert sorted(v1.entry(node_key("n"))["gpus"]) == ["GPU-n-0", "GPU-n-1"]
 
 
 def test_a_moved_gpu_leaves_its_old_nodes_entry() -> None:
@@ -151,8 +164,8 @@ def test_a_moved_gpu_leaves_its_old_nodes_entry() -> None:
     moved = dataclasses.replace(telemetry_batch("b", 1, later), gpus=[GpuInfo("GPU-a-1", 0, "A100", 81920)])
     proc.on_telemetry(moved, 0, later)
     proc.on_telemetry(telemetry_batch("a", 2, later + 1000), 0, later + 1000)  # node a is back with one GPU
-    assert sorted(table[node_key("b")]["gpus"]) == ["GPU-a-1"]
-    assert sorted(table[node_key("a")]["gpus"]) == ["GPU-a-0"]
+    assert sorted(table.entry(node_key("b"))["gpus"]) == ["GPU-a-1"]
+    assert sorted(table.entry(node_key("a"))["gpus"]) == ["GPU-a-0"]
 
 
 def test_a_restarted_processor_still_knows_whose_gpu_it_is() -> None:
@@ -225,3 +238,106 @@ def test_an_invalid_record_in_a_take_changes_nothing_and_the_rest_of_the_take_ap
     states = proc.finish(take, T0 + 1000)
     assert [(s.gpu_uuid, s.samples) for s in states] == [("GPU-a-0", 2)]
     assert node_key("b") not in table and "GPU-b-0" not in proc.trackers
+
+
+def _minutes(node: str, first: int, last: int, gpus: int = 2) -> list[TelemetryBatch]:
+    """A batch every 20 s from ``first`` to ``last`` (seq), so minutes close and forecasts are rendered."""
+    return [telemetry_batch(node, seq, T0 + seq * 20_000, util=(17 * seq) % 100, gpus=gpus)
+            for seq in range(first, last + 1)]
+
+
+def test_the_minute_history_is_written_only_in_takes_that_close_a_minute() -> None:
+    table = _Recording()
+    proc = StreamProcessor(table)
+    closing = []
+    for batch in _minutes("n", 1, 14):
+        table.writes.clear()
+        proc.on_telemetry(batch, 0, batch.base_ts_ms)
+        if history_key("n") in table.writes:
+            closing.append(batch.batch_seq)
+    # Minutes close with the first sample of the next one: T0 is 20 s into its minute.
+    assert closing == [2, 5, 8, 11, 14]
+    assert "history" not in table.entry(node_key("n"))["gpus"]["GPU-n-0"]
+    assert table.entry(history_key("n"))["gpus"]["GPU-n-0"] == [list(h) for h in proc.trackers["GPU-n-0"].history]
+    # What the two entries hold restores each GPU exactly, forecasters included.
+    again = StreamProcessor(table)
+    for batch in _minutes("n", 14, 20):  # the last batch again (a duplicate), then new ones
+        again.on_telemetry(batch, 0, batch.base_ts_ms)
+        proc.on_telemetry(batch, 0, batch.base_ts_ms)
+    assert again.stats.duplicates == 2
+    for key, t in proc.trackers.items():
+        assert again.trackers[key].to_dict() == t.to_dict()
+        assert again.trackers[key].forecasts == t.forecasts
+
+
+def test_version_2_node_entries_are_read_after_an_upgrade_and_rewritten_split() -> None:
+    from faust.serializers import codecs
+
+    old = StreamProcessor({})
+    for batch in _minutes("n", 1, 9):
+        old.on_telemetry(batch, 0, batch.base_ts_ms)
+    # The table as the version 2 worker left it: Faust's JSON codec over its node entry and owner entries.
+    v2 = _Recording({node_key("n"): codecs.dumps("json", {"v": 2, "gpus": {k: t.to_dict()
+                                                                          for k, t in old.trackers.items()}}),
+                     **{owner_key(k): codecs.dumps("json", "n") for k in old.trackers}})
+    proc = StreamProcessor(v2)
+    assert proc.snapshot("GPU-n-0") is None  # nothing loaded yet
+    for batch in _minutes("n", 9, 10):  # the last batch replayed, then one within the same minute
+        proc.on_telemetry(batch, 0, batch.base_ts_ms)
+        old.on_telemetry(batch, 0, batch.base_ts_ms)
+    assert proc.stats.duplicates == 2 and proc.stats.samples == 2
+    for key, t in old.trackers.items():
+        assert proc.trackers[key].to_dict() == t.to_dict() and proc.trackers[key].forecasts == t.forecasts
+        assert proc.snapshot(key)["history"] == [list(h) for h in t.history]  # read back from the history entry
+    # Rewritten in the new layout at its first write, history included although no minute closed since.
+    assert v2.writes == [history_key("n"), node_key("n"), node_key("n")]
+    assert v2.entry(node_key("n"))["v"] == 3 and len(v2.entry(history_key("n"))["gpus"]["GPU-n-1"]) == 3
+    # And a worker restarted from the migrated table (owner entries still version 2) carries on exactly.
+    third = StreamProcessor(v2)
+    forged = dataclasses.replace(telemetry_batch("m", 1, T0 + 210_000), gpus=[GpuInfo("GPU-n-0", 0, "A100", 81920)])
+    with pytest.raises(GpuClaimedElsewhere, match="node 'n'"):
+        third.on_telemetry(forged, 0, T0 + 210_000)
+    for batch in _minutes("n", 11, 12):
+        third.on_telemetry(batch, 0, batch.base_ts_ms)
+        old.on_telemetry(batch, 0, batch.base_ts_ms)
+    for key, t in old.trackers.items():
+        assert third.trackers[key].to_dict() == t.to_dict() and third.trackers[key].forecasts == t.forecasts
+
+
+def test_the_heartbeat_looks_only_at_gpus_that_can_be_due(monkeypatch) -> None:
+    from stream.gpu_state import GpuTracker
+
+    proc = StreamProcessor({})
+    for n in range(50):
+        proc.on_telemetry(telemetry_batch(f"n{n}", 1, T0, gpus=8), 0, T0)  # 400 states published
+    proc.on_telemetry(telemetry_batch("n0", 2, T0 + 500, util=90, gpus=8), 0, T0 + 500)  # held: min_interval
+    looked = []
+    real_due = GpuTracker.due
+    monkeypatch.setattr(GpuTracker, "due", lambda t, *a: looked.append(t.uuid) or real_due(t, *a))
+    assert sorted(s.gpu_uuid for s in proc.heartbeats(T0 + 1000, None)) == [f"GPU-n0-{i}" for i in range(8)]
+    assert len(looked) == 8
+    looked.clear()
+    assert proc.heartbeats(T0 + 2000, None) == [] and looked == []
+    # Every GPU again once its last state is max_interval_ms old, the oldest first.
+    beats = proc.heartbeats(T0 + proc.settings.max_interval_ms, None)
+    assert len(beats) == len(looked) == 392
+    assert len(proc.heartbeats(T0 + 1000 + proc.settings.max_interval_ms, None)) == 8
+
+
+def test_node_rollups_look_only_at_nodes_whose_gpus_changed_and_those_due_a_heartbeat(monkeypatch) -> None:
+    import stream.processor as processor
+    from stream.processor import NODE_HEARTBEAT_MS
+
+    proc = StreamProcessor({})
+    for n in range(20):
+        proc.on_telemetry(telemetry_batch(f"n{n:02d}", 1, T0, gpus=2), 0, T0)
+    rolled = []
+    real = processor.node_state
+    monkeypatch.setattr(processor, "node_state", lambda node, *a: rolled.append(node) or real(node, *a))
+    assert [s.node for s in proc.node_states(T0 + 5000, None)] == [f"n{n:02d}" for n in range(20)]
+    rolled.clear()
+    assert proc.node_states(T0 + 10_000, None) == [] and rolled == []
+    proc.on_telemetry(telemetry_batch("n03", 2, T0 + 11_000, util=5, gpus=2), 0, T0 + 11_000)  # more headroom
+    proc.on_telemetry(telemetry_batch("n04", 2, T0 + 11_000, gpus=2), 0, T0 + 11_000)  # the same
+    assert [s.node for s in proc.node_states(T0 + 15_000, None)] == ["n03"] and rolled == ["n03", "n04"]
+    assert len(proc.node_states(T0 + 5000 + NODE_HEARTBEAT_MS, None)) == 19  # all but n03, published since
