@@ -310,11 +310,7 @@ class GpuTracker:
             return True  # a health band or verdict change is what the scheduler acts on: never held back
         if behind:
             return False
-        return since >= self.settings.min_interval_ms and self.changed()
-
-    def changed(self) -> bool:
-        """A meaningful change since the last state published (or none published yet)."""
-        return self._signature() != self.published_signature
+        return since >= self.settings.min_interval_ms and self._signature() != self.published_signature
 
     def mark_published(self, now_ms: int) -> None:
         self.last_published_ms = now_ms

@@ -145,12 +145,6 @@ class StreamProcessor:
         self.member_of: dict[str, str] = {}  # GPU UUID -> the node whose members hold it
         self.node_partition: dict[str, int] = {}
         self.legacy: set[str] = set()  # version 1 keys loaded but not yet deleted
-        # What the heartbeat looks at instead of every GPU every second (docs/performance.md): GPUs changed since
-        # their last state but held back (``min_interval_ms``, catching up) or loaded and not yet published, and
-        # the published ones, longest unpublished first (each publication moves a GPU to the end).
-        self.held: dict[str, GpuTracker] = {}
-        self.by_age: dict[str, GpuTracker] = {}
-        self.rollup_due: set[str] = set()  # nodes whose GPUs were loaded or changed since the last node rollups
         # GPU UUID -> (node, its tracker's ``history_changes``) when its history was last in that node's entry
         self.history_written: dict[str, tuple[str, int]] = {}
         self.behind: set[int] = set()  # partitions whose last record came from a log being caught up on
@@ -162,7 +156,6 @@ class StreamProcessor:
         members = self.members.get(node)
         if members is None:
             members = self.members[node] = {}
-            self.rollup_due.add(node)
             entry = decode_value(self.snapshots.get(node_key(node))) or {}
             # Version 2 entries hold each GPU's history; version 3 keeps it in the node's history entry.
             split = entry.get("v", 0) >= 3
@@ -170,7 +163,7 @@ class StreamProcessor:
             for key, snapshot in entry.get("gpus", {}).items():
                 t = self.trackers.get(key)
                 if t is None:
-                    t = self.trackers[key] = self.held[key] = GpuTracker.from_dict(
+                    t = self.trackers[key] = GpuTracker.from_dict(
                         snapshot, self.settings, histories.get(key, []) if split else None)
                     self.partition_of[key] = partition
                     if split:
@@ -198,7 +191,7 @@ class StreamProcessor:
                 self.legacy.add(key)
             else:
                 t = GpuTracker(uuid=key, settings=self.settings)
-            self.trackers[key] = self.held[key] = t
+            self.trackers[key] = t
         self.partition_of[key] = partition
         return t
 
@@ -224,7 +217,6 @@ class StreamProcessor:
                 before = self.member_of.get(t.uuid)
                 if before is not None and before in self.members:
                     self.members[before].pop(t.uuid, None)
-                    self.rollup_due.add(before)
                 members[t.uuid] = t
                 self.member_of[t.uuid] = node
                 if before != node:
@@ -253,8 +245,6 @@ class StreamProcessor:
             self.partition_of.pop(key, None)
             self.legacy.discard(key)
             self.history_written.pop(key, None)
-            self.held.pop(key, None)
-            self.by_age.pop(key, None)
         for node in [n for n, p in self.node_partition.items() if p in gone]:
             for key in self.members.pop(node, {}):
                 if self.member_of.get(key) == node:
@@ -332,7 +322,6 @@ class StreamProcessor:
             if writing is not None:
                 writing(take.sources[node])
             self._write(node, touched.values())
-            self.rollup_due.add(node)
         states = self._due(take.observed.values(), now_ms, observe=True)
         return states + self._due([t for k, t in take.unobserved.items() if k not in take.observed], now_ms,
                                   observe=False)
@@ -354,65 +343,33 @@ class StreamProcessor:
     def _due(self, trackers: Iterable[GpuTracker], now_ms: int, observe: bool) -> list[GpuState]:
         out = []
         behind = self.behind
-        held, by_age = self.held, self.by_age
         for t in trackers:
-            key = t.uuid
-            if not t.samples:
-                held.pop(key, None)  # nothing to publish until a sample comes, in a take that considers it again
-                continue
-            if t.due(now_ms, bool(behind) and self.partition_of.get(key) in behind):
+            if t.samples and t.due(now_ms, bool(behind) and self.partition_of.get(t.uuid) in behind):
                 state = t.state(now_ms)
                 t.mark_published(now_ms)
                 if observe:
                     self.stats.observe_latency(max(0.0, (now_ms - t.fresh_ms) / 1000.0))
                 out.append(state)
-                held.pop(key, None)
-                by_age.pop(key, None)
-                by_age[key] = t
-            elif t.changed():  # held back: due once min_interval_ms has passed, or the worker has caught up
-                held[key] = t
-            else:
-                held.pop(key, None)
         return out
 
     def heartbeats(self, now_ms: int, partitions: set[int] | None) -> list[GpuState]:
         """States not published for ``max_interval_ms`` (their freshness timestamps tell how old the data is),
-        and changes held back by ``min_interval_ms`` (not while their partition is being caught up on).
-
-        Only GPUs that can be due are looked at: the held ones, and the published ones up to the first
-        published less than ``max_interval_ms`` ago. Any other GPU's state is what it last published."""
-        candidates = dict(self.held)
-        oldest = now_ms - self.settings.max_interval_ms
-        for key, t in self.by_age.items():
-            if t.last_published_ms > oldest:
-                break
-            candidates[key] = t
-        owned = [t for k, t in candidates.items() if partitions is None or self.partition_of.get(k) in partitions]
-        return self._due(owned, now_ms, observe=False)
+        and changes held back by ``min_interval_ms`` (not while their partition is being caught up on)."""
+        return self._due(self.owned(partitions), now_ms, observe=False)
 
     def fleet_check(self, now_ms: int, partitions: set[int] | None) -> None:
         """Judge the owned GPUs against their model's fleet (stream.fleet_peers); a reason found shows on the
         GPU's next state."""
-        owned = self.owned(partitions)
-        flagged = [bool(t.fleet_reasons) for t in owned]
-        fleet_peers.check(owned, now_ms, self.fleet_settings)
-        for t, before in zip(owned, flagged, strict=True):
-            if before or t.fleet_reasons:  # its state may change: the heartbeat considers it
-                self.held[t.uuid] = t
+        fleet_peers.check(self.owned(partitions), now_ms, self.fleet_settings)
 
     def node_states(self, now_ms: int, partitions: set[int] | None) -> list[NodeState]:
-        """Node rollups that changed, or that were last published ``NODE_HEARTBEAT_MS`` ago.
-
-        A rollup changes only with its GPUs, so only the nodes whose GPUs were loaded or in a take since the
-        last call are rolled up again, with those due a heartbeat, not every node every time."""
-        nodes = self.rollup_due | {n for n, (ts, _) in self.node_published.items() if now_ms - ts >= NODE_HEARTBEAT_MS}
-        self.rollup_due = set()
+        """Node rollups that changed, or that were last published ``NODE_HEARTBEAT_MS`` ago."""
+        by_node: dict[str, list[GpuTracker]] = defaultdict(list)
+        for t in self.owned(partitions):
+            if t.node and t.samples:
+                by_node[t.node].append(t)
         out = []
-        for node in sorted(nodes):
-            gpus = [t for t in self.members.get(node, {}).values() if t.node == node and t.samples
-                    and (partitions is None or self.partition_of.get(t.uuid) in partitions)]
-            if not gpus:
-                continue
+        for node, gpus in sorted(by_node.items()):
             state = node_state(node, gpus, now_ms)
             signature = (tuple((g.uuid, g.health_band) for g in state.gpus), state.free_gpu_milli // 250,
                          state.free_fb_mib // 4096)
