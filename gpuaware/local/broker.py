@@ -140,21 +140,24 @@ class S3Store:
     def endpoint(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def argv(self, weed: Path) -> list[str]:
+        ports = self.ports  # every internal port is chosen: weed's defaults collide with common services
+        return [
+            str(weed), "mini", f"-dir={self.data_dir}", f"-ip={self.host}", f"-ip.bind={self.host}",
+            f"-s3.port={self.port}", f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
+            f"-filer.port={ports['filer']}", "-admin.ui=false", "-webdav=false", f"-bucket={S3_BUCKET}",
+            # weed reports cluster statistics to telemetry.seaweedfs.com unless told not to: a local store
+            # sends nothing anywhere.
+            "-master.telemetry=false",
+        ]
+
     def start(self, timeout_s: float = 60.0) -> None:
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise BrokerError(f"cannot create the s3 store's folder {self.data_dir}: {exc.strerror}; pass --data-dir "
                               "a folder you can write (or leave it out for a temporary one)") from exc
-        weed = seaweed_binary()
-        # Every internal port is chosen (weed's defaults collide with common services).
-        ports = self.ports
-        argv = [
-            str(weed), "mini", f"-dir={self.data_dir}", f"-ip={self.host}", f"-ip.bind={self.host}",
-            f"-s3.port={self.port}", f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
-            f"-filer.port={ports['filer']}", "-admin.ui=false", "-webdav=false", f"-bucket={S3_BUCKET}",
-        ]
-        self.child = ChildProcess("seaweedfs", argv, self.log_dir / "seaweedfs.log")
+        self.child = ChildProcess("seaweedfs", self.argv(seaweed_binary()), self.log_dir / "seaweedfs.log")
         self.child.start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

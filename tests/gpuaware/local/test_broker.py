@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -127,6 +128,13 @@ def test_weed_mini_ports_skip_each_others_grpc_ports_and_the_reserved_defaults()
     assert len(set(chosen)) == 4 and 22000 not in chosen and 13646 not in chosen
     assert not {p + localbroker.MINI_GRPC_OFFSET for p in chosen} & set(chosen)
     assert all(p + localbroker.MINI_GRPC_OFFSET < 32768 for p in chosen)
+
+
+def test_the_s3_store_reports_nothing_to_seaweedfs_telemetry(tmp_path):
+    store = localbroker.S3Store(tmp_path, ports={"s3": 12000, "master": 12001, "volume": 12002, "filer": 12003})
+    argv = store.argv(Path("weed"))
+    assert "-master.telemetry=false" in argv  # weed mini reports to telemetry.seaweedfs.com by default
+    assert "-s3.port=12000" in argv and "-master.port=12001" in argv
 
 
 def test_weed_mini_ports_say_so_when_none_can_be_found():
