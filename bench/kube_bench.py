@@ -65,7 +65,7 @@ from bench.kube_harness import (
 from bench.scheduler_bench import trace_sample
 from gpuaware.local.kube_control_plane import KWOK_NODE_ANNOTATION, KubeControlPlane
 from gpuaware.local.processes import free_port
-from plumbing.gc_policy import fresh_process_gc, hold_collections, settle_long_lived_heap
+from plumbing.gc_policy import fresh_process_gc, loading_long_lived_heap
 from plumbing.kube.api import KubeApi
 from scheduler.kube.extender import Extender
 from scheduler.kube.live import LiveScheduler
@@ -207,13 +207,10 @@ async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | N
         return
     # extender and gpuaware: gpuaware's informers and Bindings (the extender's /bind) in this process, its
     # collector as ``gpuaware scheduler`` runs it (scheduler.main), from a fresh process's (``_measure_mode``).
-    hold_collections()
-    live = LiveScheduler(_api(cp.kubeconfig, qps, api_pool_size(settings)), settings, None)
-    stop = asyncio.Event()
-    try:
+    with loading_long_lived_heap():
+        live = LiveScheduler(_api(cp.kubeconfig, qps, api_pool_size(settings)), settings, None)
         await live.start(sync_timeout_s=120)
-    finally:
-        settle_long_lived_heap()
+    stop = asyncio.Event()
     task = asyncio.create_task(live.run(stop))
     runner: web.AppRunner | None = None
     try:

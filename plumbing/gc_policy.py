@@ -12,7 +12,9 @@ refcounting frees it: cycles made while it loaded stay) and the youngest generat
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
 YOUNG_THRESHOLD = 50_000
 PYTHON_DEFAULT_THRESHOLD = gc.get_threshold()  # as the interpreter started (this module loads before any tuning)
@@ -32,6 +34,17 @@ def settle_long_lived_heap() -> None:
     _, middle, old = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, max(middle, 20), old)
     gc.enable()
+
+
+@contextlib.contextmanager
+def loading_long_lived_heap() -> Iterator[None]:
+    """``hold_collections`` for the block, ``settle_long_lived_heap`` after it, also when it fails: the
+    collector is never left off."""
+    hold_collections()
+    try:
+        yield
+    finally:
+        settle_long_lived_heap()
 
 
 def fresh_process_gc() -> None:

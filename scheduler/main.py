@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
-from plumbing.gc_policy import hold_collections, settle_long_lived_heap
+from plumbing.gc_policy import loading_long_lived_heap
 from plumbing.kafka_settings import KafkaSettings
 from plumbing.signals import stop_on_signals
 from scheduler.kube.live import LiveScheduler
@@ -19,14 +20,9 @@ async def serve(kafka: KafkaSettings | None, settings: SchedulerSettings, metric
     runtime = build_scheduler(settings, kafka)
     if metrics_port:
         runtime.serve_metrics(metrics_host, metrics_port)
-    if own_process:
-        hold_collections()
     try:
-        try:
+        with loading_long_lived_heap() if own_process else contextlib.nullcontext():
             await runtime.start()
-        finally:
-            if own_process:  # also when the start failed: the collector is never left off
-                settle_long_lived_heap()
         await runtime.run(stop)
     finally:
         await runtime.stop()
