@@ -29,10 +29,12 @@ capacity not requested by a bound pod, as in the fragmentation experiment: a fra
 whole GPU allocates its fraction). The pods are then deleted (grace period 0) before the next mode.
 
 API budget: ``default`` is each component as shipped: kube-scheduler's clientConnection qps 50,
-burst 100; gpuaware's Python client has no client-side limit. ``raised`` gives every component the
-same token bucket (``--qps``, burst ``2 * qps``): kube-scheduler's clientConnection, and for gpuaware
-(both modes: the extender binds) a limiter on every request of its API client, as client-go's. The
-apiserver keeps its default max-requests-inflight (400/200) in both.
+burst 100 (its Events go through a second client with the same limit); gpuaware's Python client has no
+client-side limit, its Events are written at ``event_qps`` 50, burst 100. ``raised`` gives every
+component the same token bucket (``--qps``, burst ``2 * qps``): kube-scheduler's clientConnection (so
+its event client too), and for gpuaware (both modes: the extender binds) a limiter on every request of
+its API client, as client-go's, and its Events at that qps and burst on a client of their own, as
+kube-scheduler's. The apiserver keeps its default max-requests-inflight (400/200) in both.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -67,6 +68,7 @@ from gpuaware.local.kube_control_plane import KWOK_NODE_ANNOTATION, KubeControlP
 from gpuaware.local.processes import free_port
 from plumbing.gc_policy import fresh_process_gc, loading_long_lived_heap
 from plumbing.kube.api import KubeApi
+from plumbing.kube.ratelimit import TokenBucket
 from scheduler.kube.extender import Extender
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
@@ -140,27 +142,6 @@ def _with_qps(doc: dict[str, Any], qps: tuple[float, int] | None) -> dict[str, A
 
 # -- gpuaware's API client under a token bucket ----------------------------------------------------
 
-class TokenBucket:
-    """client-go's flowcontrol token bucket: ``qps`` tokens a second, up to ``burst`` saved; take() blocks."""
-
-    def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
-        self.qps, self.burst = qps, burst
-        self._clock, self._sleep = clock, sleep
-        self._tokens, self._at = float(burst), clock()
-        self._lock = threading.Lock()
-
-    def take(self) -> None:
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.qps)
-            self._at = now
-            self._tokens -= 1
-            wait = -self._tokens / self.qps if self._tokens < 0 else 0.0
-        if wait > 0:
-            self._sleep(wait)
-
-
 class LimitedApiClient(client.ApiClient):
     """Every request (lists, watches, writes) takes a token first, as in client-go."""
 
@@ -187,7 +168,8 @@ def _api(kubeconfig: Path, qps: tuple[float, int] | None, pool: int = 64) -> Kub
 async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | None,
                      dra: bool = False) -> AsyncIterator[None]:
     """``mode``'s scheduler, running until the block ends; ``dra``: gpuaware allocates ResourceClaims."""
-    settings = SchedulerSettings(extender_port=0, leader_elect=False, stale_after_s=3600, dra=dra)
+    settings = SchedulerSettings(extender_port=0, leader_elect=False, stale_after_s=3600, dra=dra,
+                                 **({} if qps is None else {"event_qps": qps[0], "event_burst": qps[1]}))
     if mode == "ceiling":
         nodes = await asyncio.to_thread(_node_gpus, cp)
         binder = CeilingBinder(_api(cp.kubeconfig, qps, api_pool_size(settings)), nodes, settings.bind_workers)
@@ -208,7 +190,9 @@ async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | N
     # extender and gpuaware: gpuaware's informers and Bindings (the extender's /bind) in this process, its
     # collector as ``gpuaware scheduler`` runs it (scheduler.main), from a fresh process's (``_measure_mode``).
     with loading_long_lived_heap():
-        live = LiveScheduler(_api(cp.kubeconfig, qps, api_pool_size(settings)), settings, None)
+        # Events on a client of their own, limited by event_qps: kube-scheduler's eventClient.
+        live = LiveScheduler(_api(cp.kubeconfig, qps, api_pool_size(settings)), settings, None,
+                             events_api=_api(cp.kubeconfig, None, 4))
         await live.start(sync_timeout_s=120)
     stop = asyncio.Event()
     task = asyncio.create_task(live.run(stop))

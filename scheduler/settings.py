@@ -43,6 +43,15 @@ class SchedulerSettings(BaseModel):
     pass_budget: int = Field(64, ge=1, le=100_000, description="scheduling cycles per pass")
     # Each bind waits ~50-200 ms on the apiserver: 16 in flight capped a burst at ~160 pods/s (bench cluster).
     bind_workers: int = Field(64, ge=1, le=256, description="binds (and their API calls) in flight at once")
+    # kube-scheduler's Events go through a client of their own at its clientConnection qps/burst (50/100 by
+    # default), and client-go's broadcaster drops Events when 1000 wait: a burst of placements does not double
+    # its writes to the apiserver with as many Events.
+    event_qps: float = Field(50.0, ge=0, le=100_000, description="Events written per second after event_burst "
+                                                                 "(0: no limit)")
+    event_burst: int = Field(100, ge=1, le=100_000, description="Events written at once before event_qps applies")
+    event_queue: int = Field(1000, ge=0, le=1_000_000,
+                             description="Events waiting for their turn; beyond, dropped and counted "
+                                         "(gpuaware_scheduler_events_dropped)")
     checkpoint_timeout_s: float = Field(120.0, ge=0, le=3600,
                                         description="how long a checkpointable pod may take before it is evicted")
     eviction_timeout_s: float = Field(300.0, gt=0, le=86400,

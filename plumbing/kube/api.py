@@ -151,10 +151,16 @@ class KubeApi:
 
     def event(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal",
               component: str = "gpuaware-scheduler") -> None:
+        self.create_event(self.event_body(obj, reason, message, type_, component))
+
+    @staticmethod
+    def event_body(obj: dict[str, Any], reason: str, message: str, type_: str = "Normal",
+                   component: str = "gpuaware-scheduler") -> dict[str, Any]:
+        """A core/v1 Event about ``obj``, stamped now (it may be written later)."""
         meta = obj["metadata"]
         ns = meta.get("namespace") or "default"
         ts = now_rfc3339()
-        body = {
+        return {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": ns},
             "involvedObject": {"apiVersion": obj.get("apiVersion", "v1"), "kind": obj.get("kind", "Pod"),
@@ -165,7 +171,9 @@ class KubeApi:
             "reportingInstance": component, "firstTimestamp": ts[:19] + "Z", "lastTimestamp": ts[:19] + "Z",
             "eventTime": ts, "action": reason, "count": 1,
         }
-        _done(self.core.create_namespaced_event(ns, body, **self._raw))
+
+    def create_event(self, body: dict[str, Any]) -> None:
+        _done(self.core.create_namespaced_event(body["metadata"]["namespace"], body, **self._raw))
 
     # Nodes
     def read_node(self, name: str) -> dict[str, Any]:

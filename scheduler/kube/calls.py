@@ -6,6 +6,7 @@ import asyncio
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -13,6 +14,7 @@ from typing import Any, TypeVar
 from kubernetes.client.exceptions import ApiException
 
 from plumbing.kube.api import TRANSPORT_ERRORS, KubeApi, api_error
+from plumbing.kube.ratelimit import TokenBucket
 from scheduler.kube import objects
 from scheduler.metrics import SchedulerStats
 
@@ -34,7 +36,10 @@ def _always() -> bool:
 
 class ApiCalls:
     def __init__(self, api: KubeApi, stats: SchedulerStats, workers: int, may_act: Callable[[], bool] = _always,
-                 event_workers: int = 2):
+                 event_workers: int = 2, *, events_api: KubeApi | None = None, event_qps: float = 0.0,
+                 event_burst: int = 100, event_queue: int = 1000):
+        """Events go to ``events_api`` (default: ``api``), at most ``event_qps`` a second after a burst of
+        ``event_burst`` (0: no limit), with at most ``event_queue`` waiting for their turn."""
         self.api, self.stats = api, stats
         # Checked before every call, not only between passes: a bind or eviction already queued when the
         # Lease is lost must not reach the API once another replica may be acting (client-go's renew deadline).
@@ -45,6 +50,13 @@ class ApiCalls:
         # a Binding (kube-scheduler's event broadcaster is likewise asynchronous to its binding cycle).
         self._events = ThreadPoolExecutor(max_workers=event_workers, thread_name_prefix="kube-events")
         self._workers, self._event_workers = workers, event_workers
+        # kube-scheduler writes its Events through a client of their own, limited by its clientConnection qps,
+        # and client-go's broadcaster drops what finds 1000 already queued. Unlimited, a burst's Events took
+        # the apiserver's CPU from its Bindings: one write each, as many as the Bindings.
+        self.events_api = events_api or api
+        self._event_bucket = TokenBucket(event_qps, event_burst) if event_qps > 0 else None
+        self._event_queue = event_queue
+        self._dropped_said_at = float("-inf")
 
     def start_threads(self) -> None:
         """Start every API thread now (blocks until they run). The executor starts a thread per call until it has
@@ -67,14 +79,30 @@ class ApiCalls:
         self.stats.api_errors[(verb, code)] += 1
         return code, reason, message
 
-    async def event(self, pod: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+    async def event(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        """Write an Event about ``obj``, best effort as in kube-scheduler: stamped now, written in its turn
+        under the event rate limit, dropped (and counted) when ``event_queue`` are already waiting."""
+        if self.stats.events_waiting >= self._event_queue:
+            self.stats.events_dropped += 1
+            now = time.monotonic()
+            if now - self._dropped_said_at > 60:  # one line a minute, not one per Event of a burst
+                self._dropped_said_at = now
+                log.warning("%d Events waiting to be written: %s %s on %s dropped (%d so far)", self._event_queue,
+                            reason, type_, objects.key(obj), self.stats.events_dropped)
+            return
+        body = self.events_api.event_body(obj, reason, message, type_)
+        self.stats.events_waiting += 1
         try:
-            await self.call(self.api.event, pod, reason, message, type_, pool=self._events)
+            if self._event_bucket is not None:
+                await asyncio.sleep(self._event_bucket.reserve())
+            await self.call(self.events_api.create_event, body, pool=self._events)
         except ApiException as exc:
             self.failed("create-event", exc)
         except TRANSPORT_ERRORS as exc:  # an Event is best effort, as in kube-scheduler
             self.stats.api_errors[("create-event", 0)] += 1
-            log.warning("event %s on %s not written: %s", reason, objects.key(pod), exc)
+            log.warning("event %s on %s not written: %s", reason, objects.key(obj), exc)
+        finally:
+            self.stats.events_waiting -= 1
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -72,7 +72,8 @@ def _serves_taint_rules(custom: Any) -> bool:
 class LiveScheduler:
     def __init__(self, api: KubeApi, settings: SchedulerSettings, view: StateView | None = None,
                  stats: SchedulerStats | None = None, *, decisions: DecisionPublisher = discard_decision,
-                 control: ControlPublisher = discard_control, may_act: Callable[[], bool] | None = None):
+                 control: ControlPublisher = discard_control, may_act: Callable[[], bool] | None = None,
+                 events_api: KubeApi | None = None):
         self.api, self.settings, self.view = api, settings, view
         # May this replica write to the API and the control topic right now? With leader election, the
         # elector's is_leader(), which turns False at the renew deadline even before the loop notices.
@@ -83,8 +84,11 @@ class LiveScheduler:
         self.leading = asyncio.Event()
         self.snapshot = QueueSnapshot()
         self.tasks = Tasks()
-        # Enough threads for ``bind_workers`` binds plus evictions and events.
-        self.calls = ApiCalls(api, self.stats, settings.bind_workers + 8, lambda: self.may_act())
+        # Enough threads for ``bind_workers`` binds plus evictions. ``events_api``: a client of their own for
+        # Events (as kube-scheduler's), default ``api``.
+        self.calls = ApiCalls(api, self.stats, settings.bind_workers + 8, lambda: self.may_act(),
+                              events_api=events_api, event_qps=settings.event_qps, event_burst=settings.event_burst,
+                              event_queue=settings.event_queue)
         self.departures = Departures()
         self.evictor = Evictor(self.calls, self.cache, settings, self.stats)
         self.unschedulable = UnschedulableReporter(self.calls, self.cache, self.stats, self.sink, self.tasks)

@@ -60,24 +60,6 @@ def test_the_real_bench_writes_the_same_trace_pods_for_each_mode_as_that_mode_ne
     assert {p["spec"]["schedulerName"] for p in pods["extender"]} == {"default-scheduler"}
 
 
-def test_the_token_bucket_gives_burst_at_once_then_qps():
-    from bench.kube_bench import TokenBucket
-
-    now, waits = [0.0], []
-
-    def sleep(s: float) -> None:
-        waits.append(s)
-        now[0] += s
-
-    bucket = TokenBucket(qps=50.0, burst=5, clock=lambda: now[0], sleep=sleep)
-    for _ in range(5):
-        bucket.take()
-    assert waits == []  # the burst is there at once
-    for _ in range(5):
-        bucket.take()
-    assert waits == pytest.approx([1 / 50] * 5)  # then one token per 1/qps
-
-
 def test_bench_scheduler_dra_names_its_own_modes_and_scale_knob_before_starting_anything():
     result = run("bench", "scheduler", "--dra", "--modes", "extender", timeout=60)
     assert result.returncode == 2 and "kube_scheduler_dra,gpuaware_dra" in result.stderr

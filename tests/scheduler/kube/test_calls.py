@@ -82,3 +82,20 @@ def test_start_threads_starts_every_api_thread_before_the_first_call(kube, stats
         assert all(t.is_alive() for t in calls._pool._threads)
     finally:
         calls.shutdown()
+
+
+async def test_events_past_the_burst_wait_their_turn_and_past_the_queue_are_dropped_and_counted(kube, stats,
+                                                                                                  wait_for):
+    pod = kube.create("pods", make_pod("p"))
+    # one at once, then one per 4 s; three may be in the recorder: of five Events at once, two are dropped
+    limited = ApiCalls(kube.api(), stats, workers=1, event_qps=0.25, event_burst=1, event_queue=3)
+    try:
+        writes = [asyncio.ensure_future(limited.event(pod, "Scheduled", f"placed {i}")) for i in range(5)]
+        await wait_for(lambda: kube.objects("events"), what="the first Event")
+        assert [e["message"] for e in kube.objects("events")] == ["placed 0"]  # the others wait for tokens
+        assert stats.events_dropped == 2 and stats.events_waiting == 2
+        await asyncio.wait_for(asyncio.gather(*writes), 60)
+        assert sorted(e["message"] for e in kube.objects("events")) == ["placed 0", "placed 1", "placed 2"]
+        assert stats.events_waiting == 0
+    finally:
+        limited.shutdown()
