@@ -37,7 +37,7 @@ def _always() -> bool:
 class ApiCalls:
     def __init__(self, api: KubeApi, stats: SchedulerStats, workers: int, may_act: Callable[[], bool] = _always,
                  event_workers: int = 2, *, events_api: KubeApi | None = None, event_qps: float = 0.0,
-                 event_burst: int = 100, event_queue: int = 1000):
+                 event_burst: int = 100, event_queue: int = 5000):
         """Events go to ``events_api`` (default: ``api``), at most ``event_qps`` a second after a burst of
         ``event_burst`` (0: no limit), with at most ``event_queue`` waiting for their turn."""
         self.api, self.stats = api, stats
@@ -50,9 +50,8 @@ class ApiCalls:
         # a Binding (kube-scheduler's event broadcaster is likewise asynchronous to its binding cycle).
         self._events = ThreadPoolExecutor(max_workers=event_workers, thread_name_prefix="kube-events")
         self._workers, self._event_workers = workers, event_workers
-        # kube-scheduler writes its Events through a client of their own, limited by its clientConnection qps,
-        # and client-go's broadcaster drops what finds 1000 already queued. Unlimited, a burst's Events took
-        # the apiserver's CPU from its Bindings: one write each, as many as the Bindings.
+        # kube-scheduler writes its Events through a client of their own, limited by its clientConnection qps.
+        # Unlimited, a burst's Events took the apiserver's CPU from its Bindings: one write each, as many.
         self.events_api = events_api or api
         self._event_bucket = TokenBucket(event_qps, event_burst) if event_qps > 0 else None
         self._event_queue = event_queue
