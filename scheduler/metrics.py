@@ -32,8 +32,8 @@ class SchedulerStats:
     bind_latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     queue_wait: dict[tuple[str, str], Histogram] = field(default_factory=dict)  # (tenant, priority)
     api_errors: Counter = field(default_factory=Counter)  # (verb, code)
-    events_waiting: int = 0  # Events waiting for their turn under the event rate limit (scheduler.kube.calls)
-    events_dropped: int = 0  # Events not written: the wait was full
+    events_waiting: int = 0  # Events queued, not yet taken by a writer (scheduler.kube.calls)
+    events_dropped: Counter = field(default_factory=Counter)  # reason -> Events not written: lane full, or not leading
     extender_requests: Counter = field(default_factory=Counter)  # (verb, HTTP status) answered to kube-scheduler
     leader: bool = False
     feed_records: int = 0
@@ -163,11 +163,15 @@ class SchedulerCollector(Collector):
             errors.add_metric([verb, str(code)], n)
         yield errors
         yield GaugeMetricFamily("gpuaware_scheduler_events_waiting",
-                                "Events waiting for their turn under the event rate limit", value=s.events_waiting)
-        yield CounterMetricFamily("gpuaware_scheduler_events_dropped",
-                                  "Events not written because event_queue were already waiting (as client-go's "
-                                  "broadcaster drops them); the decisions stay on scheduler.decisions.v1",
-                                  value=s.events_dropped)
+                                "Events queued and not yet being written (event_qps, event_queue)",
+                                value=s.events_waiting)
+        dropped = CounterMetricFamily("gpuaware_scheduler_events_dropped",
+                                      "Events not written, by reason: event_queue of their kind already waited, or "
+                                      "the replica stopped leading; the decisions stay on scheduler.decisions.v1",
+                                      labels=["reason"])
+        for reason, n in sorted(s.events_dropped.items()):
+            dropped.add_metric([reason], n)
+        yield dropped
         ext = CounterMetricFamily("gpuaware_scheduler_extender_requests",
                                   "Extender requests answered, by verb and HTTP status", labels=["verb", "code"])
         for (verb, code), n in sorted(s.extender_requests.items()):

@@ -45,14 +45,15 @@ class SchedulerSettings(BaseModel):
     bind_workers: int = Field(64, ge=1, le=256, description="binds (and their API calls) in flight at once")
     # kube-scheduler's Events go through a client of their own at its clientConnection qps/burst (50/100 by
     # default): a burst of placements does not double its writes to the apiserver with as many Events. client-go's
-    # broadcaster drops Events once 1000 wait; ours wait longer (~3.4 KB each, 17 MB for 5,000: ~100 s at 50/s),
+    # broadcaster drops Events once 1000 wait; ours wait longer (~1.6 KB each, 8 MB for 5,000: ~100 s at 50/s),
     # so a burst of thousands of placements keeps its Events.
     event_qps: float = Field(50.0, ge=0, le=100_000, description="Events written per second after event_burst "
                                                                  "(0: no limit)")
     event_burst: int = Field(100, ge=1, le=100_000, description="Events written at once before event_qps applies")
-    event_queue: int = Field(5000, ge=0, le=1_000_000,
-                             description="Events waiting for their turn; beyond, dropped and counted "
-                                         "(gpuaware_scheduler_events_dropped)")
+    event_queue: int = Field(5000, ge=1, le=1_000_000,
+                             description="Scheduled Events waiting for their turn, and as many others (written "
+                                         "first); beyond, dropped and counted "
+                                         "(gpuaware_scheduler_events_dropped_total)")
     checkpoint_timeout_s: float = Field(120.0, ge=0, le=3600,
                                         description="how long a checkpointable pod may take before it is evicted")
     eviction_timeout_s: float = Field(300.0, gt=0, le=86400,

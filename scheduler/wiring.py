@@ -158,7 +158,7 @@ class SchedulerRuntime:
 
 
 def api_pool_size(settings: SchedulerSettings) -> int:
-    """HTTP connections to the API: every bind in flight and its Event, at least 32."""
+    """HTTP connections to the API: every bind in flight and the calls beside them (Events have their own)."""
     return max(32, settings.bind_workers * 2)
 
 
@@ -172,13 +172,16 @@ def build_scheduler(settings: SchedulerSettings, kafka: KafkaSettings | None = N
     """
     pool = pool_size or api_pool_size(settings)
     api = KubeApi(connect(settings.api_server, pool_size=pool))
+    # Events on a client of their own, as kube-scheduler's eventClient: their connections are never the Bindings'.
+    events_api = KubeApi(connect(settings.api_server, pool_size=4))
     stats = SchedulerStats()
     view = StateView(stale_after_ms=int(settings.stale_after_s * 1000)) if kafka is not None else None
     publishers = KafkaPublishers(kafka) if kafka is not None and publish else None
     if publishers is not None:
-        live = LiveScheduler(api, settings, view, stats, decisions=publishers.decision, control=publishers.control)
+        live = LiveScheduler(api, settings, view, stats, decisions=publishers.decision, control=publishers.control,
+                             events_api=events_api)
     else:
-        live = LiveScheduler(api, settings, view, stats)
+        live = LiveScheduler(api, settings, view, stats, events_api=events_api)
     feed = (StateFeed(kafka, view, stall_timeout_s=settings.catch_up_stall_s)
             if kafka is not None and view is not None else None)
     if feed is not None:

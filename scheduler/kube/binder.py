@@ -141,11 +141,10 @@ class Binder:
         self.on_bound(key)
         assignments = [GpuAssignment(uuids.get(g) or f"{node}/{g}", m, w.gpu_memory_mib)
                        for g, m in zip(alloc.gpus, alloc.milli, strict=True)]
-        await asyncio.gather(
-            self.calls.event(pod, "Scheduled", f"Successfully assigned {key} to {node} (GPUs {gpus}; "
-                                               f"{'; '.join(d.reasons)})"),
-            self.sink.record(Outcome(key, DecisionAction.PLACE, node, d.reasons, d.signals, d.steered_by), w,
-                             assignments, objects.sharing_annotation(alloc), d.score, d.latency_s))
+        self.calls.event(pod, "Scheduled",
+                         f"Successfully assigned {key} to {node} (GPUs {gpus}; {'; '.join(d.reasons)})")
+        await self.sink.record(Outcome(key, DecisionAction.PLACE, node, d.reasons, d.signals, d.steered_by), w,
+                               assignments, objects.sharing_annotation(alloc), d.score, d.latency_s)
 
     def requeue(self, key: str, why: str) -> None:
         """Withdraw a placement: the pod gives its GPUs back and, while unbound, waits in the queue again."""

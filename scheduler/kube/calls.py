@@ -7,6 +7,7 @@ import functools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -21,6 +22,8 @@ from scheduler.metrics import SchedulerStats
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+SCHEDULED = "Scheduled"  # the Event of every placement: thousands in a burst, the lane that may wait and drop
 
 
 class NotLeading(ApiException):
@@ -55,6 +58,12 @@ class ApiCalls:
         self.events_api = events_api or api
         self._event_bucket = TokenBucket(event_qps, event_burst) if event_qps > 0 else None
         self._event_queue = event_queue
+        # Two lanes, each up to ``event_queue``: the rest (FailedScheduling, evictions, GPU health) is written
+        # first, so it neither waits nor drops behind a burst's Scheduled Events.
+        self._urgent: deque[dict[str, Any]] = deque()
+        self._scheduled: deque[dict[str, Any]] = deque()
+        self._queued = asyncio.Event()
+        self._writers: list[asyncio.Task] = []
         self._dropped_said_at = float("-inf")
 
     def start_threads(self) -> None:
@@ -78,31 +87,56 @@ class ApiCalls:
         self.stats.api_errors[(verb, code)] += 1
         return code, reason, message
 
-    async def event(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
-        """Write an Event about ``obj``, best effort as in kube-scheduler: stamped now, written in its turn
-        under the event rate limit, dropped (and counted) when ``event_queue`` are already waiting."""
-        if self.stats.events_waiting >= self._event_queue:
-            self.stats.events_dropped += 1
+    def event(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> bool:
+        """Queue an Event about ``obj``, stamped now, and return at once (as client-go's ``Eventf``): the writers
+        write it in its turn under the event rate limit. False: dropped, ``event_queue`` of its lane waiting.
+
+        Best effort, as in kube-scheduler: a failed write is counted, never retried. Call it on the event loop."""
+        lane = self._scheduled if reason == SCHEDULED else self._urgent
+        if len(lane) >= self._event_queue:
+            self.stats.events_dropped[reason] += 1
             now = time.monotonic()
             if now - self._dropped_said_at > 60:  # one line a minute, not one per Event of a burst
                 self._dropped_said_at = now
                 log.warning("%d Events waiting to be written: %s %s on %s dropped (%d so far)", self._event_queue,
-                            reason, type_, objects.key(obj), self.stats.events_dropped)
-            return
-        body = self.events_api.event_body(obj, reason, message, type_)
+                            reason, type_, objects.key(obj), sum(self.stats.events_dropped.values()))
+            return False
+        lane.append(self.events_api.event_body(obj, reason, message, type_))
         self.stats.events_waiting += 1
-        try:
+        if not self._writers:
+            loop = asyncio.get_running_loop()
+            self._writers = [loop.create_task(self._write_events(), name=f"kube-events-{i}")
+                             for i in range(self._event_workers)]
+        self._queued.set()
+        return True
+
+    async def _write_events(self) -> None:
+        """One of ``event_workers`` writers: the urgent lane first, a token each, then the write."""
+        while True:
+            if not (self._urgent or self._scheduled):
+                self._queued.clear()
+                await self._queued.wait()
+                continue
+            body = (self._urgent or self._scheduled).popleft()
+            self.stats.events_waiting -= 1
             if self._event_bucket is not None:
                 await asyncio.sleep(self._event_bucket.reserve())
-            await self.call(self.events_api.create_event, body, pool=self._events)
-        except ApiException as exc:
-            self.failed("create-event", exc)
-        except TRANSPORT_ERRORS as exc:  # an Event is best effort, as in kube-scheduler
-            self.stats.api_errors[("create-event", 0)] += 1
-            log.warning("event %s on %s not written: %s", reason, objects.key(obj), exc)
-        finally:
-            self.stats.events_waiting -= 1
+            obj = body["involvedObject"]
+            try:
+                await self.call(self.events_api.create_event, body, pool=self._events)
+            except NotLeading:  # another replica may be acting: it writes its own Events
+                self.stats.events_dropped[body["reason"]] += 1
+            except ApiException as exc:
+                self.failed("create-event", exc)
+            except TRANSPORT_ERRORS as exc:
+                self.stats.api_errors[("create-event", 0)] += 1
+                log.warning("event %s on %s/%s not written: %s", body["reason"], obj["namespace"], obj["name"], exc)
+            except Exception:  # the writer outlives any one Event
+                self.stats.api_errors[("create-event", 0)] += 1
+                log.exception("event %s on %s/%s not written", body["reason"], obj["namespace"], obj["name"])
 
     def shutdown(self) -> None:
+        for writer in self._writers:
+            writer.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._events.shutdown(wait=False, cancel_futures=True)

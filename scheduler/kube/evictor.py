@@ -56,7 +56,7 @@ class Evictor:
                 asked = now_rfc3339()
                 await self.calls.call(api.annotate_pod, ns, name, {annotations.ANN_CHECKPOINT_REQUEST: asked})
                 await self.await_checkpoint(key, asked)
-            await self.calls.event(pod, event_reason, reason, "Normal")
+            self.calls.event(pod, event_reason, reason, "Normal")
             deadline = time.monotonic() + self.settings.eviction_timeout_s
             while True:
                 try:
@@ -78,8 +78,8 @@ class Evictor:
         except (ApiException, *TRANSPORT_ERRORS) as exc:
             code, reason_, message = api_error(exc) if isinstance(exc, ApiException) else (0, "transport", str(exc))
             log.warning("%s: could not evict (%s %s: %s); it keeps its GPUs", key, code, reason_, message)
-            await self.calls.event(pod, "EvictionFailed", f"{reason}: eviction failed: {message}", "Warning")
             self.cache.rebuild()  # it still runs: account it again
+            self.calls.event(pod, "EvictionFailed", f"{reason}: eviction failed: {message}", "Warning")
         finally:
             self._evicting.discard(key)
 

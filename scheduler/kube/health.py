@@ -374,12 +374,12 @@ class HealthReactions:
                 continue
             mode = self.eviction_mode(pod)
             if mode == EvictionMode.NEVER:
-                if key not in self._spared:
+                if key not in self._spared and self.calls.event(
+                        pod, "GpuUnhealthy", f"GPU {gpu} of {node} is taken out of service; its GPUQueue's "
+                        "evictionMode is never: the pod keeps running, and the GPU's reset or reboot waits for it "
+                        "to end", "Warning"):  # dropped (the Events lane is full): said on a later reaction
                     self._spared.add(key)
                     self.stats.decisions[("DEFER", "eviction-mode-never")] += 1
-                    await self.calls.event(pod, "GpuUnhealthy", f"GPU {gpu} of {node} is taken out of service; "
-                                           "its GPUQueue's evictionMode is never: the pod keeps running, and the "
-                                           "GPU's reset or reboot waits for it to end", "Warning")
                 continue
             if not self.evictor.claim(key):
                 continue

@@ -22,19 +22,19 @@ class UnschedulableReporter:
         pod = self.cache.pods.get(w.id)
         if pod is None or self._reported.get(w.id) == reason:
             return
+        if not self.calls.event(pod, "FailedScheduling", reason, "Warning"):
+            return  # dropped (the Events lane is full): reported on a later pass
         self._reported[w.id] = reason
         self.stats.decisions[("UNSCHEDULABLE", label)] += 1
-        self.tasks.spawn(self.calls.event(pod, "FailedScheduling", reason, "Warning"))
         self.tasks.spawn(self.sink.record(Outcome(w.id, DecisionAction.UNSCHEDULABLE, None, [reason]), w))
 
     def report_rejected(self) -> None:
         """Pods whose gpuaware request the cache could not parse."""
         for key, rej in self.cache.rejected.items():
-            if self._reported.get(key) != rej.reason:
+            if self._reported.get(key) != rej.reason and self.calls.event(
+                    rej.pod, "FailedScheduling", f"invalid gpuaware request: {rej.reason}", "Warning"):
                 self._reported[key] = rej.reason
                 self.stats.decisions[("UNSCHEDULABLE", "invalid-request")] += 1
-                self.tasks.spawn(self.calls.event(rej.pod, "FailedScheduling",
-                                                  f"invalid gpuaware request: {rej.reason}", "Warning"))
 
     def forget(self, key: str) -> None:
         """The pod was placed or left: a later failure is reported again."""

@@ -56,7 +56,8 @@ def pod(kube, name="p"):
     return next(p for p in kube.objects("pods") if p["metadata"]["name"] == name)
 
 
-async def test_bind_writes_node_gpus_and_sharing_in_one_binding_then_event_and_decision(kube, listed, calls, stats):
+async def test_bind_writes_node_gpus_and_sharing_in_one_binding_then_event_and_decision(kube, listed, calls, stats,
+                                                                                         wait_for):
     view = StateView()
     view.learn(NodeState("n0", int(time.time() * 1000), None, None,
                          [NodeGpu(f"GPU-{g}", g, "H100", 81920, 0, HealthBand.HEALTHY) for g in range(2)], 2000, 0))
@@ -67,6 +68,7 @@ async def test_bind_writes_node_gpus_and_sharing_in_one_binding_then_event_and_d
     assert json.loads(p["metadata"]["annotations"][annotations.ANN_GPUS]) == [
         {"index": 1, "uuid": "GPU-1", "milli": 1000}]
     assert p["metadata"]["annotations"][annotations.ANN_SHARING] == "exclusive"
+    await wait_for(lambda: [e for e in kube.objects("events") if e["reason"] == "Scheduled"], what="the Event")
     (event,) = [e for e in kube.objects("events") if e["reason"] == "Scheduled"]
     assert event["involvedObject"]["name"] == "p" and "GPUs 1:1000m" in event["message"]
     (record,) = rec.published

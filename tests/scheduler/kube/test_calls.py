@@ -28,20 +28,21 @@ async def test_failed_counts_the_api_error_under_its_verb(kube, calls, stats):
     assert stats.api_errors[("read-node", 404)] == 1
 
 
-async def test_event_is_written_and_an_unreachable_api_only_counts(kube, calls):
+async def test_event_is_queued_then_written_and_an_unreachable_api_only_counts(kube, calls, wait_for):
     pod = kube.create("pods", make_pod("p"))
-    await calls.event(pod, "Scheduled", "placed")
-    assert [(e["reason"], e["involvedObject"]["name"]) for e in kube.objects("events")] == [("Scheduled", "p")]
+    assert calls.event(pod, "Scheduled", "placed")  # returns at once: a writer task writes it
+    await wait_for(lambda: [(e["reason"], e["involvedObject"]["name"]) for e in kube.objects("events")]
+                   == [("Scheduled", "p")], what="the Event")
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     stats = SchedulerStats()
     down = ApiCalls(KubeApi(connect(f"http://127.0.0.1:{port}")), stats, workers=1)
     try:
-        await down.event(pod, "Scheduled", "placed")  # does not raise
+        assert down.event(pod, "Scheduled", "placed")  # does not raise
+        await wait_for(lambda: stats.api_errors[("create-event", 0)] == 1, what="the failed write counted")
     finally:
         down.shutdown()
-    assert stats.api_errors[("create-event", 0)] == 1
 
 
 async def test_no_call_reaches_the_api_once_the_replica_may_no_longer_act(kube, stats):
@@ -59,14 +60,14 @@ async def test_no_call_reaches_the_api_once_the_replica_may_no_longer_act(kube, 
         gated.shutdown()
 
 
-async def test_an_event_goes_out_while_every_api_thread_is_busy(kube, stats):
+async def test_an_event_goes_out_while_every_api_thread_is_busy(kube, stats, wait_for):
     pod = kube.create("pods", make_pod("p"))
     busy = ApiCalls(kube.api(), stats, workers=1)
     release = threading.Event()
     try:
         held = asyncio.ensure_future(busy.call(release.wait))  # the only API thread, taken (a slow Binding)
-        await asyncio.wait_for(busy.event(pod, "Scheduled", "placed"), 30)  # would wait for the thread
-        assert [e["reason"] for e in kube.objects("events")] == ["Scheduled"]
+        busy.event(pod, "Scheduled", "placed")
+        await wait_for(lambda: [e["reason"] for e in kube.objects("events")] == ["Scheduled"], what="the Event")
         assert not held.done()
     finally:
         release.set()
@@ -84,18 +85,20 @@ def test_start_threads_starts_every_api_thread_before_the_first_call(kube, stats
         calls.shutdown()
 
 
-async def test_events_past_the_burst_wait_their_turn_and_past_the_queue_are_dropped_and_counted(kube, stats,
-                                                                                                  wait_for):
+async def test_events_past_the_burst_wait_their_turn_past_the_queue_are_dropped_and_others_go_first(kube, stats,
+                                                                                                      wait_for):
     pod = kube.create("pods", make_pod("p"))
-    # one at once, then one per 4 s; three may be in the recorder: of five Events at once, two are dropped
-    limited = ApiCalls(kube.api(), stats, workers=1, event_qps=0.25, event_burst=1, event_queue=3)
+    # one token at once, the next in 1,000 s; three Events of a lane may wait
+    limited = ApiCalls(kube.api(), stats, workers=1, event_qps=0.001, event_burst=1, event_queue=3)
     try:
-        writes = [asyncio.ensure_future(limited.event(pod, "Scheduled", f"placed {i}")) for i in range(5)]
-        await wait_for(lambda: kube.objects("events"), what="the first Event")
-        assert [e["message"] for e in kube.objects("events")] == ["placed 0"]  # the others wait for tokens
-        assert stats.events_dropped == 2 and stats.events_waiting == 2
-        await asyncio.wait_for(asyncio.gather(*writes), 60)
-        assert sorted(e["message"] for e in kube.objects("events")) == ["placed 0", "placed 1", "placed 2"]
-        assert stats.events_waiting == 0
+        assert [limited.event(pod, "Scheduled", f"placed {i}") for i in range(5)] == [True] * 3 + [False] * 2
+        assert stats.events_dropped == {"Scheduled": 2} and stats.events_waiting == 3
+        # A Warning has a lane of its own: queued though the Scheduled lane is full, and written first.
+        assert limited.event(pod, "FailedScheduling", "no GPU fits", "Warning")
+        await wait_for(lambda: [e["reason"] for e in kube.objects("events")] == ["FailedScheduling"],
+                       what="the Warning")
+        await asyncio.sleep(0.5)
+        assert [e["reason"] for e in kube.objects("events")] == ["FailedScheduling"]  # the rest wait for tokens
+        assert stats.events_waiting == 1  # "placed 0" and "placed 1" hold the writers, waiting for tokens
     finally:
         limited.shutdown()

@@ -49,6 +49,7 @@ async def test_plain_pod_is_evicted_with_an_event_and_released(kube, calls, stat
     await evictor.evict(pod, running, "GPU 0 of n0 turned critical", "Migrated")
     assert evicted(kube, "plain")
     await wait_for(lambda: "plain" not in names(kube), what="the kubelet to end the evicted pod")
+    await wait_for(lambda: [e for e in kube.objects("events") if e["reason"] == "Migrated"], what="the Event")
     (event,) = [e for e in kube.objects("events") if e["reason"] == "Migrated"]
     assert event["message"] == "GPU 0 of n0 turned critical"
     assert not evictor.evicting("default/plain")
@@ -70,7 +71,7 @@ async def test_checkpointable_pod_is_asked_first_and_evicted_once_it_answers(kub
 
 
 async def test_eviction_blocked_by_a_disruption_budget_gives_up_and_the_pod_keeps_its_gpus(kube, calls, stats,
-                                                                                          listed):
+                                                                                          listed, wait_for):
     cache, pod, running = bound(kube, listed, "guarded", labels={"app": "db"})
     kube.create("poddisruptionbudgets", {"metadata": {"name": "db", "namespace": "default"},
                                          "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}}},
@@ -81,6 +82,7 @@ async def test_eviction_blocked_by_a_disruption_budget_gives_up_and_the_pod_keep
     await evictor.evict(pod, running, "preempted by default/high", "Preempted")
     assert "guarded" in names(kube)
     assert stats.api_errors[("evict", 429)] >= 2  # retried until eviction_timeout_s
+    await wait_for(lambda: [e for e in kube.objects("events") if e["reason"] == "EvictionFailed"], what="the Event")
     (failed,) = [e for e in kube.objects("events") if e["reason"] == "EvictionFailed"]
     assert failed["type"] == "Warning" and failed["message"].startswith("preempted by default/high: eviction failed")
     assert "default/guarded" in cache.running  # accounted again

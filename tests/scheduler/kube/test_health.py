@@ -82,7 +82,8 @@ async def test_critical_gpu_is_cordoned_and_its_pod_moved_the_others_stay(kube, 
     await wait_for(lambda: len(tasks) == 0, what="reaction done")
     assert [r.action for r in published] == [DecisionAction.CORDON, DecisionAction.MIGRATE]
     assert stats.decisions[("CORDON", "gpu-critical")] == 1 and stats.decisions[("MIGRATE", "gpu-critical")] == 1
-    assert [e["involvedObject"]["name"] for e in kube.objects("events") if e["reason"] == "Migrated"] == ["on1"]
+    await wait_for(lambda: [e["involvedObject"]["name"] for e in kube.objects("events")
+                            if e["reason"] == "Migrated"] == ["on1"], what="the Migrated Event")
 
 
 async def test_acts_once_while_critical_and_again_after_a_repair(kube, listed, calls, stats, tasks, wait_for):

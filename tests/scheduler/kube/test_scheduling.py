@@ -43,8 +43,9 @@ class Events:
     def __init__(self) -> None:
         self.written: list[tuple[str, str]] = []
 
-    async def event(self, pod, reason: str, message: str, type_: str = "Normal") -> None:
+    def event(self, pod, reason: str, message: str, type_: str = "Normal") -> bool:
         self.written.append((pod["metadata"]["name"], message))
+        return True
 
 
 def setup(tasks, nodes: list[dict], pods: list[dict], settings: SchedulerSettings | None = None):

@@ -19,9 +19,13 @@ class Events:
 
     def __init__(self) -> None:
         self.written: list[tuple[str, str, str, str]] = []
+        self.full = False  # as ApiCalls.event when its lane is full: the Event is dropped
 
-    async def event(self, pod, reason: str, message: str, type_: str = "Normal") -> None:
+    def event(self, pod, reason: str, message: str, type_: str = "Normal") -> bool:
+        if self.full:
+            return False
         self.written.append((pod["metadata"]["name"], reason, message, type_))
+        return True
 
 
 def reporter(tasks, pods):
@@ -58,6 +62,20 @@ async def test_each_reason_is_reported_once_until_it_changes_or_is_forgotten(tas
     await drain(tasks)
     assert len(events.written) == 3
     assert stats.decisions[("UNSCHEDULABLE", "health")] == 2
+
+
+async def test_a_reason_whose_event_was_dropped_is_reported_on_a_later_pass(tasks):
+    rep, cache, events, published, stats = reporter(tasks, [make_pod("p", gpus=9)])
+    w = cache.pending["default/p"].workload
+    events.full = True
+    rep.unschedulable(w, "no node has 9 free GPUs", "gpus")
+    await drain(tasks)
+    assert events.written == [] and published == [] and not stats.decisions
+    events.full = False
+    rep.unschedulable(w, "no node has 9 free GPUs", "gpus")
+    await drain(tasks)
+    assert events.written == [("p", "FailedScheduling", "no node has 9 free GPUs", "Warning")]
+    assert stats.decisions[("UNSCHEDULABLE", "gpus")] == 1 and len(published) == 1
 
 
 async def test_a_pod_no_longer_known_is_not_reported(tasks):
