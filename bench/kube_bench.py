@@ -30,11 +30,12 @@ whole GPU allocates its fraction). The pods are then deleted (grace period 0) be
 
 API budget: ``default`` is each component as shipped: kube-scheduler's clientConnection qps 50,
 burst 100 (its Events go through a second client with the same limit); gpuaware's Python client has no
-client-side limit, its Events are written at ``event_qps`` 50, burst 100. ``raised`` gives every
-component the same token bucket (``--qps``, burst ``2 * qps``): kube-scheduler's clientConnection (so
-its event client too), and for gpuaware (both modes: the extender binds) a limiter on every request of
-its API client, as client-go's, and its Events at that qps and burst on a client of their own, as
-kube-scheduler's. The apiserver keeps its default max-requests-inflight (400/200) in both.
+client-side limit. ``raised`` gives every client of every component the same token bucket (``--qps``,
+burst ``2 * qps``): kube-scheduler's clientConnection (so its event client too), and for gpuaware (both
+modes: the extender binds) a limiter on every request of its API client and of its Events' client, as
+client-go's. Within either budget each scheduler paces its Events as shipped: kube-scheduler as fast as
+its event client's bucket lets it, gpuaware at ``scheduler.event_qps`` 50, burst 100 (docs/scheduler.md).
+The apiserver keeps its default max-requests-inflight (400/200) in both.
 """
 
 from __future__ import annotations
@@ -168,8 +169,7 @@ def _api(kubeconfig: Path, qps: tuple[float, int] | None, pool: int = 64) -> Kub
 async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | None,
                      dra: bool = False) -> AsyncIterator[None]:
     """``mode``'s scheduler, running until the block ends; ``dra``: gpuaware allocates ResourceClaims."""
-    settings = SchedulerSettings(extender_port=0, leader_elect=False, stale_after_s=3600, dra=dra,
-                                 **({} if qps is None else {"event_qps": qps[0], "event_burst": qps[1]}))
+    settings = SchedulerSettings(extender_port=0, leader_elect=False, stale_after_s=3600, dra=dra)
     if mode == "ceiling":
         nodes = await asyncio.to_thread(_node_gpus, cp)
         binder = CeilingBinder(_api(cp.kubeconfig, qps, api_pool_size(settings)), nodes, settings.bind_workers)
@@ -190,9 +190,9 @@ async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | N
     # extender and gpuaware: gpuaware's informers and Bindings (the extender's /bind) in this process, its
     # collector as ``gpuaware scheduler`` runs it (scheduler.main), from a fresh process's (``_measure_mode``).
     with loading_long_lived_heap():
-        # Events on a client of their own, limited by event_qps: kube-scheduler's eventClient.
+        # Events on a client of their own under the budget's bucket, as kube-scheduler's eventClient.
         live = LiveScheduler(_api(cp.kubeconfig, qps, api_pool_size(settings)), settings, None,
-                             events_api=_api(cp.kubeconfig, None, 4))
+                             events_api=_api(cp.kubeconfig, qps, 4))
         await live.start(sync_timeout_s=120)
     stop = asyncio.Event()
     task = asyncio.create_task(live.run(stop))
