@@ -99,6 +99,34 @@ async def test_events_past_the_burst_wait_their_turn_past_the_queue_are_dropped_
                        what="the Warning")
         await asyncio.sleep(0.5)
         assert [e["reason"] for e in kube.objects("events")] == ["FailedScheduling"]  # the rest wait for tokens
-        assert stats.events_waiting == 1  # "placed 0" and "placed 1" hold the writers, waiting for tokens
+        assert stats.events_waiting == 2  # "placed 0" holds the writer, waiting for its token
     finally:
         limited.shutdown()
+
+
+async def test_the_writer_hands_out_the_next_event_without_waiting_for_the_last_write(stats, wait_for):
+    class SlowApi:  # every write blocks its thread until released
+        event_body = staticmethod(KubeApi.event_body)
+
+        def __init__(self) -> None:
+            self.started, self.release = 0, threading.Event()
+
+        def create_event(self, body) -> None:
+            self.started += 1
+            self.release.wait(30)
+
+    api = SlowApi()
+    calls = ApiCalls(api, stats, workers=1, event_workers=1)  # type: ignore[arg-type]
+    pod = make_pod("p")
+    try:
+        for i in range(3):
+            assert calls.event(pod, "Scheduled", f"placed {i}")
+        # all three handed to the event thread while its first write blocks: a writer that awaited each write
+        # took a turn of the loop per Event (and a pass holds the loop for tens of ms during a burst)
+        await wait_for(lambda: stats.events_waiting == 0, what="every Event handed out")
+        assert api.started == 1
+        api.release.set()
+        await wait_for(lambda: api.started == 3, what="the other writes")
+    finally:
+        api.release.set()
+        calls.shutdown()
