@@ -149,10 +149,6 @@ class KubeApi:
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
         _done(self.core.create_namespaced_pod_eviction(name, namespace, body, **self._raw))
 
-    def event(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal",
-              component: str = "gpuaware-scheduler") -> None:
-        self.create_event(self.event_body(obj, reason, message, type_, component))
-
     @staticmethod
     def event_body(obj: dict[str, Any], reason: str, message: str, type_: str = "Normal",
                    component: str = "gpuaware-scheduler") -> dict[str, Any]:

@@ -23,7 +23,7 @@ from scheduler.core.workload import Workload
 from scheduler.feed import StateView
 from scheduler.kube import objects
 from scheduler.kube.cache import ClusterCache
-from scheduler.kube.calls import ApiCalls
+from scheduler.kube.calls import SCHEDULED, ApiCalls
 from scheduler.kube.decisions import DecisionSink, Outcome
 from scheduler.kube.departures import Departures
 from scheduler.kube.dra_writer import ClaimsRefused, ClaimWriter
@@ -141,7 +141,7 @@ class Binder:
         self.on_bound(key)
         assignments = [GpuAssignment(uuids.get(g) or f"{node}/{g}", m, w.gpu_memory_mib)
                        for g, m in zip(alloc.gpus, alloc.milli, strict=True)]
-        self.calls.event(pod, "Scheduled",
+        self.calls.event(pod, SCHEDULED,
                          f"Successfully assigned {key} to {node} (GPUs {gpus}; {'; '.join(d.reasons)})")
         await self.sink.record(Outcome(key, DecisionAction.PLACE, node, d.reasons, d.signals, d.steered_by), w,
                                assignments, objects.sharing_annotation(alloc), d.score, d.latency_s)

@@ -184,7 +184,7 @@ def test_the_scheduler_watches_evicts_reports_and_leads_as_its_serviceaccount(cp
     # Evictions (the Eviction API, so PDBs hold) and the Events that explain them.
     _pod(cp, "victim")
     pod = _get(cp, "pod", "victim", "-n", NS)
-    scheduler_api.event(pod, "Preempted", "for a higher-priority gang")
+    scheduler_api.create_event(scheduler_api.event_body(pod, "Preempted", "for a higher-priority gang"))
     scheduler_api.evict(NS, "victim")
     # Leader election on its own Lease only.
     assert scheduler_api.read_lease(NS, "gpuaware-scheduler") is None

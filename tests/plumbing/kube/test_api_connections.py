@@ -51,7 +51,7 @@ def test_binds_and_events_one_after_another_share_one_connection(cp):
     for pod in pods:
         name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
         api.bind("default", name, "conn-node", {"gpuaware.io/gpus": "0"}, uid)
-        api.event(pod, "Scheduled", f"bound {name}")
+        api.create_event(api.event_body(pod, "Scheduled", f"bound {name}"))
 
     # 20 writes, one after the other: the connection the creates used serves them all.
     assert _connections_opened(api) == opened, _connections_opened(api)
