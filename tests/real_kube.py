@@ -15,6 +15,7 @@ them and finishes their graceful deletion (an evicted pod is gone only once kwok
 from __future__ import annotations
 
 import json
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,17 @@ class Kube:
             self._kwok(obj)
         if plural == "pods":
             self._priority_class(obj)
-        return self.request("POST", self.path(plural, group, version, namespace), obj)
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                return self.request("POST", self.path(plural, group, version, namespace), obj)
+            except ApiException as exc:
+                # The Priority admission plugin reads PriorityClasses from an informer: one created a moment
+                # ago may not be in it yet ("no PriorityClass with name ... was found").
+                if exc.status != 403 or b"no PriorityClass with name" not in (exc.body or b"") \
+                        or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def objects(self, plural: str, group: str = "", version: str = "v1") -> list[dict[str, Any]]:
         return self.request("GET", self.path(plural, group, version)).get("items") or []
