@@ -131,6 +131,18 @@ class KubeApi:
         return _json(self.resource.replace_namespaced_resource_claim_status(meta["name"], meta["namespace"], body,
                                                                            **self._raw))
 
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return _json(self.resource.read_namespaced_resource_claim(name, namespace, **self._raw))
+
+    def unreserve_claim(self, namespace: str, name: str, claim_uid: str, pod_uid: str) -> dict[str, Any]:
+        """Take one pod off a claim's ``status.reservedFor``, whatever else changed on it meanwhile: the strategic
+        merge patch kube-scheduler's Unreserve sends (``reservedFor`` merges on ``uid``; the claim's UID is the
+        precondition, so a claim recreated under its name is left alone)."""
+        patch = {"metadata": {"uid": claim_uid}, "status": {"reservedFor": [{"$patch": "delete", "uid": pod_uid}]}}
+        return _json(self.resource.patch_namespaced_resource_claim_status(name, namespace, patch,
+                                                                         _content_type=STRATEGIC_MERGE_PATCH,
+                                                                         **self._raw))
+
     def update_claim(self, body: dict[str, Any]) -> dict[str, Any]:
         """PUT a ResourceClaim (its metadata: the delete-protection finalizer); ``body.metadata.resourceVersion``
         is the precondition, as for the status write."""

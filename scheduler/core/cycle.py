@@ -71,8 +71,10 @@ class PassHooks(Protocol):
     def evict(self, victim: Running, preemptor: Workload, now: float) -> None:
         """Release the victim's allocation from the cluster model and requeue it."""
 
-    def start(self, workload: Workload, decision: Decision, now: float) -> None:
-        """The workload got ``decision.allocation``: take it off the queue and record it running."""
+    def start(self, workload: Workload, decision: Decision, now: float) -> bool:
+        """The workload got ``decision.allocation``: take it off the queue and record it running. False when it
+        did not go after all (the live scheduler's devices for its claims could not be picked): its allocation
+        is released and nothing is charged for it."""
 
     def blocked(self, workload: Workload, decision: Decision, now: float) -> None:
         """Nothing fits ``workload`` this pass; ``decision.why`` says why."""
@@ -152,8 +154,7 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
                 if fit is not None:
                     reservation = (fit[0], fit[1], w.priority)
             continue
-        hooks.start(w, d, now)
-        if queue.enforce_quota and queue.ledger is not None:
+        if hooks.start(w, d, now) and queue.enforce_quota and queue.ledger is not None:
             queue.ledger.charge(w, model=str(cluster.models[d.allocation.node]))
 
 

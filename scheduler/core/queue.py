@@ -51,6 +51,29 @@ class Tenant:
         return None if self.borrow_limit_milli is None else quota + self.borrow_limit_milli
 
 
+def held_gpu_memory(w: Workload, per_gpu_mib: int) -> int:
+    """The GPU memory ``w`` holds on GPUs of ``per_gpu_mib`` each: a fraction (or MIG slice) what it asked for,
+    else its share of the GPU's memory; whole GPUs all of theirs."""
+    if w.shares_gpu:
+        return w.gpu_memory_mib or -(-w.gpu_milli * per_gpu_mib // 1000)
+    return w.num_gpu * per_gpu_mib
+
+
+@dataclass
+class Usage:
+    """What running work holds, summed per (tenant, GPU model), kept up to date as work starts and ends: a
+    pass's ledger is then built from these few sums instead of charging every running workload again."""
+
+    gpu_mem_by_model: dict[str, int] = field(default_factory=dict)  # model -> memory of one of its GPUs, MiB
+    sums: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # -> [milli-GPUs, memory MiB, GPU MiB]
+
+    def add(self, w: Workload, model: str, sign: int = 1) -> None:
+        s = self.sums.setdefault((w.tenant, model), [0, 0, 0])
+        s[0] += sign * w.gpu_milli_total
+        s[1] += sign * w.memory_mib
+        s[2] += sign * held_gpu_memory(w, self.gpu_mem_by_model.get(model, 0))
+
+
 @dataclass
 class TenantLedger:
     tenants: dict[str, Tenant]
@@ -68,15 +91,24 @@ class TenantLedger:
         return max(g, m) / max(self.tenants.get(tenant, Tenant(tenant)).weight, 1e-9)
 
     def charge(self, w: Workload, sign: int = 1, model: str | None = None) -> None:
-        self.gpu_used[w.tenant] = self.gpu_used.get(w.tenant, 0) + sign * w.gpu_milli_total
-        self.mem_used[w.tenant] = self.mem_used.get(w.tenant, 0) + sign * w.memory_mib
+        gpu_mem = self.gpu_memory_mib(w, model) if model is not None else 0
+        self._add(w.tenant, model, sign * w.gpu_milli_total, sign * w.memory_mib, sign * gpu_mem)
+
+    def charge_usage(self, usage: Usage) -> None:
+        """Charge what ``usage`` sums up (as charging each of its workloads would)."""
+        for (tenant, model), (gpu, mem, gpu_mem) in usage.sums.items():
+            self._add(tenant, model, gpu, mem, gpu_mem)
+
+    def _add(self, tenant: str, model: str | None, gpu_milli: int, memory_mib: int, gpu_memory_mib: int) -> None:
+        self.gpu_used[tenant] = self.gpu_used.get(tenant, 0) + gpu_milli
+        self.mem_used[tenant] = self.mem_used.get(tenant, 0) + memory_mib
         if model is not None:
-            key = (w.tenant, self._model_key(w.tenant, model))
-            self.model_used[key] = self.model_used.get(key, 0) + sign * w.gpu_milli_total
-            mem_key = self._mem_key(w.tenant, model)
+            key = (tenant, self._model_key(tenant, model))
+            self.model_used[key] = self.model_used.get(key, 0) + gpu_milli
+            mem_key = self._mem_key(tenant, model)
             if mem_key is not None:
-                key = (w.tenant, mem_key)
-                self.model_mem_used[key] = self.model_mem_used.get(key, 0) + sign * self.gpu_memory_mib(w, model)
+                key = (tenant, mem_key)
+                self.model_mem_used[key] = self.model_mem_used.get(key, 0) + gpu_memory_mib
 
     def _model_key(self, tenant: str, model: str) -> str:
         t = self.tenants.get(tenant)
@@ -90,12 +122,7 @@ class TenantLedger:
         return model if model in t.mem_quota_by_model else "*" if "*" in t.mem_quota_by_model else None
 
     def gpu_memory_mib(self, w: Workload, model: str) -> int:
-        """The GPU memory ``w`` holds on GPUs of ``model``: a fraction (or MIG slice) what it asked for, else its
-        share of the GPU's memory; whole GPUs all of theirs."""
-        per_gpu = self.gpu_mem_by_model.get(model, 0)
-        if w.shares_gpu:
-            return w.gpu_memory_mib or -(-w.gpu_milli * per_gpu // 1000)
-        return w.num_gpu * per_gpu
+        return held_gpu_memory(w, self.gpu_mem_by_model.get(model, 0))
 
     def admits(self, w: Workload, gpu_milli: int | None = None) -> bool:
         """Whether ``w`` (or ``gpu_milli`` of its tenant's, a whole gang) fits the tenant's limits at all

@@ -26,7 +26,7 @@ from scheduler.kube.cache import ClusterCache
 from scheduler.kube.calls import SCHEDULED, ApiCalls
 from scheduler.kube.decisions import DecisionSink, Outcome
 from scheduler.kube.departures import Departures
-from scheduler.kube.dra_writer import ClaimsRefused, ClaimWriter
+from scheduler.kube.dra_writer import ClaimsRefused, ClaimWriter, Written
 from scheduler.metrics import SchedulerStats
 from scheduler.settings import SchedulerSettings
 
@@ -75,21 +75,22 @@ class Binder:
             return
         async with self._slots:
             started = time.perf_counter()
-            written: list[dict] = []
-            picks = self.cache.dra_picks.get(key)
-            if picks is not None:
+            written: Written | None = None
+            picks, shared = self.cache.dra_picks.get(key), self.cache.dra_shared.get(key)
+            if picks is not None or shared is not None:
                 # Claims first, as kube-scheduler's PreBind: the pod has its devices from the moment it has a node.
                 pod = self.cache.pods.get(key)
                 try:
                     if pod is None or (uid and pod["metadata"].get("uid") != uid):
                         raise ClaimsRefused(f"{key} is gone or replaced", conflict=True)
-                    written = await self.claims.allocate(self.cache.dra.claims, node, picks, pod)
+                    if picks is not None:
+                        written = await self.claims.allocate(self.cache.dra.claims, node, picks, pod)
+                    else:
+                        written = await self.claims.share(self.cache.dra.claims, shared or [], node, pod)
                 except ClaimsRefused as exc:
                     self.stats.decisions[("DROP", "claim-conflict" if exc.conflict else "claim-write-failed")] += 1
                     if exc.lasting:  # asking again every pass would only hammer the apiserver with the same refusal
-                        self.cache.drop_picks(key)
-                        self.cache.unreserve(key)
-                        self.cache.release(key)
+                        self.cache.withdraw(key)
                         self.cache.refuse(key, f"the apiserver refused its claims' allocation: {exc}")
                         log.warning("%s: claims not allocated, left alone until it or its claims change: %s", key, exc)
                         self.wake()
@@ -113,18 +114,14 @@ class Binder:
                 # its own (its ADDED event queues it); this placement is dropped, and it is no API error.
                 log.info("%s: replaced by a new pod of the same name; placement dropped", key)
                 await self.claims.release(written)
-                self.cache.drop_picks(key)
-                self.cache.unreserve(key)
-                self.cache.release(key)
+                self.cache.withdraw(key)
                 self.stats.decisions[("DROP", "pod-replaced")] += 1
                 self.wake()
                 return
             except ApiException as exc:
                 code, reason, message = self.calls.failed("bind", exc)
                 await self.claims.release(written)
-                self.cache.drop_picks(key)
-                self.cache.unreserve(key)
-                self.cache.release(key)
+                self.cache.withdraw(key)
                 if code == 409:
                     log.info("%s: %s (already bound elsewhere: keeping the API's answer)", key, message)
                 elif code != 404:
@@ -148,9 +145,7 @@ class Binder:
 
     def requeue(self, key: str, why: str) -> None:
         """Withdraw a placement: the pod gives its GPUs back and, while unbound, waits in the queue again."""
-        self.cache.drop_picks(key)
-        self.cache.unreserve(key)
-        self.cache.release(key)
+        self.cache.withdraw(key)
         pod = self.cache.pods.get(key)
         if pod is not None and not pod.get("spec", {}).get("nodeName"):
             self.cache.queue_if_ours(pod)

@@ -22,6 +22,7 @@ from contract import annotations
 from contract.events import HealthBand
 from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
 from scheduler.core.preemption import Running
+from scheduler.core.queue import Usage
 from scheduler.core.remediation import DEFAULT_EVICTION_MODE, EvictionMode, eviction_mode
 from scheduler.core.workload import Workload
 from scheduler.kube import dra_claims, objects, queues
@@ -148,7 +149,8 @@ class ClusterCache:
     unqueued: str = "allow"  # scheduler.unqueued: what namespaces in no queue get (scheduler.kube.queues)
     queues: dict[str, Queue] = field(default_factory=dict)
     cluster: ClusterState = field(default_factory=lambda: ClusterState([]))
-    running: dict[str, Running] = field(default_factory=dict)  # pods holding an allocation
+    running: dict[str, Running] = field(default_factory=dict)  # pods holding an allocation (``_run``, ``release``)
+    usage: Usage = field(default_factory=Usage)  # what ``running`` holds per tenant and model, kept as it changes
     pending: dict[str, PodWorkload] = field(default_factory=dict)  # our unbound pods
     rejected: dict[str, Rejected] = field(default_factory=dict)  # our pods whose annotations are wrong
     reservations: dict[str, Running] = field(default_factory=dict)  # placed by us, binding in flight
@@ -159,13 +161,19 @@ class ClusterCache:
     _reserved_node: dict[str, str] = field(default_factory=dict)
     node_mask: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # False: takes nothing new
     # DRA (scheduler.kube.dra_*): slices, claims and classes; what pending pods' claims ask for; the claims each
-    # pod holding an allocation is charged for (a claim allocated with no such pod is a hold of its own).
+    # pod holding an allocation is charged for (a claim allocated with no such pod is a hold of its own). A claim
+    # shared by several pods is charged once, to its owner (the first pod charged for it).
     dra: DraState = field(default_factory=DraState)
     dra_asks: dict[str, DraAsk] = field(default_factory=dict)
     dra_picks: dict[str, list[tuple[DeviceRequest, Device]]] = field(default_factory=dict)  # binding in flight
-    pod_claims: dict[str, list[str]] = field(default_factory=dict)
+    pod_claims: dict[str, list[str]] = field(default_factory=dict)  # pod -> the claims it owns
+    claim_owner: dict[str, str] = field(default_factory=dict)  # claim -> the pod charged for its devices
     claim_users: dict[str, set[str]] = field(default_factory=dict)  # claim -> unbound pods of ours naming it
     dra_resume: dict[str, tuple[str, list[tuple[DeviceRequest, Device]]]] = field(default_factory=dict)
+    # Pods whose claims are all allocated already (shared): the node they go to, while pending; the claims
+    # their UID joins (``reservedFor``) while their binding is in flight.
+    dra_joins: dict[str, str] = field(default_factory=dict)
+    dra_shared: dict[str, list[str]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ nodes
     def sync_nodes(self, items: list[dict[str, Any]]) -> None:
@@ -207,7 +215,14 @@ class ClusterCache:
         # Nothing new lands on a cordoned or NotReady node; what runs there stays accounted.
         self.node_mask = np.array([objects.schedulable(self.nodes[name]) for name in self.cluster.names], dtype=bool)
         self.running.clear()
+        self.usage = Usage(self.cluster.gpu_memory_by_model())
         self.pod_claims.clear()
+        self.claim_owner.clear()
+        # Ours in flight keep the claims they are writing: a pod sharing one that is bound already is not charged
+        # for its devices (the reservation below holds them).
+        for key, picks in self.dra_picks.items():
+            if key in self.reservations:
+                self._own(key, sorted({r.claim for r, _ in picks}))
         for key in sorted(self.pods, key=lambda k: created_s(self.pods[k])):
             if self.pods[key].get("spec", {}).get("nodeName"):
                 self._account(self.pods[key])
@@ -218,15 +233,12 @@ class ClusterCache:
                     raise ValueError("node gone")
                 r.allocation.node = node
                 self.cluster.allocate(r.allocation)
-                self.running[key] = r
+                self._run(key, r)
             except ValueError:
                 del self.reservations[key]  # the bind task will fail or the pod will show up bound
-        for key, picks in self.dra_picks.items():
-            if key in self.reservations:
-                self.pod_claims[key] = sorted({r.claim for r, _ in picks})
-        charged = {c for cs in self.pod_claims.values() for c in cs}
+                self._disown(key)
         for claim in self.dra.claims:
-            if claim not in charged:
+            if claim not in self.claim_owner:
                 self._hold(claim)
         self.apply_cordons()
 
@@ -266,19 +278,20 @@ class ClusterCache:
             self.pods.pop(key, None)
             self.pending.pop(key, None)
             self.rejected.pop(key, None)
-            self.dra_asks.pop(key, None)
+            self._forget_ask(key)
             for claim in self._claims_of(pod) if dra_claims.has_claims(pod) else ():
                 self.claim_users.get(claim, set()).discard(key)
             self.unreserve(key)
             if key in self.running:
                 self.release(key)
-            for claim in self.pod_claims.pop(key, []):
-                self._hold(claim)  # allocated until deallocated (kube-controller-manager's claim controller)
+            for claim in self._disown(key):
+                # Allocated until deallocated (kube-controller-manager's claim controller), whoever else shares it.
+                self._hold(claim)
             return key
         self.pods[key] = pod
         if pod.get("spec", {}).get("nodeName"):
             self.pending.pop(key, None)
-            self.dra_asks.pop(key, None)
+            self._forget_ask(key)
             self.unreserve(key)  # our binding is confirmed (or someone else bound it)
             running = self.running.get(key)
             if running is None or self.cluster.names[running.allocation.node] != pod["spec"]["nodeName"]:
@@ -319,26 +332,56 @@ class ClusterCache:
 
     def parse(self, pod: dict[str, Any]) -> PodWorkload:
         """The pod as the core's workload, with its tenant and arrival; raises ``PodSpecError``."""
-        pw = objects.workload_of(pod, self.tenant_of(pod), created_s(pod))
-        pw = queues.govern(pw, pod, self.queue_by_namespace.get(pod["metadata"].get("namespace", "")), self.unqueued)
+        pw = self._base(pod)
         if not dra_claims.has_claims(pod):
             return pw
         if pw.workload.num_gpu:
             raise PodSpecError(f"both {objects.GPU_RESOURCE} and resourceClaims: ask for GPUs one way")
+        key = objects.key(pod)
+        self._forget_ask(key)
         resume = dra_claims.resumed(pod, self.dra.claims, self.dra.inventory)
         if resume is not None:  # its claims name a node already: it goes there (``resume``)
-            self.dra_resume[objects.key(pod)] = resume
-            self.dra_asks.pop(objects.key(pod), None)
+            self.dra_resume[key] = resume
+            self.dra_asks.pop(key, None)
             devices = [d for _, d in resume[1]]
             one_mig = len(devices) == 1 and devices[0].kind == "mig"
             return dataclasses.replace(pw, workload=dataclasses.replace(
                 pw.workload, num_gpu=len(devices), gpu_milli=devices[0].milli if one_mig else 1000))
+        shared = dra_claims.shared_node(pod, self.dra.claims)
+        if shared is not None:  # its claims are in use already: it goes where they are, with no device of its own
+            if pw.workload.gang:
+                raise dra_claims.UnsupportedClaim(f"gang {pw.workload.gang}: a member whose claims are allocated "
+                                                  "already (shared) is not placed all-or-nothing with its gang")
+            self.dra_joins[key] = shared
+            self.dra_asks.pop(key, None)
+            return dataclasses.replace(pw, workload=dataclasses.replace(pw.workload, num_gpu=0))
         ask = dra_claims.ask_of(pod, self.dra.claims, self.dra.classes, self.dra.inventory)
+        self.dra_asks[key] = ask
+        return self._asking(pw, ask)
+
+    def _base(self, pod: dict[str, Any]) -> PodWorkload:
+        pw = objects.workload_of(pod, self.tenant_of(pod), created_s(pod))
+        return queues.govern(pw, pod, self.queue_by_namespace.get(pod["metadata"].get("namespace", "")), self.unqueued)
+
+    @staticmethod
+    def _asking(pw: PodWorkload, ask: DraAsk) -> PodWorkload:
         models = ask.models if not pw.workload.models else tuple(m for m in ask.models if m in pw.workload.models)
-        self.dra_asks[objects.key(pod)] = ask
         return dataclasses.replace(pw, workload=dataclasses.replace(
             pw.workload, num_gpu=ask.num_gpu, gpu_milli=ask.gpu_milli, models=models or ("(none)",),
             needs_nvlink=pw.workload.needs_nvlink or ask.needs_island))
+
+    def try_ask(self, key: str, ask: DraAsk) -> Workload:
+        """The pending pod asks ``ask`` (one of its ``firstAvailable`` alternatives) from now on: its workload."""
+        pw = self._asking(self._base(self.pods[key]), ask)
+        self.dra_asks[key] = ask
+        self.pending[key] = pw
+        return pw.workload
+
+    def _forget_ask(self, key: str) -> None:
+        """What the pod's claims asked for, or where they sent it, is read again (or the pod is gone or bound)."""
+        self.dra_asks.pop(key, None)
+        self.dra_resume.pop(key, None)
+        self.dra_joins.pop(key, None)
 
     def known_workload(self, pod: dict[str, Any]) -> Workload:
         """The workload the cache parsed when it queued or charged ``pod`` (just now, for a pod it was handed),
@@ -369,23 +412,39 @@ class ClusterCache:
         except PodSpecError:
             return []
 
-    def _claimed_devices(self, pod: dict[str, Any]) -> list[tuple[Device, int]]:
-        """The GPUs, MIG partitions and GPU shares its claims were allocated on its node, with the compute each
-        takes of its slot (other devices are no GPU slot)."""
+    def _claimed_devices(self, pod: dict[str, Any], claims: list[str] | None = None) -> list[tuple[Device, int]]:
+        """The GPUs, MIG partitions and GPU shares its claims (``claims``: these of them) were allocated on its
+        node, with the compute each takes of its slot (other devices are no GPU slot)."""
         ng = self.dra.inventory.nodes.get(pod["spec"]["nodeName"])
-        return [(d, m) for d, m in self.dra.devices_of_claims(self._claims_of(pod))
+        return [(d, m) for d, m in self.dra.devices_of_claims(self._claims_of(pod) if claims is None else claims)
                 if ng is not None and d.ref in ng.slot_of]
 
-    def _claimed_workload(self, pod: dict[str, Any]) -> Workload:
-        """A bound pod with claims holds the devices its claims were allocated (none yet: none)."""
+    def _claimed_workload(self, pod: dict[str, Any], claims: list[str] | None = None) -> Workload:
+        """A bound pod with claims holds the devices its claims (``claims``: these of them) were allocated (none
+        yet: none)."""
         try:
             pw = objects.workload_of(pod, self.tenant_of(pod), created_s(pod))
             w = queues.govern(pw, pod, self.queue_by_namespace.get(pod["metadata"].get("namespace", "")),
                               self.unqueued).workload
         except PodSpecError:
             w = Workload(objects.key(pod), tenant=self.tenant_of(pod))
-        devices = self._claimed_devices(pod)
+        devices = self._claimed_devices(pod, claims)
         return dataclasses.replace(w, num_gpu=len(devices), gpu_milli=devices[0][1] if len(devices) == 1 else 1000)
+
+    def _own(self, key: str, claims: list[str]) -> list[str]:
+        """Of ``claims``, those no other pod is charged for become ``key``'s to be charged for; returns them."""
+        self._disown(key)
+        mine = [c for c in claims if self.claim_owner.setdefault(c, key) == key]
+        self.pod_claims[key] = mine
+        return mine
+
+    def _disown(self, key: str) -> list[str]:
+        """``key`` is charged for none of its claims any more; returns those it was."""
+        claims = self.pod_claims.pop(key, [])
+        for c in claims:
+            if self.claim_owner.get(c) == key:
+                del self.claim_owner[c]
+        return claims
 
     def _hold(self, claim: str) -> None:
         """Charge an allocated claim no pod here is charged for (reserved for a pod gone or not ours to know)."""
@@ -418,23 +477,25 @@ class ClusterCache:
         node = self.cluster.index.get(pod["spec"]["nodeName"])
         if node is None or key in self.running:
             return
-        w = self.workload(pod)
         if dra_claims.has_claims(pod):
-            claims = self._claims_of(pod)
+            # A claim shared with a pod charged for it already is not charged again (its GPUs count once, in the
+            # model and in the quotas).
+            claims = self._own(key, self._claims_of(pod))
             for claim in claims:
                 if f"claim:{claim}" in self.cluster.allocations:
                     self.cluster.release(f"claim:{claim}")
-            self.pod_claims[key] = claims
+            w = self._claimed_workload(pod, claims)
             ng = self.dra.inventory.nodes.get(pod["spec"]["nodeName"])
-            devices = self._claimed_devices(pod) if ng is not None else []
+            devices = self._claimed_devices(pod, claims) if ng is not None else []
             alloc = Allocation(w.id, node, [ng.slot_of[d.ref] for d, _ in devices] if ng else [],
                                [m for _, m in devices], w.cpu_milli, w.memory_mib,
                                [0] * len(devices), "mig" if any(d.kind == "mig" for d, _ in devices) else "exclusive")
             self._clamp(alloc)
             self._clamp_gpus(alloc)
             self.cluster.allocate(alloc)
-            self.running[key] = Running(w, alloc, started_s=created_s(pod), done_s=0.0, checkpoint_every_s=None)
+            self._run(key, Running(w, alloc, started_s=created_s(pod), done_s=0.0, checkpoint_every_s=None))
             return
+        w = self.workload(pod)
         try:
             alloc = objects.allocation_of(pod, node, w)
         except PodSpecError as exc:
@@ -453,8 +514,8 @@ class ClusterCache:
             self.cluster.allocate(alloc)
         # A checkpointable pod is asked to checkpoint before it is evicted: it loses about the time
         # that takes (CHECKPOINT_LOSS_S); anything else loses all its work.
-        self.running[key] = Running(w, alloc, started_s=created_s(pod), done_s=0.0,
-                                    checkpoint_every_s=CHECKPOINT_LOSS_S if w.checkpointable else None)
+        self._run(key, Running(w, alloc, started_s=created_s(pod), done_s=0.0,
+                               checkpoint_every_s=CHECKPOINT_LOSS_S if w.checkpointable else None))
 
     def _first_free(self, alloc: Allocation, w: Workload) -> Allocation:
         free = self.cluster.gpu_free[alloc.node]
@@ -472,20 +533,33 @@ class ClusterCache:
         """A placement of ours whose binding is in flight (already allocated in the model)."""
         self.pending.pop(key, None)
         if key in self.dra_picks:
-            self.pod_claims[key] = sorted({r.claim for r, _ in self.dra_picks[key]})
+            self._own(key, sorted({r.claim for r, _ in self.dra_picks[key]}))
         self.reservations[key] = running
         self._reserved_node[key] = self.cluster.names[running.allocation.node]
-        self.running[key] = running
+        self._run(key, running)
 
     def unreserve(self, key: str) -> None:
         self.dra_picks.pop(key, None)  # its devices stay in flight until the claims say they are allocated
+        self.dra_shared.pop(key, None)
         self.reservations.pop(key, None)
         self._reserved_node.pop(key, None)
 
     def release(self, key: str) -> None:
-        self.running.pop(key, None)
+        r = self.running.pop(key, None)
+        if r is not None:
+            self.usage.add(r.workload, self._model_of(r), -1)
         if key in self.cluster.allocations:
             self.cluster.release(key)
+
+    def _run(self, key: str, r: Running) -> None:
+        old = self.running.get(key)
+        if old is not None:
+            self.usage.add(old.workload, self._model_of(old), -1)
+        self.running[key] = r
+        self.usage.add(r.workload, self._model_of(r))
+
+    def _model_of(self, r: Running) -> str:
+        return str(self.cluster.models[r.allocation.node])
 
     # ------------------------------------------------------------------ DRA
     def sync_slices(self, items: list[dict[str, Any]]) -> None:
@@ -519,15 +593,17 @@ class ClusterCache:
         claim = self.dra.claim_event(kind, obj)
         if f"claim:{claim}" in self.cluster.allocations:
             self.cluster.release(f"claim:{claim}")
-        # The pods charged for it: those it is (or was) reserved for, and ours whose binding is in flight.
-        near = {*dra_claims.reserved_for(obj), *(dra_claims.reserved_for(old) if old else ()),
-                *(p for p, picks in self.dra_picks.items() if any(r.claim == claim for r, _ in picks))}
-        owners = [p for p in near if claim in self.pod_claims.get(p, ())]
-        for p in owners:
-            if p not in self.reservations and p in self.pods:  # ours in flight: the reservation holds the slots
-                self.release(p)
-                self._account(self.pods[p])
-        if not owners:
+        # The pod charged for it is charged again (ours in flight: the reservation holds the slots).
+        owner = self.claim_owner.get(claim)
+        if owner is not None and owner not in self.reservations:
+            pod = self.pods.get(owner)
+            if pod is not None and pod.get("spec", {}).get("nodeName"):
+                self.release(owner)
+                self._account(pod)
+            else:  # (defence: a withdrawn placement gives its claims up in ``withdraw``)
+                self._disown(owner)
+                owner = None
+        if owner is None:
             self._hold(claim)
         if kind == "DELETED" or old is None or _asks(old) != _asks(obj):
             # Not on a finalizer put on or taken off (our own write around a claim's allocation): that changes
@@ -550,8 +626,7 @@ class ClusterCache:
             if pod is None or not dra_claims.has_claims(pod) or (key not in self.pending and key not in self.rejected):
                 continue
             self.pending.pop(key, None)
-            self.dra_asks.pop(key, None)
-            self.dra_resume.pop(key, None)
+            self._forget_ask(key)
             self.queue_if_ours(pod)
 
     def pick_devices(self, key: str, alloc: Allocation) -> str | None:
@@ -561,6 +636,11 @@ class ClusterCache:
         ask = self.dra_asks.get(key)
         node = self.cluster.names[alloc.node]
         ng = self.dra.inventory.nodes.get(node)
+        for claim in ask.claims if ask is not None else ():
+            owner = self.claim_owner.get(claim)
+            if owner is not None and owner != key:  # placed this pass for another pod that shares it
+                self.cluster.release(key)
+                return f"its claim {claim} is being allocated for {owner}; it goes where that puts it"
         if ask is None or ng is None:
             self.cluster.release(key)
             return f"node {node} publishes no GPUs in ResourceSlices" if ng is None else "claims not read"
@@ -587,6 +667,7 @@ class ClusterCache:
             alloc.gpu_memory_mib = [0] * len(slots)
             self.cluster.allocate(alloc)
         self.dra_picks[key] = picks
+        self._own(key, sorted({r.claim for r, _ in picks}))  # (a gang's other members are picked before any starts)
         for r, d in picks:
             if r.share:
                 self.dra.fly_share(key, r.claim, d, r.share)
@@ -596,11 +677,13 @@ class ClusterCache:
 
     def resume(self, key: str) -> Allocation | None:
         """The allocation of a pod whose claims name its node and devices already (``dra_claims.resumed``): the
-        claims' holds become the pod's, and the binder writes the same claims and binds. None if the node is gone."""
-        node, picks = self.dra_resume.pop(key)
+        claims' holds become the pod's, and the binder writes the same claims and binds. None while the node is
+        gone."""
+        node, picks = self.dra_resume[key]
         i, ng, pw = self.cluster.index.get(node), self.dra.inventory.nodes.get(node), self.pending.get(key)
         if i is None or ng is None or pw is None:
-            return None
+            return None  # it waits for that node: placed anywhere else, its claims would not be written
+        del self.dra_resume[key]
         for claim in {r.claim for r, _ in picks}:
             if f"claim:{claim}" in self.cluster.allocations:
                 self.cluster.release(f"claim:{claim}")
@@ -615,10 +698,69 @@ class ClusterCache:
         self.dra_picks[key] = picks
         return alloc
 
+    def claim_waits(self) -> dict[str, str]:
+        """Pending pods whose new claim another pod of ours allocates first (its owner in flight, else the first
+        of those naming it to arrive): key -> why it waits. They stay out of the pass, so that nothing is
+        preempted for them; once the claim is allocated they join it (``shared_node``)."""
+        out: dict[str, str] = {}
+        for key, ask in self.dra_asks.items():
+            if key not in self.pending:
+                continue
+            for claim in ask.claims:
+                first = self.claim_owner.get(claim)
+                users = self.claim_users.get(claim, ())
+                if first is None and len(users) > 1:
+                    first = min((u for u in users if u in self.pending and u in self.dra_asks),
+                                key=lambda u: (self.pending[u].workload.submit_s, u), default=key)
+                if first is not None and first != key:
+                    out[key] = f"its claim {claim} is being allocated for {first}; it goes where that puts it"
+                    break
+        return out
+
+    def join(self, key: str) -> tuple[Allocation | None, str]:
+        """The allocation of a pod whose claims are all allocated already (``dra_claims.shared_node``): on their
+        node, its CPU and memory only (their devices are charged to their owner). (None, why) if it cannot go
+        there now; the pod then waits for that node, never placed elsewhere."""
+        node, pw = self.dra_joins[key], self.pending[key]
+        i, w = self.cluster.index.get(node), pw.workload
+        if i is None:
+            return None, f"its claims are allocated on {node}, which is not in the cluster"
+        if not self.node_mask[i]:
+            return None, f"its claims are allocated on {node}, which takes no new pods (cordoned or not ready)"
+        cpu, mem = int(self.cluster.cpu_free[i]), int(self.cluster.mem_free[i])
+        if cpu < w.cpu_milli or mem < w.memory_mib:
+            return None, (f"its claims are allocated on {node}, which has {cpu}m CPU and {mem} MiB free "
+                          f"({w.cpu_milli}m and {w.memory_mib} MiB asked)")
+        alloc = Allocation(key, i, [], [], w.cpu_milli, w.memory_mib)
+        self.cluster.allocate(alloc)
+        del self.dra_joins[key]
+        self.dra_shared[key] = self._claims_of(self.pods[key])
+        return alloc, ""
+
     def drop_picks(self, key: str) -> None:
         """A placement with claims withdrawn: its devices are no longer in flight."""
-        self.dra_picks.pop(key, None)
+        if self.dra_picks.pop(key, None) is not None and key not in self.running:
+            self._disown(key)  # picked for a gang that did not go: its claims are no one's again
+        self.dra_shared.pop(key, None)
         self.dra.land(key)
+
+    def withdraw(self, key: str) -> None:
+        """A placement of ours taken back before its Binding landed (refused, failed, gone): its devices are no
+        longer in flight, its allocation in the model is freed, and a claim it was charged for is a hold while
+        the API still says it is allocated (a release write that failed, or whose answer is still on its way)."""
+        pod = self.pods.get(key)
+        if pod is not None and pod.get("spec", {}).get("nodeName"):
+            # Bound after all (the Binding's answer was lost, the watch was quicker): it keeps what it holds.
+            self.drop_picks(key)
+            self.unreserve(key)
+            return
+        claims = self._disown(key) if key in self.reservations else []
+        self.drop_picks(key)
+        self.unreserve(key)
+        self.release(key)
+        for claim in claims:
+            if claim in self.dra.claims:
+                self._hold(claim)
 
     # ------------------------------------------------------------------ queues
     def sync_queues(self, items: list[dict[str, Any]]) -> None:
@@ -650,7 +792,9 @@ class ClusterCache:
         for r in self.running.values():
             pod = self.pods.get(r.workload.id)
             if pod is not None:
+                self.usage.add(r.workload, self._model_of(r), -1)
                 r.workload.tenant = self.tenant_of(pod)
+                self.usage.add(r.workload, self._model_of(r))
         for key in list(self.pending):
             del self.pending[key]
             self.queue_if_ours(self.pods[key])

@@ -3,9 +3,9 @@
 What gpuaware allocates (anything else raises ``UnsupportedClaim`` with the reason; the pod is left
 alone with that reason as an Event, and never allocated on a guess):
 
-- requests ``exactly`` with ``allocationMode: ExactCount`` (``count``, default 1) of whole GPUs
-  (``type: gpu`` devices) — several requests and several claims of one pod add up — or of one MIG
-  partition (``type: mig``: one request of count 1 per pod);
+- requests ``exactly`` (or subrequests of ``firstAvailable``) with ``allocationMode: ExactCount``
+  (``count``, default 1) of whole GPUs (``type: gpu`` devices) — several requests and several claims of
+  one pod add up — or of one MIG partition (``type: mig``: one request of count 1 per pod);
 - selectors of the DeviceClass and of the request in the CEL forms ``dra_cel`` reads, and
   ``capacity.requests`` (a device with at least that much: without ``allowMultipleAllocations`` a
   request takes the whole device);
@@ -20,12 +20,20 @@ The core places by GPU model; where the selectors pick some but not all devices 
 label-like attribute, a UUID), the pod's nodes are narrowed to those with enough matching devices
 (``DraAsk.nodes``), and the devices are picked among the matching ones.
 
+``firstAvailable`` requests: each subrequest as an ``exactly``; their combinations, in order, are the
+pod's alternatives (``DraAsk.then``), those gpuaware cannot allocate passed over.
+
+A pod whose claims are all allocated already (shared) goes to their node with no device of its own
+(``shared_node``): its UID joins their ``reservedFor``.
+
 The claim names of a pod are its ``resourceClaimName`` or, for a template, the name in
 ``status.resourceClaimStatuses`` (set by kube-controller-manager).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import uuid
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass
@@ -84,6 +92,8 @@ class DraAsk:
     models: tuple[str, ...]
     same: tuple[str, ...]  # attributes all devices must share (qualified)
     nodes: frozenset[str] | None = None  # None: any node with GPUs of ``models``; else only these
+    # ``firstAvailable``: the asks to try, in order, where this one (its first subrequests) fits nowhere.
+    then: tuple[DraAsk, ...] = ()
 
     @property
     def needs_island(self) -> bool:
@@ -105,10 +115,27 @@ def claim_names(pod: Mapping[str, Any]) -> list[str]:
     return out
 
 
+# resource.k8s.io/v1 ``ResourceClaimReservedForMaxSize``: the apiserver refuses a claim reserved for more.
+MAX_RESERVED_FOR = 256
+
+
+def allocated_nodes(alloc: Mapping[str, Any]) -> set[str]:
+    """The node names an allocation's nodeSelector names by ``metadata.name`` (how node-local devices are
+    written, by gpuaware and by kube-scheduler)."""
+    nodes: set[str] = set()
+    for term in (alloc.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
+        for f in term.get("matchFields") or []:
+            if f.get("key") == "metadata.name":
+                nodes.update(f.get("values") or [])
+    return nodes
+
+
 def resumed(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]], inventory: DraInventory
             ) -> tuple[str, list[tuple[DeviceRequest, Device]]] | None:
     """A placement cut short between its claims' writes and its Binding (a restart, a lost answer): every
-    claim of the pod allocated on one node and reserved for this very pod (UID). (node, devices), else None."""
+    claim of the pod allocated on one node and reserved for this very pod (UID) alone. (node, devices), else
+    None. A claim reserved for other pods too is shared (``shared_node``): rewriting its allocation for this
+    pod would take the others off it."""
     try:
         keys = claim_names(pod)
     except ClaimsNotReady:
@@ -117,12 +144,9 @@ def resumed(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]], inv
     for key in keys:
         status = (claims.get(key) or {}).get("status") or {}
         alloc = status.get("allocation")
-        if not alloc or not any(r.get("uid") == uid for r in status.get("reservedFor") or []):
+        if not alloc or [r.get("uid") for r in status.get("reservedFor") or []] != [uid]:
             return None
-        for term in (alloc.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
-            for f in term.get("matchFields") or []:
-                if f.get("key") == "metadata.name":
-                    nodes.update(f.get("values") or [])
+        nodes |= allocated_nodes(alloc)
         for r in (alloc.get("devices") or {}).get("results") or []:
             d = inventory.devices.get((r.get("driver", ""), r.get("pool", ""), r.get("device", "")))
             if d is None:
@@ -131,6 +155,38 @@ def resumed(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]], inv
     if len(nodes) != 1 or not picks or any(d.node not in nodes for _, d in picks):
         return None
     return nodes.pop(), picks
+
+
+def shared_node(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The node of a pod whose claims are all allocated already (claims shared by several pods, or allocated
+    by someone else): it goes there, as kube-scheduler sends it, and takes no device of its own; its UID joins
+    each claim's ``reservedFor``. None when none of its claims is allocated (the pod asks for devices).
+    ``ClaimsNotReady`` while a claim is being deleted or reserved for the most pods the API allows (one may
+    end); ``UnsupportedClaim`` when only some of its claims are allocated, or they are on different nodes."""
+    keys = claim_names(pod)
+    have = {k: ((claims.get(k) or {}).get("status") or {}) for k in keys}
+    done = [k for k in keys if have[k].get("allocation")]
+    if not done:
+        return None
+    if len(done) != len(keys):
+        fresh = [k for k in keys if k not in done]
+        raise UnsupportedClaim(f"ResourceClaim {done[0]} is allocated already and {fresh[0]} is not: gpuaware "
+                               "places a pod whose claims are all new or all allocated (shared), not both")
+    uid, nodes = pod["metadata"].get("uid"), set()
+    for k in keys:
+        if claims[k]["metadata"].get("deletionTimestamp"):
+            raise ClaimsNotReady(f"ResourceClaim {k} is being deleted")
+        reserved = have[k].get("reservedFor") or []
+        if len(reserved) >= MAX_RESERVED_FOR and not any(r.get("uid") == uid for r in reserved):
+            raise ClaimsNotReady(f"ResourceClaim {k} is reserved for {len(reserved)} pods, the most the API allows")
+        on = allocated_nodes(have[k]["allocation"])
+        if len(on) != 1:
+            raise UnsupportedClaim(f"ResourceClaim {k}: its allocation's nodeSelector does not name one node by "
+                                   "metadata.name (devices not local to a node are not placed by gpuaware)")
+        nodes |= on
+    if len(nodes) != 1:
+        raise UnsupportedClaim(f"the pod's claims are allocated on different nodes ({', '.join(sorted(nodes))})")
+    return nodes.pop()
 
 
 def has_claims(pod: Mapping[str, Any]) -> bool:
@@ -147,43 +203,62 @@ def _selectors(raw: Any, where: str) -> list[Selector]:
     return out
 
 
-def _requests(claim: Mapping[str, Any], key: str, classes: Mapping[str, Mapping[str, Any]]) -> list[DeviceRequest]:
+# resource.k8s.io/v1 allows 8 subrequests per ``firstAvailable``; the alternatives of several such requests
+# multiply, and each is one more try of the core for the pod.
+MAX_ALTERNATIVES = 16
+
+
+def _request(ex: Mapping[str, Any], name: str, key: str, classes: Mapping[str, Mapping[str, Any]], where: str
+             ) -> DeviceRequest:
+    """One ``exactly`` request, or one subrequest of ``firstAvailable`` (the same fields)."""
+    if (ex.get("allocationMode") or "ExactCount") != "ExactCount":
+        raise UnsupportedClaim(f"{where}.allocationMode: {ex.get('allocationMode')!r} is not supported")
+    if ex.get("adminAccess"):
+        raise UnsupportedClaim(f"{where}.adminAccess: not supported")
+    if ex.get("tolerations"):
+        raise UnsupportedClaim(f"{where}.tolerations: tainted devices are not handed out by gpuaware")
+    cls = classes.get(ex.get("deviceClassName") or "")
+    if cls is None:
+        raise ClaimsNotReady(f"{where}.deviceClassName: DeviceClass {ex.get('deviceClassName')!r} does not exist")
+    sels: list[Selector | _Capacity] = [*_selectors((cls.get("spec") or {}).get("selectors"),
+                                                    f"DeviceClass {ex.get('deviceClassName')}.spec"),
+                                        *_selectors(ex.get("selectors"), where)]
+    wants = ((ex.get("capacity") or {}).get("requests") or {})
+    share = 0
+    if wants:
+        amounts = tuple(sorted((k if "/" in k else f"*/{k}", quantity(v, f"{where}.capacity.requests[{k}]"))
+                               for k, v in wants.items()))
+        sels.append(_Capacity(amounts))
+        share = int(sum(v for k, v in amounts if k.split("/", 1)[1] == dra.CAP_MEMORY))
+    return DeviceRequest(key, name, int(ex.get("count") or 1), tuple(sels), share)
+
+
+def _requests(claim: Mapping[str, Any], key: str, classes: Mapping[str, Mapping[str, Any]]
+              ) -> list[tuple[DeviceRequest, ...]]:
+    """Per request of the claim, its alternatives in order: one for ``exactly``, the subrequests of
+    ``firstAvailable`` (named ``<request>/<subrequest>``, as the allocation result names them)."""
     out = []
     for i, r in enumerate(((claim.get("spec") or {}).get("devices") or {}).get("requests") or []):
         where = f"ResourceClaim {key}: spec.devices.requests[{i}]"
-        ex = r.get("exactly")
-        if not isinstance(ex, dict):
-            raise UnsupportedClaim(f"{where}: only `exactly` requests are allocated by gpuaware (firstAvailable is "
-                                   "left to kube-scheduler)")
-        if (ex.get("allocationMode") or "ExactCount") != "ExactCount":
-            raise UnsupportedClaim(f"{where}.exactly.allocationMode: {ex.get('allocationMode')!r} is not supported")
-        if ex.get("adminAccess"):
-            raise UnsupportedClaim(f"{where}.exactly.adminAccess: not supported")
-        if ex.get("tolerations"):
-            raise UnsupportedClaim(f"{where}.exactly.tolerations: tainted devices are not handed out by gpuaware")
-        cls = classes.get(ex.get("deviceClassName") or "")
-        if cls is None:
-            raise ClaimsNotReady(f"{where}.exactly.deviceClassName: DeviceClass {ex.get('deviceClassName')!r} "
-                                 "does not exist")
-        sels: list[Selector | _Capacity] = [*_selectors((cls.get("spec") or {}).get("selectors"),
-                                                        f"DeviceClass {ex.get('deviceClassName')}.spec"),
-                                            *_selectors(ex.get("selectors"), f"{where}.exactly")]
-        wants = ((ex.get("capacity") or {}).get("requests") or {})
-        share = 0
-        if wants:
-            amounts = tuple(sorted((k if "/" in k else f"*/{k}",
-                                    quantity(v, f"{where}.exactly.capacity.requests[{k}]")) for k, v in wants.items()))
-            sels.append(_Capacity(amounts))
-            share = int(sum(v for k, v in amounts if k.split("/", 1)[1] == dra.CAP_MEMORY))
-        out.append(DeviceRequest(key, r.get("name", ""), int(ex.get("count") or 1), tuple(sels), share))
+        ex, first = r.get("exactly"), r.get("firstAvailable")
+        if isinstance(ex, dict):
+            out.append((_request(ex, r.get("name", ""), key, classes, f"{where}.exactly"),))
+        elif isinstance(first, list) and first:
+            out.append(tuple(_request(sub, f"{r.get('name', '')}/{sub.get('name', '')}", key, classes,
+                                      f"{where}.firstAvailable[{j}]") for j, sub in enumerate(first)))
+        else:
+            raise UnsupportedClaim(f"{where}: neither `exactly` nor `firstAvailable` subrequests")
     return out
 
 
 def ask_of(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
            classes: Mapping[str, Mapping[str, Any]], inventory: DraInventory) -> DraAsk:
-    """The pod's claims as one request; ``UnsupportedClaim`` / ``ClaimsNotReady`` (both ``PodSpecError``)."""
+    """The pod's claims as one request; ``UnsupportedClaim`` / ``ClaimsNotReady`` (both ``PodSpecError``).
+    With ``firstAvailable`` requests, the first combination of their subrequests gpuaware can allocate, with
+    the later ones as its ``then`` (a subrequest matching no device, or of a kind not allocated, is passed
+    over, as kube-scheduler passes over one no node satisfies); none: the first one's reason."""
     keys = claim_names(pod)
-    requests: list[DeviceRequest] = []
+    slots: list[tuple[DeviceRequest, ...]] = []
     same: list[str] = []
     for key in keys:
         claim = claims.get(key)
@@ -192,9 +267,9 @@ def ask_of(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
         if claim["metadata"].get("deletionTimestamp"):
             raise ClaimsNotReady(f"ResourceClaim {key} is being deleted")
         if (claim.get("status") or {}).get("allocation"):
-            raise UnsupportedClaim(f"ResourceClaim {key} is allocated already (shared claims and claims allocated "
-                                   "by someone else are not placed by gpuaware)")
-        requests += _requests(claim, key, classes)
+            raise UnsupportedClaim(f"ResourceClaim {key} is allocated already (a pod with shared claims goes where "
+                                   "they are: ``shared_node``)")
+        slots += _requests(claim, key, classes)
         for i, c in enumerate(((claim.get("spec") or {}).get("devices") or {}).get("constraints") or []):
             attr = c.get("matchAttribute")
             if not attr or c.get("distinctAttribute"):
@@ -205,8 +280,26 @@ def ask_of(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
                                        f"{attr!r} is not the NVLink island ({dra.ATTR_NVLINK_ISLAND}) or an "
                                        "attribute all GPUs of a node share")
             same.append(attr)
-    if not requests:
+    if not slots:
         raise UnsupportedClaim("the pod's claims request no devices")
+    combos = list(itertools.islice(itertools.product(*slots), MAX_ALTERNATIVES + 1))
+    if len(combos) > MAX_ALTERNATIVES:
+        raise UnsupportedClaim(f"the pod's firstAvailable requests make more than {MAX_ALTERNATIVES} alternatives")
+    asks: list[DraAsk] = []
+    first_error: UnsupportedClaim | None = None
+    for combo in combos:
+        try:
+            asks.append(_ask(tuple(keys), list(combo), tuple(same), inventory))
+        except UnsupportedClaim as exc:
+            first_error = first_error or exc
+    if not asks:
+        assert first_error is not None
+        raise first_error
+    return dataclasses.replace(asks[0], then=tuple(asks[1:]))
+
+
+def _ask(keys: tuple[str, ...], requests: list[DeviceRequest], same: tuple[str, ...], inventory: DraInventory
+         ) -> DraAsk:
     kinds, models, nodes = _matching(requests, inventory)
     if len(kinds) != 1:
         raise UnsupportedClaim(f"the requests match {' and '.join(sorted(kinds)) or 'no'} devices: gpuaware "
@@ -224,7 +317,7 @@ def ask_of(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
             raise UnsupportedClaim(f"{num} memory shares requested: gpuaware allocates one per pod (one request, "
                                    "count 1)")
         milli = _share_milli(requests[0], inventory)
-    return DraAsk(tuple(keys), tuple(requests), kind, num, milli, tuple(sorted(models)), tuple(same), nodes)
+    return DraAsk(keys, tuple(requests), kind, num, milli, tuple(sorted(models)), same, nodes)
 
 
 def _share_milli(r: DeviceRequest, inventory: DraInventory) -> int:
@@ -377,6 +470,30 @@ def with_finalizer(claim: Mapping[str, Any], on: bool) -> dict[str, Any] | None:
         return None
     return {**claim, "metadata": {**claim["metadata"],
                                   "finalizers": [*have, FINALIZER] if on else [f for f in have if f != FINALIZER]}}
+
+
+def reserved_status(claim: Mapping[str, Any], pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A shared claim (allocated already) with the pod added to ``reservedFor``, as kube-scheduler's PreBind
+    does for a claim in use; None when it is reserved for the pod already (nothing to write)."""
+    meta, status = pod["metadata"], dict(claim.get("status") or {})
+    have = list(status.get("reservedFor") or [])
+    if any(r.get("uid") == meta["uid"] for r in have):
+        return None
+    status["reservedFor"] = [*have, {"resource": "pods", "name": meta["name"], "uid": meta["uid"]}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": dict(claim["metadata"]),
+            "spec": claim["spec"], "status": status}
+
+
+def unreserved_status(claim: Mapping[str, Any], uid: str) -> dict[str, Any]:
+    """A shared claim with the pod (``uid``) taken off ``reservedFor`` again, its allocation kept for the others."""
+    status = dict(claim.get("status") or {})
+    left = [r for r in status.get("reservedFor") or [] if r.get("uid") != uid]
+    if left:
+        status["reservedFor"] = left
+    else:
+        status.pop("reservedFor", None)
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": dict(claim["metadata"]),
+            "spec": claim["spec"], "status": status}
 
 
 def released_status(claim: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,26 +6,46 @@ metadata PUT, as kube-scheduler does: the status subresource ignores metadata), 
 its pod runs keeps its allocation, and its devices stay taken, until it is deallocated. Then it gets
 ``status.allocation`` (the devices, and a node selector for the node) and
 ``status.reservedFor`` the pod, in one PUT of the status subresource with the claim's
-resourceVersion as the precondition: a claim someone else allocated (or changed) since the cache
-saw it answers 409 Conflict, and the placement is withdrawn and the pod requeued — never a device
-handed out twice. Claims already written for a placement that fails are released again, allocation
-first, then the finalizer this placement added (best effort: a claim left allocated is charged as a
-hold, so its devices stay taken, as they are in the API).
+resourceVersion as the precondition. A 409 Conflict (the claim changed since it was read) reads it
+again and tries again, up to ``CONFLICT_RETRIES`` times, as kube-scheduler's PreBind does (client-go's
+``RetryOnConflict``): a claim someone else allocated meanwhile is refused, and the placement is
+withdrawn and the pod requeued — never a device handed out twice. A claim already allocated for this
+very pod alone (written before a restart or a lost answer) is left as it is. Claims already written
+for a placement that fails are released again, allocation first, then the finalizer this placement
+added (best effort: a claim left allocated is charged as a hold, so its devices stay taken, as they
+are in the API).
+
+A pod whose claims are allocated already (shared) only joins their ``reservedFor`` (``share``), with the
+same precondition and retries, while they are allocated on its node; a placement of it that fails takes
+only its own reservation back (the strategic merge patch kube-scheduler's Unreserve sends), never the
+allocation the other pods hold.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from plumbing.kube.api import TRANSPORT_ERRORS
+from plumbing.kube.api import TRANSPORT_ERRORS, api_error
 from scheduler.kube.calls import ApiCalls
-from scheduler.kube.dra_claims import DeviceRequest, allocation_status, released_status, with_finalizer
+from scheduler.kube.dra_claims import (
+    DeviceRequest,
+    allocated_nodes,
+    allocation_status,
+    released_status,
+    reserved_status,
+    with_finalizer,
+)
 from scheduler.kube.dra_inventory import Device
 
 log = logging.getLogger(__name__)
+
+# client-go's retry.DefaultRetry (5 steps), which kube-scheduler's PreBind retries a claim's status write with.
+CONFLICT_RETRIES = 5
 
 
 class ClaimsRefused(Exception):
@@ -37,40 +57,108 @@ class ClaimsRefused(Exception):
         self.conflict, self.lasting = conflict, lasting
 
 
+@dataclass
+class Written:
+    """Claims a placement wrote: allocated by it (``uid`` None), or joined by the pod ``uid`` (shared)."""
+
+    claims: list[dict[str, Any]] = field(default_factory=list)
+    uid: str | None = None
+
+
+Write = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
+
+
 class ClaimWriter:
     def __init__(self, calls: ApiCalls):
         self.calls = calls
 
     async def allocate(self, claims: dict[str, dict[str, Any]], node: str,
-                       picks: list[tuple[DeviceRequest, Device]], pod: dict[str, Any]) -> list[dict[str, Any]]:
+                       picks: list[tuple[DeviceRequest, Device]], pod: dict[str, Any]) -> Written:
         """Write every claim of the placement; the claims as written, or ``ClaimsRefused`` (none left written)."""
-        written: list[dict[str, Any]] = []
+        written, uid = Written(), pod["metadata"].get("uid")
         for key in sorted({r.claim for r, _ in picks}):
-            claim = claims.get(key)
-            protected = None  # the claim as the finalizer write left it, when this placement added it
-            verb = "update-claim"
-            try:
-                if claim is None:
-                    raise ClaimsRefused(f"ResourceClaim {key} is gone", conflict=True)
+            protected: list[dict[str, Any]] = []  # the claim as the finalizer write left it, if this placement added it
+
+            async def one(claim: dict[str, Any], key: str = key,
+                          protected: list[dict[str, Any]] = protected) -> dict[str, Any] | None:
+                if claim["metadata"].get("deletionTimestamp"):
+                    raise ClaimsRefused(f"ResourceClaim {key} is being deleted", conflict=True)
+                status = claim.get("status") or {}
+                if status.get("allocation"):
+                    if [r.get("uid") for r in status.get("reservedFor") or []] == [uid] \
+                            and allocated_nodes(status["allocation"]) == {node}:
+                        return None  # this pod's own, written before (a restart, a lost answer): as it is
+                    raise ClaimsRefused(f"ResourceClaim {key} got allocated elsewhere in the meantime", conflict=True)
                 guard = with_finalizer(claim, True)
                 if guard is not None:
-                    claim = protected = await self.calls.call(self.calls.api.update_claim, guard)
-                verb = "update-claim-status"
-                body = allocation_status(claim, node, picks, pod)
-                written.append(await self.calls.call(self.calls.api.write_claim_status, body))
+                    claim = await self._call("update-claim", self.calls.api.update_claim, guard)
+                    protected[:] = [claim]
+                return await self._call("update-claim-status", self.calls.api.write_claim_status,
+                                        allocation_status(claim, node, picks, pod))
+
+            try:
+                done = await self._retrying(key, claims.get(key), one)
             except (ApiException, *TRANSPORT_ERRORS, ClaimsRefused) as exc:
                 await self.release(written)
-                if protected is not None:
-                    await self._unprotect(protected)
-                if isinstance(exc, ClaimsRefused):
-                    raise
-                if isinstance(exc, ApiException):
-                    code, reason, message = self.calls.failed(verb, exc)
-                    raise ClaimsRefused(f"ResourceClaim {key}: {code} {reason}: {message}", conflict=code == 409,
-                                        lasting=400 <= code < 500 and code not in (409, 429)) from exc
-                self.calls.stats.api_errors[(verb, 0)] += 1
-                raise ClaimsRefused(f"ResourceClaim {key}: {exc}", conflict=False) from exc
+                if protected:
+                    await self._unprotect(protected[-1])
+                raise _refused(key, exc) from exc
+            if done is not None:
+                written.claims.append(done)
         return written
+
+    async def share(self, claims: dict[str, dict[str, Any]], keys: list[str], node: str,
+                    pod: dict[str, Any]) -> Written:
+        """The pod joins ``reservedFor`` of its claims, allocated already on ``node`` (shared); ``ClaimsRefused``
+        as ``allocate`` (a claim deallocated, or allocated elsewhere, since it was read: the pod is read again)."""
+        written = Written(uid=pod["metadata"]["uid"])
+        for key in sorted(keys):
+            async def one(claim: dict[str, Any], key: str = key) -> dict[str, Any] | None:
+                alloc = (claim.get("status") or {}).get("allocation")
+                if claim["metadata"].get("deletionTimestamp") or not alloc or allocated_nodes(alloc) != {node}:
+                    raise ClaimsRefused(f"ResourceClaim {key} is no longer allocated on {node}", conflict=True)
+                body = reserved_status(claim, pod)
+                return None if body is None else await self._call("update-claim-status",
+                                                                  self.calls.api.write_claim_status, body)
+
+            try:
+                done = await self._retrying(key, claims.get(key), one)
+            except (ApiException, *TRANSPORT_ERRORS, ClaimsRefused) as exc:
+                await self.release(written)
+                raise _refused(key, exc) from exc
+            if done is not None:
+                written.claims.append(done)
+        return written
+
+    async def _retrying(self, key: str, claim: dict[str, Any] | None, one: Write) -> dict[str, Any] | None:
+        """``one(claim)``; on 409 Conflict the claim is read again and ``one`` tried again."""
+        for attempt in range(CONFLICT_RETRIES):
+            if claim is None:
+                raise ClaimsRefused(f"ResourceClaim {key} is gone", conflict=True)
+            try:
+                return await one(claim)
+            except ApiException as exc:
+                if exc.status != 409 or attempt == CONFLICT_RETRIES - 1:
+                    raise
+            namespace, name = key.split("/", 1)
+            try:
+                claim = await self._call("get-claim", self.calls.api.read_claim, namespace, name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                claim = None
+        raise AssertionError("unreachable")
+
+    async def _call(self, verb: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """One API call, its failure counted under ``verb``."""
+        try:
+            return await self.calls.call(fn, *args)
+        except ApiException as exc:
+            self.calls.failed(verb, exc)
+            raise
+        except TRANSPORT_ERRORS:
+            self.calls.stats.api_errors[(verb, 0)] += 1
+            raise
 
     async def _unprotect(self, claim: dict[str, Any]) -> None:
         """Take the finalizer off a claim that is not allocated (what kube-controller-manager does once it
@@ -79,26 +167,53 @@ class ClaimWriter:
         if body is None:
             return
         try:
-            await self.calls.call(self.calls.api.update_claim, body)
-        except ApiException as exc:
-            code, reason, message = self.calls.failed("update-claim", exc)
-            log.warning("ResourceClaim %s/%s keeps its finalizer (%s %s: %s)", claim["metadata"].get("namespace"),
-                        claim["metadata"]["name"], code, reason, message)
-        except TRANSPORT_ERRORS as exc:
-            self.calls.stats.api_errors[("update-claim", 0)] += 1
-            log.warning("ResourceClaim %s keeps its finalizer (%s)", claim["metadata"]["name"], exc)
+            await self._call("update-claim", self.calls.api.update_claim, body)
+        except (ApiException, *TRANSPORT_ERRORS) as exc:
+            log.warning("ResourceClaim %s/%s keeps its finalizer (%s)", claim["metadata"].get("namespace"),
+                        claim["metadata"]["name"], _said(exc))
 
-    async def release(self, written: list[dict[str, Any]]) -> None:
-        """Take back allocations this placement wrote (its Binding failed, or a later claim was refused), and
-        then the delete-protection finalizer."""
-        for claim in written:
+    async def release(self, written: Written | None) -> None:
+        """Take back what a placement wrote (its Binding failed, or a later claim was refused): allocations it
+        wrote, then the delete-protection finalizer; of claims it joined, only its pod's reservation. A claim it
+        allocated that changed since (a pod joined it meanwhile) keeps its allocation: only the reservation goes."""
+        for claim in written.claims if written is not None else []:
+            meta = claim["metadata"]
             try:
-                await self._unprotect(await self.calls.call(self.calls.api.write_claim_status, released_status(claim)))
-            except ApiException as exc:
-                code, reason, message = self.calls.failed("update-claim-status", exc)
-                log.warning("ResourceClaim %s/%s stays allocated (%s %s: %s); its devices stay taken",
-                            claim["metadata"].get("namespace"), claim["metadata"]["name"], code, reason, message)
-            except TRANSPORT_ERRORS as exc:
-                self.calls.stats.api_errors[("update-claim-status", 0)] += 1
-                log.warning("ResourceClaim %s stays allocated (%s); its devices stay taken",
-                            claim["metadata"]["name"], exc)
+                if written.uid is None:
+                    try:
+                        released = await self._call("update-claim-status", self.calls.api.write_claim_status,
+                                                     released_status(claim))
+                    except ApiException as exc:
+                        if exc.status != 409:
+                            raise
+                        uids = [r.get("uid") for r in (claim.get("status") or {}).get("reservedFor") or []]
+                        await self._unreserve(meta, uids[0] if uids else "")
+                        continue
+                    await self._unprotect(released)
+                else:
+                    await self._unreserve(meta, written.uid)
+            except (ApiException, *TRANSPORT_ERRORS) as exc:
+                log.warning("ResourceClaim %s/%s stays as written (%s); its devices stay taken",
+                            meta.get("namespace"), meta["name"], _said(exc))
+
+    async def _unreserve(self, meta: dict[str, Any], pod_uid: str) -> None:
+        await self._call("patch-claim-status", self.calls.api.unreserve_claim, meta["namespace"], meta["name"],
+                         meta["uid"], pod_uid)
+
+
+def _said(exc: Exception) -> str:
+    if isinstance(exc, ApiException):
+        code, reason, message = api_error(exc)
+        return f"{code} {reason}: {message}"
+    return str(exc)
+
+
+def _refused(key: str, exc: Exception) -> ClaimsRefused:
+    """The placement's claims not written, as the binder acts on it (the call's failure is counted already)."""
+    if isinstance(exc, ClaimsRefused):
+        return exc
+    if isinstance(exc, ApiException):
+        code, reason, message = api_error(exc)
+        return ClaimsRefused(f"ResourceClaim {key}: {code} {reason}: {message}", conflict=code == 409,
+                             lasting=400 <= code < 500 and code not in (409, 429))
+    return ClaimsRefused(f"ResourceClaim {key}: {exc}", conflict=False)

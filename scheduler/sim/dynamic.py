@@ -330,9 +330,10 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
         def evict(self, victim: Running, preemptor: Workload, now: float) -> None:
             stop(victim, now, keep_progress=full)
 
-        def start(self, w: Workload, decision, now: float) -> None:
+        def start(self, w: Workload, decision, now: float) -> bool:
             pending.remove(w)
             start(w, decision.allocation, now)
+            return True
 
         def blocked(self, w: Workload, decision, now: float) -> None:
             pass

@@ -37,7 +37,7 @@ GRANT = [
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
      "verbs": ["get", "list", "watch", "update", "patch"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["update", "patch"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/binding"], "verbs": ["update"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/binding"], "verbs": ["update", "patch"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"],
      "verbs": ["list", "watch", "create", "delete"]},
 ]
@@ -133,7 +133,7 @@ def test_the_scheduler_may_exactly_what_the_dra_path_needs(cp):
         ("deviceclasses.resource.k8s.io", "[get list watch]"),
         ("resourceclaims.resource.k8s.io", "[get list watch update patch]"),
         ("resourceclaims.resource.k8s.io/status", "[update patch]"),
-        ("resourceclaims.resource.k8s.io/binding", "[update]"),
+        ("resourceclaims.resource.k8s.io/binding", "[update patch]"),
         ("devicetaintrules.resource.k8s.io", "[list watch create delete]"),
     }
 

@@ -36,3 +36,35 @@ def test_a_gang_is_placed_whole_or_leaves_the_cluster_exactly_as_it_was(node_gpu
     free_total = sum(max(0, g) for g in node_gpus) - (busy if busy and node_gpus[0] >= busy else 0)
     if sum(member_gpus) > free_total:
         assert not placed  # more GPUs asked than exist free: never a partial gang
+
+
+class Refusing:
+    """Hooks whose placements do not go after all (the live scheduler could not pick a claim's devices)."""
+
+    def __init__(self, cluster: ClusterState):
+        self.cluster, self.tried = cluster, []
+
+    def evict(self, victim, preemptor, now):
+        raise AssertionError("no eviction expected")
+
+    def start(self, w, d, now):
+        self.tried.append(w.id)
+        self.cluster.release(w.id)
+        return False
+
+    def blocked(self, w, d, now):
+        pass
+
+
+def test_a_placement_that_did_not_go_is_not_charged_to_its_tenants_quota():
+    from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, schedule_pass
+    from scheduler.core.queue import Tenant, TenantLedger
+
+    c = ClusterState([NodeSpec("n0", 64000, 512 * 1024, 8, "H100", 80 * 1024)])
+    ledger = TenantLedger({"t": Tenant("t", 1.0, 8000)}, c.total_gpu_milli, int(c.mem_cap.sum()))
+    jobs = [Workload(f"j{i}", num_gpu=2, tenant="t") for i in range(3)]
+    hooks = Refusing(c)
+    schedule_pass(Scheduler(profile("gpuaware", WorkloadMix.of(jobs))), c,
+                  QueueState(list(jobs), {}, {}, ledger, enforce_quota=True), QueuePolicy(), hooks, PassStats(), 0.0)
+    assert hooks.tried == ["j0", "j1", "j2"]
+    assert ledger.gpu_used.get("t", 0) == 0 and not c.allocations

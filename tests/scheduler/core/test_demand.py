@@ -23,6 +23,7 @@ class Hooks:
         self.pending.remove(w)
         self.ledger.charge(w, 1)
         self.started.append((w.id, d.signals))
+        return True
 
     def blocked(self, w, d, now):
         self.why.append(d.signals)

@@ -125,7 +125,7 @@ class _Blocked:
         pass
 
     def start(self, workload, decision, now):
-        pass
+        return True
 
     def blocked(self, workload, decision, now):
         self.decisions.append(decision)

@@ -9,23 +9,43 @@ from hypothesis import strategies as st
 
 from contract import annotations as ann
 from gpuaware.local.fake_apiserver import make_node, make_pod
+from scheduler.core.queue import Usage
 from scheduler.kube.cache import ClusterCache
 from tests.support import FUZZ, json_values, printable_text
 
 
+def summed_again(cache: ClusterCache) -> dict:
+    """What ``cache.usage`` must say: every running workload charged again, per (tenant, model)."""
+    again = Usage(cache.usage.gpu_mem_by_model)
+    for r in cache.running.values():
+        again.add(r.workload, str(cache.cluster.models[r.allocation.node]))
+    return {k: v for k, v in again.sums.items() if any(v)}
+
+
+QUEUE = {"metadata": {"name": "q", "creationTimestamp": "2026-01-01T00:00:00Z"},
+         "spec": {"tenant": "team", "namespaces": ["default"]}}
+
+
 @FUZZ
-@given(st.lists(st.tuples(st.sampled_from(["ADDED", "MODIFIED", "DELETED"]),
+@given(st.lists(st.tuples(st.sampled_from(["ADDED", "MODIFIED", "DELETED", "QUEUE", "NODES"]),
                           st.sampled_from(["a", "b", "c"]), st.one_of(st.none(), st.sampled_from(["n0", "n1", "gone"])),
                           st.one_of(printable_text, st.builds(json.dumps, json_values))), max_size=12))
 def test_the_cache_survives_any_sequence_of_pod_events_and_keeps_its_invariants(events):
     cache = ClusterCache()
     cache.sync_nodes([make_node("n0", gpus=2), make_node("n1", gpus=2)])
     for kind, name, node, gpus_annotation in events:
-        pod = make_pod(name, annotations={ann.ANN_GPUS: gpus_annotation})
-        if node:
-            pod["spec"]["nodeName"] = node
-        cache.pod_event(kind, pod)
+        if kind == "QUEUE":  # a queue comes or goes: the running pods' tenant changes
+            cache.queue_event("DELETED" if node is None else "ADDED", QUEUE)
+        elif kind == "NODES":  # the model is rebuilt
+            cache.sync_nodes([make_node("n0", gpus=2), make_node("n1", gpus=2 if node is None else 4)])
+        else:
+            pod = make_pod(name, gpus=1 + len(name) % 2, annotations={ann.ANN_GPUS: gpus_annotation})
+            if node:
+                pod["spec"]["nodeName"] = node
+            cache.pod_event(kind, pod)
         cache.cluster.check_invariants()
+        # The sums a pass's ledger is built from follow every change, as charging each running pod would.
+        assert {k: v for k, v in cache.usage.sums.items() if any(v)} == summed_again(cache)
     assert set(cache.cluster.allocations) == set(cache.running)
 
 

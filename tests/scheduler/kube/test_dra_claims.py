@@ -10,7 +10,19 @@ import pytest
 from contract import dra
 from gpuaware.local.fake_apiserver import make_node
 from scheduler.kube.cache import ClusterCache
-from scheduler.kube.dra_claims import ClaimsNotReady, UnsupportedClaim, allocated, allocation_status, ask_of, pick
+from scheduler.kube.dra_claims import (
+    MAX_RESERVED_FOR,
+    ClaimsNotReady,
+    UnsupportedClaim,
+    allocated,
+    allocation_status,
+    ask_of,
+    pick,
+    reserved_status,
+    resumed,
+    shared_node,
+    unreserved_status,
+)
 from scheduler.kube.dra_inventory import DraInventory
 from scheduler.kube.objects import PodSpecError
 
@@ -58,10 +70,10 @@ def exactly(name: str = "gpus", cls: str = "gpu.nvidia.com", count: int = 1, **e
     return {"name": name, "exactly": {"deviceClassName": cls, "count": count, **extra}}
 
 
-def pod(*claims: str, templates: dict[str, str] | None = None) -> dict[str, Any]:
+def pod(*claims: str, templates: dict[str, str] | None = None, name: str = "p", uid: str = "u1") -> dict[str, Any]:
     refs = [{"name": c, "resourceClaimName": c} for c in claims]
     refs += [{"name": k, "resourceClaimTemplateName": v} for k, v in (templates or {}).items()]
-    return {"metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+    return {"metadata": {"name": name, "namespace": "ns", "uid": uid},
             "spec": {"schedulerName": "gpuaware", "containers": [{"name": "c"}], "resourceClaims": refs}}
 
 
@@ -89,8 +101,10 @@ def test_a_selector_matching_part_of_a_model_narrows_the_nodes():
 
 
 @pytest.mark.parametrize(("request_", "constraints", "why"), [
-    ({"name": "g", "firstAvailable": [{"name": "a", "deviceClassName": "gpu.nvidia.com"}]}, None,
-     "only `exactly` requests"),
+    ({"name": "g"}, None, "requests[0]: neither `exactly` nor `firstAvailable`"),
+    ({"name": "g", "firstAvailable": [{"name": "a", "deviceClassName": "gpu.nvidia.com",
+                                       "tolerations": [{"operator": "Exists"}]}]}, None,
+     "requests[0].firstAvailable[0].tolerations"),
     (exactly(allocationMode="All"), None, "allocationMode: 'All'"),
     (exactly(adminAccess=True), None, "adminAccess"),
     (exactly(), [{"requests": ["gpus"], "matchAttribute": "gpu.nvidia.com/uuid"}], "matchAttribute"),
@@ -229,3 +243,110 @@ def test_a_shareable_gpu_taken_whole_is_written_as_a_share_of_all_its_memory():
     _, picked = pick(ask, inv.nodes["s"], [0], [0], set(), lambda d: True)
     (result,) = allocation_status(c, "s", picked, pod("c"))["status"]["allocation"]["devices"]["results"]
     assert result["consumedCapacity"] == {"memory": str(80 * GB)} and result["shareID"]
+
+
+def on_node(node: str, *devices: str, users: tuple[tuple[str, str], ...] = (("p", "u1"),)) -> dict[str, Any]:
+    """A claim status: allocated on ``node`` (its ``devices``), reserved for ``users`` (name, uid)."""
+    return {"allocation": {"devices": {"results": [{"request": "gpus", "driver": dra.DRIVER, "pool": node,
+                                                    "device": d} for d in devices]},
+                           "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                               {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+            "reservedFor": [{"resource": "pods", "name": n, "uid": u} for n, u in users]}
+
+
+def test_a_pod_whose_claims_are_all_allocated_goes_where_they_are_and_mixed_or_split_ones_are_refused():
+    one = claims(claim("a", exactly(), status=on_node("h", "gpu-0", users=(("first", "u0"),))),
+                 claim("b", exactly(), status=on_node("h", "gpu-1", users=())),
+                 claim("fresh", exactly()),
+                 claim("far", exactly(), status=on_node("g", "gpu-0")))
+    assert shared_node(pod("a", "b"), one) == "h"  # in use by another pod, or by none yet: either is shared
+    assert shared_node(pod("fresh"), one) is None  # nothing allocated: the pod asks for devices
+    with pytest.raises(UnsupportedClaim, match="ns/a is allocated already and ns/fresh is not"):
+        shared_node(pod("a", "fresh"), one)
+    with pytest.raises(UnsupportedClaim, match=r"allocated on different nodes \(g, h\)"):
+        shared_node(pod("a", "far"), one)
+    full = tuple((f"p{i}", f"u-{i}") for i in range(MAX_RESERVED_FOR))
+    crowded = claims(claim("a", exactly(), status=on_node("h", "gpu-0", users=full)))
+    with pytest.raises(ClaimsNotReady, match="reserved for 256 pods"):
+        shared_node(pod("a"), crowded)
+    assert shared_node(pod("a", name="p3", uid="u-3"), crowded) == "h"  # one of them: it is in already
+
+
+def test_a_claim_reserved_for_other_pods_too_is_not_resumed_as_the_pods_own():
+    inv = inventory(dra.resource_slice("h", gpus("h", 2)))
+    alone = claims(claim("a", exactly(), status=on_node("h", "gpu-0")))
+    assert resumed(pod("a"), alone, inv) is not None  # reserved for it alone: its own placement, cut short
+    both = claims(claim("a", exactly(), status=on_node("h", "gpu-0", users=(("first", "u0"), ("p", "u1")))))
+    # Rewriting the allocation for this pod alone would take the first pod off the claim: shared instead.
+    assert resumed(pod("a"), both, inv) is None
+    assert shared_node(pod("a"), both) == "h"
+
+
+def test_joining_a_shared_claim_adds_the_pod_and_leaving_takes_only_it_off():
+    c = claim("a", exactly(), status=on_node("h", "gpu-0", users=(("first", "u0"),)))
+    joined = reserved_status(c, pod("a"))
+    assert joined is not None
+    assert [r["uid"] for r in joined["status"]["reservedFor"]] == ["u0", "u1"]
+    assert joined["status"]["allocation"] == c["status"]["allocation"]
+    assert reserved_status(joined, pod("a")) is None  # in already: nothing to write
+    left = unreserved_status(joined, "u1")
+    assert left["status"]["reservedFor"] == c["status"]["reservedFor"]
+    assert left["status"]["allocation"] == c["status"]["allocation"]  # the first pod keeps its device
+
+
+def test_a_claim_shared_by_bound_pods_is_charged_once_and_stays_taken_until_deallocated():
+    cache = ClusterCache()
+    cache.sync_nodes([make_node("h", gpus=0)])
+    cache.sync_slices([dra.resource_slice("h", gpus("h", 4))])
+    shared = claim("c", exactly(), status=on_node("h", "gpu-1", "gpu-2", users=(("p", "u1"), ("q", "u2"))))
+    cache.sync_claims([shared])
+    first, second = pod("c"), pod("c", name="q", uid="u2")
+    for i, p in enumerate((first, second)):
+        p["spec"]["nodeName"] = "h"
+        p["metadata"]["creationTimestamp"] = f"2026-11-28T10:00:0{i}Z"
+    cache.sync_pods([first, second])
+    c = cache.cluster
+    assert c.gpu_free[0].tolist() == [1000, 0, 0, 1000]
+    assert cache.running["ns/p"].workload.num_gpu == 2 and cache.running["ns/p"].allocation.gpus == [1, 2]
+    # The second pod holds no device of its own: its GPUs are counted once, in the model and the quotas.
+    assert cache.running["ns/q"].workload.num_gpu == 0 and cache.running["ns/q"].allocation.gpus == []
+    cache.pod_event("DELETED", first)  # the other pod still uses them: taken
+    assert c.gpu_free[0].tolist() == [1000, 0, 0, 1000]
+    cache.claim_event("MODIFIED", {**shared, "status": on_node("h", "gpu-1", "gpu-2", users=(("q", "u2"),))})
+    assert c.gpu_free[0].tolist() == [1000, 0, 0, 1000]
+    cache.rebuild()  # read again from scratch (a new model): the pod left is charged for it
+    c = cache.cluster
+    assert cache.running["ns/q"].workload.num_gpu == 2 and c.gpu_free[0].tolist() == [1000, 0, 0, 1000]
+    cache.pod_event("DELETED", second)
+    assert c.gpu_free[0].tolist() == [1000, 0, 0, 1000]  # a hold until deallocated
+    cache.claim_event("DELETED", shared)
+    assert c.gpu_free[0].tolist() == [1000] * 4
+
+
+def first_available(name: str, *subs: tuple[str, str, int]) -> dict[str, Any]:
+    """A ``firstAvailable`` request: (subrequest name, productName, count) in order."""
+    return {"name": name, "firstAvailable": [
+        {"name": n, "deviceClassName": "gpu.nvidia.com", "count": count, "selectors": [{"cel": {"expression":
+         f'device.attributes["gpu.nvidia.com"].productName == "{product}"'}}]} for n, product, count in subs]}
+
+
+def test_first_available_subrequests_are_asks_in_order_and_those_no_device_matches_are_passed_over():
+    inv = inventory(dra.resource_slice("h", gpus("h", 8)),
+                    dra.resource_slice("a", gpus("a", 4, product="NVIDIA A100-SXM4-80GB")))
+    c = claim("c", first_available("gpu", ("b200", "NVIDIA B200", 1), ("h100", "NVIDIA H100 80GB HBM3", 2),
+                                   ("a100", "NVIDIA A100-SXM4-80GB", 4)))
+    ask = ask_of(pod("c"), claims(c), CLASSES, inv)
+    # No B200 anywhere: passed over. Two H100s first, then four A100s where no two H100s fit.
+    assert (ask.num_gpu, ask.models, [r.name for r in ask.requests]) == (2, ("H100",), ["gpu/h100"])
+    assert [(a.num_gpu, a.models, [r.name for r in a.requests]) for a in ask.then] == [(4, ("A100",), ["gpu/a100"])]
+    picked = pick(ask, inv.nodes["h"], [0, 1], list(range(8)), set(), lambda d: True)
+    assert not isinstance(picked, str)
+    body = allocation_status(c, "h", picked[1], pod("c"))
+    assert [r["request"] for r in body["status"]["allocation"]["devices"]["results"]] == ["gpu/h100"] * 2
+    nothing = claim("c", first_available("gpu", ("b200", "NVIDIA B200", 1)))
+    with pytest.raises(UnsupportedClaim, match="match no devices"):
+        ask_of(pod("c"), claims(nothing), CLASSES, inv)
+    many = claim("c", *(first_available(f"r{i}", ("h", "NVIDIA H100 80GB HBM3", 1), ("a", "NVIDIA A100-SXM4-80GB", 1))
+                        for i in range(5)))  # 2^5 alternatives
+    with pytest.raises(UnsupportedClaim, match="more than 16 alternatives"):
+        ask_of(pod("c"), claims(many), CLASSES, inv)

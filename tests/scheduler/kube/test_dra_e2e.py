@@ -19,6 +19,9 @@ own (each test's DeviceClass selects a test-group attribute of its own devices).
   whole-GPU claim does not get a shared GPU;
 - the delete-protection finalizer: a claim deleted while allocated stays, allocation and all, and its
   device is not handed out again (nor is a claim being deleted allocated);
+- ``firstAvailable``: the first subrequest that fits is allocated, and the result names it;
+- a claim shared by several pods: all bound where it is, each in its ``reservedFor``, its device charged
+  once; a pod that joined it and is withdrawn takes only itself off;
 - MIG partitions (partitionable devices, A's publisher): the apiserver takes them, and no two handed out
   share a memory slice (the pool's shared counters).
 
@@ -42,7 +45,7 @@ from contract import dra
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
 from plumbing.kube.api import KubeApi
 from plumbing.kube.resource_slices import NodeGpu, node_slices
-from scheduler.kube import dra_claims
+from scheduler.kube import dra_claims, dra_writer
 from scheduler.kube.live import LiveScheduler
 from scheduler.settings import SchedulerSettings
 from tests.support import RBAC_KINDS, live_scheduler, need, overlay_with, wait_for
@@ -231,7 +234,8 @@ async def test_a_claim_allocated_by_someone_else_meanwhile_is_a_conflict_and_the
         r = client.ResourceV1Api(admin(cp))
         await asyncio.to_thread(r.replace_namespaced_resource_claim_status, "contested", "default", other,
                                 _preload_content=False)
-        await wait_for(lambda: "default/contested" in live.cache.rejected, 10, "the allocation seen")
+        # Seen, the pod would go where that allocation is (a claim in use is shared: it joins it)...
+        await wait_for(lambda: live.cache.dra_joins.get("default/contested") == "dra-c", 10, "the allocation seen")
         live.cache.claim_event("MODIFIED", stale)  # ...and made to miss it, as if it came a moment later
         assert "default/contested" in live.cache.pending
         live.schedule_once()  # places on what the stale claim says is free
@@ -436,3 +440,52 @@ async def test_memory_shares_of_shareable_gpus_are_packed_without_over_committin
             ids.append(r["shareID"])
     assert sorted(used.values()) == [60 * GB, 80 * GB], used  # never more than a GPU's 80 GiB
     assert len(ids) == 5 == len(set(ids))
+
+
+async def test_a_claim_shared_by_several_pods_binds_them_all_where_it_is_and_its_device_counts_once(cp):
+    node(cp, "dra-j", "joint")
+    gpu_slice(cp, "dra-j", gpus=2, islands=1, group="joint")
+    cls = device_class(cp, "joint")
+    for name in ("team", "solo", "extra"):
+        claim(cp, name, cls)
+    for name, claims in (("team-a", ["team"]), ("team-b", ["team"]), ("solo", ["solo"])):
+        pod(cp, name, claims)  # queued together: one of the team allocates the claim, the other joins it
+    async with scheduler(cp) as live:
+        for name in ("team-a", "team-b", "solo"):
+            assert await bound(cp, name) == "dra-j"
+        team = read(cp, "resourceclaim", "team")
+        uids = {read(cp, "pod", n)["metadata"]["uid"] for n in ("team-a", "team-b")}
+        assert {r["uid"] for r in team["status"]["reservedFor"]} == uids
+        assert len(results(team)) == 1 and results(team)[0]["device"] != results(read(cp, "resourceclaim",
+                                                                                         "solo"))[0]["device"]
+        pod(cp, "extra", ["extra"])  # both GPUs are taken (the shared one once): it waits
+        await wait_for(lambda: "default/extra" in live.cache.pending, 10, "the third claim waiting")
+        live.schedule_once()
+        await wait_for(lambda: len(live.tasks) == 0, 30, "the pass's tasks done")
+        assert not read(cp, "pod", "extra")["spec"].get("nodeName")
+        c = live.cache.cluster
+        assert (c.gpu_free[c.index["dra-j"]] == 0).all()
+        held = sorted(live.cache.running[f"default/{n}"].workload.num_gpu for n in ("team-a", "team-b"))
+        assert held == [0, 1], held  # counted once, in the model and in the quotas
+    # Pods joining the claim in one go, each written from the claim as the cache read it (a 409 for all but the
+    # first: the claim is read again and the write tried again); one whose placement is withdrawn (its Binding
+    # refused) takes itself off again, and only itself: the claim stays allocated for the others. (A scheduler
+    # not leading: no pass places them meanwhile.)
+    for name in ("team-c", "team-d"):
+        pod(cp, name, ["team"])
+    async with scheduler(cp, lead=False) as live:
+        await wait_for(lambda: all(live.cache.dra_joins.get(f"default/{n}") == "dra-j" for n in ("team-c", "team-d")),
+                       10, "team-c and team-d joining")
+        joiners = [read(cp, "pod", n) for n in ("team-c", "team-d")]
+        stale = dict(live.cache.dra.claims)
+        written = [await live.binder.claims.share(stale, ["default/team"], "dra-j", j) for j in joiners]
+        assert live.stats.api_errors[("update-claim-status", 409)] == 1  # team-d's first try
+        joined = read(cp, "resourceclaim", "team")["status"]
+        new = {j["metadata"]["uid"] for j in joiners}
+        assert {r["uid"] for r in joined["reservedFor"]} == uids | new
+        await live.binder.claims.release(written[0])  # with team-d's write since: a patch, not the claim as read
+        left = read(cp, "resourceclaim", "team")["status"]
+        assert {r["uid"] for r in left["reservedFor"]} == uids | {joiners[1]["metadata"]["uid"]}
+        assert left["allocation"] == team["status"]["allocation"]
+        with pytest.raises(dra_writer.ClaimsRefused, match="no longer allocated on dra-other"):
+            await live.binder.claims.share(stale, ["default/team"], "dra-other", joiners[0])

@@ -161,3 +161,195 @@ async def test_a_gang_with_claims_gets_devices_for_all_its_members_or_for_none(t
     assert binds.started == [] and not cache.dra_picks and not cache.dra.in_flight
     assert set(cache.pending) == {"default/m0", "default/m1"} and not cache.cluster.allocations
     assert all("gang default/g: no device; none of its members placed" in m for _, m in events.written)
+
+
+def claimed_setup(tasks, names: list[str], claim_of: dict[str, str], node_cpu: str = "64", priority: int = 0,
+                  others: tuple[dict, ...] = ()):
+    """Pods with one claim each (``claim_of``: pod -> claim) on node n0 with two H100s published as slices
+    (and ``others``, pods without claims)."""
+    from contract import dra
+    node = make_node("n0", gpus=0)
+    node["status"]["allocatable"]["cpu"] = node["status"]["capacity"]["cpu"] = node_cpu
+    passes, cache, binds, _, events, _, _ = setup(tasks, [node], [])
+    cache.sync_classes([{"metadata": {"name": "gpu"}, "spec": {"selectors": [
+        {"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}}]}}])
+    cache.sync_slices([dra.resource_slice("n0", [dra.gpu_device(g, uuid=f"GPU-{g}", product_name="NVIDIA H100",
+                                                                memory_bytes=80 * 2**30) for g in range(2)])])
+    cache.sync_claims([{"metadata": {"name": c, "namespace": "default", "resourceVersion": "1"},
+                        "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu"}}]}}}
+                       for c in sorted(set(claim_of.values()))])
+    pods = [claimed_pod(name, claim_of[name], i, priority) for i, name in enumerate(names)]
+    cache.sync_pods([*pods, *others])
+    return passes, cache, binds, events, pods
+
+
+def claimed_pod(name: str, claim: str, i: int = 0, priority: int = 0) -> dict:
+    p = make_pod(name, gpus=0, priority=priority)
+    p["metadata"]["uid"] = f"uid-{name}"
+    p["metadata"]["creationTimestamp"] = f"2026-11-28T10:00:0{i}Z"
+    p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    return p
+
+
+async def test_pods_sharing_a_new_claim_are_not_each_given_devices_for_it_in_one_pass(tasks, wait_for):
+    """Both queued with the claim unallocated: the first places it, the second waits for that allocation (and
+    then joins it) instead of picking a second device for the same claim, which one write would lose; and
+    nothing is preempted for the one that waits (here: the pod on n0's other GPU)."""
+    low = make_pod("low", gpus=1)
+    low["spec"]["nodeName"] = "n0"
+    passes, cache, binds, events, _ = claimed_setup(tasks, ["a", "b"], {"a": "team", "b": "team"},
+                                                    priority=200_000, others=(low,))
+    passes.run(1000.0)
+    await settle(tasks, wait_for)
+    cache.pod_event("ADDED", claimed_pod("c", "team", 3, priority=200_000))  # another, while a's write is in flight
+    passes.run(1001.0)
+    await settle(tasks, wait_for)
+    assert passes.evictor.evicted == []
+    assert [k for k, _, _ in binds.started] == ["default/a"]
+    assert "default/b" in cache.pending and cache.claim_owner == {"default/team": "default/a"}
+    assert len(cache.dra_picks["default/a"]) == 1
+    assert ("b", "its claim default/team is being allocated for default/a; it goes where that puts it") in \
+        events.written
+    assert cache.cluster.gpu_free[0].tolist() == [0, 0]  # low's, and one device for the claim, not two
+
+
+async def test_a_pod_whose_claims_are_allocated_waits_for_their_node_and_is_never_placed_elsewhere(tasks, wait_for):
+    from gpuaware.local.fake_apiserver import make_node as node_of
+    passes, cache, binds, events, pods = claimed_setup(tasks, ["a", "b"], {"a": "team", "b": "team"}, node_cpu="1")
+    cache.sync_nodes([*cache.nodes.values(), node_of("n1", gpus=0)])  # room elsewhere, none on n0 for two pods
+    team = dict(cache.dra.claims["default/team"], status={
+        "allocation": {"devices": {"results": [{"request": "g", "driver": "gpu.nvidia.com", "pool": "n0",
+                                                "device": "gpu-1"}]},
+                       "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                           {"key": "metadata.name", "operator": "In", "values": ["n0"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": "a", "uid": "uid-a"}]})
+    cache.claim_event("MODIFIED", team)
+    bound = dict(pods[0], spec={**pods[0]["spec"], "nodeName": "n0"})
+    cache.pod_event("MODIFIED", bound)  # a runs there with the claim's GPU, and takes n0's one CPU
+    assert cache.dra_joins == {"default/b": "n0"}
+    passes.run(1000.0)
+    await settle(tasks, wait_for)
+    assert binds.started == [] and "default/b" in cache.pending
+    assert ("b", "its claims are allocated on n0, which has 0m CPU and 1047552 MiB free "
+                 "(1000m and 1024 MiB asked)") in events.written
+
+
+async def test_a_pod_resuming_its_claims_waits_for_their_node_and_is_never_placed_elsewhere(tasks, wait_for):
+    """Its claims say n0 (written before a restart cut its Binding short); n0 is gone for now. Placed on n1,
+    its Binding would go out with no claim written for n1."""
+    from gpuaware.local.fake_apiserver import make_node as node_of
+    passes, cache, binds, events, _ = claimed_setup(tasks, ["a"], {"a": "mine"})
+    mine = dict(cache.dra.claims["default/mine"], status={
+        "allocation": {"devices": {"results": [{"request": "g", "driver": "gpu.nvidia.com", "pool": "n0",
+                                                "device": "gpu-0"}]},
+                       "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                           {"key": "metadata.name", "operator": "In", "values": ["n0"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": "a", "uid": "uid-a"}]})
+    cache.claim_event("MODIFIED", mine)
+    assert "default/a" in cache.dra_resume
+    cache.sync_nodes([node_of("n1", gpus=2)])  # n0 gone (its slices not yet), plain GPUs on n1
+    for _ in range(2):
+        passes.run(1000.0)
+        await settle(tasks, wait_for)
+    assert binds.started == [] and "default/a" in cache.pending and "default/a" in cache.dra_resume
+    assert ("a", "its claims are allocated on a node that is gone") in events.written
+
+
+async def test_a_withdrawn_placement_whose_claim_stays_allocated_leaves_its_device_taken(tasks, wait_for):
+    """The claim's allocation was written, the Binding failed and so did the release write: the API says the
+    device is taken, so the model must too (as the claim's hold), and the claim is no longer the pod's."""
+    passes, cache, _, _, _ = claimed_setup(tasks, ["a"], {"a": "mine"})
+    passes.run(1000.0)
+    await settle(tasks, wait_for)
+    (_, device), = cache.dra_picks["default/a"]
+    written = dict(cache.dra.claims["default/mine"], status={
+        "allocation": {"devices": {"results": [{"request": "g", "driver": "gpu.nvidia.com", "pool": "n0",
+                                                "device": device.name}]},
+                       "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                           {"key": "metadata.name", "operator": "In", "values": ["n0"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": "a", "uid": "uid-a"}]})
+    cache.claim_event("MODIFIED", written)
+    slot = cache.dra.inventory.nodes["n0"].slot_of[device.ref]
+    assert cache.cluster.gpu_free[0, slot] == 0 and "claim:default/mine" not in cache.cluster.allocations
+    cache.withdraw("default/a")
+    assert cache.cluster.gpu_free[0, slot] == 0 and "claim:default/mine" in cache.cluster.allocations
+    assert "default/a" not in cache.cluster.allocations and cache.claim_owner == {}
+    cache.claim_event("MODIFIED", dict(written, status={}))  # released after all
+    assert cache.cluster.gpu_free[0].tolist() == [1000, 1000]
+
+
+async def test_a_withdrawn_placement_of_a_pod_the_watch_shows_bound_keeps_what_it_holds(tasks, wait_for):
+    """The Binding's answer was lost (the binder withdraws), but the watch already shows the pod on its node:
+    its GPU stays charged, to it."""
+    passes, cache, _, _, pods = claimed_setup(tasks, ["a"], {"a": "mine"})
+    passes.run(1000.0)
+    await settle(tasks, wait_for)
+    slots = cache.running["default/a"].allocation.gpus
+    cache.pod_event("MODIFIED", dict(pods[0], spec={**pods[0]["spec"], "nodeName": "n0"}))
+    cache.withdraw("default/a")
+    assert "default/a" in cache.running and cache.cluster.gpu_free[0, slots[0]] == 0
+    assert cache.claim_owner == {"default/mine": "default/a"}
+
+
+async def test_a_pod_recreated_under_the_name_of_one_resuming_its_claims_is_read_afresh(tasks, wait_for):
+    from gpuaware.local.fake_apiserver import make_node as node_of
+    passes, cache, binds, _, pods = claimed_setup(tasks, ["a"], {"a": "mine"})
+    mine = dict(cache.dra.claims["default/mine"], status={
+        "allocation": {"devices": {"results": [{"request": "g", "driver": "gpu.nvidia.com", "pool": "n0",
+                                                "device": "gpu-0"}]},
+                       "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                           {"key": "metadata.name", "operator": "In", "values": ["n0"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": "a", "uid": "uid-a"}]})
+    cache.claim_event("MODIFIED", mine)
+    cache.sync_nodes([node_of("n1", gpus=2)])  # n0 gone: a waits for it
+    passes.run(1000.0)
+    await settle(tasks, wait_for)
+    cache.pod_event("DELETED", pods[0])
+    again = make_pod("a", gpus=1)  # a new pod of the name, plain GPUs: nothing of the old one's claims
+    again["metadata"]["uid"] = "uid-a2"
+    cache.pod_event("ADDED", again)
+    assert "default/a" not in cache.dra_resume
+    passes.run(1001.0)
+    await settle(tasks, wait_for)
+    assert [k for k, _, _ in binds.started] == ["default/a"]
+
+
+async def test_gang_members_naming_one_new_claim_are_not_placed_and_say_why(tasks, wait_for):
+    gang = {"gpuaware.io/gang": "g", "gpuaware.io/gang-size": "2"}
+    passes, cache, binds, events, _ = claimed_setup(tasks, [], {})
+    cache.sync_claims([{"metadata": {"name": "team", "namespace": "default", "resourceVersion": "1"},
+                        "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu"}}]}}}])
+    members = [claimed_pod(f"m{i}", "team", i) for i in range(2)]
+    for m in members:
+        m["metadata"]["annotations"].update(gang)
+    cache.sync_pods(members)
+    passes.run(1000.0)
+    await settle(tasks, wait_for)
+    assert binds.started == [] and not cache.dra_picks and not cache.claim_owner
+    assert sorted(cache.cluster.gpu_free[0].tolist()) == [1000, 1000]
+    assert ("m1", "gang default/g: claim default/team of default/m1 is also default/m0's and not allocated yet; "
+                  "a gang's claims are allocated per member (allocate it first, or give each its own)") \
+        in events.written
+
+
+async def test_a_rebuild_keeps_the_claim_with_the_placement_in_flight_that_allocated_it(tasks, wait_for):
+    """a's claim write landed, b joined it and is bound, a's Binding is still in flight; the model is then rebuilt
+    (a node changed). The claim's device stays a's (its reservation), b is charged nothing for it."""
+    passes, cache, binds, _, pods = claimed_setup(tasks, ["a", "b"], {"a": "team", "b": "team"})
+    passes.run(1000.0)
+    await settle(tasks, wait_for)
+    (_, device), = cache.dra_picks["default/a"]
+    cache.claim_event("MODIFIED", dict(cache.dra.claims["default/team"], status={
+        "allocation": {"devices": {"results": [{"request": "g", "driver": "gpu.nvidia.com", "pool": "n0",
+                                                "device": device.name}]},
+                       "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                           {"key": "metadata.name", "operator": "In", "values": ["n0"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": "a", "uid": "uid-a"}]}))
+    passes.run(1001.0)
+    await settle(tasks, wait_for)
+    assert [k for k, _, _ in binds.started] == ["default/a", "default/b"]
+    cache.pod_event("MODIFIED", dict(pods[1], spec={**pods[1]["spec"], "nodeName": "n0"}))
+    cache.rebuild()
+    assert "default/a" in cache.reservations and cache.claim_owner == {"default/team": "default/a"}
+    assert cache.running["default/b"].allocation.gpus == []
+    assert sorted(cache.cluster.gpu_free[0].tolist()) == [0, 1000]
