@@ -239,12 +239,13 @@ class SchedulingPass:
     def _place_alone(self, core: Scheduler, w: Workload, finish_at: dict[str, float], ledger: TenantLedger,
                      actions: PassActions, pass_stats: PassStats, now: float) -> None:
         """One pod whose claims narrow its nodes or offer alternatives: each alternative in order where it fits
-        without preempting anyone (kube-scheduler takes a later subrequest before it preempts), then the first
-        one with preemption; it is left asking its first."""
+        without preempting anyone (kube-scheduler takes a later subrequest before it preempts), then each in
+        order with preemption; if none goes, it is left asking its first."""
         cache = self.cache
         first = cache.dra_asks[w.id]
-        tries = [(ask, False) for ask in (first, *first.then)] if first.then else []
-        for ask, preempt in [*tries, (first, True)]:
+        asks = (first, *first.then)
+        tries = [(ask, False) for ask in asks] + [(ask, True) for ask in asks] if first.then else [(first, True)]
+        for ask, preempt in tries:
             wa = cache.try_ask(w.id, ask) if first.then else w
             mask = cache.node_mask if ask.nodes is None else \
                 np.isin(np.asarray(cache.cluster.names), sorted(ask.nodes)) & cache.node_mask
@@ -254,6 +255,8 @@ class SchedulingPass:
             schedule_pass(core, cache.cluster, one, policy, actions, pass_stats, now, only=[wa])
             if w.id not in cache.pending:
                 return
+        if first.then:
+            cache.try_ask(w.id, first)
 
     def _join(self, key: str, actions: PassActions, now: float) -> None:
         """A pod whose claims are all allocated already (shared) goes to their node, with no device of its own."""

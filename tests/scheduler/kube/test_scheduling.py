@@ -353,3 +353,33 @@ async def test_a_rebuild_keeps_the_claim_with_the_placement_in_flight_that_alloc
     assert "default/a" in cache.reservations and cache.claim_owner == {"default/team": "default/a"}
     assert cache.running["default/b"].allocation.gpus == []
     assert sorted(cache.cluster.gpu_free[0].tolist()) == [0, 1000]
+
+
+async def test_a_later_first_available_alternative_that_fits_is_taken_before_preempting_for_the_first(tasks,
+                                                                                                      wait_for):
+    """Two GPUs, else one: one of n0's two GPUs is a low-priority pod's. Preempting it would give the first
+    alternative; the second fits as it is, so that is what the pod gets (kube-scheduler, too, preempts only
+    when no node fits any subrequest). Preemption is for when none fits: then for each in order."""
+    low = make_pod("low", gpus=1)
+    low["spec"]["nodeName"] = "n0"
+    passes, cache, binds, _, _ = claimed_setup(tasks, [], {}, others=(low,))
+    cache.sync_claims([{"metadata": {"name": "either", "namespace": "default", "resourceVersion": "1"},
+                        "spec": {"devices": {"requests": [{"name": "g", "firstAvailable": [
+                            {"name": f"x{n}", "deviceClassName": "gpu", "count": n} for n in (2, 1)]}]}}}])
+    cache.pod_event("ADDED", claimed_pod("a", "either", priority=200_000))
+    assert [a.num_gpu for a in (cache.dra_asks["default/a"], *cache.dra_asks["default/a"].then)] == [2, 1]
+    passes.run(1000.0)
+    await settle(tasks, wait_for)
+    assert passes.evictor.evicted == [] and [k for k, _, _ in binds.started] == ["default/a"]
+    assert [r.name for r, _ in cache.dra_picks["default/a"]] == ["g/x1"]
+    cache.pod_event("ADDED", claimed_pod("b", "either2", priority=200_000))  # n0 is full now: none fits
+    cache.sync_claims([*cache.dra.claims.values(), {
+        "metadata": {"name": "either2", "namespace": "default", "resourceVersion": "1"},
+        "spec": {"devices": {"requests": [{"name": "g", "firstAvailable": [
+            {"name": f"x{n}", "deviceClassName": "gpu", "count": n} for n in (2, 1)]}]}}}])
+    passes.run(1001.0)
+    await settle(tasks, wait_for)
+    # Two GPUs would take a's (as high as b: not a victim); one GPU takes low's.
+    assert passes.evictor.evicted == [("default/low", "Preempted")]
+    assert [k for k, _, _ in binds.started] == ["default/a", "default/b"]
+    assert [r.name for r, _ in cache.dra_picks["default/b"]] == ["g/x1"]
