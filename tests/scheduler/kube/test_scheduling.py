@@ -183,6 +183,16 @@ def claimed_setup(tasks, names: list[str], claim_of: dict[str, str], node_cpu: s
     return passes, cache, binds, events, pods
 
 
+def allocated_on_n0(claim: dict, device: str, user: str = "a") -> dict:
+    """``claim`` as the API shows it once allocated on n0 (``device``) and reserved for pod ``user``."""
+    return dict(claim, status={
+        "allocation": {"devices": {"results": [{"request": "g", "driver": "gpu.nvidia.com", "pool": "n0",
+                                                "device": device}]},
+                       "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                           {"key": "metadata.name", "operator": "In", "values": ["n0"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": user, "uid": f"uid-{user}"}]})
+
+
 def claimed_pod(name: str, claim: str, i: int = 0, priority: int = 0) -> dict:
     p = make_pod(name, gpus=0, priority=priority)
     p["metadata"]["uid"] = f"uid-{name}"
@@ -217,12 +227,7 @@ async def test_a_pod_whose_claims_are_allocated_waits_for_their_node_and_is_neve
     from gpuaware.local.fake_apiserver import make_node as node_of
     passes, cache, binds, events, pods = claimed_setup(tasks, ["a", "b"], {"a": "team", "b": "team"}, node_cpu="1")
     cache.sync_nodes([*cache.nodes.values(), node_of("n1", gpus=0)])  # room elsewhere, none on n0 for two pods
-    team = dict(cache.dra.claims["default/team"], status={
-        "allocation": {"devices": {"results": [{"request": "g", "driver": "gpu.nvidia.com", "pool": "n0",
-                                                "device": "gpu-1"}]},
-                       "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                           {"key": "metadata.name", "operator": "In", "values": ["n0"]}]}]}},
-        "reservedFor": [{"resource": "pods", "name": "a", "uid": "uid-a"}]})
+    team = allocated_on_n0(cache.dra.claims["default/team"], "gpu-1")
     cache.claim_event("MODIFIED", team)
     bound = dict(pods[0], spec={**pods[0]["spec"], "nodeName": "n0"})
     cache.pod_event("MODIFIED", bound)  # a runs there with the claim's GPU, and takes n0's one CPU
@@ -239,12 +244,7 @@ async def test_a_pod_resuming_its_claims_waits_for_their_node_and_is_never_place
     its Binding would go out with no claim written for n1."""
     from gpuaware.local.fake_apiserver import make_node as node_of
     passes, cache, binds, events, _ = claimed_setup(tasks, ["a"], {"a": "mine"})
-    mine = dict(cache.dra.claims["default/mine"], status={
-        "allocation": {"devices": {"results": [{"request": "g", "driver": "gpu.nvidia.com", "pool": "n0",
-                                                "device": "gpu-0"}]},
-                       "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                           {"key": "metadata.name", "operator": "In", "values": ["n0"]}]}]}},
-        "reservedFor": [{"resource": "pods", "name": "a", "uid": "uid-a"}]})
+    mine = allocated_on_n0(cache.dra.claims["default/mine"], "gpu-0")
     cache.claim_event("MODIFIED", mine)
     assert "default/a" in cache.dra_resume
     cache.sync_nodes([node_of("n1", gpus=2)])  # n0 gone (its slices not yet), plain GPUs on n1
@@ -262,12 +262,7 @@ async def test_a_withdrawn_placement_whose_claim_stays_allocated_leaves_its_devi
     passes.run(1000.0)
     await settle(tasks, wait_for)
     (_, device), = cache.dra_picks["default/a"]
-    written = dict(cache.dra.claims["default/mine"], status={
-        "allocation": {"devices": {"results": [{"request": "g", "driver": "gpu.nvidia.com", "pool": "n0",
-                                                "device": device.name}]},
-                       "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                           {"key": "metadata.name", "operator": "In", "values": ["n0"]}]}]}},
-        "reservedFor": [{"resource": "pods", "name": "a", "uid": "uid-a"}]})
+    written = allocated_on_n0(cache.dra.claims["default/mine"], device.name)
     cache.claim_event("MODIFIED", written)
     slot = cache.dra.inventory.nodes["n0"].slot_of[device.ref]
     assert cache.cluster.gpu_free[0, slot] == 0 and "claim:default/mine" not in cache.cluster.allocations
@@ -294,12 +289,7 @@ async def test_a_withdrawn_placement_of_a_pod_the_watch_shows_bound_keeps_what_i
 async def test_a_pod_recreated_under_the_name_of_one_resuming_its_claims_is_read_afresh(tasks, wait_for):
     from gpuaware.local.fake_apiserver import make_node as node_of
     passes, cache, binds, _, pods = claimed_setup(tasks, ["a"], {"a": "mine"})
-    mine = dict(cache.dra.claims["default/mine"], status={
-        "allocation": {"devices": {"results": [{"request": "g", "driver": "gpu.nvidia.com", "pool": "n0",
-                                                "device": "gpu-0"}]},
-                       "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                           {"key": "metadata.name", "operator": "In", "values": ["n0"]}]}]}},
-        "reservedFor": [{"resource": "pods", "name": "a", "uid": "uid-a"}]})
+    mine = allocated_on_n0(cache.dra.claims["default/mine"], "gpu-0")
     cache.claim_event("MODIFIED", mine)
     cache.sync_nodes([node_of("n1", gpus=2)])  # n0 gone: a waits for it
     passes.run(1000.0)
@@ -339,12 +329,7 @@ async def test_a_rebuild_keeps_the_claim_with_the_placement_in_flight_that_alloc
     passes.run(1000.0)
     await settle(tasks, wait_for)
     (_, device), = cache.dra_picks["default/a"]
-    cache.claim_event("MODIFIED", dict(cache.dra.claims["default/team"], status={
-        "allocation": {"devices": {"results": [{"request": "g", "driver": "gpu.nvidia.com", "pool": "n0",
-                                                "device": device.name}]},
-                       "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                           {"key": "metadata.name", "operator": "In", "values": ["n0"]}]}]}},
-        "reservedFor": [{"resource": "pods", "name": "a", "uid": "uid-a"}]}))
+    cache.claim_event("MODIFIED", allocated_on_n0(cache.dra.claims["default/team"], device.name))
     passes.run(1001.0)
     await settle(tasks, wait_for)
     assert [k for k, _, _ in binds.started] == ["default/a", "default/b"]
