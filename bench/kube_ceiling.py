@@ -7,7 +7,7 @@ reaches is the most pods/s any scheduler binding one pod per Binding can get fro
 kwok on this machine under its load at that moment; ``gpuaware``'s ``pods_per_s`` next to it, in the same
 run, says how much of that gpuaware's decisions and writes cost. A 2-core box running the apiserver, etcd,
 kwok and the pod-creating driver beside the scheduler cannot be judged against an absolute pods/s target
-otherwise.
+otherwise. ``DraCeilingBinder`` is the same for pods with ResourceClaims (``bench scheduler --dra``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from plumbing.kube.api import TRANSPORT_ERRORS, Informer, KubeApi, WatchSpec, wait_synced
+from scheduler.kube.dra_claims import FINALIZER
 
 SCHEDULER_NAME = "gpuaware-ceiling"
 log = logging.getLogger(__name__)
@@ -59,10 +60,13 @@ class CeilingBinder:
         if kind != "ADDED" or pod["spec"].get("nodeName") or meta["uid"] in self._seen:
             return
         self._seen.add(meta["uid"])
-        node = self._node(_gpus(pod))
+        node = self._node(self._want(pod))
         if node is None:
             return  # nothing fits by count: it stays pending, as under a scheduler
-        self._pool.submit(self._bind, meta["namespace"], meta["name"], meta["uid"], node)
+        self._pool.submit(self._bind, pod, node)
+
+    def _want(self, pod: dict[str, Any]) -> int:
+        return _gpus(pod)
 
     def _node(self, gpus: int) -> str | None:
         with self._lock:
@@ -73,13 +77,82 @@ class CeilingBinder:
                     return name
         return None
 
-    def _bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def _bind(self, pod: dict[str, Any], node: str) -> None:
+        meta = pod["metadata"]
         try:
-            self.api.bind(namespace, name, node, uid=uid)
+            self._write(pod, node)
+            self.api.bind(meta["namespace"], meta["name"], node, uid=meta["uid"])
             self.bound += 1
         except (ApiException, *TRANSPORT_ERRORS) as exc:
             self.failed += 1
-            log.warning("ceiling: binding %s/%s to %s failed: %s", namespace, name, node, exc)
+            log.warning("ceiling: binding %s/%s to %s failed: %s", meta["namespace"], meta["name"], node, exc)
+
+    def _write(self, pod: dict[str, Any], node: str) -> None:
+        """What goes before the Binding (nothing here)."""
+
+
+class DraCeilingBinder(CeilingBinder):
+    """The ceiling for pods with ResourceClaims (``bench scheduler --dra``): each claim gets the next free devices
+    of the node in turn, by count (its requests' ``count``; selectors not read), and the writes gpuaware and
+    kube-scheduler make per pod: the claim's delete-protection finalizer (PUT), its allocation and reservation
+    (PUT of the status), then the Binding. ``slices``: the nodes' ResourceSlices as published."""
+
+    def __init__(self, api: KubeApi, slices: list[dict[str, Any]], workers: int):
+        self.devices: dict[str, list[tuple[str, str]]] = {}  # node -> free (driver, device), in order
+        for sl in slices:
+            spec = sl["spec"]
+            self.devices.setdefault(spec["nodeName"], []).extend((spec["driver"], d["name"]) for d in spec["devices"])
+        super().__init__(api, [(n, len(d)) for n, d in self.devices.items()], workers)
+        self.claims: dict[str, dict[str, Any]] = {}
+        self._claims = Informer(WatchSpec("resourceclaims", api.resource.list_resource_claim_for_all_namespaces),
+                                self._claims_sync, self._claim_event)
+
+    def start(self, sync_timeout_s: float = 120.0) -> None:
+        self._claims.start()
+        wait_synced([self._claims], sync_timeout_s)  # the bench creates the claims before the pods
+        super().start(sync_timeout_s)
+
+    def stop(self) -> None:
+        self._claims.stop()
+        super().stop()
+
+    def _claims_sync(self, items: list[dict[str, Any]]) -> None:
+        self.claims = {_key(c): c for c in items}
+
+    def _claim_event(self, kind: str, claim: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            self.claims.pop(_key(claim), None)
+        else:
+            self.claims[_key(claim)] = claim
+
+    def _pod_claims(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
+        ns = pod["metadata"]["namespace"]
+        return [self.claims[f"{ns}/{c['resourceClaimName']}"] for c in pod["spec"].get("resourceClaims") or []
+                if f"{ns}/{c.get('resourceClaimName')}" in self.claims]
+
+    def _want(self, pod: dict[str, Any]) -> int:
+        return sum(int(r.get("exactly", {}).get("count", 1)) for c in self._pod_claims(pod)
+                   for r in c["spec"]["devices"]["requests"])
+
+    def _write(self, pod: dict[str, Any], node: str) -> None:
+        meta = pod["metadata"]
+        for claim in self._pod_claims(pod):
+            wanted = sum(int(r.get("exactly", {}).get("count", 1)) for r in claim["spec"]["devices"]["requests"])
+            with self._lock:
+                picked, self.devices[node] = self.devices[node][:wanted], self.devices[node][wanted:]
+            request = claim["spec"]["devices"]["requests"][0]["name"]
+            protected = self.api.update_claim({**claim, "metadata": {
+                **claim["metadata"], "finalizers": [*claim["metadata"].get("finalizers", []), FINALIZER]}})
+            self.api.write_claim_status({**protected, "status": {
+                "allocation": {"devices": {"results": [{"request": request, "driver": driver, "pool": node,
+                                                        "device": device} for driver, device in picked]},
+                               "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                                   {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+                "reservedFor": [{"resource": "pods", "name": meta["name"], "uid": meta["uid"]}]}})
+
+
+def _key(obj: dict[str, Any]) -> str:
+    return f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
 
 
 def _gpus(pod: dict[str, Any]) -> int:

@@ -20,7 +20,10 @@ Modes, each on the same pods (names differ per mode), one after the other on one
 
 - ``kube_scheduler_dra``: the real kube-scheduler, whose DynamicResources plugin allocates claims;
 - ``gpuaware_dra``: gpuaware's live scheduler (``schedulerName: gpuaware``, ``dra: true``) allocates
-  and binds.
+  and binds;
+- ``ceiling_dra`` (opt-in: ``--modes``): no scheduler, ``bench.kube_ceiling.DraCeilingBinder``, which picks
+  the next free devices by count and makes the same writes per pod (the claim's finalizer, its status, the
+  Binding): the most claim pods/s this control plane takes on this machine at that moment.
 
 Per mode, as in ``bench.kube_bench`` (setup, driver and timing figures: ``bench.kube_harness``): a
 backlog of ``burst`` pods created before the scheduler starts (``pods_per_s``: from the scheduler's
@@ -45,7 +48,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.kube_bench import _scheduler, kwok_nodes
+from bench.kube_bench import _api, _scheduler, kwok_nodes
+from bench.kube_ceiling import SCHEDULER_NAME as CEILING_SCHEDULER
+from bench.kube_ceiling import DraCeilingBinder
 from bench.kube_harness import (
     NAMESPACE,
     REPO,
@@ -61,9 +66,13 @@ from contract import dra
 from gpuaware.local.kube_control_plane import KubeControlPlane
 from plumbing.gc_policy import fresh_process_gc
 from plumbing.kube.resource_slices import NodeGpu, node_slices
+from scheduler.settings import SchedulerSettings
 from scheduler.sim.openb import GPU_MEMORY_MIB, load_nodes
+from scheduler.wiring import api_pool_size
 
 DRA_MODES = ("kube_scheduler_dra", "gpuaware_dra")
+DRA_OPT_IN_MODES = ("ceiling_dra",)  # run only when named: a reference, not a scheduler
+SCHEDULER_NAMES = {"gpuaware_dra": "gpuaware", "ceiling_dra": CEILING_SCHEDULER}
 DRIVER = dra.DRIVER
 DEVICE_CLASS = dra.DEVICE_CLASS_GPU
 REQUEST = "gpu"
@@ -119,7 +128,7 @@ def dra_pods(pod_csv: str | Path, count: int, seed: int, prefix: str, mode: str,
         container: dict[str, Any] = {"name": "main", "image": "registry.invalid/job:1",
                                      "resources": {"requests": {"cpu": f"{w.cpu_milli}m",
                                                                 "memory": f"{w.memory_mib}Mi"}}}
-        spec: dict[str, Any] = {"schedulerName": "gpuaware" if mode == "gpuaware_dra" else "default-scheduler",
+        spec: dict[str, Any] = {"schedulerName": SCHEDULER_NAMES.get(mode, "default-scheduler"),
                                 "containers": [container]}
         if w.num_gpu:
             exactly: dict[str, Any] = {"deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount",
@@ -222,7 +231,17 @@ class _DraDriver(Driver):
 # -- the run ----------------------------------------------------------------------------------------
 
 @contextlib.asynccontextmanager
-async def _dra_scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | None) -> AsyncIterator[None]:
+async def _dra_scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | None,
+                         slices: list[dict]) -> AsyncIterator[None]:
+    if mode == "ceiling_dra":
+        settings = SchedulerSettings(extender_port=0, dra=True)
+        binder = DraCeilingBinder(_api(cp.kubeconfig, qps, api_pool_size(settings)), slices, settings.bind_workers)
+        await asyncio.to_thread(binder.start)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(binder.stop)
+        return
     async with _scheduler("kube_scheduler" if mode == "kube_scheduler_dra" else "gpuaware", cp, qps, dra=True):
         yield
 
@@ -243,7 +262,7 @@ async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float,
         progress(f"{mode}: {len(burst_claims) + len(steady_claims)} claims")
         claim_errors = await ask(("call", "create_claims", burst_claims + steady_claims))
         fresh_process_gc()  # as bench.kube_bench does for each mode
-        figures = await backlog_then_steady(ask, _dra_scheduler(mode, cp, qps), burst_pods, steady_pods, rate,
+        figures = await backlog_then_steady(ask, _dra_scheduler(mode, cp, qps, slices), burst_pods, steady_pods, rate,
                                             seconds, 180.0, progress, mode)
         claims = await ask(("call", "list_claims"))
         done, errors = figures.pop("done"), figures.pop("create_errors")

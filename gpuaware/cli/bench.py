@@ -121,8 +121,8 @@ def bench_stream_cmd(obj: Context, worker_counts: str, gpus: int, samples_per_ba
 @click.option("--seconds", type=float, default=15.0, show_default=True, help="Length of the latency phase.")
 @click.option("--modes", default=None,
               help="real: the modes to run, comma-separated [default: kube_scheduler,extender,gpuaware; "
-                   "with --dra kube_scheduler_dra,gpuaware_dra]; also ceiling: a binder that decides nothing, "
-                   "the most pods/s this control plane takes here (not with --dra).")
+                   "with --dra kube_scheduler_dra,gpuaware_dra]; also ceiling (with --dra: ceiling_dra): a "
+                   "binder that decides nothing, the most pods/s this control plane takes here.")
 @click.option("--budgets", default="default,raised", show_default=True,
               help="real: API budgets, comma-separated: default (as shipped) and raised (--qps for all).")
 @click.option("--qps", type=float, default=500.0, show_default=True,
@@ -179,12 +179,12 @@ def bench_scheduler_cmd(obj: Context, kube: str, node_csv: str, pod_csv: str, bu
         echo_figures(result, as_json, 28)
         return
     from bench.kube_bench import MODES, OPT_IN_MODES, run_kube_bench
-    from bench.kube_dra_bench import DRA_MODES, run_dra_bench
+    from bench.kube_dra_bench import DRA_MODES, DRA_OPT_IN_MODES, run_dra_bench
     from gpuaware.local.kube_control_plane import BinariesMissing, find_binaries
 
     known = DRA_MODES if dra else MODES
     chosen = tuple(m for m in (modes or ",".join(known)).split(",") if m.strip())
-    allowed = known if dra else known + OPT_IN_MODES
+    allowed = known + (DRA_OPT_IN_MODES if dra else OPT_IN_MODES)
     if not chosen or set(chosen) - set(allowed):
         raise click.BadParameter(f"{modes!r}: give some of {','.join(allowed)}", param_hint="--modes")
     chosen_budgets = tuple(b for b in budgets.split(",") if b.strip())

@@ -10,7 +10,14 @@ import json
 
 import pytest
 
-from bench.kube_dra_bench import DRA_MODES, allocation_account, dra_cluster, dra_pods, run_dra_bench
+from bench.kube_dra_bench import (
+    DRA_MODES,
+    DRA_OPT_IN_MODES,
+    allocation_account,
+    dra_cluster,
+    dra_pods,
+    run_dra_bench,
+)
 from gpuaware.local.kube_control_plane import BinariesMissing, find_binaries
 from tests.support import OPENB_NODES, OPENB_PODS, need
 
@@ -98,10 +105,10 @@ def test_the_account_counts_shares_and_finds_a_device_handed_out_twice():
 def test_a_tiny_run_on_the_real_control_plane_allocates_every_bound_pods_claim_once(traces):
     need(find_binaries, BinariesMissing)
     result = run_dra_bench(str(OPENB_NODES), str(OPENB_PODS), burst=8, rate=4.0, seconds=1.0, seed=4,
-                           budgets=("raised",), node_count=6)
+                           budgets=("raised",), node_count=6, modes=(*DRA_MODES, *DRA_OPT_IN_MODES))
     assert result["nodes"] == 6 and result["gpus"] > 0 and result["versions"]["kube-scheduler"].startswith("v1.")
     modes = result["runs"]["raised"]["modes"]
-    assert set(modes) == set(DRA_MODES)
+    assert set(modes) == {"kube_scheduler_dra", "gpuaware_dra", "ceiling_dra"}
     for mode, figures in modes.items():
         assert {"pods_per_s", "p99_create_to_bind_s", "unallocated_gpu_pct", "pending"} <= set(figures), mode
         assert figures["create_errors"] == [], (mode, figures)
