@@ -187,6 +187,10 @@ def bench_scheduler_cmd(obj: Context, kube: str, node_csv: str, pod_csv: str, bu
     allowed = known + (DRA_OPT_IN_MODES if dra else OPT_IN_MODES)
     if not chosen or set(chosen) - set(allowed):
         raise click.BadParameter(f"{modes!r}: give some of {','.join(allowed)}", param_hint="--modes")
+    if len(set(chosen)) != len(chosen):
+        # A mode's pods are named after it: a second turn would meet the first one's pods and claims.
+        raise click.BadParameter(f"{modes!r}: each mode once (run the command again for another turn)",
+                                 param_hint="--modes")
     chosen_budgets = tuple(b for b in budgets.split(",") if b.strip())
     if not chosen_budgets or set(chosen_budgets) - {"default", "raised"}:
         raise click.BadParameter(f"{budgets!r}: give default, raised or both", param_hint="--budgets")

@@ -37,6 +37,9 @@ def test_bench_scheduler_rejects_unknown_modes_and_budgets_before_starting_anyth
     assert result.returncode == 2 and "kube_scheduler,extender,gpuaware" in result.stderr
     result = run("bench", "scheduler", "--budgets", "huge", timeout=60)
     assert result.returncode == 2 and "default, raised or both" in result.stderr
+    # A mode's pods are named after it: a second turn of it in one run met the first one's (negative pods/s).
+    result = run("bench", "scheduler", "--dra", "--modes", "ceiling_dra,gpuaware_dra,ceiling_dra", timeout=60)
+    assert result.returncode == 2 and "each mode once" in result.stderr
 
 
 def test_the_real_bench_writes_the_same_trace_pods_for_each_mode_as_that_mode_needs_them():
@@ -62,7 +65,7 @@ def test_the_real_bench_writes_the_same_trace_pods_for_each_mode_as_that_mode_ne
 
 def test_bench_scheduler_dra_names_its_own_modes_and_scale_knob_before_starting_anything():
     result = run("bench", "scheduler", "--dra", "--modes", "extender", timeout=60)
-    assert result.returncode == 2 and "kube_scheduler_dra,gpuaware_dra" in result.stderr
+    assert result.returncode == 2 and "kube_scheduler_dra,gpuaware_dra,ceiling_dra" in result.stderr
     result = run("bench", "scheduler", "--kube", "fake", "--node-count", "5", timeout=60)
     assert result.returncode == 2 and "only on the real control plane" in result.stderr
     result = run("bench", "scheduler", "--kube", "fake", "--dra", timeout=60)
