@@ -60,13 +60,18 @@ class CeilingBinder:
         if kind != "ADDED" or pod["spec"].get("nodeName") or meta["uid"] in self._seen:
             return
         self._seen.add(meta["uid"])
-        node = self._node(self._want(pod))
+        plan = self._plan(pod)
+        if plan is None:
+            self.failed += 1
+            return
+        node = self._node(plan[0])
         if node is None:
             return  # nothing fits by count: it stays pending, as under a scheduler
-        self._pool.submit(self._bind, pod, node)
+        self._pool.submit(self._bind, pod, node, plan[1])
 
-    def _want(self, pod: dict[str, Any]) -> int:
-        return _gpus(pod)
+    def _plan(self, pod: dict[str, Any]) -> tuple[int, Any] | None:
+        """(whole GPUs it takes by count, what ``_write`` needs), or None when it cannot be bound here."""
+        return _gpus(pod), None
 
     def _node(self, gpus: int) -> str | None:
         with self._lock:
@@ -77,17 +82,17 @@ class CeilingBinder:
                     return name
         return None
 
-    def _bind(self, pod: dict[str, Any], node: str) -> None:
+    def _bind(self, pod: dict[str, Any], node: str, plan: Any) -> None:
         meta = pod["metadata"]
         try:
-            self._write(pod, node)
+            self._write(pod, node, plan)
             self.api.bind(meta["namespace"], meta["name"], node, uid=meta["uid"])
             self.bound += 1
         except (ApiException, *TRANSPORT_ERRORS) as exc:
             self.failed += 1
             log.warning("ceiling: binding %s/%s to %s failed: %s", meta["namespace"], meta["name"], node, exc)
 
-    def _write(self, pod: dict[str, Any], node: str) -> None:
+    def _write(self, pod: dict[str, Any], node: str, plan: Any) -> None:
         """What goes before the Binding (nothing here)."""
 
 
@@ -125,19 +130,24 @@ class DraCeilingBinder(CeilingBinder):
         else:
             self.claims[_key(claim)] = claim
 
-    def _pod_claims(self, pod: dict[str, Any]) -> list[dict[str, Any]]:
+    def _plan(self, pod: dict[str, Any]) -> tuple[int, Any] | None:
+        """Its claims with the devices each takes by count, read once; None (counted as failed, not bound) when
+        a claim of it is not in the informer."""
         ns = pod["metadata"]["namespace"]
-        return [self.claims[f"{ns}/{c['resourceClaimName']}"] for c in pod["spec"].get("resourceClaims") or []
-                if f"{ns}/{c.get('resourceClaimName')}" in self.claims]
+        claims = []
+        for ref in pod["spec"].get("resourceClaims") or []:
+            claim = self.claims.get(f"{ns}/{ref.get('resourceClaimName')}")
+            if claim is None:
+                log.warning("ceiling: %s/%s names claim %s, which is not there", ns, pod["metadata"]["name"],
+                            ref.get("resourceClaimName"))
+                return None
+            claims.append((claim, sum(int(r.get("exactly", {}).get("count", 1))
+                                      for r in claim["spec"]["devices"]["requests"])))
+        return sum(n for _, n in claims), claims
 
-    def _want(self, pod: dict[str, Any]) -> int:
-        return sum(int(r.get("exactly", {}).get("count", 1)) for c in self._pod_claims(pod)
-                   for r in c["spec"]["devices"]["requests"])
-
-    def _write(self, pod: dict[str, Any], node: str) -> None:
+    def _write(self, pod: dict[str, Any], node: str, plan: Any) -> None:
         meta = pod["metadata"]
-        for claim in self._pod_claims(pod):
-            wanted = sum(int(r.get("exactly", {}).get("count", 1)) for r in claim["spec"]["devices"]["requests"])
+        for claim, wanted in plan:
             with self._lock:
                 picked, self.devices[node] = self.devices[node][:wanted], self.devices[node][wanted:]
             request = claim["spec"]["devices"]["requests"][0]["name"]

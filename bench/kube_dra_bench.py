@@ -288,6 +288,8 @@ def run_dra_bench(node_csv: str, pod_csv: str, burst: int = 1000, rate: float = 
                   progress: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     if fraction not in FRACTIONS:
         raise ValueError(f"fraction: {fraction!r} is not one of {', '.join(FRACTIONS)}")
+    if fraction == "memory" and "ceiling_dra" in modes:
+        raise ValueError("ceiling_dra hands out whole devices: not with fraction memory")
     nodes, slices = dra_cluster(node_csv, node_count, fraction)
     models = sorted({d["attributes"]["productName"]["string"] for s in slices for d in s["spec"]["devices"]})
     budget_table = api_budget(qps)

@@ -187,6 +187,9 @@ def bench_scheduler_cmd(obj: Context, kube: str, node_csv: str, pod_csv: str, bu
     allowed = known + (DRA_OPT_IN_MODES if dra else OPT_IN_MODES)
     if not chosen or set(chosen) - set(allowed):
         raise click.BadParameter(f"{modes!r}: give some of {','.join(allowed)}", param_hint="--modes")
+    if dra and dra_fraction == "memory" and "ceiling_dra" in chosen:
+        raise click.BadParameter("ceiling_dra hands out whole devices: not with --dra-fraction memory",
+                                 param_hint="--modes")
     if len(set(chosen)) != len(chosen):
         # A mode's pods are named after it: a second turn would meet the first one's pods and claims.
         raise click.BadParameter(f"{modes!r}: each mode once (run the command again for another turn)",

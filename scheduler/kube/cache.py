@@ -285,8 +285,7 @@ class ClusterCache:
             if key in self.running:
                 self.release(key)
             for claim in self._disown(key):
-                # Allocated until deallocated (kube-controller-manager's claim controller), whoever else shares it.
-                self._hold(claim)
+                self._hand_over(claim, key)
             return key
         self.pods[key] = pod
         if pod.get("spec", {}).get("nodeName"):
@@ -430,6 +429,19 @@ class ClusterCache:
             w = Workload(objects.key(pod), tenant=self.tenant_of(pod))
         devices = self._claimed_devices(pod, claims)
         return dataclasses.replace(w, num_gpu=len(devices), gpu_milli=devices[0][1] if len(devices) == 1 else 1000)
+
+    def _hand_over(self, claim: str, gone: str) -> None:
+        """A claim whose owner left (``gone``): charged to another bound pod it is reserved for, as a rebuild
+        would charge it, else a hold (allocated until deallocated: kube-controller-manager's claim controller)."""
+        for key in dra_claims.reserved_for(self.dra.claims.get(claim) or {"metadata": {}}):
+            pod = self.pods.get(key)
+            if key != gone and key in self.running and key not in self.reservations and pod is not None \
+                    and pod.get("spec", {}).get("nodeName"):
+                self.release(key)
+                self._account(pod)
+                if self.claim_owner.get(claim) == key:
+                    return
+        self._hold(claim)
 
     def _own(self, key: str, claims: list[str]) -> list[str]:
         """Of ``claims``, those no other pod is charged for become ``key``'s to be charged for; returns them."""
@@ -698,23 +710,27 @@ class ClusterCache:
         self.dra_picks[key] = picks
         return alloc
 
-    def claim_waits(self) -> dict[str, str]:
-        """Pending pods whose new claim another pod of ours allocates first (its owner in flight, else the first
-        of those naming it to arrive): key -> why it waits. They stay out of the pass, so that nothing is
-        preempted for them; once the claim is allocated they join it (``shared_node``)."""
-        out: dict[str, str] = {}
+    def claim_wait(self, key: str) -> str | None:
+        """Why a pending pod waits: a new claim of it is being allocated for another pod of ours (in flight); it
+        stays out of the pass, so that nothing is preempted for it, and joins the claim once it is written
+        (``shared_node``). None: it does not."""
+        ask = self.dra_asks.get(key)
+        for claim in ask.claims if ask is not None else ():
+            owner = self.claim_owner.get(claim)
+            if owner is not None and owner != key:
+                return f"its claim {claim} is being allocated for {owner}; it goes where that puts it"
+        return None
+
+    def co_claimants(self) -> set[str]:
+        """Pending pods naming a new claim another pending pod names too: one at a time, in arrival order, so
+        that the first placed allocates it and the others then wait for it (``claim_wait``); if the first
+        cannot go, the next may."""
+        out: set[str] = set()
         for key, ask in self.dra_asks.items():
-            if key not in self.pending:
-                continue
-            for claim in ask.claims:
-                first = self.claim_owner.get(claim)
-                users = self.claim_users.get(claim, ())
-                if first is None and len(users) > 1:
-                    first = min((u for u in users if u in self.pending and u in self.dra_asks),
-                                key=lambda u: (self.pending[u].workload.submit_s, u), default=key)
-                if first is not None and first != key:
-                    out[key] = f"its claim {claim} is being allocated for {first}; it goes where that puts it"
-                    break
+            if key in self.pending and any(
+                    sum(1 for u in self.claim_users.get(c, ()) if u in self.pending and u in self.dra_asks) > 1
+                    for c in ask.claims):
+                out.add(key)
         return out
 
     def join(self, key: str) -> tuple[Allocation | None, str]:
@@ -760,7 +776,7 @@ class ClusterCache:
         self.release(key)
         for claim in claims:
             if claim in self.dra.claims:
-                self._hold(claim)
+                self._hand_over(claim, key)
 
     # ------------------------------------------------------------------ queues
     def sync_queues(self, items: list[dict[str, Any]]) -> None:

@@ -174,25 +174,31 @@ class ClaimWriter:
 
     async def release(self, written: Written | None) -> None:
         """Take back what a placement wrote (its Binding failed, or a later claim was refused): allocations it
-        wrote, then the delete-protection finalizer; of claims it joined, only its pod's reservation. A claim it
-        allocated that changed since (a pod joined it meanwhile) keeps its allocation: only the reservation goes."""
+        wrote, then the delete-protection finalizer; of claims it joined, only its pod's reservation. A claim
+        it allocated that changed since (409) is read again: still reserved for its pod alone, it is released;
+        joined by another pod meanwhile, only the reservation goes."""
         for claim in written.claims if written is not None else []:
             meta = claim["metadata"]
             try:
-                if written.uid is None:
-                    try:
-                        released = await self._call("update-claim-status", self.calls.api.write_claim_status,
-                                                     released_status(claim))
-                    except ApiException as exc:
-                        if exc.status != 409:
-                            raise
-                        uids = [r.get("uid") for r in (claim.get("status") or {}).get("reservedFor") or []]
-                        await self._unreserve(meta, uids[0] if uids else "")
-                        continue
-                    await self._unprotect(released)
-                else:
+                if written.uid is not None:
                     await self._unreserve(meta, written.uid)
-            except (ApiException, *TRANSPORT_ERRORS) as exc:
+                    continue
+                ours = [r.get("uid") for r in (claim.get("status") or {}).get("reservedFor") or []]
+
+                async def one(now: dict[str, Any], ours: list[str | None] = ours) -> dict[str, Any] | None:
+                    status = now.get("status") or {}
+                    if not status.get("allocation"):
+                        return None  # deallocated already
+                    if [r.get("uid") for r in status.get("reservedFor") or []] != ours:
+                        await self._unreserve(now["metadata"], str(ours[0]))
+                        return None
+                    released = await self._call("update-claim-status", self.calls.api.write_claim_status,
+                                                released_status(now))
+                    await self._unprotect(released)
+                    return released
+
+                await self._retrying(f"{meta['namespace']}/{meta['name']}", claim, one)
+            except (ApiException, *TRANSPORT_ERRORS, ClaimsRefused) as exc:
                 log.warning("ResourceClaim %s/%s stays as written (%s); its devices stay taken",
                             meta.get("namespace"), meta["name"], _said(exc))
 

@@ -155,14 +155,10 @@ class SchedulingPass:
             self._resume(key, actions, now)
         for key in [k for k in cache.dra_joins if k in cache.pending]:
             self._join(key, actions, now)
-        waits = cache.claim_waits() if cache.dra_asks else {}
         singles, gangs = [], {}
         for key, pw in cache.pending.items():
             if key in cache.dra_resume or key in cache.dra_joins:
                 continue  # waiting for the node their claims name (above), never placed elsewhere
-            if key in waits and not pw.workload.gang:
-                self.reporter.unschedulable(pw.workload, waits[key], "dra-devices")
-                continue
             if pw.workload.gang:
                 gangs.setdefault(pw.workload.gang, []).append(pw)
             else:
@@ -173,12 +169,13 @@ class SchedulingPass:
         # Pods whose claims select devices on some nodes only (scheduler.kube.dra_claims), or offer alternatives
         # (firstAvailable), go one at a time, with the node mask narrowed to their nodes.
         alone = {w.id for w in singles if (ask := cache.dra_asks.get(w.id)) and (ask.nodes is not None or ask.then)}
+        alone |= cache.co_claimants() if cache.dra_asks else set()
         queue = QueueState([w for w in singles if w.id not in alone], cache.running, finish_at, ledger,
                            cache.node_mask, enforce_quota=True)
         pass_stats = PassStats()
         schedule_pass(core, cache.cluster, queue, self.queue_policy, actions, pass_stats, now)
-        for w in singles:
-            if w.id in alone and w.id in cache.pending:
+        for w in sorted((w for w in singles if w.id in alone), key=lambda w: (w.submit_s, w.id)):
+            if w.id in cache.pending:
                 self._place_alone(core, w, finish_at, ledger, actions, pass_stats, now)
         for lat in pass_stats.latencies_s:
             self.stats.decision_latency.observe(lat)
@@ -242,6 +239,9 @@ class SchedulingPass:
         without preempting anyone (kube-scheduler takes a later subrequest before it preempts), then each in
         order with preemption; if none goes, it is left asking its first."""
         cache = self.cache
+        if (why := cache.claim_wait(w.id)) is not None:
+            self.reporter.unschedulable(w, why, "dra-devices")
+            return
         first = cache.dra_asks[w.id]
         asks = (first, *first.then)
         tries = [(ask, False) for ask in asks] + [(ask, True) for ask in asks] if first.then else [(first, True)]
@@ -297,14 +297,14 @@ class SchedulingPass:
             if ask is not None and ask.nodes is not None:
                 mask = mask & np.isin(np.asarray(self.cache.cluster.names), sorted(ask.nodes))
         decisions, reasons = place_gang(core, self.cache.cluster, [m.workload for m in members], mask)
-        if decisions and ledger is not None:
-            for d in decisions:
-                ledger.charge(d.workload, model=str(self.cache.cluster.models[d.allocation.node]))
         if not decisions:
             for m in members:
                 self.reporter.unschedulable(m.workload, reasons[0], GANG_LABEL)
             return
         if not self._pick_gang_devices(gang, decisions, members):
-            return
+            return  # (nothing charged to the tenant for it)
+        if ledger is not None:
+            for d in decisions:
+                ledger.charge(d.workload, model=str(self.cache.cluster.models[d.allocation.node]))
         for d in decisions:
             actions.start(d.workload, d, now)

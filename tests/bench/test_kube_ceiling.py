@@ -46,3 +46,24 @@ def test_the_ceiling_binds_its_pods_round_robin_within_gpu_counts_and_leaves_the
     assert nodes["too-big"] is None  # 4 GPUs by count, 4 taken: nothing fits, it stays pending
     assert nodes["other"] is None  # another scheduler's pod is not touched
     assert binder.free == {"c-node-0": 0, "c-node-1": 0}
+
+
+def test_the_dra_ceiling_counts_a_pod_whose_claim_is_not_there_as_failed_and_binds_nothing():
+    from types import SimpleNamespace
+
+    from bench.kube_ceiling import DraCeilingBinder
+    from contract import dra
+
+    lister = SimpleNamespace(list_pod_for_all_namespaces=None, list_resource_claim_for_all_namespaces=None)
+    api = SimpleNamespace(core=lister, resource=lister)
+    sl = dra.resource_slice("d-node", [dra.gpu_device(0, uuid="GPU-0", product_name="NVIDIA H100",
+                                                      memory_bytes=80 * 2**30)])
+    binder = DraCeilingBinder(api, [sl], workers=1)  # type: ignore[arg-type]
+    try:
+        pod = _pod("p", SCHEDULER_NAME)
+        pod["metadata"].update(uid="u", namespace="default")
+        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "missing"}]
+        binder._on_event("ADDED", pod)
+        assert binder.failed == 1 and binder.bound == 0 and binder.free == {"d-node": 1}
+    finally:
+        binder._pool.shutdown()

@@ -40,6 +40,8 @@ def test_bench_scheduler_rejects_unknown_modes_and_budgets_before_starting_anyth
     # A mode's pods are named after it: a second turn of it in one run met the first one's (negative pods/s).
     result = run("bench", "scheduler", "--dra", "--modes", "ceiling_dra,gpuaware_dra,ceiling_dra", timeout=60)
     assert result.returncode == 2 and "each mode once" in result.stderr
+    result = run("bench", "scheduler", "--dra", "--dra-fraction", "memory", "--modes", "ceiling_dra", timeout=60)
+    assert result.returncode == 2 and "ceiling_dra hands out whole devices" in result.stderr
 
 
 def test_the_real_bench_writes_the_same_trace_pods_for_each_mode_as_that_mode_needs_them():

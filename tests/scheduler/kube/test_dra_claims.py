@@ -310,8 +310,9 @@ def test_a_claim_shared_by_bound_pods_is_charged_once_and_stays_taken_until_deal
     assert cache.running["ns/p"].workload.num_gpu == 2 and cache.running["ns/p"].allocation.gpus == [1, 2]
     # The second pod holds no device of its own: its GPUs are counted once, in the model and the quotas.
     assert cache.running["ns/q"].workload.num_gpu == 0 and cache.running["ns/q"].allocation.gpus == []
-    cache.pod_event("DELETED", first)  # the other pod still uses them: taken
-    assert c.gpu_free[0].tolist() == [1000, 0, 0, 1000]
+    cache.pod_event("DELETED", first)  # the other pod still uses them: taken, and now charged to it (its quota)
+    assert c.gpu_free[0].tolist() == [1000, 0, 0, 1000] and "claim:ns/c" not in c.allocations
+    assert cache.running["ns/q"].workload.num_gpu == 2 and cache.claim_owner == {"ns/c": "ns/q"}
     cache.claim_event("MODIFIED", {**shared, "status": on_node("h", "gpu-1", "gpu-2", users=(("q", "u2"),))})
     assert c.gpu_free[0].tolist() == [1000, 0, 0, 1000]
     cache.rebuild()  # read again from scratch (a new model): the pod left is charged for it

@@ -489,3 +489,26 @@ async def test_a_claim_shared_by_several_pods_binds_them_all_where_it_is_and_its
         assert left["allocation"] == team["status"]["allocation"]
         with pytest.raises(dra_writer.ClaimsRefused, match="no longer allocated on dra-other"):
             await live.binder.claims.share(stale, ["default/team"], "dra-other", joiners[0])
+
+
+async def test_a_claim_changed_after_its_allocation_is_still_released_when_its_binding_fails(cp):
+    """The placement's claim write landed, then the claim changed (a label: a new resourceVersion), then the
+    Binding failed: the release's 409 reads the claim again and, still reserved for this pod alone, it is
+    deallocated, not left allocated to nobody."""
+    node(cp, "dra-rel", "release")
+    gpu_slice(cp, "dra-rel", gpus=1, group="release")
+    cls = device_class(cp, "release")
+    claim(cp, "rel", cls)
+    pod(cp, "rel", ["rel"])
+    async with scheduler(cp, lead=False) as live:
+        await wait_for(lambda: "default/rel" in live.cache.dra.claims and "default/rel" in live.cache.pending, 10,
+                       "the claim and the pod read")
+        device = next(d for d in live.cache.dra.inventory.devices.values() if d.node == "dra-rel")
+        picks = [(dra_claims.DeviceRequest("default/rel", "gpus", 1, ()), device)]
+        written = await live.binder.claims.allocate(live.cache.dra.claims, "dra-rel", picks, read(cp, "pod", "rel"))
+        assert results(read(cp, "resourceclaim", "rel"))
+        cp.kubectl("label", "resourceclaim", "rel", "-n", "default", "touched=yes")
+        await live.binder.claims.release(written)
+    after = read(cp, "resourceclaim", "rel")
+    assert not (after.get("status") or {}).get("allocation") and not after["status"].get("reservedFor")
+    assert dra_claims.FINALIZER not in (after["metadata"].get("finalizers") or [])

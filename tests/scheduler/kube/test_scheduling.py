@@ -156,9 +156,13 @@ async def test_a_gang_with_claims_gets_devices_for_all_its_members_or_for_none(t
     real = cache.pick_devices
     cache.pick_devices = lambda key, alloc: "no device" if key.endswith("m1") and cache.release(key) is None \
         else real(key, alloc)
+    ledgers = []
+    build = passes.ledger
+    passes.ledger = lambda: ledgers.append(build()) or ledgers[-1]  # type: ignore[method-assign]
     passes.run(1000.0)
     await settle(tasks, wait_for)
     assert binds.started == [] and not cache.dra_picks and not cache.dra.in_flight
+    assert not any(ledgers[0].gpu_used.values())  # nothing charged to the tenant for a gang that did not go
     assert set(cache.pending) == {"default/m0", "default/m1"} and not cache.cluster.allocations
     assert all("gang default/g: no device; none of its members placed" in m for _, m in events.written)
 
@@ -368,3 +372,16 @@ async def test_a_later_first_available_alternative_that_fits_is_taken_before_pre
     assert passes.evictor.evicted == [("default/low", "Preempted")]
     assert [k for k, _, _ in binds.started] == ["default/a", "default/b"]
     assert [r.name for r, _ in cache.dra_picks["default/b"]] == ["g/x1"]
+
+
+async def test_a_pod_sharing_a_new_claim_with_one_that_cannot_go_allocates_it_itself(tasks, wait_for):
+    """a arrived first but fits no node (its CPU); b names the same new claim: b allocates it, rather than
+    waiting for a forever."""
+    a, b = claimed_pod("a", "team", 0), claimed_pod("b", "team", 1)
+    a["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1000"
+    passes, cache, binds, _, _ = claimed_setup(tasks, [], {}, others=(a, b))
+    cache.sync_claims([{"metadata": {"name": "team", "namespace": "default", "resourceVersion": "1"},
+                        "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu"}}]}}}])
+    passes.run(1000.0)
+    await settle(tasks, wait_for)
+    assert [k for k, _, _ in binds.started] == ["default/b"] and cache.claim_owner == {"default/team": "default/b"}
