@@ -733,6 +733,20 @@ class ClusterCache:
                 out.add(key)
         return out
 
+    def stranded_claims(self, key: str) -> list[dict[str, Any]]:
+        """The claims of a pending pod that cannot go where they are allocated, if every one of them is reserved
+        for nobody or for this pod alone (kube-scheduler's DRA PostFilter then deallocates them); else none: one
+        in use by another pod keeps it waiting for that node."""
+        pod = self.pods.get(key)
+        if pod is None:
+            return []
+        uid = pod["metadata"].get("uid")
+        claims = [self.dra.claims[c] for c in self._claims_of(pod) if c in self.dra.claims]
+        allocated = [c for c in claims if (c.get("status") or {}).get("allocation")]
+        if any({r.get("uid") for r in c["status"].get("reservedFor") or []} - {uid} for c in allocated):
+            return []
+        return allocated
+
     def join(self, key: str) -> tuple[Allocation | None, str]:
         """The allocation of a pod whose claims are all allocated already (``dra_claims.shared_node``): on their
         node, its CPU and memory only (their devices are charged to their owner). (None, why) if it cannot go

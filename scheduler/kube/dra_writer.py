@@ -202,6 +202,28 @@ class ClaimWriter:
                 log.warning("ResourceClaim %s/%s stays as written (%s); its devices stay taken",
                             meta.get("namespace"), meta["name"], _said(exc))
 
+    async def deallocate(self, claims: list[dict[str, Any]], uid: str) -> None:
+        """kube-scheduler's DRA PostFilter: claims allocated on a node their pod (``uid``) cannot go to, and
+        reserved for nobody or for that pod alone, are deallocated so that it can go elsewhere; a claim another
+        pod uses meanwhile is left as it is. Best effort: the pod waits, and is asked again, until it is done."""
+        for claim in claims:
+            meta = claim["metadata"]
+
+            async def one(now: dict[str, Any]) -> dict[str, Any] | None:
+                status = now.get("status") or {}
+                if not status.get("allocation") or {r.get("uid") for r in status.get("reservedFor") or []} - {uid}:
+                    return None
+                released = await self._call("update-claim-status", self.calls.api.write_claim_status,
+                                            released_status(now))
+                await self._unprotect(released)
+                return released
+
+            try:
+                await self._retrying(f"{meta['namespace']}/{meta['name']}", claim, one)
+            except (ApiException, *TRANSPORT_ERRORS, ClaimsRefused) as exc:
+                log.warning("ResourceClaim %s/%s not deallocated (%s)", meta.get("namespace"), meta["name"],
+                            _said(exc))
+
     async def _unreserve(self, meta: dict[str, Any], pod_uid: str) -> None:
         await self._call("patch-claim-status", self.calls.api.unreserve_claim, meta["namespace"], meta["name"],
                          meta["uid"], pod_uid)

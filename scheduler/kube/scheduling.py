@@ -34,6 +34,7 @@ from scheduler.kube.binder import Binder
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.decisions import DecisionSink, Outcome
 from scheduler.kube.departures import Departures
+from scheduler.kube.dra_state import claim_key
 from scheduler.kube.evictor import Evictor
 from scheduler.kube.objects import PodWorkload
 from scheduler.kube.tasks import Tasks
@@ -112,6 +113,7 @@ class SchedulingPass:
         self.queue_policy = QueuePolicy(pass_budget=settings.pass_budget) if settings.policy == "gpuaware" \
             else QueuePolicy.kube(pass_budget=settings.pass_budget)
         self._mix = WorkloadMix()
+        self._deallocating: set[str] = set()  # claims being deallocated (``_strand``)
         self._mix_at_build = -1
         self._scheduler: Scheduler | None = None
 
@@ -227,7 +229,7 @@ class SchedulingPass:
         w = self.cache.pending[key].workload
         alloc = self.cache.resume(key)
         if alloc is None:
-            self.reporter.unschedulable(w, "its claims are allocated on a node that is gone", "dra-devices")
+            self._strand(w, "its claims are allocated on a node that is gone")
             return
         node = self.cache.node_name(alloc.node)
         why = Reason(Code.SCHEDULED, "dra", f"{node} gpus={alloc.gpus}: its claims were allocated there already")
@@ -258,12 +260,31 @@ class SchedulingPass:
         if first.then:
             cache.try_ask(w.id, first)
 
+    def _strand(self, w: Workload, why: str) -> None:
+        """A pod whose claims are allocated where it cannot go: reported, and the claims deallocated where no
+        other pod uses them (kube-scheduler's DRA PostFilter), so that it is placed afresh once they are."""
+        claims = [c for c in self.cache.stranded_claims(w.id) if claim_key(c) not in self._deallocating]
+        pod = self.cache.pods.get(w.id)
+        if claims and pod is not None:
+            keys = {claim_key(c) for c in claims}
+            self._deallocating |= keys
+            why += "; deallocating them, so that it can go elsewhere"
+
+            async def deallocate() -> None:
+                try:
+                    await self.binder.claims.deallocate(claims, pod["metadata"]["uid"])
+                finally:
+                    self._deallocating -= keys
+
+            self.tasks.spawn(deallocate())
+        self.reporter.unschedulable(w, why, "dra-devices")
+
     def _join(self, key: str, actions: PassActions, now: float) -> None:
         """A pod whose claims are all allocated already (shared) goes to their node, with no device of its own."""
         w = self.cache.pending[key].workload
         alloc, why = self.cache.join(key)
         if alloc is None:
-            self.reporter.unschedulable(w, why, "dra-devices")
+            self._strand(w, why)
             return
         node = self.cache.node_name(alloc.node)
         reason = Reason(Code.SCHEDULED, "dra", f"{node}: its claims are allocated there already (shared)")

@@ -512,3 +512,29 @@ async def test_a_claim_changed_after_its_allocation_is_still_released_when_its_b
     after = read(cp, "resourceclaim", "rel")
     assert not (after.get("status") or {}).get("allocation") and not after["status"].get("reservedFor")
     assert dra_claims.FINALIZER not in (after["metadata"].get("finalizers") or [])
+
+
+async def test_claims_allocated_on_a_node_that_is_gone_are_deallocated_and_the_pod_goes_elsewhere(cp):
+    """A placement cut short after its claim write, and then its node deleted (its slice left behind: no
+    garbage collector here): as kube-scheduler's DRA PostFilter, the claim, reserved for this pod alone, is
+    deallocated, and the pod is placed afresh on a node that is there."""
+    for name in ("dra-gone", "dra-here"):
+        node(cp, name, "strand")
+        gpu_slice(cp, name, gpus=2, group="strand")
+    cls = device_class(cp, "strand")
+    claim(cp, "strand", cls)
+    pod(cp, "strand", ["strand"])
+    r = client.ResourceV1Api(admin(cp))
+    written = body(await asyncio.to_thread(r.read_namespaced_resource_claim, "strand", "default",
+                                           _preload_content=False))
+    written["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpus", "driver": dra.DRIVER, "pool": "dra-gone", "device": "gpu-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["dra-gone"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": "strand", "uid": read(cp, "pod", "strand")["metadata"]["uid"]}]}
+    await asyncio.to_thread(r.replace_namespaced_resource_claim_status, "strand", "default", written,
+                            _preload_content=False)
+    cp.kubectl("delete", "node", "dra-gone", "--wait=false")
+    async with scheduler(cp):
+        assert await bound(cp, "strand") == "dra-here"
+    assert [x["pool"] for x in results(read(cp, "resourceclaim", "strand"))] == ["dra-here"]

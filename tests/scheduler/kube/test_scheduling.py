@@ -18,10 +18,15 @@ from scheduler.settings import SchedulerSettings
 
 
 class Binds:
-    """Plays ``Binder``: records the binds a pass starts."""
+    """Plays ``Binder``: records the binds a pass starts, and the claims it is asked to deallocate."""
 
     def __init__(self) -> None:
         self.started: list[tuple[str, str, list[str]]] = []
+        self.claims = self
+        self.deallocated: list[tuple[list[str], str]] = []
+
+    async def deallocate(self, claims: list[dict], uid: str) -> None:
+        self.deallocated.append(([c["metadata"]["name"] for c in claims], uid))
 
     async def bind(self, w: Workload, d: Decision, victims: list[str], uid: str | None = None) -> None:
         assert d.allocation is not None
@@ -252,11 +257,17 @@ async def test_a_pod_resuming_its_claims_waits_for_their_node_and_is_never_place
     cache.claim_event("MODIFIED", mine)
     assert "default/a" in cache.dra_resume
     cache.sync_nodes([node_of("n1", gpus=2)])  # n0 gone (its slices not yet), plain GPUs on n1
-    for _ in range(2):
-        passes.run(1000.0)
-        await settle(tasks, wait_for)
+    passes.run(1000.0)
+    passes.run(1000.5)  # its deallocation still in flight: not asked twice
+    await settle(tasks, wait_for)
+    passes.run(1001.0)
+    await settle(tasks, wait_for)
     assert binds.started == [] and "default/a" in cache.pending and "default/a" in cache.dra_resume
-    assert ("a", "its claims are allocated on a node that is gone") in events.written
+    assert ("a", "its claims are allocated on a node that is gone; deallocating them, so that it can go "
+                 "elsewhere") in events.written
+    # kube-scheduler's PostFilter: the claim, reserved for this pod alone, is deallocated (asked again on the
+    # second pass: this cache never saw the first one's write land).
+    assert binds.deallocated == [(["mine"], "uid-a")] * 2
 
 
 async def test_a_withdrawn_placement_whose_claim_stays_allocated_leaves_its_device_taken(tasks, wait_for):
