@@ -329,19 +329,21 @@ class ClusterCache:
         fallback = queues.UNQUEUED_TENANT if self.unqueued == "best-effort" else DEFAULT_TENANT
         return self.tenants_by_namespace.get(pod["metadata"].get("namespace", ""), fallback)
 
-    def parse(self, pod: dict[str, Any]) -> PodWorkload:
-        """The pod as the core's workload, with its tenant and arrival; raises ``PodSpecError``."""
+    def parse(self, pod: dict[str, Any], queued: bool = True) -> PodWorkload:
+        """The pod as the core's workload, with its tenant and arrival; raises ``PodSpecError``. ``queued``: for
+        the queue, so what its claims ask for (or where they send it) is kept for the pass; else only read."""
         pw = self._base(pod)
         if not dra_claims.has_claims(pod):
             return pw
         if pw.workload.num_gpu:
             raise PodSpecError(f"both {objects.GPU_RESOURCE} and resourceClaims: ask for GPUs one way")
         key = objects.key(pod)
-        self._forget_ask(key)
+        if queued:
+            self._forget_ask(key)
         resume = dra_claims.resumed(pod, self.dra.claims, self.dra.inventory)
         if resume is not None:  # its claims name a node already: it goes there (``resume``)
-            self.dra_resume[key] = resume
-            self.dra_asks.pop(key, None)
+            if queued:
+                self.dra_resume[key] = resume
             devices = [d for _, d in resume[1]]
             one_mig = len(devices) == 1 and devices[0].kind == "mig"
             return dataclasses.replace(pw, workload=dataclasses.replace(
@@ -351,11 +353,12 @@ class ClusterCache:
             if pw.workload.gang:
                 raise dra_claims.UnsupportedClaim(f"gang {pw.workload.gang}: a member whose claims are allocated "
                                                   "already (shared) is not placed all-or-nothing with its gang")
-            self.dra_joins[key] = shared
-            self.dra_asks.pop(key, None)
+            if queued:
+                self.dra_joins[key] = shared
             return dataclasses.replace(pw, workload=dataclasses.replace(pw.workload, num_gpu=0))
         ask = dra_claims.ask_of(pod, self.dra.claims, self.dra.classes, self.dra.inventory)
-        self.dra_asks[key] = ask
+        if queued:
+            self.dra_asks[key] = ask
         return self._asking(pw, ask)
 
     def _base(self, pod: dict[str, Any]) -> PodWorkload:
@@ -396,7 +399,7 @@ class ClusterCache:
         if dra_claims.has_claims(pod) and pod.get("spec", {}).get("nodeName"):
             return self._claimed_workload(pod)
         try:
-            return self.parse(pod).workload
+            return self.parse(pod, queued=False).workload
         except PodSpecError:
             # A bound pod still holds what it asked for; unreadable gpuaware annotations count as plain GPUs.
             try:

@@ -351,3 +351,18 @@ def test_first_available_subrequests_are_asks_in_order_and_those_no_device_match
                         for i in range(5)))  # 2^5 alternatives
     with pytest.raises(UnsupportedClaim, match="more than 16 alternatives"):
         ask_of(pod("c"), claims(many), CLASSES, inv)
+
+
+def test_reading_a_pod_that_is_not_in_the_queue_keeps_nothing_of_its_claims():
+    """kube-scheduler's pod with a claim, read by the extender: what it asks is answered, nothing kept for a
+    pass (the entries stayed until the pod was bound or deleted)."""
+    cache = ClusterCache(scheduler_name="gpuaware")
+    cache.sync_nodes([make_node("h", gpus=0)])
+    cache.sync_slices([dra.resource_slice("h", gpus("h", 2))])
+    cache.sync_classes(list(CLASSES.values()))
+    cache.sync_claims([claim("c", exactly())])
+    theirs = pod("c")
+    theirs["spec"]["schedulerName"] = "default-scheduler"
+    cache.sync_pods([theirs])
+    assert cache.known_workload(theirs).num_gpu == 1
+    assert not cache.dra_asks and not cache.dra_joins and not cache.dra_resume
