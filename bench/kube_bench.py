@@ -166,18 +166,25 @@ def _api(kubeconfig: Path, qps: tuple[float, int] | None, pool: int = 64) -> Kub
 # -- the run ----------------------------------------------------------------------------------------
 
 @contextlib.asynccontextmanager
+async def running(binder: CeilingBinder) -> AsyncIterator[None]:
+    """A ceiling binder started (its informers synced) for the block, stopped after it."""
+    await asyncio.to_thread(binder.start)
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(binder.stop)
+
+
+@contextlib.asynccontextmanager
 async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | None,
                      dra: bool = False) -> AsyncIterator[None]:
     """``mode``'s scheduler, running until the block ends; ``dra``: gpuaware allocates ResourceClaims."""
     settings = SchedulerSettings(extender_port=0, leader_elect=False, stale_after_s=3600, dra=dra)
     if mode == "ceiling":
         nodes = await asyncio.to_thread(_node_gpus, cp)
-        binder = CeilingBinder(_api(cp.kubeconfig, qps, api_pool_size(settings)), nodes, settings.bind_workers)
-        await asyncio.to_thread(binder.start)
-        try:
+        async with running(CeilingBinder(_api(cp.kubeconfig, qps, api_pool_size(settings)), nodes,
+                                         settings.bind_workers)):
             yield
-        finally:
-            await asyncio.to_thread(binder.stop)
         return
     if mode == "kube_scheduler":
         doc = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"}

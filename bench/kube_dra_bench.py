@@ -48,7 +48,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.kube_bench import _api, _scheduler, kwok_nodes
+from bench.kube_bench import _api, _scheduler, kwok_nodes, running
 from bench.kube_ceiling import SCHEDULER_NAME as CEILING_SCHEDULER
 from bench.kube_ceiling import DraCeilingBinder
 from bench.kube_harness import (
@@ -235,12 +235,9 @@ async def _dra_scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int]
                          slices: list[dict]) -> AsyncIterator[None]:
     if mode == "ceiling_dra":
         settings = SchedulerSettings(extender_port=0, dra=True)
-        binder = DraCeilingBinder(_api(cp.kubeconfig, qps, api_pool_size(settings)), slices, settings.bind_workers)
-        await asyncio.to_thread(binder.start)
-        try:
+        async with running(DraCeilingBinder(_api(cp.kubeconfig, qps, api_pool_size(settings)), slices,
+                                            settings.bind_workers)):
             yield
-        finally:
-            await asyncio.to_thread(binder.stop)
         return
     async with _scheduler("kube_scheduler" if mode == "kube_scheduler_dra" else "gpuaware", cp, qps, dra=True):
         yield

@@ -150,6 +150,21 @@ def results(c: dict[str, Any]) -> list[dict[str, Any]]:
     return ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
 
 
+async def cut_short(cp: KubeControlPlane, name: str, node_name: str, device: str) -> None:
+    """Claim ``name`` allocated on ``node_name`` (``device``) and reserved for pod ``name``, its Binding not
+    written: what a scheduler stopped between the two writes leaves behind."""
+    r = client.ResourceV1Api(admin(cp))
+    written = body(await asyncio.to_thread(r.read_namespaced_resource_claim, name, "default",
+                                           _preload_content=False))
+    written["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpus", "driver": dra.DRIVER, "pool": node_name, "device": device}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node_name]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": name, "uid": read(cp, "pod", name)["metadata"]["uid"]}]}
+    await asyncio.to_thread(r.replace_namespaced_resource_claim_status, name, "default", written,
+                            _preload_content=False)
+
+
 async def bound(cp: KubeControlPlane, name: str, ns: str = "default") -> str:
     out: dict[str, str] = {}
 
@@ -317,16 +332,7 @@ async def test_a_placement_cut_short_after_its_claim_writes_is_bound_where_the_c
     claim(cp, "cut", cls)
     pod(cp, "cut", ["cut"])
     # What a scheduler that stopped between the claim's status write and the Binding leaves behind.
-    r = client.ResourceV1Api(admin(cp))
-    written = body(await asyncio.to_thread(r.read_namespaced_resource_claim, "cut", "default",
-                                           _preload_content=False))
-    written["status"] = {"allocation": {"devices": {"results": [
-        {"request": "gpus", "driver": dra.DRIVER, "pool": "dra-s", "device": "gpu-2"}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": ["dra-s"]}]}]}},
-        "reservedFor": [{"resource": "pods", "name": "cut", "uid": read(cp, "pod", "cut")["metadata"]["uid"]}]}
-    await asyncio.to_thread(r.replace_namespaced_resource_claim_status, "cut", "default", written,
-                            _preload_content=False)
+    await cut_short(cp, "cut", "dra-s", "gpu-2")
     async with scheduler(cp) as live:
         assert await bound(cp, "cut") == "dra-s"
         c = live.cache.cluster
@@ -524,16 +530,7 @@ async def test_claims_allocated_on_a_node_that_is_gone_are_deallocated_and_the_p
     cls = device_class(cp, "strand")
     claim(cp, "strand", cls)
     pod(cp, "strand", ["strand"])
-    r = client.ResourceV1Api(admin(cp))
-    written = body(await asyncio.to_thread(r.read_namespaced_resource_claim, "strand", "default",
-                                           _preload_content=False))
-    written["status"] = {"allocation": {"devices": {"results": [
-        {"request": "gpus", "driver": dra.DRIVER, "pool": "dra-gone", "device": "gpu-0"}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": ["dra-gone"]}]}]}},
-        "reservedFor": [{"resource": "pods", "name": "strand", "uid": read(cp, "pod", "strand")["metadata"]["uid"]}]}
-    await asyncio.to_thread(r.replace_namespaced_resource_claim_status, "strand", "default", written,
-                            _preload_content=False)
+    await cut_short(cp, "strand", "dra-gone", "gpu-0")
     cp.kubectl("delete", "node", "dra-gone", "--wait=false")
     async with scheduler(cp):
         assert await bound(cp, "strand") == "dra-here"
