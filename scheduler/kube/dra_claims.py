@@ -484,18 +484,6 @@ def reserved_status(claim: Mapping[str, Any], pod: Mapping[str, Any]) -> dict[st
             "spec": claim["spec"], "status": status}
 
 
-def unreserved_status(claim: Mapping[str, Any], uid: str) -> dict[str, Any]:
-    """A shared claim with the pod (``uid``) taken off ``reservedFor`` again, its allocation kept for the others."""
-    status = dict(claim.get("status") or {})
-    left = [r for r in status.get("reservedFor") or [] if r.get("uid") != uid]
-    if left:
-        status["reservedFor"] = left
-    else:
-        status.pop("reservedFor", None)
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": dict(claim["metadata"]),
-            "spec": claim["spec"], "status": status}
-
-
 def released_status(claim: Mapping[str, Any]) -> dict[str, Any]:
     """The claim with its allocation and reservations taken back (a placement withdrawn before its Binding)."""
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": dict(claim["metadata"]),
