@@ -1,4 +1,5 @@
-"""``gpuaware bench agent``: what the agent costs a node (8 simulated GPUs, 1 s floor, real broker).
+"""``gpuaware bench agent``: what the agent costs a node (8 simulated GPUs or the node's real ones through
+NVML, 1 s floor, real broker).
 
 Runs the real runtime in this process against a real Kafka-protocol broker for ``seconds`` of wall
 time, after a warm-up, and reports: CPU as a percent of one core (process CPU time / wall time),
@@ -15,6 +16,7 @@ import time
 import cramjam
 from prometheus_client import CollectorRegistry
 
+from agent.collectors.base import Collector
 from agent.collectors.sim import SimCluster, load_scenario
 from agent.exporter import AgentCollector, render
 from agent.runtime import AgentRuntime
@@ -52,11 +54,20 @@ class _Measuring(AgentRuntime):
             self.samples_published += len(batch.samples)
 
 
-async def _run(kafka: KafkaSettings, seconds: float, warmup: float, gpus: int) -> dict:
+def _collectors(collector: str, gpus: int) -> list[Collector]:
+    if collector == "nvml":
+        from agent.collectors.nvml import NvmlCollector
+
+        return [NvmlCollector()]
     scenario = load_scenario("baseline").model_copy(update={"nodes": 1, "gpus_per_node": gpus, "models": ["H100"]})
-    cluster = SimCluster(scenario)
+    return list(SimCluster(scenario).collectors())
+
+
+async def _run(kafka: KafkaSettings, seconds: float, warmup: float, gpus: int, collector: str) -> dict:
+    collectors = _collectors(collector, gpus)
+    gpus = sum(len(c.devices()) for c in collectors)
     with tempfile.TemporaryDirectory() as spool:
-        runtime = _Measuring(cluster.collectors(), kafka, SamplingPolicy(floor_s=1.0), spool)
+        runtime = _Measuring(collectors, kafka, SamplingPolicy(floor_s=1.0), spool)
         stop = asyncio.Event()
         task = asyncio.create_task(runtime.run(stop, control=True))
         await asyncio.sleep(warmup)
@@ -77,6 +88,7 @@ async def _run(kafka: KafkaSettings, seconds: float, warmup: float, gpus: int) -
                                for n in dcgm_names))
     n_samples = sum(s for s, _, _ in runtime.batch_sizes)
     return {
+        "collector": collector,
         "gpus": gpus,
         "floor_s": 1.0,
         "seconds": round(wall1 - wall0, 1),
@@ -94,5 +106,7 @@ async def _run(kafka: KafkaSettings, seconds: float, warmup: float, gpus: int) -
     }
 
 
-def bench_agent(kafka: KafkaSettings, seconds: float = 60.0, warmup: float = 5.0, gpus: int = 8) -> dict:
-    return asyncio.run(_run(kafka, seconds, warmup, gpus))
+def bench_agent(kafka: KafkaSettings, seconds: float = 60.0, warmup: float = 5.0, gpus: int = 8,
+                collector: str = "sim") -> dict:
+    """``collector`` "sim": ``gpus`` simulated H100s; "nvml": this machine's GPUs (``gpus`` is then ignored)."""
+    return asyncio.run(_run(kafka, seconds, warmup, gpus, collector))

@@ -43,10 +43,16 @@ def main() -> None:
         time.sleep(1)
     registry = CollectorRegistry()
     registry.register(AgentCollector([core], AgentStats()))
-    wanted = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_PROF_PIPE_TENSOR", "DCGM_FI_PROF_SM_ACTIVE",
-              "gpuaware_gpu_health_score", "DCGM_FI_DEV_CLOCK_THROTTLE")
+    wanted = ("DCGM_", "gpuaware_gpu_health_score", "gpuaware_gpu_health_band")
     print("METRICS\n" + "\n".join(x for x in generate_latest(registry).decode().splitlines() if x.startswith(wanted)))
     print("XIDS", c.xid_events())
+    try:  # what the agent would publish for DRA (agent.resource_slices); needs the kubernetes client
+        from agent.resource_slices import node_gpus
+        from plumbing.kube.resource_slices import node_slices
+
+        print("RESOURCE_SLICES", json.dumps(node_slices("gpu-box", node_gpus(core), 1), default=str))
+    except Exception as exc:  # reported, and the rest of the check stands
+        print("RESOURCE_SLICES failed:", repr(exc))
     c.close()
 
 

@@ -54,10 +54,12 @@ def _int_list(text: str, minimum: int, param_hint: str, example: str) -> list[in
 
 @bench.command("agent")
 @click.option("--seconds", type=float, default=60.0, show_default=True, help="Measured wall time.")
-@click.option("--gpus", type=int, default=8, show_default=True, help="Simulated GPUs on the node.")
+@click.option("--gpus", type=int, default=8, show_default=True, help="Simulated GPUs on the node (sim only).")
+@click.option("--collector", type=click.Choice(["sim", "nvml"]), default="sim", show_default=True,
+              help="sim: simulated H100s; nvml: this machine's GPUs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.pass_obj
-def bench_agent_cmd(obj: Context, seconds: float, gpus: int, as_json: bool) -> None:
+def bench_agent_cmd(obj: Context, seconds: float, gpus: int, collector: str, as_json: bool) -> None:
     """The agent's own cost at a 1 s floor: CPU, memory, bytes per GPU sample, DCGM text size.
 
     Uses the broker named by --bootstrap-servers/GPUAWARE_KAFKA__BOOTSTRAP_SERVERS if given,
@@ -66,11 +68,15 @@ def bench_agent_cmd(obj: Context, seconds: float, gpus: int, as_json: bool) -> N
     \b
     Example:
       gpuaware bench agent --seconds 10 --gpus 8 --json
+      gpuaware bench agent --collector nvml --json   # on a GPU node
     """
     from bench.agent_bench import bench_agent
 
     with _broker(obj) as (kafka, _):
-        result = bench_agent(kafka, seconds=seconds, gpus=gpus)
+        try:
+            result = bench_agent(kafka, seconds=seconds, gpus=gpus, collector=collector)
+        except RuntimeError as exc:  # NvmlCollector: no driver or no NVML on this machine
+            raise click.ClickException(str(exc)) from None
     echo_figures(result, as_json, 28)
 
 

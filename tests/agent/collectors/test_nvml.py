@@ -262,3 +262,14 @@ def test_power_limits_are_checked_set_and_reset(nvml):
     fake.gpus[1].fail_next["nvmlDeviceSetPowerManagementLimit"] = pynvml.NVML_ERROR_NO_PERMISSION
     with pytest.raises(RuntimeError, match="refused"):
         c.set_power_limit(1, 100)
+
+
+def test_nvml_comes_from_nvidia_ml_py_without_the_deprecated_pynvml_shim():
+    """The ``pynvml`` distribution is a deprecated wrapper whose import hook tells every agent start on a GPU node
+    to "report this to the maintainers"; the binding is nvidia-ml-py's ``pynvml`` module alone."""
+    import subprocess
+    import sys
+
+    code = "import agent.collectors.nvml, agent.power_capper"
+    done = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

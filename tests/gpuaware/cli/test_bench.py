@@ -19,6 +19,25 @@ def test_bench_agent_prints_the_figures_as_json():
     assert figures["gpus"] == 2 and figures["spool_dropped"] == 0
 
 
+@pytest.mark.broker
+def test_bench_agent_on_the_nvml_collector_reads_this_machines_gpus_or_says_why_not():
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+        gpus = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        gpus = 0
+    result = run("bench", "agent", "--collector", "nvml", "--seconds", "2", "--json", timeout=120)
+    if gpus:
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["gpus"] == gpus
+    else:  # CI: no driver; one line naming the cause, not a traceback
+        assert result.returncode == 1 and "NVML is not available on this machine" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
 def test_bench_pipeline_on_apache_kafka_joins_groups_with_a_session_it_accepts():
     # The 2 s session the embedded broker's benches use made every worker's group join fail
     # (InvalidSessionTimeoutError) on Apache Kafka, whose minimum is 6 s.
