@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler.core.cluster import Allocation
+from scheduler.core.policy_specs import LIVE_STREAM
 from scheduler.core.preemption import Running
 from scheduler.core.throughput import ThroughputTable
 from scheduler.core.workload import Workload
@@ -131,7 +132,9 @@ def test_the_ablation_reports_every_variant_with_the_issue_keys(small_nodes):
     cfg = DynamicConfig(jobs=60, node_fraction=0.3, check_invariants=True)
     report = run_ablation(nodes, pods, [0], make, cfg)
     assert set(report["variants"]) == set(variants()) == {"all", "without-forecast", "without-fingerprint",
-                                                          "without-thermal", "without-demand", "without-all"}
+                                                          "without-thermal", "without-demand", "without-all", "live"}
+    assert report["live_parts"] == sorted(LIVE_STREAM) and set(report["live_vs_without_all"]) == set(
+        report["all_vs_without_all"])
     for v in report["variants"].values():
         assert {"wait_high_mean_s", "wait_high_p95_s", "jct_mean_s", "busy_share", "allocated_gpu_pct", "preemptions",
                 "violations"} <= set(v)
