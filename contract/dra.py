@@ -342,6 +342,65 @@ class Taint:
     effect: str
 
 
+TOLERATION_OPERATORS = ("Exists", "Equal")
+MAX_TOLERATIONS_PER_REQUEST = 16  # resource.k8s.io/v1 DeviceTolerationsMaxLength
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """A request's ``tolerations[]`` entry (``DeviceToleration``); ``tolerates`` is Kubernetes' own rule:
+    an empty effect matches every effect, an empty key (with ``Exists``) every key."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key and self.key != taint.key:
+            return False
+        return self.operator == "Exists" or self.value == taint.value
+
+
+def tolerated(tolerations: Sequence[Toleration], taints: Sequence[Taint]) -> bool:
+    """Every taint is tolerated by one of ``tolerations``."""
+    return all(any(t.tolerates(taint) for t in tolerations) for taint in taints)
+
+
+def parse_tolerations(raw: Any, where: str) -> tuple[Toleration, ...]:
+    """A request's ``tolerations`` as typed data, or :class:`SliceInvalid` naming the field and the reason."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise SliceInvalid(where, "must be a list")
+    if len(raw) > MAX_TOLERATIONS_PER_REQUEST:
+        raise SliceInvalid(where, f"more than {MAX_TOLERATIONS_PER_REQUEST} tolerations")
+    out = []
+    for i, t in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(t, dict):
+            raise SliceInvalid(at, "must be an object")
+        key, value, effect = t.get("key") or "", t.get("value") or "", t.get("effect") or ""
+        operator = t.get("operator") or "Equal"
+        for name, v in (("key", key), ("value", value), ("effect", effect), ("operator", operator)):
+            if not isinstance(v, str):
+                raise SliceInvalid(f"{at}.{name}", "must be a string")
+        if key:
+            _qualified_name(key, f"{at}.key")
+        if operator not in TOLERATION_OPERATORS:
+            raise SliceInvalid(f"{at}.operator", f"{operator!r} is not one of {', '.join(TOLERATION_OPERATORS)}")
+        if operator == "Exists" and value:
+            raise SliceInvalid(f"{at}.value", "must be empty with operator Exists")
+        if operator == "Equal" and not key:
+            raise SliceInvalid(f"{at}.key", "required with operator Equal (an empty key tolerates with Exists only)")
+        if effect and effect not in TAINT_EFFECTS:
+            raise SliceInvalid(f"{at}.effect", f"{effect!r} is not one of {', '.join(TAINT_EFFECTS)}")
+        out.append(Toleration(key, operator, value, effect))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class DeviceView:
     """One device of a slice, typed. ``attributes`` keeps every attribute as published (qualified name ->

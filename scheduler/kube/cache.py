@@ -9,9 +9,11 @@ applied incrementally (the hot path).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -139,6 +141,9 @@ class Rejected:
     reason: str
 
 
+_BAND_OF_CODE = {0: HealthBand.HEALTHY, 1: HealthBand.DEGRADED, 2: HealthBand.CRITICAL}
+
+
 @dataclass
 class ClusterCache:
     scheduler_name: str = "gpuaware"
@@ -174,6 +179,9 @@ class ClusterCache:
     # their UID joins (``reservedFor``) while their binding is in flight.
     dra_joins: dict[str, str] = field(default_factory=dict)
     dra_shared: dict[str, list[str]] = field(default_factory=dict)
+    # (node index, GPU) critical only because its device is tainted -> the band it has otherwise, lent to the
+    # cycle of a pod whose claims tolerate the taint (``tolerated``).
+    taint_bands: dict[tuple[int, int], HealthBand] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ nodes
     def sync_nodes(self, items: list[dict[str, Any]]) -> None:
@@ -252,14 +260,38 @@ class ClusterCache:
                         ng.islands(), ng.mig_mode())
 
     def apply_cordons(self) -> None:
-        """Cordoned GPUs are critical in the model, whatever their live state says."""
+        """Cordoned GPUs are critical in the model, whatever their live state says; so are GPUs whose device a
+        taint keeps new claims off, except in the cycle of a pod whose claims tolerate it (``tolerated``). A GPU
+        gpuaware cordoned stays critical whatever a claim tolerates: its health chain is emptying it."""
+        self.taint_bands = {}
         tainted = {name: {s for s, d in enumerate(ng.gpus) if d.tainted}
                    for name, ng in self.dra.inventory.nodes.items()}
-        for name, gpus in [*self.cordoned.items(), *tainted.items()]:  # a device taint keeps new claims off too
+        marks = [*((False, c) for c in self.cordoned.items()), *((True, t) for t in tainted.items())]
+        for taint, (name, gpus) in marks:  # cordons first: a cordoned GPU is not lent to a tolerating claim
             i = self.cluster.index.get(name)
             for g in gpus:
                 if i is not None and g < self.cluster.max_gpus and self.cluster.band[i, g] != 2:
+                    if taint:
+                        self.taint_bands[(i, g)] = _BAND_OF_CODE[int(self.cluster.band[i, g])]
                     self.cluster.set_band(i, g, HealthBand.CRITICAL)
+
+    @contextlib.contextmanager
+    def tolerated(self, ask: DraAsk | None) -> Iterator[None]:
+        """While the core places one pod: the GPUs whose devices are critical only for a taint its claims
+        tolerate at the band they would have untainted (the core's health Filter reads the band); critical
+        again after. Devices are still picked by each request's own tolerations (``DeviceRequest.matches``)."""
+        lent = []
+        if ask is not None and ask.tolerating:
+            for (i, g), band in self.taint_bands.items():
+                ng = self.dra.inventory.nodes.get(self.cluster.names[i])
+                if ng is not None and g < len(ng.gpus) and ask.tolerates(ng.gpus[g]):
+                    self.cluster.set_band(i, g, band)
+                    lent.append((i, g))
+        try:
+            yield
+        finally:
+            for i, g in lent:
+                self.cluster.set_band(i, g, HealthBand.CRITICAL)
 
     # ------------------------------------------------------------------ pods
     def sync_pods(self, items: list[dict[str, Any]]) -> None:

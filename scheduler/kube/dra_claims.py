@@ -75,9 +75,10 @@ class DeviceRequest:
     count: int
     selectors: tuple[Selector | _Capacity, ...]
     share: int = 0  # bytes of memory asked by ``capacity.requests``: a share, where the device allows it
+    tolerations: tuple[dra.Toleration, ...] = ()
 
     def matches(self, d: Device) -> bool:
-        return not d.tainted and all(s.matches(d.facts) for s in self.selectors)
+        return d.tolerated_by(self.tolerations) and all(s.matches(d.facts) for s in self.selectors)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,14 @@ class DraAsk:
     @property
     def needs_island(self) -> bool:
         return dra.ATTR_NVLINK_ISLAND in self.same
+
+    @property
+    def tolerating(self) -> bool:
+        return any(r.tolerations for r in self.requests)
+
+    def tolerates(self, d: Device) -> bool:
+        """A tainted device one of the requests tolerates (the core sees its GPU as critical otherwise)."""
+        return d.tainted and any(r.tolerations and d.tolerated_by(r.tolerations) for r in self.requests)
 
 
 def claim_names(pod: Mapping[str, Any]) -> list[str]:
@@ -215,8 +224,10 @@ def _request(ex: Mapping[str, Any], name: str, key: str, classes: Mapping[str, M
         raise UnsupportedClaim(f"{where}.allocationMode: {ex.get('allocationMode')!r} is not supported")
     if ex.get("adminAccess"):
         raise UnsupportedClaim(f"{where}.adminAccess: not supported")
-    if ex.get("tolerations"):
-        raise UnsupportedClaim(f"{where}.tolerations: tainted devices are not handed out by gpuaware")
+    try:
+        tolerations = dra.parse_tolerations(ex.get("tolerations"), f"{where}.tolerations")
+    except dra.SliceInvalid as exc:
+        raise UnsupportedClaim(str(exc)) from None
     cls = classes.get(ex.get("deviceClassName") or "")
     if cls is None:
         raise ClaimsNotReady(f"{where}.deviceClassName: DeviceClass {ex.get('deviceClassName')!r} does not exist")
@@ -230,7 +241,7 @@ def _request(ex: Mapping[str, Any], name: str, key: str, classes: Mapping[str, M
                                for k, v in wants.items()))
         sels.append(_Capacity(amounts))
         share = int(sum(v for k, v in amounts if k.split("/", 1)[1] == dra.CAP_MEMORY))
-    return DeviceRequest(key, name, int(ex.get("count") or 1), tuple(sels), share)
+    return DeviceRequest(key, name, int(ex.get("count") or 1), tuple(sels), share, tolerations)
 
 
 def _requests(claim: Mapping[str, Any], key: str, classes: Mapping[str, Mapping[str, Any]]

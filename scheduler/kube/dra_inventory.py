@@ -46,6 +46,15 @@ class Device:
     profile: str = ""
     consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()  # (counter set, ((counter, amount), ...))
     shareable: bool = False  # allowMultipleAllocations: claims may take memory shares of it
+    # The NoSchedule/NoExecute taints behind ``tainted`` (the slice's and DeviceTaintRules'): a request
+    # tolerating all of them may have the device. A pool being republished (``incomplete``) tolerates nothing.
+    taints: tuple[dra.Taint, ...] = ()
+    incomplete: bool = False
+
+    def tolerated_by(self, tolerations: tuple[dra.Toleration, ...]) -> bool:
+        """A request with ``tolerations`` may have this device as far as taints go."""
+        return not self.tainted or (not self.incomplete and bool(tolerations)
+                                    and dra.tolerated(tolerations, self.taints))
 
     @property
     def memory_bytes(self) -> int:
@@ -92,10 +101,10 @@ def device_of(driver: str, pool: str, node: str, d: dra.DeviceView, incomplete: 
     facts = DeviceFacts(driver, _qualified(d.attributes, driver),
                         {k: float(v) for k, v in _qualified(d.capacity, driver).items()})
     consumes = tuple((cs, tuple(sorted(counters.items()))) for cs, counters in sorted(d.consumes_counters.items()))
+    taints = tuple(t for t in (*d.taints, *(r.taint for r in (rules or {}).values() if _ruled(r, driver, pool, d.name)))
+                   if t.effect in ("NoSchedule", "NoExecute"))
     return Device(driver, pool, d.name, node, facts, d.type, d.uuid or "", d.parent_uuid or "",
-                  incomplete or not d.schedulable or any(
-                      r.taint.effect in ("NoSchedule", "NoExecute") and _ruled(r, driver, pool, d.name)
-                      for r in (rules or {}).values()), d.profile or "", consumes, d.shareable)
+                  incomplete or bool(taints), d.profile or "", consumes, d.shareable, taints, incomplete)
 
 
 def _minor_order(name: str) -> tuple:

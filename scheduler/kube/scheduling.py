@@ -168,9 +168,11 @@ class SchedulingPass:
         for gang, members in gangs.items():
             self._place_gang(core, gang, members, actions, now, ledger)
         finish_at = {k: r.started_s + (r.workload.duration_s or UNKNOWN_DURATION_S) for k, r in cache.running.items()}
-        # Pods whose claims select devices on some nodes only (scheduler.kube.dra_claims), or offer alternatives
-        # (firstAvailable), go one at a time, with the node mask narrowed to their nodes.
-        alone = {w.id for w in singles if (ask := cache.dra_asks.get(w.id)) and (ask.nodes is not None or ask.then)}
+        # Pods whose claims select devices on some nodes only (scheduler.kube.dra_claims), offer alternatives
+        # (firstAvailable) or tolerate device taints go one at a time, with the node mask narrowed to their nodes
+        # and the GPUs they tolerate lent to their cycle.
+        alone = {w.id for w in singles if (ask := cache.dra_asks.get(w.id))
+                 and (ask.nodes is not None or ask.then or ask.tolerating)}
         alone |= cache.co_claimants() if cache.dra_asks else set()
         queue = QueueState([w for w in singles if w.id not in alone], cache.running, finish_at, ledger,
                            cache.node_mask, enforce_quota=True)
@@ -254,7 +256,8 @@ class SchedulingPass:
             policy = self.queue_policy if preempt else dataclasses.replace(self.queue_policy,
                                                                            preemption_tries_per_pass=0)
             one = QueueState([wa], cache.running, finish_at, ledger, mask, enforce_quota=True)
-            schedule_pass(core, cache.cluster, one, policy, actions, pass_stats, now, only=[wa])
+            with cache.tolerated(ask):
+                schedule_pass(core, cache.cluster, one, policy, actions, pass_stats, now, only=[wa])
             if w.id not in cache.pending:
                 return
         if first.then:

@@ -198,3 +198,29 @@ def test_a_shareable_gpu_allows_multiple_allocations_and_reads_back_so():
     bad = dra.resource_slice("s", [dict(d, allowMultipleAllocations="yes")])
     with pytest.raises(dra.SliceInvalid, match="allowMultipleAllocations"):
         dra.parse_slice(bad)
+
+
+@pytest.mark.parametrize(("raw", "field", "reason"), [
+    ({}, "t", "must be a list"),
+    ([{"operator": "Exists"}] * 17, "t", "more than 16 tolerations"),
+    (["x"], "t[0]", "must be an object"),
+    ([{"key": "gpu.nvidia.com/xid", "effect": "NoEvict"}], "t[0].effect", "'NoEvict' is not one of"),
+    ([{"key": "bad key!", "operator": "Exists"}], "t[0].key", "is not a C identifier"),
+    ([{"key": 7, "operator": "Exists"}], "t[0].key", "must be a string"),
+])
+def test_request_tolerations_are_read_or_refused_with_the_field_and_reason(raw, field, reason):
+    with pytest.raises(dra.SliceInvalid) as info:
+        dra.parse_tolerations(raw, "t")
+    assert info.value.field == field and reason in info.value.reason
+
+
+def test_a_toleration_follows_kubernetes_rule_for_keys_values_and_effects():
+    xid = dra.Taint("gpu.nvidia.com/xid", "79", "NoExecute")
+    (anything,) = dra.parse_tolerations([{"operator": "Exists"}], "t")
+    (key_only,) = dra.parse_tolerations([{"key": "gpu.nvidia.com/xid", "operator": "Exists"}], "t")
+    (other_value,) = dra.parse_tolerations([{"key": "gpu.nvidia.com/xid", "value": "48"}], "t")
+    (other_effect,) = dra.parse_tolerations([{"operator": "Exists", "effect": "NoSchedule"}], "t")
+    assert anything.tolerates(xid) and key_only.tolerates(xid)
+    assert not other_value.tolerates(xid) and not other_effect.tolerates(xid)
+    assert dra.tolerated([key_only], [xid]) and not dra.tolerated([key_only], [xid, dra.Taint("a/b", "", "NoSchedule")])
+    assert dra.tolerated([], [])  # nothing to tolerate

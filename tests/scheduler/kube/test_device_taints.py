@@ -50,11 +50,14 @@ def kwok_node(cp: KubeControlPlane, name: str) -> None:
                          "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"}}})
 
 
-def claim_and_pod(cp: KubeControlPlane, name: str, scheduler: str = "default-scheduler") -> None:
+def claim_and_pod(cp: KubeControlPlane, name: str, scheduler: str = "default-scheduler",
+                  tolerations: list[dict[str, str]] | None = None) -> None:
+    exactly: dict[str, Any] = {"deviceClassName": dra.DEVICE_CLASS_GPU}
+    if tolerations:
+        exactly["tolerations"] = tolerations
     cp.apply({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
               "metadata": {"name": name, "namespace": "default"},
-              "spec": {"devices": {"requests": [
-                  {"name": "gpu", "exactly": {"deviceClassName": dra.DEVICE_CLASS_GPU}}]}}})
+              "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}})
     cp.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
               "spec": {"schedulerName": scheduler, "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
                        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
@@ -209,3 +212,37 @@ async def test_gpuaware_keeps_claims_off_devices_a_rule_taints_and_uses_them_onc
     devices = [get(cp, "resourceclaim", n, "-n", "default")["status"]["allocation"]["devices"]["results"][0]["device"]
                for n in ("ru-a", "ru-b")]
     assert devices == ["gpu-1", "gpu-0"]
+
+
+async def test_a_claim_tolerating_a_taint_gets_the_tainted_device_from_gpuaware_as_from_kube_scheduler(cp, api_client):
+    """Both GPUs of a node tainted NoExecute by a rule under NVIDIA's XID key. A claim tolerating that key gets
+    one from kube-scheduler and one from gpuaware (the apiserver takes both allocations); a claim without the
+    toleration, for gpuaware, waits."""
+    for crd in ("gpuqueues", "gpuworkloads"):
+        cp.kubectl("apply", "-f", str(REPO / "deploy/base/crds" / f"gpuaware.io_{crd}.yaml"))
+        cp.kubectl("wait", "--for=condition=Established", f"crd/{crd}.gpuaware.io", "--timeout=60s")
+    kwok_node(cp, "kw-tol")
+    SlicePublisher(api_client).publish("kw-tol", [NodeGpu(g, f"GPU-tol-{g}", "NVIDIA H100 80GB HBM3", 80 * 2**30)
+                                                  for g in range(2)])
+    cp.apply({"apiVersion": "resource.k8s.io/v1beta2", "kind": "DeviceTaintRule", "metadata": {"name": "tol-xid"},
+              "spec": {"deviceSelector": {"driver": dra.DRIVER, "pool": "kw-tol"},
+                       "taint": {"key": dra.TAINT_XID, "value": "79", "effect": "NoExecute"}}})
+    tolerate = [{"key": dra.TAINT_XID, "operator": "Exists", "effect": "NoExecute"}]
+    for name, scheduler, tolerations in (("tol-kube", "default-scheduler", tolerate),
+                                         ("tol-ours", "gpuaware", tolerate), ("tol-none", "gpuaware", None)):
+        claim_and_pod(cp, name, scheduler=scheduler, tolerations=tolerations)
+    until(lambda: get(cp, "pod", "tol-kube", "-n", "default")["spec"].get("nodeName") == "kw-tol",
+          "kube-scheduler placing the tolerating claim on a tainted device")
+    settings = SchedulerSettings(pass_interval_s=0.02, extender_port=0, unqueued="allow", dra=True)
+    async with live_scheduler(KubeApi(api_client), settings) as live:
+        await wait_for(lambda: get(cp, "pod", "tol-ours", "-n", "default")["spec"].get("nodeName") == "kw-tol",
+                       30, "gpuaware placing the tolerating claim", poll_s=0.2)
+        await wait_for(lambda: "default/tol-none" in live.cache.pending, 10, "the claim without it waiting")
+        for _ in range(3):
+            live.schedule_once()
+            await wait_for(lambda: len(live.tasks) == 0, 30, "the pass's tasks done")
+        assert not get(cp, "pod", "tol-none", "-n", "default")["spec"].get("nodeName")
+    devices = {get(cp, "resourceclaim", n, "-n", "default")["status"]["allocation"]["devices"]["results"][0]["device"]
+               for n in ("tol-kube", "tol-ours")}
+    assert devices == {"gpu-0", "gpu-1"}
+    cp.kubectl("delete", "devicetaintrules", "tol-xid")

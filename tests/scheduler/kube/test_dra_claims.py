@@ -102,8 +102,10 @@ def test_a_selector_matching_part_of_a_model_narrows_the_nodes():
 @pytest.mark.parametrize(("request_", "constraints", "why"), [
     ({"name": "g"}, None, "requests[0]: neither `exactly` nor `firstAvailable`"),
     ({"name": "g", "firstAvailable": [{"name": "a", "deviceClassName": "gpu.nvidia.com",
-                                       "tolerations": [{"operator": "Exists"}]}]}, None,
-     "requests[0].firstAvailable[0].tolerations"),
+                                       "tolerations": [{"operator": "Exists", "value": "x"}]}]}, None,
+     "requests[0].firstAvailable[0].tolerations[0].value: must be empty with operator Exists"),
+    (exactly(tolerations=[{"key": "k", "operator": "In"}]), None, "tolerations[0].operator: 'In' is not one of"),
+    (exactly(tolerations=[{"value": "v"}]), None, "tolerations[0].key: required with operator Equal"),
     (exactly(allocationMode="All"), None, "allocationMode: 'All'"),
     (exactly(adminAccess=True), None, "adminAccess"),
     (exactly(), [{"requests": ["gpus"], "matchAttribute": "gpu.nvidia.com/uuid"}], "matchAttribute"),
@@ -362,3 +364,41 @@ def test_reading_a_pod_that_is_not_in_the_queue_keeps_nothing_of_its_claims():
     cache.sync_pods([theirs])
     assert cache.known_workload(theirs).num_gpu == 1
     assert not cache.dra_asks and not cache.dra_joins and not cache.dra_resume
+
+
+@pytest.mark.parametrize(("tolerations", "taken"), [
+    ([], False),
+    ([{"key": dra.TAINT_UNHEALTHY, "operator": "Exists"}], True),
+    ([{"key": dra.TAINT_UNHEALTHY, "operator": "Exists", "effect": "NoSchedule"}], True),
+    ([{"key": dra.TAINT_UNHEALTHY, "operator": "Exists", "effect": "NoExecute"}], False),  # another effect
+    ([{"key": dra.TAINT_UNHEALTHY, "value": "xid-79"}], True),  # Equal, the default operator
+    ([{"key": dra.TAINT_UNHEALTHY, "value": "xid-48"}], False),
+    ([{"key": dra.TAINT_XID, "operator": "Exists"}], False),  # another key
+    ([{"operator": "Exists"}], True),  # every taint
+])
+def test_a_request_has_a_tainted_device_only_where_its_tolerations_cover_the_taint(tolerations, taken):
+    devices = gpus("h", 2)
+    devices[1]["taints"] = [dra.device_taint(dra.TAINT_UNHEALTHY, "xid-79", "NoSchedule")]
+    inv = inventory(dra.resource_slice("h", devices))
+    extra = {"tolerations": tolerations} if tolerations else {}
+    ask = ask_of(pod("c"), claims(claim("c", exactly(count=2, **extra))), CLASSES, inv)
+    assert ask.tolerating == bool(tolerations) and ask.tolerates(inv.nodes["h"].gpus[1]) == taken
+    assert not ask.tolerates(inv.nodes["h"].gpus[0])  # not tainted: nothing to lend
+    out = pick(ask, inv.nodes["h"], [0, 1], [0, 1], set(), lambda d: True)
+    assert isinstance(out, str) != taken
+
+
+def test_every_taint_of_a_device_must_be_tolerated_and_a_pool_being_republished_tolerates_nothing():
+    devices = gpus("h", 1)
+    devices[0]["taints"] = [dra.device_taint(dra.TAINT_XID, "79", "NoExecute"), dra.device_taint()]
+    inv = inventory(dra.resource_slice("h", devices))
+    one = exactly(tolerations=[{"key": dra.TAINT_XID, "operator": "Exists"}])
+    both = exactly(tolerations=[{"key": dra.TAINT_XID, "operator": "Exists"},
+                                {"key": dra.TAINT_UNHEALTHY, "operator": "Exists"}])
+    assert not ask_of(pod("c"), claims(claim("c", one)), CLASSES, inv).tolerates(inv.nodes["h"].gpus[0])
+    assert ask_of(pod("c"), claims(claim("c", both)), CLASSES, inv).tolerates(inv.nodes["h"].gpus[0])
+    devices_only, _ = a100_mig("m")  # its counters' slice not there yet
+    inv = inventory(devices_only)
+    anything = exactly(tolerations=[{"operator": "Exists"}])
+    ask = ask_of(pod("c"), claims(claim("c", anything)), CLASSES, inv)
+    assert inv.nodes["m"].gpus[0].tainted and not ask.tolerates(inv.nodes["m"].gpus[0])

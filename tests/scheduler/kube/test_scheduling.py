@@ -396,3 +396,41 @@ async def test_a_pod_sharing_a_new_claim_with_one_that_cannot_go_allocates_it_it
     passes.run(1000.0)
     await settle(tasks, wait_for)
     assert [k for k, _, _ in binds.started] == ["default/b"] and cache.claim_owner == {"default/team": "default/b"}
+
+
+async def test_a_claim_tolerating_a_device_taint_gets_that_gpu_and_only_its_own_cycle_sees_it_usable(tasks,
+                                                                                                     wait_for):
+    """n0's GPU 0 is held by a claim, GPU 1 tainted by a DeviceTaintRule. A pod whose claim does not tolerate
+    the taint waits; one whose claim does is placed on GPU 1 and its claim gets gpu-1; after its cycle the GPU
+    is critical in the model again. A GPU gpuaware cordoned is not lent, whatever the claim tolerates."""
+    from contract import dra
+    passes, cache, binds, _, _ = claimed_setup(tasks, [], {})
+    held = {"metadata": {"name": "held", "namespace": "default", "resourceVersion": "1"},
+            "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu"}}]}}}
+    tolerant = {"metadata": {"name": "tolerant", "namespace": "default", "resourceVersion": "1"},
+                "spec": {"devices": {"requests": [{"name": "g", "exactly": {
+                    "deviceClassName": "gpu", "tolerations": [{"key": dra.TAINT_XID, "operator": "Exists"}]}}]}}}
+    plain = {"metadata": {"name": "plain", "namespace": "default", "resourceVersion": "1"},
+             "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu"}}]}}}
+    cache.sync_claims([allocated_on_n0(held, "gpu-0"), tolerant, plain])
+    cache.sync_taint_rules([{"metadata": {"name": "xid"}, "spec": {
+        "deviceSelector": {"driver": "gpu.nvidia.com", "pool": "n0", "device": "gpu-1"},
+        "taint": {"key": dra.TAINT_XID, "value": "79", "effect": "NoExecute"}}}])
+    assert cache.cluster.band[0].tolist()[:2] == [0, 2]
+    cache.pod_event("ADDED", claimed_pod("b", "plain", 1))
+    passes.run(1000.0)
+    await settle(tasks, wait_for)
+    assert binds.started == [] and "default/b" in cache.pending
+    cache.cordoned["n0"] = {1}  # gpuaware's own cordon (its health chain is emptying the GPU): not lent
+    cache.apply_cordons()
+    cache.pod_event("ADDED", claimed_pod("c", "tolerant", 2))
+    passes.run(1001.0)
+    await settle(tasks, wait_for)
+    assert binds.started == [] and "default/c" in cache.pending
+    del cache.cordoned["n0"]
+    cache.rebuild()  # (the band back to the live state's, as the feed's next state for the GPU writes it)
+    passes.run(1002.0)
+    await settle(tasks, wait_for)
+    assert [k for k, _, _ in binds.started] == ["default/c"]
+    assert [d.name for _, d in cache.dra_picks["default/c"]] == ["gpu-1"]
+    assert cache.cluster.band[0].tolist()[:2] == [0, 2] and "default/b" in cache.pending
