@@ -691,6 +691,14 @@ class ClusterCache:
         if ask is None or ng is None:
             self.cluster.release(key)
             return f"node {node} publishes no GPUs in ResourceSlices" if ng is None else "claims not read"
+        if ask.kind == "admin":  # devices in use or not, none taken: nothing in flight, no GPU in the model
+            got_admin = dra_claims.pick_admin(ask, ng)
+            if isinstance(got_admin, str):
+                self.cluster.release(key)
+                return f"{node}: {got_admin}"
+            self.dra_picks[key] = got_admin
+            self._own(key, sorted({r.claim for r, _ in got_admin}))
+            return None
         free = [s for s in range(len(ng.gpus)) if s in alloc.gpus or
                 (self.cluster.gpu_free[alloc.node, s] >= (alloc.milli[0] if alloc.milli else 1000)
                  and self.cluster.band[alloc.node, s] != 2)]
@@ -735,7 +743,8 @@ class ClusterCache:
             if f"claim:{claim}" in self.cluster.allocations:
                 self.cluster.release(f"claim:{claim}")
         w = pw.workload
-        devices = [(d, d.share_milli(r.share) if r.share else d.milli) for r, d in picks if d.ref in ng.slot_of]
+        devices = [(d, d.share_milli(r.share) if r.share else d.milli) for r, d in picks
+                   if d.ref in ng.slot_of and not r.admin]
         alloc = Allocation(key, i, [ng.slot_of[d.ref] for d, _ in devices], [m for _, m in devices], w.cpu_milli,
                            w.memory_mib, [0] * len(devices), "mig" if any(d.kind == "mig" for d, _ in devices)
                            else "exclusive")

@@ -76,6 +76,7 @@ class DeviceRequest:
     selectors: tuple[Selector | _Capacity, ...]
     share: int = 0  # bytes of memory asked by ``capacity.requests``: a share, where the device allows it
     tolerations: tuple[dra.Toleration, ...] = ()
+    admin: bool = False  # ``adminAccess``: access to devices in use or not, taking none of them
 
     def matches(self, d: Device) -> bool:
         return d.tolerated_by(self.tolerations) and all(s.matches(d.facts) for s in self.selectors)
@@ -87,7 +88,7 @@ class DraAsk:
 
     claims: tuple[str, ...]
     requests: tuple[DeviceRequest, ...]
-    kind: str  # "gpu", "mig" or "share" (a memory share of a GPU that allows multiple allocations)
+    kind: str  # "gpu", "mig", "share" (a memory share of a GPU that allows multiple allocations) or "admin"
     num_gpu: int
     gpu_milli: int
     models: tuple[str, ...]
@@ -160,7 +161,8 @@ def resumed(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]], inv
             d = inventory.devices.get((r.get("driver", ""), r.get("pool", ""), r.get("device", "")))
             if d is None:
                 return None
-            picks.append((DeviceRequest(key, r.get("request", ""), 1, (), _consumed(r)), d))
+            picks.append((DeviceRequest(key, r.get("request", ""), 1, (), _consumed(r),
+                                        admin=r.get("adminAccess") is True), d))
     if len(nodes) != 1 or not picks or any(d.node not in nodes for _, d in picks):
         return None
     return nodes.pop(), picks
@@ -222,8 +224,7 @@ def _request(ex: Mapping[str, Any], name: str, key: str, classes: Mapping[str, M
     """One ``exactly`` request, or one subrequest of ``firstAvailable`` (the same fields)."""
     if (ex.get("allocationMode") or "ExactCount") != "ExactCount":
         raise UnsupportedClaim(f"{where}.allocationMode: {ex.get('allocationMode')!r} is not supported")
-    if ex.get("adminAccess"):
-        raise UnsupportedClaim(f"{where}.adminAccess: not supported")
+    admin = ex.get("adminAccess") is True
     try:
         tolerations = dra.parse_tolerations(ex.get("tolerations"), f"{where}.tolerations")
     except dra.SliceInvalid as exc:
@@ -236,12 +237,14 @@ def _request(ex: Mapping[str, Any], name: str, key: str, classes: Mapping[str, M
                                         *_selectors(ex.get("selectors"), where)]
     wants = ((ex.get("capacity") or {}).get("requests") or {})
     share = 0
+    if wants and admin:
+        raise UnsupportedClaim(f"{where}.capacity: not read with adminAccess (admin access consumes no capacity)")
     if wants:
         amounts = tuple(sorted((k if "/" in k else f"*/{k}", quantity(v, f"{where}.capacity.requests[{k}]"))
                                for k, v in wants.items()))
         sels.append(_Capacity(amounts))
         share = int(sum(v for k, v in amounts if k.split("/", 1)[1] == dra.CAP_MEMORY))
-    return DeviceRequest(key, name, int(ex.get("count") or 1), tuple(sels), share, tolerations)
+    return DeviceRequest(key, name, int(ex.get("count") or 1), tuple(sels), share, tolerations, admin)
 
 
 def _requests(claim: Mapping[str, Any], key: str, classes: Mapping[str, Mapping[str, Any]]
@@ -311,6 +314,8 @@ def ask_of(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]],
 
 def _ask(keys: tuple[str, ...], requests: list[DeviceRequest], same: tuple[str, ...], inventory: DraInventory
          ) -> DraAsk:
+    if any(r.admin for r in requests):
+        return _admin_ask(keys, requests, same, inventory)
     kinds, models, nodes = _matching(requests, inventory)
     if len(kinds) != 1:
         raise UnsupportedClaim(f"the requests match {' and '.join(sorted(kinds)) or 'no'} devices: gpuaware "
@@ -329,6 +334,45 @@ def _ask(keys: tuple[str, ...], requests: list[DeviceRequest], same: tuple[str, 
                                    "count 1)")
         milli = _share_milli(requests[0], inventory)
     return DraAsk(keys, tuple(requests), kind, num, milli, tuple(sorted(models)), same, nodes)
+
+
+def _admin_ask(keys: tuple[str, ...], requests: list[DeviceRequest], same: tuple[str, ...], inventory: DraInventory
+               ) -> DraAsk:
+    """Admin access (a monitoring or debugging pod): the pod goes to a node with enough matching GPUs, in use or
+    not, and takes none (no GPU in the core's model, nothing charged to a quota); its claim's results say
+    ``adminAccess``. The apiserver admits such a claim only in a namespace labelled
+    ``resource.kubernetes.io/admin-access: "true"``."""
+    if not all(r.admin for r in requests):
+        raise UnsupportedClaim("adminAccess and other requests in one pod: gpuaware places a pod either with admin "
+                               "access to devices or with devices of its own")
+    if same:
+        raise UnsupportedClaim("constraints with adminAccess: not supported")
+    nodes = _admin_nodes(requests, inventory)
+    if not nodes:
+        raise UnsupportedClaim("the adminAccess requests match no node's GPUs")
+    return DraAsk(keys, tuple(requests), "admin", 0, 1000, (), same, nodes)
+
+
+def _admin_nodes(requests: list[DeviceRequest], inventory: DraInventory) -> frozenset[str]:
+    """Nodes with, for every request, enough GPUs or MIG partitions it matches (taints and tolerations included;
+    in use or not)."""
+    per_node: dict[str, list[int]] = {}
+    for i, r in enumerate(requests):
+        for d in inventory.devices.values():
+            if d.kind in ("gpu", "mig") and r.matches(d):
+                per_node.setdefault(d.node, [0] * len(requests))[i] += 1
+    return frozenset(n for n, got in per_node.items() if all(g >= r.count for g, r in zip(got, requests, strict=True)))
+
+
+def pick_admin(ask: DraAsk, ng: NodeGpus) -> list[tuple[DeviceRequest, Device]] | str:
+    """Devices for admin access on a node: each request's first matching ones (in use or not), none twice."""
+    out: list[tuple[DeviceRequest, Device]] = []
+    for r in ask.requests:
+        mine = [d for d in [*ng.gpus, *ng.migs] if r.matches(d) and all(d is not o for _, o in out)][: r.count]
+        if len(mine) < r.count:
+            return f"fewer than {r.count} devices matching request {r.name} of {r.claim}"
+        out += [(r, d) for d in mine]
+    return out
 
 
 def _share_milli(r: DeviceRequest, inventory: DraInventory) -> int:
@@ -450,7 +494,9 @@ def allocation_status(claim: Mapping[str, Any], node: str, picked: list[tuple[De
         if r.claim != key:
             continue
         result: dict[str, Any] = {"request": r.name, "driver": d.driver, "pool": d.pool, "device": d.name}
-        if r.share or d.shareable:
+        if r.admin:
+            result["adminAccess"] = True
+        elif r.share or d.shareable:
             # As kube-scheduler: every allocation of a device that allows multiple allocations is a share, told
             # apart by its shareID and saying what it consumes (taken whole: all of its memory, so kube-scheduler
             # puts no share beside it). The ID derives from the claim, so a rewrite (resumed) says the same.
@@ -513,10 +559,11 @@ def _consumed(result: Mapping[str, Any]) -> int:
 
 
 def allocated(claim: Mapping[str, Any]) -> list[tuple[tuple[str, str, str], int]]:
-    """The claim's allocated devices with the memory each share consumes (0: the whole device)."""
+    """The claim's allocated devices with the memory each share consumes (0: the whole device). Results with
+    ``adminAccess`` take nothing: the device stays free for others (as kube-scheduler counts it)."""
     alloc = (claim.get("status") or {}).get("allocation") or {}
     return [((r.get("driver", ""), r.get("pool", ""), r.get("device", "")), _consumed(r))
-            for r in (alloc.get("devices") or {}).get("results") or []]
+            for r in (alloc.get("devices") or {}).get("results") or [] if r.get("adminAccess") is not True]
 
 
 def allocated_refs(claim: Mapping[str, Any]) -> list[tuple[str, str, str]]:

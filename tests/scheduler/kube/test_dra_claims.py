@@ -9,6 +9,7 @@ import pytest
 
 from contract import dra
 from gpuaware.local.fake_apiserver import make_node
+from scheduler.kube import dra_claims
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.dra_claims import (
     MAX_RESERVED_FOR,
@@ -107,7 +108,7 @@ def test_a_selector_matching_part_of_a_model_narrows_the_nodes():
     (exactly(tolerations=[{"key": "k", "operator": "In"}]), None, "tolerations[0].operator: 'In' is not one of"),
     (exactly(tolerations=[{"value": "v"}]), None, "tolerations[0].key: required with operator Equal"),
     (exactly(allocationMode="All"), None, "allocationMode: 'All'"),
-    (exactly(adminAccess=True), None, "adminAccess"),
+    (exactly(adminAccess=True, capacity={"requests": {"memory": "1Gi"}}), None, "not read with adminAccess"),
     (exactly(), [{"requests": ["gpus"], "matchAttribute": "gpu.nvidia.com/uuid"}], "matchAttribute"),
     (exactly(), [{"requests": ["gpus"], "distinctAttribute": "gpu.nvidia.com/uuid"}], "only matchAttribute"),
     (exactly(selectors=[{"cel": {"expression": "device.attributes['x'].y.matches('z')"}}]), None, "matches()"),
@@ -402,3 +403,20 @@ def test_every_taint_of_a_device_must_be_tolerated_and_a_pool_being_republished_
     anything = exactly(tolerations=[{"operator": "Exists"}])
     ask = ask_of(pod("c"), claims(claim("c", anything)), CLASSES, inv)
     assert inv.nodes["m"].gpus[0].tainted and not ask.tolerates(inv.nodes["m"].gpus[0])
+
+
+def test_admin_access_goes_to_a_node_with_the_gpus_in_use_or_not_and_takes_none():
+    inv = inventory(dra.resource_slice("h", gpus("h", 2)),
+                    dra.resource_slice("a", gpus("a", 1, "NVIDIA A100-SXM4-80GB")))
+    ask = ask_of(pod("c"), claims(claim("c", exactly(count=2, adminAccess=True))), CLASSES, inv)
+    assert (ask.kind, ask.num_gpu, ask.nodes) == ("admin", 0, frozenset({"h"}))  # a has one GPU only
+    picked = dra_claims.pick_admin(ask, inv.nodes["h"])
+    assert [d.name for _, d in picked] == ["gpu-0", "gpu-1"]
+    written = allocation_status(claim("c", exactly(count=2, adminAccess=True)), "h", picked, pod("c"))
+    results = written["status"]["allocation"]["devices"]["results"]
+    assert all(r["adminAccess"] is True and "shareID" not in r for r in results)
+    assert allocated(written) == []  # the devices stay free for others
+    with pytest.raises(UnsupportedClaim, match="adminAccess and other requests in one pod"):
+        ask_of(pod("c", "d"), claims(claim("c", exactly(adminAccess=True)), claim("d", exactly())), CLASSES, inv)
+    with pytest.raises(UnsupportedClaim, match="match no node"):
+        ask_of(pod("c"), claims(claim("c", exactly(count=3, adminAccess=True))), CLASSES, inv)

@@ -535,3 +535,36 @@ async def test_claims_allocated_on_a_node_that_is_gone_are_deallocated_and_the_p
     async with scheduler(cp):
         assert await bound(cp, "strand") == "dra-here"
     assert [x["pool"] for x in results(read(cp, "resourceclaim", "strand"))] == ["dra-here"]
+
+
+async def test_an_admin_access_claim_gets_gpus_in_use_and_takes_none_where_the_namespace_allows_it(cp):
+    """A monitoring pod's claim with ``adminAccess`` for the node's only GPU, which another pod's claim holds:
+    the apiserver refuses such a claim outside a namespace labelled for admin access; inside one gpuaware places
+    the pod, the apiserver takes the allocation (``adminAccess: true``), and the GPU stays the other claim's
+    (a third claim still waits for it)."""
+    node(cp, "dra-adm", "admin")
+    gpu_slice(cp, "dra-adm", gpus=1, islands=1, group="admin")
+    cls = device_class(cp, "admin")
+    admin_claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "watch"},
+                   "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                       "deviceClassName": cls, "adminAccess": True}}]}}}
+    refused = cp.kubectl("apply", "-f", "-", "-n", "default", input=json.dumps(admin_claim), check=False)
+    assert refused.returncode != 0 and "admin-access" in refused.stderr, refused.stderr
+    cp.create_namespace("monitoring")
+    cp.kubectl("label", "namespace", "monitoring", "resource.kubernetes.io/admin-access=true")
+    cp.kubectl("apply", "-f", "-", "-n", "monitoring", input=json.dumps(admin_claim))
+    claim(cp, "busy", cls)
+    claim(cp, "later", cls)
+    pod(cp, "busy", ["busy"])
+    async with scheduler(cp) as live:
+        assert await bound(cp, "busy") == "dra-adm"
+        pod(cp, "watcher", ["watch"], ns="monitoring")
+        assert await bound(cp, "watcher", "monitoring") == "dra-adm"
+        watch, busy = read(cp, "resourceclaim", "watch", "monitoring"), read(cp, "resourceclaim", "busy")
+        assert [(r["device"], r.get("adminAccess")) for r in results(watch)] == [(results(busy)[0]["device"], True)]
+        assert live.cache.running["monitoring/watcher"].allocation.gpus == []  # no GPU of its own in the model
+        pod(cp, "later", ["later"])  # the GPU is still busy's: admin access took nothing
+        await wait_for(lambda: "default/later" in live.cache.pending, 10, "the third claim waiting")
+        live.schedule_once()
+        await wait_for(lambda: len(live.tasks) == 0, 30, "the pass's tasks done")
+        assert not read(cp, "pod", "later")["spec"].get("nodeName")

@@ -434,3 +434,29 @@ async def test_a_claim_tolerating_a_device_taint_gets_that_gpu_and_only_its_own_
     assert [k for k, _, _ in binds.started] == ["default/c"]
     assert [d.name for _, d in cache.dra_picks["default/c"]] == ["gpu-1"]
     assert cache.cluster.band[0].tolist()[:2] == [0, 2] and "default/b" in cache.pending
+
+
+async def test_an_admin_access_claim_goes_where_its_gpus_are_though_in_use_and_takes_none(tasks, wait_for):
+    """Both of n0's GPUs held by claims; a pod with an adminAccess claim for two GPUs is placed there with no GPU
+    in the model, its claim written with adminAccess results, and once the claim says so no device is taken."""
+    from scheduler.kube import dra_claims
+    passes, cache, binds, _, _ = claimed_setup(tasks, [], {})
+    held = [{"metadata": {"name": f"held{g}", "namespace": "default", "resourceVersion": "1"},
+             "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu"}}]}}}
+            for g in range(2)]
+    watch = {"metadata": {"name": "watch", "namespace": "default", "resourceVersion": "1", "uid": "cw"},
+             "spec": {"devices": {"requests": [{"name": "g", "exactly": {
+                 "deviceClassName": "gpu", "count": 2, "adminAccess": True}}]}}}
+    cache.sync_claims([allocated_on_n0(held[0], "gpu-0", "x"), allocated_on_n0(held[1], "gpu-1", "y"), watch])
+    assert cache.cluster.gpu_free[0].tolist()[:2] == [0, 0]
+    cache.pod_event("ADDED", claimed_pod("mon", "watch"))
+    passes.run(1000.0)
+    await settle(tasks, wait_for)
+    assert [k for k, _, _ in binds.started] == ["default/mon"]
+    assert cache.running["default/mon"].allocation.gpus == [] and cache.cluster.gpu_free[0].tolist()[:2] == [0, 0]
+    picks = cache.dra_picks["default/mon"]
+    assert [d.name for _, d in picks] == ["gpu-0", "gpu-1"] and not cache.dra.in_flight
+    written = dra_claims.allocation_status(watch, "n0", picks, claimed_pod("mon", "watch"))
+    cache.claim_event("MODIFIED", written)
+    assert all(r["adminAccess"] for r in written["status"]["allocation"]["devices"]["results"])
+    assert set(cache.dra.taken_by.values()) == {"default/held0", "default/held1"}  # the watch claim takes none
