@@ -123,6 +123,7 @@ def check(trackers: Iterable, now_ms: int, s: FleetPeerSettings) -> None:
         if t.model and fresh:
             by_model[t.model].append(t)
         else:
+            t.changed |= bool(t.fleet_reasons)  # a reason dropped: the next state says so
             t.fleet_strikes, t.fleet_reasons = {}, []
     for group in by_model.values():
         rows = [(t.uuid, t.smoothed["power_w"], t.smoothed.get("temp_c", 0.0), t.smoothed.get("util_gpu", 0.0),
@@ -131,5 +132,7 @@ def check(trackers: Iterable, now_ms: int, s: FleetPeerSettings) -> None:
         now = outliers(rows, s)
         for t in group:
             found = dict(now.get(t.uuid, []))
+            had = t.fleet_reasons
             t.fleet_strikes = {k: t.fleet_strikes.get(k, 0) + 1 for k in found}
             t.fleet_reasons = [found[k] for k in sorted(found) if t.fleet_strikes[k] >= s.strikes]
+            t.changed |= bool(had or t.fleet_reasons)  # the signature reads the strikes while there are reasons

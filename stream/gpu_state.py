@@ -111,6 +111,10 @@ class GpuTracker:
     sbe_window: deque = field(default_factory=deque)  # (sample ms, volatile SBE count) over the fleet's window
     # Minutes closed into the history since this tracker was built: tells the processor when to write it.
     history_changes: int = 0
+    # Something the publishing signature reads may have moved since the last state went out (a sample, a watch
+    # point, an event, a fleet verdict); False lets the heartbeat pass over the GPU without building the
+    # signature, which at fleet size was most of its cost (docs/performance.md). True after a restore.
+    changed: bool = True
     _forecasters: dict[tuple[str, int], ExpertForecaster] | None = None
 
     # ------------------------------------------------------------------ learning
@@ -156,6 +160,7 @@ class GpuTracker:
                 w.popleft()
         self.fingerprint.learn_one(ts_ms, util, util_mem, fb, float(info.fb_total_mib), power)
         self._bucket(ts_ms // MINUTE_MS, util, fb)
+        self.changed = True
         return Learned.APPLIED
 
     def learn_point(self, point: WatchPoint, ts_ms: int, now_ms: int) -> bool:
@@ -166,6 +171,7 @@ class GpuTracker:
         if not self.samples or ts_ms <= self.last_point_ms or ts_ms > now_ms + self.settings.max_clock_skew_ms:
             return False
         self.last_point_ms = ts_ms
+        self.changed = True
         for name, v in (("util_gpu", float(point.util_gpu)), ("power_w", point.power_dw / 10.0)):
             prev = self.smoothed.get(name)
             self.smoothed[name] = v if prev is None else prev + SMOOTHING * (v - prev)
@@ -224,6 +230,7 @@ class GpuTracker:
         return {k: sum(abs(e) for e in m.errors) / len(m.errors) for k, m in self._forecasters.items() if m.errors}
 
     def learn_event(self, event: GpuEvent) -> None:
+        self.changed = True
         self.recent_events.append((event.ts_ms, event.kind.value, event.severity.value, event.message[:160]))
         if event.kind == EventKind.HEALTH_CHANGE:
             if event.value is not None:
@@ -306,13 +313,19 @@ class GpuTracker:
         since = now_ms - self.last_published_ms
         if since >= self.settings.max_interval_ms:
             return True
+        if not self.changed:  # (a band or verdict comes with an event, which sets it)
+            return False
         if self.published_band is not None and (self.health_band, self.verdict) != self.published_band:
             return True  # a health band or verdict change is what the scheduler acts on: never held back
-        if behind:
+        if behind or since < self.settings.min_interval_ms:
             return False
-        return since >= self.settings.min_interval_ms and self._signature() != self.published_signature
+        if self._signature() != self.published_signature:
+            return True
+        self.changed = False  # what moved since the last state is below the signature's steps
+        return False
 
     def mark_published(self, now_ms: int) -> None:
+        self.changed = False
         self.last_published_ms = now_ms
         self.published_signature = self._signature()
         self.published_band = (self.health_band, self.verdict)

@@ -165,3 +165,24 @@ def test_snapshot_fingerprint_is_what_asdict_gives():
     assert snap["fingerprint"] == dataclasses.asdict(t.fingerprint)
     assert snap["fingerprint"] is not vars(t.fingerprint)
     assert GpuTracker.from_dict(snap).fingerprint == t.fingerprint
+
+
+def test_the_heartbeat_passes_over_gpus_with_nothing_new_without_building_their_signature(monkeypatch) -> None:
+    """At fleet size the heartbeat built every GPU's signature every second (docs/performance.md); only a GPU
+    that learnt something since its last state is looked at again, and what it learnt still goes out."""
+    proc = StreamProcessor({}, TrackerSettings(min_interval_ms=1000, max_interval_ms=10_000))
+    assert len(proc.on_telemetry(telemetry_batch("n", 1, T0), 0, T0)) == 1
+    built = []
+    real = GpuTracker._signature
+    monkeypatch.setattr(GpuTracker, "_signature", lambda self: built.append(self.uuid) or real(self))
+    for s in range(2, 6):
+        assert proc.heartbeats(T0 + s * 1000, None) == []
+    assert built == []  # nothing new: no signature built
+    proc.on_telemetry(telemetry_batch("n", 2, T0 + 6000), 0, T0 + 6000)  # the same values: below every step
+    assert len(built) == 1 and proc.heartbeats(T0 + 7000, None) == [] and len(built) == 1
+    (changed,) = proc.on_telemetry(telemetry_batch("n", 3, T0 + 8000, util=95), 0, T0 + 8000)
+    assert changed.samples == 3
+    (tracker,) = proc.trackers.values()
+    tracker.fleet_reasons, tracker.fleet_strikes, tracker.changed = ["fleet peers: hot"], {"temperature": 3}, True
+    (flagged,) = proc.heartbeats(T0 + 9500, None)  # a fleet verdict moves the signature: it goes out
+    assert flagged.samples == 3
