@@ -369,16 +369,21 @@ def tolerated(tolerations: Sequence[Toleration], taints: Sequence[Taint]) -> boo
     return all(any(t.tolerates(taint) for t in tolerations) for taint in taints)
 
 
-def parse_tolerations(raw: Any, where: str) -> tuple[Toleration, ...]:
-    """A request's ``tolerations`` as typed data, or :class:`SliceInvalid` naming the field and the reason."""
+def _bounded_list(raw: Any, where: str, most: int, what: str) -> list:
+    """``raw`` as a list of at most ``most`` items (None: empty), or :class:`SliceInvalid`."""
     if raw is None:
-        return ()
+        return []
     if not isinstance(raw, list):
         raise SliceInvalid(where, "must be a list")
-    if len(raw) > MAX_TOLERATIONS_PER_REQUEST:
-        raise SliceInvalid(where, f"more than {MAX_TOLERATIONS_PER_REQUEST} tolerations")
+    if len(raw) > most:
+        raise SliceInvalid(where, f"more than {most} {what}")
+    return raw
+
+
+def parse_tolerations(raw: Any, where: str) -> tuple[Toleration, ...]:
+    """A request's ``tolerations`` as typed data, or :class:`SliceInvalid` naming the field and the reason."""
     out = []
-    for i, t in enumerate(raw):
+    for i, t in enumerate(_bounded_list(raw, where, MAX_TOLERATIONS_PER_REQUEST, "tolerations")):
         at = f"{where}[{i}]"
         if not isinstance(t, dict):
             raise SliceInvalid(at, "must be an object")
@@ -572,14 +577,8 @@ def parse_device(raw: Any, where: str, driver: str = DRIVER) -> DeviceView:
 
 
 def _taints(raw: Any, where: str) -> tuple[Taint, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise SliceInvalid(where, "must be a list")
-    if len(raw) > MAX_TAINTS_PER_DEVICE:
-        raise SliceInvalid(where, f"more than {MAX_TAINTS_PER_DEVICE} taints")
     out = []
-    for i, t in enumerate(raw):
+    for i, t in enumerate(_bounded_list(raw, where, MAX_TAINTS_PER_DEVICE, "taints")):
         key = _need(t, "key", f"{where}[{i}].key", str)
         _qualified_name(key, f"{where}[{i}].key")
         effect = _need(t, "effect", f"{where}[{i}].effect", str)
