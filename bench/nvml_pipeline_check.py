@@ -111,13 +111,18 @@ def main() -> int:
         started = time.monotonic()
         env = {**os.environ, "GPUAWARE_KAFKA__EMBEDDED_BROKER_COMPAT": "true"}  # Tansu (docs/broker.md)
         agent = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
-        time.sleep(args.seconds / 2)
         try:
-            exported = _scrape(port)
-        except OSError as exc:
-            exported = set()
-            print(f"scrape failed: {exc}", file=sys.stderr)
-        _, err = agent.communicate(timeout=args.seconds + 60)
+            time.sleep(args.seconds / 2)
+            try:
+                exported = _scrape(port)
+            except OSError as exc:
+                exported = set()
+                print(f"scrape failed: {exc}", file=sys.stderr)
+            _, err = agent.communicate(timeout=args.seconds + 60)
+        finally:  # never left running past the broker it publishes to
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
         ran_s = time.monotonic() - started
         found = asyncio.run(_read_back(broker.bootstrap))
     dcgm = sorted(n for n in FAMILIES if n in exported)

@@ -355,6 +355,17 @@ class Toleration:
     operator: str = "Equal"
     value: str = ""
     effect: str = ""
+    seconds: int | None = None  # tolerationSeconds: the taint eviction controller's, written back as given
+
+    def to_api(self) -> dict[str, Any]:
+        """As the allocation result carries it (``results[].tolerations``: a copy of the request's)."""
+        out: dict[str, Any] = {"operator": self.operator}
+        for name, v in (("key", self.key), ("value", self.value), ("effect", self.effect)):
+            if v:
+                out[name] = v
+        if self.seconds is not None:
+            out["tolerationSeconds"] = self.seconds
+        return out
 
     def tolerates(self, taint: Taint) -> bool:
         if self.effect and self.effect != taint.effect:
@@ -402,7 +413,10 @@ def parse_tolerations(raw: Any, where: str) -> tuple[Toleration, ...]:
             raise SliceInvalid(f"{at}.key", "required with operator Equal (an empty key tolerates with Exists only)")
         if effect and effect not in TAINT_EFFECTS:
             raise SliceInvalid(f"{at}.effect", f"{effect!r} is not one of {', '.join(TAINT_EFFECTS)}")
-        out.append(Toleration(key, operator, value, effect))
+        seconds = t.get("tolerationSeconds")
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int)):
+            raise SliceInvalid(f"{at}.tolerationSeconds", "must be an integer")
+        out.append(Toleration(key, operator, value, effect, seconds))
     return tuple(out)
 
 

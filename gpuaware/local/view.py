@@ -155,7 +155,7 @@ class StackView:
 
 
 def steered(stats) -> str:
-    """", 3 steered by the stream (forecast 2, thermal 1)": placements the stream's signals changed."""
+    """", 3 steered by the stream (thermal 3)": placements the stream's signals changed."""
     if not stats.steered_placements:
         return ", none steered by the stream"
     by = ", ".join(f"{s} {n}" for s, n in sorted(stats.steered.items()))

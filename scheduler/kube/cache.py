@@ -142,6 +142,7 @@ class Rejected:
 
 
 _BAND_OF_CODE = {0: HealthBand.HEALTHY, 1: HealthBand.DEGRADED, 2: HealthBand.CRITICAL}
+BAND_CRITICAL = 2
 
 
 @dataclass
@@ -182,6 +183,9 @@ class ClusterCache:
     # (node index, GPU) critical only because its device is tainted -> the band it has otherwise, lent to the
     # cycle of a pod whose claims tolerate the taint (``tolerated``).
     taint_bands: dict[tuple[int, int], HealthBand] = field(default_factory=dict)
+    # (node index, GPU) made critical by a cordon or a taint -> the band code beneath (the live state's, or the
+    # model's own): what it goes back to when the cordon or taint goes, and what the next call starts from.
+    _beneath: dict[tuple[int, int], int] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ nodes
     def sync_nodes(self, items: list[dict[str, Any]]) -> None:
@@ -220,6 +224,7 @@ class ClusterCache:
             except PodSpecError as exc:  # the API validates quantities; this is defence, not a path
                 log.warning("node %s left out: %s", name, exc)
         self.cluster = ClusterState(specs)
+        self._beneath = {}  # fresh bands: nothing imposed on them yet
         # Nothing new lands on a cordoned or NotReady node; what runs there stays accounted.
         self.node_mask = np.array([objects.schedulable(self.nodes[name]) for name in self.cluster.names], dtype=bool)
         self.running.clear()
@@ -259,21 +264,44 @@ class ClusterCache:
         return NodeSpec(spec.name, spec.cpu_milli, spec.memory_mib, len(ng.gpus), ng.model, ng.memory_mib,
                         ng.islands(), ng.mig_mode())
 
-    def apply_cordons(self) -> None:
+    def apply_cordons(self, fresh: np.ndarray | None = None) -> None:
         """Cordoned GPUs are critical in the model, whatever their live state says; so are GPUs whose device a
         taint keeps new claims off, except in the cycle of a pod whose claims tolerate it (``tolerated``). A GPU
-        gpuaware cordoned stays critical whatever a claim tolerates: its health chain is emptying it."""
-        self.taint_bands = {}
+        gpuaware cordoned stays critical whatever a claim tolerates: its health chain is emptying it.
+
+        ``fresh``: where the live state has just written the band (those are what lies beneath now); elsewhere
+        the band beneath is the one kept from the last call, so a GPU whose cordon or taint is gone gets it back
+        and a call after another finds every tainted GPU again."""
+        band = self.cluster.band
+        old = self._beneath
+
+        def beneath(i: int, g: int) -> int:
+            if (i, g) in old and (fresh is None or not fresh[i, g]):
+                return old[(i, g)]
+            return int(band[i, g])
+
+        want = {at: beneath(*at) for at in old if at[0] < band.shape[0] and at[1] < band.shape[1]}
+        self._beneath, self.taint_bands = {}, {}
         tainted = {name: {s for s, d in enumerate(ng.gpus) if d.tainted}
                    for name, ng in self.dra.inventory.nodes.items()}
+        cordoned: set[tuple[int, int]] = set()
         marks = [*((False, c) for c in self.cordoned.items()), *((True, t) for t in tainted.items())]
         for taint, (name, gpus) in marks:  # cordons first: a cordoned GPU is not lent to a tolerating claim
             i = self.cluster.index.get(name)
             for g in gpus:
-                if i is not None and g < self.cluster.max_gpus and self.cluster.band[i, g] != 2:
+                if i is None or g >= self.cluster.max_gpus or (i, g) in cordoned:
+                    continue
+                under = beneath(i, g)
+                if under != BAND_CRITICAL:
+                    self._beneath[(i, g)] = under
                     if taint:
-                        self.taint_bands[(i, g)] = _BAND_OF_CODE[int(self.cluster.band[i, g])]
-                    self.cluster.set_band(i, g, HealthBand.CRITICAL)
+                        self.taint_bands[(i, g)] = _BAND_OF_CODE[under]
+                if not taint:
+                    cordoned.add((i, g))
+                want[(i, g)] = BAND_CRITICAL
+        for (i, g), code in want.items():
+            if int(band[i, g]) != code:
+                self.cluster.set_band(i, g, _BAND_OF_CODE[code])
 
     @contextlib.contextmanager
     def tolerated(self, ask: DraAsk | None) -> Iterator[None]:

@@ -161,11 +161,19 @@ def resumed(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]], inv
             d = inventory.devices.get((r.get("driver", ""), r.get("pool", ""), r.get("device", "")))
             if d is None:
                 return None
-            picks.append((DeviceRequest(key, r.get("request", ""), 1, (), _consumed(r),
+            picks.append((DeviceRequest(key, r.get("request", ""), 1, (), _consumed(r), _result_tolerations(r),
                                         admin=r.get("adminAccess") is True), d))
     if len(nodes) != 1 or not picks or any(d.node not in nodes for _, d in picks):
         return None
     return nodes.pop(), picks
+
+
+def _result_tolerations(result: Mapping[str, Any]) -> tuple[dra.Toleration, ...]:
+    """The tolerations an allocation result carries, kept when the claim is written again (unreadable: none)."""
+    try:
+        return dra.parse_tolerations(result.get("tolerations"), "tolerations")
+    except dra.SliceInvalid:
+        return ()
 
 
 def shared_node(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]]) -> str | None:
@@ -354,21 +362,22 @@ def _admin_ask(keys: tuple[str, ...], requests: list[DeviceRequest], same: tuple
 
 
 def _admin_nodes(requests: list[DeviceRequest], inventory: DraInventory) -> frozenset[str]:
-    """Nodes with, for every request, enough GPUs or MIG partitions it matches (taints and tolerations included;
-    in use or not)."""
-    per_node: dict[str, list[int]] = {}
-    for i, r in enumerate(requests):
-        for d in inventory.devices.values():
-            if d.kind in ("gpu", "mig") and r.matches(d):
-                per_node.setdefault(d.node, [0] * len(requests))[i] += 1
-    return frozenset(n for n, got in per_node.items() if all(g >= r.count for g, r in zip(got, requests, strict=True)))
+    """Nodes where every request gets its GPUs or MIG partitions (``_pick_admin``: taints and tolerations as for
+    any request; in use or not)."""
+    return frozenset(n for n, ng in inventory.nodes.items() if not isinstance(_pick_admin(requests, ng), str))
 
 
 def pick_admin(ask: DraAsk, ng: NodeGpus) -> list[tuple[DeviceRequest, Device]] | str:
-    """Devices for admin access on a node: each request's first matching ones (in use or not), none twice."""
+    return _pick_admin(ask.requests, ng)
+
+
+def _pick_admin(requests: Iterable[DeviceRequest], ng: NodeGpus) -> list[tuple[DeviceRequest, Device]] | str:
+    """Devices for admin access on a node: each request's first matching ones, in use or not; a claim's results
+    name a device once (another claim of the pod may name it again: admin access takes nothing)."""
     out: list[tuple[DeviceRequest, Device]] = []
-    for r in ask.requests:
-        mine = [d for d in [*ng.gpus, *ng.migs] if r.matches(d) and all(d is not o for _, o in out)][: r.count]
+    for r in requests:
+        mine = [d for d in [*ng.gpus, *ng.migs]
+                if r.matches(d) and not any(d is o and q.claim == r.claim for q, o in out)][: r.count]
         if len(mine) < r.count:
             return f"fewer than {r.count} devices matching request {r.name} of {r.claim}"
         out += [(r, d) for d in mine]
@@ -464,7 +473,7 @@ def _slot_choices(ask: DraAsk, ng: NodeGpus, slots: list[int], free_slots: list[
         by_value.setdefault(key, []).append(s)
     for group in sorted(by_value.values(), key=len):  # the smallest group that fits keeps bigger ones whole
         if len(group) >= ask.num_gpu:
-            yield group[: ask.num_gpu]
+            yield sorted(group, key=lambda s: ng.gpus[s].tainted)[: ask.num_gpu]  # untainted GPUs first
 
 
 def _assign(ask: DraAsk, devices: list[Device], taken: Container[tuple[str, str, str]], fits: Callable[[Device], bool]
@@ -475,7 +484,8 @@ def _assign(ask: DraAsk, devices: list[Device], taken: Container[tuple[str, str,
         if len({d.facts.attributes.get(a) for d in devices}) != 1 or a not in devices[0].facts.attributes:
             return None
     out, left = [], list(devices)
-    for r in sorted(ask.requests, key=lambda r: -len(r.selectors)):  # the pickiest request first
+    # Requests without tolerations first (they cannot take a tainted device the others may), then the pickiest.
+    for r in sorted(ask.requests, key=lambda r: (bool(r.tolerations), -len(r.selectors))):
         mine = [d for d in left if r.matches(d)][: r.count]
         if len(mine) < r.count:
             return None
@@ -494,6 +504,8 @@ def allocation_status(claim: Mapping[str, Any], node: str, picked: list[tuple[De
         if r.claim != key:
             continue
         result: dict[str, Any] = {"request": r.name, "driver": d.driver, "pool": d.pool, "device": d.name}
+        if r.tolerations:  # as kube-scheduler writes them: the taint eviction controller reads them here
+            result["tolerations"] = [t.to_api() for t in r.tolerations]
         if r.admin:
             result["adminAccess"] = True
         elif r.share or d.shareable:

@@ -168,12 +168,16 @@ class Extender:
         return result
 
     def _filter_claim_pod(self, names: list[str], result: dict[str, Any]) -> dict[str, Any]:
-        """Health only: a node whose GPUs are all critical (or that gpuaware keeps free of new work) fails."""
+        """Health only: a node whose GPUs are all critical (or that gpuaware keeps free of new work) fails. A GPU
+        critical for a device taint alone does not count: kube-scheduler's DynamicResources plugin keeps claims off
+        it unless they tolerate the taint (or ask admin access), which the extender cannot see."""
         c = self.cache.cluster
+        taint_only = self.cache.taint_bands
         keep = []
         for name in names:
             i = c.index.get(name)
-            if i is not None and c.gpu_count[i] and (c.band[i, : c.gpu_count[i]] >= 2).all():
+            if i is not None and c.gpu_count[i] and all(c.band[i, g] >= 2 and (i, g) not in taint_only
+                                                        for g in range(int(c.gpu_count[i]))):
                 result["FailedNodes"][name] = "gpuaware: every GPU of the node is critical"
             elif i is not None and len(self.cache.node_mask) and not self.cache.node_mask[i]:
                 result["FailedNodes"][name] = "gpuaware: node takes no new work (cordoned or not ready)"

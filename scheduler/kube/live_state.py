@@ -55,7 +55,7 @@ class LiveGpuState:
                 self._slot_at[at] = self.view.slot.get(uuid, -1)
         before = c.band.copy()
         self.view.apply_slots(c, self._slot_at, int(now * 1000))
-        self.cache.apply_cordons()  # a cordon stands whatever the stream says
+        self.cache.apply_cordons(self._slot_at >= 0)  # a cordon stands whatever the stream says
         for i, g in np.argwhere(c.band != before):
             self.band_changes.append((now, c.names[int(i)], int(g), int(c.band[i, g])))
         return True

@@ -72,3 +72,37 @@ def test_a_synced_pod_is_parsed_once_and_known_workload_gives_what_the_cache_par
     assert [w.num_gpu for w in known] == [1, 2, 1]
     assert known == [cache.workload(p) for p in pods[:3]]
     assert cache.known_workload(pods[3]).num_gpu == 1  # not ours: parsed where asked
+
+
+def test_a_lifted_cordon_or_taint_gives_the_gpu_back_the_band_beneath_and_repeated_calls_keep_the_taint_lent():
+    """Without live state a cordoned GPU stayed critical after its cordon was lifted (nothing wrote its band
+    again), and a second ``apply_cordons`` forgot which GPUs were critical for a taint alone."""
+    import numpy as np
+
+    from contract import dra
+    from contract.events import HealthBand
+    cache = ClusterCache()
+    node = make_node("h", gpus=0)
+    cache.sync_nodes([node])
+    cache.sync_slices([dra.resource_slice("h", [dra.gpu_device(g, uuid=f"GPU-h-{g}", product_name="NVIDIA H100",
+                                                              memory_bytes=80 * 2**30) for g in range(3)])])
+    cordoned = json.loads(json.dumps(node))
+    cordoned["metadata"].setdefault("annotations", {})[ann.ANN_CORDONED] = "0"
+    cache.node_event("MODIFIED", cordoned)
+    assert cache.cluster.band[0].tolist()[:3] == [2, 0, 0]
+    cache.node_event("MODIFIED", node)
+    assert cache.cluster.band[0].tolist()[:3] == [0, 0, 0]
+    cache.sync_taint_rules([{"metadata": {"name": "r"}, "spec": {
+        "deviceSelector": {"driver": dra.DRIVER, "pool": "h", "device": "gpu-1"},
+        "taint": {"key": dra.TAINT_XID, "effect": "NoSchedule"}}}])
+    fresh = np.zeros(cache.cluster.band.shape, dtype=bool)
+    fresh[0, 1] = True
+    for _ in range(2):  # the live state's apply: it writes the band (degraded), then the cordons go on top
+        cache.cluster.band[0, 1] = 1
+        cache.apply_cordons(fresh)
+        assert cache.cluster.band[0].tolist()[:3] == [0, 2, 0]
+        assert cache.taint_bands == {(0, 1): HealthBand.DEGRADED}
+    cache.apply_cordons()  # nothing fresh: what lies beneath is kept
+    assert cache.taint_bands == {(0, 1): HealthBand.DEGRADED}
+    cache.sync_taint_rules([])
+    assert cache.cluster.band[0].tolist()[:3] == [0, 0, 0]  # sync_taint_rules rebuilds: no live state yet

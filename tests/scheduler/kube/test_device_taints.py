@@ -242,7 +242,10 @@ async def test_a_claim_tolerating_a_taint_gets_the_tainted_device_from_gpuaware_
             live.schedule_once()
             await wait_for(lambda: len(live.tasks) == 0, 30, "the pass's tasks done")
         assert not get(cp, "pod", "tol-none", "-n", "default")["spec"].get("nodeName")
-    devices = {get(cp, "resourceclaim", n, "-n", "default")["status"]["allocation"]["devices"]["results"][0]["device"]
+    results = {n: get(cp, "resourceclaim", n, "-n", "default")["status"]["allocation"]["devices"]["results"][0]
                for n in ("tol-kube", "tol-ours")}
-    assert devices == {"gpu-0", "gpu-1"}
+    assert {r["device"] for r in results.values()} == {"gpu-0", "gpu-1"}
+    # The request's tolerations copied into the result (the taint eviction controller reads them there), by
+    # kube-scheduler and by gpuaware alike.
+    assert results["tol-kube"]["tolerations"] == results["tol-ours"]["tolerations"] == tolerate
     cp.kubectl("delete", "devicetaintrules", "tol-xid")

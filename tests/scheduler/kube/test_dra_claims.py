@@ -420,3 +420,47 @@ def test_admin_access_goes_to_a_node_with_the_gpus_in_use_or_not_and_takes_none(
         ask_of(pod("c", "d"), claims(claim("c", exactly(adminAccess=True)), claim("d", exactly())), CLASSES, inv)
     with pytest.raises(UnsupportedClaim, match="match no node"):
         ask_of(pod("c"), claims(claim("c", exactly(count=3, adminAccess=True))), CLASSES, inv)
+
+
+def test_the_requests_tolerations_are_copied_into_the_allocation_result_and_kept_on_a_rewrite():
+    """kube-controller-manager's taint eviction reads a result's tolerations (not the request's): without them a
+    pod on a NoExecute-tainted device it tolerates would be evicted."""
+    devices = gpus("h", 1)
+    devices[0]["taints"] = [dra.device_taint(dra.TAINT_XID, "79", "NoExecute")]
+    inv = inventory(dra.resource_slice("h", devices))
+    tolerations = [{"key": dra.TAINT_XID, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}]
+    c = claim("c", exactly(tolerations=tolerations))
+    ask = ask_of(pod("c"), claims(c), CLASSES, inv)
+    picked = pick(ask, inv.nodes["h"], [0], [0], set(), lambda d: True)
+    assert not isinstance(picked, str)
+    written = allocation_status(c, "h", picked[1], pod("c"))
+    (result,) = written["status"]["allocation"]["devices"]["results"]
+    assert result["tolerations"] == tolerations
+    again = resumed(pod("c"), claims(dict(written, status={**written["status"], "reservedFor": [
+        {"resource": "pods", "name": "p", "uid": "u1"}]})), inv)
+    assert again is not None
+    rewritten = allocation_status(c, "h", again[1], pod("c"))
+    assert rewritten["status"]["allocation"]["devices"]["results"][0]["tolerations"] == tolerations
+
+
+def test_a_request_without_tolerations_gets_the_untainted_gpu_whatever_the_request_order():
+    devices = gpus("h", 2)
+    devices[1]["taints"] = [dra.device_taint(dra.TAINT_XID, "79", "NoSchedule")]
+    inv = inventory(dra.resource_slice("h", devices))
+    tolerant = exactly("t", tolerations=[{"key": dra.TAINT_XID, "operator": "Exists"}])
+    for order in ((tolerant, exactly("p")), (exactly("p"), tolerant)):
+        ask = ask_of(pod("c"), claims(claim("c", *order)), CLASSES, inv)
+        got = pick(ask, inv.nodes["h"], [0, 1], [0, 1], set(), lambda d: True)
+        assert not isinstance(got, str), got
+        assert sorted((r.name, d.name) for r, d in got[1]) == [("p", "gpu-0"), ("t", "gpu-1")]
+
+
+def test_admin_access_claims_of_one_pod_may_name_the_same_device_but_one_claim_names_it_once():
+    inv = inventory(dra.resource_slice("h", gpus("h", 1)))
+    ask = ask_of(pod("a", "b"), claims(claim("a", exactly(adminAccess=True)), claim("b", exactly(adminAccess=True))),
+                 CLASSES, inv)
+    assert ask.nodes == frozenset({"h"})
+    assert [d.name for _, d in dra_claims.pick_admin(ask, inv.nodes["h"])] == ["gpu-0", "gpu-0"]
+    with pytest.raises(UnsupportedClaim, match="match no node"):  # two requests of one claim: two devices
+        ask_of(pod("a"), claims(claim("a", exactly("x", adminAccess=True), exactly("y", adminAccess=True))),
+               CLASSES, inv)

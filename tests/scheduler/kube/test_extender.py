@@ -541,6 +541,24 @@ def test_a_pod_with_claims_is_filtered_by_health_only_and_not_steered():
     assert ext.preempt({"Pod": claimed, "NodeNameToMetaVictims": victims}) == {"NodeNameToMetaVictims": victims}
 
 
+def test_a_claim_pod_is_not_kept_off_a_node_whose_gpus_are_critical_for_device_taints_alone():
+    """kube-scheduler decides taints per claim (a claim may tolerate them, or ask admin access); the extender
+    cannot see the claims, so a GPU critical only for its device's taint does not fail the node."""
+    from contract.events import HealthBand
+    cache = cluster()
+    c = cache.cluster
+    i = c.index["n3"]
+    for g in range(int(c.gpu_count[i])):
+        c.set_band(i, g, HealthBand.CRITICAL)
+        cache.taint_bands[(i, g)] = HealthBand.HEALTHY  # as apply_cordons records a taint-only GPU
+    ext = make_extender(cache)
+    claimed = gpu_pod(gpus=0)
+    claimed["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "c"}]
+    assert "n3" in ext.filter({"Pod": claimed, "NodeNames": ["n3"]})["NodeNames"]
+    cache.taint_bands.clear()  # critical by its health: failed
+    assert "n3" in ext.filter({"Pod": claimed, "NodeNames": ["n3"]})["FailedNodes"]
+
+
 
 @pytest.mark.parametrize(("body", "field"), [
     ({"PodNamespace": "d", "PodUID": "u", "Node": "n"}, "PodName"),
