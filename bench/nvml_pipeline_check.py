@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from contract import events, topics
 from contract.dcgm import FAMILIES
 from gpuaware.local.broker import BrokerSettings, LocalBroker
+from plumbing.kafka_settings import KafkaSettings
 
 
 def _free_port() -> int:
@@ -43,12 +44,12 @@ def _scrape(port: int) -> set[str]:
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
 
 
-async def _read_back(bootstrap: str) -> dict:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+async def _read_back(kafka: KafkaSettings) -> dict:
+    consumer = AIOKafkaConsumer(**kafka.consumer_kwargs(None))
     await consumer.start()
     try:
         parts = [TopicPartition(t, p) for t in (topics.TELEMETRY, topics.EVENTS)
-                 for p in sorted(consumer.partitions_for_topic(t) or await _partitions(consumer, t))]
+                 for p in range(topics.spec(t).partitions)]
         consumer.assign(parts)
         await consumer.seek_to_beginning(*parts)
         ends = await consumer.end_offsets(parts)
@@ -92,11 +93,6 @@ async def _read_back(bootstrap: str) -> dict:
         await consumer.stop()
 
 
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    await consumer._client.force_metadata_update()  # the assignment needs the topic's partitions
-    return consumer.partitions_for_topic(topic) or {0}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=40.0, help="How long the agent runs.")
@@ -124,7 +120,7 @@ def main() -> int:
                 agent.kill()
                 agent.wait()
         ran_s = time.monotonic() - started
-        found = asyncio.run(_read_back(broker.bootstrap))
+        found = asyncio.run(_read_back(broker.kafka_settings()))
     dcgm = sorted(n for n in FAMILIES if n in exported)
     result = {
         "collector": args.collector, "agent_rc": agent.returncode, "agent_ran_s": round(ran_s, 1), **found,

@@ -22,7 +22,7 @@ import numpy as np
 
 from contract import annotations
 from contract.events import HealthBand
-from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
+from scheduler.core.cluster import BAND_CODE, Allocation, ClusterState, NodeSpec
 from scheduler.core.preemption import Running
 from scheduler.core.queue import Usage
 from scheduler.core.remediation import DEFAULT_EVICTION_MODE, EvictionMode, eviction_mode
@@ -141,8 +141,8 @@ class Rejected:
     reason: str
 
 
-_BAND_OF_CODE = {0: HealthBand.HEALTHY, 1: HealthBand.DEGRADED, 2: HealthBand.CRITICAL}
-BAND_CRITICAL = 2
+BAND_CRITICAL = BAND_CODE[HealthBand.CRITICAL]
+_BAND_OF_CODE = {code: band for band, code in BAND_CODE.items() if band != HealthBand.UNKNOWN}
 
 
 @dataclass

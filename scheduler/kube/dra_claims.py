@@ -107,7 +107,7 @@ class DraAsk:
 
     def tolerates(self, d: Device) -> bool:
         """A tainted device one of the requests tolerates (the core sees its GPU as critical otherwise)."""
-        return d.tainted and any(r.tolerations and d.tolerated_by(r.tolerations) for r in self.requests)
+        return d.tainted and any(d.tolerated_by(r.tolerations) for r in self.requests)
 
 
 def claim_names(pod: Mapping[str, Any]) -> list[str]:

@@ -42,7 +42,6 @@ class Device:
     kind: str  # "gpu", "mig", or another type (not a GPU slot: claims for it are left to kube-scheduler)
     uuid: str
     parent_uuid: str
-    tainted: bool  # NoSchedule/NoExecute, or its pool is being republished: no new allocation
     profile: str = ""
     consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()  # (counter set, ((counter, amount), ...))
     shareable: bool = False  # allowMultipleAllocations: claims may take memory shares of it
@@ -50,6 +49,11 @@ class Device:
     # tolerating all of them may have the device. A pool being republished (``incomplete``) tolerates nothing.
     taints: tuple[dra.Taint, ...] = ()
     incomplete: bool = False
+
+    @property
+    def tainted(self) -> bool:
+        """No new allocation (a NoSchedule/NoExecute taint, or its pool being republished) but by toleration."""
+        return self.incomplete or bool(self.taints)
 
     def tolerated_by(self, tolerations: tuple[dra.Toleration, ...]) -> bool:
         """A request with ``tolerations`` may have this device as far as taints go."""
@@ -104,7 +108,7 @@ def device_of(driver: str, pool: str, node: str, d: dra.DeviceView, incomplete: 
     taints = tuple(t for t in (*d.taints, *(r.taint for r in (rules or {}).values() if _ruled(r, driver, pool, d.name)))
                    if t.effect in ("NoSchedule", "NoExecute"))
     return Device(driver, pool, d.name, node, facts, d.type, d.uuid or "", d.parent_uuid or "",
-                  incomplete or bool(taints), d.profile or "", consumes, d.shareable, taints, incomplete)
+                  d.profile or "", consumes, d.shareable, taints, incomplete)
 
 
 def _minor_order(name: str) -> tuple:
