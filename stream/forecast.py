@@ -1,16 +1,19 @@
 """Online per-series forecaster: River statistics as experts, combined by an exponentially weighted median.
 
-Every part that keeps state about the series is a River object:
+The state about the series is River's:
 
 - the experts are River statistics of the observed values: ``stats.Shift`` for the last value and
   the trend's lag, ``stats.RollingQuantile`` rolling medians, ``utils.Rolling(stats.Mean)``
   rolling means, ``stats.EWMean`` exponentially weighted means, and ``stats.RollingMode``, the most
   frequent exact value of the last hour: the plateau a memory series returns to after a dip. Each
-  is a bounded statistic of observed values, so nothing can diverge;
-- each expert's decayed absolute loss is a ``stats.EWMean`` of its errors;
-- the interval is split-conformal: ``stats.RollingQuantile`` of this series' last 30 signed errors.
+  is a bounded statistic of observed values, so nothing can diverge. One set per series serves
+  every horizon;
+- the interval is split-conformal: ``stats.RollingQuantile`` of each horizon's last 30 signed errors.
 
-Hand-written, because River has nothing equivalent:
+Hand-written, because River has nothing equivalent or nothing as cheap:
+
+- each expert's decayed absolute loss: River's ``stats.EWMean`` update on plain floats (one River
+  object per expert, context and horizon was most of a GPU's objects; ``SeriesForecaster``);
 
 - the combination. River's ensembles and ``model_selection`` choose among regressors on feature
   dicts, scored on the current target; here the experts are forecasters of one series, scored on
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,12 +56,35 @@ class Forecast:
     expert: str  # the expert whose forecast is the weighted median
 
 
-class ExpertForecaster:
-    """``learn_one(y)`` then ``forecast()``: the value ``horizon`` steps after the last learned one.
+class _Horizon:
+    """What the forecasts ``horizon`` steps ahead keep: each expert's decayed loss per context, the forecasts
+    waiting for their step, and the last signed errors (the conformal interval's and the exported MAE's)."""
+
+    __slots__ = ("errors", "hi", "horizon", "lo", "loss", "pending", "seen")
+
+    def __init__(self, horizon: int, alpha: float, residuals: int, interval_window: int):
+        self.horizon = horizon
+        self.loss = [[0.0] * len(EXPERTS) for _ in range(len(RUN_BUCKETS) + 1)]
+        self.seen = [False] * (len(RUN_BUCKETS) + 1)
+        self.lo = stats.RollingQuantile(alpha, interval_window)
+        self.hi = stats.RollingQuantile(1 - alpha, interval_window)
+        # (step it is for, the experts' values, the forecast, its context): tuples of numbers only, which the
+        # cyclic collector stops tracking (an hour of forecasts waits at the 60-step horizon).
+        self.pending: deque[tuple[int, tuple[float, ...], float, int]] = deque()
+        self.errors: deque[float] = deque(maxlen=residuals)
+
+
+class SeriesForecaster:
+    """``learn_one(y)`` then ``forecast()``: the values ``horizons`` steps after the last learned one.
+
+    The experts are statistics of the series, the same whatever the horizon, so one set serves every
+    horizon; each horizon keeps what depends on it (its experts' losses, its pending forecasts, its
+    interval). Forecasting three horizons here gives exactly what three single-horizon forecasters would
+    (tests/stream/test_forecast.py) for a third of the experts' objects and updates.
 
     ``eta`` sets how fast an expert's weight falls with its excess loss, ``prior`` the handicap of
-    every expert but the last value. ``errors`` keeps the last ``residuals`` signed errors, for the
-    MAE the workers export.
+    every expert but the last value. Each horizon's ``errors`` keeps its last ``residuals`` signed errors,
+    for the MAE the workers export.
 
     The interval's conformal quantiles come from the last ``interval_window`` errors only: errors
     come in bursts, and quantiles over a longer window keep a calm series' interval as wide as its
@@ -65,17 +92,24 @@ class ExpertForecaster:
     independent noise, 30 errors' interpolated quantiles cover a little less than nominal (about
     74% in tests/stream/test_forecast.py); the finite-sample conformal ranks would fix that there
     and over-cover the real traces (87% of the duty-cycle points).
+
+    The experts' decayed losses are plain floats, updated as River's ``stats.EWMean(1 - decay)`` updates
+    (the first loss of a context taken as it is, then ``a * loss + (1 - a) * mean``: equal to the last bit,
+    tests/stream/test_forecast.py), not one ``EWMean`` each: 36 per horizon were half a forecaster's
+    objects, and a worker meeting 50,000 GPUs spent most of its time building them and having the cyclic
+    collector walk them (docs/performance.md).
     """
 
-    def __init__(self, horizon: int = 5, decay: float = 0.97, coverage: float = 0.8, window: int = 30,
-                 residuals: int = 200, lower_bound: float | None = 0.0, upper_bound: float | None = None,
-                 eta: float = 3.0, prior: float = 0.5, interval_window: int = 30):
-        if horizon < 1 or not 0 < decay < 1 or not 0 < coverage < 1:
-            raise ValueError("horizon >= 1, 0 < decay < 1 and 0 < coverage < 1 are required")
-        self.horizon = horizon
+    def __init__(self, horizons: tuple[int, ...] = (5,), decay: float = 0.97, coverage: float = 0.8,
+                 window: int = 30, residuals: int = 200, lower_bound: float | None = 0.0,
+                 upper_bound: float | None = None, eta: float = 3.0, prior: float = 0.5, interval_window: int = 30):
+        if not horizons or min(horizons) < 1 or len(set(horizons)) != len(horizons) \
+                or not 0 < decay < 1 or not 0 < coverage < 1:
+            raise ValueError("distinct horizons >= 1, 0 < decay < 1 and 0 < coverage < 1 are required")
         self.decay = decay
         self.coverage = coverage
         self.eta = eta
+        self._fading = 1 - decay  # River's EWMean fading factor, as the losses were kept before
         alpha = (1 - coverage) / 2
         self._last = stats.Shift(0)
         self._lag = stats.Shift(9)
@@ -87,30 +121,33 @@ class ExpertForecaster:
             stats.RollingMode(2 * window),
         )
         self._spread = stats.RollingPeakToPeak(window)
-        # per context (run-length bucket): each expert's decayed absolute loss, and whether one arrived
-        self._loss = [[stats.EWMean(1 - decay) for _ in EXPERTS] for _ in range(len(RUN_BUCKETS) + 1)]
-        self._seen = [False] * (len(RUN_BUCKETS) + 1)
         self._weight = (1.0,) + (1.0 + prior,) * (len(EXPERTS) - 1)  # "last" is first
-        self._lo = stats.RollingQuantile(alpha, interval_window)
-        self._hi = stats.RollingQuantile(1 - alpha, interval_window)
+        self.horizons = {h: _Horizon(h, alpha, residuals, interval_window) for h in horizons}
         self.run = 0  # steps the value has not changed
-        self.pending: deque[tuple[int, list[float], float, int]] = deque()
-        self.errors: deque[float] = deque(maxlen=residuals)
         self.t = 0
         self.bounds = (lower_bound, upper_bound)
 
     def learn_one(self, y: float) -> None:
         """The value at the current step; resolves the forecasts made ``horizon`` steps ago."""
         y = float(y)
-        while self.pending and self.pending[0][0] <= self.t:
-            _, experts, chosen, context = self.pending.popleft()
-            for loss, x in zip(self._loss[context], experts, strict=True):
-                loss.update(abs(x - y))
-            self._seen[context] = True
-            error = y - chosen
-            self.errors.append(error)
-            self._lo.update(error)
-            self._hi.update(error)
+        fading = self._fading
+        keep = 1 - fading
+        for h in self.horizons.values():
+            pending = h.pending
+            while pending and pending[0][0] <= self.t:
+                _, experts, chosen, context = pending.popleft()
+                loss = h.loss[context]
+                if h.seen[context]:
+                    for i, x in enumerate(experts):
+                        loss[i] = fading * abs(x - y) + keep * loss[i]
+                else:
+                    for i, x in enumerate(experts):
+                        loss[i] = abs(x - y)
+                    h.seen[context] = True
+                error = y - chosen
+                h.errors.append(error)
+                h.lo.update(error)
+                h.hi.update(error)
         self.run = self.run + 1 if y == self._last.get() else 0
         self._last.update(y)
         self._lag.update(y)
@@ -119,11 +156,13 @@ class ExpertForecaster:
             s.update(y)
         self.t += 1
 
-    def _experts(self) -> list[float]:
+    def _experts(self, horizons: Iterable[int]) -> dict[int, tuple[float, ...]]:
+        """Every expert's value per horizon: the statistics read once, the trend extrapolated per horizon."""
         last = self._last.get()
         lag = self._lag.get()
         slope = (last - lag) / 9 if lag is not None else 0.0
-        return [last, *(s.get() for s in self._stats), last + 0.5 * slope * self.horizon]
+        base = (last, *(s.get() for s in self._stats))
+        return {h: (*base, last + 0.5 * slope * h) for h in horizons}
 
     def _context(self) -> int:
         context = 0
@@ -139,14 +178,14 @@ class ExpertForecaster:
             return hi
         return x
 
-    def _combine(self, experts: list[float], context: int) -> int:
+    def _combine(self, h: _Horizon, experts: tuple[float, ...], context: int) -> int:
         """Index of the experts' weighted median, weights falling exponentially with relative excess loss."""
-        if not self._seen[context]:
-            seen = [c for c, s in enumerate(self._seen) if s]
+        if not h.seen[context]:
+            seen = [c for c, s in enumerate(h.seen) if s]
             if not seen:
                 return 0  # no loss yet anywhere: the last value
             context = seen[-1]
-        losses = [loss.get() * w for loss, w in zip(self._loss[context], self._weight, strict=True)]
+        losses = [loss * w for loss, w in zip(h.loss[context], self._weight, strict=True)]
         best = min(losses)
         scale = -self.eta / (best + 1e-12 * (abs(experts[0]) + 1.0))
         weights = [math.exp(scale * (loss - best)) for loss in losses]
@@ -158,21 +197,43 @@ class ExpertForecaster:
                 return i
         return 0  # unreachable: the weights sum to more than half
 
-    def forecast(self) -> Forecast:
-        """The value ``horizon`` steps after the last learned one, with its interval."""
+    def forecast(self) -> dict[int, Forecast]:
+        """Per horizon, the value that many steps after the last learned one, with its interval."""
         if self._last.get() is None:
             raise ValueError("forecast() before any learn_one()")
-        experts = self._experts()
         context = self._context()
-        chosen = self._combine(experts, context)
-        mean = self._clamp(experts[chosen])
-        if len(self.errors) >= MIN_ERRORS:
-            lo_q, hi_q = min(self._lo.get(), 0.0), max(self._hi.get(), 0.0)
-        else:  # too few errors yet: a wide interval from the series' own spread
-            spread = self._spread.get() or abs(mean) * 0.1 + 1.0
-            lo_q, hi_q = -spread, spread
-        self.pending.append((self.t - 1 + self.horizon, experts, mean, context))
-        return Forecast(mean, self._clamp(mean + lo_q), self._clamp(mean + hi_q), EXPERTS[chosen])
+        spread = self._spread.get()
+        out = {}
+        values = self._experts(self.horizons)
+        for horizon, h in self.horizons.items():
+            experts = values[horizon]
+            chosen = self._combine(h, experts, context)
+            mean = self._clamp(experts[chosen])
+            if len(h.errors) >= MIN_ERRORS:
+                lo_q, hi_q = min(h.lo.get(), 0.0), max(h.hi.get(), 0.0)
+            else:  # too few errors yet: a wide interval from the series' own spread
+                lo_q = -(spread or abs(mean) * 0.1 + 1.0)
+                hi_q = -lo_q
+            h.pending.append((self.t - 1 + horizon, experts, mean, context))
+            out[horizon] = Forecast(mean, self._clamp(mean + lo_q), self._clamp(mean + hi_q), EXPERTS[chosen])
+        return out
+
+
+class ExpertForecaster(SeriesForecaster):
+    """A ``SeriesForecaster`` of one horizon: ``forecast()`` is that horizon's ``Forecast``."""
+
+    def __init__(self, horizon: int = 5, **kwargs):
+        if horizon < 1:
+            raise ValueError("horizon >= 1 is required")
+        super().__init__((horizon,), **kwargs)
+        self.horizon = horizon
+
+    @property
+    def errors(self) -> deque[float]:
+        return self.horizons[self.horizon].errors
+
+    def forecast(self) -> Forecast:  # type: ignore[override]
+        return super().forecast()[self.horizon]
 
 
 def prequential(series: dict[str, np.ndarray], horizon: int = 5, warmup: int = 30, upper: float | None = None,

@@ -42,7 +42,7 @@ from contract.events import (
     WatchPoint,
 )
 from stream.fingerprint import WorkloadFingerprint
-from stream.forecast import ExpertForecaster
+from stream.forecast import SeriesForecaster
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class GpuTracker:
     # point, an event, a fleet verdict); False lets the heartbeat pass over the GPU without building the
     # signature, which at fleet size was most of its cost (docs/performance.md). True after a restore.
     changed: bool = True
-    _forecasters: dict[tuple[str, int], ExpertForecaster] | None = None
+    _forecasters: dict[str, SeriesForecaster] | None = None  # per metric, every horizon
 
     # ------------------------------------------------------------------ learning
 
@@ -193,13 +193,12 @@ class GpuTracker:
             self.bucket[1] += fb
             self.bucket[2] += 1
 
-    def _models(self) -> dict[tuple[str, int], ExpertForecaster]:
+    def _models(self) -> dict[str, SeriesForecaster]:
         if self._forecasters is None:
             self._forecasters = {}
             for metric in METRICS:
                 upper = 100.0 if metric == "util_gpu" else float(self.fb_total_mib or 1e12)
-                for h in self.settings.horizons_min:
-                    self._forecasters[(metric, h)] = ExpertForecaster(horizon=h, upper_bound=upper)
+                self._forecasters[metric] = SeriesForecaster(self.settings.horizons_min, upper_bound=upper)
             # Rebuild from the retained history (after a restart or a rebalance).
             last = len(self.history) - 1
             for i, (_, util, fb) in enumerate(self.history):
@@ -208,7 +207,7 @@ class GpuTracker:
 
     def _learn_minute(self, util: float, fb: float, render: bool = True) -> None:
         models = self._models()
-        for (metric, _), model in models.items():
+        for metric, model in models.items():
             model.learn_one(util if metric == "util_gpu" else fb)
         if render:
             self._render_forecasts()
@@ -218,16 +217,17 @@ class GpuTracker:
 
     def _render_forecasts(self) -> None:
         out = []
-        for (metric, h), model in self._models().items():
-            f = model.forecast()
-            out.append(Forecast(metric, h * 60, round(f.mean, 2), round(f.lower, 2), round(f.upper, 2)))
+        for metric, model in self._models().items():
+            for h, f in model.forecast().items():
+                out.append(Forecast(metric, h * 60, round(f.mean, 2), round(f.lower, 2), round(f.upper, 2)))
         self.forecasts = out
 
     def forecast_abs_errors(self) -> dict[tuple[str, int], float]:
         """Mean absolute error of the recent chosen forecasts, per (metric, horizon in minutes)."""
         if self._forecasters is None:
             return {}
-        return {k: sum(abs(e) for e in m.errors) / len(m.errors) for k, m in self._forecasters.items() if m.errors}
+        return {(metric, h): sum(abs(e) for e in per.errors) / len(per.errors)
+                for metric, m in self._forecasters.items() for h, per in m.horizons.items() if per.errors}
 
     def learn_event(self, event: GpuEvent) -> None:
         self.changed = True

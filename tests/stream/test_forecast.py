@@ -8,7 +8,9 @@ import pickle
 import numpy as np
 import pytest
 
-from stream.forecast import EXPERTS, ExpertForecaster, prequential
+from river import stats
+
+from stream.forecast import EXPERTS, RUN_BUCKETS, ExpertForecaster, SeriesForecaster, prequential
 
 
 def _noisy(seed: int = 0, n: int = 600) -> dict[str, np.ndarray]:
@@ -35,18 +37,51 @@ def test_intervals_cover_a_plateau_with_dips_like_gpu_memory():
     assert 0.7 <= result["interval_coverage_80"] <= 0.85
 
 
-def test_the_state_is_river_statistics():
+def test_the_series_state_is_river_statistics():
     model = ExpertForecaster(horizon=5)
     for y in range(40):
         model.learn_one(float(y % 7))
         model.forecast()
-    river_parts = [model._last, model._lag, model._spread, model._lo, model._hi, *model._stats,
-                   *(loss for per_context in model._loss for loss in per_context)]
+    h = model.horizons[5]
+    river_parts = [model._last, model._lag, model._spread, h.lo, h.hi, *model._stats]
     assert all(type(part).__module__.startswith("river.") for part in river_parts)
     # the forecast is one of the River statistics' current values
     f = model.forecast()
     assert f.expert in EXPERTS
-    assert f.mean == pytest.approx(model._experts()[EXPERTS.index(f.expert)])
+    assert f.mean == pytest.approx(model._experts([5])[5][EXPERTS.index(f.expert)])
+
+
+def test_the_experts_losses_are_rivers_ewmean_to_the_last_bit():
+    """The losses are plain floats (SeriesForecaster's docstring says why), kept as River's EWMean keeps them."""
+    model = ExpertForecaster(horizon=3, decay=0.97)
+    reference = [[stats.EWMean(1 - 0.97) for _ in EXPERTS] for _ in range(len(RUN_BUCKETS) + 1)]
+    waiting = []
+    for y in _noisy(3, 400)["s0"].tolist() + [42.0] * 30:  # a plateau: every run-length context is visited
+        while waiting and waiting[0][0] <= model.t:
+            _, experts, context = waiting.pop(0)
+            for loss, x in zip(reference[context], experts, strict=True):
+                loss.update(abs(x - y))
+        model.learn_one(y)
+        model.forecast()
+        step, experts, _, context = model.horizons[3].pending[-1]
+        waiting.append((step, experts, context))
+    assert all(model.horizons[3].seen)
+    assert model.horizons[3].loss == [[loss.get() for loss in per_context] for per_context in reference]
+
+
+def test_horizons_of_one_series_forecast_exactly_as_single_horizon_forecasters():
+    series = _noisy(4, 300)["s2"].tolist()
+    together = SeriesForecaster((1, 5, 15), upper_bound=100.0)
+    alone = {h: ExpertForecaster(horizon=h, upper_bound=100.0) for h in (1, 5, 15)}
+    for y in series:
+        together.learn_one(y)
+        forecasts = together.forecast()
+        for h, model in alone.items():
+            model.learn_one(y)
+            assert forecasts[h] == model.forecast()
+    assert all(list(together.horizons[h].errors) == list(alone[h].errors) for h in alone)
+    with pytest.raises(ValueError, match="distinct horizons"):
+        SeriesForecaster((5, 5))
 
 
 def test_state_lives_in_the_object_and_a_snapshot_forecasts_the_same():
