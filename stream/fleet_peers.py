@@ -118,20 +118,26 @@ def check(trackers: Iterable, now_ms: int, s: FleetPeerSettings) -> None:
     """Judge every fresh tracker (stream.gpu_state.GpuTracker) against its model's fleet; sets each one's
     ``fleet_strikes`` and ``fleet_reasons`` (the reasons of outliers that lasted ``strikes`` checks)."""
     by_model: dict[str, list] = defaultdict(list)
+    oldest = now_ms - s.fresh_ms
     for t in trackers:
-        fresh = t.samples and now_ms - t.fresh_ms <= s.fresh_ms and "power_w" in t.smoothed
-        if t.model and fresh:
+        if t.model and t.samples and t.fresh_ms >= oldest and "power_w" in t.smoothed:
             by_model[t.model].append(t)
-        else:
+        elif t.fleet_strikes:
             t.changed |= bool(t.fleet_reasons)  # a reason dropped: the next state says so
             t.fleet_strikes, t.fleet_reasons = {}, []
     for group in by_model.values():
-        rows = [(t.uuid, t.smoothed["power_w"], t.smoothed.get("temp_c", 0.0), t.smoothed.get("util_gpu", 0.0),
-                 t.smoothed.get("sm_clock_mhz"), bool(t.throttle_reasons & SW_POWER_CAP),
-                 t.sbe_window[-1][1] - t.sbe_window[0][1] if t.sbe_window else None) for t in group]
+        rows = []
+        for t in group:
+            sm = t.smoothed
+            window = t.sbe_window
+            rows.append((t.uuid, sm["power_w"], sm.get("temp_c", 0.0), sm.get("util_gpu", 0.0), sm.get("sm_clock_mhz"),
+                         bool(t.throttle_reasons & SW_POWER_CAP), window[-1][1] - window[0][1] if window else None))
         now = outliers(rows, s)
         for t in group:
-            found = dict(now.get(t.uuid, []))
+            found = now.get(t.uuid)
+            if found is None and not t.fleet_strikes:
+                continue  # no outlier now or before: nothing to count (most GPUs; no objects made per check)
+            found = dict(found or ())
             had = t.fleet_reasons
             t.fleet_strikes = {k: t.fleet_strikes.get(k, 0) + 1 for k in found}
             t.fleet_reasons = [found[k] for k in sorted(found) if t.fleet_strikes[k] >= s.strikes]

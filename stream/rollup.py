@@ -21,7 +21,7 @@ def node_state(node: str, trackers: Iterable[GpuTracker], now_ms: int) -> NodeSt
 
     Telemetry v1 carries no NVLink topology, so every GPU of a node is reported in island 0.
     """
-    gpus = sorted(trackers, key=lambda t: t.index)
+    gpus = sorted(trackers, key=lambda t: (t.index, t.uuid))
     free_milli = sum(max(0, 1000 - round(10 * t.smoothed.get("util_gpu", 0.0))) for t in gpus if _usable(t))
     free_fb = sum(max(0, t.fb_total_mib - round(t.smoothed.get("fb_used_mib", 0.0))) for t in gpus if _usable(t))
     return NodeState(

@@ -302,3 +302,82 @@ def test_version_2_node_entries_are_read_after_an_upgrade_and_rewritten_split() 
         old.on_telemetry(batch, 0, batch.base_ts_ms)
     for key, t in old.trackers.items():
         assert third.trackers[key].to_dict() == t.to_dict() and third.trackers[key].forecasts == t.forecasts
+
+
+def _rollups_walking_every_gpu(proc: StreamProcessor, published: dict, now: int, partitions) -> list[str]:
+    """The rollups as they were found before they were kept incrementally: every owned GPU looked at."""
+    from collections import defaultdict
+
+    from stream.processor import NODE_HEARTBEAT_MS
+    from stream.rollup import node_state
+
+    by_node = defaultdict(list)
+    for t in proc.owned(partitions):
+        if t.node and t.samples:
+            by_node[t.node].append(t)
+    out = []
+    for node, gpus in sorted(by_node.items()):
+        state = node_state(node, gpus, now)
+        signature = (tuple((g.uuid, g.health_band) for g in state.gpus), state.free_gpu_milli // 250,
+                     state.free_fb_mib // 4096)
+        last = published.get(node)
+        if last is None or last[1] != signature or now - last[0] >= NODE_HEARTBEAT_MS:
+            published[node] = (now, signature)
+            out.append(state)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_node_rollups_kept_incrementally_are_those_walking_every_gpu_finds(seed) -> None:
+    """Samples that move a node's headroom or not, health bands changed by events, a board moved to another
+    node, a partition revoked and assigned again, nodes falling silent: rollup by rollup, the same states."""
+    import random
+
+    from stream.gpu_state import TrackerSettings
+
+    rng = random.Random(seed)
+    proc, published = StreamProcessor({}, TrackerSettings(rehome_after_ms=4000)), {}  # boards move often
+    now, seq = T0, 0
+    owned = {0, 1}
+    for step in range(400):
+        now += rng.choice([700, 1000, 2500])
+        seq += 1
+        node = f"n{rng.randrange(12)}"
+        partition = int(node[1:]) % 2
+        if partition not in owned:
+            continue
+        batch = telemetry_batch(node, seq, now, util=rng.choice([10, 12, 60, 95]), fb=rng.choice([1000, 9000]),
+                                gpus=3)
+        if rng.random() < 0.05:  # a board moves: the GPU of another node shows up here
+            other = f"n{rng.randrange(12)}"
+            batch.gpus[0] = dataclasses.replace(batch.gpus[0], uuid=f"GPU-{other}-1")
+        try:
+            proc.on_telemetry(batch, partition, now)
+        except InvalidRecord:
+            pass
+        if rng.random() < 0.1:
+            band = rng.choice(["HEALTHY", "DEGRADED", "CRITICAL"])
+            proc.on_event(GpuEvent(f"e{step}", now, node, f"GPU-{node}-2", EventKind.HEALTH_CHANGE, Severity.WARNING,
+                                   "health_score", 0.5, None, "band", {"new_band": band}), partition, now)
+        if step == 150:  # partition 1 is revoked and comes back later, reloaded from the table
+            owned = {0}
+            proc.forget({1})
+        if step == 250:
+            owned = {0, 1}
+        if step % 5 == 0:
+            got = proc.node_states(now, owned)
+            want = _rollups_walking_every_gpu(proc, published, now, owned)
+            assert [s.node for s in got] == [s.node for s in want]
+            assert got == want
+
+
+def test_a_refused_claim_leaves_the_gpu_in_its_owners_partition() -> None:
+    proc = StreamProcessor({})
+    proc.on_telemetry(telemetry_batch("a", 1, T0), 1, T0)
+    claim = telemetry_batch("b", 1, T0 + 1000)
+    claim.gpus[0] = dataclasses.replace(claim.gpus[0], uuid="GPU-a-0")
+    with pytest.raises(GpuClaimedElsewhere):
+        proc.on_telemetry(claim, 0, T0 + 1000)
+    assert proc.partition_of["GPU-a-0"] == 1
+    proc.forget({1})  # partition 1 goes to another worker: this one keeps nothing of node a
+    assert "GPU-a-0" not in proc.trackers and proc.heartbeats(T0 + 60_000, {0}) == []
