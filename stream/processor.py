@@ -34,7 +34,7 @@ from contract.events import GpuEvent, GpuState, NodeState, TelemetryBatch
 from stream import fleet_peers
 from stream.gpu_state import GpuTracker, Learned, TrackerSettings
 from stream.metrics import StreamStats
-from stream.rollup import Partial, model_demand, node_state
+from stream.rollup import Partial, headroom, model_demand, node_state, ordered
 
 NODE_HEARTBEAT_MS = 30_000
 SNAPSHOT_VERSION = 3
@@ -387,14 +387,15 @@ class StreamProcessor:
             if not gpus or (partitions is not None and self.node_partition.get(node) not in partitions):
                 self.node_published.pop(node, None)  # nothing to roll up here now; a record brings it back
                 continue
-            state = node_state(node, gpus, now_ms)
-            signature = (tuple((g.uuid, g.health_band) for g in state.gpus), state.free_gpu_milli // 250,
-                         state.free_fb_mib // 4096)
+            gpus = ordered(gpus)
+            free_milli, free_fb = headroom(gpus)
+            # What a rollup is republished for; the record is built only when it is
+            signature = (tuple((g.uuid, g.health_band) for g in gpus), free_milli // 250, free_fb // 4096)
             last = self.node_published.get(node)
             if last is None or last[1] != signature or now_ms - last[0] >= NODE_HEARTBEAT_MS:
                 self.node_published.pop(node, None)  # re-inserted last: the dict stays in publishing order
                 self.node_published[node] = (now_ms, signature)
-                out.append(state)
+                out.append(node_state(node, gpus, now_ms))
         return out
 
     def demand_partials(self, partitions: Iterable[int]) -> dict[int, Partial]:

@@ -16,14 +16,26 @@ def _usable(t: GpuTracker) -> bool:
     return t.health_band != HealthBand.CRITICAL.value
 
 
+def ordered(trackers: Iterable[GpuTracker]) -> list[GpuTracker]:
+    """A node's GPUs in the order its rollup lists them."""
+    return sorted(trackers, key=lambda t: (t.index, t.uuid))
+
+
+def headroom(gpus: Iterable[GpuTracker]) -> tuple[int, int]:
+    """Idle compute (milli-GPU) and free framebuffer (MiB) of the usable ones of ``gpus``."""
+    usable = [t for t in gpus if _usable(t)]
+    free_milli = sum(max(0, 1000 - round(10 * t.smoothed.get("util_gpu", 0.0))) for t in usable)
+    free_fb = sum(max(0, t.fb_total_mib - round(t.smoothed.get("fb_used_mib", 0.0))) for t in usable)
+    return free_milli, free_fb
+
+
 def node_state(node: str, trackers: Iterable[GpuTracker], now_ms: int) -> NodeState:
-    """The node's GPUs and measured headroom: idle compute (milli-GPU) and free framebuffer of usable GPUs.
+    """The node's GPUs and measured headroom (``headroom``).
 
     Telemetry v1 carries no NVLink topology, so every GPU of a node is reported in island 0.
     """
-    gpus = sorted(trackers, key=lambda t: (t.index, t.uuid))
-    free_milli = sum(max(0, 1000 - round(10 * t.smoothed.get("util_gpu", 0.0))) for t in gpus if _usable(t))
-    free_fb = sum(max(0, t.fb_total_mib - round(t.smoothed.get("fb_used_mib", 0.0))) for t in gpus if _usable(t))
+    gpus = ordered(trackers)
+    free_milli, free_fb = headroom(gpus)
     return NodeState(
         node=node, ts_ms=now_ms, cpu_milli=None, memory_mib=None,
         gpus=[NodeGpu(t.uuid, t.index, t.model, t.fb_total_mib, 0, HealthBand(t.health_band)) for t in gpus],
