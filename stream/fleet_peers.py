@@ -136,7 +136,7 @@ def check(trackers: Iterable, now_ms: int, s: FleetPeerSettings) -> None:
         for t in group:
             found = now.get(t.uuid)
             if found is None and not t.fleet_strikes:
-                continue  # no outlier now or before: nothing to count (most GPUs; no objects made per check)
+                continue  # no outlier now or before: nothing to count (most GPUs; no dict or list made per GPU)
             found = dict(found or ())
             had = t.fleet_reasons
             t.fleet_strikes = {k: t.fleet_strikes.get(k, 0) + 1 for k in found}

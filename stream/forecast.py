@@ -96,8 +96,8 @@ class SeriesForecaster:
     The experts' decayed losses are plain floats, updated as River's ``stats.EWMean(1 - decay)`` updates
     (the first loss of a context taken as it is, then ``a * loss + (1 - a) * mean``: equal to the last bit,
     tests/stream/test_forecast.py), not one ``EWMean`` each: 36 per horizon were half a forecaster's
-    objects, and a worker meeting 50,000 GPUs spent most of its time building them and having the cyclic
-    collector walk them (docs/performance.md).
+    objects, and a worker meeting 50,000 GPUs spent over half of its record handling building them and having
+    the cyclic collector walk them (docs/performance.md).
     """
 
     def __init__(self, horizons: tuple[int, ...] = (5,), decay: float = 0.97, coverage: float = 0.8,

@@ -148,8 +148,8 @@ class StreamProcessor:
         # GPU UUID -> (node, its tracker's ``history_changes``) when its history was last in that node's entry
         self.history_written: dict[str, tuple[str, int]] = {}
         self.behind: set[int] = set()  # partitions whose last record came from a log being caught up on
-        # Nodes whose GPUs changed since their last rollup (a node's rollup reads nothing else); with the
-        # rollups ``NODE_HEARTBEAT_MS`` old (``node_published`` is in publishing order), all that can be due.
+        # Nodes loaded, or whose GPUs changed, since the last rollup (a node's rollup reads nothing else); with
+        # the rollups ``NODE_HEARTBEAT_MS`` old (``node_published`` is in publishing order), all that can be due.
         self.rollup_due: set[str] = set()
 
     # ------------------------------------------------------------------ state
@@ -159,6 +159,9 @@ class StreamProcessor:
         members = self.members.get(node)
         if members is None:
             members = self.members[node] = {}
+            # Held here now: rolled up at the next rollup even when no record of its own follows (a node whose
+            # batches are refused for naming a live node's GPU was still heartbeated by the walk over every GPU).
+            self.rollup_due.add(node)
             entry = decode_value(self.snapshots.get(node_key(node))) or {}
             # Version 2 entries hold each GPU's history; version 3 keeps it in the node's history entry.
             split = entry.get("v", 0) >= 3
@@ -261,17 +264,20 @@ class StreamProcessor:
 
     # ------------------------------------------------------------------ input
 
-    def _check_owner(self, key: str, node: str, partition: int, now_ms: int, what: str) -> None:
+    def _check_owners(self, keys: list[str], node: str, partition: int, now_ms: int, what: str) -> None:
         """A GPU belongs to the node that reports it until that node has been silent ``rehome_after_ms``
-        (a board moved to another host): one node cannot take over, or speak for, another's GPU."""
-        held_in = self.partition_of.get(key)
-        t = self.tracker(key, partition, node)
-        if t.node and t.node != node and now_ms - t.arrived_ms < self.settings.rehome_after_ms:
-            self.stats.gpu_claimed_elsewhere += 1
-            if held_in is not None:  # a refused claim moves nothing: the GPU stays in its owner's partition
-                self.partition_of[key] = held_in
-            raise GpuClaimedElsewhere(f"{what} from node {node!r} names GPU {key}, which node {t.node!r} reported "
-                                      f"{(now_ms - t.arrived_ms) // 1000} s ago")
+        (a board moved to another host): one node cannot take over, or speak for, another's GPU. A record
+        refused for any of ``keys`` moves none of them: each stays in the partition it was held in."""
+        held_in = {key: self.partition_of.get(key) for key in keys}
+        for key in keys:
+            t = self.tracker(key, partition, node)
+            if t.node and t.node != node and now_ms - t.arrived_ms < self.settings.rehome_after_ms:
+                self.stats.gpu_claimed_elsewhere += 1
+                for k, p in held_in.items():
+                    if p is not None:
+                        self.partition_of[k] = p
+                raise GpuClaimedElsewhere(f"{what} from node {node!r} names GPU {key}, which node {t.node!r} "
+                                          f"reported {(now_ms - t.arrived_ms) // 1000} s ago")
 
     def apply_telemetry(self, batch: TelemetryBatch, partition: int, now_ms: int, take: Take,
                         behind: bool = False, source: object = None) -> None:
@@ -279,8 +285,8 @@ class StreamProcessor:
         ``behind``: the worker is catching up on this partition (``GpuTracker.due``). ``source``: the record
         it came from, handed to ``finish``'s ``writing``."""
         check_batch(batch)
-        for info in batch.gpus:
-            self._check_owner(info.uuid, batch.node, partition, now_ms, f"telemetry batch #{batch.batch_seq}")
+        self._check_owners([info.uuid for info in batch.gpus], batch.node, partition, now_ms,
+                           f"telemetry batch #{batch.batch_seq}")
         if behind:
             self.behind.add(partition)
         else:
@@ -314,7 +320,7 @@ class StreamProcessor:
         """Apply an event into ``take``; ``InvalidRecord`` changes nothing."""
         check_event(event)
         key = event.gpu_uuid
-        self._check_owner(key, event.node, partition, now_ms, f"event {event.event_id}")
+        self._check_owners([key], event.node, partition, now_ms, f"event {event.event_id}")
         t = self.tracker(key, partition, event.node)
         t.learn_event(event)
         # Its owner's entry: an event may come from a node the GPU moved to before a sample has.
@@ -374,8 +380,9 @@ class StreamProcessor:
     def node_states(self, now_ms: int, partitions: set[int] | None) -> list[NodeState]:
         """Node rollups that changed, or that were last published ``NODE_HEARTBEAT_MS`` ago.
 
-        Only the nodes whose GPUs changed since and those rollups are looked at: walking every GPU every
-        few seconds was a tenth of a worker's time at 50,000 GPUs (docs/performance.md)."""
+        Looked at: the nodes loaded or changed since the last rollup (``rollup_due``) and those whose rollup is
+        ``NODE_HEARTBEAT_MS`` old, not every GPU: that walk was a tenth of a worker's time at 50,000 GPUs
+        (docs/performance.md)."""
         candidates, self.rollup_due = self.rollup_due, set()
         for node, (published_ms, _) in self.node_published.items():  # oldest first
             if now_ms - published_ms < NODE_HEARTBEAT_MS:

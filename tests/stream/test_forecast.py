@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import pickle
 
 import numpy as np
 import pytest
-
 from river import stats
 
 from stream.forecast import EXPERTS, RUN_BUCKETS, ExpertForecaster, SeriesForecaster, prequential
@@ -120,3 +120,23 @@ def test_bad_parameters_and_early_forecasts_are_clear_errors():
         ExpertForecaster(horizon=0)
     with pytest.raises(ValueError, match="before any learn_one"):
         ExpertForecaster().forecast()
+
+
+def test_forecasts_are_bit_for_bit_those_of_the_forecaster_with_a_river_object_per_loss():
+    """The digest of every forecast (mean, interval, expert; as float.hex) over a noisy series and a memory-like
+    plateau with dips, horizons 1, 5 and 15, as commit 0752405's forecaster (an EWMean per expert loss, one
+    forecaster per horizon) made them."""
+    rng = np.random.default_rng(7)
+    noisy = 50 + 20 * np.sin(np.arange(300) / 40) + rng.normal(0, 8, 300)
+    plateau = np.full(300, 30e3)
+    for start in rng.choice(290, 25, replace=False):
+        plateau[start:start + rng.integers(1, 6)] = rng.uniform(5e3, 25e3)
+    digest = hashlib.sha256()
+    for values, upper in ((noisy.tolist(), 100.0), (plateau.tolist(), 81920.0)):
+        for horizon in (1, 5, 15):
+            model = ExpertForecaster(horizon=horizon, upper_bound=upper)
+            for y in values:
+                model.learn_one(y)
+                f = model.forecast()
+                digest.update(f"{f.mean.hex()} {f.lower.hex()} {f.upper.hex()} {f.expert};".encode())
+    assert digest.hexdigest() == "4484f164c0a10620598117070d40362caa26dafa8769a63d85911bac4399fae8"
