@@ -412,3 +412,36 @@ def test_a_node_loaded_after_a_restart_is_rolled_up_though_its_batches_are_refus
             proc.on_telemetry(claim, 0, now)
         rolled += [s.node for s in proc.node_states(now + 1, {0})]
     assert rolled.count("b") >= 2  # at once, then every NODE_HEARTBEAT_MS
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_heartbeat_passing_over_unchanged_gpus_publishes_what_asking_every_gpu_would(seed) -> None:
+    """Samples, held-back changes, health events, fleet checks and partitions revoked: second by second, the
+    heartbeat's states are those of asking every owned GPU whether it is due (on a copy of the processor)."""
+    import copy
+    import random
+
+    rng = random.Random(seed)
+    proc = StreamProcessor({})
+    now, seq, owned = T0, 0, {0, 1, 2}
+    for step in range(240):
+        now += 1000
+        for _ in range(rng.randrange(4)):
+            seq += 1
+            node = f"n{rng.randrange(9)}"
+            with contextlib.suppress(InvalidRecord):
+                proc.on_telemetry(telemetry_batch(node, seq, now - rng.randrange(3000), util=rng.choice([5, 50, 90]),
+                                                  gpus=2), int(node[1:]) % 3, now)
+        if rng.random() < 0.1:
+            node = f"n{rng.randrange(9)}"
+            band = rng.choice(["HEALTHY", "DEGRADED", "CRITICAL"])
+            proc.on_event(GpuEvent(f"e{step}", now, node, f"GPU-{node}-1", EventKind.HEALTH_CHANGE, Severity.WARNING,
+                                   "health_score", 0.5, None, "band", {"new_band": band}), int(node[1:]) % 3, now)
+        if step % 5 == 0:
+            proc.fleet_check(now, owned)
+        if step == 120:
+            owned = {0, 2}
+            proc.forget({1})
+        reference = copy.deepcopy(proc)
+        want = reference._due(reference.owned(owned), now, observe=False)
+        assert proc.heartbeats(now, owned) == want
