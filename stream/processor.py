@@ -267,7 +267,8 @@ class StreamProcessor:
     def _check_owners(self, keys: list[str], node: str, partition: int, now_ms: int, what: str) -> None:
         """A GPU belongs to the node that reports it until that node has been silent ``rehome_after_ms``
         (a board moved to another host): one node cannot take over, or speak for, another's GPU. A record
-        refused for any of ``keys`` moves none of them: each stays in the partition it was held in."""
+        refused for any of ``keys`` moves none of the GPUs this worker held: each stays in the partition it was
+        held in (one first met in the refused record, its owner's entry loaded, stays under this partition)."""
         held_in = {key: self.partition_of.get(key) for key in keys}
         for key in keys:
             t = self.tracker(key, partition, node)
@@ -371,7 +372,8 @@ class StreamProcessor:
         """States not published for ``max_interval_ms`` (their freshness timestamps tell how old the data is),
         and changes held back by ``min_interval_ms`` (not while their partition is being caught up on)."""
         # Only a GPU changed since its last state, or whose state is max_interval_ms old, can be due; the rest
-        # are passed over without a call (at 50,000 GPUs the call per GPU was most of the heartbeat's cost).
+        # are passed over without a call (at 50,000 GPUs the call per GPU was most of the heartbeat's cost). The
+        # processor's settings are every tracker's: it builds them all with them.
         oldest = now_ms - self.settings.max_interval_ms
         partition_of = self.partition_of
         return self._due([t for k, t in self.trackers.items()
