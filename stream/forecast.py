@@ -110,6 +110,7 @@ class SeriesForecaster:
         self.coverage = coverage
         self.eta = eta
         self._fading = 1 - decay  # River's EWMean fading factor, as the losses were kept before
+        self._keep = 1 - self._fading  # computed as River computes it, not as ``decay``: the same last bit
         alpha = (1 - coverage) / 2
         self._last = stats.Shift(0)
         self._lag = stats.Shift(9)
@@ -130,8 +131,7 @@ class SeriesForecaster:
     def learn_one(self, y: float) -> None:
         """The value at the current step; resolves the forecasts made ``horizon`` steps ago."""
         y = float(y)
-        fading = self._fading
-        keep = 1 - fading
+        fading, keep = self._fading, self._keep
         for h in self.horizons.values():
             pending = h.pending
             while pending and pending[0][0] <= self.t:
@@ -223,8 +223,6 @@ class ExpertForecaster(SeriesForecaster):
     """A ``SeriesForecaster`` of one horizon: ``forecast()`` is that horizon's ``Forecast``."""
 
     def __init__(self, horizon: int = 5, **kwargs):
-        if horizon < 1:
-            raise ValueError("horizon >= 1 is required")
         super().__init__((horizon,), **kwargs)
         self.horizon = horizon
 

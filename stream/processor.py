@@ -34,7 +34,7 @@ from contract.events import GpuEvent, GpuState, NodeState, TelemetryBatch
 from stream import fleet_peers
 from stream.gpu_state import GpuTracker, Learned, TrackerSettings
 from stream.metrics import StreamStats
-from stream.rollup import Partial, headroom, model_demand, node_state, ordered
+from stream.rollup import Partial, headroom, model_demand, node_record, ordered
 
 NODE_HEARTBEAT_MS = 30_000
 SNAPSHOT_VERSION = 3
@@ -403,14 +403,14 @@ class StreamProcessor:
                 self.node_published.pop(node, None)  # nothing to roll up here now; a record brings it back
                 continue
             gpus = ordered(gpus)
-            free_milli, free_fb = headroom(gpus)
+            free = headroom(gpus)
             # What a rollup is republished for; the record is built only when it is
-            signature = (tuple((g.uuid, g.health_band) for g in gpus), free_milli // 250, free_fb // 4096)
+            signature = (tuple((g.uuid, g.health_band) for g in gpus), free[0] // 250, free[1] // 4096)
             last = self.node_published.get(node)
             if last is None or last[1] != signature or now_ms - last[0] >= NODE_HEARTBEAT_MS:
                 self.node_published.pop(node, None)  # re-inserted last: the dict stays in publishing order
                 self.node_published[node] = (now_ms, signature)
-                out.append(node_state(node, gpus, now_ms))
+                out.append(node_record(node, gpus, free, now_ms))
         return out
 
     def demand_partials(self, partitions: Iterable[int]) -> dict[int, Partial]:

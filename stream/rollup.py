@@ -30,12 +30,18 @@ def headroom(gpus: Iterable[GpuTracker]) -> tuple[int, int]:
 
 
 def node_state(node: str, trackers: Iterable[GpuTracker], now_ms: int) -> NodeState:
-    """The node's GPUs and measured headroom (``headroom``).
+    """The node's GPUs and measured headroom (``headroom``)."""
+    gpus = ordered(trackers)
+    return node_record(node, gpus, headroom(gpus), now_ms)
+
+
+def node_record(node: str, gpus: list[GpuTracker], free: tuple[int, int], now_ms: int) -> NodeState:
+    """``node_state`` from GPUs already ``ordered`` and their ``headroom`` (the stream worker has both when it
+    decides whether a rollup is republished).
 
     Telemetry v1 carries no NVLink topology, so every GPU of a node is reported in island 0.
     """
-    gpus = ordered(trackers)
-    free_milli, free_fb = headroom(gpus)
+    free_milli, free_fb = free
     return NodeState(
         node=node, ts_ms=now_ms, cpu_milli=None, memory_mib=None,
         gpus=[NodeGpu(t.uuid, t.index, t.model, t.fb_total_mib, 0, HealthBand(t.health_band)) for t in gpus],
