@@ -31,6 +31,7 @@ from contract.events import ClusterForecast, DecodeError, GpuEvent, TelemetryBat
 from plumbing import observability
 from plumbing.kafka_admin import end_offsets
 from plumbing.kafka_settings import KafkaSettings
+from stream import faust_fixes
 from stream.gpu_state import TrackerSettings
 from stream.identity import NodeVerifier, without_token
 from stream.metrics import StreamStats
@@ -90,6 +91,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
                stats: StreamStats | None = None,
                verifier: NodeVerifier | None = None) -> tuple[faust.App, StreamProcessor]:
     """``verifier``: when given, telemetry and events must carry their node's token (stream.identity)."""
+    faust_fixes.install()
     if kafka.embedded_broker_compat:
         _patch_end_offsets(kafka)
     stats = stats or StreamStats()
