@@ -20,8 +20,9 @@ Three things dropped records after that seek, for good (the consumer's position 
    that one task hands to the Kafka client, and Faust flushes that buffer before it commits offsets. The flush
    returned after 0.1 s without a message leaving the queue, messages still in it, and never waited for the one
    the task held: offsets could be committed past records whose changelog writes were still queued, and a worker
-   killed then lost them. Here the flush waits until the queue is empty and the task holds nothing; it warns
-   after 10 s without progress and fails (the commit with it) after 60 s, rather than hang or lose writes.
+   killed then lost them. Here the flush waits until every message put before it has been handed to the client
+   (not for those put meanwhile, which could starve a commit under load); it warns after 10 s without progress
+   and fails (the commit with it) after 60 s, rather than hang or lose writes.
 
 Faust's other resume path (``Recovery._resume_streams``, for apps without tables) has the first ordering too;
 the stream app always has a table, so it is left alone. tests/stream/test_faust_fixes.py shows each loss with
@@ -59,18 +60,20 @@ def install() -> None:
         return
     Recovery.on_recovery_completed = _on_recovery_completed
     AIOKafkaConsumerThread._fetch_records = _fetch_records
-    hand_over = ProducerBuffer._send_pending
+    put, hand_over = ProducerBuffer.put, ProducerBuffer._send_pending
+
+    def _put(self: Any, fut: Any) -> None:
+        put(self, fut)
+        if not self.app.conf.producer_threaded:  # (a threaded producer's own queue is not this buffer's)
+            self._gpuaware_put = getattr(self, "_gpuaware_put", 0) + 1
 
     async def _send_pending(self: Any, fut: Any) -> None:
-        # Counted from the moment the draining task takes a message off the queue (``size`` no longer counts
-        # it) until the client has it: ``flush`` waits for it too.
-        self._gpuaware_in_hand = getattr(self, "_gpuaware_in_hand", 0) + 1
         try:
             await hand_over(self, fut)
-        finally:
-            self._gpuaware_in_hand -= 1
-            self._gpuaware_handed = getattr(self, "_gpuaware_handed", 0) + 1  # progress, for ``flush``
+        finally:  # handed over (or failed, which Faust's producer reports): ``flush`` counts it done
+            self._gpuaware_handed = getattr(self, "_gpuaware_handed", 0) + 1
 
+    ProducerBuffer.put = _put
     ProducerBuffer._send_pending = _send_pending
     ProducerBuffer.flush = _flush
     Recovery._gpuaware_fixed = True
@@ -151,11 +154,16 @@ async def _fetch_records(self: Any, consumer: Any, active_partitions: Any, timeo
 
 
 async def _flush(self: Any) -> None:
-    """``ProducerBuffer.flush`` that returns once the queue is empty and nothing is being handed over (fix 3)."""
+    """``ProducerBuffer.flush`` that returns once every message put before it was handed to the client (fix 3).
+
+    The queue is first in, first out, so the messages put before the flush are the first ``put`` ones handed
+    over; the flush waits for those only, not for the messages the worker keeps putting meanwhile (waiting for
+    an empty queue could starve a commit under load)."""
     loop = asyncio.get_running_loop()
+    target = getattr(self, "_gpuaware_put", 0)
     handed = getattr(self, "_gpuaware_handed", 0)
     progress = warned = loop.time()
-    while self.size or getattr(self, "_gpuaware_in_hand", 0):
+    while handed < target:
         if self.state != "running":
             if self.size:  # as Faust's own flush: a stopped buffer cannot drain
                 raise RuntimeError("Cannot flush: Producer not Running")
@@ -168,7 +176,7 @@ async def _flush(self: Any) -> None:
             progress = warned = loop.time()
             continue
         stuck = loop.time() - progress
-        waiting = f"{self.size} messages queued, {getattr(self, '_gpuaware_in_hand', 0)} being handed over"
+        waiting = f"{target - handed} messages put before the flush not handed over"
         if stuck >= _FAIL_AFTER_S:
             raise RuntimeError(f"producer buffer made no progress in {stuck:.0f} s ({waiting}): the offsets "
                                f"of the records that wrote them are not committed")
