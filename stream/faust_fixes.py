@@ -45,6 +45,8 @@ from faust.transport.producer import ProducerBuffer
 FAUST_ON_RECOVERY_COMPLETED = Recovery.on_recovery_completed
 FAUST_FETCH_RECORDS = AIOKafkaConsumerThread._fetch_records
 FAUST_FLUSH = ProducerBuffer.flush
+FAUST_PUT = ProducerBuffer.put
+FAUST_SEND_PENDING = ProducerBuffer._send_pending
 log = logging.getLogger(__name__)
 # How long one wait for the buffer's draining task lasts before the buffer's state is looked at again, how long
 # without a message leaving it before a warning, and before the flush fails (the client's own send gives up after
@@ -60,19 +62,7 @@ def install() -> None:
         return
     Recovery.on_recovery_completed = _on_recovery_completed
     AIOKafkaConsumerThread._fetch_records = _fetch_records
-    put, hand_over = ProducerBuffer.put, ProducerBuffer._send_pending
-
-    def _put(self: Any, fut: Any) -> None:
-        put(self, fut)
-        if not self.app.conf.producer_threaded:  # (a threaded producer's own queue is not this buffer's)
-            self._gpuaware_put = getattr(self, "_gpuaware_put", 0) + 1
-
-    async def _send_pending(self: Any, fut: Any) -> None:
-        try:
-            await hand_over(self, fut)
-        finally:  # handed over (or failed, which Faust's producer reports): ``flush`` counts it done
-            self._gpuaware_handed = getattr(self, "_gpuaware_handed", 0) + 1
-
+    ProducerBuffer._gpuaware_put = ProducerBuffer._gpuaware_handed = 0  # defaults: a buffer counts from its first put
     ProducerBuffer.put = _put
     ProducerBuffer._send_pending = _send_pending
     ProducerBuffer.flush = _flush
@@ -153,6 +143,19 @@ async def _fetch_records(self: Any, consumer: Any, active_partitions: Any, timeo
     return await FAUST_FETCH_RECORDS(self, consumer, view, timeout=timeout, max_records=max_records)
 
 
+def _put(self: Any, fut: Any) -> None:
+    FAUST_PUT(self, fut)
+    if not self.app.conf.producer_threaded:  # (a threaded producer's own queue is not this buffer's)
+        self._gpuaware_put += 1
+
+
+async def _send_pending(self: Any, fut: Any) -> None:
+    try:
+        await FAUST_SEND_PENDING(self, fut)
+    finally:  # handed over (or failed, which Faust's producer reports): ``flush`` counts it done
+        self._gpuaware_handed += 1
+
+
 async def _flush(self: Any) -> None:
     """``ProducerBuffer.flush`` that returns once every message put before it was handed to the client (fix 3).
 
@@ -160,8 +163,7 @@ async def _flush(self: Any) -> None:
     over; the flush waits for those only, not for the messages the worker keeps putting meanwhile (waiting for
     an empty queue could starve a commit under load)."""
     loop = asyncio.get_running_loop()
-    target = getattr(self, "_gpuaware_put", 0)
-    handed = getattr(self, "_gpuaware_handed", 0)
+    target, handed = self._gpuaware_put, self._gpuaware_handed
     progress = warned = loop.time()
     while handed < target:
         if self.state != "running":
@@ -171,8 +173,8 @@ async def _flush(self: Any) -> None:
         self.message_sent.clear()  # set by the draining task after each message it hands over
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.message_sent.wait(), timeout=_RECHECK_S)
-        if getattr(self, "_gpuaware_handed", 0) != handed:
-            handed = getattr(self, "_gpuaware_handed", 0)
+        if self._gpuaware_handed != handed:
+            handed = self._gpuaware_handed
             progress = warned = loop.time()
             continue
         stuck = loop.time() - progress
