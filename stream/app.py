@@ -166,6 +166,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         contexts = []
         for event in events:
             message = received(event)
+            _under(event)  # the node's entry, when this record is the first to need it, is read from its partition
             try:
                 if message.topic == topics.TELEMETRY:
                     batch = decode(message.value, TelemetryBatch)
@@ -184,7 +185,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         parent, links = _parent_and_links(contexts)
         with tracer.start_as_current_span("stream.process", context=parent, links=links,
                                           attributes={"messaging.batch.message_count": len(events)}):
-            states = processor.finish(take, now_ms(), _writing_under)
+            states = processor.finish(take, now_ms(), _under)
             headers = observability.inject_headers() if states else None
             for state in states:
                 send(topics.GPU_STATE, state, headers)
@@ -192,13 +193,12 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     @app.agent(inputs, name="process")
     async def process(stream: Any) -> None:
         if settings.take_max_records == 1:
-            # One record at a time (the default): Faust acks each record once its take is finished.
+            # One record at a time: Faust acks each record once its take is finished.
             async for event in stream.events():
                 await handle([event])
             return
-        # Takes of many records (Faust's take_events, which acks a take's records after this body has handled
-        # them): every node's entry is written, and every GPU's state considered, once per take. Experimental:
-        # a worker stalled after a rebalance in tests/system/test_stream_workers.py (docs/stream.md).
+        # Takes of many records (the default; Faust's take_events, which acks a take's records after this body has
+        # handled them): every node's entry is written, and every GPU's state considered, once per take.
         async for events in stream.take_events(settings.take_max_records, within=settings.take_within_s):
             await handle(events)
 
@@ -279,11 +279,15 @@ def _behind(message: Any, now_ms: int, lag_ms: int, highwater: int | None) -> bo
             and highwater is not None and highwater - message.offset > 1)
 
 
-def _writing_under(event: Any) -> None:
-    """Faust puts a table write in the partition of the current event, a context variable that its stream
-    iteration sets; an agent handling a take has none, so each node's write is made under the record that last
-    touched the node. Set in the agent's own task only: the stream's ``current_event`` attribute, which
-    ``take_events`` reads while filling the next take, is left alone."""
+def _under(event: Any) -> None:
+    """Make ``event`` the record Faust's table works under: Faust puts a table write in the partition of the
+    current event, and a RocksDB store reads a key only from that partition's database (a context variable that
+    its stream iteration sets). An agent handling a take has none of its own, so each record is applied under
+    itself (a node's entry, read the first time a record of the node comes, is found in the record's
+    partition; left at a previous take's record, a worker that took over a partition read its nodes as new
+    and lost their history), and each node's write is made under the record that last touched the node. Set
+    in the agent's own task only: the stream's ``current_event`` attribute, which ``take_events`` reads while
+    filling the next take, is left alone."""
     faust_streams._current_event.set(weakref.ref(event))
 
 

@@ -40,9 +40,9 @@ class StreamSettings(BaseModel):
     standby_replicas: int = Field(1, ge=0, le=3, description="Faust standby table replicas per partition: another "
                                                             "worker keeps a warm copy, so a failover replays a tail "
                                                             "(each standby reads the changelog once more)")
-    take_max_records: int = Field(1, ge=1, description="records a worker handles together (one table write per node "
-                                                      "and at most one state per GPU for all of them); above 1 is "
-                                                      "experimental: a worker stalled after a rebalance with it")
+    take_max_records: int = Field(500, ge=1, description="records a worker handles together (one table write per "
+                                                        "node and at most one state per GPU for all of them); 1 "
+                                                        "handles each record on its own")
     take_within_s: float = Field(0.05, gt=0, le=5, description="how long a worker waits to fill a take before "
                                                                "handling what it has (adds to sample-to-state latency)")
     data_dir: str = Field("/tmp/gpuaware-stream", description="Faust's working directory (the rocksdb store's "
