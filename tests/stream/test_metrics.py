@@ -1,0 +1,58 @@
+"""The stream worker's collector: what a scrape costs the worker."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from stream.metrics import StreamCollector, StreamStats
+
+
+class _Fingerprint:
+    def __init__(self, cls: str) -> None:
+        self.cls = cls
+
+    def predict_one(self) -> tuple[str, float]:
+        return self.cls, 0.9
+
+
+class _Tracker:
+    """What the collector reads of a GPU, counting how often it is read."""
+
+    walks = 0
+
+    def __init__(self, cls: str, err: float) -> None:
+        self.fingerprint = _Fingerprint(cls)
+        self.err = err
+
+    def forecast_abs_errors(self) -> dict[tuple[str, int], float]:
+        _Tracker.walks += 1
+        return {("util_gpu", 5): self.err}
+
+
+def _scrape(registry: CollectorRegistry) -> dict[str, float]:
+    lines = generate_latest(registry).decode().splitlines()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if not line.startswith("#")}
+
+
+def test_frequent_scrapes_walk_the_gpus_once_per_interval_and_see_changes_after_it() -> None:
+    now = [100.0]
+    trackers = [_Tracker("training", 2.0), _Tracker("idle", 4.0)]
+    registry = CollectorRegistry()
+    registry.register(StreamCollector(StreamStats(), lambda: list(trackers), dict, fleet_every_s=5.0,
+                                      clock=lambda: now[0]))
+    _Tracker.walks = 0
+    first = _scrape(registry)
+    assert first['gpuaware_stream_forecast_mae{horizon_minutes="5",metric="util_gpu"}'] == 3.0
+    assert first['gpuaware_stream_workload_class_gpus{class="idle"}'] == 1.0
+    trackers.append(_Tracker("idle", 6.0))
+    for _ in range(20):  # a poller at 4 Hz for under 5 s: the GPU walk is not redone
+        now[0] += 0.2
+        scraped = _scrape(registry)
+    assert _Tracker.walks == 2
+    assert scraped["gpuaware_stream_gpus"] == 3.0  # the GPU count itself is live
+    assert scraped['gpuaware_stream_workload_class_gpus{class="idle"}'] == 1.0
+    now[0] += 1.0  # 5 s after the walk
+    scraped = _scrape(registry)
+    assert _Tracker.walks == 5
+    assert scraped['gpuaware_stream_forecast_mae{horizon_minutes="5",metric="util_gpu"}'] == 4.0
+    assert scraped['gpuaware_stream_workload_class_gpus{class="idle"}'] == 2.0
