@@ -132,7 +132,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         max_interval_ms=settings.max_publish_interval_ms, max_clock_skew_ms=int(settings.max_clock_skew_s * 1000),
         rehome_after_ms=int(settings.gpu_rehome_after_s * 1000),
     )
-    processor = StreamProcessor(table, tracker_settings, stats)
+    processor = StreamProcessor(table, tracker_settings, stats, scope=_under)
     # A record that waited in the log longer than a heartbeat interval means the worker is catching up.
     lag_ms = settings.max_publish_interval_ms
     tracer = observability.tracer("gpuaware.stream")
@@ -166,7 +166,6 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         contexts = []
         for event in events:
             message = received(event)
-            _under(event)  # the node's entry, when this record is the first to need it, is read from its partition
             try:
                 if message.topic == topics.TELEMETRY:
                     batch = decode(message.value, TelemetryBatch)
@@ -185,7 +184,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         parent, links = _parent_and_links(contexts)
         with tracer.start_as_current_span("stream.process", context=parent, links=links,
                                           attributes={"messaging.batch.message_count": len(events)}):
-            states = processor.finish(take, now_ms(), _under)
+            states = processor.finish(take, now_ms())
             headers = observability.inject_headers() if states else None
             for state in states:
                 send(topics.GPU_STATE, state, headers)
@@ -280,14 +279,14 @@ def _behind(message: Any, now_ms: int, lag_ms: int, highwater: int | None) -> bo
 
 
 def _under(event: Any) -> None:
-    """Make ``event`` the record Faust's table works under: Faust puts a table write in the partition of the
-    current event, and a RocksDB store reads a key only from that partition's database (a context variable that
-    its stream iteration sets). An agent handling a take has none of its own, so each record is applied under
-    itself (a node's entry, read the first time a record of the node comes, is found in the record's
-    partition; left at a previous take's record, a worker that took over a partition read its nodes as new
-    and lost their history), and each node's write is made under the record that last touched the node. Set
-    in the agent's own task only: the stream's ``current_event`` attribute, which ``take_events`` reads while
-    filling the next take, is left alone."""
+    """The processor's ``scope``: make ``event`` the record Faust's table works under. Faust puts a table write in
+    the partition of the current event, and its RocksDB store reads a key only from that partition's database (a
+    context variable that its stream iteration sets). An agent handling a take has none of its own, so each
+    record is applied under itself (a node's entry, read the first time a record of the node comes, is found in
+    the record's partition; left at a previous take's record, a worker that took over a partition read its nodes
+    as new and lost their history) and each node is written under the record that last touched it. Set in the
+    agent's own task only: the stream's ``current_event`` attribute, which ``take_events`` reads while filling
+    the next take, is left alone."""
     faust_streams._current_event.set(weakref.ref(event))
 
 

@@ -117,7 +117,7 @@ class Take:
 
     def __init__(self) -> None:
         self.nodes: dict[str, dict[str, GpuTracker]] = {}  # node -> its GPUs touched, in order of last touch
-        self.sources: dict[str, object] = {}  # node -> the last record that touched it (``finish``'s ``writing``)
+        self.sources: dict[str, object] = {}  # node -> the last record that touched it (what it is written under)
         self.observed: dict[str, GpuTracker] = {}  # GPUs given samples: their states count towards latency
         self.unobserved: dict[str, GpuTracker] = {}  # GPUs given events only
 
@@ -132,8 +132,12 @@ class Take:
 
 class StreamProcessor:
     def __init__(self, snapshots: MutableMapping[str, bytes], settings: TrackerSettings | None = None,
-                 stats: StreamStats | None = None):
+                 stats: StreamStats | None = None, scope: Callable[[object], None] | None = None):
+        """``scope(source)``: the table reads and writes keys in the partition of the record being handled
+        (Faust's RocksDB store: one database per partition), so it is told the record before the reads its
+        apply makes and before each node's writes (the last record that touched the node)."""
         self.snapshots = snapshots
+        self.scope = scope
         self.settings = settings or TrackerSettings()
         self.stats = stats or StreamStats()
         self.trackers: dict[str, GpuTracker] = {}
@@ -284,8 +288,10 @@ class StreamProcessor:
                         behind: bool = False, source: object = None) -> None:
         """Apply a batch into ``take`` (written and published by ``finish``); ``InvalidRecord`` changes nothing.
         ``behind``: the worker is catching up on this partition (``GpuTracker.due``). ``source``: the record
-        it came from, handed to ``finish``'s ``writing``."""
+        it came from (the processor's ``scope``)."""
         check_batch(batch)
+        if self.scope is not None and source is not None:
+            self.scope(source)
         self._check_owners([info.uuid for info in batch.gpus], batch.node, partition, now_ms,
                            f"telemetry batch #{batch.batch_seq}")
         if behind:
@@ -320,22 +326,25 @@ class StreamProcessor:
     def apply_event(self, event: GpuEvent, partition: int, now_ms: int, take: Take, source: object = None) -> None:
         """Apply an event into ``take``; ``InvalidRecord`` changes nothing."""
         check_event(event)
+        if self.scope is not None and source is not None:
+            self.scope(source)
         key = event.gpu_uuid
         self._check_owners([key], event.node, partition, now_ms, f"event {event.event_id}")
         t = self.tracker(key, partition, event.node)
         t.learn_event(event)
-        # Its owner's entry: an event may come from a node the GPU moved to before a sample has.
+        # Its node's entry (an event from a node the GPU moved to, before a sample from there, moves it: the
+        # entry written is the node of the record, in the record's partition)
         self._node(t.node, partition)
         take.touch(t.node, source)[key] = t
         take.unobserved.setdefault(key, t)
 
-    def finish(self, take: Take, now_ms: int, writing: Callable[[object], None] | None = None) -> list[GpuState]:
-        """Write each node ``take`` touched once, in the order they were last touched; the states due, one per GPU.
-        ``writing(source)`` is called before each node's writes with the last record that touched the node (Faust
-        puts a table write in the partition of the event being handled)."""
+    def finish(self, take: Take, now_ms: int) -> list[GpuState]:
+        """Write each node ``take`` touched once, in the order they were last touched, each under the last record
+        that touched it (``scope``); the states due, one per GPU."""
         for node, touched in take.nodes.items():
-            if writing is not None:
-                writing(take.sources[node])
+            source = take.sources[node]
+            if self.scope is not None and source is not None:
+                self.scope(source)
             self._write(node, touched.values())
         self.rollup_due.update(take.nodes)
         states = self._due(take.observed.values(), now_ms, observe=True)

@@ -178,6 +178,81 @@ def test_a_restarted_processor_still_knows_whose_gpu_it_is() -> None:
         again.on_telemetry(forged, 0, T0 + 1000)
 
 
+class _Partitioned(dict):
+    """The table as Faust's RocksDB store is to the processor: a database per partition, each key read and written
+    in the partition of the record being handled, which ``scope`` sets (the records here are their partitions)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dbs: dict[int, dict[str, bytes]] = {}
+        self.current: int | None = None
+
+    def scope(self, source: object) -> None:
+        assert isinstance(source, int)
+        self.current = source
+
+    def _db(self) -> dict[str, bytes]:
+        assert self.current is not None, "Faust writes only under a record"
+        return self.dbs.setdefault(self.current, {})
+
+    def get(self, key, default=None):
+        if self.current is None:  # no record yet: Faust looks in every partition's database
+            return next((db[key] for db in self.dbs.values() if key in db), default)
+        return self._db().get(key, default)
+
+    def __getitem__(self, key):
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key, value) -> None:
+        self._db()[key] = value
+
+    def __delitem__(self, key) -> None:
+        del self._db()[key]
+
+
+def _applied(proc: StreamProcessor, *records: tuple[TelemetryBatch, int], now: int) -> None:
+    """``records`` (batch, partition) applied as one take, each under its own record, as the app does."""
+    take = Take()
+    for batch, partition in records:
+        proc.apply_telemetry(batch, partition, now, take, source=partition)
+    proc.finish(take, now)
+
+
+def test_after_a_restart_each_nodes_entry_is_read_from_its_own_partition() -> None:
+    """The bug takes had: the table was left on the partition of the last record written, so a restarted worker
+    (or one given a partition in a rebalance) read another partition for a node it met first, found nothing, and
+    started the node's GPUs afresh."""
+    table = _Partitioned()
+    proc = StreamProcessor(table, scope=table.scope)
+    _applied(proc, (telemetry_batch("b", 1, T0), 2), (telemetry_batch("a", 1, T0), 1), now=T0)
+    assert set(table.dbs[2]) == {node_key("b"), owner_key("GPU-b-0")} and node_key("a") in table.dbs[1]
+    assert table.current == 1  # where the last write left it
+    again = StreamProcessor(table, scope=table.scope)
+    _applied(again, (telemetry_batch("b", 2, T0 + 1000), 2), now=T0 + 1000)
+    assert again.trackers["GPU-b-0"].samples == 2
+    assert set(table.dbs[1]) == {node_key("a"), owner_key("GPU-a-0")}  # nothing of b's written there
+
+
+def test_an_event_from_the_node_a_gpu_moved_to_writes_only_that_nodes_partition() -> None:
+    table = _Partitioned()
+    proc = StreamProcessor(table, scope=table.scope)
+    _applied(proc, (telemetry_batch("y", 1, T0, gpus=2), 1), now=T0)
+    before = dict(table.dbs[1])
+    later = T0 + proc.settings.rehome_after_ms + 1  # node y silent since: the board may have moved
+    ev = GpuEvent("e1", later, "x", "GPU-y-1", EventKind.HEALTH_CHANGE, Severity.CRITICAL, "health_score", 20.0,
+                  None, "x", {"new_band": "CRITICAL"})
+    take = Take()
+    proc.apply_event(ev, 2, later, take, source=2)
+    (state,) = proc.finish(take, later)
+    assert state.node == "x" and state.health_band.value == "CRITICAL"
+    assert table.dbs[1] == before  # y's partition untouched (its entry was written into x's before)
+    assert set(table.dbs[2]) == {node_key("x"), owner_key("GPU-y-1")}
+    assert list(decode_value(table.dbs[2][node_key("x")])["gpus"]) == ["GPU-y-1"]
+
+
 def test_a_take_writes_each_nodes_entry_once_and_publishes_one_state_per_gpu() -> None:
     table = _Recording()
     proc = StreamProcessor(table)
