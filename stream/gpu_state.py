@@ -254,9 +254,8 @@ class GpuTracker:
             if verdict in HealthVerdict.__members__ and action in HealthAction.__members__:
                 self.verdict, self.recommended_action = verdict, action
                 self.verdict_reasons = [r[:200] for r in event.attributes.get("reasons", "").split("\n") if r][:8]
-        # The processor has checked the node may speak for this GPU (it is the GPU's node, or that one has been
-        # silent for the rehome time): as with a sample, the GPU is the event's node's now.
-        self.node = event.node
+        if not self.node:
+            self.node = event.node
 
     # ------------------------------------------------------------------ output
 

@@ -332,10 +332,12 @@ class StreamProcessor:
         self._check_owners([key], event.node, partition, now_ms, f"event {event.event_id}")
         t = self.tracker(key, partition, event.node)
         t.learn_event(event)
-        # Its node's entry (an event from a node the GPU moved to, before a sample from there, moves it: the
-        # entry written is the node of the record, in the record's partition)
-        self._node(t.node, partition)
-        take.touch(t.node, source)[key] = t
+        if t.node == event.node:
+            self._node(t.node, partition)
+            take.touch(t.node, source)[key] = t
+        # else the GPU is still another node's (silent past the rehome time; only a sample moves a GPU, and
+        # records its arrival): its state goes out with the event, and its entry, in that node's partition, is
+        # not written under this record, which is in the event's node's partition.
         take.unobserved.setdefault(key, t)
 
     def finish(self, take: Take, now_ms: int) -> list[GpuState]:
