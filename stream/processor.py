@@ -119,7 +119,7 @@ class Take:
         self.nodes: dict[str, dict[str, GpuTracker]] = {}  # node -> its GPUs touched, in order of last touch
         self.sources: dict[str, object] = {}  # node -> the last record that touched it (what it is written under)
         self.observed: dict[str, GpuTracker] = {}  # GPUs given samples: their states count towards latency
-        self.unobserved: dict[str, GpuTracker] = {}  # GPUs given events only
+        self.unobserved: dict[str, GpuTracker] = {}  # GPUs given events or watch points only
 
     def touch(self, node: str, source: object = None) -> dict[str, GpuTracker]:
         touched = self.nodes.pop(node, None)
@@ -321,7 +321,9 @@ class StreamProcessor:
             if t.learn_point(point, base + point.dt_ms, now_ms):
                 stats.points += 1
             touched[key] = t
-            take.observed[key] = t
+            # Published like the rest, but not a sample-to-state latency: the state carries the time of the GPU's
+            # last full sample, up to the sampling policy's ceiling (30 s) old, not the point's.
+            take.unobserved.setdefault(key, t)
 
     def apply_event(self, event: GpuEvent, partition: int, now_ms: int, take: Take, source: object = None) -> None:
         """Apply an event into ``take``; ``InvalidRecord`` changes nothing."""

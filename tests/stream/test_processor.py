@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, Severity, TelemetryBatch
+from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, Severity, TelemetryBatch, WatchPoint
 from stream.processor import (
     GpuClaimedElsewhere,
     InvalidRecord,
@@ -252,6 +252,23 @@ def test_an_event_naming_another_nodes_gpu_writes_nothing_into_its_own_partition
     assert state.gpu_uuid == "GPU-y-1" and state.health_band.value == "CRITICAL"  # published all the same
     assert state.node == "y"  # an event does not move a GPU (a sample does, and records when it arrived)
     assert table.dbs[1] == before and table.dbs.get(2, {}) == {}
+
+
+def test_a_state_moved_by_a_watch_point_is_published_but_not_counted_as_sample_to_state_latency() -> None:
+    """A stable GPU is fully sampled every 30 s (the sampling policy's ceiling) and sends watch points between;
+    a state a point moves carries the last full sample's time, so counting it as that sample's latency put the
+    sampling interval into the histogram (its p99 read ~30 s while the worker kept up)."""
+    proc = StreamProcessor({})
+    proc.on_telemetry(telemetry_batch("n", 1, T0, util=10), 0, T0 + 1000)
+    assert proc.stats.latency.count == 1 and proc.stats.latency.sum == pytest.approx(1.0)
+    later = T0 + 25_000
+    points = dataclasses.replace(telemetry_batch("n", 2, later, util=90), samples=[],
+                                 points=[WatchPoint(0, 0, 90, 3000)])
+    (state,) = proc.on_telemetry(points, 0, later + 1000)
+    assert state.sample_ts_ms == T0 and state.util_gpu > 10  # the point moved it; its time is the sample's
+    assert proc.stats.latency.count == 1  # not a 26 s "latency"
+    proc.on_telemetry(telemetry_batch("n", 3, later + 5000, util=10), 0, later + 6000)
+    assert proc.stats.latency.count == 2 and proc.stats.latency.sum == pytest.approx(2.0)
 
 
 def test_a_take_writes_each_nodes_entry_once_and_publishes_one_state_per_gpu() -> None:
