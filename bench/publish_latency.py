@@ -1,0 +1,78 @@
+"""How long a sample takes to reach ``gpu.state.v1`` under the stream's publishing rules alone, with no broker and
+no lag: ``python -m bench.publish_latency [--nodes 32] [--seconds 300]``.
+
+The GenTD26 agents of ``bench pipeline``'s load generator (the default sampling policy, its 5 s flush) are
+simulated, each batch handed to a ``StreamProcessor`` at its flush time, the 1 s heartbeat run every second, and
+every published state that carries a newer sample than the last state of its GPU is timed from that sample, as
+``bench pipeline`` times the states it reads (its ``p99_sample_to_state_s``). A state is published on a change
+past the signature's steps or a health change (at most once per ``min_publish_interval_ms``) and otherwise at the
+``max_publish_interval_ms`` refresh (30 s), so a sample that moves nothing is carried by a later state. JSON:
+``states``, ``on_change`` / ``by_heartbeat`` (states of each kind timed), ``p50_s``, ``p99_s``, ``max_s`` (all),
+``on_change_p99_s``, ``heartbeat_p99_s``, ``batch_age_p99_s`` (the oldest sample of a batch at its flush).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from agent.collectors.sim import Scenario
+from agent.replay import simulate
+from agent.sampling import SamplingPolicy
+from bench.fleet_load import GPUS_PER_NODE, MODELS
+from stream.processor import StreamProcessor
+
+EPOCH_S = 1_700_000_000.0
+WARMUP_S = 120  # past the agents' start-up and every GPU's first state
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3) if ordered else None
+
+
+def measure(nodes: int, seconds: int, seed: int = 0) -> dict:
+    policy = SamplingPolicy()
+    scenario = Scenario(name="publish-latency", seed=seed, nodes=nodes, gpus_per_node=GPUS_PER_NODE, models=MODELS,
+                        node_prefix="pl", duration_s=86400, library=False)
+    proc = StreamProcessor({})
+    newest: dict[str, int] = {}
+    timed: dict[str, list[float]] = {"on_change": [], "by_heartbeat": []}
+    ages: list[float] = []
+
+    def seen(states: list, now_ms: int, kind: str, measured: bool) -> None:
+        for s in states:
+            if s.sample_ts_ms > newest.get(s.gpu_uuid, 0):
+                if measured and s.gpu_uuid in newest:
+                    timed[kind].append((now_ms - s.sample_ts_ms) / 1000)
+                newest[s.gpu_uuid] = s.sample_ts_ms
+
+    for tick in simulate(scenario, WARMUP_S + seconds, EPOCH_S, flush_every_s=int(policy.flush_s), policy=policy):
+        now_ms = int((tick.second + 1) * 1000)
+        measured = tick.second - EPOCH_S >= WARMUP_S
+        for batch in tick.batches:
+            if measured and batch.samples:
+                ages.append(max(now_ms - batch.base_ts_ms - s.dt_ms for s in batch.samples) / 1000)
+            seen(proc.on_telemetry(batch, 0, now_ms), now_ms, "on_change", measured)
+        seen(proc.heartbeats(now_ms, None), now_ms, "by_heartbeat", measured)
+    every = timed["on_change"] + timed["by_heartbeat"]
+    return {
+        "gpus": nodes * GPUS_PER_NODE, "seconds": seconds, "states": len(every),
+        "on_change": len(timed["on_change"]), "by_heartbeat": len(timed["by_heartbeat"]),
+        "p50_s": _quantile(every, 0.5), "p99_s": _quantile(every, 0.99), "max_s": _quantile(every, 1.0),
+        "on_change_p99_s": _quantile(timed["on_change"], 0.99),
+        "heartbeat_p99_s": _quantile(timed["by_heartbeat"], 0.99),
+        "batch_age_p99_s": _quantile(ages, 0.99),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=32, help="simulated 8-GPU nodes")
+    parser.add_argument("--seconds", type=int, default=300, help="seconds measured (after a 120 s warm-up)")
+    args = parser.parse_args()
+    print(json.dumps(measure(args.nodes, args.seconds)))
+
+
+if __name__ == "__main__":
+    main()
