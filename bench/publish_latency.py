@@ -20,15 +20,11 @@ from agent.collectors.sim import Scenario
 from agent.replay import simulate
 from agent.sampling import SamplingPolicy
 from bench.fleet_load import GPUS_PER_NODE, MODELS
+from bench.pipeline_bench import _pct
 from stream.processor import StreamProcessor
 
 EPOCH_S = 1_700_000_000.0
 WARMUP_S = 120  # past the agents' start-up and every GPU's first state
-
-
-def _quantile(values: list[float], q: float) -> float | None:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3) if ordered else None
 
 
 def measure(nodes: int, seconds: int, seed: int = 0) -> dict:
@@ -59,10 +55,10 @@ def measure(nodes: int, seconds: int, seed: int = 0) -> dict:
     return {
         "gpus": nodes * GPUS_PER_NODE, "seconds": seconds, "states": len(every),
         "on_change": len(timed["on_change"]), "by_heartbeat": len(timed["by_heartbeat"]),
-        "p50_s": _quantile(every, 0.5), "p99_s": _quantile(every, 0.99), "max_s": _quantile(every, 1.0),
-        "on_change_p99_s": _quantile(timed["on_change"], 0.99),
-        "heartbeat_p99_s": _quantile(timed["by_heartbeat"], 0.99),
-        "batch_age_p99_s": _quantile(ages, 0.99),
+        # As bench pipeline computes its percentiles, so that the two compare.
+        "p50_s": _pct(every, 50), "p99_s": _pct(every, 99), "max_s": _pct(every, 100),
+        "on_change_p99_s": _pct(timed["on_change"], 99), "heartbeat_p99_s": _pct(timed["by_heartbeat"], 99),
+        "batch_age_p99_s": _pct(ages, 99),
     }
 
 

@@ -158,6 +158,11 @@ class StreamProcessor:
 
     # ------------------------------------------------------------------ state
 
+    def _under(self, source: object) -> None:
+        """Make the table work under ``source`` (the ``scope``), where there is a record to work under."""
+        if self.scope is not None and source is not None:
+            self.scope(source)
+
     def _node(self, node: str, partition: int) -> dict[str, GpuTracker]:
         """The node's GPUs, loaded from its entry the first time the node is seen here."""
         members = self.members.get(node)
@@ -290,8 +295,7 @@ class StreamProcessor:
         ``behind``: the worker is catching up on this partition (``GpuTracker.due``). ``source``: the record
         it came from (the processor's ``scope``)."""
         check_batch(batch)
-        if self.scope is not None and source is not None:
-            self.scope(source)
+        self._under(source)
         self._check_owners([info.uuid for info in batch.gpus], batch.node, partition, now_ms,
                            f"telemetry batch #{batch.batch_seq}")
         if behind:
@@ -328,8 +332,7 @@ class StreamProcessor:
     def apply_event(self, event: GpuEvent, partition: int, now_ms: int, take: Take, source: object = None) -> None:
         """Apply an event into ``take``; ``InvalidRecord`` changes nothing."""
         check_event(event)
-        if self.scope is not None and source is not None:
-            self.scope(source)
+        self._under(source)
         key = event.gpu_uuid
         self._check_owners([key], event.node, partition, now_ms, f"event {event.event_id}")
         t = self.tracker(key, partition, event.node)
@@ -346,9 +349,7 @@ class StreamProcessor:
         """Write each node ``take`` touched once, in the order they were last touched, each under the last record
         that touched it (``scope``); the states due, one per GPU."""
         for node, touched in take.nodes.items():
-            source = take.sources[node]
-            if self.scope is not None and source is not None:
-                self.scope(source)
+            self._under(take.sources[node])
             self._write(node, touched.values())
         self.rollup_due.update(take.nodes)
         states = self._due(take.observed.values(), now_ms, observe=True)
