@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+from collections.abc import MutableMapping
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -178,12 +179,12 @@ def test_a_restarted_processor_still_knows_whose_gpu_it_is() -> None:
         again.on_telemetry(forged, 0, T0 + 1000)
 
 
-class _Partitioned(dict):
+class _Partitioned(MutableMapping):
     """The table as Faust's RocksDB store is to the processor: a database per partition, each key read and written
-    in the partition of the record being handled, which ``scope`` sets (the records here are their partitions)."""
+    in the partition of the record being handled, which ``scope`` sets (the records here are their partitions).
+    A ``MutableMapping``, not a dict, so that every way in (``get``, ``in``, ``pop``) goes through the scoping."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.dbs: dict[int, dict[str, bytes]] = {}
         self.current: int | None = None
 
@@ -195,22 +196,25 @@ class _Partitioned(dict):
         assert self.current is not None, "Faust writes only under a record"
         return self.dbs.setdefault(self.current, {})
 
-    def get(self, key, default=None):
-        if self.current is None:  # no record yet: Faust looks in every partition's database
-            return next((db[key] for db in self.dbs.values() if key in db), default)
-        return self._db().get(key, default)
-
     def __getitem__(self, key):
-        value = self.get(key)
-        if value is None:
+        if self.current is None:  # no record yet: Faust looks in every partition's database
+            for db in self.dbs.values():
+                if key in db:
+                    return db[key]
             raise KeyError(key)
-        return value
+        return self._db()[key]
 
     def __setitem__(self, key, value) -> None:
         self._db()[key] = value
 
     def __delitem__(self, key) -> None:
         del self._db()[key]
+
+    def __iter__(self):
+        return iter(self._db())
+
+    def __len__(self) -> int:
+        return len(self._db())
 
 
 def _applied(proc: StreamProcessor, *records: tuple[TelemetryBatch, int], now: int) -> None:
