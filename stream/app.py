@@ -83,6 +83,16 @@ def _patch_end_offsets(kafka: KafkaSettings) -> None:
     driver.AIOKafkaConsumerThread._highwaters = _highwaters
 
 
+def tracker_settings(settings: StreamSettings) -> TrackerSettings:
+    """What the ``stream:`` section says about each GPU's state."""
+    return TrackerSettings(
+        horizons_min=tuple(settings.horizons_min), min_interval_ms=settings.min_publish_interval_ms,
+        max_interval_ms=settings.max_publish_interval_ms, every_sample=settings.publish_every_sample,
+        max_clock_skew_ms=int(settings.max_clock_skew_s * 1000),
+        rehome_after_ms=int(settings.gpu_rehome_after_s * 1000),
+    )
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -127,12 +137,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     changelog = {k: v for k, v in changelog_spec(settings).configs().items() if k != "cleanup.policy"}
     table = app.Table("gpus", partitions=partitions, extra_topic_configs=changelog, on_changelog_event=restored,
                       value_type=bytes, options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
-    tracker_settings = TrackerSettings(
-        horizons_min=tuple(settings.horizons_min), min_interval_ms=settings.min_publish_interval_ms,
-        max_interval_ms=settings.max_publish_interval_ms, max_clock_skew_ms=int(settings.max_clock_skew_s * 1000),
-        rehome_after_ms=int(settings.gpu_rehome_after_s * 1000),
-    )
-    processor = StreamProcessor(table, tracker_settings, stats, scope=_under)
+    processor = StreamProcessor(table, tracker_settings(settings), stats, scope=_under)
     # A record that waited in the log longer than a heartbeat interval means the worker is catching up.
     lag_ms = settings.max_publish_interval_ms
     tracer = observability.tracer("gpuaware.stream")

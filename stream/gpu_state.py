@@ -63,6 +63,10 @@ class TrackerSettings:
     min_interval_ms: int = 1000
     max_interval_ms: int = 30_000
     util_change: float = 5.0  # percentage points that count as a change worth publishing
+    # A state for every new full sample (at most every min_interval_ms): the agent's adaptive sampling already
+    # sends a stable GPU's samples only every 30 s, so without it a sample that moves nothing past the steps
+    # would reach the scheduler only with the refresh, up to max_interval_ms late (docs/stream.md).
+    every_sample: bool = True
     fb_change_share: float = 0.05
     max_clock_skew_ms: int = 30_000  # a sample stamped further ahead of its arrival is rejected
     rehome_after_ms: int = 600_000  # a GPU may appear on another node once its node is silent this long
@@ -103,6 +107,7 @@ class GpuTracker:
     last_point_ms: int = 0
     published_signature: tuple | None = None
     published_band: tuple[str, str] | None = None
+    published_sample_ms: int = 0  # the newest sample's time in the last state published (0 after a restore)
     settings: TrackerSettings = field(default_factory=TrackerSettings)
     # Fleet peer comparison (stream.fleet_peers), recomputed by every check; not in the snapshot.
     throttle_reasons: int = 0  # the newest sample's NVML clocks event reasons
@@ -306,8 +311,8 @@ class GpuTracker:
         )
 
     def due(self, now_ms: int, behind: bool = False) -> bool:
-        """Publish now? On a health band change, on another meaningful change (rate-limited), or when the
-        last one is getting old. ``behind``: the record comes from a log the worker is catching up on, so
+        """Publish now? On a health band change, on a new sample or another meaningful change (rate-limited), or
+        when the last one is getting old. ``behind``: the record comes from a log the worker is catching up on, so
         newer records of the GPU follow and a state on change would be stale on arrival: only health
         changes go at once, the rest at the heartbeat's rate until the worker is caught up."""
         since = now_ms - self.last_published_ms
@@ -319,6 +324,8 @@ class GpuTracker:
             return True  # a health band or verdict change is what the scheduler acts on: never held back
         if behind or since < self.settings.min_interval_ms:
             return False
+        if self.settings.every_sample and self.sample_ts_ms > self.published_sample_ms:
+            return True
         if self._signature() != self.published_signature:
             return True
         self.changed = False  # what moved since the last state is below the signature's steps
@@ -327,6 +334,7 @@ class GpuTracker:
     def mark_published(self, now_ms: int) -> None:
         self.changed = False
         self.last_published_ms = now_ms
+        self.published_sample_ms = self.sample_ts_ms
         self.published_signature = self._signature()
         self.published_band = (self.health_band, self.verdict)
 

@@ -16,6 +16,11 @@ class StreamSettings(BaseModel):
                                     description="forecast horizons in minutes")
     min_publish_interval_ms: int = Field(1000, ge=0, description="a GPU's state is published at most this often")
     max_publish_interval_ms: int = Field(30_000, ge=1000, description="... and at least this often")
+    publish_every_sample: bool = Field(
+        True, description="a state for every new full sample (at most every min_publish_interval_ms); false: only "
+                          "on a change past the steps (utilisation 5 points, framebuffer 5%, class, minute, health) "
+                          "and at the max_publish_interval_ms refresh: ~1/3 fewer states, a sample that moves "
+                          "nothing reaches the scheduler up to that refresh late")
     max_clock_skew_s: float = Field(30.0, ge=0, description="a sample stamped further ahead of the worker's clock "
                                                           "is rejected")
     gpu_rehome_after_s: float = Field(600.0, ge=0, description="a GPU UUID reported by another node is dead-lettered "

@@ -18,6 +18,8 @@ from contract.events import GpuState, encode
 from gpuaware.local.stream_workers import StreamWorkerProcess
 from plumbing.kafka_admin import end_offsets
 from plumbing.kafka_settings import KafkaSettings
+from stream.app import tracker_settings
+from stream.settings import StreamSettings
 from tests.support import fleet_batch as _batch
 from tests.support import produce as _produce
 from tests.support import watch as _watch
@@ -117,3 +119,12 @@ def test_a_record_older_in_the_log_than_a_heartbeat_interval_with_newer_ones_aft
     assert not _behind(record(30_001, offset=99), now, 30_000, highwater=100)  # the partition's last record
     assert not _behind(record(None), now, 30_000, highwater=100)  # no log time: treated as live
     assert not _behind(record(30_001), now, 30_000, highwater=None)  # no fetch position: treated as live
+
+
+def test_the_stream_section_reaches_every_gpu_tracker() -> None:
+    t = tracker_settings(StreamSettings(min_publish_interval_ms=2000, max_publish_interval_ms=20_000,
+                                        publish_every_sample=False, max_clock_skew_s=5, gpu_rehome_after_s=60,
+                                        horizons_min=[15, 5]))
+    assert (t.min_interval_ms, t.max_interval_ms, t.every_sample, t.max_clock_skew_ms, t.rehome_after_ms,
+            t.horizons_min) == (2000, 20_000, False, 5000, 60_000, (5, 15))
+    assert tracker_settings(StreamSettings()).every_sample is True

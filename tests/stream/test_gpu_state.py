@@ -7,7 +7,7 @@ import json
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, HealthBand, Severity, TelemetryBatch
+from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, HealthBand, Severity, TelemetryBatch, WatchPoint
 from stream.gpu_state import GpuTracker, TrackerSettings
 from stream.metrics import StreamCollector
 from stream.processor import StreamProcessor
@@ -93,7 +93,7 @@ def test_forecasts_are_bounded_and_rebuilt_from_history_after_a_restart() -> Non
 
 
 def test_publishing_is_on_change_and_rate_bounded() -> None:
-    proc = StreamProcessor({}, TrackerSettings(min_interval_ms=1000, max_interval_ms=10_000))
+    proc = StreamProcessor({}, TrackerSettings(min_interval_ms=1000, max_interval_ms=10_000, every_sample=False))
     t0 = 1_700_000_000_000
     assert len(proc.on_telemetry(telemetry_batch("n", 1, t0), 0, t0)) == 1  # first state
     assert proc.on_telemetry(telemetry_batch("n", 2, t0 + 1500), 0, t0 + 1500) == []  # unchanged
@@ -103,6 +103,25 @@ def test_publishing_is_on_change_and_rate_bounded() -> None:
     assert proc.on_telemetry(telemetry_batch("n", 3, t0 + 10_400, util=95), 0, t0 + 10_400) == []  # changed, too soon
     (changed,) = proc.on_telemetry(telemetry_batch("n", 4, t0 + 11_400, util=95), 0, t0 + 11_400)
     assert changed.util_gpu > 60
+
+
+def test_every_new_sample_is_published_rate_bounded_and_not_while_catching_up() -> None:
+    """The default: a sample that moves nothing past the steps still reaches the scheduler with the next state, not
+    with the refresh (``bench.publish_latency``: p99 sample-to-state 24 s -> the agents' 5 s batching)."""
+    proc = StreamProcessor({}, TrackerSettings(min_interval_ms=1000, max_interval_ms=30_000))
+    assert len(proc.on_telemetry(telemetry_batch("n", 1, T0), 0, T0)) == 1
+    assert proc.on_telemetry(telemetry_batch("n", 2, T0 + 500), 0, T0 + 500) == []  # within min_interval_ms
+    (held,) = proc.heartbeats(T0 + 1000, None)  # ... so the heartbeat takes it
+    assert held.sample_ts_ms == T0 + 500
+    (same,) = proc.on_telemetry(telemetry_batch("n", 3, T0 + 2500), 0, T0 + 2500)  # unchanged values, new sample
+    assert same.sample_ts_ms == T0 + 2500
+    assert proc.heartbeats(T0 + 4000, None) == []  # nothing new: nothing until the refresh
+    # A watch point moves utilisation but is no new sample: below the steps it waits for the refresh as before.
+    points = telemetry_batch("n", 4, T0 + 5000)
+    points.samples, points.points = [], [WatchPoint(0, 0, 51, 2500)]
+    assert proc.on_telemetry(points, 0, T0 + 5000) == []
+    # Behind (records of the GPU follow in the log): new samples wait for the heartbeat's rate.
+    assert proc.on_telemetry(telemetry_batch("n", 5, T0 + 6000), 0, T0 + 6000, behind=True) == []
 
 
 def test_a_worker_catching_up_publishes_health_changes_at_once_and_the_rest_as_heartbeats() -> None:
@@ -170,7 +189,7 @@ def test_snapshot_fingerprint_is_what_asdict_gives():
 def test_the_heartbeat_passes_over_gpus_with_nothing_new_without_building_their_signature(monkeypatch) -> None:
     """At fleet size the heartbeat built every GPU's signature every second (docs/performance.md); only a GPU
     that learnt something since its last state is looked at again, and what it learnt still goes out."""
-    proc = StreamProcessor({}, TrackerSettings(min_interval_ms=1000, max_interval_ms=10_000))
+    proc = StreamProcessor({}, TrackerSettings(min_interval_ms=1000, max_interval_ms=10_000, every_sample=False))
     assert len(proc.on_telemetry(telemetry_batch("n", 1, T0), 0, T0)) == 1
     built = []
     real = GpuTracker._signature
