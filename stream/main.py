@@ -8,6 +8,7 @@ import logging
 from prometheus_client import CollectorRegistry, start_http_server
 
 from contract import topics
+from plumbing.gc_policy import FreezeSurvivors
 from plumbing.kafka_admin import check_group, check_topics, default_replication_factor, ensure_topics, wait_ready
 from plumbing.kafka_settings import KafkaSettings
 from stream.app import create_app, internal_topics
@@ -55,8 +56,23 @@ def run_worker(kafka: KafkaSettings, settings: StreamSettings, cluster: str, met
         registry.register(StreamCollector(stats, lambda: list(processor.trackers.values()), app.gpuaware_lag))
         start_http_server(metrics_port, addr=metrics_host, registry=registry)
         log.info("serving /metrics on %s:%d", metrics_host, metrics_port)
+    tune_gc(app)
     # The Faust worker owns the event loop and stops cleanly on SIGINT/SIGTERM.
     make_worker(app, log_level).execute_from_commandline()
+
+
+def tune_gc(app: object) -> FreezeSurvivors:
+    """The worker's heap is mostly its GPUs' trackers, kept for as long as it holds their partitions: full
+    collections walk only what came since the last one (``plumbing.gc_policy.FreezeSurvivors``), and partitions
+    taken away (their trackers dropped) make the next one walk everything."""
+    survivors = FreezeSurvivors().install()
+
+    @app.on_partitions_revoked.connect  # type: ignore[attr-defined]
+    async def reclaim(sender: object, revoked: set, **_: object) -> None:
+        if revoked:
+            survivors.reclaim()
+
+    return survivors
 
 
 def make_worker(app: object, log_level: str) -> object:

@@ -1,10 +1,13 @@
-"""settle_long_lived_heap: what is loaded is out of the collector's walks, and young collections are rarer."""
+"""settle_long_lived_heap: what is loaded is out of the collector's walks, and young collections are rarer;
+FreezeSurvivors: what survived a full collection is out of the next ones' walks, until a reclaim."""
 
 import gc
+import weakref
 
 from plumbing.gc_policy import (
     PYTHON_DEFAULT_THRESHOLD,
     YOUNG_THRESHOLD,
+    FreezeSurvivors,
     fresh_process_gc,
     hold_collections,
     settle_long_lived_heap,
@@ -58,3 +61,45 @@ def test_fresh_process_gc_undoes_the_settling_and_frees_what_the_last_one_froze(
         gc.enable()
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+class _Cyclic:
+    pass
+
+
+def test_full_collections_freeze_their_survivors_and_a_reclaim_frees_cycles_dropped_meanwhile():
+    before = gc.get_threshold()
+    now = [0.0]
+    survivors = FreezeSurvivors(reclaim_every_s=60.0, clock=lambda: now[0]).install()
+    try:
+        gc.unfreeze()
+        assert gc.get_threshold() == before
+        tracker = _Cyclic()
+        tracker.me = tracker  # long-lived, in a cycle
+        gone = weakref.ref(tracker)
+        kept = [[i] for i in range(1000)]
+        gc.collect()
+        assert survivors.frozen >= 1 and gc.get_freeze_count() >= len(kept) + 1
+        # A later full collection walks only what came since: the frozen cycle, dropped now, stays ...
+        del tracker
+        gc.collect()
+        assert gone() is not None and survivors.frozen >= 2
+        survivors.reclaim()  # ... until a reclaim (a rebalance let the trackers go): the next walk frees it
+        assert gc.get_freeze_count() == 0
+        gc.collect()
+        assert gone() is None
+        # And at the latest every reclaim_every_s: the full collection due then unfreezes instead of freezing.
+        late = _Cyclic()
+        late.me = late
+        late_gone = weakref.ref(late)
+        gc.collect()
+        del late
+        now[0] = 61.0
+        gc.collect()  # the reclaim: unfrozen, not frozen again
+        assert survivors.reclaims == 2 and gc.get_freeze_count() == 0
+        gc.collect()
+        assert late_gone() is None
+    finally:
+        survivors.uninstall()
+        gc.set_threshold(*before)
+    assert survivors._after_collection not in gc.callbacks and gc.get_freeze_count() == 0
