@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import time
 from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 YOUNG_THRESHOLD = 50_000
 PYTHON_DEFAULT_THRESHOLD = gc.get_threshold()  # as the interpreter started (this module loads before any tuning)
@@ -54,17 +57,28 @@ class FreezeSurvivors:
     what survived a full collection is frozen out of the next ones, so each walks what came since.
 
     A stream worker holding 16,384 GPUs' trackers (2.5M tracked objects) ran a full collection every 3-30 s,
-    each holding the GIL for 1.3-1.9 s and freeing nothing (docs/performance.md): its consumer lag, and the
-    sample-to-state latency, jumped by as much. The price: a cycle among frozen objects that becomes garbage
-    (a tracker of a revoked partition, say, were it cyclic) is only freed by a ``reclaim``: it unfreezes, so the
-    next full collection walks the whole heap once. The caller reclaims where much long-lived state was let
-    go (a rebalance), and one is made every ``reclaim_every_s`` in any case, so nothing is held for good."""
+    each holding the GIL for 1.3-1.9 s and freeing nothing (docs/performance.md, the stream's "Where the time
+    went", item 8); frozen, they took 3-40 ms. The price: a full collection is no test of long life, so what was
+    alive at it only for the moment (a record in flight, a future) is frozen too, and if it dies in a cycle it is
+    held until a ``reclaim``, which unfreezes so that the next full collection walks, and frees from, the whole
+    heap once (the long pause, once). The caller reclaims where much long-lived state was let go (a rebalance),
+    and one is made every ``reclaim_every_s`` in any case, which bounds what can be held. As a Prometheus
+    collector it shows the frozen objects, so a growth that is not the fleet's shows. (CPython 3.11, which the
+    image pins: later collectors number their generations differently.)"""
 
-    def __init__(self, reclaim_every_s: float = 3600.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, reclaim_every_s: float = 600.0, clock: Callable[[], float] = time.monotonic,
+                 prefix: str = "gpuaware"):
         self.reclaim_every_s = reclaim_every_s
         self.clock = clock
+        self.prefix = prefix
         self.next_reclaim = clock() + reclaim_every_s
         self.frozen = self.reclaims = 0
+        # A reclaim on the event loop's thread and a callback on another (a collection runs on whichever thread
+        # allocates) must not interleave: a freeze right after the reclaim's unfreeze would undo it. Neither side
+        # allocates a tracked object while holding it, so no collection (and callback) can start inside it.
+        self._lock = threading.RLock()
+        self._counted_at = -1e18
+        self._frozen_objects = 0
 
     def install(self) -> FreezeSurvivors:
         # The interpreter's thresholds stay: frequent full collections are what keep each one small. (With the
@@ -80,18 +94,32 @@ class FreezeSurvivors:
 
     def reclaim(self) -> None:
         """The next full collection walks (and frees from) the whole heap again."""
-        gc.unfreeze()
-        self.reclaims += 1
-        self.next_reclaim = self.clock() + self.reclaim_every_s
+        with self._lock:
+            gc.unfreeze()
+            self.reclaims += 1
+            self.next_reclaim = self.clock() + self.reclaim_every_s
 
     def _after_collection(self, phase: str, info: dict) -> None:
         if phase != "stop" or info["generation"] != 2:
             return
-        if self.clock() >= self.next_reclaim:
-            self.reclaim()
-        else:
-            gc.freeze()  # the survivors: what the heap holds now
-            self.frozen += 1
+        with self._lock:
+            if self.clock() >= self.next_reclaim:
+                self.reclaim()
+            else:
+                gc.freeze()  # the survivors: what the heap holds now
+                self.frozen += 1
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.clock()
+        if now - self._counted_at >= 10.0:  # a count walks the frozen list: millions of objects at fleet size
+            self._frozen_objects, self._counted_at = gc.get_freeze_count(), now
+        yield GaugeMetricFamily(f"{self.prefix}_gc_frozen_objects", "objects kept out of the cyclic collector's "
+                                "walks (plumbing.gc_policy.FreezeSurvivors; counted at most every 10 s)",
+                                value=self._frozen_objects)
+        yield CounterMetricFamily(f"{self.prefix}_gc_freezes", "full collections whose survivors were frozen",
+                                  value=self.frozen)
+        yield CounterMetricFamily(f"{self.prefix}_gc_reclaims", "unfreezes, each making the next full collection "
+                                  "walk the whole heap", value=self.reclaims)
 
 
 def fresh_process_gc() -> None:

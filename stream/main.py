@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -51,20 +52,22 @@ def run_worker(kafka: KafkaSettings, settings: StreamSettings, cluster: str, met
     settings = asyncio.run(prepare(kafka, settings))
     stats = StreamStats()
     app, processor = create_app(kafka, settings, cluster, stats, node_verifier(settings, stats))
+    survivors, _ = tune_gc(app)
     if metrics_port:
         registry = CollectorRegistry()
         registry.register(StreamCollector(stats, lambda: list(processor.trackers.values()), app.gpuaware_lag))
+        registry.register(survivors)
         start_http_server(metrics_port, addr=metrics_host, registry=registry)
         log.info("serving /metrics on %s:%d", metrics_host, metrics_port)
-    tune_gc(app)
     # The Faust worker owns the event loop and stops cleanly on SIGINT/SIGTERM.
     make_worker(app, log_level).execute_from_commandline()
 
 
-def tune_gc(app: object) -> FreezeSurvivors:
+def tune_gc(app: object) -> tuple[FreezeSurvivors, Callable[..., Awaitable[None]]]:
     """The worker's heap is mostly its GPUs' trackers, kept for as long as it holds their partitions: full
     collections walk only what came since the last one (``plumbing.gc_policy.FreezeSurvivors``), and partitions
-    taken away (their trackers dropped) make the next one walk everything."""
+    taken away (their trackers dropped) make the next one walk everything. Returns the policy and the revocation
+    handler connected to ``app``."""
     survivors = FreezeSurvivors().install()
 
     @app.on_partitions_revoked.connect  # type: ignore[attr-defined]
@@ -72,7 +75,7 @@ def tune_gc(app: object) -> FreezeSurvivors:
         if revoked:
             survivors.reclaim()
 
-    return survivors
+    return survivors, reclaim
 
 
 def make_worker(app: object, log_level: str) -> object:

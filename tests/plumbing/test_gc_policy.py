@@ -4,6 +4,8 @@ FreezeSurvivors: what survived a full collection is out of the next ones' walks,
 import gc
 import weakref
 
+from prometheus_client import CollectorRegistry, generate_latest
+
 from plumbing.gc_policy import (
     PYTHON_DEFAULT_THRESHOLD,
     YOUNG_THRESHOLD,
@@ -103,3 +105,19 @@ def test_full_collections_freeze_their_survivors_and_a_reclaim_frees_cycles_drop
         survivors.uninstall()
         gc.set_threshold(*before)
     assert survivors._after_collection not in gc.callbacks and gc.get_freeze_count() == 0
+
+
+def test_the_policy_shows_what_it_froze_and_how_often_it_reclaimed():
+    survivors = FreezeSurvivors().install()
+    try:
+        kept = [[i] for i in range(1000)]
+        gc.collect()
+        survivors.reclaim()
+        registry = CollectorRegistry()
+        registry.register(survivors)
+        text = generate_latest(registry).decode()
+        assert survivors.frozen >= 1 and f"gpuaware_gc_freezes_total {float(survivors.frozen)}" in text
+        assert "gpuaware_gc_reclaims_total 1.0" in text
+        assert "gpuaware_gc_frozen_objects 0.0" in text and kept  # counted after the reclaim's unfreeze
+    finally:
+        survivors.uninstall()

@@ -36,9 +36,8 @@ async def test_the_worker_freezes_what_full_collections_keep_and_a_revocation_re
     # A full collection walked the whole fleet's trackers every few seconds, holding the GIL for over a second
     # at 16,384 GPUs (docs/performance.md).
     app = faust.App("test-tune-gc", broker="kafka://127.0.0.1:1", datadir=str(tmp_path), web_enabled=False)
-    survivors = tune_gc(app)
+    survivors, handler = tune_gc(app)
     try:
-        gc.unfreeze()
         kept = [[i] for i in range(1000)]
         gc.collect()
         assert gc.get_freeze_count() >= len(kept) and survivors.frozen >= 1
@@ -47,4 +46,5 @@ async def test_the_worker_freezes_what_full_collections_keep_and_a_revocation_re
         await app.on_partitions_revoked.send({TopicPartition("gpu.telemetry.v1", 0)})
         assert survivors.reclaims == 1 and gc.get_freeze_count() == 0
     finally:
+        app.on_partitions_revoked.disconnect(handler)
         survivors.uninstall()
