@@ -19,7 +19,7 @@ class StreamSettings(BaseModel):
     publish_every_sample: bool = Field(
         True, description="a state for every new full sample (at most every min_publish_interval_ms); false: only "
                           "on a change past the steps (utilisation 5 points, framebuffer 5%, class, minute, health) "
-                          "and at the max_publish_interval_ms refresh: ~1/3 fewer states, a sample that moves "
+                          "and at the max_publish_interval_ms refresh: ~30% fewer states, a sample that moves "
                           "nothing reaches the scheduler up to that refresh late")
     max_clock_skew_s: float = Field(30.0, ge=0, description="a sample stamped further ahead of the worker's clock "
                                                           "is rejected")
@@ -48,6 +48,9 @@ class StreamSettings(BaseModel):
     take_max_records: int = Field(500, ge=1, description="records a worker handles together (one table write per "
                                                         "node and at most one state per GPU for all of them); 1 "
                                                         "handles each record on its own")
+    fetch_max_wait_ms: int = Field(100, ge=1, le=1500, description="how long the broker may hold a worker's fetch "
+                                   "for records to come (Faust's own 1500 ms made the embedded broker hold records "
+                                   "back; on Apache Kafka it only paces an idle worker's fetches)")
     take_within_s: float = Field(0.05, gt=0, le=5, description="how long a worker waits to fill a take before "
                                                                "handling what it has (adds to sample-to-state latency)")
     data_dir: str = Field("/tmp/gpuaware-stream", description="Faust's working directory (the rocksdb store's "

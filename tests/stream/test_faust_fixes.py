@@ -17,7 +17,10 @@ from faust.tables.recovery import Recovery
 from faust.transport.producer import ProducerBuffer
 from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
+from plumbing.kafka_settings import KafkaSettings
 from stream import faust_fixes
+from stream.app import create_app
+from stream.settings import StreamSettings
 
 TP = "telemetry-0"
 COMMITTED = 101  # the partition's committed offset: the first record the new owner must process
@@ -256,3 +259,22 @@ def test_install_twice_wraps_once() -> None:
     send = ProducerBuffer._send_pending
     faust_fixes.install()
     assert ProducerBuffer._send_pending is send and Recovery.on_recovery_completed is faust_fixes._on_recovery_completed
+
+
+def test_the_worker_consumer_asks_the_broker_to_hold_a_fetch_as_long_as_the_stream_settings_say(tmp_path) -> None:
+    """Fix 4: Faust's fixed 1500 ms let the embedded broker hold records back (bench stream, two workers: p99
+    sample-to-state 1.83 s)."""
+
+    def asked(app) -> int:
+        async def build() -> int:
+            consumer = app.consumer._thread._create_worker_consumer(app.transport)
+            await consumer.stop()  # never started: nothing to close but its client object
+            return consumer._fetch_max_wait_ms
+        return asyncio.run(build())
+
+    settings = StreamSettings(data_dir=str(tmp_path), fetch_max_wait_ms=80)
+    app, _ = create_app(KafkaSettings(bootstrap_servers="127.0.0.1:1"), settings)
+    assert asked(app) == 80
+    del app.gpuaware_fetch_max_wait_ms  # an app that says nothing: what the pinned Faust asks
+    assert asked(app) == 1500
+    assert StreamSettings().fetch_max_wait_ms == 100
