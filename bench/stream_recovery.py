@@ -55,7 +55,7 @@ async def _ends(kafka: KafkaSettings, topic: str, partitions: int) -> dict[Topic
 async def _states_after(kafka: KafkaSettings, start: dict[TopicPartition, int], prefix: str, want: int, gpus: int,
                         timeout_s: float) -> tuple[bool, float]:
     """(every GPU of the fleet published a state counting ``want`` samples, monotonic time of the last one)."""
-    consumer = AIOKafkaConsumer(**kafka.consumer_kwargs(None), fetch_max_wait_ms=100)
+    consumer = AIOKafkaConsumer(**kafka.consumer_kwargs(None))  # (its fetch_max_wait_ms: 100 by default)
     await consumer.start()
     counts: dict[str, int] = {}
     last = time.monotonic()

@@ -272,7 +272,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     consumed = {topics.TELEMETRY, topics.EVENTS, by_node_name, demand_topic.get_topic_name()}
     app.gpuaware_lag = lambda: _lag(app, positions, consumed)  # type: ignore[attr-defined]
     # What the worker's consumer asks the broker to hold a fetch for (faust_fixes, fix 4).
-    app.gpuaware_fetch_max_wait_ms = settings.fetch_max_wait_ms  # type: ignore[attr-defined]
+    app.gpuaware_fetch_max_wait_ms = kafka.fetch_max_wait_ms  # type: ignore[attr-defined]
     return app, processor
 
 

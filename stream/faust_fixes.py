@@ -31,8 +31,8 @@ And one without which records wait in the broker:
    wait even when records arrive meanwhile: a record produced at a random moment reached a consumer 0.03-0.70 s
    later with 1500 ms, 0.00-0.05 s with 100 ms (``bench stream``'s latency phase with two workers: p99 1.83 s,
    most of it that wait). Here the consumer asks for the app's ``gpuaware_fetch_max_wait_ms``
-   (``stream.fetch_max_wait_ms``); on Apache Kafka a shorter wait only makes an idle worker's empty fetches more
-   frequent.
+   (``kafka.fetch_max_wait_ms``, what every other consumer asks too); on Apache Kafka a shorter wait only makes
+   an idle worker's empty fetches more frequent.
 
 Faust's other resume path (``Recovery._resume_streams``, for apps without tables) has the first ordering too;
 the stream app always has a table, so it is left alone. tests/stream/test_faust_fixes.py shows each loss with

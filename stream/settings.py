@@ -48,9 +48,6 @@ class StreamSettings(BaseModel):
     take_max_records: int = Field(500, ge=1, description="records a worker handles together (one table write per "
                                                         "node and at most one state per GPU for all of them); 1 "
                                                         "handles each record on its own")
-    fetch_max_wait_ms: int = Field(100, ge=1, le=1500, description="how long the broker may hold a worker's fetch "
-                                   "for records to come (Faust's own 1500 ms made the embedded broker hold records "
-                                   "back; on Apache Kafka it only paces an idle worker's fetches)")
     take_within_s: float = Field(0.05, gt=0, le=5, description="how long a worker waits to fill a take before "
                                                                "handling what it has (adds to sample-to-state latency)")
     data_dir: str = Field("/tmp/gpuaware-stream", description="Faust's working directory (the rocksdb store's "

@@ -272,9 +272,9 @@ def test_the_worker_consumer_asks_the_broker_to_hold_a_fetch_as_long_as_the_stre
             return consumer._fetch_max_wait_ms
         return asyncio.run(build())
 
-    settings = StreamSettings(data_dir=str(tmp_path), fetch_max_wait_ms=80)
-    app, _ = create_app(KafkaSettings(bootstrap_servers="127.0.0.1:1"), settings)
+    kafka = KafkaSettings(bootstrap_servers="127.0.0.1:1", fetch_max_wait_ms=80)
+    app, _ = create_app(kafka, StreamSettings(data_dir=str(tmp_path)))
     assert asked(app) == 80
     del app.gpuaware_fetch_max_wait_ms  # an app that says nothing: what the pinned Faust asks
     assert asked(app) == 1500
-    assert StreamSettings().fetch_max_wait_ms == 100
+    assert KafkaSettings().consumer_kwargs(None)["fetch_max_wait_ms"] == 100  # every other consumer asks the same
