@@ -42,9 +42,10 @@ class KafkaSettings(BaseModel):
     # Tansu holds a JoinGroup for about half the session timeout, so small values start consumer
     # groups faster there; real Kafka rejects values under group.min.session.timeout.ms (6 s).
     session_timeout_ms: int = Field(10_000, ge=1_000, le=300_000)
-    # The embedded broker holds a fetch for part of this wait even when records arrive meanwhile (a record
-    # reached a consumer up to 0.70 s late at Faust's 1500 ms, 0.23 s at aiokafka's 500, 0.05 s at 100); real
-    # Kafka answers as soon as it has one, so there a short wait only makes an idle consumer's fetches frequent.
+    # aiokafka has one fetch in flight per broker, for the partitions with nothing left to take: records arriving
+    # for the others wait while the broker holds it, up to this long. The embedded broker also holds a fetch for
+    # part of the wait when its own partitions get records (a record reached a consumer up to 0.70 s late at
+    # Faust's 1500 ms, 0.23 s at aiokafka's 500, 0.05 s at 100). Shorter: an idle consumer's fetches come oftener.
     fetch_max_wait_ms: int = Field(100, ge=1, le=1_500, description="how long the broker may hold a consumer's "
                                    "fetch waiting for records (every consumer, the stream workers' included)")
     embedded_broker_compat: bool = Field(

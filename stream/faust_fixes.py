@@ -26,13 +26,15 @@ Three things dropped records after that seek, for good (the consumer's position 
 
 And one without which records wait in the broker:
 
-4. **A fetch held for 1.5 s.** Faust builds its worker's consumer with ``fetch_max_wait_ms=1500``, fixed. Apache
-   Kafka answers a fetch as soon as it has a record, but the embedded broker (Tansu) holds one for part of that
-   wait even when records arrive meanwhile: a record produced at a random moment reached a consumer 0.03-0.70 s
-   later with 1500 ms, 0.00-0.05 s with 100 ms (``bench stream``'s latency phase with two workers: p99 1.83 s,
-   most of it that wait). Here the consumer asks for the app's ``gpuaware_fetch_max_wait_ms``
-   (``kafka.fetch_max_wait_ms``, what every other consumer asks too); on Apache Kafka a shorter wait only makes
-   an idle worker's empty fetches more frequent.
+4. **A fetch held for 1.5 s.** Faust builds its worker's consumer with ``fetch_max_wait_ms=1500``, fixed. aiokafka
+   has one fetch in flight per broker, for the partitions whose fetched records have all been taken; while the
+   broker holds it (no new record for *those*), records arriving for the others wait for it to return. And the
+   embedded broker (Tansu) holds a fetch for part of the wait even when its own partitions get records: a record
+   produced at a random moment reached a consumer 0.03-0.70 s later with 1500 ms, 0.00-0.05 s with 100 ms.
+   (``bench stream``'s latency phase with two workers: p99 1.83 s; the 16,384-GPU pipeline on Apache Kafka: p99
+   beyond batching 3.0-3.7 s, 0.72 s with 100 ms.) Here the consumer asks for the app's
+   ``gpuaware_fetch_max_wait_ms`` (``kafka.fetch_max_wait_ms``, what every other consumer asks too); an idle
+   worker's empty fetches come more often.
 
 Faust's other resume path (``Recovery._resume_streams``, for apps without tables) has the first ordering too;
 the stream app always has a table, so it is left alone. tests/stream/test_faust_fixes.py shows each loss with
