@@ -73,10 +73,13 @@ class FreezeSurvivors:
         self.prefix = prefix
         self.next_reclaim = clock() + reclaim_every_s
         self.frozen = self.reclaims = 0
-        # A reclaim on the event loop's thread and a callback on another (a collection runs on whichever thread
-        # allocates) must not interleave: a freeze right after the reclaim's unfreeze would undo it. Neither side
-        # allocates a tracked object while holding it, so no collection (and callback) can start inside it.
+        # A reclaim on the event loop's thread and a collection on another (one runs on whichever thread
+        # allocates) may interleave: a freeze after the reclaim's unfreeze, by a collection that began before it,
+        # would freeze a heap nobody walked. So a collection freezes only if no reclaim came since it started;
+        # the lock keeps each side's check and change together. Neither side allocates a tracked object while
+        # holding it, so no collection (and callback) can start inside it.
         self._lock = threading.RLock()
+        self._reclaims_at_start = 0
         self._counted_at = -1e18
         self._frozen_objects = 0
 
@@ -84,12 +87,12 @@ class FreezeSurvivors:
         # The interpreter's thresholds stay: frequent full collections are what keep each one small. (With the
         # young generation at 50,000, as settle_long_lived_heap sets, the first full collection came after the
         # worker had met 16,384 GPUs and walked all 2.4M objects at once: 1.4 s.)
-        gc.callbacks.append(self._after_collection)
+        gc.callbacks.append(self._on_collection)
         return self
 
     def uninstall(self) -> None:
         with contextlib.suppress(ValueError):
-            gc.callbacks.remove(self._after_collection)
+            gc.callbacks.remove(self._on_collection)
         gc.unfreeze()
 
     def reclaim(self) -> None:
@@ -99,13 +102,15 @@ class FreezeSurvivors:
             self.reclaims += 1
             self.next_reclaim = self.clock() + self.reclaim_every_s
 
-    def _after_collection(self, phase: str, info: dict) -> None:
-        if phase != "stop" or info["generation"] != 2:
+    def _on_collection(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
             return
         with self._lock:
-            if self.clock() >= self.next_reclaim:
+            if phase == "start":
+                self._reclaims_at_start = self.reclaims
+            elif self.clock() >= self.next_reclaim:
                 self.reclaim()
-            else:
+            elif self.reclaims == self._reclaims_at_start:
                 gc.freeze()  # the survivors: what the heap holds now
                 self.frozen += 1
 

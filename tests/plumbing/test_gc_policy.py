@@ -104,7 +104,7 @@ def test_full_collections_freeze_their_survivors_and_a_reclaim_frees_cycles_drop
     finally:
         survivors.uninstall()
         gc.set_threshold(*before)
-    assert survivors._after_collection not in gc.callbacks and gc.get_freeze_count() == 0
+    assert survivors._on_collection not in gc.callbacks and gc.get_freeze_count() == 0
 
 
 def test_the_policy_shows_what_it_froze_and_how_often_it_reclaimed():
@@ -119,5 +119,23 @@ def test_the_policy_shows_what_it_froze_and_how_often_it_reclaimed():
         assert survivors.frozen >= 1 and f"gpuaware_gc_freezes_total {float(survivors.frozen)}" in text
         assert "gpuaware_gc_reclaims_total 1.0" in text
         assert "gpuaware_gc_frozen_objects 0.0" in text and kept  # counted after the reclaim's unfreeze
+    finally:
+        survivors.uninstall()
+
+
+def test_a_collection_that_began_before_a_reclaim_does_not_freeze_after_it():
+    # Another thread's full collection, switched out between its end and its callback while the event loop
+    # reclaimed, froze the whole heap nobody had walked: the reclaim was lost for ten minutes (review).
+    survivors = FreezeSurvivors()
+    try:
+        gc.unfreeze()
+        kept = [[i] for i in range(1000)]
+        survivors._on_collection("start", {"generation": 2})
+        survivors.reclaim()
+        survivors._on_collection("stop", {"generation": 2, "collected": 0, "uncollectable": 0})
+        assert gc.get_freeze_count() == 0 and survivors.frozen == 0 and kept
+        survivors._on_collection("start", {"generation": 2})  # the next one, after the reclaim, freezes
+        survivors._on_collection("stop", {"generation": 2, "collected": 0, "uncollectable": 0})
+        assert gc.get_freeze_count() >= len(kept) and survivors.frozen == 1
     finally:
         survivors.uninstall()
