@@ -19,6 +19,7 @@ import json
 import logging
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import faust
@@ -98,9 +99,10 @@ def now_ms() -> int:
 
 
 def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "local",
-               stats: StreamStats | None = None,
-               verifier: NodeVerifier | None = None) -> tuple[faust.App, StreamProcessor]:
-    """``verifier``: when given, telemetry and events must carry their node's token (stream.identity)."""
+               stats: StreamStats | None = None, verifier: NodeVerifier | None = None,
+               after_revoke: Callable[[], None] | None = None) -> tuple[faust.App, StreamProcessor]:
+    """``verifier``: when given, telemetry and events must carry their node's token (stream.identity).
+    ``after_revoke``: called once the trackers of revoked partitions are dropped (the worker's collector policy)."""
     faust_fixes.install()
     if kafka.embedded_broker_compat:
         _patch_end_offsets(kafka)
@@ -263,6 +265,8 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: set, **_: Any) -> None:
         processor.forget({tp.partition for tp in revoked if tp.topic == topics.TELEMETRY})
+        if revoked and after_revoke is not None:
+            after_revoke()  # after the forget: what it dropped is what the next full collection may free
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender: Any, assigned_tps: set, **_: Any) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -51,8 +50,12 @@ def run_worker(kafka: KafkaSettings, settings: StreamSettings, cluster: str, met
                log_level: str = "info") -> None:
     settings = asyncio.run(prepare(kafka, settings))
     stats = StreamStats()
-    app, processor = create_app(kafka, settings, cluster, stats, node_verifier(settings, stats))
-    survivors, _ = tune_gc(app)
+    # The heap is mostly the GPUs' trackers, kept while the worker holds their partitions: full collections walk
+    # only what came since the last one, and partitions revoked (their trackers dropped) make the next one walk
+    # everything (plumbing.gc_policy.FreezeSurvivors).
+    survivors = FreezeSurvivors().install()
+    app, processor = create_app(kafka, settings, cluster, stats, node_verifier(settings, stats),
+                                after_revoke=survivors.reclaim)
     if metrics_port:
         registry = CollectorRegistry()
         registry.register(StreamCollector(stats, lambda: list(processor.trackers.values()), app.gpuaware_lag))
@@ -61,21 +64,6 @@ def run_worker(kafka: KafkaSettings, settings: StreamSettings, cluster: str, met
         log.info("serving /metrics on %s:%d", metrics_host, metrics_port)
     # The Faust worker owns the event loop and stops cleanly on SIGINT/SIGTERM.
     make_worker(app, log_level).execute_from_commandline()
-
-
-def tune_gc(app: object) -> tuple[FreezeSurvivors, Callable[..., Awaitable[None]]]:
-    """The worker's heap is mostly its GPUs' trackers, kept for as long as it holds their partitions: full
-    collections walk only what came since the last one (``plumbing.gc_policy.FreezeSurvivors``), and partitions
-    taken away (their trackers dropped) make the next one walk everything. Returns the policy and the revocation
-    handler connected to ``app``."""
-    survivors = FreezeSurvivors().install()
-
-    @app.on_partitions_revoked.connect  # type: ignore[attr-defined]
-    async def reclaim(sender: object, revoked: set, **_: object) -> None:
-        if revoked:
-            survivors.reclaim()
-
-    return survivors, reclaim
 
 
 def make_worker(app: object, log_level: str) -> object:

@@ -18,7 +18,8 @@ from contract.events import GpuState, encode
 from gpuaware.local.stream_workers import StreamWorkerProcess
 from plumbing.kafka_admin import end_offsets
 from plumbing.kafka_settings import KafkaSettings
-from stream.app import tracker_settings
+from stream.app import create_app, tracker_settings
+from stream.gpu_state import GpuTracker
 from stream.settings import StreamSettings
 from tests.support import fleet_batch as _batch
 from tests.support import produce as _produce
@@ -128,3 +129,20 @@ def test_the_stream_section_reaches_every_gpu_tracker() -> None:
     assert (t.min_interval_ms, t.max_interval_ms, t.every_sample, t.max_clock_skew_ms, t.rehome_after_ms,
             t.horizons_min) == (2000, 20_000, False, 5000, 60_000, (5, 15))
     assert tracker_settings(StreamSettings()).every_sample is True
+
+
+def test_a_revocation_calls_after_revoke_once_the_trackers_are_dropped(tmp_path) -> None:
+    """The worker's collector policy reclaims there (stream/main.py): after the forget, so the next full collection
+    may free what it dropped (review: two handlers of the signal ran in no set order)."""
+    seen: list[int] = []
+    app, processor = create_app(KafkaSettings(bootstrap_servers="127.0.0.1:1"), StreamSettings(data_dir=str(tmp_path)),
+                                after_revoke=lambda: seen.append(len(processor.trackers)))
+    processor.trackers["GPU-rv-0"], processor.partition_of["GPU-rv-0"] = GpuTracker(uuid="GPU-rv-0"), 3
+
+    async def revoke(tps: set) -> None:
+        await app.on_partitions_revoked.send(tps)
+
+    asyncio.run(revoke(set()))  # the first join revokes nothing
+    assert seen == []
+    asyncio.run(revoke({TopicPartition(topics.TELEMETRY, 3)}))
+    assert seen == [0]
