@@ -168,7 +168,9 @@ class AgentRuntime:
     async def consume_control(self, stop: asyncio.Event) -> None:
         """Read the compacted control topic from the beginning (last policy wins), then follow it."""
         while not stop.is_set():
-            consumer = AIOKafkaConsumer(**self.settings.consumer_kwargs(None))
+            # An idle one-partition topic: a policy change may wait half a second, and 6,250 agents' empty fetches
+            # at kafka.fetch_max_wait_ms (100) would be ~62,500 requests/s at one broker.
+            consumer = AIOKafkaConsumer(**{**self.settings.consumer_kwargs(None), "fetch_max_wait_ms": 500})
             try:
                 await consumer.start()
                 # Assigned, not subscribed (no group: every agent reads all of it), so the

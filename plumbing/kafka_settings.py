@@ -47,7 +47,8 @@ class KafkaSettings(BaseModel):
     # part of the wait when its own partitions get records (a record reached a consumer up to 0.70 s late at
     # Faust's 1500 ms, 0.23 s at aiokafka's 500, 0.05 s at 100). Shorter: an idle consumer's fetches come oftener.
     fetch_max_wait_ms: int = Field(100, ge=1, le=1_500, description="how long the broker may hold a consumer's "
-                                   "fetch waiting for records (every consumer, the stream workers' included)")
+                                   "fetch waiting for records (the stream workers' and the scheduler's feed among "
+                                   "them; the agents' idle control consumer asks 500)")
     embedded_broker_compat: bool = Field(
         False, description="work around the embedded Tansu broker's defects; off for real Kafka"
     )
@@ -73,6 +74,9 @@ class KafkaSettings(BaseModel):
             )
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ValueError("ssl_certfile/ssl_keyfile: give both for mutual TLS, or neither")
+        if self.fetch_max_wait_ms >= self.request_timeout_ms:
+            raise ValueError(f"fetch_max_wait_ms: {self.fetch_max_wait_ms} must be below request_timeout_ms "
+                             f"({self.request_timeout_ms}), or every fetch the broker holds times out")
         return self
 
     @property

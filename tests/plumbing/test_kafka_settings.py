@@ -53,6 +53,7 @@ def test_tls_only_gives_faust_ssl_credentials():
         ({"security_protocol": "TLS"}, "security_protocol"),
         ({"compression": "brotli"}, "compression"),
         ({"bootstrap": "x:1"}, "bootstrap"),
+        ({"fetch_max_wait_ms": 1500, "request_timeout_ms": 1000}, "fetch_max_wait_ms: 1500 must be below"),
     ],
 )
 def test_bad_settings_are_rejected_with_the_field(kwargs, message):

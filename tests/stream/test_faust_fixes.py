@@ -261,7 +261,7 @@ def test_install_twice_wraps_once() -> None:
     assert ProducerBuffer._send_pending is send and Recovery.on_recovery_completed is faust_fixes._on_recovery_completed
 
 
-def test_the_worker_consumer_asks_the_broker_to_hold_a_fetch_as_long_as_the_stream_settings_say(tmp_path) -> None:
+def test_the_worker_consumer_asks_the_broker_to_hold_a_fetch_as_long_as_the_kafka_settings_say(tmp_path) -> None:
     """Fix 4: Faust's fixed 1500 ms let the embedded broker hold records back (bench stream, two workers: p99
     sample-to-state 1.83 s)."""
 
