@@ -170,7 +170,7 @@ class AgentRuntime:
         while not stop.is_set():
             # An idle one-partition topic: a policy change may wait half a second, and 6,250 agents' empty fetches
             # at kafka.fetch_max_wait_ms (100) would be ~62,500 requests/s at one broker.
-            consumer = AIOKafkaConsumer(**{**self.settings.consumer_kwargs(None), "fetch_max_wait_ms": 500})
+            consumer = AIOKafkaConsumer(**self.settings.consumer_kwargs(None, fetch_max_wait_ms=500))
             try:
                 await consumer.start()
                 # Assigned, not subscribed (no group: every agent reads all of it), so the

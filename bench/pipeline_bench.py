@@ -139,8 +139,8 @@ async def _start_group_at_end(kafka: KafkaSettings, group: str, names: tuple[str
         await consumer.stop()
 
 
-async def _watch_states(kafka: KafkaSettings, key_prefix: bytes, latencies: list[float], stop: asyncio.Event,
-                        delivery: list[float] | None = None) -> None:
+async def _watch_states(kafka: KafkaSettings, key_prefix: bytes, latencies: list[float], delivery: list[float],
+                        stop: asyncio.Event) -> None:
     """Sample-to-state latency of every state of slot-0 GPUs that carries a new sample (heartbeat
     republishes of an unchanged GPU repeat their sample's time and are not counted); ``delivery``: the part of
     it from the state's ``published_ms`` (the worker's clock, this machine's) to its arrival here."""
@@ -161,8 +161,7 @@ async def _watch_states(kafka: KafkaSettings, key_prefix: bytes, latencies: list
                     if isinstance(s, GpuState) and s.sample_ts_ms > newest.get(m.key, 0):
                         if m.key in newest:  # the first state seen may be an old one
                             latencies.append(now - s.sample_ts_ms / 1000)
-                            if delivery is not None:
-                                delivery.append(now - s.published_ms / 1000)
+                            delivery.append(now - s.published_ms / 1000)
                         newest[m.key] = s.sample_ts_ms
     finally:
         await consumer.stop()
@@ -225,7 +224,7 @@ async def run_size(kafka: KafkaSettings, gpus: int, workers: int, seconds: float
     generator.start()
     latencies: list[float] = []
     delivery: list[float] = []
-    watcher = asyncio.create_task(_watch_states(kafka, f"GPU-{prefix}-".encode(), latencies, stop, delivery))
+    watcher = asyncio.create_task(_watch_states(kafka, f"GPU-{prefix}-".encode(), latencies, delivery, stop))
     lags: list[float] = []
     feed_lag: list[float] = []
     view = sched.live.view

@@ -100,7 +100,7 @@ async def _wait_applied(workers: list[StreamWorkerProcess], total: int,
 
 async def _latency(kafka: KafkaSettings, fleet: Fleet, rate: float, seconds: float,
                    producer: AIOKafkaProducer) -> list[float]:
-    consumer = AIOKafkaConsumer(**{**kafka.consumer_kwargs(None, from_beginning=False), "fetch_max_wait_ms": 20})
+    consumer = AIOKafkaConsumer(**kafka.consumer_kwargs(None, from_beginning=False, fetch_max_wait_ms=20))
     await consumer.start()
     parts = [TopicPartition(topics.GPU_STATE, p) for p in range(topics.spec(topics.GPU_STATE).partitions)]
     consumer.assign(parts)

@@ -66,11 +66,9 @@ class FreezeSurvivors:
     collector it shows the frozen objects, so a growth that is not the fleet's shows. (CPython 3.11, which the
     image pins: later collectors number their generations differently.)"""
 
-    def __init__(self, reclaim_every_s: float = 600.0, clock: Callable[[], float] = time.monotonic,
-                 prefix: str = "gpuaware"):
+    def __init__(self, reclaim_every_s: float = 600.0, clock: Callable[[], float] = time.monotonic):
         self.reclaim_every_s = reclaim_every_s
         self.clock = clock
-        self.prefix = prefix
         self.next_reclaim = clock() + reclaim_every_s
         self.frozen = self.reclaims = 0
         # A reclaim on the event loop's thread and a collection on another (one runs on whichever thread
@@ -118,12 +116,12 @@ class FreezeSurvivors:
         now = self.clock()
         if now - self._counted_at >= 10.0:  # a count walks the frozen list: millions of objects at fleet size
             self._frozen_objects, self._counted_at = gc.get_freeze_count(), now
-        yield GaugeMetricFamily(f"{self.prefix}_gc_frozen_objects", "objects kept out of the cyclic collector's "
+        yield GaugeMetricFamily("gpuaware_gc_frozen_objects", "objects kept out of the cyclic collector's "
                                 "walks (plumbing.gc_policy.FreezeSurvivors; counted at most every 10 s)",
                                 value=self._frozen_objects)
-        yield CounterMetricFamily(f"{self.prefix}_gc_freezes", "full collections whose survivors were frozen",
+        yield CounterMetricFamily("gpuaware_gc_freezes", "full collections whose survivors were frozen",
                                   value=self.frozen)
-        yield CounterMetricFamily(f"{self.prefix}_gc_reclaims", "unfreezes, each making the next full collection "
+        yield CounterMetricFamily("gpuaware_gc_reclaims", "unfreezes, each making the next full collection "
                                   "walk the whole heap", value=self.reclaims)
 
 

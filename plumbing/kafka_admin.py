@@ -239,7 +239,7 @@ async def end_offsets(settings: KafkaSettings, partitions: Iterable[TopicPartiti
     the high watermark a Fetch reports, which Tansu gets right.
     """
     partitions = list(partitions)
-    consumer = AIOKafkaConsumer(**{**settings.consumer_kwargs(None), "fetch_max_wait_ms": 50}, max_poll_records=1)
+    consumer = AIOKafkaConsumer(**settings.consumer_kwargs(None, fetch_max_wait_ms=50), max_poll_records=1)
     await consumer.start()
     try:
         if not settings.embedded_broker_compat:

@@ -118,7 +118,9 @@ class KafkaSettings(BaseModel):
             "linger_ms": self.linger_ms,
         }
 
-    def consumer_kwargs(self, group_id: str | None, *, from_beginning: bool = True) -> dict[str, Any]:
+    def consumer_kwargs(self, group_id: str | None, *, from_beginning: bool = True,
+                        fetch_max_wait_ms: int | None = None) -> dict[str, Any]:
+        """``fetch_max_wait_ms``: this consumer's own wait instead of the setting's."""
         return {
             **self.common_kwargs(),
             "group_id": group_id,
@@ -127,7 +129,7 @@ class KafkaSettings(BaseModel):
             "isolation_level": "read_uncommitted",
             "session_timeout_ms": self.session_timeout_ms,
             "heartbeat_interval_ms": max(100, self.session_timeout_ms // 3),
-            "fetch_max_wait_ms": self.fetch_max_wait_ms,
+            "fetch_max_wait_ms": self.fetch_max_wait_ms if fetch_max_wait_ms is None else fetch_max_wait_ms,
         }
 
     def admin_kwargs(self) -> dict[str, Any]:

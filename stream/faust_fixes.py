@@ -33,7 +33,7 @@ And one without which records wait in the broker:
    produced at a random moment reached a consumer 0.03-0.70 s later with 1500 ms, 0.00-0.05 s with 100 ms.
    (``bench stream``'s latency phase with two workers: p99 1.83 s; the 16,384-GPU pipeline on Apache Kafka: p99
    beyond batching 2.7-3.7 s, 0.72 s with 100 ms.) Here the consumer asks for the app's
-   ``gpuaware_fetch_max_wait_ms`` (``kafka.fetch_max_wait_ms``, what every other consumer asks too); an idle
+   ``gpuaware_fetch_max_wait_ms`` (``kafka.fetch_max_wait_ms``, as ``KafkaSettings.consumer_kwargs`` gives); an idle
    worker's empty fetches come more often.
 
 Faust's other resume path (``Recovery._resume_streams``, for apps without tables) has the first ordering too;

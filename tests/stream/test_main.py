@@ -28,4 +28,3 @@ def test_a_worker_at_warning_does_not_build_every_debug_record(root_logging, tmp
     assert not logging.getLogger("aiokafka.producer.producer").isEnabledFor(logging.DEBUG)
     assert not logging.getLogger("faust.topics").isEnabledFor(logging.DEBUG)
     assert logging.getLogger("faust.topics").isEnabledFor(logging.WARNING)
-
