@@ -33,9 +33,11 @@ class FakeConsumer:
 
     records: list[FakeRecord] = []
     stop: asyncio.Event
+    kwargs: dict = {}  # what the last one was built with
 
-    def __init__(self, **_kwargs):
+    def __init__(self, **kwargs):
         self.calls = 0
+        FakeConsumer.kwargs = kwargs
 
     async def start(self):
         pass
@@ -162,3 +164,13 @@ async def test_the_publisher_is_restarted_after_an_unexpected_exception(tmp_path
     finally:
         stop.set()
         await asyncio.wait_for(task, 20)
+
+
+async def test_the_idle_control_consumer_asks_the_broker_for_a_long_fetch_wait(tmp_path, monkeypatch):
+    # kafka.fetch_max_wait_ms (100 ms) for every agent's consumer of this idle one-partition topic would be ~10 empty
+    # fetches a second per node at one broker: ~62,500/s for 6,250 nodes (review).
+    rt = _runtime(tmp_path)
+    FakeConsumer.records, FakeConsumer.stop = [], asyncio.Event()
+    _fake_control_topic(monkeypatch)
+    await asyncio.wait_for(rt.consume_control(FakeConsumer.stop), 10)
+    assert FakeConsumer.kwargs["fetch_max_wait_ms"] == 500 and rt.settings.fetch_max_wait_ms == 100
