@@ -2,7 +2,8 @@
 
 Tasks, one per concern:
 - ``process``: telemetry (keyed by node) and GPU events re-keyed by node, on co-partitioned topics,
-  into the changelog-backed ``gpus`` table; publishes ``gpu.state.v1`` on change.
+  into the changelog-backed ``gpus`` table; publishes ``gpu.state.v1`` (``stream.publisher``: a batch per
+  partition, not a Faust message per state).
 - ``rekey_events``: ``gpu.events.v1`` is keyed by GPU UUID; events are forwarded, verbatim, to an
   internal topic keyed by node so each GPU's events meet its telemetry in one partition.
 - ``heartbeat`` / ``node_rollup`` timers: bounded-rate republishing and ``node.state.v1``; before each
@@ -31,12 +32,15 @@ from contract import topics
 from contract.events import ClusterForecast, DecodeError, GpuEvent, TelemetryBatch, dead_letter, decode, encode
 from plumbing import observability
 from plumbing.kafka_admin import end_offsets
+from plumbing.kafka_batches import BatchSender
 from plumbing.kafka_settings import KafkaSettings
 from stream import faust_fixes
+from stream.changelog import ChangelogTable
 from stream.gpu_state import TrackerSettings
 from stream.identity import NodeVerifier, without_token
 from stream.metrics import StreamStats
 from stream.processor import InvalidRecord, StreamProcessor, Take, check_event
+from stream.publisher import StatePublisher
 from stream.rollup import Partial, merge_demand
 from stream.settings import StreamSettings
 
@@ -125,7 +129,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     events_by_node = app.topic(by_node_name, partitions=partitions, **raw)
     demand_topic = app.topic(f"{settings.app_id}-model-demand", partitions=1, **raw)
     inputs = app.topic(topics.TELEMETRY, by_node_name, **raw)
-    out = {name: app.topic(name, **raw) for name in (topics.GPU_STATE, topics.NODE_STATE, topics.CLUSTER_FORECAST)}
+    out = {name: app.topic(name, **raw) for name in (topics.NODE_STATE, topics.CLUSTER_FORECAST)}
     dlqs: dict[str, faust.Topic] = {}
 
     async def restored(event: Any) -> None:
@@ -139,7 +143,14 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     changelog = {k: v for k, v in changelog_spec(settings).configs().items() if k != "cleanup.policy"}
     table = app.Table("gpus", partitions=partitions, extra_topic_configs=changelog, on_changelog_event=restored,
                       value_type=bytes, options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
-    processor = StreamProcessor(table, tracker_settings(settings), stats, scope=_under)
+
+    async def producer() -> Any:
+        # The app's own client, which Faust starts on first use and flushes before it commits offsets.
+        return (await app.maybe_start_producer())._ensure_producer()
+
+    changelog_out = ChangelogTable(table, BatchSender(producer), stats)
+    states_out = StatePublisher(topics.GPU_STATE, BatchSender(producer), stats)
+    processor = StreamProcessor(changelog_out, tracker_settings(settings), stats, scope=_under)
     # A record that waited in the log longer than a heartbeat interval means the worker is catching up.
     lag_ms = settings.max_publish_interval_ms
     tracer = observability.tracer("gpuaware.stream")
@@ -148,8 +159,8 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     def assigned(topic: str = topics.TELEMETRY) -> set[int]:
         return {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == topic}
 
-    def send(topic: str, record: Any, headers: list[tuple[str, bytes]] | None = None) -> None:
-        out[topic].send_soon(key=record.key(), value=encode(record), headers=headers)
+    def send(topic: str, record: Any) -> None:
+        out[topic].send_soon(key=record.key(), value=encode(record))
         stats.published[topic] += 1
 
     def to_dlq(message: Any, error: Exception) -> None:
@@ -192,9 +203,8 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         with tracer.start_as_current_span("stream.process", context=parent, links=links,
                                           attributes={"messaging.batch.message_count": len(events)}):
             states = processor.finish(take, now_ms())
-            headers = observability.inject_headers() if states else None
-            for state in states:
-                send(topics.GPU_STATE, state, headers)
+            await changelog_out.flush()  # before the take's records are acknowledged, as the states
+            await states_out.publish(states, observability.inject_headers() if states else ())
 
     @app.agent(inputs, name="process")
     async def process(stream: Any) -> None:
@@ -225,8 +235,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
 
     @app.timer(1.0, name="heartbeat")
     async def heartbeat() -> None:
-        for state in processor.heartbeats(now_ms(), assigned()):
-            send(topics.GPU_STATE, state)
+        await states_out.publish(processor.heartbeats(now_ms(), assigned()))
 
     @app.timer(settings.node_state_interval_s, name="node-rollup")
     async def node_rollup() -> None:

@@ -1,0 +1,115 @@
+"""The ``gpus`` table with its changelog records sent as one record batch per partition per take.
+
+Faust's table sends a changelog record per write through ``send_soon`` (a Faust message, a trip through its producer
+buffer, aiokafka's per-record send) and then writes its store. A worker writes a node entry per telemetry record,
+~1,200 a second at 50,000 GPUs, and that changelog path cost about a fifth of its CPU: the 50,000-GPU pipeline applied
+2,800 samples per worker CPU second with the entries encoded but not written, 2,159 with them written through Faust
+(docs/performance.md, the stream's "Where the time went"). ``ChangelogTable`` is the mapping the processor reads and
+writes: a write goes to the table's store at once (so the take reads it back) and into a pending list, which
+``flush`` hands to the Kafka client (``plumbing.kafka_batches``) before the take's records are acknowledged.
+
+What Faust's own write did is kept: the changelog record is what Faust writes (the key through the table's key
+serializer, the value as given, in the partition of the record being handled, Faust's ``partition_for_key``), and a
+delivered batch sets the store's persisted offset (its last record's), which is what lets a restarted worker replay
+only the changelog's tail. The client is the app's producer, which Faust flushes before it commits offsets, so no
+offset is committed before the changelog records of its take are delivered.
+
+A batch the client does not take or deliver is not lost: each of its keys not written again since is sent again, with
+the value it had, at the next ``flush`` (a key written again since is carried by that newer record, which the sender
+keeps after the failed one), and logged and counted (``gpuaware_stream_changelog_failed_total``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, MutableMapping, Sequence
+from typing import Any
+
+import faust.streams as faust_streams
+from aiokafka.structs import RecordMetadata, TopicPartition
+
+from plumbing.kafka_batches import BatchSender, Record
+from stream.metrics import StreamStats
+
+log = logging.getLogger(__name__)
+
+
+class ChangelogTable(MutableMapping[str, bytes]):
+    def __init__(self, table: Any, sender: BatchSender, stats: StreamStats):
+        self.table = table
+        self.sender = sender
+        self.stats = stats
+        self.topic = table.changelog_topic.get_topic_name()
+        self.pending: dict[int, list[Record]] = {}
+        self._keys: dict[str, bytes] = {}  # key -> its changelog key (Faust's key serializer: JSON for a str)
+        # A failed record is sent again only if no write of its key came after it: changelog key -> its writes so far,
+        # and each record not yet delivered (by identity: the sender hands back the tuples it was given) -> its write.
+        self._writes: dict[bytes, int] = {}
+        self._write_of: dict[int, int] = {}
+        self._retry: dict[tuple[int, bytes], Record] = {}
+
+    # ------------------------------------------------------------------ reads: the table's
+
+    def __getitem__(self, key: str) -> bytes:
+        return self.table[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.table
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.table)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    # ------------------------------------------------------------------ writes: the store now, the changelog at flush
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        self.table.data[key] = value
+        self._record(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        del self.table.data[key]
+        self._record(key, None)
+
+    def _record(self, key: str, value: bytes | None) -> None:
+        raw = self._keys.get(key)
+        if raw is None:
+            raw = self._keys[key] = self.table.app.serializers.dumps_key(
+                self.table.key_type, key, serializer=self.table.key_serializer)
+        event = faust_streams.current_event()
+        if event is None:
+            raise TypeError("a table write outside of a record's handling has no changelog partition")
+        partition = event.message.partition
+        record = (raw, value)
+        self._write_of[id(record)] = self._writes[raw] = self._writes.get(raw, 0) + 1
+        self._retry.pop((partition, raw), None)  # this newer record carries the key
+        self.pending.setdefault(partition, []).append(record)
+
+    async def flush(self) -> None:
+        """Hand the pending changelog records over, after those of failed batches that are still their key's newest."""
+        retry, self._retry = self._retry, {}
+        for (partition, _), record in retry.items():
+            self.pending.setdefault(partition, []).insert(0, record)
+        if self.pending:
+            pending, self.pending = self.pending, {}
+            await self.sender.send(self.topic, pending, self._done)
+
+    def _done(self, partition: int, records: Sequence[Record], delivered: RecordMetadata | None,
+              error: BaseException | None) -> None:
+        if error is None:
+            for record in records:
+                self._write_of.pop(id(record), None)
+            if delivered is not None:
+                self.table.data.set_persisted_offset(TopicPartition(self.topic, partition),
+                                                     delivered.offset + len(records) - 1)
+            return
+        self.stats.changelog_failed += len(records)
+        log.error("%d %s records not delivered (%s: %s): sent again at the next take", len(records), self.topic,
+                  type(error).__name__, error)
+        for record in records:
+            raw = record[0]
+            if self._write_of.get(id(record)) == self._writes.get(raw) and (partition, raw) not in self._retry:
+                self._retry[(partition, raw)] = record  # still the newest of its key (kept: its write number stays)
+            else:
+                self._write_of.pop(id(record), None)

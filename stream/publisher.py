@@ -1,0 +1,75 @@
+"""``gpu.state.v1`` as one record batch per partition per call (``plumbing.kafka_batches``), not a Faust message
+per state.
+
+Through Faust's ``send_soon`` each state cost a FutureMessage, a PendingMessage, a trip through the producer
+buffer's queue and task, and aiokafka's per-record serializer, partitioner, future and callback. At 50,000 GPUs
+(1,700-3,500 states a second) that was about a third of a worker's CPU: the 50,000-GPU pipeline applied 2,454
+samples per worker CPU second with the states encoded but not sent, 1,647-1,733 with them sent through Faust, and
+2,159 with them sent in batches (docs/performance.md, the stream's "Where the time went").
+
+Order: the scheduler keeps the newest record per key, so a GPU's states must reach its partition in the order they
+were made: callers (a take, the heartbeat) make their states and call ``publish`` without awaiting in between, and
+the sender keeps the order of the calls. The client is the Faust app's producer, which Faust flushes before
+committing offsets, so a take's states are handed to the broker before its records count as processed, as they
+were through Faust's buffer. Keys are hashed with the client's default partitioner (murmur2, as Kafka's Java
+client), so a GPU's states go to the partition earlier versions wrote them to. A failed hand-over or delivery is
+logged and counted (``gpuaware_stream_publish_failed_total``); the worker goes on, and the GPU's next state (at the
+latest its ``max_publish_interval_ms`` refresh) replaces the lost one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from aiokafka.errors import KafkaError
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.structs import RecordMetadata
+
+from contract.events import GpuState, encode
+from plumbing.kafka_batches import BatchSender, Headers, Record
+from stream.metrics import StreamStats
+
+log = logging.getLogger(__name__)
+
+
+class StatePublisher:
+    def __init__(self, topic: str, sender: BatchSender, stats: StreamStats):
+        self.topic = topic
+        self.sender = sender
+        self.stats = stats
+        self._partitions: list[int] = []
+        self._partition_of: dict[bytes, int] = {}  # murmur2 in pure Python costs more than the rest of an append
+
+    def _partition(self, key: bytes) -> int:
+        p = self._partition_of.get(key)
+        if p is None:
+            p = self._partition_of[key] = DefaultPartitioner()(key, self._partitions, self._partitions)
+        return p
+
+    async def publish(self, states: Sequence[GpuState], headers: Headers = ()) -> None:
+        if not states:
+            return
+        try:
+            partitions = await self.sender.partitions(self.topic)
+        except KafkaError as exc:
+            self._failed(len(states), exc)
+            return
+        if partitions != self._partitions:  # (a topic given more partitions: keys move, as in the client)
+            self._partitions, self._partition_of = partitions, {}
+        by_partition: dict[int, list[Record]] = {}
+        for state in states:
+            key = state.key()
+            by_partition.setdefault(self._partition(key), []).append((key, encode(state)))
+        await self.sender.send(self.topic, by_partition, self._done, headers)
+
+    def _done(self, partition: int, records: Sequence[Record], delivered: RecordMetadata | None,
+              error: BaseException | None) -> None:
+        if error is not None:
+            self._failed(len(records), error)
+        else:
+            self.stats.published[self.topic] += len(records)
+
+    def _failed(self, count: int, error: BaseException) -> None:
+        self.stats.publish_failed += count
+        log.warning("%d %s records not published: %s: %s", count, self.topic, type(error).__name__, error)

@@ -1,0 +1,171 @@
+"""The table's changelog as record batches: what a write sends, the persisted offset, and a failed batch sent again.
+
+The restart tests in tests/stream/test_app.py run it inside a worker on the broker (the records Faust's recovery
+reads, and a restart that replays only the tail); these look at the bookkeeping a broker cannot be made to fail."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import weakref
+from types import SimpleNamespace
+from typing import Any
+
+import faust.streams as faust_streams
+from aiokafka.errors import KafkaTimeoutError
+from aiokafka.structs import RecordMetadata, TopicPartition
+
+from plumbing.kafka_batches import BatchSender
+from stream.changelog import ChangelogTable
+from stream.metrics import StreamStats
+from tests.plumbing.test_kafka_batches import HeldClient
+
+TOPIC = "app-gpus-changelog"
+
+
+class _Table:
+    """What ChangelogTable uses of a Faust table: its store (``data``), changelog topic and key serializer."""
+
+    def __init__(self) -> None:
+        self.data = _Store()
+        self.key_type, self.key_serializer = None, "json"
+        self.changelog_topic = SimpleNamespace(get_topic_name=lambda: TOPIC)
+        self.app = SimpleNamespace(serializers=SimpleNamespace(
+            dumps_key=lambda typ, key, serializer: json.dumps(key).encode()))
+
+    def __getitem__(self, key: str) -> bytes:
+        return self.data[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.data
+
+    def __iter__(self):
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class _Store(dict):
+    def __init__(self) -> None:
+        super().__init__()
+        self.persisted: dict[TopicPartition, int] = {}
+
+    def set_persisted_offset(self, tp: TopicPartition, offset: int) -> None:
+        self.persisted[tp] = offset
+
+
+class _Client(HeldClient):
+    """Delivers with offsets that count up per partition; the batches of the calls in ``failing`` fail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing: set[int] = set()
+        self.calls = 0
+        self.next_offset: dict[int, int] = {}
+
+    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> asyncio.Future:
+        await super().send_batch(batch, topic, partition=partition)
+        done = asyncio.get_running_loop().create_future()
+        if self.calls in self.failing:
+            done.set_exception(KafkaTimeoutError("expired"))
+            return done
+        count = len(self.sent[-1][1])
+        base = self.next_offset.get(partition, 0)
+        self.next_offset[partition] = base + count
+        done.set_result(RecordMetadata(topic, partition, TopicPartition(topic, partition), base, -1, 0, 0))
+        return done
+
+
+class _Event:
+    def __init__(self, partition: int) -> None:
+        self.message = SimpleNamespace(partition=partition)
+
+
+def _under(partition: int) -> Any:
+    """Make a record of ``partition`` the one being handled (what the processor's scope does with Faust's)."""
+    event = _Event(partition)
+    faust_streams._current_event.set(weakref.ref(event))
+    return event  # kept alive by the caller: the context holds a weak reference
+
+
+def _table(client: _Client) -> tuple[ChangelogTable, _Table, StreamStats]:
+    async def producer() -> _Client:
+        return client
+
+    table, stats = _Table(), StreamStats()
+    return ChangelogTable(table, BatchSender(producer), stats), table, stats
+
+
+async def _flush(changelog: ChangelogTable, client: _Client) -> None:
+    client.calls += 1
+    await changelog.flush()
+    await asyncio.sleep(0)  # delivery callbacks
+
+
+def test_writes_reach_the_store_at_once_and_the_changelog_at_flush_with_the_persisted_offset() -> None:
+    async def go() -> None:
+        client = _Client()
+        changelog, table, _ = _table(client)
+        e3 = _under(3)
+        changelog["node:a"] = b"1"
+        changelog["owner:GPU-1"] = b'"a"'
+        e5 = _under(5)
+        changelog["node:b"] = b"2"
+        del changelog["owner:GPU-1"]
+        assert table.data == {"node:a": b"1", "node:b": b"2"} and client.sent == []
+        await _flush(changelog, client)
+        assert client.sent == [(3, [(b'"node:a"', b"1"), (b'"owner:GPU-1"', b'"a"')]),
+                               (5, [(b'"node:b"', b"2"), (b'"owner:GPU-1"', None)])]
+        assert table.data.persisted == {TopicPartition(TOPIC, 3): 1, TopicPartition(TOPIC, 5): 1}
+        e3 = _under(3)
+        changelog["node:a"] = b"3"
+        await _flush(changelog, client)
+        assert table.data.persisted[TopicPartition(TOPIC, 3)] == 2
+        del e3, e5
+
+    asyncio.run(go())
+
+
+def test_a_failed_batch_is_sent_again_where_its_key_was_not_written_since() -> None:
+    async def go() -> None:
+        client = _Client()
+        changelog, table, stats = _table(client)
+        event = _under(2)
+        changelog["node:a"] = b"a1"
+        changelog["node:b"] = b"b1"
+        changelog["node:b"] = b"b2"  # twice in a take: its newest is what counts
+        client.failing = {1}
+        await _flush(changelog, client)
+        assert stats.changelog_failed == 3 and table.data.persisted == {}
+        changelog["node:a"] = b"a2"  # written again since: a1 must not follow it
+        await _flush(changelog, client)
+        assert client.sent[-1] == (2, [(b'"node:b"', b"b2"), (b'"node:a"', b"a2")])
+        assert table.data.persisted == {TopicPartition(TOPIC, 2): 1}
+        await _flush(changelog, client)  # nothing left to send again
+        assert len(client.sent) == 2
+        del event
+
+    asyncio.run(go())
+
+
+def test_a_batch_that_fails_after_a_newer_write_of_its_key_was_sent_is_not_sent_again() -> None:
+    async def go() -> None:
+        client = _Client()
+        changelog, _, stats = _table(client)
+        event = _under(1)
+        changelog["node:a"] = b"old"
+        client.failing = {1}
+        client.hold = 1  # the first batch waits to be taken ...
+        first = asyncio.ensure_future(_flush(changelog, client))
+        await asyncio.sleep(0.01)
+        changelog["node:a"] = b"new"  # ... while a newer write of its key comes
+        client.release.set()
+        await first
+        await _flush(changelog, client)
+        await _flush(changelog, client)
+        assert [recs for _, recs in client.sent] == [[(b'"node:a"', b"old")], [(b'"node:a"', b"new")]]
+        assert stats.changelog_failed == 1
+        del event
+
+    asyncio.run(go())

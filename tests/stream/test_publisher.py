@@ -1,0 +1,122 @@
+"""GPU states as record batches: the partition of each GPU's states, their order, and what a failure does."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+
+from contract import topics
+from contract.events import GpuState, decode
+from plumbing.kafka_admin import end_offsets
+from plumbing.kafka_batches import BatchSender
+from plumbing.kafka_settings import KafkaSettings
+from stream.metrics import StreamStats
+from stream.processor import StreamProcessor
+from stream.publisher import StatePublisher
+from tests.plumbing.test_kafka_batches import HeldClient
+from tests.support import telemetry_batch
+
+pytestmark = pytest.mark.timeout(120)
+T0 = 1_700_000_000_000
+
+
+def _states(prefix: str, nodes: int, gpus: int = 4) -> list[GpuState]:
+    proc = StreamProcessor({})
+    batches = [telemetry_batch(f"{prefix}-{n}", 1, T0, gpus=gpus) for n in range(nodes)]
+    return [s for b in batches for s in proc.on_telemetry(b, 0, T0)]
+
+
+def _later(states: list[GpuState], ms: int) -> list[GpuState]:
+    return [dataclasses.replace(s, published_ms=s.published_ms + ms) for s in states]
+
+
+async def _read(kafka: KafkaSettings, topic: str, since: dict[TopicPartition, int], keys: set[bytes]) -> list:
+    consumer = AIOKafkaConsumer(**kafka.consumer_kwargs(None))
+    await consumer.start()
+    got = []
+    try:
+        consumer.assign(list(since))
+        for tp, offset in since.items():
+            consumer.seek(tp, offset)
+        ends = await end_offsets(kafka, list(since))
+        async with asyncio.timeout(60):
+            while [tp for tp in since if await consumer.position(tp) < ends[tp]]:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    got.extend(r for r in records if r.key in keys)
+    finally:
+        await consumer.stop()
+    return got
+
+
+def test_states_land_where_the_client_puts_their_keys_and_in_the_order_of_the_calls(kafka_settings, unique) -> None:
+    async def go() -> None:
+        producer = AIOKafkaProducer(**kafka_settings.producer_kwargs())
+        await producer.start()
+        stats = StreamStats()
+
+        async def started() -> AIOKafkaProducer:
+            return producer
+
+        publisher = StatePublisher(topics.GPU_STATE, BatchSender(started), stats)
+        first = _states(f"pub-{unique}", 30)
+        second = _later(first, 1000)
+        keys = {s.key() for s in first}
+        try:
+            tps = [TopicPartition(topics.GPU_STATE, p) for p in sorted(await producer.partitions_for(topics.GPU_STATE))]
+            since = await end_offsets(kafka_settings, tps)
+            # Two calls in flight at once (a take's and the heartbeat's): each GPU's second state must come second.
+            await asyncio.gather(publisher.publish(first, [("traceparent", b"00-x")]), publisher.publish(second))
+            # Where aiokafka's own send puts each key (the partition earlier versions wrote a GPU's states to).
+            want = {s.key(): producer._partition(topics.GPU_STATE, None, None, None, s.key(), None) for s in first}
+            got = await _read(kafka_settings, topics.GPU_STATE, since, keys)
+        finally:
+            await producer.stop()
+        assert stats.published[topics.GPU_STATE] == 2 * len(first) and stats.publish_failed == 0
+        assert len(got) == 2 * len(first)
+        for record in got:
+            assert record.partition == want[record.key]
+        by_key: dict[bytes, list[int]] = {}
+        for record in sorted(got, key=lambda r: (r.partition, r.offset)):
+            by_key.setdefault(record.key, []).append(decode(record.value, GpuState).published_ms)
+        assert all(times == sorted(times) and len(times) == 2 for times in by_key.values())
+        assert {r.key for r in got if dict(r.headers).get("traceparent") == b"00-x"} == keys
+
+    asyncio.run(go())
+
+
+def test_a_client_that_cannot_take_the_states_counts_them_and_the_worker_goes_on(kafka_settings) -> None:
+    async def go() -> StreamStats:
+        producer = AIOKafkaProducer(**kafka_settings.producer_kwargs())
+        await producer.start()
+        await producer.partitions_for(topics.GPU_STATE)
+        await producer.stop()  # a stopped client refuses batches (ProducerClosed)
+        stats = StreamStats()
+
+        async def stopped() -> AIOKafkaProducer:
+            return producer
+
+        await StatePublisher(topics.GPU_STATE, BatchSender(stopped), stats).publish(_states("closed", 3))
+        return stats
+
+    stats = asyncio.run(go())
+    assert stats.publish_failed == 12 and stats.published[topics.GPU_STATE] == 0
+
+
+def test_a_failed_delivery_is_counted_per_state() -> None:
+    async def go() -> StreamStats:
+        client = HeldClient(fail_delivery=True)
+
+        async def held() -> HeldClient:
+            return client
+
+        stats = StreamStats()
+        await StatePublisher(topics.GPU_STATE, BatchSender(held), stats).publish(_states("lost", 5))
+        await asyncio.sleep(0)  # delivery callbacks
+        return stats
+
+    stats = asyncio.run(go())
+    assert stats.publish_failed == 20 and stats.published[topics.GPU_STATE] == 0
