@@ -20,10 +20,11 @@ on that worker (docs/health.md, "In the fleet"). Pure: the caller passes the tra
 from __future__ import annotations
 
 import math
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from stream.gpu_state import SBE_WINDOW_MS
 
@@ -49,10 +50,19 @@ class FleetPeerSettings:
     sbe_floor: float = 1.0
 
 
-def _robust(values: Sequence[float], floor: float) -> tuple[float, float]:
+def _robust(values: np.ndarray, floor: float) -> tuple[float, float]:
     """(median, spread): the MAD scaled to a standard deviation, at least ``floor``."""
-    med = statistics.median(values)
-    return med, max(floor, MAD_TO_SIGMA * statistics.median(abs(v - med) for v in values))
+    med = float(np.median(values))
+    return med, max(floor, MAD_TO_SIGMA * float(np.median(np.abs(values - med))))
+
+
+def _bins(keys: list[int], members: np.ndarray) -> list[np.ndarray]:
+    """``members`` (row indexes) grouped by their ``keys``, each group in row order."""
+    if not len(members):
+        return []
+    k = np.asarray(keys, dtype=np.int64)
+    order = np.argsort(k, kind="stable")
+    return np.split(members[order], np.flatnonzero(np.diff(k[order])) + 1)
 
 
 # uuid, power W, temp °C, util %, SM MHz, power-capped, single-bit ECC errors in the window (None: not reported)
@@ -62,83 +72,109 @@ SW_POWER_CAP = 0x4  # NVML clocks event reason: an operator's or the scheduler's
 
 
 def outliers(gpus: Sequence[Row], s: FleetPeerSettings) -> dict[str, list[tuple[str, str]]]:
-    """For one model's GPUs: uuid -> [(kind, reason)] for the checks it fails now (before the strikes rule).
-    A power-capped GPU is judged on its temperature only: its clocks and power are the cap's, not a fault.
+    """For one model's GPUs: uuid -> [(kind, reason)] for the checks it fails now (before the strikes rule)."""
+    rows = [(*g[:6], g[6] if len(g) > 6 else None) for g in gpus]
+    return {rows[i][0]: reasons for i, reasons in judge(rows, s).items()}
+
+
+def judge(rows: list[tuple], s: FleetPeerSettings) -> dict[int, list[tuple[str, str]]]:
+    """``outliers`` by row index, over rows with every field (``Row`` with the SBE count, None where not reported).
+    A power-capped
+    GPU is judged on its temperature only: its clocks and power are the cap's, not a fault.
 
     Like operating points are bins (power in steps of ``power_window``, utilisation in steps of
     ``util_window``), so a check costs one sort per bin, not a comparison of every pair: the median and
-    MAD barely move for the one outlier they include."""
-    out: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    by_power: dict[int, list] = defaultdict(list)
-    by_util: dict[int, list] = defaultdict(list)
-    for g in gpus:
-        by_power[int(math.log(max(g[1], 1.0)) / math.log1p(s.power_window))].append(g)
-        if not g[5]:
-            by_util[int(g[3] // s.util_window)].append(g)
-    busy = [g for g in gpus if g[4] is not None and g[3] >= s.busy_util and not g[5]]
-    for group in by_power.values():
+    MAD barely move for the one outlier they include. The bins, medians and tests run over numpy columns: at
+    50,000 GPUs the check in Python, every 5 s, was an eighth of a worker's main thread (docs/performance.md, the
+    stream's "Where the time went", item 9)."""
+    out: dict[int, list[tuple[str, str]]] = defaultdict(list)
+    if not rows:
+        return out
+    _, power_in, _, _, clock_in, _, sbe = zip(*rows, strict=True)
+    power, temp, util = (np.asarray(col, dtype=float) for col in list(zip(*rows, strict=True))[1:4])
+    clock = np.asarray([math.nan if v is None else v for v in clock_in], dtype=float)
+    capped = np.asarray([bool(r[5]) for r in rows], dtype=bool)
+    # math.log and // as the rows were binned before (numpy's log may differ in the last bit at a bin's edge)
+    step = math.log1p(s.power_window)
+    for group in _bins([int(math.log(max(p, 1.0)) / step) for p in power_in], np.arange(len(rows))):
         if len(group) - 1 < s.min_peers:
             continue
-        med, spread = _robust([g[2] for g in group], s.temp_floor_c)
-        for uuid, _, temp, *_ in group:
-            excess = temp - med
-            if excess >= s.temp_excess_c and excess / spread >= s.z:
-                out[uuid].append(("temperature", f"fleet peers: {excess:+.1f} °C against {len(group) - 1} GPUs of "
-                                                 f"its model at the same power (robust z {excess / spread:.1f})"))
+        values = temp[group]
+        med, spread = _robust(values, s.temp_floor_c)
+        excess = values - med
+        for i in np.flatnonzero((excess >= s.temp_excess_c) & (excess / spread >= s.z)):
+            e = float(excess[i])
+            out[int(group[i])].append(("temperature", f"fleet peers: {e:+.1f} °C against {len(group) - 1} "
+                                                          f"GPUs of its model at the same power (robust z "
+                                                          f"{e / spread:.1f})"))
+    with np.errstate(invalid="ignore"):  # NaN clocks (not reported) are never busy
+        busy = np.flatnonzero(~np.isnan(clock) & (util >= s.busy_util) & ~capped)
     if len(busy) - 1 >= s.min_peers:
-        med, spread = _robust([float(g[4]) for g in busy if g[4] is not None], s.clock_floor_mhz)
-        for uuid, _, _, _, clock, *_ in busy:
-            deficit = med - float(clock or 0.0)
-            if med > 0 and deficit / med >= s.clock_deficit and deficit / spread >= s.z:
-                out[uuid].append(("clock", f"fleet peers: SM clock {clock:.0f} MHz, {deficit / med:.0%} below "
-                                           f"{len(busy) - 1} busy GPUs of its model (robust z {deficit / spread:.1f})"))
-    for group in by_util.values():
+        values = clock[busy]
+        med, spread = _robust(values, s.clock_floor_mhz)
+        if med > 0:
+            deficit = med - values
+            for i in np.flatnonzero((deficit / med >= s.clock_deficit) & (deficit / spread >= s.z)):
+                d = float(deficit[i])
+                out[int(busy[i])].append(("clock", f"fleet peers: SM clock {clock_in[busy[i]]:.0f} MHz, "
+                                                       f"{d / med:.0%} below {len(busy) - 1} busy GPUs of its model "
+                                                       f"(robust z {d / spread:.1f})"))
+    free = np.flatnonzero(~capped)
+    for group in _bins([int(util[i] // s.util_window) for i in free], free):
         if len(group) - 1 < s.min_peers:
             continue
-        med, spread = _robust([g[1] for g in group], s.power_floor_w)
-        for uuid, power, *_ in group:
-            off = power - med
-            if med > 0 and abs(off) / med >= s.power_deviation and abs(off) / spread >= s.z:
-                out[uuid].append(("power", f"fleet peers: power {power:.0f} W, {off / med:+.0%} against "
-                                           f"{len(group) - 1} GPUs of its model at the same utilisation "
-                                           f"(robust z {abs(off) / spread:.1f})"))
-    counted = [(g[0], g[6]) for g in gpus if len(g) > 6 and g[6] is not None]
+        values = power[group]
+        med, spread = _robust(values, s.power_floor_w)
+        if med <= 0:
+            continue
+        off = values - med
+        for i in np.flatnonzero((np.abs(off) / med >= s.power_deviation) & (np.abs(off) / spread >= s.z)):
+            o = float(off[i])
+            out[int(group[i])].append(("power", f"fleet peers: power {power_in[group[i]]:.0f} W, {o / med:+.0%} "
+                                                    f"against {len(group) - 1} GPUs of its model at the same "
+                                                    f"utilisation (robust z {abs(o) / spread:.1f})"))
+    counted = [i for i, v in enumerate(sbe) if v is not None]
     if len(counted) - 1 >= s.min_peers:
-        med, spread = _robust([float(c) for _, c in counted], s.sbe_floor)
-        for uuid, count in counted:
-            excess = count - med
-            if count >= s.sbe_min and excess / spread >= s.z:
-                out[uuid].append(("ecc", f"fleet peers: {count} single-bit ECC errors in "
-                                         f"{SBE_WINDOW_MS // 60_000} min against a median of {med:.0f} on "
-                                         f"{len(counted) - 1} GPUs of its model (robust z {excess / spread:.1f})"))
+        counts = np.asarray([sbe[i] for i in counted], dtype=float)
+        med, spread = _robust(counts, s.sbe_floor)
+        excess = counts - med
+        for i in np.flatnonzero((counts >= s.sbe_min) & (excess / spread >= s.z)):
+            out[counted[i]].append(("ecc", f"fleet peers: {sbe[counted[i]]} single-bit ECC errors in "
+                                                    f"{SBE_WINDOW_MS // 60_000} min against a median of {med:.0f} on "
+                                                    f"{len(counted) - 1} GPUs of its model (robust z "
+                                                    f"{float(excess[i]) / spread:.1f})"))
     return out
 
 
 def check(trackers: Iterable, now_ms: int, s: FleetPeerSettings) -> None:
     """Judge every fresh tracker (stream.gpu_state.GpuTracker) against its model's fleet; sets each one's
     ``fleet_strikes`` and ``fleet_reasons`` (the reasons of outliers that lasted ``strikes`` checks)."""
-    by_model: dict[str, list] = defaultdict(list)
+    # One pass over the trackers takes all the check reads of each: at 50,000 GPUs the passes themselves (each tracker
+    # and its dict fetched from memory again) cost more than the statistics.
+    by_model: dict[str, tuple[list, list]] = {}
+    struck = []
     oldest = now_ms - s.fresh_ms
     for t in trackers:
-        if t.model and t.samples and t.fresh_ms >= oldest and "power_w" in t.smoothed:
-            by_model[t.model].append(t)
+        sm = t.smoothed
+        if t.model and t.samples and t.fresh_ms >= oldest and "power_w" in sm:
+            w = t.sbe_window
+            group, rows = by_model.setdefault(t.model, ([], []))
+            group.append(t)
+            rows.append((t.uuid, sm["power_w"], sm.get("temp_c", 0.0), sm.get("util_gpu", 0.0), sm.get("sm_clock_mhz"),
+                         t.throttle_reasons & SW_POWER_CAP, w[-1][1] - w[0][1] if w else None))
+            if t.fleet_strikes:
+                struck.append(t)
         elif t.fleet_strikes:
             t.changed |= bool(t.fleet_reasons)  # a reason dropped: the next state says so
             t.fleet_strikes, t.fleet_reasons = {}, []
-    for group in by_model.values():
-        rows = []
-        for t in group:
-            sm = t.smoothed
-            window = t.sbe_window
-            rows.append((t.uuid, sm["power_w"], sm.get("temp_c", 0.0), sm.get("util_gpu", 0.0), sm.get("sm_clock_mhz"),
-                         bool(t.throttle_reasons & SW_POWER_CAP), window[-1][1] - window[0][1] if window else None))
-        now = outliers(rows, s)
-        for t in group:
-            found = now.get(t.uuid)
-            if found is None and not t.fleet_strikes:
-                continue  # no outlier now or before: nothing to count (most GPUs; no dict or list made per GPU)
-            found = dict(found or ())
-            had = t.fleet_reasons
-            t.fleet_strikes = {k: t.fleet_strikes.get(k, 0) + 1 for k in found}
-            t.fleet_reasons = [found[k] for k in sorted(found) if t.fleet_strikes[k] >= s.strikes]
-            t.changed |= bool(had or t.fleet_reasons)  # the signature reads the strikes while there are reasons
+    found: dict[int, tuple] = {id(t): (t, ()) for t in struck}  # tracker -> (it, its reasons now)
+    for group, rows in by_model.values():
+        for i, reasons in judge(rows, s).items():
+            found[id(group[i])] = (group[i], reasons)
+    # Only outliers now or before have anything to count (most GPUs neither: no dict or list made for them).
+    for t, reasons in found.values():
+        now = dict(reasons)
+        had = t.fleet_reasons
+        t.fleet_strikes = {k: t.fleet_strikes.get(k, 0) + 1 for k in now}
+        t.fleet_reasons = [now[k] for k in sorted(now) if t.fleet_strikes[k] >= s.strikes]
+        t.changed |= bool(had or t.fleet_reasons)  # the signature reads the strikes while there are reasons

@@ -3,11 +3,14 @@ drawing other power at the same utilisation than its model's fleet gets a reason
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
+from collections import defaultdict
 
 from contract.events import GpuInfo, GpuSample, HealthVerdict
-from stream.fleet_peers import FleetPeerSettings, Row, check, outliers
-from stream.gpu_state import GpuTracker
+from stream.fleet_peers import MAD_TO_SIGMA, FleetPeerSettings, Row, check, outliers
+from stream.gpu_state import SBE_WINDOW_MS, GpuTracker
 from stream.processor import StreamProcessor
 
 S = FleetPeerSettings()
@@ -102,3 +105,86 @@ def test_the_tracker_counts_single_bit_errors_over_its_window_and_a_reset_counte
         if ts == 700_000:
             assert t.sbe_window[-1][1] - t.sbe_window[0][1] == 6  # 104 -> 110: the first read left the window
     assert list(t.sbe_window) == [(710_000, 2)]
+
+
+# The check before its numpy columns, as the oracle for them: same bins, medians, tests and reasons.
+def _robust(values: list, floor: float) -> tuple[float, float]:
+    med = statistics.median(values)
+    return med, max(floor, MAD_TO_SIGMA * statistics.median(abs(v - med) for v in values))
+
+
+def _reference(gpus: list, s: FleetPeerSettings) -> dict[str, list[tuple[str, str]]]:
+    """The check as it was written before its columns (commit 045496a), one row at a time."""
+    out: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    by_power: dict[int, list] = defaultdict(list)
+    by_util: dict[int, list] = defaultdict(list)
+    for g in gpus:
+        by_power[int(math.log(max(g[1], 1.0)) / math.log1p(s.power_window))].append(g)
+        if not g[5]:
+            by_util[int(g[3] // s.util_window)].append(g)
+    busy = [g for g in gpus if g[4] is not None and g[3] >= s.busy_util and not g[5]]
+    for group in by_power.values():
+        if len(group) - 1 < s.min_peers:
+            continue
+        med, spread = _robust([g[2] for g in group], s.temp_floor_c)
+        for uuid, _, temp, *_ in group:
+            excess = temp - med
+            if excess >= s.temp_excess_c and excess / spread >= s.z:
+                out[uuid].append(("temperature", f"fleet peers: {excess:+.1f} °C against {len(group) - 1} GPUs of "
+                                                 f"its model at the same power (robust z {excess / spread:.1f})"))
+    if len(busy) - 1 >= s.min_peers:
+        med, spread = _robust([float(g[4]) for g in busy if g[4] is not None], s.clock_floor_mhz)
+        for uuid, _, _, _, clock, *_ in busy:
+            deficit = med - float(clock or 0.0)
+            if med > 0 and deficit / med >= s.clock_deficit and deficit / spread >= s.z:
+                out[uuid].append(("clock", f"fleet peers: SM clock {clock:.0f} MHz, {deficit / med:.0%} below "
+                                           f"{len(busy) - 1} busy GPUs of its model (robust z {deficit / spread:.1f})"))
+    for group in by_util.values():
+        if len(group) - 1 < s.min_peers:
+            continue
+        med, spread = _robust([g[1] for g in group], s.power_floor_w)
+        for uuid, power, *_ in group:
+            off = power - med
+            if med > 0 and abs(off) / med >= s.power_deviation and abs(off) / spread >= s.z:
+                out[uuid].append(("power", f"fleet peers: power {power:.0f} W, {off / med:+.0%} against "
+                                           f"{len(group) - 1} GPUs of its model at the same utilisation "
+                                           f"(robust z {abs(off) / spread:.1f})"))
+    counted = [(g[0], g[6]) for g in gpus if len(g) > 6 and g[6] is not None]
+    if len(counted) - 1 >= s.min_peers:
+        med, spread = _robust([float(c) for _, c in counted], s.sbe_floor)
+        for uuid, count in counted:
+            excess = count - med
+            if count >= s.sbe_min and excess / spread >= s.z:
+                out[uuid].append(("ecc", f"fleet peers: {count} single-bit ECC errors in "
+                                         f"{SBE_WINDOW_MS // 60_000} min against a median of {med:.0f} on "
+                                         f"{len(counted) - 1} GPUs of its model (robust z {excess / spread:.1f})"))
+    return out
+
+
+def _mixed_fleet(n: int, seed: int) -> list[Row]:
+    """Rows of every kind the check meets: powers over the whole range (repeats among them, so medians meet
+    ties), idle and busy GPUs, clocks not reported, power-capped ones, SBE counts not reported, and outliers."""
+    rnd = random.Random(seed)
+    rows = []
+    for i in range(n):
+        power = rnd.choice([rnd.uniform(40, 700), 300.0, 75.0, 0.5])
+        util = rnd.choice([0.0, 100.0, rnd.uniform(0, 100), 55.0])
+        temp = 25 + power / 15 + rnd.gauss(0, 1.5) + (rnd.random() < 0.03) * rnd.uniform(5, 40)
+        clock = None if rnd.random() < 0.1 else 1980 + rnd.gauss(0, 12) - (rnd.random() < 0.03) * rnd.uniform(100, 900)
+        power *= 1 + (rnd.random() < 0.03) * rnd.choice([-0.6, 0.5, 1.2])
+        sbe = None if rnd.random() < 0.2 else rnd.choice([0, 0, 1, 2, rnd.randrange(0, 400)])
+        rows.append((f"GPU-{i}", power, temp, util, clock, rnd.random() < 0.05, sbe))
+    return rows
+
+
+def test_the_columns_judge_exactly_as_the_rows_did() -> None:
+    flagged = 0
+    for seed in range(40):
+        for n in (3, 9, 10, 40, 300, 2000):
+            rows = _mixed_fleet(n, seed * 7 + n)
+            want = _reference(rows, S)
+            assert dict(outliers(rows, S)) == dict(want), (seed, n)
+            flagged += len(want)
+            six = [r[:6] for r in rows]  # rows without the SBE field, as older callers gave
+            assert dict(outliers(six, S)) == dict(_reference(six, S))
+    assert flagged > 1000  # the fleets have outliers of every kind to agree on
