@@ -19,11 +19,12 @@ from stream.processor import (
     StreamProcessor,
     Take,
     decode_value,
+    encode_value,
     history_key,
     node_key,
     owner_key,
 )
-from tests.support import telemetry_batch
+from tests.support import KINDS_SCENARIO, replay_scenario, telemetry_batch
 
 
 def test_a_batch_naming_a_missing_gpu_slot_is_invalid() -> None:
@@ -542,3 +543,23 @@ def test_the_heartbeat_passing_over_unchanged_gpus_publishes_what_asking_every_g
         reference = copy.deepcopy(proc)
         want = reference._due(reference.owned(owned), now, observe=False)
         assert proc.heartbeats(now, owned) == want
+
+
+def test_table_values_are_the_bytes_the_json_module_wrote_and_read_back_alike() -> None:
+    # Every value a replay writes (node entries, history entries, owners), with events among the records: orjson's
+    # bytes are what json.dumps wrote before (ASCII text; non-ASCII it writes as UTF-8, which reads back alike).
+    proc, _ = replay_scenario(KINDS_SCENARIO, 240)
+    uuid, tracker = next(iter(proc.trackers.items()))
+    proc.on_event(GpuEvent("e1", tracker.sample_ts_ms, tracker.node, uuid, EventKind.HEALTH_CHANGE, Severity.WARNING,
+                           "health_score", 61.5, None, "health healthy -> degraded (ECC, 2 °C over)",
+                           {"new_band": "DEGRADED", "component.ecc": "40.0"}), 0, tracker.sample_ts_ms)
+    values = list(proc.snapshots.values())
+    assert len(values) > 10 and any(b'"recent_events":[[' in v for v in values)
+    for raw in values:
+        value = json.loads(raw)
+        assert encode_value(value) == raw
+        assert json.loads(raw.decode()) == value
+        if raw.isascii():
+            assert raw == json.dumps(value, separators=(",", ":")).encode()
+    text = {"reason": "fleet peers: +12.0 °C", "n": 3, "x": 0.1 + 0.2, "none": None, "big": 10**17, "tiny": 1e-7}
+    assert json.loads(encode_value(text)) == text == json.loads(json.dumps(text))
