@@ -227,6 +227,11 @@ class GpuTracker:
                 out.append(Forecast(metric, h * 60, round(f.mean, 2), round(f.lower, 2), round(f.upper, 2)))
         self.forecasts = out
 
+    @property
+    def forecasting(self) -> bool:
+        """Its forecasters are built: at its first closed minute (the costliest part of meeting a GPU), or on load."""
+        return self._forecasters is not None
+
     def forecast_abs_errors(self) -> dict[tuple[str, int], float]:
         """Mean absolute error of the recent chosen forecasts, per (metric, horizon in minutes)."""
         if self._forecasters is None:

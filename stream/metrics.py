@@ -55,22 +55,25 @@ class StreamCollector(Collector):
         self.lag = lag
         self.fleet_every_s = fleet_every_s
         self.clock = clock
-        self._fleet: tuple[float, dict[tuple[str, int], float], Counter] | None = None
+        self._fleet: tuple[float, dict[tuple[str, int], float], Counter, int] | None = None
 
-    def _fleet_figures(self, trackers: list[GpuTracker]) -> tuple[dict[tuple[str, int], float], Counter]:
-        """Mean forecast error per (metric, horizon) and GPUs per workload class, at most ``fleet_every_s`` old."""
+    def _fleet_figures(self, trackers: list[GpuTracker]) -> tuple[dict[tuple[str, int], float], Counter, int]:
+        """Mean forecast error per (metric, horizon), GPUs per workload class and GPUs forecasting, at most
+        ``fleet_every_s`` old."""
         now = self.clock()
         if self._fleet is not None and now - self._fleet[0] < self.fleet_every_s:
-            return self._fleet[1], self._fleet[2]
+            return self._fleet[1:]
         errors: dict[tuple[str, int], list[float]] = {}
         classes: Counter = Counter()
+        forecasting = 0
         for t in trackers:
             for key, err in t.forecast_abs_errors().items():
                 errors.setdefault(key, []).append(err)
             classes[t.fingerprint.predict_one()[0]] += 1
+            forecasting += t.forecasting
         mae = {key: sum(values) / len(values) for key, values in errors.items()}
-        self._fleet = (now, mae, classes)
-        return mae, classes
+        self._fleet = (now, mae, classes, forecasting)
+        return mae, classes, forecasting
 
     def collect(self) -> Iterator:
         s = self.stats
@@ -136,7 +139,9 @@ class StreamCollector(Collector):
         yield capacity
         trackers = list(self.trackers())
         yield GaugeMetricFamily("gpuaware_stream_gpus", "GPUs whose state this worker holds", value=len(trackers))
-        errors, classes = self._fleet_figures(trackers)
+        errors, classes, forecasting = self._fleet_figures(trackers)
+        yield GaugeMetricFamily("gpuaware_stream_gpus_forecasting", "GPUs whose forecasters are built (from their "
+                                "first closed minute on; recomputed at most every 5 s)", value=forecasting)
         mae = GaugeMetricFamily("gpuaware_stream_forecast_mae", "Mean absolute error of recent forecasts",
                                 labels=["metric", "horizon_minutes"])
         for (metric, horizon), value in sorted(errors.items()):

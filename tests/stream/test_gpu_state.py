@@ -205,3 +205,16 @@ def test_the_heartbeat_passes_over_gpus_with_nothing_new_without_building_their_
     tracker.fleet_reasons, tracker.fleet_strikes, tracker.changed = ["fleet peers: hot"], {"temperature": 3}, True
     (flagged,) = proc.heartbeats(T0 + 9500, None)  # a fleet verdict moves the signature: it goes out
     assert flagged.samples == 3
+
+
+def test_a_gpu_is_forecasting_from_its_first_closed_minute_and_after_a_restore() -> None:
+    proc = StreamProcessor({})
+    t0 = 1_700_000_000_000 - 1_700_000_000_000 % 60_000
+    proc.on_telemetry(telemetry_batch("n", 1, t0 + 1000), 0, t0 + 1000)
+    proc.on_telemetry(telemetry_batch("n", 2, t0 + 30_000), 0, t0 + 30_000)
+    assert not proc.trackers["GPU-n-0"].forecasting  # met, its minute still open
+    proc.on_telemetry(telemetry_batch("n", 3, t0 + 61_000), 0, t0 + 61_000)
+    assert proc.trackers["GPU-n-0"].forecasting
+    restored = StreamProcessor(proc.snapshots)
+    restored.on_telemetry(telemetry_batch("n", 4, t0 + 62_000), 0, t0 + 62_000)
+    assert restored.trackers["GPU-n-0"].forecasting  # rebuilt from the history on load

@@ -20,9 +20,10 @@ class _Tracker:
 
     walks = 0
 
-    def __init__(self, cls: str, err: float) -> None:
+    def __init__(self, cls: str, err: float, forecasting: bool = True) -> None:
         self.fingerprint = _Fingerprint(cls)
         self.err = err
+        self.forecasting = forecasting
 
     def forecast_abs_errors(self) -> dict[tuple[str, int], float]:
         _Tracker.walks += 1
@@ -36,23 +37,25 @@ def _scrape(registry: CollectorRegistry) -> dict[str, float]:
 
 def test_frequent_scrapes_walk_the_gpus_once_per_interval_and_see_changes_after_it() -> None:
     now = [100.0]
-    trackers = [_Tracker("training", 2.0), _Tracker("idle", 4.0)]
+    trackers = [_Tracker("training", 2.0), _Tracker("idle", 4.0), _Tracker("idle", 0.0, forecasting=False)]
     registry = CollectorRegistry()
     registry.register(StreamCollector(StreamStats(), lambda: list(trackers), dict, fleet_every_s=5.0,
                                       clock=lambda: now[0]))
     _Tracker.walks = 0
     first = _scrape(registry)
-    assert first['gpuaware_stream_forecast_mae{horizon_minutes="5",metric="util_gpu"}'] == 3.0
-    assert first['gpuaware_stream_workload_class_gpus{class="idle"}'] == 1.0
+    assert first['gpuaware_stream_forecast_mae{horizon_minutes="5",metric="util_gpu"}'] == 2.0
+    assert first['gpuaware_stream_workload_class_gpus{class="idle"}'] == 2.0
+    assert first["gpuaware_stream_gpus_forecasting"] == 2.0
     trackers.append(_Tracker("idle", 6.0))
     for _ in range(20):  # a poller at 4 Hz for under 5 s: the GPU walk is not redone
         now[0] += 0.2
         scraped = _scrape(registry)
-    assert _Tracker.walks == 2
-    assert scraped["gpuaware_stream_gpus"] == 3.0  # the GPU count itself is live
-    assert scraped['gpuaware_stream_workload_class_gpus{class="idle"}'] == 1.0
+    assert _Tracker.walks == 3
+    assert scraped["gpuaware_stream_gpus"] == 4.0  # the GPU count itself is live
+    assert scraped['gpuaware_stream_workload_class_gpus{class="idle"}'] == 2.0
     now[0] += 1.0  # 5 s after the walk
     scraped = _scrape(registry)
-    assert _Tracker.walks == 5
-    assert scraped['gpuaware_stream_forecast_mae{horizon_minutes="5",metric="util_gpu"}'] == 4.0
-    assert scraped['gpuaware_stream_workload_class_gpus{class="idle"}'] == 2.0
+    assert _Tracker.walks == 7
+    assert scraped['gpuaware_stream_forecast_mae{horizon_minutes="5",metric="util_gpu"}'] == 3.0
+    assert scraped['gpuaware_stream_workload_class_gpus{class="idle"}'] == 3.0
+    assert scraped["gpuaware_stream_gpus_forecasting"] == 3.0
