@@ -20,13 +20,14 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 
 Record = tuple[bytes, bytes | None]  # key, value (None: a tombstone)
 Headers = Sequence[tuple[str, bytes]]
 # (partition, the records of one batch, its delivery (the first record's offset) or None, the error or None)
 Done = Callable[[int, Sequence[Record], RecordMetadata | None, BaseException | None], None]
+# The topic's sorted partitions -> the records by partition (a caller that partitions by key, as the client would)
+Grouping = Callable[[list[int]], Mapping[int, Sequence[Record]]]
 
 
 class BatchSender:
@@ -36,23 +37,26 @@ class BatchSender:
         self.producer = producer
         self._lock = asyncio.Lock()
 
-    async def partitions(self, topic: str) -> list[int]:
-        """The topic's partitions, sorted (what the client's partitioner hashes keys over)."""
-        return sorted(await (await self.producer()).partitions_for(topic))
-
-    async def send(self, topic: str, records: Mapping[int, Sequence[Record]], done: Done,
+    async def send(self, topic: str, records: Mapping[int, Sequence[Record]] | Grouping, done: Done,
                    headers: Headers = ()) -> None:
-        """Hand ``records`` (partition -> records, in order) over; ``done`` is told each batch's outcome (a failed
-        hand-over at once, a delivery when the broker answers). Raises nothing the client raises."""
-        async with self._lock:
+        """Hand ``records`` (partition -> records, in order; or a function of the topic's sorted partitions giving
+        them, called in turn) over; ``done`` is told each batch's outcome (a failed hand-over at once, a delivery
+        when the broker answers; partition -1 and no records: a function's records not made, the client was not
+        there). Whatever the client raises is a failed hand-over, not raised."""
+        async with self._lock:  # (taken, or queued for, before this coroutine first suspends: call order kept)
             try:
                 producer = await self.producer()
-            except KafkaError as exc:
-                for partition, recs in records.items():
-                    done(partition, recs, None, exc)
+                partitions = sorted(await producer.partitions_for(topic)) if callable(records) else []
+            except Exception as exc:  # no client (stopping), no metadata: nothing of this call is handed over
+                if not callable(records):
+                    for partition, recs in records.items():
+                        done(partition, recs, None, exc)
+                else:
+                    done(-1, [], None, exc)  # (what would have gone is the caller's to count)
                 return
+            grouped = records(partitions) if callable(records) else records
             hdrs = list(headers)
-            for partition, recs in records.items():
+            for partition, recs in grouped.items():
                 batch, start = producer.create_batch(), 0
                 for i, (key, value) in enumerate(recs):
                     if batch.append(key=key, value=value, timestamp=None, headers=hdrs) is not None:
@@ -70,7 +74,7 @@ class BatchSender:
         batch.close()
         try:
             delivered = await producer.send_batch(batch, topic, partition=partition)
-        except KafkaError as exc:
+        except Exception as exc:  # (a client stopped meanwhile, a partition it does not know)
             done(partition, recs, None, exc)
             return
 

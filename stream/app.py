@@ -148,7 +148,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         # The app's own client, which Faust starts on first use and flushes before it commits offsets.
         return (await app.maybe_start_producer())._ensure_producer()
 
-    changelog_out = ChangelogTable(table, BatchSender(producer), stats)
+    changelog_out = ChangelogTable(table, BatchSender(producer), stats, owns=lambda p: p in assigned())
     states_out = StatePublisher(topics.GPU_STATE, BatchSender(producer), stats)
     processor = StreamProcessor(changelog_out, tracker_settings(settings), stats, scope=_under)
     # A record that waited in the log longer than a heartbeat interval means the worker is catching up.
@@ -203,8 +203,10 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         with tracer.start_as_current_span("stream.process", context=parent, links=links,
                                           attributes={"messaging.batch.message_count": len(events)}):
             states = processor.finish(take, now_ms())
-            await changelog_out.flush()  # before the take's records are acknowledged, as the states
+            # Both before the take's records are acknowledged; the states first: made now, they take their turn
+            # before any later ones (a heartbeat's) can.
             await states_out.publish(states, observability.inject_headers() if states else ())
+            await changelog_out.flush()
 
     @app.agent(inputs, name="process")
     async def process(stream: Any) -> None:
@@ -274,6 +276,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: set, **_: Any) -> None:
         processor.forget({tp.partition for tp in revoked if tp.topic == topics.TELEMETRY})
+        changelog_out.forget({tp.partition for tp in revoked if tp.topic == topics.TELEMETRY})
         if revoked and after_revoke is not None:
             after_revoke()  # after the forget: what it dropped is what the next full collection may free
 
@@ -286,6 +289,8 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     app.gpuaware_lag = lambda: _lag(app, positions, consumed)  # type: ignore[attr-defined]
     # What the worker's consumer asks the broker to hold a fetch for (faust_fixes, fix 4).
     app.gpuaware_fetch_max_wait_ms = kafka.fetch_max_wait_ms  # type: ignore[attr-defined]
+    # What Faust's producer flush runs before a commit: the changelog's failed records stored first (fix 5).
+    app.gpuaware_after_flush = changelog_out.settle  # type: ignore[attr-defined]
     return app, processor
 
 

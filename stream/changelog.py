@@ -16,13 +16,19 @@ offset is committed before the changelog records of its take are delivered.
 
 A batch the client does not take or deliver is not lost: each of its keys not written again since is sent again, with
 the value it had, at the next ``flush`` (a key written again since is carried by that newer record, which the sender
-keeps after the failed one), and logged and counted (``gpuaware_stream_changelog_failed_total``).
+keeps after the failed one), and logged and counted (``gpuaware_stream_changelog_failed_total``). Faust's commit waits
+for the client's deliveries but not for their success, so ``settle`` runs after the client's flush and before every
+commit (``stream.faust_fixes``, fix 5): it sends the failed records again and waits for them, a few times, and fails
+the commit if they still fail, so that no offset is committed past a record whose changelog write is missing (a
+worker that cannot write its changelog stops, and its successor reads the records again). A partition revoked drops
+what was still to be sent again for it: its new owner reads those records again from the committed offset.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
 from typing import Any
 
 import faust.streams as faust_streams
@@ -32,13 +38,19 @@ from plumbing.kafka_batches import BatchSender, Record
 from stream.metrics import StreamStats
 
 log = logging.getLogger(__name__)
+SETTLE_TRIES = 5  # each waits for the client's deliveries, after a pause of 0.1 s, 0.2 s, ... (at most 2 s)
 
 
 class ChangelogTable(MutableMapping[str, bytes]):
-    def __init__(self, table: Any, sender: BatchSender, stats: StreamStats):
+    """``owns(partition)``: the table partition is this worker's (a delivery sets its store's persisted offset only
+    then: a revoked partition's database is its next owner's business)."""
+
+    def __init__(self, table: Any, sender: BatchSender, stats: StreamStats,
+                 owns: Callable[[int], bool] = lambda partition: True):
         self.table = table
         self.sender = sender
         self.stats = stats
+        self.owns = owns
         self.topic = table.changelog_topic.get_topic_name()
         self.pending: dict[int, list[Record]] = {}
         self._keys: dict[str, bytes] = {}  # key -> its changelog key (Faust's key serializer: JSON for a str)
@@ -65,22 +77,28 @@ class ChangelogTable(MutableMapping[str, bytes]):
     # ------------------------------------------------------------------ writes: the store now, the changelog at flush
 
     def __setitem__(self, key: str, value: bytes) -> None:
+        partition = self._partition()
         self.table.data[key] = value
-        self._record(key, value)
+        self._record(partition, key, value)
 
     def __delitem__(self, key: str) -> None:
+        partition = self._partition()
         del self.table.data[key]
-        self._record(key, None)
+        self._record(partition, key, None)
 
-    def _record(self, key: str, value: bytes | None) -> None:
+    @staticmethod
+    def _partition() -> int:
+        """The partition of the record being handled (Faust's ``partition_for_key`` for a table like this one)."""
+        event = faust_streams.current_event()
+        if event is None:
+            raise TypeError("a table write outside of a record's handling has no changelog partition")
+        return event.message.partition
+
+    def _record(self, partition: int, key: str, value: bytes | None) -> None:
         raw = self._keys.get(key)
         if raw is None:
             raw = self._keys[key] = self.table.app.serializers.dumps_key(
                 self.table.key_type, key, serializer=self.table.key_serializer)
-        event = faust_streams.current_event()
-        if event is None:
-            raise TypeError("a table write outside of a record's handling has no changelog partition")
-        partition = event.message.partition
         record = (raw, value)
         self._write_of[id(record)] = self._writes[raw] = self._writes.get(raw, 0) + 1
         self._retry.pop((partition, raw), None)  # this newer record carries the key
@@ -95,21 +113,43 @@ class ChangelogTable(MutableMapping[str, bytes]):
             pending, self.pending = self.pending, {}
             await self.sender.send(self.topic, pending, self._done)
 
+    async def settle(self) -> None:
+        """After the client's flush, before a commit: the records of failed batches sent again until delivered, or
+        RuntimeError (the commit fails with it) after ``SETTLE_TRIES``."""
+        for attempt in range(SETTLE_TRIES):
+            if not self._retry:
+                return
+            await asyncio.sleep(min(0.1 * 2 ** attempt, 2.0))
+            await self.flush()
+            await (await self.sender.producer()).flush()  # their deliveries: a failure puts them back in _retry
+        if self._retry:
+            raise RuntimeError(f"{len(self._retry)} {self.topic} records not delivered after {SETTLE_TRIES} tries: "
+                               f"no offset is committed past them")
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Revoked: nothing more is sent for these partitions (their records are read again by their new owner)."""
+        gone = set(partitions)
+        for partition in gone:
+            for record in self.pending.pop(partition, ()):
+                self._write_of.pop(id(record), None)
+        for key in [k for k in self._retry if k[0] in gone]:
+            self._write_of.pop(id(self._retry.pop(key)), None)
+
     def _done(self, partition: int, records: Sequence[Record], delivered: RecordMetadata | None,
               error: BaseException | None) -> None:
         if error is None:
             for record in records:
                 self._write_of.pop(id(record), None)
-            if delivered is not None:
+            if delivered is not None and self.owns(partition):
                 self.table.data.set_persisted_offset(TopicPartition(self.topic, partition),
                                                      delivered.offset + len(records) - 1)
             return
         self.stats.changelog_failed += len(records)
-        log.error("%d %s records not delivered (%s: %s): sent again at the next take", len(records), self.topic,
-                  type(error).__name__, error)
+        log.error("%d %s records not delivered (%s: %s): sent again before the next commit", len(records),
+                  self.topic, type(error).__name__, error)
         for record in records:
             raw = record[0]
-            if self._write_of.get(id(record)) == self._writes.get(raw) and (partition, raw) not in self._retry:
+            if self._write_of.get(id(record)) == self._writes.get(raw) and self.owns(partition):
                 self._retry[(partition, raw)] = record  # still the newest of its key (kept: its write number stays)
             else:
                 self._write_of.pop(id(record), None)

@@ -36,6 +36,14 @@ And one without which records wait in the broker:
    ``gpuaware_fetch_max_wait_ms`` (``kafka.fetch_max_wait_ms``, as ``KafkaSettings.consumer_kwargs`` gives); an idle
    worker's empty fetches come more often.
 
+And one for the changelog the app writes itself:
+
+5. **A commit past a failed changelog write.** Before committing, Faust flushes its producer: that waits for every
+   record handed to the client to be answered, not for it to be stored. The stream app writes its table's changelog
+   as record batches (``stream.changelog``), which keeps a failed batch's records to send again; here the app's
+   ``gpuaware_after_flush`` (``ChangelogTable.settle``) runs after the producer's flush, so the commit waits until
+   they are stored, or fails.
+
 Faust's other resume path (``Recovery._resume_streams``, for apps without tables) has the first ordering too;
 the stream app always has a table, so it is left alone. tests/stream/test_faust_fixes.py shows each loss with
 Faust's and aiokafka's own code, and its absence with the fix.
@@ -51,6 +59,7 @@ from typing import Any
 
 from faust.tables.recovery import Recovery, ServiceStopped
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducerService
 from faust.transport.producer import ProducerBuffer
 
 # Faust's own code, kept for the tests that show the losses it has.
@@ -60,6 +69,7 @@ FAUST_CREATE_WORKER_CONSUMER = AIOKafkaConsumerThread._create_worker_consumer
 FAUST_FLUSH = ProducerBuffer.flush
 FAUST_PUT = ProducerBuffer.put
 FAUST_SEND_PENDING = ProducerBuffer._send_pending
+FAUST_PRODUCER_FLUSH = AIOKafkaProducerService.flush
 log = logging.getLogger(__name__)
 # How long one wait for the buffer's draining task lasts before the buffer's state is looked at again, how long
 # without a message leaving it before a warning, and before the flush fails (the client's own send gives up after
@@ -70,7 +80,7 @@ _FAIL_AFTER_S = 60.0
 
 
 def install() -> None:
-    """Install the four corrections (once per process)."""
+    """Install the five corrections (once per process)."""
     if getattr(Recovery, "_gpuaware_fixed", False):
         return
     Recovery.on_recovery_completed = _on_recovery_completed
@@ -80,7 +90,17 @@ def install() -> None:
     ProducerBuffer.put = _put
     ProducerBuffer._send_pending = _send_pending
     ProducerBuffer.flush = _flush
+    AIOKafkaProducerService.flush = _producer_flush
     Recovery._gpuaware_fixed = True
+
+
+async def _producer_flush(self: Any) -> None:
+    """Faust's producer flush (its buffer, then the client's records answered), then the app's own check of what the
+    answers were (fix 5; ``gpuaware_after_flush``, absent in apps that write no changelog of their own)."""
+    await FAUST_PRODUCER_FLUSH(self)
+    after = getattr(self.app, "gpuaware_after_flush", None)
+    if after is not None:
+        await after()
 
 
 def _create_worker_consumer(self: Any, transport: Any) -> Any:

@@ -63,14 +63,18 @@ def owner_key(uuid: str) -> str:
 
 
 def encode_value(value: object) -> bytes:
-    """A table value as stored: the bytes Faust's JSON codec wrote before (so both read alike), made once.
+    """A table value as stored: JSON, which reads back as what Faust's JSON codec wrote before, made once.
 
-    orjson writes what ``json.dumps(value, separators=(",", ":"))`` wrote for these values (strings, ints, finite
-    floats, lists and dicts with string keys; tests/stream/test_processor.py compares them) at a sixth of the cost:
-    a node entry (8 GPUs' snapshots) took 71 µs, ~8 % of a worker's core at 50,000 GPUs (docs/performance.md, the
-    stream's "Where the time went", item 9). It would write a NaN as null where json wrote NaN; the values are
-    finite (the contract's checks refuse samples and events that are not)."""
-    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    orjson, at a sixth of ``json.dumps``'s cost: a node entry (8 GPUs' snapshots) took 71 µs that way, ~8 % of
+    a worker's core at 50,000 GPUs (docs/performance.md, the stream's "Where the time went", item 9). Its text
+    differs from ``json.dumps(value, separators=(",", ":"))`` only in spelling some numbers (``1e-7`` for
+    ``1e-07``) and in writing non-ASCII text as UTF-8 where json escaped it: both read back to the same values
+    (tests/stream/test_processor.py). It would write a NaN as null (the values are finite: the contract's checks
+    refuse samples and events that are not); what it cannot write (an integer beyond 64 bits) goes through json."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode()
 
 
 def decode_value(raw: bytes | None) -> object:

@@ -9,12 +9,15 @@ samples per worker CPU second with the states encoded but not sent, 1,647-1,733 
 
 Order: the scheduler keeps the newest record per key, so a GPU's states must reach its partition in the order they
 were made: callers (a take, the heartbeat) make their states and call ``publish`` without awaiting in between, and
-the sender keeps the order of the calls. The client is the Faust app's producer, which Faust flushes before
-committing offsets, so a take's states are handed to the broker before its records count as processed, as they
-were through Faust's buffer. Keys are hashed with the client's default partitioner (murmur2, as Kafka's Java
-client), so a GPU's states go to the partition earlier versions wrote them to. A failed hand-over or delivery is
-logged and counted (``gpuaware_stream_publish_failed_total``); the worker goes on, and the GPU's next state (at the
-latest its ``max_publish_interval_ms`` refresh) replaces the lost one.
+``publish`` takes its turn with the sender before anything else (the topic's partitions and the encoding come in
+that turn), so the order of the calls is the order in each partition.
+
+The client is the Faust app's producer, which Faust flushes before committing offsets, so a take's states are handed
+to the broker before its records count as processed, as they were through Faust's buffer. Keys are hashed with the
+client's default partitioner (murmur2, as Kafka's Java client), so a GPU's states go to the partition earlier
+versions wrote them to. A failed hand-over or delivery is logged and counted (``gpuaware_stream_publish_failed_total``);
+the worker goes on, and the GPU's next state (at the latest its ``max_publish_interval_ms`` refresh) replaces the
+lost one.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import RecordMetadata
 
@@ -50,25 +52,25 @@ class StatePublisher:
     async def publish(self, states: Sequence[GpuState], headers: Headers = ()) -> None:
         if not states:
             return
-        try:
-            partitions = await self.sender.partitions(self.topic)
-        except KafkaError as exc:
-            self._failed(len(states), exc)
-            return
-        if partitions != self._partitions:  # (a topic given more partitions: keys move, as in the client)
-            self._partitions, self._partition_of = partitions, {}
-        by_partition: dict[int, list[Record]] = {}
-        for state in states:
-            key = state.key()
-            by_partition.setdefault(self._partition(key), []).append((key, encode(state)))
-        await self.sender.send(self.topic, by_partition, self._done, headers)
 
-    def _done(self, partition: int, records: Sequence[Record], delivered: RecordMetadata | None,
-              error: BaseException | None) -> None:
-        if error is not None:
-            self._failed(len(records), error)
-        else:
-            self.stats.published[self.topic] += len(records)
+        def by_partition(partitions: list[int]) -> dict[int, list[Record]]:
+            if partitions != self._partitions:  # (a topic given more partitions: keys move, as in the client)
+                self._partitions, self._partition_of = partitions, {}
+            out: dict[int, list[Record]] = {}
+            for state in states:
+                key = state.key()
+                out.setdefault(self._partition(key), []).append((key, encode(state)))
+            return out
+
+        def done(partition: int, records: Sequence[Record], delivered: RecordMetadata | None,
+                 error: BaseException | None) -> None:
+            if error is None:
+                self.stats.published[self.topic] += len(records)
+            else:
+                self._failed(len(states) if partition < 0 else len(records), error)
+
+        # The first await: the sender takes its turn now, so the order of the calls is the order of the states.
+        await self.sender.send(self.topic, by_partition, done, headers)
 
     def _failed(self, count: int, error: BaseException) -> None:
         self.stats.publish_failed += count

@@ -12,13 +12,16 @@ from pathlib import Path
 
 import pytest
 from aiokafka.structs import TopicPartition
+from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducerService
 
 from contract import topics
 from contract.events import GpuState, encode
 from gpuaware.local.stream_workers import StreamWorkerProcess
 from plumbing.kafka_admin import end_offsets
 from plumbing.kafka_settings import KafkaSettings
+from stream import faust_fixes
 from stream.app import create_app, tracker_settings
+from stream.changelog import ChangelogTable
 from stream.gpu_state import GpuTracker
 from stream.settings import StreamSettings
 from tests.support import fleet_batch as _batch
@@ -146,3 +149,18 @@ def test_a_revocation_calls_after_revoke_once_the_trackers_are_dropped(tmp_path)
     assert seen == []
     asyncio.run(revoke({TopicPartition(topics.TELEMETRY, 3)}))
     assert seen == [0]
+
+
+def test_the_table_is_written_through_the_changelog_batches_whose_check_runs_before_commits(tmp_path) -> None:
+    app, processor = create_app(KafkaSettings(bootstrap_servers="127.0.0.1:1"), StreamSettings(data_dir=str(tmp_path)))
+    assert isinstance(processor.snapshots, ChangelogTable)
+    assert app.gpuaware_after_flush == processor.snapshots.settle
+    assert AIOKafkaProducerService.flush is faust_fixes._producer_flush  # (fix 5, installed by create_app)
+    processor.snapshots._retry[(3, b'"node:x"')] = (b'"node:x"', b"{}")
+    processor.snapshots._retry[(4, b'"node:y"')] = (b'"node:y"', b"{}")
+
+    async def revoke(tps: set) -> None:
+        await app.on_partitions_revoked.send(tps)
+
+    asyncio.run(revoke({TopicPartition(topics.TELEMETRY, 3)}))
+    assert list(processor.snapshots._retry) == [(4, b'"node:y"')]  # the revoked partition's: its new owner's

@@ -12,11 +12,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import faust.streams as faust_streams
+import pytest
 from aiokafka.errors import KafkaTimeoutError
 from aiokafka.structs import RecordMetadata, TopicPartition
 
 from plumbing.kafka_batches import BatchSender
-from stream.changelog import ChangelogTable
+from stream.changelog import SETTLE_TRIES, ChangelogTable
 from stream.metrics import StreamStats
 from tests.plumbing.test_kafka_batches import HeldClient
 
@@ -56,18 +57,26 @@ class _Store(dict):
 
 
 class _Client(HeldClient):
-    """Delivers with offsets that count up per partition; the batches of the calls in ``failing`` fail."""
+    """Delivers with offsets that count up per partition; the batches of the calls in ``failing`` fail (every call
+    after ``fail_from`` too)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.failing: set[int] = set()
+        self.fail_from: int | None = None
         self.calls = 0
         self.next_offset: dict[int, int] = {}
+        self.flushes = 0
+
+    async def flush(self) -> None:  # aiokafka's: every batch handed over is answered (here at once)
+        self.flushes += 1
+        self.calls += 1
+        await asyncio.sleep(0)
 
     async def send_batch(self, batch: Any, topic: str, *, partition: int) -> asyncio.Future:
         await super().send_batch(batch, topic, partition=partition)
         done = asyncio.get_running_loop().create_future()
-        if self.calls in self.failing:
+        if self.calls in self.failing or (self.fail_from is not None and self.calls >= self.fail_from):
             done.set_exception(KafkaTimeoutError("expired"))
             return done
         count = len(self.sent[-1][1])
@@ -89,12 +98,13 @@ def _under(partition: int) -> Any:
     return event  # kept alive by the caller: the context holds a weak reference
 
 
-def _table(client: _Client) -> tuple[ChangelogTable, _Table, StreamStats]:
+def _table(client: _Client, owned: set[int] | None = None) -> tuple[ChangelogTable, _Table, StreamStats]:
     async def producer() -> _Client:
         return client
 
     table, stats = _Table(), StreamStats()
-    return ChangelogTable(table, BatchSender(producer), stats), table, stats
+    owns = (lambda p: True) if owned is None else owned.__contains__
+    return ChangelogTable(table, BatchSender(producer), stats, owns=owns), table, stats
 
 
 async def _flush(changelog: ChangelogTable, client: _Client) -> None:
@@ -169,3 +179,64 @@ def test_a_batch_that_fails_after_a_newer_write_of_its_key_was_sent_is_not_sent_
         del event
 
     asyncio.run(go())
+
+
+def test_a_commit_waits_until_the_failed_records_are_stored_and_fails_if_they_never_are() -> None:
+    async def go() -> None:
+        client = _Client()
+        changelog, table, stats = _table(client)
+        event = _under(4)
+        changelog["node:a"] = b"a1"
+        client.failing = {1}
+        await _flush(changelog, client)
+        assert stats.changelog_failed == 1 and changelog._retry
+        await changelog.settle()  # what Faust's producer flush runs before a commit (faust_fixes, fix 5)
+        assert client.sent[-1] == (4, [(b'"node:a"', b"a1")]) and not changelog._retry
+        assert table.data.persisted == {TopicPartition(TOPIC, 4): 0}
+        changelog["node:b"] = b"b1"
+        client.fail_from = client.calls + 1
+        await _flush(changelog, client)
+        with pytest.raises(RuntimeError, match="no offset is committed past them"):
+            await changelog.settle()
+        sends = [recs for _, recs in client.sent if recs == [(b'"node:b"', b"b1")]]
+        assert len(sends) == 1 + SETTLE_TRIES  # each try sent the record again
+        del event
+
+    asyncio.run(go())
+
+
+def test_a_revoked_partition_sends_nothing_more_and_a_late_delivery_leaves_its_offset_alone() -> None:
+    async def go() -> None:
+        client, owned = _Client(), {1, 2}
+        changelog, table, _ = _table(client, owned)
+        e1 = _under(1)
+        changelog["node:a"] = b"a1"
+        e2 = _under(2)
+        changelog["node:b"] = b"b1"
+        client.failing = {1}
+        await _flush(changelog, client)
+        owned.discard(1)
+        changelog.forget({1})  # revoked: its new owner reads its records again
+        changelog["node:b2"] = b"b2"
+        await _flush(changelog, client)
+        assert client.sent[-1] == (2, [(b'"node:b"', b"b1"), (b'"node:b2"', b"b2")])
+        await changelog.settle()
+        assert len(client.sent) == 3
+        e1 = _under(1)  # a write for a partition no longer owned (a take in flight at the revocation)
+        changelog["node:a"] = b"a2"
+        await _flush(changelog, client)
+        assert client.sent[-1] == (1, [(b'"node:a"', b"a2")])
+        assert TopicPartition(TOPIC, 1) not in table.data.persisted
+        del e1, e2
+
+    asyncio.run(go())
+
+
+def test_a_write_outside_a_records_handling_is_refused_before_it_reaches_the_store() -> None:
+    changelog, table, _ = _table(_Client())
+    faust_streams._current_event.set(None)
+    with pytest.raises(TypeError, match="no changelog partition"):
+        changelog["node:a"] = b"a1"
+    with pytest.raises(TypeError):
+        del changelog["node:a"]
+    assert table.data == {} and not changelog.pending

@@ -278,3 +278,34 @@ def test_the_worker_consumer_asks_the_broker_to_hold_a_fetch_as_long_as_the_kafk
     del app.gpuaware_fetch_max_wait_ms  # an app that says nothing: what the pinned Faust asks
     assert asked(app) == 1500
     assert KafkaSettings().consumer_kwargs(None)["fetch_max_wait_ms"] == 100  # every other consumer asks the same
+
+
+class _Flushing:
+    def __init__(self, calls: list[str], name: str) -> None:
+        self.calls, self.name = calls, name
+
+    async def flush(self) -> None:
+        self.calls.append(self.name)
+
+
+def test_a_commit_waits_for_the_apps_changelog_check_after_the_clients_flush_and_fails_with_it() -> None:
+    calls: list[str] = []
+
+    async def settled() -> None:
+        calls.append("settle")
+
+    async def unsettled() -> None:
+        raise RuntimeError("records not delivered")
+
+    producer = SimpleNamespace(buffer=_Flushing(calls, "buffer"), _producer=_Flushing(calls, "client"),
+                               _transaction_producers={}, app=SimpleNamespace(gpuaware_after_flush=settled))
+    asyncio.run(faust_fixes.FAUST_PRODUCER_FLUSH(producer))
+    assert calls == ["buffer", "client"]  # Faust's own flush: no word on whether the records were stored
+    calls.clear()
+    asyncio.run(faust_fixes._producer_flush(producer))
+    assert calls == ["buffer", "client", "settle"]
+    producer.app.gpuaware_after_flush = unsettled
+    with pytest.raises(RuntimeError, match="not delivered"):  # Faust's _commit_offsets awaits it: no commit
+        asyncio.run(faust_fixes._producer_flush(producer))
+    del producer.app.gpuaware_after_flush
+    asyncio.run(faust_fixes._producer_flush(producer))  # an app without a changelog of its own

@@ -120,3 +120,36 @@ def test_a_failed_delivery_is_counted_per_state() -> None:
 
     stats = asyncio.run(go())
     assert stats.publish_failed == 20 and stats.published[topics.GPU_STATE] == 0
+
+
+class _SlowMetadataClient(HeldClient):
+    """The first look at the topic's partitions takes a while (metadata fetched), later ones none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looks = 0
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        self.looks += 1
+        if self.looks == 1:
+            await asyncio.sleep(0.05)
+        return set(range(8))
+
+
+def test_a_later_call_waits_for_an_earlier_one_that_is_still_fetching_the_topics_partitions() -> None:
+    async def go() -> list[tuple[int, list[tuple[bytes, bytes | None]]]]:
+        client = _SlowMetadataClient()
+
+        async def slow() -> _SlowMetadataClient:
+            return client
+
+        publisher = StatePublisher(topics.GPU_STATE, BatchSender(slow), StreamStats())
+        first = _states("meta", 10)
+        await asyncio.gather(publisher.publish(first), publisher.publish(_later(first, 1000)))
+        return client.sent
+
+    order: dict[bytes, list[int]] = {}
+    for _, records in asyncio.run(go()):
+        for key, value in records:
+            order.setdefault(key, []).append(decode(bytes(value), GpuState).published_ms)
+    assert len(order) == 40 and all(times == [T0, T0 + 1000] for times in order.values())
