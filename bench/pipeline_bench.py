@@ -40,6 +40,7 @@ generator kept up; ``largest_sustained_gpus`` is the largest such size.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -76,14 +77,19 @@ BATCH_WINDOW_S = 5.0  # the agents' default flush (SamplingPolicy.flush_s)
 POD_RATE = 20.0
 
 
+def _scrapes(workers: list[StreamWorkerProcess]) -> list[str]:
+    """Each reachable worker's /metrics text."""
+    texts = []
+    for worker in workers:
+        with contextlib.suppress(OSError):
+            texts.append(worker.metrics())
+    return texts
+
+
 def _buckets(workers: list[StreamWorkerProcess]) -> dict[float, float]:
     """The workers' sample-to-state histogram summed (cumulative counts by upper bound)."""
     out: dict[float, float] = {}
-    for worker in workers:
-        try:
-            text = worker.metrics()
-        except OSError:
-            continue
+    for text in _scrapes(workers):
         for line in text.splitlines():
             if line.startswith("gpuaware_stream_sample_to_state_seconds_bucket{"):
                 le = line.split('le="', 1)[1].split('"', 1)[0]
@@ -121,16 +127,9 @@ def lag_growing(lags: list[float]) -> bool:
 
 
 def _lag(workers: list[StreamWorkerProcess]) -> float | None:
-    total, seen = 0.0, False
-    for worker in workers:
-        try:
-            text = worker.metrics()
-        except OSError:
-            continue
-        seen = True
-        total += sum(float(line.split()[-1]) for line in text.splitlines()
-                     if line.startswith("gpuaware_stream_consumer_lag{"))
-    return total if seen else None
+    texts = _scrapes(workers)
+    return sum(float(line.split()[-1]) for text in texts for line in text.splitlines()
+               if line.startswith("gpuaware_stream_consumer_lag{")) if texts else None
 
 
 def _applied(workers: list[StreamWorkerProcess]) -> float:
@@ -140,11 +139,7 @@ def _applied(workers: list[StreamWorkerProcess]) -> float:
 def _met(workers: list[StreamWorkerProcess]) -> tuple[float, float]:
     """GPUs the workers hold, and those of them forecasting (one scrape of each worker)."""
     met = forecasting = 0.0
-    for worker in workers:
-        try:
-            text = worker.metrics()
-        except OSError:
-            continue
+    for text in _scrapes(workers):
         for line in text.splitlines():
             if line.startswith("gpuaware_stream_gpus "):
                 met += float(line.split()[1])

@@ -159,7 +159,7 @@ def test_a_failed_batch_is_sent_again_where_its_key_was_not_written_since() -> N
     asyncio.run(go())
 
 
-def test_a_batch_that_fails_after_a_newer_write_of_its_key_was_sent_is_not_sent_again() -> None:
+def test_a_batch_that_fails_once_a_newer_write_of_its_key_waits_to_be_sent_is_not_sent_again() -> None:
     async def go() -> None:
         client = _Client()
         changelog, _, stats = _table(client)
