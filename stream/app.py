@@ -148,7 +148,10 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         # The app's own client, which Faust starts on first use and flushes before it commits offsets.
         return (await app.maybe_start_producer())._ensure_producer()
 
-    changelog_out = ChangelogTable(table, BatchSender(producer), stats, owns=lambda p: p in assigned())
+    # The table partitions this worker owns, as the rebalance signals say (the assignor's actives change only with
+    # the next assignment, after a revocation): a changelog delivery sets a persisted offset only for these.
+    owned: set[int] = set()
+    changelog_out = ChangelogTable(table, BatchSender(producer), stats, owns=owned.__contains__)
     states_out = StatePublisher(topics.GPU_STATE, BatchSender(producer), stats)
     processor = StreamProcessor(changelog_out, tracker_settings(settings), stats, scope=_under)
     # A record that waited in the log longer than a heartbeat interval means the worker is catching up.
@@ -275,15 +278,19 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: set, **_: Any) -> None:
-        processor.forget({tp.partition for tp in revoked if tp.topic == topics.TELEMETRY})
-        changelog_out.forget({tp.partition for tp in revoked if tp.topic == topics.TELEMETRY})
+        gone = {tp.partition for tp in revoked if tp.topic == topics.TELEMETRY}
+        owned.difference_update(gone)
+        processor.forget(gone)
+        changelog_out.forget(gone)
         if revoked and after_revoke is not None:
             after_revoke()  # after the forget: what it dropped is what the next full collection may free
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender: Any, assigned_tps: set, **_: Any) -> None:
         # Newly assigned partitions are reloaded from the recovered table, never from a stale cache.
-        processor.forget({tp.partition for tp in assigned_tps if tp.topic == topics.TELEMETRY})
+        mine = {tp.partition for tp in assigned_tps if tp.topic == topics.TELEMETRY}
+        owned.update(mine)
+        processor.forget(mine)
 
     consumed = {topics.TELEMETRY, topics.EVENTS, by_node_name, demand_topic.get_topic_name()}
     app.gpuaware_lag = lambda: _lag(app, positions, consumed)  # type: ignore[attr-defined]

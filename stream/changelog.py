@@ -18,8 +18,9 @@ A batch the client does not take or deliver is not lost: each of its keys not wr
 the value it had, at the next ``flush`` (a key written again since is carried by that newer record, which the sender
 keeps after the failed one), and logged and counted (``gpuaware_stream_changelog_failed_total``). Faust's commit waits
 for the client's deliveries but not for their success, so ``settle`` runs after the client's flush and before every
-commit (``stream.faust_fixes``, fix 5): it sends the failed records again and waits for them, a few times, and fails
-the commit if they still fail, so that no offset is committed past a record whose changelog write is missing (a
+commit (``stream.faust_fixes``, fix 5): until every key a failed batch left owing is stored again (the failed record,
+or a newer write of its key) it sends what is pending and waits for the answers, a few times, and fails the commit if
+they still fail, so that no offset is committed past a record whose changelog write is missing (a
 worker that cannot write its changelog stops, and its successor reads the records again). A partition revoked drops
 what was still to be sent again for it: its new owner reads those records again from the committed offset.
 """
@@ -54,11 +55,17 @@ class ChangelogTable(MutableMapping[str, bytes]):
         self.topic = table.changelog_topic.get_topic_name()
         self.pending: dict[int, list[Record]] = {}
         self._keys: dict[str, bytes] = {}  # key -> its changelog key (Faust's key serializer: JSON for a str)
-        # A failed record is sent again only if no write of its key came after it: changelog key -> its writes so far,
-        # and each record not yet delivered (by identity: the sender hands back the tuples it was given) -> its write.
-        self._writes: dict[bytes, int] = {}
+        # A failed record is sent again only if no write of its key came after it in its partition (a key may be
+        # written in two: a GPU's owner entry, when it moves to a node of another): (partition, changelog key) -> its
+        # writes so far, and each record not yet delivered (by identity: the sender hands back the tuples it was
+        # given) -> its write.
+        self._writes: dict[tuple[int, bytes], int] = {}
         self._write_of: dict[int, int] = {}
         self._retry: dict[tuple[int, bytes], Record] = {}
+        # (partition, changelog key) -> the write number a failed record had: owed until a record of the key with that
+        # number or a later one is stored (the failed one sent again, or a newer write of the key)
+        self._owed: dict[tuple[int, bytes], int] = {}
+        self._given_up: str | None = None
 
     # ------------------------------------------------------------------ reads: the table's
 
@@ -100,8 +107,10 @@ class ChangelogTable(MutableMapping[str, bytes]):
             raw = self._keys[key] = self.table.app.serializers.dumps_key(
                 self.table.key_type, key, serializer=self.table.key_serializer)
         record = (raw, value)
-        self._write_of[id(record)] = self._writes[raw] = self._writes.get(raw, 0) + 1
-        self._retry.pop((partition, raw), None)  # this newer record carries the key
+        self._write_of[id(record)] = self._writes[(partition, raw)] = self._writes.get((partition, raw), 0) + 1
+        replaced = self._retry.pop((partition, raw), None)  # this newer record carries the key (and what it owes)
+        if replaced is not None:
+            self._write_of.pop(id(replaced), None)
         self.pending.setdefault(partition, []).append(record)
 
     async def flush(self) -> None:
@@ -114,17 +123,23 @@ class ChangelogTable(MutableMapping[str, bytes]):
             await self.sender.send(self.topic, pending, self._done)
 
     async def settle(self) -> None:
-        """After the client's flush, before a commit: the records of failed batches sent again until delivered, or
-        RuntimeError (the commit fails with it) after ``SETTLE_TRIES``."""
+        """After the client's flush, before a commit: every key a failed batch left owing is stored (the pending
+        records and those sent again handed over, and the client's answers awaited), or RuntimeError (the commit fails
+        with it) after ``SETTLE_TRIES``; then at once on every later call (a stop commits too: it must not wait
+        through the tries again, nor commit)."""
+        if self._given_up is not None:
+            raise RuntimeError(self._given_up)
         for attempt in range(SETTLE_TRIES):
-            if not self._retry:
+            if not self._owed:
                 return
-            await asyncio.sleep(min(0.1 * 2 ** attempt, 2.0))
+            if attempt:
+                await asyncio.sleep(min(0.1 * 2 ** (attempt - 1), 2.0))
             await self.flush()
-            await (await self.sender.producer()).flush()  # their deliveries: a failure puts them back in _retry
-        if self._retry:
-            raise RuntimeError(f"{len(self._retry)} {self.topic} records not delivered after {SETTLE_TRIES} tries: "
-                               f"no offset is committed past them")
+            await (await self.sender.producer()).flush()  # answered: a failure owes its key again
+        if self._owed:
+            self._given_up = (f"{len(self._owed)} {self.topic} records not stored after {SETTLE_TRIES} tries: no "
+                              f"offset is committed past them")
+            raise RuntimeError(self._given_up)
 
     def forget(self, partitions: Iterable[int]) -> None:
         """Revoked: nothing more is sent for these partitions (their records are read again by their new owner)."""
@@ -134,12 +149,17 @@ class ChangelogTable(MutableMapping[str, bytes]):
                 self._write_of.pop(id(record), None)
         for key in [k for k in self._retry if k[0] in gone]:
             self._write_of.pop(id(self._retry.pop(key)), None)
+        for key in [k for k in self._owed if k[0] in gone]:
+            del self._owed[key]
 
     def _done(self, partition: int, records: Sequence[Record], delivered: RecordMetadata | None,
               error: BaseException | None) -> None:
+        owed = self._owed
         if error is None:
             for record in records:
-                self._write_of.pop(id(record), None)
+                written = self._write_of.pop(id(record), None)
+                if owed and written is not None and owed.get((partition, record[0]), written + 1) <= written:
+                    del owed[(partition, record[0])]
             if delivered is not None and self.owns(partition):
                 self.table.data.set_persisted_offset(TopicPartition(self.topic, partition),
                                                      delivered.offset + len(records) - 1)
@@ -149,7 +169,11 @@ class ChangelogTable(MutableMapping[str, bytes]):
                   self.topic, type(error).__name__, error)
         for record in records:
             raw = record[0]
-            if self._write_of.get(id(record)) == self._writes.get(raw) and self.owns(partition):
+            written = self._write_of.get(id(record))
+            if written is None or not self.owns(partition):
+                continue
+            owed[(partition, raw)] = max(owed.get((partition, raw), 0), written)
+            if written == self._writes.get((partition, raw)):
                 self._retry[(partition, raw)] = record  # still the newest of its key (kept: its write number stays)
             else:
-                self._write_of.pop(id(record), None)
+                self._write_of.pop(id(record), None)  # a newer write of the key, pending or sent, pays what it owes

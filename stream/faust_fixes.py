@@ -42,11 +42,13 @@ And one for the changelog the app writes itself:
    record handed to the client to be answered, not for it to be stored. The stream app writes its table's changelog
    as record batches (``stream.changelog``), which keeps a failed batch's records to send again; here the app's
    ``gpuaware_after_flush`` (``ChangelogTable.settle``) runs after the producer's flush, so the commit waits until
-   they are stored, or fails.
+   they are stored, or fails (and, given up once, fails at once from then on, a stop's commit too). Only the
+   at-least-once commit flushes the producer; the stream app does not use Faust's exactly-once mode.
 
 Faust's other resume path (``Recovery._resume_streams``, for apps without tables) has the first ordering too;
-the stream app always has a table, so it is left alone. tests/stream/test_faust_fixes.py shows each loss with
-Faust's and aiokafka's own code, and its absence with the fix.
+the stream app always has a table, so it is left alone. tests/stream/test_faust_fixes.py shows each of the first
+four losses with Faust's and aiokafka's own code, and its absence with the fix; for fix 5, that Faust's flush never
+asks the app and the patched one does (the losses it prevents are in tests/stream/test_changelog.py).
 """
 
 from __future__ import annotations

@@ -159,8 +159,13 @@ def test_the_table_is_written_through_the_changelog_batches_whose_check_runs_bef
     processor.snapshots._retry[(3, b'"node:x"')] = (b'"node:x"', b"{}")
     processor.snapshots._retry[(4, b'"node:y"')] = (b'"node:y"', b"{}")
 
-    async def revoke(tps: set) -> None:
-        await app.on_partitions_revoked.send(tps)
+    async def rebalance(revoked: set, assigned: set) -> None:
+        await app.on_partitions_revoked.send(revoked)
+        await app.on_partitions_assigned.send(assigned)
 
-    asyncio.run(revoke({TopicPartition(topics.TELEMETRY, 3)}))
+    mine = {TopicPartition(topics.TELEMETRY, p) for p in (3, 4)}
+    asyncio.run(rebalance(set(), {*mine, TopicPartition("gpuaware-stream-gpus-changelog", 5)}))
+    assert [p for p in range(8) if processor.snapshots.owns(p)] == [3, 4]  # actives only, not a standby's 5
+    asyncio.run(rebalance({TopicPartition(topics.TELEMETRY, 3)}, set()))
     assert list(processor.snapshots._retry) == [(4, b'"node:y"')]  # the revoked partition's: its new owner's
+    assert [p for p in range(8) if processor.snapshots.owns(p)] == [4]  # before any new assignment

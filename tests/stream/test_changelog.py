@@ -240,3 +240,52 @@ def test_a_write_outside_a_records_handling_is_refused_before_it_reaches_the_sto
     with pytest.raises(TypeError):
         del changelog["node:a"]
     assert table.data == {} and not changelog.pending
+
+
+def test_a_commit_waits_for_the_newer_write_that_pays_for_a_failed_one_and_gives_up_for_good() -> None:
+    async def go() -> None:
+        client = _Client()
+        changelog, _, stats = _table(client)
+        event = _under(6)
+        changelog["node:a"] = b"old"
+        client.failing = {1}
+        client.hold = 1
+        first = asyncio.ensure_future(_flush(changelog, client))
+        await asyncio.sleep(0.01)
+        changelog["node:a"] = b"new"  # pending (its take's flush not reached) when the old one fails
+        client.release.set()
+        await first
+        assert stats.changelog_failed == 1 and changelog.pending
+        await changelog.settle()  # a commit now: the newer write must be stored first
+        assert client.sent[-1] == (6, [(b'"node:a"', b"new")]) and not changelog.pending
+        changelog["node:b"] = b"b1"
+        client.fail_from = 0
+        await _flush(changelog, client)
+        with pytest.raises(RuntimeError):
+            await changelog.settle()
+        sent = len(client.sent)
+        with pytest.raises(RuntimeError, match="not stored"):
+            await changelog.settle()  # given up: a stop's commit fails at once, without the tries again
+        assert len(client.sent) == sent
+        del event
+
+    asyncio.run(go())
+
+
+def test_a_key_written_in_two_partitions_is_owed_in_each() -> None:
+    async def go() -> None:
+        client = _Client()
+        changelog, _, _ = _table(client)
+        e1 = _under(1)
+        changelog["owner:GPU-9"] = b'"n1"'
+        client.failing = {1}
+        await _flush(changelog, client)
+        e2 = _under(2)
+        changelog["owner:GPU-9"] = b'"n2"'  # the GPU moved to a node of another partition
+        await changelog.settle()  # n1, the newest of partition 1, is sent again: n2 does not pay for it
+        assert {p: recs for p, recs in client.sent} == {1: [(b'"owner:GPU-9"', b'"n1"')],
+                                                        2: [(b'"owner:GPU-9"', b'"n2"')]}
+        assert not changelog._owed
+        del e1, e2
+
+    asyncio.run(go())
