@@ -279,9 +279,10 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: set, **_: Any) -> None:
         gone = {tp.partition for tp in revoked if tp.topic == topics.TELEMETRY}
+        if gone:
+            await changelog_out.hand_over()  # while they are still this worker's (stream.changelog)
         owned.difference_update(gone)
         processor.forget(gone)
-        changelog_out.forget(gone)
         if revoked and after_revoke is not None:
             after_revoke()  # after the forget: what it dropped is what the next full collection may free
 

@@ -21,15 +21,16 @@ for the client's deliveries but not for their success, so ``settle`` runs after 
 commit (``stream.faust_fixes``, fix 5): until every key a failed batch left owing is stored again (the failed record,
 or a newer write of its key) it sends what is pending and waits for the answers, a few times, and fails the commit if
 they still fail, so that no offset is committed past a record whose changelog write is missing (a
-worker that cannot write its changelog stops, and its successor reads the records again). A partition revoked drops
-what was still to be sent again for it: its new owner reads those records again from the committed offset.
+worker that cannot write its changelog stops, and its successor reads the records again). Before partitions are
+revoked, everything pending or owed is stored (``hand_over``): a revocation can come while a take awaits, with its
+writes pending, and the same partitions may come straight back (eager rebalancing) with the take's offsets committed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import Any
 
 import faust.streams as faust_streams
@@ -141,16 +142,16 @@ class ChangelogTable(MutableMapping[str, bytes]):
                               f"offset is committed past them")
             raise RuntimeError(self._given_up)
 
-    def forget(self, partitions: Iterable[int]) -> None:
-        """Revoked: nothing more is sent for these partitions (their records are read again by their new owner)."""
-        gone = set(partitions)
-        for partition in gone:
-            for record in self.pending.pop(partition, ()):
-                self._write_of.pop(id(record), None)
-        for key in [k for k in self._retry if k[0] in gone]:
-            self._write_of.pop(id(self._retry.pop(key)), None)
-        for key in [k for k in self._owed if k[0] in gone]:
-            del self._owed[key]
+    async def hand_over(self) -> None:
+        """Before partitions are revoked: what is pending (a take's writes, if the revocation came while the take
+        awaited) and what is owed stored now, while this worker still owns them: their records' offsets may be
+        committed (by this worker, given the partitions back, as eager rebalancing does), and a record sent after
+        the new owner recovered would overwrite its newer writes. RuntimeError as ``settle``'s."""
+        if not (self.pending or self._owed or self._write_of):  # nothing pending, owed, or unanswered
+            return
+        await self.flush()
+        await (await self.sender.producer()).flush()
+        await self.settle()
 
     def _done(self, partition: int, records: Sequence[Record], delivered: RecordMetadata | None,
               error: BaseException | None) -> None:

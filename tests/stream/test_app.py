@@ -156,8 +156,13 @@ def test_the_table_is_written_through_the_changelog_batches_whose_check_runs_bef
     assert isinstance(processor.snapshots, ChangelogTable)
     assert app.gpuaware_after_flush == processor.snapshots.settle
     assert AIOKafkaProducerService.flush is faust_fixes._producer_flush  # (fix 5, installed by create_app)
-    processor.snapshots._retry[(3, b'"node:x"')] = (b'"node:x"', b"{}")
-    processor.snapshots._retry[(4, b'"node:y"')] = (b'"node:y"', b"{}")
+    handed_over: list[int] = []
+
+    async def hand_over() -> None:  # what the changelog does then (tests/stream/test_changelog.py)
+        handed_over.append(len(processor.trackers))
+
+    processor.snapshots.hand_over = hand_over
+    processor.trackers["GPU-rv-0"], processor.partition_of["GPU-rv-0"] = GpuTracker(uuid="GPU-rv-0"), 3
 
     async def rebalance(revoked: set, assigned: set) -> None:
         await app.on_partitions_revoked.send(revoked)
@@ -166,6 +171,8 @@ def test_the_table_is_written_through_the_changelog_batches_whose_check_runs_bef
     mine = {TopicPartition(topics.TELEMETRY, p) for p in (3, 4)}
     asyncio.run(rebalance(set(), {*mine, TopicPartition("gpuaware-stream-gpus-changelog", 5)}))
     assert [p for p in range(8) if processor.snapshots.owns(p)] == [3, 4]  # actives only, not a standby's 5
+    assert handed_over == []  # the first join revokes nothing
+    processor.trackers["GPU-rv-0"], processor.partition_of["GPU-rv-0"] = GpuTracker(uuid="GPU-rv-0"), 3
     asyncio.run(rebalance({TopicPartition(topics.TELEMETRY, 3)}, set()))
-    assert list(processor.snapshots._retry) == [(4, b'"node:y"')]  # the revoked partition's: its new owner's
+    assert handed_over == [1]  # the changelog handed over while the partition was still held, its trackers too
     assert [p for p in range(8) if processor.snapshots.owns(p)] == [4]  # before any new assignment
