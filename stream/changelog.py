@@ -22,8 +22,8 @@ commit (``stream.faust_fixes``, fix 5): until every key a failed batch left owin
 or a newer write of its key) it sends what is pending and waits for the answers, a few times, and fails the commit if
 they still fail, so that no offset is committed past a record whose changelog write is missing (a
 worker that cannot write its changelog stops, and its successor reads the records again). Before partitions are
-revoked, everything pending or owed is stored (``hand_over``): a revocation can come while a take awaits, with its
-writes pending, and the same partitions may come straight back (eager rebalancing) with the take's offsets committed.
+revoked, everything pending or owed is stored (``hand_over``): the same partitions may come straight back (eager
+rebalancing) with their offsets committed.
 """
 
 from __future__ import annotations
@@ -143,10 +143,12 @@ class ChangelogTable(MutableMapping[str, bytes]):
             raise RuntimeError(self._given_up)
 
     async def hand_over(self) -> None:
-        """Before partitions are revoked: what is pending (a take's writes, if the revocation came while the take
-        awaited) and what is owed stored now, while this worker still owns them: their records' offsets may be
-        committed (by this worker, given the partitions back, as eager rebalancing does), and a record sent after
-        the new owner recovered would overwrite its newer writes. RuntimeError as ``settle``'s."""
+        """Before partitions are revoked: what is pending and what is owed stored now, while this worker still owns
+        them: their records' offsets may be committed (by this worker, given the partitions back, as eager
+        rebalancing does), and a record sent after the new owner recovered would overwrite its newer writes.
+        RuntimeError as ``settle``'s. (Faust waits for the takes to be acknowledged and commits before the
+        revocation's receivers run, so this is mostly a check that finds nothing: it stays for a revocation that
+        does not wait, with ``stream_wait_empty`` off.)"""
         if not (self.pending or self._owed or self._write_of):  # nothing pending, owed, or unanswered
             return
         await self.flush()
@@ -172,6 +174,7 @@ class ChangelogTable(MutableMapping[str, bytes]):
             raw = record[0]
             written = self._write_of.get(id(record))
             if written is None or not self.owns(partition):
+                self._write_of.pop(id(record), None)  # not this worker's to send again any more
                 continue
             owed[(partition, raw)] = max(owed.get((partition, raw), 0), written)
             if written == self._writes.get((partition, raw)):

@@ -159,7 +159,7 @@ def test_the_table_is_written_through_the_changelog_batches_whose_check_runs_bef
     handed_over: list[int] = []
 
     async def hand_over() -> None:  # what the changelog does then (tests/stream/test_changelog.py)
-        handed_over.append(len(processor.trackers))
+        handed_over.append((len(processor.trackers), processor.snapshots.owns(3)))
 
     processor.snapshots.hand_over = hand_over
     processor.trackers["GPU-rv-0"], processor.partition_of["GPU-rv-0"] = GpuTracker(uuid="GPU-rv-0"), 3
@@ -174,5 +174,5 @@ def test_the_table_is_written_through_the_changelog_batches_whose_check_runs_bef
     assert handed_over == []  # the first join revokes nothing
     processor.trackers["GPU-rv-0"], processor.partition_of["GPU-rv-0"] = GpuTracker(uuid="GPU-rv-0"), 3
     asyncio.run(rebalance({TopicPartition(topics.TELEMETRY, 3)}, set()))
-    assert handed_over == [1]  # the changelog handed over while the partition was still held, its trackers too
+    assert handed_over == [(1, True)]  # handed over while the partition was still held, its trackers too
     assert [p for p in range(8) if processor.snapshots.owns(p)] == [4]  # before any new assignment
