@@ -11,8 +11,7 @@ writes: a write goes to the table's store at once (so the take reads it back) an
 What Faust's own write did is kept: the changelog record is what Faust writes (the key through the table's key
 serializer, the value as given, in the partition of the record being handled, Faust's ``partition_for_key``), and a
 delivered batch sets the store's persisted offset (its last record's), which is what lets a restarted worker replay
-only the changelog's tail. The client is the app's producer, which Faust flushes before it commits offsets, so no
-offset is committed before the changelog records of its take are delivered.
+only the changelog's tail. The client is the app's producer, which Faust flushes before it commits offsets.
 
 A batch the client does not take or deliver is not lost: each of its keys not written again since is sent again, with
 the value it had, at the next ``flush`` (a key written again since is carried by that newer record, which the sender
@@ -135,8 +134,7 @@ class ChangelogTable(MutableMapping[str, bytes]):
                 return
             if attempt:
                 await asyncio.sleep(min(0.1 * 2 ** (attempt - 1), 2.0))
-            await self.flush()
-            await (await self.sender.producer()).flush()  # answered: a failure owes its key again
+            await self._send_and_wait()
         if self._owed:
             self._given_up = (f"{len(self._owed)} {self.topic} records not stored after {SETTLE_TRIES} tries: no "
                               f"offset is committed past them")
@@ -151,9 +149,14 @@ class ChangelogTable(MutableMapping[str, bytes]):
         does not wait, with ``stream_wait_empty`` off.)"""
         if not (self.pending or self._owed or self._write_of):  # nothing pending, owed, or unanswered
             return
+        await self._send_and_wait()
+        await self.settle()
+
+    async def _send_and_wait(self) -> None:
+        """What is pending or to be sent again handed over, and the client's answers awaited (a failure owes its key
+        again)."""
         await self.flush()
         await (await self.sender.producer()).flush()
-        await self.settle()
 
     def _done(self, partition: int, records: Sequence[Record], delivered: RecordMetadata | None,
               error: BaseException | None) -> None:
