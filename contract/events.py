@@ -31,6 +31,7 @@ import json
 import struct
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -362,16 +363,26 @@ class RecordType:
 
 @cache
 def _load_schema_versions(name: str) -> dict[int, Any]:
+    found = {version: fastavro.parse_schema(raw, named_schemas={}) for version, raw in _raw_schemas(name).items()}
+    if not found:
+        raise RuntimeError(f"no schema files contract/schemas/{name}.v*.avsc")
+    return found
+
+
+@cache
+def _raw_schemas(name: str) -> dict[int, Any]:
     found: dict[int, Any] = {}
     for entry in resources.files("contract").joinpath("schemas").iterdir():
         stem, _, ext = entry.name.rpartition(".")
         if ext != "avsc" or not stem.startswith(name + ".v"):
             continue
-        version = int(stem[len(name) + 2 :])
-        found[version] = fastavro.parse_schema(json.loads(entry.read_text()), named_schemas={})
-    if not found:
-        raise RuntimeError(f"no schema files contract/schemas/{name}.v*.avsc")
+        found[int(stem[len(name) + 2 :])] = json.loads(entry.read_text())
     return found
+
+
+def _raw_schema(name: str, version: int) -> Any:
+    """A fresh copy (fastavro's parsing annotates what it is given)."""
+    return json.loads(json.dumps(_raw_schemas(name)[version]))
 
 
 # Ids are part of the wire format: never renumber, only add.
@@ -510,17 +521,80 @@ def _decoder(tp: Any) -> Any:
 # --------------------------------------------------------------------------- codec
 
 
-def encode(record: Record, *, version: int | None = None) -> bytes:
-    """Encode a record with its newest schema (or an older ``version``, for compatibility tests)."""
+def encode(record: Record, *, version: int | None = None, spliced: Mapping[str, bytes] | None = None) -> bytes:
+    """Encode a record with its newest schema (or an older ``version``, for compatibility tests).
+
+    ``spliced``: fields given as their encoded bytes (``encode_field``'s), written as they are instead of the
+    record's values of them. An Avro record is its fields' encodings one after the other, so the result is the same
+    bytes; a caller that sends a slowly changing field many times encodes it once (a GPU state's forecasts, which
+    change once a minute, were half of encoding a state: stream.publisher)."""
     rt = _BY_CLASS[type(record)]
     version = rt.latest if version is None else version
     buf = io.BytesIO()
     buf.write(_HEADER.pack(MAGIC, rt.schema_id, version))
     try:
-        fastavro.schemaless_writer(buf, rt.versions[version], _encoder(type(record))(record))
+        if spliced:
+            for name, schema, plan in _segments(type(record), version, frozenset(spliced)):
+                if schema is None:
+                    buf.write(spliced[name])
+                else:
+                    fastavro.schemaless_writer(buf, schema, {n: getattr(record, n) if conv is None
+                                                             else conv(getattr(record, n)) for n, conv in plan})
+        else:
+            fastavro.schemaless_writer(buf, rt.versions[version], _encoder(type(record))(record))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ValueError(f"cannot encode {type(record).__name__}: {exc}") from exc
     return buf.getvalue()
+
+
+def encode_field(cls: type, name: str, value: Any, *, version: int | None = None) -> bytes:
+    """``value`` of field ``name`` of record ``cls`` as its bytes in an encoded record (for ``encode``'s
+    ``spliced``)."""
+    rt = _BY_CLASS[cls]
+    version = rt.latest if version is None else version
+    ((_, schema, plan),) = _segments(cls, version, frozenset(), only=name)
+    buf = io.BytesIO()
+    conv = plan[0][1]
+    try:
+        fastavro.schemaless_writer(buf, schema, {name: value if conv is None else conv(value)})
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"cannot encode {cls.__name__}.{name}: {exc}") from exc
+    return buf.getvalue()
+
+
+@cache
+def _segments(cls: type, version: int, spliced: frozenset[str],
+              only: str | None = None) -> list[tuple[str | None, Any, list[tuple[str, Any]]]]:
+    """The record's fields as runs written by one fastavro call each (a sub-record of the run's fields: a record is
+    its fields' encodings in order), split at the ``spliced`` fields: (field name, None, []) for a spliced field,
+    (None, parsed schema, the run's (name, converter)) for a run. ``only``: the one run of that field alone."""
+    rt = _BY_CLASS[cls]
+    expanded = fastavro.parse_schema(_raw_schema(rt.name, version), expand=True)
+    converters = dict((f.name, _field_encoder(_hints(cls)[f.name])) for f in dataclasses.fields(cls))
+    unknown = (spliced | ({only} if only else set())) - {f["name"] for f in expanded["fields"]}
+    if unknown:
+        raise KeyError(f"{cls.__name__} v{version} has no field {sorted(unknown)}")
+    out: list[tuple[str | None, Any, list[tuple[str, Any]]]] = []
+    run: list[dict] = []
+
+    def close() -> None:
+        if run:
+            schema = {"type": "record", "name": f"{expanded['name']}_part{len(out)}", "fields": list(run)}
+            out.append((None, fastavro.parse_schema(schema, named_schemas={}),
+                        [(f["name"], converters[f["name"]]) for f in run]))
+            run.clear()
+
+    for f in expanded["fields"]:
+        if only is not None:
+            if f["name"] == only:
+                run.append(f)
+        elif f["name"] in spliced:
+            close()
+            out.append((f["name"], None, []))
+        else:
+            run.append(f)
+    close()
+    return out
 
 
 def peek_header(data: bytes) -> tuple[int, int]:

@@ -23,6 +23,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 YOUNG_THRESHOLD = 50_000
 PYTHON_DEFAULT_THRESHOLD = gc.get_threshold()  # as the interpreter started (this module loads before any tuning)
+# A count of the frozen objects walks their list: tens of millions at 50,000 GPUs, where counting every 10 s took 5 %
+# of the worker's samples (docs/performance.md); what it watches for (held garbage) grows over minutes.
+COUNT_EVERY_S = 300.0
 
 
 def hold_collections() -> None:
@@ -97,6 +100,7 @@ class FreezeSurvivors:
         """The next full collection walks (and frees from) the whole heap again."""
         with self._lock:
             gc.unfreeze()
+            self._frozen_objects, self._counted_at = 0, self.clock()  # known without a count
             self.reclaims += 1
             self.next_reclaim = self.clock() + self.reclaim_every_s
 
@@ -114,10 +118,10 @@ class FreezeSurvivors:
 
     def collect(self) -> Iterator[Metric]:
         now = self.clock()
-        if now - self._counted_at >= 10.0:  # a count walks the frozen list: millions of objects at fleet size
+        if now - self._counted_at >= COUNT_EVERY_S:
             self._frozen_objects, self._counted_at = gc.get_freeze_count(), now
         yield GaugeMetricFamily("gpuaware_gc_frozen_objects", "objects kept out of the cyclic collector's "
-                                "walks (plumbing.gc_policy.FreezeSurvivors; counted at most every 10 s)",
+                                "walks (plumbing.gc_policy.FreezeSurvivors; counted at most every 5 minutes)",
                                 value=self._frozen_objects)
         yield CounterMetricFamily("gpuaware_gc_freezes", "full collections whose survivors were frozen",
                                   value=self.frozen)

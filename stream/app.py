@@ -282,6 +282,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
         if gone:
             await changelog_out.hand_over()  # while they are still this worker's (stream.changelog)
         owned.difference_update(gone)
+        states_out.forget([k.encode() for k, p in processor.partition_of.items() if p in gone])
         processor.forget(gone)
         if revoked and after_revoke is not None:
             after_revoke()  # after the forget: what it dropped is what the next full collection may free

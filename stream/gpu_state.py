@@ -120,6 +120,12 @@ class GpuTracker:
     # point, an event, a fleet verdict); False lets the heartbeat pass over the GPU without building the
     # signature, which at fleet size was most of its cost (docs/performance.md). True after a restore.
     changed: bool = True
+    # Bumped by everything that changes what ``to_dict`` returns but its last two fields (the times of the last state
+    # and watch point, which stream.processor.node_entry writes itself): the processor keeps each GPU's encoded snapshot
+    # (``snapshot_cache``: the revision it was made at, and the bytes) and encodes it again only after a bump, since
+    # a node's entry is written for every batch and most of its GPUs did not change (docs/performance.md).
+    revision: int = 0
+    snapshot_cache: tuple[int, bytes] | None = None
     _forecasters: dict[str, SeriesForecaster] | None = None  # per metric, every horizon
 
     # ------------------------------------------------------------------ learning
@@ -129,6 +135,7 @@ class GpuTracker:
         horizon = now_ms + self.settings.max_clock_skew_ms
         if ts_ms > horizon:
             return Learned.AHEAD
+        self.revision += 1
         if self.sample_ts_ms > horizon:
             log.warning("GPU %s: forgetting a sample time %d s ahead of this worker's clock", self.uuid,
                         (self.sample_ts_ms - now_ms) // 1000)
@@ -177,6 +184,7 @@ class GpuTracker:
             return False
         self.last_point_ms = ts_ms
         self.changed = True
+        self.revision += 1
         for name, v in (("util_gpu", float(point.util_gpu)), ("power_w", point.power_dw / 10.0)):
             prev = self.smoothed.get(name)
             self.smoothed[name] = v if prev is None else prev + SMOOTHING * (v - prev)
@@ -221,6 +229,7 @@ class GpuTracker:
                 model.forecast()  # registers the pending forecast, as the live path does
 
     def _render_forecasts(self) -> None:
+        """A new list each time, never changed after: states share it (stream.publisher encodes it once per list)."""
         out = []
         for metric, model in self._models().items():
             for h, f in model.forecast().items():
@@ -236,11 +245,12 @@ class GpuTracker:
         """Mean absolute error of the recent chosen forecasts, per (metric, horizon in minutes)."""
         if self._forecasters is None:
             return {}
-        return {(metric, h): sum(abs(e) for e in per.errors) / len(per.errors)
+        return {(metric, h): per.abs_error
                 for metric, m in self._forecasters.items() for h, per in m.horizons.items() if per.errors}
 
     def learn_event(self, event: GpuEvent) -> None:
         self.changed = True
+        self.revision += 1
         self.recent_events.append((event.ts_ms, event.kind.value, event.severity.value, event.message[:160]))
         if event.kind == EventKind.HEALTH_CHANGE:
             if event.value is not None:
@@ -278,7 +288,7 @@ class GpuTracker:
             fb_used_mib=round(s.get("fb_used_mib", 0.0), 1), fb_total_mib=self.fb_total_mib,
             power_w=round(s.get("power_w", 0.0), 1), temp_c=round(s.get("temp_c", 0.0), 1),
             health_score=round(self.health_score, 1), health_band=HealthBand(self.health_band),
-            health_components=dict(self.health_components), forecasts=list(self.forecasts),
+            health_components=dict(self.health_components), forecasts=self.forecasts,
             workload_class=cls, class_confidence=confidence, samples=self.samples,
             **self._verdict(),
         )

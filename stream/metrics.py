@@ -5,6 +5,7 @@ The hot path only bumps integers in ``StreamStats``; metric families are built o
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -17,6 +18,9 @@ from plumbing.metrics import Histogram, histogram_family
 from stream.gpu_state import GpuTracker
 
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# How old the per-GPU families may be: a walk of 50,000 GPUs cost the worker about an eighth of a core at a 5 s
+# refresh (docs/performance.md), and they move over minutes (a forecast error comes once a minute per GPU).
+FLEET_EVERY_S = 30.0
 
 
 @dataclass
@@ -45,10 +49,12 @@ class StreamCollector(Collector):
     """``fleet_every_s``: the per-GPU families (forecast error, workload classes) walk every GPU the worker
     holds, a call per GPU (tens of ms at 16,000 GPUs, in the scrape's thread, holding the interpreter the
     worker needs); they are recomputed at most this often, so a scrape's cost does not grow with how often
-    something scrapes (`bench stream` polls every 0.25 s: 5 % of a busy worker went to it)."""
+    something scrapes (`bench stream` polls every 0.25 s: 5 % of a busy worker went to it). Scrapes that come while
+    a walk is under way wait for it rather than walk too: each scrape has a thread of its own, and at 50,000 GPUs a
+    walk outlasted the bench's 2 s polls, so walks piled up (docs/performance.md)."""
 
     def __init__(self, stats: StreamStats, trackers: Callable[[], Iterable[GpuTracker]],
-                 lag: Callable[[], dict[tuple[str, int], int]], fleet_every_s: float = 5.0,
+                 lag: Callable[[], dict[tuple[str, int], int]], fleet_every_s: float = FLEET_EVERY_S,
                  clock: Callable[[], float] = time.monotonic):
         self.stats = stats
         self.trackers = trackers
@@ -56,13 +62,18 @@ class StreamCollector(Collector):
         self.fleet_every_s = fleet_every_s
         self.clock = clock
         self._fleet: tuple[float, dict[tuple[str, int], float], Counter, int] | None = None
+        self._walking = threading.Lock()
 
     def _fleet_figures(self, trackers: list[GpuTracker]) -> tuple[dict[tuple[str, int], float], Counter, int]:
         """Mean forecast error per (metric, horizon), GPUs per workload class and GPUs forecasting, at most
         ``fleet_every_s`` old."""
-        now = self.clock()
-        if self._fleet is not None and now - self._fleet[0] < self.fleet_every_s:
-            return self._fleet[1:]
+        with self._walking:
+            now = self.clock()
+            if self._fleet is not None and now - self._fleet[0] < self.fleet_every_s:
+                return self._fleet[1:]
+            return self._walk(trackers, now)
+
+    def _walk(self, trackers: list[GpuTracker], now: float) -> tuple[dict[tuple[str, int], float], Counter, int]:
         errors: dict[tuple[str, int], list[float]] = {}
         classes: Counter = Counter()
         forecasting = 0
@@ -141,7 +152,7 @@ class StreamCollector(Collector):
         yield GaugeMetricFamily("gpuaware_stream_gpus", "GPUs whose state this worker holds", value=len(trackers))
         errors, classes, forecasting = self._fleet_figures(trackers)
         yield GaugeMetricFamily("gpuaware_stream_gpus_forecasting", "GPUs whose forecasters are built (from their "
-                                "first closed minute on; recomputed at most every 5 s)", value=forecasting)
+                                "first closed minute on; recomputed at most every 30 s)", value=forecasting)
         mae = GaugeMetricFamily("gpuaware_stream_forecast_mae", "Mean absolute error of recent forecasts",
                                 labels=["metric", "horizon_minutes"])
         for (metric, horizon), value in sorted(errors.items()):

@@ -18,17 +18,21 @@ client's default partitioner (murmur2, as Kafka's Java client), so a GPU's state
 versions wrote them to. A failed hand-over or delivery is logged and counted (``gpuaware_stream_publish_failed_total``);
 the worker goes on, and the GPU's next state (at the latest its ``max_publish_interval_ms`` refresh) replaces the
 lost one.
+
+A GPU's forecasts change once a minute (``GpuTracker`` renders a new list then and hands that same list to every state
+until the next), and encoding them was half of encoding a state: each GPU's are kept encoded, by the list they were
+encoded from, and spliced into its states (``contract.events.encode``'s ``spliced``: the same bytes).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import RecordMetadata
 
-from contract.events import GpuState, encode
+from contract.events import Forecast, GpuState, encode, encode_field
 from plumbing.kafka_batches import BatchSender, Headers, Record
 from stream.metrics import StreamStats
 
@@ -42,12 +46,26 @@ class StatePublisher:
         self.stats = stats
         self._partitions: list[int] = []
         self._partition_of: dict[bytes, int] = {}  # murmur2 in pure Python costs more than the rest of an append
+        self._forecasts: dict[bytes, tuple[list[Forecast], bytes]] = {}  # key -> its forecasts and their bytes
 
     def _partition(self, key: bytes) -> int:
         p = self._partition_of.get(key)
         if p is None:
             p = self._partition_of[key] = DefaultPartitioner()(key, self._partitions, self._partitions)
         return p
+
+    def encode(self, state: GpuState, key: bytes) -> bytes:
+        """``encode(state)``, with the GPU's forecasts encoded once per list (held here, so no other list can be
+        taken for it)."""
+        cached = self._forecasts.get(key)
+        if cached is None or cached[0] is not state.forecasts:
+            cached = self._forecasts[key] = (state.forecasts, encode_field(GpuState, "forecasts", state.forecasts))
+        return encode(state, spliced={"forecasts": cached[1]})
+
+    def forget(self, keys: Iterable[bytes]) -> None:
+        """Let go of these GPUs' forecasts (their trackers are dropped)."""
+        for key in keys:
+            self._forecasts.pop(key, None)
 
     async def publish(self, states: Sequence[GpuState], headers: Headers = ()) -> None:
         if not states:
@@ -59,7 +77,7 @@ class StatePublisher:
             out: dict[int, list[Record]] = {}
             for state in states:
                 key = state.key()
-                out.setdefault(self._partition(key), []).append((key, encode(state)))
+                out.setdefault(self._partition(key), []).append((key, self.encode(state, key)))
             return out
 
         def done(partition: int, records: Sequence[Record], delivered: RecordMetadata | None,

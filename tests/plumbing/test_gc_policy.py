@@ -139,3 +139,26 @@ def test_a_collection_that_began_before_a_reclaim_does_not_freeze_after_it():
         assert gc.get_freeze_count() >= len(kept) and survivors.frozen == 1
     finally:
         survivors.uninstall()
+
+
+def test_scrapes_count_the_frozen_objects_at_most_every_five_minutes(monkeypatch):
+    """A count walks the frozen list (tens of millions of objects at fleet size): scrapes in between show the last
+    count, and a reclaim's zero is known without one."""
+    import plumbing.gc_policy as policy
+
+    now = [1000.0]
+    counts = []
+    monkeypatch.setattr(policy.gc, "get_freeze_count", lambda: counts.append(now[0]) or 42)
+    survivors = FreezeSurvivors(clock=lambda: now[0])
+    registry = CollectorRegistry()
+    registry.register(survivors)
+    for _ in range(10):
+        assert "gpuaware_gc_frozen_objects 42.0" in generate_latest(registry).decode()
+        now[0] += 29.0
+    assert counts == [1000.0]
+    now[0] = 1000.0 + policy.COUNT_EVERY_S
+    generate_latest(registry)
+    assert counts == [1000.0, 1000.0 + policy.COUNT_EVERY_S]
+    monkeypatch.setattr(policy.gc, "unfreeze", lambda: None)
+    survivors.reclaim()
+    assert "gpuaware_gc_frozen_objects 0.0" in generate_latest(registry).decode() and len(counts) == 2

@@ -140,3 +140,20 @@ def test_forecasts_are_bit_for_bit_those_of_the_forecaster_with_a_river_object_p
                 f = model.forecast()
                 digest.update(f"{f.mean.hex()} {f.lower.hex()} {f.upper.hex()} {f.expert};".encode())
     assert digest.hexdigest() == "4484f164c0a10620598117070d40362caa26dafa8769a63d85911bac4399fae8"
+
+
+def test_the_kept_mean_absolute_error_is_that_of_the_errors_kept() -> None:
+    """Over many more errors than a horizon keeps (its running sum loses the oldest and is made again from the
+    errors now and then), ``abs_error`` stays the mean absolute value of the errors kept."""
+    import random
+
+    rng = random.Random(3)
+    model = SeriesForecaster((1, 5), residuals=50)
+    for step in range(1_000):
+        model.learn_one(rng.choice([0.0, 1e5, rng.uniform(0, 100)]))
+        model.forecast()
+        for h in model.horizons.values():
+            if h.errors:
+                assert h.abs_error == pytest.approx(sum(abs(e) for e in h.errors) / len(h.errors), rel=1e-9, abs=1e-9)
+            else:
+                assert h.abs_error is None, step

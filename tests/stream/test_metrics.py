@@ -59,3 +59,32 @@ def test_frequent_scrapes_walk_the_gpus_once_per_interval_and_see_changes_after_
     assert scraped['gpuaware_stream_forecast_mae{horizon_minutes="5",metric="util_gpu"}'] == 3.0
     assert scraped['gpuaware_stream_workload_class_gpus{class="idle"}'] == 3.0
     assert scraped["gpuaware_stream_gpus_forecasting"] == 3.0
+
+
+def test_scrapes_that_come_during_a_walk_wait_for_it_instead_of_walking_too() -> None:
+    import threading
+    import time
+
+    class Slow(_Tracker):
+        def forecast_abs_errors(self) -> dict[tuple[str, int], float]:
+            time.sleep(0.05)
+            return super().forecast_abs_errors()
+
+    trackers = [Slow("idle", 1.0) for _ in range(4)]
+    registry = CollectorRegistry()
+    registry.register(StreamCollector(StreamStats(), lambda: list(trackers), dict, fleet_every_s=60.0))
+    _Tracker.walks = 0
+    start = threading.Barrier(4)
+    results = []
+
+    def scrape() -> None:
+        start.wait()
+        results.append(_scrape(registry)["gpuaware_stream_gpus_forecasting"])
+
+    threads = [threading.Thread(target=scrape) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [4.0] * 4
+    assert _Tracker.walks == 4  # one walk of the four GPUs, not one per scrape

@@ -563,3 +563,54 @@ def test_table_values_read_back_as_what_the_json_module_wrote() -> None:
     odd = {"reason": "+12.0 °C", "x": 0.1 + 0.2, "tiny": 1e-7, "big": 1e16, "none": None, "ms": 1_800_000_000_000,
            1: "an int key", "huge": 2**70}  # the last: beyond orjson, through json
     assert json.loads(encode_value(odd)) == json.loads(json.dumps(odd))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_node_entry_made_from_kept_snapshots_is_what_encoding_every_gpu_gives(seed) -> None:
+    """Samples, replayed batches, samples stamped too far ahead, watch points, health events, heartbeats and fleet
+    checks in any order: each node entry written (from the GPUs' encoded snapshots, made again only for GPUs changed
+    since) is byte for byte what encoding every GPU's snapshot then gives."""
+    import random
+
+    rng = random.Random(seed)
+    written: list[tuple[bytes, bytes]] = []
+
+    class Checking(dict):
+        def __setitem__(self, key, value) -> None:
+            if key.startswith("node:"):
+                members = proc.members[key.removeprefix("node:")]
+                want = encode_value({"v": 3, "gpus": {k: t.to_dict(history=False) for k, t in members.items()}})
+                written.append((value, want))
+            super().__setitem__(key, value)
+
+    proc = StreamProcessor(Checking())
+    now, seqs = T0, {}
+    for step in range(300):
+        now += 1000
+        node = f"n{rng.randrange(4)}"
+        kind = rng.random()
+        if kind < 0.5:
+            seq = seqs[node] = seqs.get(node, 0) + 1
+            if rng.random() < 0.15 and seq > 3:
+                seq -= 2  # a replayed batch: its samples are duplicates
+            ahead = 120_000 if rng.random() < 0.05 else 0
+            batch = telemetry_batch(node, seq, now - rng.randrange(3000) + ahead, util=rng.choice([5, 50, 90]),
+                                    gpus=3)
+            batch = dataclasses.replace(batch, samples=batch.samples[:rng.randrange(1, 4)])
+            proc.on_telemetry(batch, 0, now)
+        elif kind < 0.7 and node in seqs:
+            batch = telemetry_batch(node, seqs[node], now, gpus=3)
+            points = [WatchPoint(rng.randrange(3), rng.randrange(-2000, 0), rng.randrange(100), 2000)]
+            proc.on_telemetry(dataclasses.replace(batch, samples=[], points=points), 0, now)
+        elif kind < 0.8 and node in seqs:
+            band = rng.choice(["HEALTHY", "DEGRADED", "CRITICAL"])
+            proc.on_event(GpuEvent(f"e{step}", now, node, f"GPU-{node}-{rng.randrange(3)}", EventKind.HEALTH_CHANGE,
+                                   Severity.WARNING, "health_score", rng.random() * 100, None, "band",
+                                   {"new_band": band}), 0, now)
+        elif kind < 0.95:
+            proc.heartbeats(now, None)
+        else:
+            proc.fleet_check(now, None)
+    assert len(written) > 100
+    for value, want in written:
+        assert value == want

@@ -153,3 +153,26 @@ def test_a_later_call_waits_for_an_earlier_one_that_is_still_fetching_the_topics
         for key, value in records:
             order.setdefault(key, []).append(decode(bytes(value), GpuState).published_ms)
     assert len(order) == 40 and all(times == [T0, T0 + 1000] for times in order.values())
+
+
+def test_states_with_kept_forecasts_are_the_bytes_encoding_each_state_gives() -> None:
+    """A GPU's forecasts are encoded once per list and spliced into its states: across minutes closing (new lists),
+    a list with other values, and GPUs forgotten, every record is what encoding the state on its own gives."""
+    from contract.events import Forecast, encode
+
+    proc = StreamProcessor({})
+    publisher = StatePublisher(topics.GPU_STATE, BatchSender(HeldClient), StreamStats())
+    checked = 0
+    for minute in range(4):
+        for second in range(0, 60, 7):
+            now = T0 + minute * 60_000 + second * 1000
+            for state in proc.on_telemetry(telemetry_batch("fc", minute * 60 + second, now, util=10 + 20 * minute,
+                                                           gpus=2), 0, now):
+                key = state.key()
+                assert publisher.encode(state, key) == encode(state)
+                other = dataclasses.replace(state, forecasts=[Forecast("util_gpu", 60, 1.0, 0.0, 2.0)])
+                assert publisher.encode(other, key) == encode(other)  # another list: encoded again
+                assert publisher.encode(state, key) == encode(state)
+                checked += bool(state.forecasts)
+        publisher.forget([b"GPU-fc-0"])
+    assert checked > 10  # states with forecasts among them
