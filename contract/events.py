@@ -580,8 +580,11 @@ def _segments(cls: type, version: int, spliced: frozenset[str],
     def close() -> None:
         if run:
             schema = {"type": "record", "name": f"{expanded['name']}_part{len(out)}", "fields": list(run)}
-            out.append((None, fastavro.parse_schema(schema, named_schemas={}),
-                        [(f["name"], converters[f["name"]]) for f in run]))
+            try:
+                parsed = fastavro.parse_schema(schema, named_schemas={})
+            except Exception as exc:  # e.g. a named type used twice in one run (expanded at each use)
+                raise ValueError(f"{cls.__name__} v{version} cannot be split at {sorted(spliced)}: {exc}") from exc
+            out.append((None, parsed, [(f["name"], converters[f["name"]]) for f in run]))
             run.clear()
 
     for f in expanded["fields"]:

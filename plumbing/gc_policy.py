@@ -83,6 +83,7 @@ class FreezeSurvivors:
         self._reclaims_at_start = 0
         self._counted_at = -1e18
         self._frozen_objects = 0
+        self._recount = False
 
     def install(self) -> FreezeSurvivors:
         # The interpreter's thresholds stay: frequent full collections are what keep each one small. (With the
@@ -101,6 +102,7 @@ class FreezeSurvivors:
         with self._lock:
             gc.unfreeze()
             self._frozen_objects, self._counted_at = 0, self.clock()  # known without a count
+            self._recount = True  # ... until the next freeze, which the next scrape counts
             self.reclaims += 1
             self.next_reclaim = self.clock() + self.reclaim_every_s
 
@@ -115,6 +117,8 @@ class FreezeSurvivors:
             elif self.reclaims == self._reclaims_at_start:
                 gc.freeze()  # the survivors: what the heap holds now
                 self.frozen += 1
+                if self._recount:  # the first freeze after a reclaim: its count is not left at 0 for minutes
+                    self._counted_at, self._recount = -1e18, False
 
     def collect(self) -> Iterator[Metric]:
         now = self.clock()

@@ -82,11 +82,11 @@ class _Horizon:
 
     def add_error(self, error: float) -> None:
         errors = self.errors
-        if len(errors) == errors.maxlen:
+        if errors and len(errors) == errors.maxlen:
             self.abs_sum -= abs(errors[0])
         errors.append(error)
         self.since_summed += 1
-        if self.since_summed >= errors.maxlen:
+        if self.since_summed >= (errors.maxlen or 1):
             self.abs_sum, self.since_summed = sum(abs(e) for e in errors), 0
         else:
             self.abs_sum += abs(error)

@@ -162,3 +162,22 @@ def test_scrapes_count_the_frozen_objects_at_most_every_five_minutes(monkeypatch
     monkeypatch.setattr(policy.gc, "unfreeze", lambda: None)
     survivors.reclaim()
     assert "gpuaware_gc_frozen_objects 0.0" in generate_latest(registry).decode() and len(counts) == 2
+
+
+def test_the_first_freeze_after_a_reclaim_is_counted_at_the_next_scrape(monkeypatch):
+    """A reclaim's zero stands only until the heap is frozen again, not for the five minutes between counts."""
+    import plumbing.gc_policy as policy
+
+    now = [1000.0]
+    monkeypatch.setattr(policy.gc, "get_freeze_count", lambda: 42)
+    monkeypatch.setattr(policy.gc, "unfreeze", lambda: None)
+    monkeypatch.setattr(policy.gc, "freeze", lambda: None)
+    survivors = FreezeSurvivors(clock=lambda: now[0])
+    registry = CollectorRegistry()
+    registry.register(survivors)
+    survivors.reclaim()
+    assert "gpuaware_gc_frozen_objects 0.0" in generate_latest(registry).decode()
+    survivors._on_collection("start", {"generation": 2})
+    survivors._on_collection("stop", {"generation": 2, "collected": 0, "uncollectable": 0})
+    now[0] += 5.0
+    assert "gpuaware_gc_frozen_objects 42.0" in generate_latest(registry).decode()

@@ -157,3 +157,14 @@ def test_the_kept_mean_absolute_error_is_that_of_the_errors_kept() -> None:
                 assert h.abs_error == pytest.approx(sum(abs(e) for e in h.errors) / len(h.errors), rel=1e-9, abs=1e-9)
             else:
                 assert h.abs_error is None, step
+
+
+@pytest.mark.parametrize("residuals", [0, 1, None])
+def test_any_number_of_kept_errors_keeps_a_mean(residuals) -> None:
+    model = SeriesForecaster((1,), residuals=residuals)
+    for y in [1.0, 5.0, 2.0, 8.0, 3.0] * 5:
+        model.learn_one(y)
+        model.forecast()
+    h = model.horizons[1]
+    assert h.abs_error is None if not h.errors else h.abs_error == pytest.approx(
+        sum(abs(e) for e in h.errors) / len(h.errors))
