@@ -461,9 +461,15 @@ def _field_encoder(tp: Any) -> Any:
 
 
 @cache
-def _encoder(cls: type) -> Any:
+def _plan(cls: type) -> list[tuple[str, Any]]:
+    """Each field of record ``cls`` with its converter to Avro's value (None: as it is)."""
     hints = _hints(cls)
-    plan = [(f.name, _field_encoder(hints[f.name])) for f in dataclasses.fields(cls)]
+    return [(f.name, _field_encoder(hints[f.name])) for f in dataclasses.fields(cls)]
+
+
+@cache
+def _encoder(cls: type) -> Any:
+    plan = _plan(cls)
 
     def encode_record(value: Any) -> dict[str, Any]:
         return {name: getattr(value, name) if conv is None else conv(getattr(value, name)) for name, conv in plan}
@@ -570,7 +576,7 @@ def _segments(cls: type, version: int, spliced: frozenset[str],
     (None, parsed schema, the run's (name, converter)) for a run. ``only``: the one run of that field alone."""
     rt = _BY_CLASS[cls]
     expanded = fastavro.parse_schema(_raw_schema(rt.name, version), expand=True)
-    converters = dict((f.name, _field_encoder(_hints(cls)[f.name])) for f in dataclasses.fields(cls))
+    converters = dict(_plan(cls))
     unknown = (spliced | ({only} if only else set())) - {f["name"] for f in expanded["fields"]}
     if unknown:
         raise KeyError(f"{cls.__name__} v{version} has no field {sorted(unknown)}")
