@@ -456,7 +456,8 @@ def _field_encoder(tp: Any) -> Any:
         return lambda v: enc(v) if type(v) is tp else _to_avro(v)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         # A state's band, verdict and action: the generic walk asked is_dataclass() of each first.
-        return lambda v: v.value if isinstance(v, enum.Enum) else v
+        # ``_value_``: what ``.value`` returns, without its descriptor call (a state has three).
+        return lambda v: v._value_ if isinstance(v, enum.Enum) else v
     return _to_avro  # anything else: the generic walk
 
 

@@ -52,6 +52,7 @@ SMOOTHING = 0.3
 HISTORY_MINUTES = 60
 RECENT_EVENTS = 8
 METRICS = ("util_gpu", "fb_used_mib")
+UNKNOWN_VERDICT = HealthVerdict.UNKNOWN.value  # read once per state otherwise (an enum value is a descriptor call)
 BAND_VERDICT = {HealthBand.HEALTHY.value: (HealthVerdict.PASS, HealthAction.NONE),
                 HealthBand.DEGRADED.value: (HealthVerdict.WARNING, HealthAction.WATCH),
                 HealthBand.CRITICAL.value: (HealthVerdict.CRITICAL, HealthAction.DRAIN)}
@@ -126,6 +127,9 @@ class GpuTracker:
     # a node's entry is written for every batch and most of its GPUs did not change (docs/performance.md).
     revision: int = 0
     snapshot_cache: tuple[int, bytes] | None = None
+    # (the ``forecasts`` list it was made from, that list's utilisation terms): stream.rollup.model_demand sums every
+    # GPU's every 10 s, and its forecasts change once a minute.
+    demand_cache: tuple[list, tuple] | None = None
     _forecasters: dict[str, SeriesForecaster] | None = None  # per metric, every horizon
 
     # ------------------------------------------------------------------ learning
@@ -296,7 +300,7 @@ class GpuTracker:
     def _verdict(self) -> dict:
         """The agent's last verdict; before any (a healthy GPU's first is not sent), the band's. A fleet peer
         outlier (stream.fleet_peers) adds its reason and makes a passing verdict WARNING / watch."""
-        if self.verdict != HealthVerdict.UNKNOWN.value or not self.samples:
+        if self.verdict != UNKNOWN_VERDICT or not self.samples:
             verdict, reasons = HealthVerdict(self.verdict), list(self.verdict_reasons)
             action = HealthAction(self.recommended_action)
         else:

@@ -12,8 +12,11 @@ from stream.gpu_state import GpuTracker
 Partial = dict[str, dict[str, list[float]]]
 
 
+CRITICAL = HealthBand.CRITICAL.value  # read once: an enum member's value is a descriptor call
+
+
 def _usable(t: GpuTracker) -> bool:
-    return t.health_band != HealthBand.CRITICAL.value
+    return t.health_band != CRITICAL
 
 
 def ordered(trackers: Iterable[GpuTracker]) -> list[GpuTracker]:
@@ -23,9 +26,15 @@ def ordered(trackers: Iterable[GpuTracker]) -> list[GpuTracker]:
 
 def headroom(gpus: Iterable[GpuTracker]) -> tuple[int, int]:
     """Idle compute (milli-GPU) and free framebuffer (MiB) of the usable ones of ``gpus``."""
-    usable = [t for t in gpus if _usable(t)]
-    free_milli = sum(max(0, 1000 - round(10 * t.smoothed.get("util_gpu", 0.0))) for t in usable)
-    free_fb = sum(max(0, t.fb_total_mib - round(t.smoothed.get("fb_used_mib", 0.0))) for t in usable)
+    # One loop for both sums: every node's rollup is considered every 5 s (at 50,000 GPUs, two generator passes
+    # per node were 2 % of a worker's main thread).
+    free_milli = free_fb = 0
+    for t in gpus:
+        if t.health_band == CRITICAL:
+            continue
+        s = t.smoothed
+        free_milli += max(0, 1000 - round(10 * s.get("util_gpu", 0.0)))
+        free_fb += max(0, t.fb_total_mib - round(s.get("fb_used_mib", 0.0)))
     return free_milli, free_fb
 
 
@@ -55,16 +64,32 @@ def model_demand(trackers: Iterable[GpuTracker]) -> Partial:
     for t in trackers:
         if not t.model:
             continue
+        terms = _demand_terms(t)
+        if not terms:
+            continue
         capacity = 1.0 if _usable(t) else 0.0
-        for f in t.forecasts:
-            if f.metric != "util_gpu":
-                continue
-            cell = out[t.model].setdefault(str(f.horizon_s), [0.0, 0.0, 0.0, 0.0])
-            cell[0] += f.mean / 100.0
-            cell[1] += f.lower / 100.0
-            cell[2] += f.upper / 100.0
+        cells = out[t.model]
+        for horizon, mean, lower, upper in terms:
+            cell = cells.get(horizon)
+            if cell is None:
+                cell = cells[horizon] = [0.0, 0.0, 0.0, 0.0]
+            cell[0] += mean
+            cell[1] += lower
+            cell[2] += upper
             cell[3] += capacity
     return dict(out)
+
+
+def _demand_terms(t: GpuTracker) -> tuple:
+    """What ``t``'s utilisation forecasts add to its model's demand, made again only when they change: the sum runs
+    over every GPU every 10 s (at 50,000 GPUs, the per-forecast filter and keys were 3 % of a worker's main thread),
+    and a GPU's forecasts are a new list once a minute (never changed in place: stream.gpu_state)."""
+    cached = t.demand_cache
+    if cached is None or cached[0] is not t.forecasts:
+        terms = tuple((str(f.horizon_s), f.mean / 100.0, f.lower / 100.0, f.upper / 100.0)
+                      for f in t.forecasts if f.metric == "util_gpu")
+        cached = t.demand_cache = (t.forecasts, terms)
+    return cached[1]
 
 
 def merge_demand(partials: Mapping[str, Partial]) -> list[ModelDemand]:

@@ -26,3 +26,21 @@ def test_rollups_exclude_critical_gpus_from_capacity() -> None:
     (line, *_) = [d for d in merge_demand({"0": partial, "1": partial}) if d.horizon_s == 60]
     assert line.capacity_gpus == 2.0  # one usable GPU in each of two partials
     assert line.demand_gpus == pytest.approx(4 * 0.4, abs=0.01)
+
+
+def test_model_demand_follows_each_new_forecast_list() -> None:
+    """The per-GPU terms are kept between sums: a minute's new forecasts (a new list) are what the next sum adds."""
+    proc = StreamProcessor({})
+    t0 = 1_700_000_000_000
+    proc.on_telemetry(telemetry_batch("n", 1, t0, util=40, fb=1000, gpus=1), 0, t0)
+    gpu = proc.trackers["GPU-n-0"]
+    gpu._models()
+    gpu._learn_minute(40.0, 1000.0)
+    first = model_demand([gpu])
+    assert model_demand([gpu]) == first
+    for _ in range(30):
+        gpu._learn_minute(90.0, 1000.0)
+    (model,) = first
+    assert model_demand([gpu])[model]["60"][0] > first[model]["60"][0] + 0.3
+    gpu.forecasts = []
+    assert model_demand([gpu]) == {}
