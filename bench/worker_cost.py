@@ -4,8 +4,9 @@
 profile mixes the worker's logic with Faust, aiokafka and the broker. This replays the pipeline's load-generator
 template (``bench.fleet_load``: the same batches, keys and events) for ``--gpus`` GPUs on a simulated clock straight
 into ``StreamProcessor`` (a dict for the table, as the tests use), in takes of one generator tick (0.1 s), with what
-the worker does around it: records decoded, states encoded as ``StatePublisher`` encodes them, node rollups with the
-contract codec, table values encoded, and the timers at their rates (heartbeat every 1 s, fleet check and rollups
+the worker does around it: records decoded, states encoded as ``StatePublisher`` encodes them, node rollups as the
+worker encodes them (their GPU lists kept: ``stream.publisher.node_gpus``), table values encoded, and the timers at
+their rates (heartbeat every 1 s, fleet check and rollups
 every 5 s, demand partials every 10 s). ``--warmup`` simulated seconds first (every GPU met, most with their
 forecasters), then ``--seconds`` measured. JSON: ``gpus``, ``samples``, ``states``, ``cpu_s`` and its split
 (``process_cpu_s`` for decoding, applying and finishing takes with their states encoded, ``timers_cpu_s``),
@@ -25,10 +26,10 @@ from pathlib import Path
 
 from bench.fleet_load import TICKS_PER_S, Fleet, load_template
 from contract import topics
-from contract.events import GpuEvent, TelemetryBatch, decode, encode
+from contract.events import GpuEvent, TelemetryBatch, decode
 from plumbing.gc_policy import FreezeSurvivors
 from stream.processor import InvalidRecord, StreamProcessor, Take
-from stream.publisher import StatePublisher
+from stream.publisher import StatePublisher, node_gpus
 
 PARTITIONS = topics.spec(topics.TELEMETRY).partitions
 T0_MS = 1_800_000_000_000
@@ -41,6 +42,7 @@ class Worker:
         self.fleet = fleet
         self.processor = StreamProcessor({})
         self.publisher = StatePublisher(topics.GPU_STATE, None, self.processor.stats)  # its encoding only
+        self.rollups = node_gpus()
         self.owned = set(range(PARTITIONS))
         self.partition = {}
         self.samples = 0
@@ -88,7 +90,7 @@ class Worker:
             if second % 5 == 0:
                 proc.fleet_check(now_ms, self.owned)
                 for node in proc.node_states(now_ms, self.owned):
-                    encode(node)
+                    self.rollups.encode(node, node.key())
             self.split["rollup"] += time.process_time() - rollup
             if second % 10 == 0:
                 json.dumps(proc.demand_partials(sorted(self.owned)))

@@ -40,7 +40,7 @@ from stream.gpu_state import TrackerSettings
 from stream.identity import NodeVerifier, without_token
 from stream.metrics import StreamStats
 from stream.processor import InvalidRecord, StreamProcessor, Take, check_event
-from stream.publisher import StatePublisher
+from stream.publisher import StatePublisher, node_gpus
 from stream.rollup import Partial, merge_demand
 from stream.settings import StreamSettings
 
@@ -162,8 +162,9 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     def assigned(topic: str = topics.TELEMETRY) -> set[int]:
         return {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == topic}
 
-    def send(topic: str, record: Any) -> None:
-        out[topic].send_soon(key=record.key(), value=encode(record))
+    def send(topic: str, record: Any, value: bytes | None = None) -> None:
+        """``value``: the record already encoded."""
+        out[topic].send_soon(key=record.key(), value=encode(record) if value is None else value)
         stats.published[topic] += 1
 
     def to_dlq(message: Any, error: Exception) -> None:
@@ -242,11 +243,13 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
     async def heartbeat() -> None:
         await states_out.publish(processor.heartbeats(now_ms(), assigned()))
 
+    rollups = node_gpus()
+
     @app.timer(settings.node_state_interval_s, name="node-rollup")
     async def node_rollup() -> None:
         processor.fleet_check(now_ms(), assigned())
         for state in processor.node_states(now_ms(), assigned()):
-            send(topics.NODE_STATE, state)
+            send(topics.NODE_STATE, state, rollups.encode(state, state.key()))
 
     @app.timer(settings.cluster_forecast_interval_s, name="demand-partials")
     async def demand_partials() -> None:
@@ -283,6 +286,7 @@ def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "l
             await changelog_out.hand_over()  # while they are still this worker's (stream.changelog)
         owned.difference_update(gone)
         states_out.forget([k.encode() for k, p in processor.partition_of.items() if p in gone])
+        rollups.forget([n.encode() for n, p in processor.node_partition.items() if p in gone])
         processor.forget(gone)
         if revoked and after_revoke is not None:
             after_revoke()  # after the forget: what it dropped is what the next full collection may free

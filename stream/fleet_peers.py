@@ -56,7 +56,7 @@ def _robust(values: np.ndarray, floor: float) -> tuple[float, float]:
     return med, max(floor, MAD_TO_SIGMA * float(np.median(np.abs(values - med))))
 
 
-def _bins(keys: list[int], members: np.ndarray) -> list[np.ndarray]:
+def _bins(keys: Sequence[int] | np.ndarray, members: np.ndarray) -> list[np.ndarray]:
     """``members`` (row indexes) grouped by their ``keys``, each group in row order."""
     if not len(members):
         return []
@@ -90,10 +90,11 @@ def judge(rows: list[tuple], s: FleetPeerSettings) -> dict[int, list[tuple[str, 
     out: dict[int, list[tuple[str, str]]] = defaultdict(list)
     if not rows:
         return out
-    _, power_in, _, _, clock_in, _, sbe = zip(*rows, strict=True)
-    power, temp, util = (np.asarray(col, dtype=float) for col in list(zip(*rows, strict=True))[1:4])
+    # The columns once (a transpose per column, and numpy scalars read one by one, were half of a check's cost).
+    _, power_in, temp_in, util_in, clock_in, capped_in, sbe = zip(*rows, strict=True)
+    power, temp, util = (np.asarray(col, dtype=float) for col in (power_in, temp_in, util_in))
     clock = np.asarray([math.nan if v is None else v for v in clock_in], dtype=float)
-    capped = np.asarray([bool(r[5]) for r in rows], dtype=bool)
+    capped = np.asarray(capped_in, dtype=bool)
     # math.log and // as the rows were binned before (numpy's log may differ in the last bit at a bin's edge)
     step = math.log1p(s.power_window)
     for group in _bins([int(math.log(max(p, 1.0)) / step) for p in power_in], np.arange(len(rows))):
@@ -120,7 +121,7 @@ def judge(rows: list[tuple], s: FleetPeerSettings) -> dict[int, list[tuple[str, 
                                                        f"{d / med:.0%} below {len(busy) - 1} busy GPUs of its model "
                                                        f"(robust z {d / spread:.1f})"))
     free = np.flatnonzero(~capped)
-    for group in _bins([int(util[i] // s.util_window) for i in free], free):
+    for group in _bins(np.floor_divide(util[free], s.util_window), free):  # the same ufunc as one scalar's //
         if len(group) - 1 < s.min_peers:
             continue
         values = power[group]
@@ -153,15 +154,19 @@ def check(trackers: Iterable, now_ms: int, s: FleetPeerSettings) -> None:
     # and its dict fetched from memory again) cost more than the statistics.
     by_model: dict[str, tuple[list, list]] = {}
     struck = []
+    # Fresh: GpuTracker.fresh_ms (the newest sample's time, never later than its arrival) is at least ``oldest``
+    # when both times are (arrived_ms 0: only the sample's), read without the property's call. The SBE count is kept
+    # by the tracker: reading its window of every GPU was an eighth of the check.
     oldest = now_ms - s.fresh_ms
     for t in trackers:
         sm = t.smoothed
-        if t.model and t.samples and t.fresh_ms >= oldest and "power_w" in sm:
-            w = t.sbe_window
+        arrived = t.arrived_ms
+        if (t.model and t.samples and t.sample_ts_ms >= oldest and (arrived >= oldest or not arrived)
+                and "power_w" in sm):
             group, rows = by_model.setdefault(t.model, ([], []))
             group.append(t)
             rows.append((t.uuid, sm["power_w"], sm.get("temp_c", 0.0), sm.get("util_gpu", 0.0), sm.get("sm_clock_mhz"),
-                         t.throttle_reasons & SW_POWER_CAP, w[-1][1] - w[0][1] if w else None))
+                         t.throttle_reasons & SW_POWER_CAP, t.sbe_in_window))
             if t.fleet_strikes:
                 struck.append(t)
         elif t.fleet_strikes:

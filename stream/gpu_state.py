@@ -115,6 +115,7 @@ class GpuTracker:
     fleet_strikes: dict[str, int] = field(default_factory=dict)
     fleet_reasons: list[str] = field(default_factory=list)
     sbe_window: deque = field(default_factory=deque)  # (sample ms, volatile SBE count) over the fleet's window
+    sbe_in_window: int | None = None  # errors over it (None: never reported), what the check reads of every GPU
     # Minutes closed into the history since this tracker was built: tells the processor when to write it.
     history_changes: int = 0
     # Something the publishing signature reads may have moved since the last state went out (a sample, a watch
@@ -174,6 +175,7 @@ class GpuTracker:
             w.append((ts_ms, sample.ecc_sbe))
             while len(w) > 1 and w[0][0] < ts_ms - SBE_WINDOW_MS:
                 w.popleft()
+            self.sbe_in_window = w[-1][1] - w[0][1]
         self.fingerprint.learn_one(ts_ms, util, util_mem, fb, float(info.fb_total_mib), power)
         self._bucket(ts_ms // MINUTE_MS, util, fb)
         self.changed = True

@@ -21,22 +21,59 @@ lost one.
 
 A GPU's forecasts change once a minute (``GpuTracker`` renders a new list then and hands that same list to every state
 until the next), and encoding them was half of encoding a state: each GPU's are kept encoded, by the list they were
-encoded from, and spliced into its states (``contract.events.encode``'s ``spliced``: the same bytes).
+encoded from, and spliced into its states (``contract.events.encode``'s ``spliced``: the same bytes). ``KeptField``
+does that for any record; node rollups keep their GPU lists the same way (``NODE_GPUS``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import RecordMetadata
 
-from contract.events import Forecast, GpuState, encode, encode_field
+from contract.events import GpuState, NodeState, encode, encode_field
+from contract.events import Record as ContractRecord
 from plumbing.kafka_batches import BatchSender, Headers, Record
 from stream.metrics import StreamStats
 
 log = logging.getLogger(__name__)
+
+
+class KeptField:
+    """Records of class ``cls`` encoded with their field ``name`` kept encoded per key and spliced in: the field is
+    encoded again only when a record brings a value that is not ``same`` as the kept one."""
+
+    def __init__(self, cls: type, name: str, same: Callable[[Any, Any], bool] = operator.is_):
+        self.cls, self.name, self.same = cls, name, same
+        self._kept: dict[bytes, tuple[Any, bytes]] = {}  # key -> the value and its bytes
+
+    def encode(self, record: ContractRecord, key: bytes) -> bytes:
+        """``encode(record)``, the same bytes."""
+        value = getattr(record, self.name)
+        kept = self._kept.get(key)
+        if kept is None or not self.same(kept[0], value):
+            kept = self._kept[key] = (value, encode_field(self.cls, self.name, value))
+        return encode(record, spliced={self.name: kept[1]})
+
+    def forget(self, keys: Iterable[bytes]) -> None:
+        for key in keys:
+            self._kept.pop(key, None)
+
+
+def gpu_forecasts() -> KeptField:
+    """A GPU's forecasts, by the list they were rendered in (never changed in place: ``GpuTracker``)."""
+    return KeptField(GpuState, "forecasts")
+
+
+def node_gpus() -> KeptField:
+    """A node rollup's GPU list, by value: it is built anew for every rollup (``stream.rollup.node_record``) and
+    changes only when a GPU joins, leaves or changes band, while the headroom around it moves with every rollup. A
+    rollup of 8 GPUs took 26 µs to encode, 19 of them fastavro's over the list; 6,250 nodes every 5 s at 50,000 GPUs."""
+    return KeptField(NodeState, "gpus", operator.eq)
 
 
 class StatePublisher:
@@ -46,7 +83,7 @@ class StatePublisher:
         self.stats = stats
         self._partitions: list[int] = []
         self._partition_of: dict[bytes, int] = {}  # murmur2 in pure Python costs more than the rest of an append
-        self._forecasts: dict[bytes, tuple[list[Forecast], bytes]] = {}  # key -> its forecasts and their bytes
+        self._forecasts = gpu_forecasts()
 
     def _partition(self, key: bytes) -> int:
         p = self._partition_of.get(key)
@@ -57,15 +94,11 @@ class StatePublisher:
     def encode(self, state: GpuState, key: bytes) -> bytes:
         """``encode(state)``, with the GPU's forecasts encoded once per list (held here, so no other list can be
         taken for it)."""
-        cached = self._forecasts.get(key)
-        if cached is None or cached[0] is not state.forecasts:
-            cached = self._forecasts[key] = (state.forecasts, encode_field(GpuState, "forecasts", state.forecasts))
-        return encode(state, spliced={"forecasts": cached[1]})
+        return self._forecasts.encode(state, key)
 
     def forget(self, keys: Iterable[bytes]) -> None:
         """Let go of these GPUs' forecasts (their trackers are dropped)."""
-        for key in keys:
-            self._forecasts.pop(key, None)
+        self._forecasts.forget(keys)
 
     async def publish(self, states: Sequence[GpuState], headers: Headers = ()) -> None:
         if not states:

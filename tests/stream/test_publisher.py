@@ -176,3 +176,26 @@ def test_states_with_kept_forecasts_are_the_bytes_encoding_each_state_gives() ->
                 checked += bool(state.forecasts)
         publisher.forget([b"GPU-fc-0"])
     assert checked > 10  # states with forecasts among them
+
+
+def test_a_node_rollup_keeps_its_gpu_list_encoded_until_the_list_changes() -> None:
+    """The rollup's GPUs are spliced in from the last encoding while they stay equal (a new list each rollup), and
+    encoded again when a GPU changes; every value is the contract's own encoding."""
+    from unittest import mock
+
+    from contract.events import HealthBand, NodeGpu, NodeState, encode
+    from stream import publisher as stream_publisher
+    from stream.publisher import node_gpus
+
+    def rollup(free: int, band: HealthBand = HealthBand.HEALTHY) -> NodeState:
+        return NodeState("n", 1_000 + free, None, None, [NodeGpu(f"GPU-{i}", i, "H100", 81559, 0, band)
+                                                         for i in range(8)], free, 8 * 81559)
+
+    kept = node_gpus()
+    encoded = []
+    real = stream_publisher.encode_field
+    with mock.patch.object(stream_publisher, "encode_field", lambda *a: encoded.append(a) or real(*a)):
+        for record in (rollup(3000), rollup(2750), rollup(2750, HealthBand.CRITICAL),
+                       rollup(1000, HealthBand.CRITICAL)):
+            assert kept.encode(record, b"n") == encode(record)
+    assert len(encoded) == 2  # the first list, and the one with a GPU's band changed
