@@ -6,12 +6,12 @@ template (``bench.fleet_load``: the same batches, keys and events) for ``--gpus`
 into ``StreamProcessor`` (a dict for the table, as the tests use), in takes of one generator tick (0.1 s), with what
 the worker does around it: records decoded, states encoded as ``StatePublisher`` encodes them, node rollups as the
 worker encodes them (their GPU lists kept: ``stream.publisher.node_gpus``), table values encoded, and the timers at
-their rates (heartbeat every 1 s, fleet check and rollups
-every 5 s, demand partials every 10 s). ``--warmup`` simulated seconds first (every GPU met, most with their
-forecasters), then ``--seconds`` measured. JSON: ``gpus``, ``samples``, ``states``, ``cpu_s`` and its split
-(``process_cpu_s`` for decoding, applying and finishing takes with their states encoded, ``timers_cpu_s``),
-``samples_per_cpu_s`` (what a worker could take at most, before Faust and the client), ``published_samples_per_s``
-(what the fleet sends), and ``headroom`` (the ratio of the two: above 1, the logic alone keeps up). ``--profile
+their rates (heartbeat every 1 s, fleet check and rollups every 5 s, demand partials every 10 s). ``--warmup``
+simulated seconds first (every GPU met, most with their forecasters), then ``--seconds`` measured. JSON: ``gpus``,
+``samples``, ``states`` (``heartbeat_states`` of them), ``node_states``, ``cpu_s`` and its split (``process_cpu_s``
+for decoding, applying and finishing takes with their states encoded, ``timers_cpu_s``), ``samples_per_cpu_s`` (what
+a worker could take at most, before Faust and the client), ``published_samples_per_s`` (what the fleet sends), and
+``headroom`` (the ratio of the two: above 1, the logic alone keeps up). ``--profile
 FILE`` writes a cProfile of the measured part.
 """
 
@@ -42,12 +42,13 @@ class Worker:
         self.fleet = fleet
         self.processor = StreamProcessor({})
         self.publisher = StatePublisher(topics.GPU_STATE, None, self.processor.stats)  # its encoding only
-        self.rollups = node_gpus()
+        self.rollups = StatePublisher(topics.NODE_STATE, None, self.processor.stats, node_gpus())
         self.owned = set(range(PARTITIONS))
         self.partition = {}
         self.samples = 0
         self.states = 0
         self.heartbeat_states = 0
+        self.node_states = 0
         self.process_s = 0.0
         self.timers_s = 0.0
         self.split = {"heartbeat": 0.0, "rollup": 0.0}
@@ -91,6 +92,7 @@ class Worker:
                 proc.fleet_check(now_ms, self.owned)
                 for node in proc.node_states(now_ms, self.owned):
                     self.rollups.encode(node, node.key())
+                    self.node_states += 1
             self.split["rollup"] += time.process_time() - rollup
             if second % 10 == 0:
                 json.dumps(proc.demand_partials(sorted(self.owned)))
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(args.warmup * TICKS_PER_S):
         worker.tick(tick, T0_MS + tick * 100)
         tick += 1
-    worker.samples = worker.states = worker.heartbeat_states = 0
+    worker.samples = worker.states = worker.heartbeat_states = worker.node_states = 0
     worker.process_s = worker.timers_s = 0.0
     worker.split = {"heartbeat": 0.0, "rollup": 0.0}
     profiler = cProfile.Profile() if args.profile else None
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     published = worker.samples / args.seconds
     print(json.dumps({
         "gpus": len(fleet.nodes) * 8, "seconds": args.seconds, "samples": worker.samples, "states": worker.states,
-        "heartbeat_states": worker.heartbeat_states,
+        "heartbeat_states": worker.heartbeat_states, "node_states": worker.node_states,
         "cpu_s": round(cpu, 2), "process_cpu_s": round(worker.process_s, 2), "timers_cpu_s": round(worker.timers_s, 2),
         "heartbeat_cpu_s": round(worker.split["heartbeat"], 2),
         "rollup_cpu_s": round(worker.split["rollup"], 2),

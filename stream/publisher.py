@@ -1,5 +1,5 @@
-"""``gpu.state.v1`` as one record batch per partition per call (``plumbing.kafka_batches``), not a Faust message
-per state.
+"""``gpu.state.v1`` and ``node.state.v1`` as one record batch per partition per call (``plumbing.kafka_batches``), not
+a Faust message per state.
 
 Through Faust's ``send_soon`` each state cost a FutureMessage, a PendingMessage, a trip through the producer
 buffer's queue and task, and aiokafka's per-record serializer, partitioner, future and callback. At 50,000 GPUs
@@ -17,7 +17,7 @@ to the broker before its records count as processed, as they were through Faust'
 client's default partitioner (murmur2, as Kafka's Java client), so a GPU's states go to the partition earlier
 versions wrote them to. A failed hand-over or delivery is logged and counted (``gpuaware_stream_publish_failed_total``);
 the worker goes on, and the GPU's next state (at the latest its ``max_publish_interval_ms`` refresh) replaces the
-lost one.
+lost one; a node's next rollup (within ``stream.processor.NODE_HEARTBEAT_MS``) likewise.
 
 A GPU's forecasts change once a minute (``GpuTracker`` renders a new list then and hands that same list to every state
 until the next), and encoding them was half of encoding a state: each GPU's are kept encoded, by the list they were
@@ -77,13 +77,16 @@ def node_gpus() -> KeptField:
 
 
 class StatePublisher:
-    def __init__(self, topic: str, sender: BatchSender, stats: StreamStats):
+    """``kept``: the field kept encoded per key (default: a GPU state's forecasts; ``node_gpus`` for node rollups,
+    which go out the same way)."""
+
+    def __init__(self, topic: str, sender: BatchSender, stats: StreamStats, kept: KeptField | None = None):
         self.topic = topic
         self.sender = sender
         self.stats = stats
         self._partitions: list[int] = []
         self._partition_of: dict[bytes, int] = {}  # murmur2 in pure Python costs more than the rest of an append
-        self._forecasts = gpu_forecasts()
+        self._kept = kept or gpu_forecasts()
 
     def _partition(self, key: bytes) -> int:
         p = self._partition_of.get(key)
@@ -91,16 +94,16 @@ class StatePublisher:
             p = self._partition_of[key] = DefaultPartitioner()(key, self._partitions, self._partitions)
         return p
 
-    def encode(self, state: GpuState, key: bytes) -> bytes:
-        """``encode(state)``, with the GPU's forecasts encoded once per list (held here, so no other list can be
-        taken for it)."""
-        return self._forecasts.encode(state, key)
+    def encode(self, state: GpuState | NodeState, key: bytes) -> bytes:
+        """``encode(state)``, with the kept field (a GPU's forecasts) encoded once per value (held here, so no other
+        list can be taken for it)."""
+        return self._kept.encode(state, key)
 
     def forget(self, keys: Iterable[bytes]) -> None:
-        """Let go of these GPUs' forecasts (their trackers are dropped)."""
-        self._forecasts.forget(keys)
+        """Let go of these keys' kept fields (their GPUs' trackers, or their nodes, are dropped)."""
+        self._kept.forget(keys)
 
-    async def publish(self, states: Sequence[GpuState], headers: Headers = ()) -> None:
+    async def publish(self, states: Sequence[GpuState | NodeState], headers: Headers = ()) -> None:
         if not states:
             return
 
