@@ -32,9 +32,11 @@ one by default):
 The measuring starts 10 s after the workers have met 99 % of the fleet's GPUs and built their forecasters (``gpus_met``
 and ``gpus_forecasting`` of them, after ``met_after_s``; at most 240 s): meeting a GPU (its tracker, and at its first
 closed minute its forecasters) costs more than its later samples, and that is a worker's start,
-not the steady state (``bench/stream_recovery.py`` measures starts). A size is *sustained* when the lag does not
-grow, the workers applied at least 90 % of what was published (the two counters are read a second apart) and the
-generator kept up; ``largest_sustained_gpus`` is the largest such size.
+not the steady state (``bench/stream_recovery.py`` measures starts); then, once their summed lag is at most a
+second of the fleet's records (``caught_up_after_s`` later, None if not within 120 s; ``lag_at_start``, what it was
+when the window began): a worker that began the window behind measured its backlog draining. A size is *sustained*
+when the lag does not grow, the workers applied at least 90 % of what was published (the two counters are read a
+second apart) and the generator kept up; ``largest_sustained_gpus`` is the largest such size.
 """
 
 from __future__ import annotations
@@ -73,6 +75,12 @@ WARMUP_S = 10.0
 # 50,000 GPUs spent 8-12 % of the worker's main thread building forecasters.)
 MET_SHARE = 0.99
 MEET_TIMEOUT_S = 240.0
+# ... and once the workers' summed lag is at most what the fleet publishes in CAUGHT_UP_S (a node's batch every 5 s),
+# or after CATCH_UP_TIMEOUT_S: a worker meets a large fleet's GPUs more slowly than they publish, and one that began
+# the window with the meeting's backlog measured that backlog's draining, not whether it keeps up
+# (``caught_up_after_s``, None when it did not; ``lag_at_start``).
+CAUGHT_UP_S = 1.0
+CATCH_UP_TIMEOUT_S = 120.0
 BATCH_WINDOW_S = 5.0  # the agents' default flush (SamplingPolicy.flush_s)
 POD_RATE = 20.0
 
@@ -268,6 +276,8 @@ async def run_size(kafka: KafkaSettings, gpus: int, workers: int, seconds: float
         met_after = time.monotonic() - started
         met, forecasting = met_forecasting
         await asyncio.sleep(WARMUP_S)
+        caught_up_after = await _catch_up(procs, nodes / BATCH_WINDOW_S * CAUGHT_UP_S)
+        lag_at_start = await asyncio.to_thread(_lag, procs)
         pids = {"generator": generator.pid, "scheduler": os.getpid(), "broker": broker_pid}
         cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
         wcpu0 = [cpu_seconds(p.pid) for p in procs]
@@ -305,6 +315,8 @@ async def run_size(kafka: KafkaSettings, gpus: int, workers: int, seconds: float
         return {
             "gpus": nodes * GPUS_PER_NODE, "workers": workers, "nodes": nodes, "seconds": round(elapsed, 1),
             "gpus_met": int(met), "gpus_forecasting": int(forecasting), "met_after_s": round(met_after, 1),
+            "caught_up_after_s": caught_up_after,
+            "lag_at_start": int(lag_at_start) if lag_at_start is not None else None,
             "published_samples_per_s": round(published, 1), "samples_per_s": round(applied, 1),
             "generator_late_s": round(late, 2),
             # What a worker does with a CPU second: the figure a shared, overloaded machine cannot skew.
@@ -334,6 +346,17 @@ async def run_size(kafka: KafkaSettings, gpus: int, workers: int, seconds: float
         await sched.stop()
         for p in procs:
             p.stop()
+
+
+async def _catch_up(procs: list[StreamWorkerProcess], records: float) -> float | None:
+    """Seconds until the workers' summed lag was at most ``records`` (None: not within CATCH_UP_TIMEOUT_S)."""
+    started = time.monotonic()
+    while time.monotonic() - started < CATCH_UP_TIMEOUT_S:
+        lag = await asyncio.to_thread(_lag, procs)
+        if lag is not None and lag <= records:
+            return round(time.monotonic() - started, 1)
+        await asyncio.sleep(1.0)
+    return None
 
 
 def sustained(r: dict) -> bool:

@@ -23,3 +23,19 @@ def test_a_lag_rising_from_nothing_is_growing_and_one_spike_is_not() -> None:
 
 def test_too_few_samples_to_tell_are_not_growing() -> None:
     assert not lag_growing([]) and not lag_growing([10.0, 90_000.0])
+
+
+def test_the_window_waits_for_the_meeting_backlog_to_be_worked_off_and_says_when_it_was_not(monkeypatch) -> None:
+    import asyncio
+
+    from bench import pipeline_bench
+
+    lags = iter([40_000.0, None, 9_000.0, 800.0, 10.0])
+    monkeypatch.setattr(pipeline_bench, "_lag", lambda procs: next(lags))
+    real_sleep = asyncio.sleep
+    monkeypatch.setattr(pipeline_bench.asyncio, "sleep", lambda s: real_sleep(0))
+    assert asyncio.run(pipeline_bench._catch_up([], 1_250.0)) is not None
+    assert next(lags) == 10.0  # it stopped at the first lag within a second's records
+    monkeypatch.setattr(pipeline_bench, "_lag", lambda procs: 40_000.0)
+    monkeypatch.setattr(pipeline_bench, "CATCH_UP_TIMEOUT_S", 0.05)
+    assert asyncio.run(pipeline_bench._catch_up([], 1_250.0)) is None
