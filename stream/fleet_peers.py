@@ -170,7 +170,8 @@ def check(trackers: Iterable, now_ms: int, s: FleetPeerSettings) -> None:
             if t.fleet_strikes:
                 struck.append(t)
         elif t.fleet_strikes:
-            t.changed |= bool(t.fleet_reasons)  # a reason dropped: the next state says so
+            if t.fleet_reasons:  # a reason dropped: the next state says so
+                t.mark_changed()
             t.fleet_strikes, t.fleet_reasons = {}, []
     found: dict[int, tuple] = {id(t): (t, ()) for t in struck}  # tracker -> (it, its reasons now)
     for group, rows in by_model.values():
@@ -182,4 +183,5 @@ def check(trackers: Iterable, now_ms: int, s: FleetPeerSettings) -> None:
         had = t.fleet_reasons
         t.fleet_strikes = {k: t.fleet_strikes.get(k, 0) + 1 for k in now}
         t.fleet_reasons = [now[k] for k in sorted(now) if t.fleet_strikes[k] >= s.strikes]
-        t.changed |= bool(had or t.fleet_reasons)  # the signature reads the strikes while there are reasons
+        if had or t.fleet_reasons:  # the signature reads the strikes while there are reasons
+            t.mark_changed()

@@ -128,6 +128,9 @@ class GpuTracker:
     # a node's entry is written for every batch and most of its GPUs did not change (docs/performance.md).
     revision: int = 0
     snapshot_cache: tuple[int, bytes] | None = None
+    # Where a tracker whose ``changed`` goes True registers itself (the processor's GPUs the heartbeat looks at: at
+    # 50,000 GPUs looking at every GPU every second was a sixteenth of a worker's logic); None: held by nobody.
+    unsettled: dict | None = field(default=None, compare=False, repr=False)
     # (the ``forecasts`` list it was made from, that list's utilisation terms): stream.rollup.model_demand sums every
     # GPU's every 10 s, and its forecasts change once a minute.
     demand_cache: tuple[list, tuple] | None = None
@@ -178,7 +181,7 @@ class GpuTracker:
             self.sbe_in_window = w[-1][1] - w[0][1]
         self.fingerprint.learn_one(ts_ms, util, util_mem, fb, float(info.fb_total_mib), power)
         self._bucket(ts_ms // MINUTE_MS, util, fb)
-        self.changed = True
+        self.mark_changed()
         return Learned.APPLIED
 
     def learn_point(self, point: WatchPoint, ts_ms: int, now_ms: int) -> bool:
@@ -189,13 +192,19 @@ class GpuTracker:
         if not self.samples or ts_ms <= self.last_point_ms or ts_ms > now_ms + self.settings.max_clock_skew_ms:
             return False
         self.last_point_ms = ts_ms
-        self.changed = True
+        self.mark_changed()
         self.revision += 1
         for name, v in (("util_gpu", float(point.util_gpu)), ("power_w", point.power_dw / 10.0)):
             prev = self.smoothed.get(name)
             self.smoothed[name] = v if prev is None else prev + SMOOTHING * (v - prev)
         self._bucket(ts_ms // MINUTE_MS, float(point.util_gpu), self.smoothed.get("fb_used_mib", 0.0))
         return True
+
+    def mark_changed(self) -> None:
+        """Something the publishing signature reads may have moved: the GPU is looked at by the next heartbeat."""
+        self.changed = True
+        if self.unsettled is not None:
+            self.unsettled[self.uuid] = self
 
     def _bucket(self, minute: int, util: float, fb: float) -> None:
         if self.minute is not None and minute > self.minute and self.bucket[2]:
@@ -255,7 +264,7 @@ class GpuTracker:
                 for metric, m in self._forecasters.items() for h, per in m.horizons.items() if per.errors}
 
     def learn_event(self, event: GpuEvent) -> None:
-        self.changed = True
+        self.mark_changed()
         self.revision += 1
         self.recent_events.append((event.ts_ms, event.kind.value, event.severity.value, event.message[:160]))
         if event.kind == EventKind.HEALTH_CHANGE:

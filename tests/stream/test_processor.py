@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, Severity, TelemetryBatch, WatchPoint
+from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, GpuState, Severity, TelemetryBatch, WatchPoint
+from stream.gpu_state import TrackerSettings
 from stream.processor import (
     GpuClaimedElsewhere,
     InvalidRecord,
@@ -432,7 +433,7 @@ def test_node_rollups_kept_incrementally_are_those_walking_every_gpu_finds(seed)
     node, a partition revoked and assigned again, nodes falling silent: rollup by rollup, the same states."""
     import random
 
-    from stream.gpu_state import TrackerSettings
+
 
     rng = random.Random(seed)
     proc, published = StreamProcessor({}, TrackerSettings(rehome_after_ms=4000)), {}  # boards move often
@@ -481,7 +482,7 @@ def test_a_refused_claim_leaves_the_gpu_in_its_owners_partition() -> None:
 
 
 def test_a_batch_refused_for_one_gpu_moves_none_of_its_gpus() -> None:
-    from stream.gpu_state import TrackerSettings
+
 
     proc = StreamProcessor({}, TrackerSettings(rehome_after_ms=10_000))
     proc.on_telemetry(telemetry_batch("a", 1, T0), 1, T0)  # then silent: its GPU could move
@@ -514,22 +515,31 @@ def test_a_node_loaded_after_a_restart_is_rolled_up_though_its_batches_are_refus
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_heartbeat_passing_over_unchanged_gpus_publishes_what_asking_every_gpu_would(seed) -> None:
-    """Samples, held-back changes, health events, fleet checks and partitions revoked: second by second, the
-    heartbeat's states are those of asking every owned GPU whether it is due (on a copy of the processor)."""
+    """Samples, held-back changes, health events, fleet verdicts coming and going, partitions revoked, a restart on the
+    same table and GPUs silent past the refresh: second by second, the heartbeat's states are those of asking every
+    owned GPU whether it is due (on a copy of the processor), one per GPU (their order across GPUs means nothing)."""
     import copy
     import random
 
+    from stream.fleet_peers import FleetPeerSettings
+
     rng = random.Random(seed)
-    proc = StreamProcessor({})
+    proc = StreamProcessor({}, TrackerSettings(max_interval_ms=20_000))
+    proc.fleet_settings = FleetPeerSettings(min_peers=4, strikes=2)
     now, seq, owned = T0, 0, {0, 1, 2}
-    for step in range(240):
+    hot, verdicts, refreshed = False, 0, 0
+    for step in range(300):
         now += 1000
+        if step % 40 == 0:
+            hot = not hot  # GPU-n0-1 runs hot against its peers, then cools down: a fleet verdict comes and goes
         for _ in range(rng.randrange(4)):
             seq += 1
-            node = f"n{rng.randrange(9)}"
+            node = f"n{rng.randrange(9 if step < 200 else 5)}"  # the last four nodes fall silent
+            batch = telemetry_batch(node, seq, now - rng.randrange(3000), util=rng.choice([5, 50, 90]), gpus=2)
+            if node == "n0" and hot:
+                batch.samples[1] = dataclasses.replace(batch.samples[1], temp_c=95)
             with contextlib.suppress(InvalidRecord):
-                proc.on_telemetry(telemetry_batch(node, seq, now - rng.randrange(3000), util=rng.choice([5, 50, 90]),
-                                                  gpus=2), int(node[1:]) % 3, now)
+                proc.on_telemetry(batch, int(node[1:]) % 3, now)
         if rng.random() < 0.1:
             node = f"n{rng.randrange(9)}"
             band = rng.choice(["HEALTHY", "DEGRADED", "CRITICAL"])
@@ -540,9 +550,17 @@ def test_the_heartbeat_passing_over_unchanged_gpus_publishes_what_asking_every_g
         if step == 120:
             owned = {0, 2}
             proc.forget({1})
+        if step == 160:
+            restarted = StreamProcessor(proc.snapshots, proc.settings)
+            restarted.fleet_settings = proc.fleet_settings
+            proc = restarted
         reference = copy.deepcopy(proc)
         want = reference._due(reference.owned(owned), now, observe=False)
-        assert proc.heartbeats(now, owned) == want
+        got = proc.heartbeats(now, owned)
+        assert sorted(got, key=GpuState.key) == sorted(want, key=GpuState.key)
+        verdicts += any(s.verdict_reasons and "fleet peers" in s.verdict_reasons[-1] for s in got)
+        refreshed += any(s.gpu_uuid.startswith("GPU-n8") for s in got) and step > 230
+    assert verdicts and refreshed  # the fleet verdicts and the refresh of silent GPUs were exercised
 
 
 def test_table_values_read_back_as_what_the_json_module_wrote() -> None:
