@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import itertools
 import json
 import math
 from collections import defaultdict
@@ -192,8 +191,9 @@ class StreamProcessor:
         # (each registers itself: GpuTracker.mark_changed; a GPU is held changed from when it is loaded or met), and
         # the states published, by time, for the refresh of those not published for ``max_interval_ms``.
         self.unsettled: dict[str, GpuTracker] = {}
-        self.published: list[tuple[int, int, GpuTracker]] = []  # heap of (its time, a tie-breaker, the GPU)
-        self._published_order = itertools.count()
+        # A heap of (its time, the GPU's UUID): a number and a string, which the cyclic collector stops tracking
+        # (~100,000 states a 30 s refresh at 50,000 GPUs).
+        self.published: list[tuple[int, str]] = []
 
     # ------------------------------------------------------------------ state
 
@@ -426,7 +426,7 @@ class StreamProcessor:
             if t.samples and t.due(now_ms, bool(behind) and self.partition_of.get(t.uuid) in behind):
                 state = t.state(now_ms)
                 t.mark_published(now_ms)
-                heapq.heappush(self.published, (now_ms, next(self._published_order), t))
+                heapq.heappush(self.published, (now_ms, t.uuid))
                 if observe:
                     self.stats.observe_latency(max(0.0, (now_ms - t.fresh_ms) / 1000.0))
                 out.append(state)
@@ -443,9 +443,10 @@ class StreamProcessor:
         oldest = now_ms - self.settings.max_interval_ms
         trackers, unsettled, published = self.trackers, self.unsettled, self.published
         while published and published[0][0] <= oldest:
-            at, _, t = heapq.heappop(published)
-            if t.last_published_ms == at and trackers.get(t.uuid) is t:  # not published since, still held here
-                unsettled[t.uuid] = t
+            at, key = heapq.heappop(published)
+            t = trackers.get(key)
+            if t is not None and t.last_published_ms == at:  # still held here, and not published since
+                unsettled[key] = t
         partition_of = self.partition_of
         looked_at = []
         for key, t in list(unsettled.items()):
