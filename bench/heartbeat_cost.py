@@ -1,7 +1,8 @@
 """What the stream worker's 1 s heartbeat costs at fleet size: ``python -m bench.heartbeat_cost --gpus 30000``.
 
-The heartbeat (``StreamProcessor.heartbeats``) looks at every GPU the worker owns once a second for states
-held back by ``min_interval_ms`` or not published for ``max_interval_ms``. This builds a processor with
+The heartbeat (``StreamProcessor.heartbeats``) looks once a second for states held back by ``min_interval_ms`` or
+not published for ``max_interval_ms``: at the GPUs that changed since their last state and those whose last state is
+that old, not at every GPU the worker owns. This builds a processor with
 ``--gpus`` GPUs (8 per node, each given ``--samples`` samples), publishes them all once, then, with
 ``--share`` of the GPUs given one new sample per second (the default policy's ~0.08-0.12 samples per GPU per
 second), times each heartbeat over ``--seconds`` simulated seconds. JSON: ``gpus``, ``heartbeat_ms_p50``,

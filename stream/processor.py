@@ -194,6 +194,7 @@ class StreamProcessor:
         # A heap of (its time, the GPU's UUID): a number and a string, which the cyclic collector stops tracking
         # (~100,000 states a 30 s refresh at 50,000 GPUs).
         self.published: list[tuple[int, str]] = []
+        self._oldest = 0  # the heartbeat's refresh boundary, which only moves forward
 
     # ------------------------------------------------------------------ state
 
@@ -440,7 +441,9 @@ class StreamProcessor:
         # not looked at (at 50,000 GPUs a pass over every GPU every second was a sixteenth of the worker's logic;
         # before it, a call on each was most of the heartbeat's cost). The processor's settings are every tracker's:
         # it builds them all with them.
-        oldest = now_ms - self.settings.max_interval_ms
+        # Never earlier than at the last heartbeat: a GPU the heap brought up stays looked at until it is published
+        # again, even if the clock steps back (it would be dropped with no entry left to bring it up again).
+        oldest = self._oldest = max(self._oldest, now_ms - self.settings.max_interval_ms)
         trackers, unsettled, published = self.trackers, self.unsettled, self.published
         while published and published[0][0] <= oldest:
             at, key = heapq.heappop(published)

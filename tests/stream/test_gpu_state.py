@@ -202,7 +202,8 @@ def test_the_heartbeat_passes_over_gpus_with_nothing_new_without_building_their_
     (changed,) = proc.on_telemetry(telemetry_batch("n", 3, T0 + 8000, util=95), 0, T0 + 8000)
     assert changed.samples == 3
     (tracker,) = proc.trackers.values()
-    tracker.fleet_reasons, tracker.fleet_strikes, tracker.changed = ["fleet peers: hot"], {"temperature": 3}, True
+    tracker.fleet_reasons, tracker.fleet_strikes = ["fleet peers: hot"], {"temperature": 3}
+    tracker.mark_changed()  # as stream.fleet_peers does
     (flagged,) = proc.heartbeats(T0 + 9500, None)  # a fleet verdict moves the signature: it goes out
     assert flagged.samples == 3
 

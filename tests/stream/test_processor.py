@@ -513,18 +513,20 @@ def test_a_node_loaded_after_a_restart_is_rolled_up_though_its_batches_are_refus
     assert rolled.count("b") >= 2  # at once, then every NODE_HEARTBEAT_MS
 
 
+@pytest.mark.parametrize("every_sample", [True, False])
 @pytest.mark.parametrize("seed", range(4))
-def test_the_heartbeat_passing_over_unchanged_gpus_publishes_what_asking_every_gpu_would(seed) -> None:
-    """Samples, held-back changes, health events, fleet verdicts coming and going, partitions revoked, a restart on the
-    same table and GPUs silent past the refresh: second by second, the heartbeat's states are those of asking every
-    owned GPU whether it is due (on a copy of the processor), one per GPU (their order across GPUs means nothing)."""
+def test_the_heartbeat_passing_over_unchanged_gpus_publishes_what_asking_every_gpu_would(seed, every_sample) -> None:
+    """Samples, watch points, records of a log being caught up on, held-back changes, health events, fleet verdicts
+    coming and going, a partition revoked and assigned again, a restart on the same table, GPUs silent past the refresh
+    and the clock stepping back: second by second, the heartbeat's states are those of asking every owned GPU whether
+    it is due (on a copy of the processor), one per GPU (their order across GPUs means nothing)."""
     import copy
     import random
 
     from stream.fleet_peers import FleetPeerSettings
 
     rng = random.Random(seed)
-    proc = StreamProcessor({}, TrackerSettings(max_interval_ms=20_000))
+    proc = StreamProcessor({}, TrackerSettings(max_interval_ms=20_000, every_sample=every_sample))
     proc.fleet_settings = FleetPeerSettings(min_peers=4, strikes=2)
     now, seq, owned = T0, 0, {0, 1, 2}
     hot, verdicts, refreshed = False, 0, 0
@@ -538,8 +540,11 @@ def test_the_heartbeat_passing_over_unchanged_gpus_publishes_what_asking_every_g
             batch = telemetry_batch(node, seq, now - rng.randrange(3000), util=rng.choice([5, 50, 90]), gpus=2)
             if node == "n0" and hot:
                 batch.samples[1] = dataclasses.replace(batch.samples[1], temp_c=95)
+            if rng.random() < 0.2:  # utilisation and power between full samples
+                batch = dataclasses.replace(batch, samples=[], points=[
+                    WatchPoint(rng.randrange(2), rng.randrange(-2000, 0), rng.randrange(100), 2000)])
             with contextlib.suppress(InvalidRecord):
-                proc.on_telemetry(batch, int(node[1:]) % 3, now)
+                proc.on_telemetry(batch, int(node[1:]) % 3, now, behind=rng.random() < 0.15)
         if rng.random() < 0.1:
             node = f"n{rng.randrange(9)}"
             band = rng.choice(["HEALTHY", "DEGRADED", "CRITICAL"])
@@ -554,6 +559,11 @@ def test_the_heartbeat_passing_over_unchanged_gpus_publishes_what_asking_every_g
             restarted = StreamProcessor(proc.snapshots, proc.settings)
             restarted.fleet_settings = proc.fleet_settings
             proc = restarted
+        if step == 190:  # partition 1 assigned again: reloaded from the table (stream.app's on_assigned)
+            owned = {0, 1, 2}
+            proc.forget({1})
+        if step == 260:
+            now -= 15_000  # the worker's clock steps back
         reference = copy.deepcopy(proc)
         want = reference._due(reference.owned(owned), now, observe=False)
         got = proc.heartbeats(now, owned)
@@ -561,6 +571,18 @@ def test_the_heartbeat_passing_over_unchanged_gpus_publishes_what_asking_every_g
         verdicts += any(s.verdict_reasons and "fleet peers" in s.verdict_reasons[-1] for s in got)
         refreshed += any(s.gpu_uuid.startswith("GPU-n8") for s in got) and step > 230
     assert verdicts and refreshed  # the fleet verdicts and the refresh of silent GPUs were exercised
+
+
+def test_a_gpu_due_for_its_refresh_while_its_partition_is_not_asked_for_is_still_refreshed_after_the_clock_steps_back(
+) -> None:
+    """The heartbeat brings a GPU up for its refresh once (the heap of states published): it must keep it until it is
+    published again, whatever the clock does meanwhile, or nothing brings it up again."""
+    proc = StreamProcessor({}, TrackerSettings(max_interval_ms=10_000))
+    assert len(proc.on_telemetry(telemetry_batch("n", 1, T0), 1, T0)) == 1
+    assert proc.heartbeats(T0 + 12_000, {0}) == []  # due for its refresh, but its partition is not asked for
+    assert proc.heartbeats(T0 + 5_000, {0}) == []  # the clock steps back
+    (refresh,) = proc.heartbeats(T0 + 11_000, {0, 1})  # asking every GPU: last published at T0, due since T0 + 10 s
+    assert refresh.gpu_uuid == "GPU-n-0"
 
 
 def test_table_values_read_back_as_what_the_json_module_wrote() -> None:
