@@ -117,6 +117,32 @@ def _get(cp: KubeControlPlane, *args: str) -> dict[str, Any]:
     return yaml.safe_load(cp.kubectl("get", *args, "-o", "yaml").stdout)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _policies_enforced(cp) -> None:
+    """An admission policy binds once the apiserver's policy informer has it, a moment after it is created: CI saw the
+    scheduler's refused image patch go through (200, not 422) in the first test that asserts a refusal. Before any
+    test, wait until each shipped policy these tests rely on refuses a write it refuses: dry runs on objects of their
+    own, so the probes change nothing (tests/deploy/test_rbac_node_health.py waits likewise for the node status one)."""
+    _node(cp, "policy-probe")
+    _pod(cp, "policy-probe")
+    scheduler = _api(cp.serviceaccount_kubeconfig(NS, "gpuaware-scheduler", create=False))
+    agent = _api(cp.serviceaccount_kubeconfig(NS, "gpuaware-agent", create=False))  # no node claim: writes nothing
+    label = {"metadata": {"labels": {"probe": "refused"}}}
+    probes = {
+        "gpuaware-scheduler-pod-writes": lambda: scheduler.core.patch_namespaced_pod("policy-probe", NS, label,
+                                                                                     dry_run="All"),
+        "gpuaware-scheduler-node-writes": lambda: scheduler.core.patch_node("policy-probe", label, dry_run="All"),
+        "gpuaware-agent-node-writes": lambda: agent.core.patch_node("policy-probe", label, dry_run="All"),
+    }
+    deadline = time.monotonic() + 60
+    while True:
+        probes = {name: probe for name, probe in probes.items() if _status(probe) != 422}
+        if not probes:
+            return
+        assert time.monotonic() < deadline, f"admission policies not enforced within 60 s: {sorted(probes)}"
+        time.sleep(0.2)  # polling interval of a condition with a deadline
+
+
 def test_the_binding_carries_the_gpu_assignment_annotations_onto_the_pod(cp, scheduler_api):
     """No pod patch is needed for the assignment: the apiserver copies a Binding's annotations to the pod."""
     _node(cp, "bind-node")
