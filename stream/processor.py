@@ -450,18 +450,16 @@ class StreamProcessor:
             t = trackers.get(key)
             if t is not None and t.last_published_ms == at:  # still held here, and not published since
                 unsettled[key] = t
+        # Those settled since (published, or moved below the signature's steps) are let go here, at the next heartbeat;
+        # ``forget`` lets go of those it drops.
         partition_of = self.partition_of
         looked_at = []
         for key, t in list(unsettled.items()):
-            if not (t.changed or t.last_published_ms <= oldest) or trackers.get(key) is not t:
+            if not (t.changed or t.last_published_ms <= oldest):
                 del unsettled[key]
             elif partitions is None or partition_of.get(key) in partitions:
                 looked_at.append(t)
-        states = self._due(looked_at, now_ms, observe=False)
-        for t in looked_at:
-            if not t.changed and t.last_published_ms > oldest:
-                del unsettled[t.uuid]
-        return states
+        return self._due(looked_at, now_ms, observe=False)
 
     def fleet_check(self, now_ms: int, partitions: set[int] | None) -> None:
         """Judge the owned GPUs against their model's fleet (stream.fleet_peers); a reason found shows on the
