@@ -122,6 +122,48 @@ def test_co_located_busy_jobs_slow_each_other_by_the_gavel_pair():
     assert out.speed == {"j0": 0.5, "j1": 0.5}
 
 
+def _place(model, c, jobs, ticks):
+    """Each (GPU, milli) a job alone on that GPU of node 0, ticked ``ticks`` minutes, then stopped."""
+    running = {}
+    for i, (g, milli) in enumerate(jobs):
+        w = model.prepare(Workload(f"j{i}", 0, 0, 1, milli))
+        a = Allocation(w.id, 0, [g], [milli], 0, 0, [w.gpu_memory_mib], "shared" if w.shares_gpu else "exclusive")
+        c.allocate(a)
+        running[w.id] = Running(w, a, 0.0, 0.0, None)
+        model.started(w, 0.0)
+        model.jobs[w.id].offset = 0  # minute k reads sample k of the series
+    for k in range(ticks):
+        model.tick(60.0 * (k + 1), c, running, [])
+    for wid in running:
+        model.stopped(wid)
+
+
+def test_the_busy_share_bound_packs_gpus_of_shared_jobs_by_their_lifetime_peak_memory():
+    # Minutes 1-3: memory at a quarter of the series' peak for two minutes, then half: a lifetime peak of 0.5.
+    series = [(np.full(10, 20.0), np.array([1.0, 1.0, 1.0, 2.0] + [4.0] * 6))]
+    model = StreamModel(series, LastValue, physics, cfg=StreamConfig(parts=frozenset()))
+    c = cluster(3)
+    model.attach(c)
+    _place(model, c, [(0, 500), (1, 500), (2, 1000)], ticks=3)
+    f = model.figures
+    assert f.occupied_gpu_s == 3 * 3 * 60.0 and f.shared_only_gpu_s == 2 * 3 * 60.0
+    # Two jobs of half a GPU's memory at their peak of 0.5 of it, for 3 minutes: a quarter GPU each.
+    assert f.packed_gpu_s == 2 * 0.5 * 0.5 * 3 * 60.0
+    s = model.summary()
+    assert s["busy_share_bound"] == f.busy_gpu_s / (3 * 60.0 + f.packed_gpu_s) > s["busy_share"]
+
+
+def test_the_busy_share_bound_of_whole_gpu_work_is_its_busy_share():
+    # A whole GPU is held whatever the placement: nothing to pack.
+    series = [(np.full(10, 20.0), np.full(10, 1.0))]
+    model = StreamModel(series, LastValue, physics, cfg=StreamConfig(parts=frozenset()))
+    c = cluster(2)
+    model.attach(c)
+    _place(model, c, [(0, 1000), (1, 1000)], ticks=2)
+    s = model.summary()
+    assert s["busy_share_bound"] == s["busy_share"] == 0.2
+
+
 def test_the_ablation_reports_every_variant_with_the_issue_keys(small_nodes):
     nodes, pods = load_nodes(small_nodes), load_pods(OPENB_PODS)
     series = [(np.linspace(0, 40, 60), np.linspace(0.5, 1.0, 60))]
@@ -138,4 +180,6 @@ def test_the_ablation_reports_every_variant_with_the_issue_keys(small_nodes):
     for v in report["variants"].values():
         assert {"wait_high_mean_s", "wait_high_p95_s", "jct_mean_s", "busy_share", "allocated_gpu_pct", "preemptions",
                 "violations"} <= set(v)
-        assert 0 < v["busy_share"] <= 1 and v["unfinished"] == 0
+        assert 0 < v["busy_share"] <= v["busy_share_bound"] <= 1 and v["unfinished"] == 0
+    assert report["all_vs_without_all"]["busy_share_bound"] == round(
+        report["variants"]["all"]["busy_share_bound"] / report["variants"]["without-all"]["busy_share"] - 1, 4)
