@@ -22,15 +22,17 @@ OOM kills, re-charges.
 Violations: a GPU-tick whose jobs want more memory than it has (the newest shared job is OOM-killed
 and restarts) or more compute than it has (an SLO miss: every job on it slows).
 
-**What any placement could reach** (``busy_share_bound``): busy share is the compute the jobs use over the
-GPU time they hold, and the compute is fixed by the workload (each job replays its pod's duty cycle; a job
-slowed or sped up uses the same compute per minute for more or fewer minutes). A GPU held by a whole-GPU
-job is held whatever the placement (a whole-GPU request is exclusive), so only the GPUs that hold shared
-jobs alone can be held for less. The bound packs those as an oracle would: each shared job takes exactly
-its share of the lifetime peak of its memory (what it must be given so that it is never OOM-killed,
-known only once it ends), fluidly, with no bin-packing loss and no safety margin. No placement, stream or
-not, gets a busy share above it; the ablation reports it so that the gap between a variant and it is
-measured, not argued.
+**The most any placement could make of busy share on a run** (``busy_share_bound``): busy share is the
+compute the jobs use over the GPU time they hold. A GPU held by a whole-GPU job is held whatever the
+placement (a whole-GPU request is exclusive), so only GPUs of shared jobs can be held for less, and
+memory is what bounds them (compute is 6.5% duty cycles). Each minute the bound keeps the GPUs that hold
+a whole-GPU job and counts, for the shared jobs, the fewest GPUs their memory that minute fits in,
+fluidly (no bin-packing loss), the cluster's largest cards first: what re-packing every job every minute,
+at no cost and knowing its memory, would hold. A placement that holds fewer GPUs OOM-kills. Over that it
+puts the compute the jobs used, uncapped. The bound is of that run's job-minutes: another placement
+restarts jobs at other times (the series replay from a restarted job's first minute), and so uses
+slightly different compute. ``busy_share_bound_margin``: the same with each shared job's memory grown by
+``mem_margin`` (never past its request), the safety margin a placement by forecast keeps.
 """
 
 from __future__ import annotations
@@ -102,8 +104,6 @@ class JobTrace:
     seen: int = 0
     started_s: float = 0.0
     mem_high: float = 0.0  # the highest memory seen: a footprint rarely shrinks back below what it reached
-    peak: float = 0.0  # the highest memory of this run so far (the bound's; mem_high is the forecast part's)
-    shared_only_s: float = 0.0  # GPU-seconds (in GPUs of its memory share) it held a GPU of shared jobs only
 
     def at(self, minute: int) -> tuple[float, float]:
         i = (self.offset + minute) % len(self.util)
@@ -125,13 +125,12 @@ class StreamFigures:
     capacity_milli_s: float = 0.0
     oom: int = 0
     contention: int = 0
-    shared_only_gpu_s: float = 0.0  # occupied time of GPUs that held shared jobs only
-    packed_gpu_s: float = 0.0  # the same jobs packed by their lifetime peak memory (``busy_share_bound``)
+    used_gpu_s: float = 0.0  # compute used, uncapped: the bound's numerator
+    packed_gpu_s: float = 0.0  # GPU time held with shared work re-packed each minute (``busy_share_bound``)
+    packed_margin_gpu_s: float = 0.0  # the same, shared memory grown by the margin
 
-    def bound(self) -> float:
-        """The busy share with every GPU of shared jobs only packed by an oracle (module docstring)."""
-        held = self.occupied_gpu_s - self.shared_only_gpu_s + self.packed_gpu_s
-        return self.busy_gpu_s / max(held, 1e-9)
+    def bound(self, held: float) -> float:
+        return self.used_gpu_s / max(held, 1e-9)
 
 
 class StreamModel:
@@ -180,9 +179,7 @@ class StreamModel:
         self.jobs[w.id] = job
 
     def stopped(self, wid: str) -> None:
-        job = self.jobs.pop(wid, None)
-        if job is not None:
-            self.figures.packed_gpu_s += job.shared_only_s * job.peak  # its lifetime peak is known now
+        self.jobs.pop(wid, None)
         self.speed.pop(wid, None)
 
     def factor(self, wid: str) -> float:
@@ -203,6 +200,7 @@ class StreamModel:
         f_util = np.zeros(shape)
         f_mem = np.zeros(shape)
         residents: dict[tuple[int, int], list[tuple[str, float, float]]] = {}
+        shared_mem = shared_mem_margin = 0.0  # MiB the shared jobs use this minute (and with the margin)
         classes: dict[str, str] = {}
         for wid, r in running.items():
             w, a = r.workload, r.allocation
@@ -212,7 +210,6 @@ class StreamModel:
             u, m = job.at(int((now - job.started_s) // 60))
             share = w.gpu_milli / 1000.0
             job.seen += 1
-            job.peak = max(job.peak, m)
             hi_u, hi_m = share, share  # until the forecaster has warmed up: the request
             if job.fu is not None and job.fm is not None:
                 job.fu.learn_one(u)
@@ -231,6 +228,9 @@ class StreamModel:
                 job.fp.learn_one(int(now * 1000), u * 100, u * 100 * _mem_bw(w), m * JOB_MEMORY_MIB * share,
                                  JOB_MEMORY_MIB, 0.0)
                 classes[wid] = job.fp.predict_one()[0]
+            if w.shares_gpu:
+                shared_mem += JOB_MEMORY_MIB * share * m
+                shared_mem_margin += JOB_MEMORY_MIB * share * min(1.0, m * (1 + cfg.mem_margin))
             for g in a.gpus:
                 key = (a.node, g)
                 compute[key] += 1000 * share * u
@@ -239,17 +239,14 @@ class StreamModel:
                 f_mem[key] += JOB_MEMORY_MIB * hi_m
                 residents.setdefault(key, []).append((wid, u, r.started_s))
         self._physics(cluster, compute, out)
+        whole = 0
         for key, res in residents.items():
             n, g = key
             cap = float(cluster.gpu_mem_cap[n, g])
             fig.occupied_gpu_s += cfg.tick_s
             fig.busy_gpu_s += min(1.0, compute[key] / 1000) * cfg.tick_s
-            if all(running[wid].workload.shares_gpu for wid, _, _ in res):
-                fig.shared_only_gpu_s += cfg.tick_s
-                for wid, _, _ in res:
-                    w = running[wid].workload
-                    self.jobs[wid].shared_only_s += (w.gpu_memory_mib or JOB_MEMORY_MIB * w.gpu_milli / 1000) \
-                        / max(cap, 1.0) * cfg.tick_s
+            fig.used_gpu_s += compute[key] / 1000 * cfg.tick_s
+            whole += not all(running[wid].workload.shares_gpu for wid, _, _ in res)
             if memory[key] > cap and len(res) > 1:
                 fig.oom += 1
                 out.kill.append(max(res, key=lambda x: x[2])[0])  # the newest tenant is OOM-killed
@@ -266,6 +263,9 @@ class StreamModel:
                         pair = self.table.colocated_speed(mine, theirs, str(cluster.models[n]))
                         inter = min(inter, 1 - (1 - pair) * min(1.0, u_o))
                 out.speed[wid] = min(out.speed.get(wid, 1.0), slow * heat * inter)
+        caps = np.sort(cluster.gpu_mem_cap[cluster.gpu_exists])[::-1]
+        fig.packed_gpu_s += (whole + fewest_gpus(shared_mem, caps)) * cfg.tick_s
+        fig.packed_margin_gpu_s += (whole + fewest_gpus(shared_mem_margin, caps)) * cfg.tick_s
         fig.requested_milli_s += sum(r.workload.gpu_milli_total for r in running.values()) * cfg.tick_s
         fig.capacity_milli_s += cluster.total_gpu_milli * cfg.tick_s
         self._signals(cluster, f_util, f_mem, residents, classes)
@@ -304,12 +304,21 @@ class StreamModel:
 
     def summary(self) -> dict:
         f = self.figures
-        for job in self.jobs.values():  # still running when the run ended: their peak so far
-            f.packed_gpu_s += job.shared_only_s * job.peak
-            job.shared_only_s = 0.0
-        return {"busy_share": f.busy_gpu_s / max(f.occupied_gpu_s, 1e-9), "busy_share_bound": f.bound(),
+        return {"busy_share": f.busy_gpu_s / max(f.occupied_gpu_s, 1e-9),
+                "busy_share_bound": f.bound(f.packed_gpu_s), "busy_share_bound_margin": f.bound(f.packed_margin_gpu_s),
                 "allocated_gpu_pct": 100 * f.requested_milli_s / max(f.capacity_milli_s, 1e-9),
                 "violations": f.oom + f.contention, "oom": f.oom, "contention": f.contention}
+
+
+def fewest_gpus(mib: float, caps: np.ndarray) -> float:
+    """The fewest GPUs (fractions counted) that ``mib`` of memory fits in, filling the largest of ``caps`` first
+    (sorted largest first): a lower bound on what any placement of it holds."""
+    full = np.cumsum(caps)
+    k = int(np.searchsorted(full, mib))  # the first k cards are full, the (k+1)th holds the rest
+    if k >= len(caps):
+        return float(len(caps)) + (mib - float(full[-1])) / max(float(caps[-1]), 1.0) if len(caps) else 0.0
+    rest = mib - (float(full[k - 1]) if k else 0.0)
+    return k + rest / max(float(caps[k]), 1.0)
 
 
 def _mem_bw(w: Workload) -> float:
