@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.sim.dynamic import DynamicConfig, run_dynamic, summarize
+from scheduler.sim.dynamic import BOARD_POWER_W, DynamicConfig, run_dynamic, summarize
 from scheduler.sim.openb import load_nodes, load_pods
+from scheduler.sim.stream_model import StreamConfig, StreamModel
 from tests.support import OPENB_PODS as PODS
 
 
@@ -40,6 +42,45 @@ def test_gpuaware_waits_instead_of_preempting_when_room_frees_soon(small_nodes):
     assert all(r.preemptions_avoided > 0 for r in patient)
     assert sum(r.preemptions for r in patient) < sum(r.preemptions for r in eager)
     assert all(j.finish_s is not None for r in patient for j in r.jobs.values())
+
+
+class _Flat:
+    """A stand-in forecaster: the last value."""
+
+    def __init__(self, horizon, upper):
+        self.y = 0.0
+
+    def learn_one(self, y):
+        self.y = y
+
+    def forecast(self):
+        return self
+
+
+def _physics(model, util, temp, dt):
+    board = BOARD_POWER_W.get(model, 300.0)
+    return board * (0.2 + 0.8 * util), 40.0, board  # idle at a fifth of the board, as dynamic.py's estimate
+
+
+def _stream_run(small_nodes, util: float, parts: set[str]):
+    nodes, pods = load_nodes(small_nodes), load_pods(PODS)
+    model = StreamModel([(np.full(60, util), np.full(60, 1.0))], _Flat, _physics,
+                        cfg=StreamConfig(parts=frozenset(parts)))
+    cfg = DynamicConfig(jobs=200, node_fraction=0.3, fault_every_s=1e9, power_budget=0.5, heterogeneity=False)
+    return run_dynamic(nodes, pods, "gpuaware", seed=0, cfg=cfg, stream=model)
+
+
+def test_in_the_stream_world_gpus_draw_power_by_the_usage_their_jobs_replay_not_by_their_requests(small_nodes):
+    # Idle jobs: fully allocated nodes are over half their board power by their requests, never by what they draw.
+    for parts in ({"thermal"}, set()):
+        idle = _stream_run(small_nodes, 0.0, parts)
+        assert idle.throttles == 0 and idle.over_budget_node_s == 0
+    # Busy jobs draw it: the scheduler caps what the stream shows over budget; without the stream's power
+    # readings it cannot, and the node's own capping (every GPU alike) does. At 60% busy a GPU draws 68% of its
+    # board: over the budget, far from the power-headroom score's 15%, so both place alike until the caps.
+    busy = {name: _stream_run(small_nodes, 60.0, parts) for name, parts in (("live", {"thermal"}), ("none", set()))}
+    assert all(r.over_budget_node_s > 0 and r.throttles > 0 for r in busy.values())
+    assert busy["live"].throttles < busy["none"].throttles  # lowest priority first, not every GPU
 
 
 def test_heterogeneity_scales_durations_by_the_gpu_model(small_nodes):
