@@ -194,6 +194,22 @@ def cluster(*gpus_per_node: int, model: str = "V100", cpu: int = 32000) -> Clust
     return ClusterState([NodeSpec(f"n{i}", cpu, 262144, g, model, 16384) for i, g in enumerate(gpus_per_node)])
 
 
+class LastValue:
+    """A stand-in for the stream's forecaster in the simulator's stream model: the last value, +10% as its upper
+    bound (``forecast().upper``)."""
+
+    def __init__(self, horizon: int, upper: float | None):
+        self.y = 0.0
+        self.upper = 0.0
+
+    def learn_one(self, y: float) -> None:
+        self.y = y
+
+    def forecast(self) -> LastValue:
+        self.upper = self.y * 1.1
+        return self
+
+
 def scheduler_with(*scores, filters=None) -> Scheduler:
     """The score plugins given, weighted 1, behind the model and health filters unless ``filters`` is given."""
     return Scheduler(Profile("t", filters or [ModelAffinity(), HealthFilter()], [(s, 1.0) for s in scores]))

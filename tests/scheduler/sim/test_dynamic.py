@@ -10,6 +10,7 @@ from scheduler.sim.dynamic import BOARD_POWER_W, DynamicConfig, run_dynamic, sum
 from scheduler.sim.openb import load_nodes, load_pods
 from scheduler.sim.stream_model import StreamConfig, StreamModel
 from tests.support import OPENB_PODS as PODS
+from tests.support import LastValue
 
 
 def test_dynamic_runs_finish_every_job_and_leave_the_cluster_empty(small_nodes):
@@ -44,19 +45,6 @@ def test_gpuaware_waits_instead_of_preempting_when_room_frees_soon(small_nodes):
     assert all(j.finish_s is not None for r in patient for j in r.jobs.values())
 
 
-class _Flat:
-    """A stand-in forecaster: the last value."""
-
-    def __init__(self, horizon, upper):
-        self.y = 0.0
-
-    def learn_one(self, y):
-        self.y = y
-
-    def forecast(self):
-        return self
-
-
 def _physics(model, util, temp, dt):
     board = BOARD_POWER_W.get(model, 300.0)
     return board * (0.2 + 0.8 * util), 40.0, board  # idle at a fifth of the board, as dynamic.py's estimate
@@ -64,7 +52,7 @@ def _physics(model, util, temp, dt):
 
 def _stream_run(small_nodes, util: float, parts: set[str]):
     nodes, pods = load_nodes(small_nodes), load_pods(PODS)
-    model = StreamModel([(np.full(60, util), np.full(60, 1.0))], _Flat, _physics,
+    model = StreamModel([(np.full(60, util), np.full(60, 1.0))], LastValue, _physics,
                         cfg=StreamConfig(parts=frozenset(parts)))
     cfg = DynamicConfig(jobs=200, node_fraction=0.3, fault_every_s=1e9, power_budget=0.5, heterogeneity=False)
     return run_dynamic(nodes, pods, "gpuaware", seed=0, cfg=cfg, stream=model)

@@ -4,7 +4,6 @@ forecasts from an injected forecaster, OOM and SLO violations, and the ablation'
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -18,25 +17,7 @@ from scheduler.sim.ablation import run_ablation, variants
 from scheduler.sim.dynamic import DynamicConfig
 from scheduler.sim.openb import load_nodes, load_pods
 from scheduler.sim.stream_model import JOB_MEMORY_MIB, StreamConfig, StreamModel, fewest_gpus
-from tests.support import OPENB_PODS, cluster
-
-
-@dataclass
-class F:
-    upper: float
-
-
-class LastValue:
-    """A stand-in forecaster: the last value, +10% as its upper bound."""
-
-    def __init__(self, horizon, upper):
-        self.y = 0.0
-
-    def learn_one(self, y):
-        self.y = y
-
-    def forecast(self):
-        return F(self.y * 1.1)
+from tests.support import OPENB_PODS, LastValue, cluster
 
 
 def physics(model, util, temp, dt):
