@@ -23,7 +23,7 @@ from scheduler.sim.dynamic import DynamicConfig, DynamicResult, run_dynamic
 from scheduler.sim.stream_model import PARTS, StreamModel
 
 # The ablation's cluster: 1% of the nodes and 1,000 jobs at the dynamic experiment's offered load
-# (target_load 1.2). Loaded so that queueing matters: 84-90% of it allocated over the run and high
+# (target_load 1.2). Loaded so that queueing matters: 83-90% of it allocated over the run and high
 # priority waiting minutes, where the earlier 500 jobs on 2% ran half allocated with near-empty queues
 # and no placement could shorten them. Small so that 6 variants x 5 seeds run in minutes on 2 cores.
 ABLATION_CONFIG = DynamicConfig(jobs=1000, node_fraction=0.01)
@@ -59,6 +59,8 @@ def figures(runs: list[tuple[DynamicResult, StreamModel]]) -> dict:
         "busy_share_bound_margin": round(float(np.mean([x["busy_share_bound_margin"] for x in s])), 4),
         "allocated_gpu_pct": round(float(np.mean([x["allocated_gpu_pct"] for x in s])), 2),
         "preemptions": sum(r.preemptions for r, _ in runs),
+        "throttles": sum(r.throttles for r, _ in runs),
+        "power_over_budget_node_h": round(sum(r.over_budget_node_s for r, _ in runs) / 3600, 2),
         "violations": sum(x["violations"] for x in s),
         "oom_kills": sum(x["oom"] for x in s),
         "slo_misses": sum(x["contention"] for x in s),

@@ -18,9 +18,10 @@ What the trace lacks is synthesized, deterministically from the seed and the pod
   the node is within budget; under every other policy the node's own power capping caps all its
   GPUs alike. A capped GPU's jobs run at ``capped_speed``. ``power_over_budget_node_h`` counts
   node-hours whose uncapped draw was over budget. In the stream world (``stream``) a GPU draws what the
-  agent's physical model gives at the usage its jobs replay, not its allocated share, and ``gpuaware``
-  caps per GPU only with the stream's power readings (its ``thermal`` part, as the live throttler reads
-  ``gpu.state.v1``); without them the node's own capping acts;
+  agent's physical model gives at the usage its jobs replay, not its allocated share, the budget is of
+  that model's boards, and ``gpuaware`` caps per GPU only with the stream's power readings (its
+  ``thermal`` part: the live throttler reads ``gpu.state.v1``, and caps for power where a node budget is
+  set); without them the node's own capping acts;
 - **heterogeneity** (``heterogeneity``): each GPU job gets a Gavel model class (by a hash of its
   name, among classes measured on K80, P100 and V100); the trace duration is taken as its time on
   a V100 and scales with the class's measured (or, for models Gavel lacks, FP32-prior) throughput
@@ -402,8 +403,12 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
         elif kind == "recover":
             cluster.set_band(*payload, HealthBand.HEALTHY)
         elif kind == "rebalance":
-            if stream is not None and stream.power is not None:
-                power = stream.power  # what the GPUs draw at the usage their jobs replay, not at their requests
+            node_budget = budget
+            if stream is not None and stream.power is not None and stream.limit is not None:
+                # What the GPUs draw at the usage their jobs replay, not at their requests, against the boards
+                # of the same physical model (its boards differ from BOARD_POWER_W: the agent has no P100 or A10).
+                power = stream.power
+                node_budget = cfg.power_budget * stream.limit.sum(axis=1)
             else:
                 share = (cluster.gpu_cap - cluster.gpu_free) / 1000.0
                 power = np.where(cluster.gpu_exists, idle + (board - idle) * share, 0.0)
@@ -413,13 +418,13 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
                     for g in r.allocation.gpus:
                         prio[r.allocation.node, g] = max(prio[r.allocation.node, g], r.workload.priority)
                 now_capped = {(a.node, a.gpu) for a in
-                              throttle_decisions(power, cluster.temp, cluster.gpu_exists, budget, prio)}
+                              throttle_decisions(power, cluster.temp, cluster.gpu_exists, node_budget, prio)}
             else:
-                # No scheduler-level throttling (other policies, or gpuaware without the stream's power readings, as
-                # the live throttler without them): the node's own power capping (BMC) caps every GPU alike.
-                over = np.flatnonzero(power.sum(axis=1) > budget + 1e-6)
+                # No scheduler-level throttling (other policies, or gpuaware without the stream's power readings:
+                # the live throttler reads them from gpu.state.v1): the node's own power capping caps every GPU alike.
+                over = np.flatnonzero(power.sum(axis=1) > node_budget + 1e-6)
                 now_capped = {(int(n_), int(g_)) for n_ in over for g_ in np.flatnonzero(cluster.gpu_exists[n_])}
-            res.over_budget_node_s += float((power.sum(axis=1) > budget + 1e-6).sum()) * cfg.rebalance_every_s
+            res.over_budget_node_s += float((power.sum(axis=1) > node_budget + 1e-6).sum()) * cfg.rebalance_every_s
             res.throttles += len(now_capped - capped)
             capped = now_capped
             for r in running.values():

@@ -149,6 +149,7 @@ class StreamModel:
         self.demand: Forecaster | None = None
         self.temp: np.ndarray | None = None
         self.power: np.ndarray | None = None  # what each GPU draws (W), from the physical model at its jobs' usage
+        self.limit: np.ndarray | None = None  # each GPU's board power (W) in the physical model
 
     def attach(self, cluster: ClusterState) -> None:
         """GPUs of undisclosed models (openb's G1-G3) get the smallest common card's memory: the jobs hold
@@ -284,7 +285,7 @@ class StreamModel:
             p, t, lim = self.physics(str(cluster.models[n]), min(1.0, compute[n, g] / 1000), float(self.temp[n, g]),
                                      self.cfg.tick_s)
             power[n, g], self.temp[n, g], limit[n, g] = p, t, lim
-        self.power = power
+        self.power, self.limit = power, limit
         if self.uses("thermal"):
             cluster.temp[:] = self.temp
             cluster.power[:] = power

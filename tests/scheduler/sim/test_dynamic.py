@@ -50,9 +50,9 @@ def _physics(model, util, temp, dt):
     return board * (0.2 + 0.8 * util), 40.0, board  # idle at a fifth of the board, as dynamic.py's estimate
 
 
-def _stream_run(small_nodes, util: float, parts: set[str]):
+def _stream_run(small_nodes, util: float, parts: set[str], physics=_physics):
     nodes, pods = load_nodes(small_nodes), load_pods(PODS)
-    model = StreamModel([(np.full(60, util), np.full(60, 1.0))], LastValue, _physics,
+    model = StreamModel([(np.full(60, util), np.full(60, 1.0))], LastValue, physics,
                         cfg=StreamConfig(parts=frozenset(parts)))
     cfg = DynamicConfig(jobs=200, node_fraction=0.3, fault_every_s=1e9, power_budget=0.5, heterogeneity=False)
     return run_dynamic(nodes, pods, "gpuaware", seed=0, cfg=cfg, stream=model)
@@ -69,6 +69,12 @@ def test_in_the_stream_world_gpus_draw_power_by_the_usage_their_jobs_replay_not_
     busy = {name: _stream_run(small_nodes, 60.0, parts) for name, parts in (("live", {"thermal"}), ("none", set()))}
     assert all(r.over_budget_node_s > 0 and r.throttles > 0 for r in busy.values())
     assert busy["live"].throttles < busy["none"].throttles  # lowest priority first, not every GPU
+
+    def bigger_boards(model, util, temp, dt):  # boards twice dynamic.py's, busy at 45% of them: within budget
+        board = 2 * BOARD_POWER_W.get(model, 300.0)
+        return board * (0.2 + 0.25 * util), 40.0, board
+
+    assert _stream_run(small_nodes, 100.0, {"thermal"}, bigger_boards).over_budget_node_s == 0
 
 
 def test_heterogeneity_scales_durations_by_the_gpu_model(small_nodes):
