@@ -161,6 +161,12 @@ class ClusterState:
             self.gpu_free[n, g] += m
             if self.gpu_mem_cap[n, g]:
                 self.gpu_mem_free[n, g] += mm
+            if self.live[n, g] and self.gpu_free[n, g] == self.gpu_cap[n, g] and \
+                    self.gpu_mem_free[n, g] == self.gpu_mem_cap[n, g]:
+                # The stream's forecasts and class are of the jobs it last saw, and the last of them just left:
+                # until its next reading the GPU holds nothing, not what they were forecast to use.
+                self.forecast_util[n, g] = self.forecast_mem[n, g] = 0.0
+                self.fingerprint[n, g] = ""
         return a
 
     def check_invariants(self) -> None:

@@ -326,9 +326,12 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
         job = res.jobs[r.workload.id]
         job.banked_s += max(0.0, now - r.started_s) * speed_of[r.workload.id]
         r.started_s, r.done_s = now, job.banked_s
+        # The job stays: the GPU keeps the readings its release would forget when it is the only resident.
+        readings = cluster.forecast_util[n, g], cluster.forecast_mem[n, g], cluster.fingerprint[n, g]
         cluster.release(a.workload_id)
         r.allocation = Allocation(a.workload_id, n, [g], [milli], a.cpu_milli, a.memory_mib, [mem], a.sharing)
         cluster.allocate(r.allocation)
+        cluster.forecast_util[n, g], cluster.forecast_mem[n, g], cluster.fingerprint[n, g] = readings
 
     class Hooks:
         def evict(self, victim: Running, preemptor: Workload, now: float) -> None:

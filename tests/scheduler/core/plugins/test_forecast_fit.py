@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from scheduler.core.cluster import Allocation
 from scheduler.core.framework import Candidates, CycleContext, Profile, Scheduler
 from scheduler.core.plugins.forecast_fit import ForecastFit
@@ -50,6 +52,23 @@ def test_pairs_that_fit_by_request_are_not_turned_away_by_the_margin():
     assert ForecastFit().filter_gpus(ctx)[0, 0]
     c.forecast_mem[0] = [9000.0]  # a forecast above the charge cannot be: the charge bounds it
     assert ForecastFit().filter_gpus(ctx)[0, 0]
+
+
+def test_a_gpu_its_residents_have_left_since_the_last_reading_takes_a_newcomer():
+    # Regression: the forecast is as old as the stream's last reading. A GPU whose jobs ended (or were
+    # evicted) since kept their forecast memory, and with nothing charged the filter counted it in full: for
+    # up to a tick the GPU was closed to shared work, and a preemption that freed it for a high-priority
+    # shared job freed it for nothing (the ablation's "forecast" part: 5x the quota reclaims of none). The
+    # score's best fit sent FGD's ties to it as the fullest. Its release now forgets the readings.
+    c = cluster(2)
+    c.allocate(Allocation("gone", 0, [0], [1000], 0, 0, [16384], "whole"))
+    c.allocate(Allocation("stays", 0, [1], [500], 0, 0, [8192], "shared"))
+    c.live[:] = True
+    c.forecast_mem[0] = [15000.0, 4000.0]  # read while "gone" ran
+    c.release("gone")
+    ctx = CycleContext(c, Workload("w", 0, 0, 1, 500, gpu_memory_mib=8192))
+    assert ForecastFit().filter_gpus(ctx)[0, 0]
+    assert list(ForecastFit().score(ctx, Candidates(np.array([0, 0]), np.array([0, 1])))) == [0.0, 4000 / 16384]
 
 
 def test_without_live_state_the_score_is_flat_and_nothing_is_filtered():

@@ -1,0 +1,27 @@
+"""The cluster model's bookkeeping of the stream's per-GPU readings."""
+
+from __future__ import annotations
+
+from scheduler.core.cluster import Allocation
+from tests.support import cluster
+
+
+def test_a_gpu_keeps_its_readings_while_anyone_holds_it():
+    c = cluster(1)
+    for wid in ("a", "b"):
+        c.allocate(Allocation(wid, 0, [0], [400], 0, 0, [4096], "shared"))
+    c.live[:] = True
+    c.forecast_mem[0], c.fingerprint[0] = [6000.0], ["idle-holding-gpu"]
+    c.release("a")
+    assert c.forecast_mem[0, 0] == 6000.0 and c.fingerprint[0, 0] == "idle-holding-gpu"
+    c.release("b")
+    assert c.forecast_mem[0, 0] == 0.0 and c.fingerprint[0, 0] == ""
+
+
+def test_a_gpu_without_live_readings_keeps_what_the_feed_wrote():
+    # A stale GPU's forecast is the feed's "fully busy" (scheduler/feed.py); the next live reading replaces it.
+    c = cluster(1)
+    c.allocate(Allocation("a", 0, [0], [400], 0, 0, [4096], "shared"))
+    c.forecast_util[0] = [100.0]
+    c.release("a")
+    assert c.forecast_util[0, 0] == 100.0
