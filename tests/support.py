@@ -195,18 +195,18 @@ def cluster(*gpus_per_node: int, model: str = "V100", cpu: int = 32000) -> Clust
 
 
 class LastValue:
-    """A stand-in for the stream's forecaster in the simulator's stream model: the last value, +10% as its upper
-    bound (``forecast().upper``)."""
+    """A stand-in for the stream's forecaster in the simulator's stream model: the last value as its point
+    forecast (``forecast().mean``), +10% as its upper bound (``forecast().upper``)."""
 
     def __init__(self, horizon: int, upper: float | None):
         self.y = 0.0
-        self.upper = 0.0
+        self.mean = self.upper = 0.0
 
     def learn_one(self, y: float) -> None:
         self.y = y
 
     def forecast(self) -> LastValue:
-        self.upper = self.y * 1.1
+        self.mean, self.upper = self.y, self.y * 1.1
         return self
 
 

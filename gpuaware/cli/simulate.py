@@ -30,7 +30,8 @@ from gpuaware.cli.common import OPENB
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on stdout.")
 @click.option("--ablation", type=click.Choice(["stream"]), default=None,
               help="With --experiment dynamic: gpuaware with all stream-driven parts, without each, without all "
-                   "(on the GenTD26 usage, Gavel slowdowns, the agent's physical model and the stream's forecaster).")
+                   "(on the GenTD26 usage, Gavel slowdowns, the agent's physical model and the stream's forecaster), "
+                   "and two ceilings: overcommit by forecasts that are never wrong.")
 @click.option("--workers", type=int, default=1, show_default=True, help="Processes for --ablation (same figures).")
 def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str, ...], seed_list: tuple[int, ...],
              seeds: str | None, protocol: str, out_dir: str | None, as_json: bool, ablation: str | None,
@@ -70,11 +71,12 @@ def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str
 
 def _ablation(experiment: str, nodes_csv: str, pods_csv: str, seed_list: tuple[int, ...], seeds: str | None,
               out_dir: str | None, workers: int) -> None:
-    """The stream ablation's report (``variants.<name>``) on stdout, and under ``out_dir`` if given."""
+    """The stream ablation's report (``variants.<name>``, ``ceilings.<name>``) on stdout, and under ``out_dir``
+    if given."""
     from pathlib import Path
 
     from gpuaware.cli.stream_sim import make_stream
-    from scheduler.sim.ablation import run_ablation, variants
+    from scheduler.sim.ablation import run_ablation, runs
     from scheduler.sim.experiments import resolve_seeds
     from scheduler.sim.openb import TraceError, load_nodes, load_pods
 
@@ -84,7 +86,7 @@ def _ablation(experiment: str, nodes_csv: str, pods_csv: str, seed_list: tuple[i
     try:
         seed_values = resolve_seeds(list(seed_list), seeds)
         nodes, pods = load_nodes(nodes_csv), load_pods(pods_csv)
-        with _progress_bar(len(variants()) * len(seed_values)) as progress:
+        with _progress_bar(len(runs()) * len(seed_values)) as progress:
             report = run_ablation(nodes, pods, seed_values, make_stream, progress=progress, workers=workers)
     except (TraceError, ValueError, FileNotFoundError) as exc:
         click.echo(f"gpuaware simulate: {exc}", err=True)

@@ -110,16 +110,16 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
     reservation: tuple[int, float, int] | None = None  # (node, time, priority)
     victim_searches = 0
     outlook = queue.demand if policy.demand_aware else None
-    if outlook is not None:
-        peak = policy.defer_when_peak and outlook.peak(policy.peak_util)
-    else:
-        peak = policy.defer_when_peak and cluster.allocated_gpu_milli >= policy.peak_util * cluster.total_gpu_milli
+    defer = False
+    if policy.defer_when_peak:
+        now_share = cluster.allocated_gpu_milli / max(cluster.total_gpu_milli, 1)
+        defer = outlook.defers(now_share, policy.peak_util) if outlook is not None else now_share >= policy.peak_util
     for w in order:
         if attempts >= policy.pass_budget:
             break
         if request_shape(w) in blocked:
             continue
-        if peak and w.deferrable and now - w.submit_s < policy.defer_max_s:
+        if defer and w.deferrable and now - w.submit_s < policy.defer_max_s:
             stats.deferred.add(w.id)
             stats.held_by_demand += outlook is not None
             continue

@@ -8,10 +8,19 @@ any), GPU allocation (requested share of capacity, time-averaged), preemptions, 
 placement could have made of it on those runs' job-minutes, without and with the forecast part's memory
 margin (``busy_share_bound``, ``busy_share_bound_margin``: ``stream_model.py``), and in the gains the most
 the variant could have gained over none with them (``all_vs_without_all.busy_share_bound``).
+
+Beside the variants, two ceilings (``ceilings.<name>``, ``ceilings_vs_without_all.<name>``): every part, with
+shared jobs charged what they will really use, read ahead in their series (``StreamConfig.oracle``):
+``oracle-overcommit`` the peak over the job's run from its first minute (nothing outgrows its charge),
+``oracle-horizon`` the peak over the next forecast horizon, every minute (a perfect forecast; a climb into
+room that others took since still OOM-kills). Overcommitting shared GPUs by forecast, the part the issue
+expects most of, cannot do better than forecasts that are never wrong; the ceilings say how far that is
+from the target.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 
@@ -29,6 +38,7 @@ from scheduler.sim.stream_model import PARTS, StreamModel
 ABLATION_CONFIG = DynamicConfig(jobs=1000, node_fraction=0.01)
 
 MakeStream = Callable[[frozenset[str]], StreamModel]
+CEILINGS = {"oracle-overcommit": "run", "oracle-horizon": "horizon"}  # not variants: see the module's docstring
 
 
 def variants() -> dict[str, frozenset[str]]:
@@ -68,36 +78,49 @@ def figures(runs: list[tuple[DynamicResult, StreamModel]]) -> dict:
     }
 
 
-def _one(nodes, pods, cfg: DynamicConfig, make_stream: MakeStream, parts: frozenset[str], seed: int
-         ) -> tuple[DynamicResult, StreamModel]:
+def _one(nodes, pods, cfg: DynamicConfig, make_stream: MakeStream, parts: frozenset[str], seed: int,
+         oracle: str = "") -> tuple[DynamicResult, StreamModel]:
     model = make_stream(parts)
+    if oracle:
+        model.cfg = dataclasses.replace(model.cfg, oracle=oracle)
     return run_dynamic(nodes, pods, "gpuaware", seed, cfg, None, model), model
+
+
+def runs() -> dict[str, tuple[frozenset[str], str]]:
+    """What the ablation runs on every seed: the variants, then the ceilings (name -> (parts, oracle))."""
+    out = {name: (parts, "") for name, parts in variants().items()}
+    out.update({name: (frozenset(PARTS), oracle) for name, oracle in CEILINGS.items()})
+    return out
 
 
 def run_ablation(nodes, pods, seeds: list[int], make_stream: MakeStream, cfg: DynamicConfig | None = None,
                  progress: Callable[[str, float], None] | None = None, workers: int = 1) -> dict:
-    """Every variant on every seed; with ``workers`` > 1 in that many processes (the figures are the same)."""
+    """Every variant and ceiling on every seed; with ``workers`` > 1 in that many processes (the figures are the
+    same)."""
     cfg = cfg or ABLATION_CONFIG
-    tasks = [(name, parts, seed) for name, parts in variants().items() for seed in seeds]
+    tasks = [(name, parts, oracle, seed) for name, (parts, oracle) in runs().items() for seed in seeds]
     results: dict[tuple[str, int], tuple[DynamicResult, StreamModel]] = {}
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
-            futures = {(name, seed): pool.submit(_one, nodes, pods, cfg, make_stream, parts, seed)
-                       for name, parts, seed in tasks}
+            futures = {(name, seed): pool.submit(_one, nodes, pods, cfg, make_stream, parts, seed, oracle)
+                       for name, parts, oracle, seed in tasks}
             for (name, seed), fut in futures.items():
                 results[(name, seed)] = fut.result()
                 if progress:
                     progress(f"{name} seed {seed}", 1.0)
     else:
-        for name, parts, seed in tasks:
-            results[(name, seed)] = _one(nodes, pods, cfg, make_stream, parts, seed)
+        for name, parts, oracle, seed in tasks:
+            results[(name, seed)] = _one(nodes, pods, cfg, make_stream, parts, seed, oracle)
             if progress:
                 progress(f"{name} seed {seed}", 1.0)
-    out = {name: figures([results[(name, seed)] for seed in seeds]) for name in variants()}
+    out = {name: figures([results[(name, seed)] for seed in seeds]) for name in runs()}
+    ceilings = {name: out.pop(name) for name in CEILINGS}
     return {"experiment": "dynamic", "ablation": "stream", "policy": "gpuaware", "seeds": seeds,
             "config": cfg.__dict__, "variants": out, "live_parts": sorted(variants()["live"]),
             "all_vs_without_all": _gain(out["all"], out["without-all"]),
-            "live_vs_without_all": _gain(out["live"], out["without-all"])}
+            "live_vs_without_all": _gain(out["live"], out["without-all"]),
+            "ceilings": ceilings,
+            "ceilings_vs_without_all": {name: _gain(c, out["without-all"]) for name, c in ceilings.items()}}
 
 
 def _gain(full: dict, none: dict) -> dict:

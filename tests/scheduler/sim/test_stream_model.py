@@ -78,6 +78,51 @@ def test_re_charging_is_off_by_default_the_forecast_is_still_written():
     assert out.recharge == {} and c.forecast_util[0, 0] == 50.0 * 0.22
 
 
+def test_the_oracle_charges_a_shared_job_the_peak_its_run_will_reach_from_its_first_tick():
+    # The ceiling of overcommitting by forecast: no warm-up, no margin, the peak read ahead over the job's run
+    # (four times its trace duration), not past it.
+    series = [(np.r_[np.full(50, 20.0), np.full(50, 90.0)], np.r_[np.full(50, 0.4), np.full(50, 0.8)])]
+    model = StreamModel(series, LastValue, physics, None, None, StreamConfig(parts=frozenset(), oracle="run"))
+    c = cluster(2)
+    w = model.prepare(Workload("j0", 0, 0, 1, 500, duration_s=600.0))  # 10 minutes: 42 read ahead
+    a = Allocation(w.id, 0, [0], [500], 0, 0, [w.gpu_memory_mib], "shared")
+    c.allocate(a)
+    model.started(w, 0.0)
+    model.jobs["j0"].offset = 0
+    out = model.tick(60.0, c, {"j0": Running(w, a, 0.0, 0.0, None)}, [])
+    assert out.recharge["j0"] == (int(1000 * 0.5 * 0.2), int(np.ceil(JOB_MEMORY_MIB * 0.5 * 0.4)))  # not 0.9 and 0.8
+
+
+def test_the_horizon_oracle_charges_the_peak_of_the_next_horizon_every_tick():
+    series = [(np.r_[np.full(50, 20.0), np.full(50, 90.0)], np.r_[np.full(50, 0.4), np.full(50, 0.8)])]
+    cfg = StreamConfig(parts=frozenset(), oracle="horizon", horizon_ticks=15)
+    model = StreamModel(series, LastValue, physics, None, None, cfg)
+    c = cluster(2)
+    w = model.prepare(Workload("j0", 0, 0, 1, 500, duration_s=600.0))
+    a = Allocation(w.id, 0, [0], [500], 0, 0, [w.gpu_memory_mib], "shared")
+    c.allocate(a)
+    model.started(w, 0.0)
+    model.jobs["j0"].offset = 0
+    running = {"j0": Running(w, a, 0.0, 0.0, None)}
+    assert model.tick(60.0, c, running, []).recharge["j0"] == (100, int(np.ceil(JOB_MEMORY_MIB * 0.5 * 0.4)))
+    model.jobs["j0"].offset = 33  # minute 1 of the job: it reads minutes 34-49 ahead, all in the first half
+    assert model.tick(60.0, c, running, []).recharge["j0"] == (100, int(np.ceil(JOB_MEMORY_MIB * 0.5 * 0.4)))
+    model.jobs["j0"].offset = 34  # minutes 35-50: the last of them is the second half's 90% and 0.8
+    assert model.tick(60.0, c, running, []).recharge["j0"] == (450, int(np.ceil(JOB_MEMORY_MIB * 0.5 * 0.8)))
+
+
+def test_the_demand_outlook_carries_the_forecast_point_and_upper_end():
+    model, c = _model(20.0, 1.0, parts=("demand",)), cluster(2)
+    _run(model, c, [(500, None)])  # a quarter of the cluster allocated
+    out = model.outlook()
+    assert out.mean_share == 0.25 and out.upper_share == 0.25 * 1.1 and out.horizon_s == 15 * 60.0
+
+
+def test_an_unknown_oracle_is_refused_with_the_field():
+    with pytest.raises(ValueError, match=r"StreamConfig\.oracle"):
+        StreamModel([(np.ones(3), np.ones(3))], LastValue, physics, cfg=StreamConfig(oracle="yes"))
+
+
 def test_without_the_forecast_part_nothing_is_recharged():
     model, c = _model(20.0, 1.0, parts=()), cluster(2)
     out, _ = _run(model, c, [(500, None)], ticks=3)
@@ -172,5 +217,8 @@ def test_the_ablation_reports_every_variant_with_the_issue_keys(small_nodes):
                 "violations"} <= set(v)
         # With jobs charged their requests (no re-charging), no GPU holds more memory than it has: the bound holds.
         assert 0 < v["busy_share"] <= v["busy_share_bound_margin"] <= v["busy_share_bound"] and v["unfinished"] == 0
+    assert set(report["ceilings"]) == set(report["ceilings_vs_without_all"]) == {"oracle-overcommit", "oracle-horizon"}
+    assert set(report["ceilings_vs_without_all"]["oracle-horizon"]) == set(report["all_vs_without_all"])
+    assert report["ceilings"]["oracle-overcommit"]["violations"] == 0  # it reads ahead: nothing outgrows its charge
     assert report["all_vs_without_all"]["busy_share_bound"] == round(
         report["variants"]["all"]["busy_share_bound"] / report["variants"]["without-all"]["busy_share"] - 1, 4)
