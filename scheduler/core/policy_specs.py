@@ -34,9 +34,10 @@ STREAM_PARTS = (
 )
 SIGNALS = ("forecast", "fingerprint", "thermal", "demand")  # demand is the queue's (core/demand.py), no plugin
 # The parts the live profile runs. forecast was live until the loaded ablation cluster, over 20 seeds, put
-# forecast + thermal at +21 % mean JCT and +64 % preemptions against thermal alone (docs/scheduling.md "The
-# ablation"); fingerprint and demand never won on their own there. thermal stays as a guard: flat on a
-# cool cluster, it spreads work only where a GPU nears its power or temperature limit.
+# forecast + thermal at +21 % mean JCT and +64 % preemptions against thermal alone; with the defect behind
+# most of that fixed, the full set is even with none there and no part wins beyond the noise (docs/scheduling.md
+# "The ablation"). thermal stays as a guard: flat on a cool cluster, it spreads work only where a GPU nears
+# its power or temperature limit.
 LIVE_STREAM = frozenset({"thermal"})
 
 SPECS: dict[str, PolicySpec] = {
