@@ -152,6 +152,23 @@ class ClusterState:
         self._count(a, 1)
 
     def release(self, workload_id: str) -> Allocation:
+        a = self._unbook(workload_id)
+        n = a.node
+        for g in a.gpus:
+            if self.live[n, g] and self.gpu_free[n, g] == self.gpu_cap[n, g] and \
+                    self.gpu_mem_free[n, g] == self.gpu_mem_cap[n, g]:
+                # The stream's forecasts and class are of the jobs it last saw, and the last of them just left:
+                # until its next reading the GPU holds nothing, not what they were forecast to use.
+                self.forecast_util[n, g] = self.forecast_mem[n, g] = 0.0
+                self.fingerprint[n, g] = ""
+        return a
+
+    def resize(self, a: Allocation) -> None:
+        """Charge a running workload ``a`` in place of what it holds: it stays, so its GPUs keep their readings."""
+        self._unbook(a.workload_id)
+        self.allocate(a)
+
+    def _unbook(self, workload_id: str) -> Allocation:
         a = self.allocations.pop(workload_id)
         self._count(a, -1)
         n = a.node
@@ -161,12 +178,6 @@ class ClusterState:
             self.gpu_free[n, g] += m
             if self.gpu_mem_cap[n, g]:
                 self.gpu_mem_free[n, g] += mm
-            if self.live[n, g] and self.gpu_free[n, g] == self.gpu_cap[n, g] and \
-                    self.gpu_mem_free[n, g] == self.gpu_mem_cap[n, g]:
-                # The stream's forecasts and class are of the jobs it last saw, and the last of them just left:
-                # until its next reading the GPU holds nothing, not what they were forecast to use.
-                self.forecast_util[n, g] = self.forecast_mem[n, g] = 0.0
-                self.fingerprint[n, g] = ""
         return a
 
     def check_invariants(self) -> None:

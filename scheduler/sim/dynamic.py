@@ -326,12 +326,8 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
         job = res.jobs[r.workload.id]
         job.banked_s += max(0.0, now - r.started_s) * speed_of[r.workload.id]
         r.started_s, r.done_s = now, job.banked_s
-        # The job stays: the GPU keeps the readings its release would forget when it is the only resident.
-        readings = cluster.forecast_util[n, g], cluster.forecast_mem[n, g], cluster.fingerprint[n, g]
-        cluster.release(a.workload_id)
         r.allocation = Allocation(a.workload_id, n, [g], [milli], a.cpu_milli, a.memory_mib, [mem], a.sharing)
-        cluster.allocate(r.allocation)
-        cluster.forecast_util[n, g], cluster.forecast_mem[n, g], cluster.fingerprint[n, g] = readings
+        cluster.resize(r.allocation)
 
     class Hooks:
         def evict(self, victim: Running, preemptor: Workload, now: float) -> None:
@@ -415,6 +411,7 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
             else:
                 share = (cluster.gpu_cap - cluster.gpu_free) / 1000.0
                 power = np.where(cluster.gpu_exists, idle + (board - idle) * share, 0.0)
+            over = power.sum(axis=1) > node_budget + 1e-6
             if full and (stream is None or stream.uses("thermal")):
                 prio = np.full(cluster.gpu_free.shape, -1)
                 for r in running.values():
@@ -425,9 +422,9 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
             else:
                 # No scheduler-level throttling (other policies, or gpuaware without the stream's power readings:
                 # the live throttler reads them from gpu.state.v1): the node's own power capping caps every GPU alike.
-                over = np.flatnonzero(power.sum(axis=1) > node_budget + 1e-6)
-                now_capped = {(int(n_), int(g_)) for n_ in over for g_ in np.flatnonzero(cluster.gpu_exists[n_])}
-            res.over_budget_node_s += float((power.sum(axis=1) > node_budget + 1e-6).sum()) * cfg.rebalance_every_s
+                now_capped = {(int(n_), int(g_)) for n_ in np.flatnonzero(over)
+                              for g_ in np.flatnonzero(cluster.gpu_exists[n_])}
+            res.over_budget_node_s += float(over.sum()) * cfg.rebalance_every_s
             res.throttles += len(now_capped - capped)
             capped = now_capped
             for r in running.values():

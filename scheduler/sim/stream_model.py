@@ -197,7 +197,7 @@ class StreamModel:
         h = zlib.crc32(w.id.encode())
         util, mem = self.series[h % len(self.series)]
         job = JobTrace(util, mem, (h >> 8) % len(util), started_s=now)
-        if self.uses("forecast"):
+        if self.uses("forecast") and not self.cfg.oracle:  # the oracle reads ahead instead
             job.fu = self.forecaster(self.cfg.horizon_ticks, 1.0)
             job.fm = self.forecaster(self.cfg.horizon_ticks, 1.0)
         if self.uses("fingerprint") and self.fingerprinter is not None:
