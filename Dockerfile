@@ -6,15 +6,7 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY contract contract
-COPY plumbing plumbing
-COPY agent agent
-COPY stream stream
-COPY scheduler scheduler
 COPY gpuaware gpuaware
-COPY dashboards dashboards
-COPY bench bench
-COPY deploy deploy
 # Runtime dependencies only (no test extras): the versions pinned in pyproject.toml.
 RUN python -m venv /opt/gpuaware \
  && /opt/gpuaware/bin/pip install --no-compile . \

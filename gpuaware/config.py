@@ -15,11 +15,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent.settings import AgentSettings
+from gpuaware.agent.settings import AgentSettings
 from gpuaware.local.broker import BrokerSettings
-from plumbing.kafka_settings import KafkaSettings
-from scheduler.settings import SchedulerSettings
-from stream.settings import StreamSettings
+from gpuaware.plumbing.kafka_settings import KafkaSettings
+from gpuaware.scheduler.settings import SchedulerSettings
+from gpuaware.stream.settings import StreamSettings
 
 ENV_PREFIX = "GPUAWARE_"
 # GPUAWARE_* variables that are not configuration: read where they matter (the config file's path,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Put the third-party CustomResourceDefinitions gpuaware's manifests use into the realparts cache, at
-# the versions pinned in realparts/versions.env, so that deploy/checks.py validates against the real
+# the versions pinned in realparts/versions.env, so that gpuaware/deploy/checks.py validates against the real
 # schemas and tests/deploy/test_server_dry_run.py installs them in a real kube-apiserver.
 #
 #   realparts/build-crds.sh            fetch/generate (or only verify) into $CACHE/crds/

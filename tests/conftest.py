@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 from gpuaware.local.broker import BrokerSettings, LocalBroker
-from plumbing import kafka_admin as admin
-from plumbing.kafka_settings import KafkaSettings
+from gpuaware.plumbing import kafka_admin as admin
+from gpuaware.plumbing.kafka_settings import KafkaSettings
 from tests.support import OPENB_NODES, OVERLAYS, REPO, chosen_broker, in_ci
 
 if TYPE_CHECKING:
-    from deploy.checks import Doc
+    from gpuaware.deploy.checks import Doc
     from gpuaware.local.apache_kafka import ApacheKafka
     from gpuaware.local.kube_control_plane import KubeControlPlane
     from tests.real_kube import Kube
@@ -159,7 +159,7 @@ def kube(kube_cp: KubeControlPlane, kube_accounts: dict[str, Path]) -> Iterator[
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[Doc]]:
     """Each deploy/ overlay as ``kubectl kustomize`` renders it (the deploy tests skip without kubectl)."""
-    from deploy import checks as mc
+    from gpuaware.deploy import checks as mc
 
     return {name: mc.render(REPO / "deploy" / "overlays" / name) for name in OVERLAYS}
 

@@ -25,7 +25,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from gpuaware.local.kube_control_plane import KWOK_NODE_ANNOTATION, KubeControlPlane
-from plumbing.kube.api import KubeApi
+from gpuaware.plumbing.kube.api import KubeApi
 
 NS = "gpuaware"  # where the components run and hold their Leases (the shipped Roles are there)
 CRD_DIR = Path(__file__).resolve().parents[1] / "deploy" / "base" / "crds"

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from deploy import crds
+from gpuaware.deploy import crds
 from gpuaware.local import apache_kafka, kube_control_plane, realparts
 
 

@@ -24,25 +24,25 @@ from aiokafka.structs import TopicPartition
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from agent.collectors.sim import Scenario, SimCluster, load_scenario
-from agent.readings import Reading
-from agent.replay import simulate
-from contract import annotations, topics
-from contract.events import GpuInfo, GpuSample, TelemetryBatch, decode
-from plumbing.kafka_settings import KafkaSettings
-from plumbing.kube.api import KubeApi
-from scheduler.core.cluster import ClusterState, NodeSpec
-from scheduler.core.framework import Profile, Scheduler
-from scheduler.core.plugins.health import HealthFilter
-from scheduler.core.plugins.model_affinity import ModelAffinity
-from scheduler.kube.live import LiveScheduler
-from scheduler.settings import SchedulerSettings
-from stream.processor import StreamProcessor
+from gpuaware.agent.collectors.sim import Scenario, SimCluster, load_scenario
+from gpuaware.agent.readings import Reading
+from gpuaware.agent.replay import simulate
+from gpuaware.contract import annotations, topics
+from gpuaware.contract.events import GpuInfo, GpuSample, TelemetryBatch, decode
+from gpuaware.plumbing.kafka_settings import KafkaSettings
+from gpuaware.plumbing.kube.api import KubeApi
+from gpuaware.scheduler.core.cluster import ClusterState, NodeSpec
+from gpuaware.scheduler.core.framework import Profile, Scheduler
+from gpuaware.scheduler.core.plugins.health import HealthFilter
+from gpuaware.scheduler.core.plugins.model_affinity import ModelAffinity
+from gpuaware.scheduler.kube.live import LiveScheduler
+from gpuaware.scheduler.settings import SchedulerSettings
+from gpuaware.stream.processor import StreamProcessor
 
 if TYPE_CHECKING:
-    from deploy.checks import Doc
+    from gpuaware.deploy.checks import Doc
     from gpuaware.local.fake_apiserver import FakeApiServer
-    from scheduler.feed import StateView
+    from gpuaware.scheduler.feed import StateView
     from tests.real_kube import Kube
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ TRACES = REPO.parent / "shared" / "traces"
 OPENB_NODES = TRACES / "alibaba-openb" / "openb_node_list_gpu_node.csv"
 OPENB_PODS = TRACES / "alibaba-openb" / "openb_pod_list_default.csv"
 GAVEL = TRACES / "gavel" / "simulation_throughputs.json"
-RULES = REPO / "dashboards" / "prometheus" / "rules.yml"
+RULES = REPO / "gpuaware" / "dashboards" / "prometheus" / "rules.yml"
 OVERLAYS = ("dev", "production", "existing-kafka")
 
 
@@ -178,7 +178,7 @@ async def watch(settings: KafkaSettings, topic: str, done: Callable[[list], bool
 
 
 def prometheus_rules() -> list[dict]:
-    """Every alerting and recording rule of dashboards/prometheus/rules.yml."""
+    """Every alerting and recording rule of gpuaware/dashboards/prometheus/rules.yml."""
     return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
 
 

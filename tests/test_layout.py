@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-FIRST_PARTY = {"contract", "plumbing", "agent", "stream", "scheduler", "gpuaware", "dashboards", "bench", "deploy"}
+# The parts under the one top-level package, gpuaware; the rest of it (cli, local, config) is the wiring on top.
+PARTS = {"contract", "plumbing", "agent", "stream", "scheduler", "dashboards", "bench", "deploy"}
 
-# package -> first-party top-level packages it may import (besides itself)
+# part -> parts it may import (besides itself)
 ALLOWED = {
     "contract": set(),
     "plumbing": {"contract"},
@@ -27,12 +28,20 @@ ALLOWED = {
     "dashboards": {"contract"},  # the DCGM metric contract the queries are written against
 }
 # The scheduling core is pure: the contract's plain data and itself, no I/O libraries.
-CORE = "scheduler.core"
-CORE_ALLOWED_FIRST_PARTY = {"contract.events", "contract.annotations", "scheduler.core"}
+CORE = "gpuaware.scheduler.core"
+CORE_ALLOWED_FIRST_PARTY = {"gpuaware.contract.events", "gpuaware.contract.annotations", "gpuaware.scheduler.core"}
 CORE_FORBIDDEN_THIRD_PARTY = {"aiokafka", "faust", "kubernetes", "urllib3", "prometheus_client", "pathlib", "socket",
                               "asyncio", "subprocess", "requests", "yaml"}
 # What the contract may import at all: the standard library and the Avro codec.
 CONTRACT_THIRD_PARTY = {"fastavro"}
+
+
+def _part(name: str) -> str | None:
+    """The part a dotted module name belongs to (gpuaware.agent.core -> agent); None outside gpuaware."""
+    parts = name.split(".")
+    if parts[0] != "gpuaware":
+        return None
+    return parts[1] if len(parts) > 1 else "gpuaware"
 
 
 def _module_name(path: Path) -> str:
@@ -51,13 +60,15 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.append((node.lineno, node.module))
-            # `from contract import events` names contract.events
+            # `from gpuaware.contract import events` names gpuaware.contract.events
             found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
     return found
 
 
 def _sources(package: str) -> list[Path]:
-    return sorted((REPO / package.replace(".", "/")).rglob("*.py"))
+    """The files of a part ("agent") or of a dotted package ("gpuaware.scheduler.core")."""
+    dotted = package if package.startswith("gpuaware") else f"gpuaware.{package}"
+    return sorted((REPO / dotted.replace(".", "/")).rglob("*.py"))
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
@@ -65,8 +76,8 @@ def test_packages_import_only_what_the_map_allows(package):
     problems = []
     for path in _sources(package):
         for line, name in _imports(path):
-            top = name.split(".")[0]
-            if top in FIRST_PARTY and top != package and top not in ALLOWED[package]:
+            part = _part(name)
+            if part is not None and part != package and part not in ALLOWED[package]:
                 problems.append(f"{path.relative_to(REPO)}:{line} imports {name}")
     allowed = sorted(ALLOWED[package]) or "nothing first-party"
     assert not problems, f"{package} may import only {allowed}:\n" + "\n".join(problems)
@@ -78,8 +89,9 @@ def test_the_scheduling_core_imports_only_the_contracts_plain_data_and_does_no_i
         for line, name in _imports(path):
             top = name.split(".")[0]
             allowed = any(name == a or name.startswith(a + ".") for a in CORE_ALLOWED_FIRST_PARTY)
-            # `from contract import events` also names the bare package
-            if top in FIRST_PARTY and not allowed and name not in {"contract", "scheduler"}:
+            # `from gpuaware.contract import events` also names the bare packages
+            bare = name in {"gpuaware", "gpuaware.contract", "gpuaware.scheduler"}
+            if top == "gpuaware" and not allowed and not bare:
                 problems.append(f"{path.relative_to(REPO)}:{line} imports {name}")
             if top in CORE_FORBIDDEN_THIRD_PARTY:
                 problems.append(f"{path.relative_to(REPO)}:{line} imports {name} (I/O)")
@@ -96,7 +108,8 @@ def test_the_contract_needs_only_the_standard_library_and_avro():
     for path in _sources("contract"):
         for line, name in _imports(path):
             top = name.split(".")[0]
-            if top not in stdlib and top not in CONTRACT_THIRD_PARTY and top != "contract":
+            if top not in stdlib and top not in CONTRACT_THIRD_PARTY and _part(name) != "contract" \
+                    and name != "gpuaware":
                 problems.append(f"{path.relative_to(REPO)}:{line} imports {name}")
     assert not problems, "\n".join(problems)
 
@@ -106,13 +119,13 @@ def test_importing_the_contract_loads_no_client_and_reads_no_file():
         "import sys\n"
         "opened = []\n"
         "sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == 'open' else None)\n"
-        "import contract, contract.events, contract.topics, contract.annotations\n"
+        "import gpuaware.contract, gpuaware.contract.events, gpuaware.contract.topics, gpuaware.contract.annotations\n"
         "loaded = {'faust', 'aiokafka', 'kubernetes'} & set(sys.modules)\n"
         "assert not loaded, loaded\n"
         "reads = [p for p in opened if not p.endswith(('.py', '.pyc')) and '__pycache__' not in p\n"
         "         and 'site-packages' not in p and 'contract' in p]\n"
         "assert not reads, reads\n"
-        "from contract import events\n"
+        "from gpuaware.contract import events\n"
         "assert events.record_type(events.GpuState).latest >= 1  # schemas load on first use\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
@@ -123,3 +136,15 @@ def test_test_doubles_live_outside_the_component_packages():
     doubles = [p for pkg in ("agent", "stream", "scheduler", "plumbing", "contract") for p in _sources(pkg)
                if "fake" in p.name]
     assert not doubles, doubles
+
+
+def test_an_install_adds_one_top_level_package():
+    """`pip install` puts only `gpuaware` in site-packages: no `agent` or `scheduler` to collide with another's."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    found = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    packages = find_packages(str(REPO), include=found["include"], exclude=found.get("exclude", ()))
+    assert {name.split(".")[0] for name in packages} == {"gpuaware"}
+    assert {f"gpuaware.{part}" for part in PARTS} <= set(packages)

@@ -13,8 +13,8 @@ import click
 
 from gpuaware.cli.common import OPENB, Context, echo_figures, progress_to_stderr
 from gpuaware.local.broker import LocalBroker
-from plumbing import observability
-from plumbing.kafka_settings import KafkaSettings
+from gpuaware.plumbing import observability
+from gpuaware.plumbing.kafka_settings import KafkaSettings
 
 
 @click.group()
@@ -70,7 +70,7 @@ def bench_agent_cmd(obj: Context, seconds: float, gpus: int, collector: str, as_
       gpuaware bench agent --seconds 10 --gpus 8 --json
       gpuaware bench agent --collector nvml --json   # on a GPU node
     """
-    from bench.agent_bench import bench_agent
+    from gpuaware.bench.agent_bench import bench_agent
 
     with _broker(obj) as (kafka, _):
         try:
@@ -104,7 +104,7 @@ def bench_stream_cmd(obj: Context, worker_counts: str, gpus: int, samples_per_ba
     Example:
       gpuaware bench stream --workers 1,2 --gpus 1024 --json
     """
-    from bench.stream_bench import run_bench
+    from gpuaware.bench.stream_bench import run_bench
 
     counts = _int_list(worker_counts, 1, "--workers", "1,2")
     with _broker(obj, session_timeout_ms=2000) as (kafka, _):
@@ -177,15 +177,15 @@ def bench_scheduler_cmd(obj: Context, kube: str, node_csv: str, pod_csv: str, bu
         if node_count is not None:
             raise click.BadParameter("only on the real control plane (the fake one runs every node)",
                                      param_hint="--node-count")
-        from bench.scheduler_bench import run_bench
+        from gpuaware.bench.scheduler_bench import run_bench
 
         with _broker(obj, session_timeout_ms=2000) as (kafka, _):
             result = run_bench(kafka, node_csv, pod_csv, burst, rate, seconds, seed,
                                progress=progress_to_stderr("bench scheduler"))
         echo_figures(result, as_json, 28)
         return
-    from bench.kube_bench import MODES, OPT_IN_MODES, run_kube_bench
-    from bench.kube_dra_bench import DRA_MODES, DRA_OPT_IN_MODES, run_dra_bench
+    from gpuaware.bench.kube_bench import MODES, OPT_IN_MODES, run_kube_bench
+    from gpuaware.bench.kube_dra_bench import DRA_MODES, DRA_OPT_IN_MODES, run_dra_bench
     from gpuaware.local.kube_control_plane import BinariesMissing, find_binaries
 
     known = DRA_MODES if dra else MODES
@@ -240,7 +240,7 @@ def bench_pipeline_cmd(obj: Context, sizes: str, worker_counts: str, seconds: fl
     Example:
       gpuaware bench pipeline --sizes 4096,50000 --workers 1 --seconds 30 --json
     """
-    from bench.pipeline_bench import run_pipeline_bench
+    from gpuaware.bench.pipeline_bench import run_pipeline_bench
 
     fleet = _int_list(sizes, 8, "--sizes", "4096,50000")
     counts = tuple(_int_list(worker_counts, 1, "--workers", "1,2"))
@@ -274,7 +274,7 @@ def bench_scheduler_scale_cmd(sizes: str, seconds: float, states_per_gpu_s: floa
     Example:
       gpuaware bench scheduler-scale --sizes 4096,50000 --seconds 20 --json
     """
-    from bench.scheduler_scale import run_scale_bench
+    from gpuaware.bench.scheduler_scale import run_scale_bench
 
     if not Path(pod_csv).exists():
         raise click.BadParameter(f"{pod_csv} does not exist", param_hint="--pods")
@@ -295,7 +295,7 @@ def _pipeline_broker(obj: Context, broker: str) -> Iterator[tuple[KafkaSettings,
     import asyncio
 
     from gpuaware.local.apache_kafka import ApacheKafka, available
-    from plumbing.kafka_admin import ensure_topics
+    from gpuaware.plumbing.kafka_admin import ensure_topics
 
     missing = available()
     if missing:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from gpuaware.config import ConfigError, GpuawareConfig, load_config
-from plumbing import observability
+from gpuaware.plumbing import observability
 
 # Where the openb traces live, relative to a checkout (the simulator's and the scheduler bench's defaults).
 OPENB = "../shared/traces/alibaba-openb"

@@ -15,7 +15,8 @@ log = logging.getLogger("gpuaware")
 @click.command()
 @click.option("--collector", type=click.Choice(["nvml", "sim"]), default=None,
               help="nvml: the GPUs of this node (default); sim: simulated GPUs replaying the GenTD26 traces.")
-@click.option("--scenario", default=None, help="sim: scenario name (agent/scenarios) or YAML file (default baseline).")
+@click.option("--scenario", default=None,
+              help="sim: scenario name (gpuaware/agent/scenarios) or YAML file (default baseline).")
 @click.option("--nodes", "sim_nodes", type=int, default=None, help="sim: number of simulated nodes.")
 @click.option("--gpus-per-node", "sim_gpus", type=int, default=None, help="sim: GPUs per simulated node.")
 @click.option("--node-name", default=None, help="Node name (default: NODE_NAME env, then the hostname).")
@@ -39,8 +40,8 @@ def agent(obj: Context, collector: str | None, scenario: str | None, sim_nodes: 
     Example:
       gpuaware agent --collector sim --scenario xid --metrics-port 0 --duration 30
     """
-    from agent.main import serve_agent
-    from agent.sampling import PolicyError
+    from gpuaware.agent.main import serve_agent
+    from gpuaware.agent.sampling import PolicyError
 
     cfg = obj.config(**{"agent.collector": collector, "agent.scenario": scenario, "agent.sim_nodes": sim_nodes,
                         "agent.sim_gpus_per_node": sim_gpus, "agent.node_name": node_name,
@@ -74,7 +75,7 @@ def stream(obj: Context, metrics_port: int | None, app_id: str | None, data_dir:
     Example:
       gpuaware --bootstrap-servers 127.0.0.1:9092 stream --app-id gpuaware-stream --metrics-port 9401
     """
-    from stream.main import run_worker
+    from gpuaware.stream.main import run_worker
 
     cfg = obj.config(**{"metrics.port": metrics_port, "stream.app_id": app_id, "stream.data_dir": data_dir})
     setup("stream", cfg)
@@ -114,7 +115,7 @@ def scheduler_cmd(obj: Context, name: str | None, policy: str | None, extender_p
     Example:
       gpuaware scheduler --api-server http://127.0.0.1:8001 --policy gpuaware --leader-elect
     """
-    from scheduler.main import run_scheduler
+    from gpuaware.scheduler.main import run_scheduler
 
     cfg = obj.config(**{"scheduler.name": name, "scheduler.policy": policy, "scheduler.extender_port": extender_port,
                         "scheduler.leader_elect": leader_elect, "scheduler.lease_namespace": lease_namespace,

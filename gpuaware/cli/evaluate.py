@@ -22,7 +22,7 @@ def eval_group() -> None:
 @eval_group.command("sampling")
 @click.option("--scenario", "scenarios", multiple=True,
               help="Scenario name, YAML or folder of YAMLs, e.g. 'unseen' for the held-out set (repeatable; "
-                   "default: every library scenario in agent/scenarios).")
+                   "default: every library scenario in gpuaware/agent/scenarios).")
 @click.option("--policy", "policy_path", default=None, help="Sampling policy YAML to evaluate (default policy).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def eval_sampling(scenarios: tuple[str, ...], policy_path: str | None, as_json: bool) -> None:
@@ -36,8 +36,8 @@ def eval_sampling(scenarios: tuple[str, ...], policy_path: str | None, as_json: 
       gpuaware eval sampling --scenario ecc --scenario stuck-dead --json
       gpuaware eval sampling --scenario unseen --json
     """
-    from agent.evaluation import evaluate_scenarios
-    from agent.sampling import PolicyError
+    from gpuaware.agent.evaluation import evaluate_scenarios
+    from gpuaware.agent.sampling import PolicyError
 
     try:
         result = evaluate_scenarios(list(scenarios), policy_path)
@@ -71,7 +71,7 @@ def eval_forecast(series_path: str, horizon: int, max_value: float | None, limit
     Example:
       gpuaware eval forecast --series ../shared/traces/alibaba-gentd26/pod_gpu_duty_cycle_anon.csv.gz --json
     """
-    from bench.forecast_eval import evaluate_forecast
+    from gpuaware.bench.forecast_eval import evaluate_forecast
 
     if horizon < 1:
         click.echo("gpuaware eval forecast: --horizon must be at least 1", err=True)

@@ -10,7 +10,7 @@ import click
 
 from gpuaware.cli.common import Context, setup, stop_signals
 from gpuaware.local.broker import BrokerError, LocalBroker, serve_broker
-from plumbing import observability
+from gpuaware.plumbing import observability
 
 log = logging.getLogger("gpuaware")
 
@@ -60,7 +60,7 @@ def _announce(local: LocalBroker) -> None:
 @click.option("--port", type=int, default=None, help="Broker port (default 9092; 0 picks a free one).")
 @click.option("--durable", is_flag=True, help="Keep the broker's log in a local S3 store (SeaweedFS).")
 @click.option("--scenario", default="demo", show_default=True,
-              help="Simulated cluster and its faults: a name from agent/scenarios or a YAML file.")
+              help="Simulated cluster and its faults: a name from gpuaware/agent/scenarios or a YAML file.")
 @click.option("--stream-workers", type=click.IntRange(1, 8), default=1, show_default=True,
               help="Faust stream worker processes.")
 @click.option("--prometheus/--no-prometheus", default=None,

@@ -50,8 +50,8 @@ def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str
     if ablation:
         _ablation(experiment, nodes_csv, pods_csv, seed_list, seeds, out_dir, workers)
         return
-    from scheduler.sim.experiments import resolve_policies, resolve_seeds, run_simulation
-    from scheduler.sim.openb import TraceError
+    from gpuaware.scheduler.sim.experiments import resolve_policies, resolve_seeds, run_simulation
+    from gpuaware.scheduler.sim.openb import TraceError
 
     try:
         names = resolve_policies(list(policies))
@@ -76,9 +76,9 @@ def _ablation(experiment: str, nodes_csv: str, pods_csv: str, seed_list: tuple[i
     from pathlib import Path
 
     from gpuaware.cli.stream_sim import make_stream
-    from scheduler.sim.ablation import run_ablation, runs
-    from scheduler.sim.experiments import resolve_seeds
-    from scheduler.sim.openb import TraceError, load_nodes, load_pods
+    from gpuaware.scheduler.sim.ablation import run_ablation, runs
+    from gpuaware.scheduler.sim.experiments import resolve_seeds
+    from gpuaware.scheduler.sim.openb import TraceError, load_nodes, load_pods
 
     if experiment != "dynamic":
         click.echo("gpuaware simulate: --ablation stream needs --experiment dynamic", err=True)

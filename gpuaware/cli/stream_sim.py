@@ -4,7 +4,7 @@ layer imports neither ``stream`` nor ``agent``)."""
 
 from __future__ import annotations
 
-from scheduler.sim.stream_model import StreamConfig, StreamModel
+from gpuaware.scheduler.sim.stream_model import StreamConfig, StreamModel
 
 # openb GPU models -> the agent's physical models (the agent has no P100, A10 or the undisclosed G1-G3:
 # the closest board of the same class).
@@ -12,7 +12,7 @@ AGENT_MODEL = {"T4": "T4", "A10": "L4", "P100": "V100", "V100M16": "V100", "V100
 
 
 def physics(model: str, util: float, temp_c: float, dt_s: float) -> tuple[float, float, float]:
-    from agent.collectors.sim import MODELS, physical_step
+    from gpuaware.agent.collectors.sim import MODELS, physical_step
 
     spec = MODELS[AGENT_MODEL.get(model, "V100")]
     power, temp = physical_step(spec, util, temp_c, dt_s)
@@ -20,20 +20,20 @@ def physics(model: str, util: float, temp_c: float, dt_s: float) -> tuple[float,
 
 
 def forecaster(horizon: int, upper: float | None):
-    from stream.forecast import ExpertForecaster
+    from gpuaware.stream.forecast import ExpertForecaster
 
     return ExpertForecaster(horizon=horizon, upper_bound=upper)
 
 
 def fingerprinter():
-    from stream.fingerprint import WorkloadFingerprint
+    from gpuaware.stream.fingerprint import WorkloadFingerprint
 
     return WorkloadFingerprint()
 
 
 def make_stream(parts: frozenset[str]) -> StreamModel:
-    from agent.traces import gentd26
-    from scheduler.sim.dynamic import gavel_table
+    from gpuaware.agent.traces import gentd26
+    from gpuaware.scheduler.sim.dynamic import gavel_table
 
     util, mem = gentd26()
     series = [(util[p], mem[p]) for p in sorted(set(util) & set(mem))]

@@ -42,8 +42,8 @@ from typing import Any, TypeVar
 
 from gpuaware.local.processes import ChildProcess, free_port, port_in_use, tail, wait_port_closed
 from gpuaware.local.realparts import VERSIONS_ENV, cache_dir, pinned_versions
-from plumbing import kafka_admin
-from plumbing.kafka_settings import KafkaSettings
+from gpuaware.plumbing import kafka_admin
+from gpuaware.plumbing.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuaware.local.processes import ChildProcess, free_port, port_in_use, wait_port_closed
-from plumbing import kafka_admin as admin
-from plumbing.kafka_settings import KafkaSettings
+from gpuaware.plumbing import kafka_admin as admin
+from gpuaware.plumbing.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpuaware.local.processes import ChildProcess, free_port
 
-RULES = Path(str(importlib.resources.files("dashboards").joinpath("prometheus", "rules.yml")))
+RULES = Path(str(importlib.resources.files("gpuaware.dashboards").joinpath("prometheus", "rules.yml")))
 
 
 def available() -> bool:

@@ -4,7 +4,7 @@ condition by resetting those GPUs, as NVSentinel's fault remediation or an opera
 The scheduler hands a reset off (it has no hands on the GPU, docs/health.md "The remediation chain"); here
 the simulator does it: the reset ends the faults a reset clears. Like NVML, the simulated GPU does not tell
 the agent; the tool stamps the reset in the node's ``gpuaware.io/gpu-resets`` annotation, as a site's reset
-job must, and the agent reads it there (agent/cordons.py) and judges the GPU afresh, so the chain can run
+job must, and the agent reads it there (gpuaware/agent/cordons.py) and judges the GPU afresh, so the chain can run
 on to validation and return to service. Only resets: a reboot or a service request is left
 waiting, as it would be for a person. Each request is answered once, until the condition clears.
 """
@@ -16,11 +16,11 @@ import contextlib
 import logging
 import time
 
-from agent.collectors.sim import SimCluster
-from contract import annotations
-from contract.events import HealthAction
+from gpuaware.agent.collectors.sim import SimCluster
+from gpuaware.contract import annotations
+from gpuaware.contract.events import HealthAction
 from gpuaware.local.kube_cluster import LocalCluster
-from scheduler.kube import node_conditions
+from gpuaware.scheduler.kube import node_conditions
 
 log = logging.getLogger(__name__)
 

@@ -21,14 +21,14 @@ from pathlib import Path
 
 from rich.live import Live
 
-from agent.collectors.sim import SCENARIO_DIR, SimCluster, load_scenario
-from agent.cordons import CordonWatcher
-from agent.main import serve_metrics
-from agent.runtime import AgentRuntime
-from agent.sampling import SamplingPolicy
-from agent.verdict import ACTION_RANK, VERDICT_RANK
-from contract import topics
-from contract.events import (
+from gpuaware.agent.collectors.sim import SCENARIO_DIR, SimCluster, load_scenario
+from gpuaware.agent.cordons import CordonWatcher
+from gpuaware.agent.main import serve_metrics
+from gpuaware.agent.runtime import AgentRuntime
+from gpuaware.agent.sampling import SamplingPolicy
+from gpuaware.agent.verdict import ACTION_RANK, VERDICT_RANK
+from gpuaware.contract import topics
+from gpuaware.contract.events import (
     ClusterForecast,
     DecodeError,
     GpuEvent,
@@ -45,9 +45,9 @@ from gpuaware.local.reset_tool import ResetTool
 from gpuaware.local.stack_scheduler import StackScheduler
 from gpuaware.local.stream_workers import StreamWorkerProcess
 from gpuaware.local.view import StackView, logs_above
-from plumbing import traces
-from plumbing.kafka_settings import KafkaSettings
-from plumbing.kube.api import KubeApi, connect
+from gpuaware.plumbing import traces
+from gpuaware.plumbing.kafka_settings import KafkaSettings
+from gpuaware.plumbing.kube.api import KubeApi, connect
 
 
 @dataclass

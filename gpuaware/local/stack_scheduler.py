@@ -1,7 +1,7 @@
 """The scheduler in `gpuaware up`: the simulated nodes as a Kubernetes cluster, openb pods, tenants.
 
 Production code, local parts: the scheduler is wired as ``gpuaware scheduler`` wires it
-(``scheduler.wiring``), reading live GPU state from the broker and publishing its decisions there;
+(``gpuaware.scheduler.wiring``), reading live GPU state from the broker and publishing its decisions there;
 the cluster (``gpuaware.local.kube_cluster``: the real control plane with kwok nodes, or the embedded fake
 API server) holds the scenario's nodes (each labelled with its first GPU's
 model: the simulator mixes models within a node, a real node does not); ``PodLoad`` plays users and
@@ -31,18 +31,18 @@ from typing import Any
 
 import numpy as np
 
-from agent.collectors.sim import MODELS, Scenario
+from gpuaware.agent.collectors.sim import MODELS, Scenario
 from gpuaware.local.fake_apiserver import make_node, make_pod
 from gpuaware.local.kube_cluster import LocalCluster, make_cluster
 from gpuaware.local.processes import free_port
-from plumbing.kafka_settings import KafkaSettings
-from plumbing.traces import traces_dir
-from scheduler.core.queue import jain_index
-from scheduler.kube.objects import level_of
-from scheduler.metrics import PRIORITY_NAMES
-from scheduler.settings import SchedulerSettings
-from scheduler.sim.openb import TracePod, load_pods
-from scheduler.wiring import build_scheduler
+from gpuaware.plumbing.kafka_settings import KafkaSettings
+from gpuaware.plumbing.traces import traces_dir
+from gpuaware.scheduler.core.queue import jain_index
+from gpuaware.scheduler.kube.objects import level_of
+from gpuaware.scheduler.metrics import PRIORITY_NAMES
+from gpuaware.scheduler.settings import SchedulerSettings
+from gpuaware.scheduler.sim.openb import TracePod, load_pods
+from gpuaware.scheduler.wiring import build_scheduler
 
 TENANTS = {"team-a": 4.0, "team-b": 3.0, "team-c": 2.0, "team-d": 1.0}
 QOS_PRIORITY = {"LS": 200_000, "Guaranteed": 5_000, "Burstable": 5_000, "BE": 0}

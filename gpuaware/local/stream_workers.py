@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from gpuaware.local.processes import ChildProcess, free_port
-from plumbing.kafka_settings import KafkaSettings
+from gpuaware.plumbing.kafka_settings import KafkaSettings
 
 
 def worker_env(kafka: KafkaSettings, **stream: object) -> dict[str, str]:

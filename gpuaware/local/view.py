@@ -23,10 +23,10 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from contract import topics
+from gpuaware.contract import topics
 
 if TYPE_CHECKING:
-    from agent.runtime import AgentRuntime
+    from gpuaware.agent.runtime import AgentRuntime
     from gpuaware.local.stack import StackState
     from gpuaware.local.stack_scheduler import StackScheduler
 

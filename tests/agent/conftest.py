@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from agent import publisher as publisher_module
+from gpuaware.agent import publisher as publisher_module
 
 
 class FakeProducer:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.collectors.sim import SimCluster, load_scenario
-from agent.core import AgentCore
-from agent.exporter import AgentCollector, AgentStats, render
-from agent.sampling import SamplingPolicy
+from gpuaware.agent.collectors.sim import SimCluster, load_scenario
+from gpuaware.agent.core import AgentCore
+from gpuaware.agent.exporter import AgentCollector, AgentStats, render
+from gpuaware.agent.sampling import SamplingPolicy
 
 LEGACY_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.anomaly import HalfSpaceTrees
+from gpuaware.agent.anomaly import HalfSpaceTrees
 
 
 def test_half_space_trees_score_outliers_above_inliers():

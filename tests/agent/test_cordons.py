@@ -10,16 +10,16 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.collectors.sim import SimCluster, load_scenario
-from agent.cordons import CordonWatcher
-from agent.core import AgentCore
-from agent.exporter import AgentCollector, AgentStats
-from agent.readings import XidEvent
-from agent.sampling import SamplingPolicy
-from contract import annotations
-from contract.events import HealthAction, HealthVerdict
+from gpuaware.agent.collectors.sim import SimCluster, load_scenario
+from gpuaware.agent.cordons import CordonWatcher
+from gpuaware.agent.core import AgentCore
+from gpuaware.agent.exporter import AgentCollector, AgentStats
+from gpuaware.agent.readings import XidEvent
+from gpuaware.agent.sampling import SamplingPolicy
+from gpuaware.contract import annotations
+from gpuaware.contract.events import HealthAction, HealthVerdict
 from gpuaware.local.fake_apiserver import make_node
-from plumbing.kube.api import MERGE_PATCH, KubeApi, connect
+from gpuaware.plumbing.kube.api import MERGE_PATCH, KubeApi, connect
 
 
 def _core() -> tuple[AgentCore, list[float]]:
@@ -101,8 +101,8 @@ def test_no_api_means_no_watcher(monkeypatch, tmp_path):
 def test_power_caps_the_gpus_accepted_are_acknowledged_on_the_node(kube):
     """Issue 17 item 11: a cap is acknowledged on the Node (its agent's only write, held to that node by the
     admission policy tested in tests/deploy/test_rbac.py), and the acknowledgement follows a lift."""
-    from agent.runtime import AgentRuntime
-    from contract.events import AgentControl, ControlKind
+    from gpuaware.agent.runtime import AgentRuntime
+    from gpuaware.contract.events import AgentControl, ControlKind
 
     cores, _ = _core()
     stats = AgentStats()
@@ -188,7 +188,7 @@ def test_a_gpu_reset_stamped_on_the_node_is_judged_afresh_and_a_gpu_not_reset_ke
 def test_the_pods_holding_each_gpu_are_published_on_the_node_only_when_they_change(kube, tmp_path):
     """Issue 19: the scheduler cannot see which GPU another scheduler's pod holds; the agent publishes its
     PodResources view on its own Node (the admission policy allows that key, tests/deploy/test_rbac.py)."""
-    from agent.podresources import PodResourcesWatcher
+    from gpuaware.agent.podresources import PodResourcesWatcher
 
     cores, _ = _core()
     kube.create("nodes", make_node(cores[0].node, gpus=4))

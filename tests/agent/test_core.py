@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agent.core import AgentCore, BatchBuilder
-from agent.sampling import SamplingPolicy
-from contract import events
+from gpuaware.agent.core import AgentCore, BatchBuilder
+from gpuaware.agent.sampling import SamplingPolicy
+from gpuaware.contract import events
 from tests.support import sim_cluster
 
 

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from agent.core import AgentCore
-from agent.sampling import SamplingPolicy
-from contract.dcgm import FAMILIES, GPM_ONLY
+from gpuaware.agent.core import AgentCore
+from gpuaware.agent.sampling import SamplingPolicy
+from gpuaware.contract.dcgm import FAMILIES, GPM_ONLY
 from tests.agent.metrics_support import families as _families
 from tests.agent.metrics_support import metrics_text as _text
 from tests.agent.metrics_support import ticked_core as _core

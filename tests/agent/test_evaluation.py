@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.collectors.sim import load_scenario, scenario_library
-from agent.evaluation import EXPECTED, run_scenario
+from gpuaware.agent.collectors.sim import load_scenario, scenario_library
+from gpuaware.agent.evaluation import EXPECTED, run_scenario
 
 
 @pytest.mark.parametrize("path", [p for p in scenario_library() if load_scenario(p).faults], ids=lambda p: p.stem)

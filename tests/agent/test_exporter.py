@@ -7,9 +7,9 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry
 
-from agent.core import AgentCore
-from agent.exporter import AgentCollector, AgentStats, serve
-from agent.sampling import SamplingPolicy
+from gpuaware.agent.core import AgentCore
+from gpuaware.agent.exporter import AgentCollector, AgentStats, serve
+from gpuaware.agent.sampling import SamplingPolicy
 from gpuaware.local.processes import free_port
 from tests.agent.metrics_support import LEGACY_LABELS
 from tests.agent.metrics_support import families as _families

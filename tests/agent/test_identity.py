@@ -1,16 +1,16 @@
-"""The agent's node token (agent.identity): read from the projected volume, re-read when the kubelet rotates
+"""The agent's node token (gpuaware.agent.identity): read from the projected volume, re-read when the kubelet rotates
 it, and attached when a record is sent, never spooled."""
 
 from __future__ import annotations
 
 import os
 
-from agent.exporter import AgentStats
-from agent.identity import NodeToken
-from agent.publisher import Publisher
-from agent.spool import DiskSpool
-from contract.identity import NODE_TOKEN_HEADER
-from plumbing.kafka_settings import KafkaSettings
+from gpuaware.agent.exporter import AgentStats
+from gpuaware.agent.identity import NodeToken
+from gpuaware.agent.publisher import Publisher
+from gpuaware.agent.spool import DiskSpool
+from gpuaware.contract.identity import NODE_TOKEN_HEADER
+from gpuaware.plumbing.kafka_settings import KafkaSettings
 
 
 def test_the_token_file_is_reread_when_rotated_and_absent_means_no_header(tmp_path):

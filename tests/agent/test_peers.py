@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agent.anomaly import EccRate, TelemetryCollapse
-from agent.collectors.sim import SimCluster
-from agent.core import AgentCore
-from agent.peers import NodePeers
-from agent.sampling import SamplingPolicy
+from gpuaware.agent.anomaly import EccRate, TelemetryCollapse
+from gpuaware.agent.collectors.sim import SimCluster
+from gpuaware.agent.core import AgentCore
+from gpuaware.agent.peers import NodePeers
+from gpuaware.agent.sampling import SamplingPolicy
 from tests.support import reading, sim_cluster
 
 

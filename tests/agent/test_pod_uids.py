@@ -8,12 +8,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from agent.main import follow_pod_uids
-from agent.pod_uids import PodUids
-from agent.podresources import PodRef, PodResourcesWatcher
-from agent.settings import AgentSettings
+from gpuaware.agent.main import follow_pod_uids
+from gpuaware.agent.pod_uids import PodUids
+from gpuaware.agent.podresources import PodRef, PodResourcesWatcher
+from gpuaware.agent.settings import AgentSettings
 from gpuaware.local.fake_apiserver import make_pod
-from plumbing.kube.api import KubeApi
+from gpuaware.plumbing.kube.api import KubeApi
 
 
 def _pod(name: str, uid: str, ns: str = "ml") -> dict:
@@ -81,7 +81,7 @@ def test_the_informer_follows_only_the_pods_of_its_node(kube):
 
 
 def test_the_agent_follows_pod_uids_only_when_asked_and_only_for_the_kubelets_pods(kube, monkeypatch):
-    from agent.collectors.sim import SimCluster, load_scenario
+    from gpuaware.agent.collectors.sim import SimCluster, load_scenario
 
     watcher = PodResourcesWatcher(socket_path="/nonexistent")
     monkeypatch.setenv("KUBECONFIG", str(kube.cp.kubeconfig))  # an agent beside the cluster: its kubeconfig

@@ -10,10 +10,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.collectors.sim import SimCluster, load_scenario
-from agent.core import AgentCore
-from agent.exporter import AgentCollector, AgentStats, render
-from agent.podresources import (
+from gpuaware.agent.collectors.sim import SimCluster, load_scenario
+from gpuaware.agent.core import AgentCore
+from gpuaware.agent.exporter import AgentCollector, AgentStats, render
+from gpuaware.agent.podresources import (
     LIST_METHOD,
     PodRef,
     PodResourcesWatcher,
@@ -22,7 +22,7 @@ from agent.podresources import (
     pod_uid_from_cgroup,
     pod_uid_of_pid,
 )
-from agent.sampling import SamplingPolicy
+from gpuaware.agent.sampling import SamplingPolicy
 
 
 def _varint(n: int) -> bytes:

@@ -13,9 +13,9 @@ import threading
 
 import pytest
 
-from agent import power_capper as pc
-from agent.collectors import nvml as nvml_module
-from agent.collectors.capper_client import CapperClient
+from gpuaware.agent import power_capper as pc
+from gpuaware.agent.collectors import nvml as nvml_module
+from gpuaware.agent.collectors.capper_client import CapperClient
 from tests.agent.collectors.test_nvml import FakeNvml, pynvml
 
 FULL, PARTIAL = "GPU-fake-0", "GPU-fake-1"  # GPU 1 of the fake has no power management
@@ -150,10 +150,10 @@ def test_caps_from_the_control_topic_go_through_the_capper_and_only_accepted_one
         fake, capper, tmp_path):
     """The acknowledgement path is unchanged: the runtime records (for ``gpuaware.io/power-caps-applied``)
     the caps the capper set, never one it refused, and forgets a lifted one."""
-    from agent.runtime import AgentRuntime
-    from agent.sampling import SamplingPolicy
-    from contract.events import AgentControl, ControlKind
-    from plumbing.kafka_settings import KafkaSettings
+    from gpuaware.agent.runtime import AgentRuntime
+    from gpuaware.agent.sampling import SamplingPolicy
+    from gpuaware.contract.events import AgentControl, ControlKind
+    from gpuaware.plumbing.kafka_settings import KafkaSettings
 
     path, _ = capper
     collector = nvml_module.NvmlCollector("node-a", capper=CapperClient(path))

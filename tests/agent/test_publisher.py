@@ -6,10 +6,10 @@ import asyncio
 
 from aiokafka.errors import TopicAuthorizationFailedError
 
-from agent.exporter import AgentStats
-from agent.publisher import Publisher
-from agent.spool import DiskSpool
-from plumbing.kafka_settings import KafkaSettings
+from gpuaware.agent.exporter import AgentStats
+from gpuaware.agent.publisher import Publisher
+from gpuaware.agent.spool import DiskSpool
+from gpuaware.plumbing.kafka_settings import KafkaSettings
 from tests.agent.conftest import wait_until
 
 

@@ -9,16 +9,16 @@ import pytest
 from kubernetes import config
 from pydantic import ValidationError
 
-from agent.collectors.sim import SimCluster, load_scenario
-from agent.core import AgentCore
-from agent.main import publish_slices
-from agent.readings import GpuDevice
-from agent.resource_slices import node_gpus, nvlink_islands, pci_bus_id, publish_until_done
-from agent.sampling import SamplingPolicy
-from agent.settings import AgentSettings
-from contract import dra
+from gpuaware.agent.collectors.sim import SimCluster, load_scenario
+from gpuaware.agent.core import AgentCore
+from gpuaware.agent.main import publish_slices
+from gpuaware.agent.readings import GpuDevice
+from gpuaware.agent.resource_slices import node_gpus, nvlink_islands, pci_bus_id, publish_until_done
+from gpuaware.agent.sampling import SamplingPolicy
+from gpuaware.agent.settings import AgentSettings
+from gpuaware.contract import dra
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
-from plumbing.kube.resource_slices import SlicePublisher
+from gpuaware.plumbing.kube.resource_slices import SlicePublisher
 from tests.support import need
 
 

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 import yaml
 from aiokafka.structs import TopicPartition
 
-from agent import runtime as runtime_module
-from agent.collectors.sim import Scenario, SimCluster
-from agent.runtime import AgentRuntime
-from agent.sampling import SamplingPolicy
-from contract import events
-from contract.events import AgentControl, ControlKind
-from plumbing.kafka_settings import KafkaSettings
+from gpuaware.agent import runtime as runtime_module
+from gpuaware.agent.collectors.sim import Scenario, SimCluster
+from gpuaware.agent.runtime import AgentRuntime
+from gpuaware.agent.sampling import SamplingPolicy
+from gpuaware.contract import events
+from gpuaware.contract.events import AgentControl, ControlKind
+from gpuaware.plumbing.kafka_settings import KafkaSettings
 from tests.agent.conftest import wait_until
 
 

@@ -8,7 +8,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.sampling import AdaptiveSampler, PolicyError, SamplingPolicy, load_policy, parse_policy
+from gpuaware.agent.sampling import AdaptiveSampler, PolicyError, SamplingPolicy, load_policy, parse_policy
 from tests.support import FUZZ, json_values, printable_text, reading
 
 

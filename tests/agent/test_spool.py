@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from agent import spool as spool_module
-from agent.spool import DiskSpool, SpoolRecord
+from gpuaware.agent import spool as spool_module
+from gpuaware.agent.spool import DiskSpool, SpoolRecord
 
 
 def _fill(spool: DiskSpool, n: int, start: int = 0, size: int = 60) -> None:

@@ -7,7 +7,7 @@ import gzip
 import numpy as np
 import pytest
 
-from agent.traces import load_series
+from gpuaware.agent.traces import load_series
 
 
 def test_series_are_per_pod_ordered_by_time_then_value(tmp_path):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from agent.core import AgentCore
-from agent.readings import XidEvent
-from agent.sampling import SamplingPolicy
-from agent.verdict import HOUR, IMPROVE_AFTER_S, NodeVerdicts
-from contract.events import EventKind, HealthAction, HealthBand, HealthVerdict
-from stream.processor import StreamProcessor
+from gpuaware.agent.core import AgentCore
+from gpuaware.agent.readings import XidEvent
+from gpuaware.agent.sampling import SamplingPolicy
+from gpuaware.agent.verdict import HOUR, IMPROVE_AFTER_S, NodeVerdicts
+from gpuaware.contract.events import EventKind, HealthAction, HealthBand, HealthVerdict
+from gpuaware.stream.processor import StreamProcessor
 from tests.support import sim_cluster, telemetry_batch
 
 V, A = HealthVerdict, HealthAction

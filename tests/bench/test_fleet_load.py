@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.fleet_load import GPUS_PER_NODE, TICKS_PER_S, Fleet, build_template, gpu_uuid, node_name
-from contract import topics
-from contract.events import GpuEvent, TelemetryBatch, decode, encode
+from gpuaware.bench.fleet_load import GPUS_PER_NODE, TICKS_PER_S, Fleet, build_template, gpu_uuid, node_name
+from gpuaware.contract import topics
+from gpuaware.contract.events import GpuEvent, TelemetryBatch, decode, encode
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_the_fleet_publishes_what_its_template_does_per_gpu(template):
 
 
 def test_shards_split_the_nodes():
-    from bench.fleet_load import Template
+    from gpuaware.bench.fleet_load import Template
 
     t = Template(nodes=1, loop_s=5, gpus=[{}], batches=[])
     parts = [Fleet(t, 80, "fl", k, 3).nodes for k in range(3)]

@@ -2,8 +2,8 @@
 
 import time
 
-from bench.kube_ceiling import SCHEDULER_NAME, CeilingBinder, _gpus
-from plumbing.kube.api import KubeApi
+from gpuaware.bench.kube_ceiling import SCHEDULER_NAME, CeilingBinder, _gpus
+from gpuaware.plumbing.kube.api import KubeApi
 from tests.real_kube import api_client
 
 
@@ -51,8 +51,8 @@ def test_the_ceiling_binds_its_pods_round_robin_within_gpu_counts_and_leaves_the
 def test_the_dra_ceiling_counts_a_pod_whose_claim_is_not_there_as_failed_and_binds_nothing():
     from types import SimpleNamespace
 
-    from bench.kube_ceiling import DraCeilingBinder
-    from contract import dra
+    from gpuaware.bench.kube_ceiling import DraCeilingBinder
+    from gpuaware.contract import dra
 
     lister = SimpleNamespace(list_pod_for_all_namespaces=None, list_resource_claim_for_all_namespaces=None)
     api = SimpleNamespace(core=lister, resource=lister)

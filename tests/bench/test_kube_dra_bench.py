@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from bench.kube_dra_bench import (
+from gpuaware.bench.kube_dra_bench import (
     DRA_MODES,
     DRA_OPT_IN_MODES,
     allocation_account,

@@ -1,11 +1,11 @@
-"""bench/ledger_cost.py: the ledger built from the kept sums is the one charging every running pod gives."""
+"""gpuaware/bench/ledger_cost.py: the ledger built from the kept sums is the one charging every running pod gives."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-from bench import ledger_cost
+from gpuaware.bench import ledger_cost
 
 
 def test_the_ledger_from_sums_agrees_with_charging_every_running_pod(monkeypatch, capsys):

@@ -1,4 +1,5 @@
-"""``bench/nvml_pipeline_check.py``, the end-to-end check run on a GPU machine, exercised here on the sim collector:
+"""``gpuaware/bench/nvml_pipeline_check.py``, the end-to-end check run on a GPU machine, exercised here on the sim
+collector:
 the agent process publishes, every record read back decodes, and the DCGM families are scraped."""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.broker
 def test_the_check_reads_back_what_the_agent_process_published():
-    done = subprocess.run([sys.executable, "bench/nvml_pipeline_check.py", "--collector", "sim", "--seconds", "8"],
+    check = [sys.executable, "-m", "gpuaware.bench.nvml_pipeline_check", "--collector", "sim", "--seconds", "8"]
+    done = subprocess.run(check,
                           cwd=ROOT, capture_output=True, text=True, timeout=180,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

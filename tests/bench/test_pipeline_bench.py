@@ -1,4 +1,4 @@
-from bench.pipeline_bench import lag_growing
+from gpuaware.bench.pipeline_bench import lag_growing
 
 
 def test_a_worker_that_starts_the_window_far_behind_and_falls_further_is_growing() -> None:
@@ -28,7 +28,7 @@ def test_too_few_samples_to_tell_are_not_growing() -> None:
 def test_the_window_waits_for_the_meeting_backlog_to_be_worked_off_and_says_when_it_was_not(monkeypatch) -> None:
     import asyncio
 
-    from bench import pipeline_bench
+    from gpuaware.bench import pipeline_bench
 
     lags = iter([40_000.0, None, 9_000.0, 800.0, 10.0])
     monkeypatch.setattr(pipeline_bench, "_lag", lambda procs: next(lags))

@@ -1,4 +1,4 @@
-"""bench/publish_latency.py: samples are timed to the first state carrying them, by kind of state, under either
+"""gpuaware/bench/publish_latency.py: samples are timed to the first state carrying them, by kind of state, under either
 publishing policy."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench import publish_latency
+from gpuaware.bench import publish_latency
 
 
 @pytest.mark.parametrize(("flags", "latest_s"), [([], 6), (["--on-change"], 35)])

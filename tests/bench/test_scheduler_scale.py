@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.scheduler_scale import run_size
+from gpuaware.bench.scheduler_scale import run_size
 from tests.support import OPENB_PODS
 
 KEYS = {"gpus", "nodes", "gpus_in_view", "cycle_p50_ms", "cycle_p99_ms", "cycle_cpu_p50_ms", "cycle_cpu_p99_ms",

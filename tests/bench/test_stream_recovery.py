@@ -1,4 +1,4 @@
-"""bench/stream_recovery.py end to end at a tiny size: it ran against stream_bench's three-value
+"""gpuaware/bench/stream_recovery.py end to end at a tiny size: it ran against stream_bench's three-value
 ``_wait_applied`` with two names and failed before measuring anything."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from bench.stream_recovery import run_store
+from gpuaware.bench.stream_recovery import run_store
 
 pytestmark = pytest.mark.timeout(300)
 

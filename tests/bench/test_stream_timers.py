@@ -1,11 +1,11 @@
-"""bench/stream_timers.py: the three timers are timed over a small fleet."""
+"""gpuaware/bench/stream_timers.py: the three timers are timed over a small fleet."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-from bench import stream_timers
+from gpuaware.bench import stream_timers
 
 
 def test_the_timers_are_timed_and_printed(monkeypatch, capsys):

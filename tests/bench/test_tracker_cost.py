@@ -1,11 +1,11 @@
-"""bench/tracker_cost.py: GPUs built with a full history hold every horizon's forecasts and are measured."""
+"""gpuaware/bench/tracker_cost.py: GPUs built with a full history hold every horizon's forecasts and are measured."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-from bench import tracker_cost
+from gpuaware.bench import tracker_cost
 
 
 def test_built_gpus_forecast_every_horizon_and_the_figures_are_printed(monkeypatch, capsys):

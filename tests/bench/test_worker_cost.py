@@ -3,8 +3,8 @@ out of takes and heartbeats, and the timers run."""
 
 from __future__ import annotations
 
-from bench.fleet_load import TICKS_PER_S, Fleet, build_template
-from bench.worker_cost import T0_MS, Worker
+from gpuaware.bench.fleet_load import TICKS_PER_S, Fleet, build_template
+from gpuaware.bench.worker_cost import T0_MS, Worker
 
 
 def test_the_harness_applies_what_the_fleet_sends_and_publishes_states() -> None:

@@ -1,11 +1,12 @@
-"""The node annotation of which pods hold which GPU (contract.annotations.gpu_pods): its round trip, and a clear
+"""The node annotation of which pods hold which GPU (gpuaware.contract.annotations.gpu_pods): its round trip, and a
+clear
 error naming the field and the reason for each malformed value."""
 
 from __future__ import annotations
 
 import pytest
 
-from contract import annotations
+from gpuaware.contract import annotations
 
 
 def _node(value: str) -> dict:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from contract.dcgm import FAMILIES, family_name, translate
 from gpuaware.config import ConfigError, load_config
+from gpuaware.contract.dcgm import FAMILIES, family_name, translate
 
 
 def test_legacy_unprefixed_is_the_identity():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contract.events import DecisionAction, SchedulerDecision, decode, encode, record_type
+from gpuaware.contract.events import DecisionAction, SchedulerDecision, decode, encode, record_type
 
 
 def test_signals_round_trip_and_old_records_decode_with_none():

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contract import dra
+from gpuaware.contract import dra
 from tests.contract.nvidia_slices import a100_static_mig_node, h100_node
 
 A100_PARTS = [dra.MigPartition("1g.10gb", 19, p, 1, 9856 * 2**20, 14) for p in range(7)] + \

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contract import events, topics
-from contract.events import (
+from gpuaware.contract import events, topics
+from gpuaware.contract.events import (
     AgentControl,
     ClusterForecast,
     ControlKind,
@@ -92,7 +92,7 @@ def test_dataclass_fields_mirror_the_newest_schema():
 
 def _schema_files() -> dict[str, dict[int, dict]]:
     out: dict[str, dict[int, dict]] = {}
-    for entry in resources.files("contract").joinpath("schemas").iterdir():
+    for entry in resources.files("gpuaware.contract").joinpath("schemas").iterdir():
         if entry.name.endswith(".avsc"):
             name, version = entry.name[: -len(".avsc")].rsplit(".v", 1)
             out.setdefault(name, {})[int(version)] = json.loads(entry.read_text())
@@ -100,7 +100,7 @@ def _schema_files() -> dict[str, dict[int, dict]]:
 
 
 def test_schema_versions_only_append_optional_fields():
-    """The evolution rule that lets an old reader read a newer record (see contract/events.py)."""
+    """The evolution rule that lets an old reader read a newer record (see gpuaware/contract/events.py)."""
     for name, versions in _schema_files().items():
         ordered = [versions[v] for v in sorted(versions)]
         assert sorted(versions) == list(range(1, len(versions) + 1)), f"{name}: versions must be 1..N"
@@ -241,8 +241,8 @@ def test_the_contract_imports_without_faust():
     import subprocess
     import sys
 
-    code = ("import sys, contract.events, contract.topics, plumbing.kafka_settings, plumbing.kafka_admin, "
-            "plumbing.observability; sys.exit('faust' in sys.modules)")
+    code = ("import sys, gpuaware.contract.events, gpuaware.contract.topics, gpuaware.plumbing.kafka_settings, "
+            "gpuaware.plumbing.kafka_admin, gpuaware.plumbing.observability; sys.exit('faust' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from contract import topics
+from gpuaware.contract import topics
 
 
 def test_every_contract_topic_has_a_dlq_and_names_are_unique():
@@ -28,8 +28,8 @@ COMPACTION_KEYS = ("segment.ms", "min.cleanable.dirty.ratio", "delete.retention.
 
 
 def _compacted() -> list[topics.TopicSpec]:
-    from stream.app import internal_topics
-    from stream.settings import StreamSettings
+    from gpuaware.stream.app import internal_topics
+    from gpuaware.stream.settings import StreamSettings
 
     return [t for t in (*topics.ALL_TOPICS, *internal_topics(StreamSettings())) if t.cleanup_policy == "compact"]
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dashboards.build import rendered
+from gpuaware.dashboards.build import rendered
 
 
 def test_committed_dashboards_are_what_the_code_generates() -> None:
     for path, text in rendered().items():
-        assert path.exists(), f"{path.name} is not committed: run python -m dashboards.build"
-        assert path.read_text() == text, f"{path.name} differs from the code: run python -m dashboards.build"
+        assert path.exists(), f"{path.name} is not committed: run python -m gpuaware.dashboards.build"
+        assert path.read_text() == text, f"{path.name} differs from the code: run python -m gpuaware.dashboards.build"

@@ -7,16 +7,16 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.collectors.sim import SimCluster, load_scenario
-from agent.core import AgentCore
-from agent.exporter import AgentCollector, AgentStats, render
-from agent.sampling import SamplingPolicy
-from contract.events import ModelDemand
-from dashboards.build import rules_for
-from dashboards.definitions import DASHBOARDS, VARIANTS, variant
-from scheduler.metrics import QueueSnapshot, SchedulerCollector, SchedulerStats
-from stream.gpu_state import GpuTracker
-from stream.metrics import StreamCollector, StreamStats
+from gpuaware.agent.collectors.sim import SimCluster, load_scenario
+from gpuaware.agent.core import AgentCore
+from gpuaware.agent.exporter import AgentCollector, AgentStats, render
+from gpuaware.agent.sampling import SamplingPolicy
+from gpuaware.contract.events import ModelDemand
+from gpuaware.dashboards.build import rules_for
+from gpuaware.dashboards.definitions import DASHBOARDS, VARIANTS, variant
+from gpuaware.scheduler.metrics import QueueSnapshot, SchedulerCollector, SchedulerStats
+from gpuaware.stream.gpu_state import GpuTracker
+from gpuaware.stream.metrics import StreamCollector, StreamStats
 from tests.support import prometheus_rules
 
 METRIC = re.compile(r"\b(DCGM_FI_[A-Z_]+|gpuaware_[a-z_]+|gpuaware:[a-z_:0-9]+|up)\b(?!\s*[=!]~?\s*\")")

@@ -1,4 +1,4 @@
-"""deploy/checks.py catches broken manifests and custom resources, naming the problem, and never crashes on any
+"""gpuaware/deploy/checks.py catches broken manifests and custom resources, naming the problem, and never crashes on any
 GPUQueue spec (hypothesis)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deploy import checks as mc
-from deploy.crds import CrdsMissing, third_party_crd_files
+from gpuaware.deploy import checks as mc
+from gpuaware.deploy.crds import CrdsMissing, third_party_crd_files
 from tests.support import FUZZ, REPO, crds_and_examples, json_values, need
 
 if shutil.which("kubectl") is None:

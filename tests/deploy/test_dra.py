@@ -17,11 +17,11 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from contract import dra
-from deploy import checks as mc
-from deploy.crds import CrdsMissing, third_party_crd_files
+from gpuaware.contract import dra
+from gpuaware.deploy import checks as mc
+from gpuaware.deploy.crds import CrdsMissing, third_party_crd_files
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
-from plumbing.kube.resource_slices import NodeGpu, SlicePublisher
+from gpuaware.plumbing.kube.resource_slices import NodeGpu, SlicePublisher
 from tests.contract.nvidia_slices import h100_node
 from tests.support import RBAC_KINDS, REPO, need, overlay_with
 

@@ -8,10 +8,10 @@ import shutil
 import pytest
 import yaml
 
-from contract import topics
-from deploy import checks as mc
-from deploy import manifests
-from deploy.crds import CrdsMissing, third_party_crd_files
+from gpuaware.contract import topics
+from gpuaware.deploy import checks as mc
+from gpuaware.deploy import manifests
+from gpuaware.deploy.crds import CrdsMissing, third_party_crd_files
 from tests.support import OVERLAYS, REPO, crds_and_examples, need, overlay_with
 
 if shutil.which("kubectl") is None:
@@ -129,7 +129,7 @@ def test_power_caps_are_set_by_a_capper_container_and_the_agent_keeps_no_privile
     assert ctx["runAsUser"] == 0 and ctx["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
     assert ctx["allowPrivilegeEscalation"] is False and ctx["readOnlyRootFilesystem"] is True
     assert not ctx.get("privileged")
-    assert capper["command"] == ["python", "-m", "agent.power_capper"]
+    assert capper["command"] == ["python", "-m", "gpuaware.agent.power_capper"]
     args = capper["args"]
     assert args[args.index("--allow-uid") + 1] == str(pod["securityContext"]["runAsUser"])
     sock = args[args.index("--socket") + 1]
@@ -205,12 +205,12 @@ def test_scheduler_rbac_and_extender_config(rendered):
 def test_monitoring_objects_come_from_dashboards(rendered):
     docs = rendered["production"]
     rule = one(docs, "PrometheusRule", "gpuaware")
-    source = yaml.safe_load((REPO / "dashboards" / "prometheus" / "rules.yml").read_text())
+    source = yaml.safe_load((REPO / "gpuaware" / "dashboards" / "prometheus" / "rules.yml").read_text())
     assert rule["spec"]["groups"] == source["groups"]
     dashboards = by_kind(docs, "ConfigMap")
     names = {key for d in dashboards if d["metadata"].get("labels", {}).get("grafana_dashboard") == "1"
              for key in d["data"]}
-    assert names == {p.name for p in (REPO / "dashboards" / "grafana").glob("*.json")}
+    assert names == {p.name for p in (REPO / "gpuaware" / "dashboards" / "grafana").glob("*.json")}
 
 
 def test_examples_validate_against_gpuaware_crds(rendered):

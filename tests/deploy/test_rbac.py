@@ -20,10 +20,10 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from contract import annotations
-from contract.identity import NODE_TOKEN_HEADER, TOKEN_AUDIENCE
+from gpuaware.contract import annotations
+from gpuaware.contract.identity import NODE_TOKEN_HEADER, TOKEN_AUDIENCE
 from gpuaware.local.kube_control_plane import KubeControlPlane
-from plumbing.kube.api import KubeApi, now_rfc3339
+from gpuaware.plumbing.kube.api import KubeApi, now_rfc3339
 from tests.real_kube import api_client
 from tests.support import REPO, overlay_with, shipped_rbac
 
@@ -194,7 +194,7 @@ def test_the_scheduler_may_write_gpu_cordons_and_power_caps_and_nothing_else_on_
 
 def test_the_scheduler_watches_evicts_reports_and_leads_as_its_serviceaccount(cp, scheduler_api):
     core, custom = scheduler_api.core, scheduler_api.custom
-    # Informers: list and watch of pods, nodes and GPUQueues (the specs scheduler.kube.live follows).
+    # Informers: list and watch of pods, nodes and GPUQueues (the specs gpuaware.scheduler.kube.live follows).
     core.list_pod_for_all_namespaces(field_selector="status.phase!=Succeeded,status.phase!=Failed")
     core.list_node()
     # Watches are closed, not released: a watch's unread events left on a pooled connection are read as the
@@ -253,8 +253,8 @@ def test_the_opt_in_pod_uids_component_lets_the_agent_follow_its_nodes_pods(cp, 
     """agent.pod_uids (deploy/components/agent-pod-uids): the base RBAC does not let the agent list
     pods; the component's ClusterRole does, with the informer's spec.nodeName selector, and the agent's
     informer fills the UIDs. The grant is removed again, so the exact-permissions table above holds."""
-    from agent.pod_uids import PodUids
-    from agent.podresources import PodResourcesWatcher
+    from gpuaware.agent.pod_uids import PodUids
+    from gpuaware.agent.podresources import PodResourcesWatcher
 
     _node(cp, "uid-node")
     _pod_on(cp, "uid-pod", "uid-node", "gpuaware-agent")
@@ -318,8 +318,8 @@ def test_the_stream_accepts_a_record_only_with_a_token_of_an_agent_on_the_node_i
     asks this apiserver (TokenReview) which node each record's token was issued on."""
     import asyncio
 
-    from stream.identity import IdentityRejected, NodeVerifier, kube_review
-    from stream.metrics import StreamStats
+    from gpuaware.stream.identity import IdentityRejected, NodeVerifier, kube_review
+    from gpuaware.stream.metrics import StreamStats
 
     for node in ("ident-a", "ident-b"):
         _node(cp, node)

@@ -15,8 +15,8 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from gpuaware.local.kube_control_plane import KubeControlPlane
-from plumbing.kube.api import STRATEGIC_MERGE_PATCH, KubeApi, now_rfc3339
-from scheduler.kube import node_conditions
+from gpuaware.plumbing.kube.api import STRATEGIC_MERGE_PATCH, KubeApi, now_rfc3339
+from gpuaware.scheduler.kube import node_conditions
 from tests.real_kube import api_client
 
 NS = "gpuaware"

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from deploy.crds import CrdsMissing, third_party_crd_files
+from gpuaware.deploy.crds import CrdsMissing, third_party_crd_files
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
 from tests.support import OVERLAYS, REPO, need
 

@@ -6,7 +6,7 @@ import weakref
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from plumbing.gc_policy import (
+from gpuaware.plumbing.gc_policy import (
     PYTHON_DEFAULT_THRESHOLD,
     YOUNG_THRESHOLD,
     FreezeSurvivors,
@@ -144,7 +144,7 @@ def test_a_collection_that_began_before_a_reclaim_does_not_freeze_after_it():
 def test_scrapes_count_the_frozen_objects_at_most_every_five_minutes(monkeypatch):
     """A count walks the frozen list (tens of millions of objects at fleet size): scrapes in between show the last
     count, and a reclaim's zero is known without one."""
-    import plumbing.gc_policy as policy
+    import gpuaware.plumbing.gc_policy as policy
 
     now = [1000.0]
     counts = []
@@ -166,7 +166,7 @@ def test_scrapes_count_the_frozen_objects_at_most_every_five_minutes(monkeypatch
 
 def test_the_first_freeze_after_a_reclaim_is_counted_at_the_next_scrape(monkeypatch):
     """A reclaim's zero stands only until the heap is frozen again, not for the five minutes between counts."""
-    import plumbing.gc_policy as policy
+    import gpuaware.plumbing.gc_policy as policy
 
     now = [1000.0]
     monkeypatch.setattr(policy.gc, "get_freeze_count", lambda: 42)

@@ -7,9 +7,9 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
-from contract import topics
-from plumbing import kafka_admin as admin
-from plumbing.kafka_settings import KafkaSettings
+from gpuaware.contract import topics
+from gpuaware.plumbing import kafka_admin as admin
+from gpuaware.plumbing.kafka_settings import KafkaSettings
 from tests.support import consume
 
 pytestmark = pytest.mark.broker

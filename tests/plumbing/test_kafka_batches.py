@@ -8,7 +8,7 @@ from aiokafka.errors import KafkaTimeoutError
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.record.default_records import DefaultRecordBatch
 
-from plumbing.kafka_batches import BatchSender
+from gpuaware.plumbing.kafka_batches import BatchSender
 
 
 class HeldClient:

@@ -6,7 +6,7 @@ import faust
 import pytest
 from pydantic import ValidationError
 
-from plumbing.kafka_settings import KafkaSettings
+from gpuaware.plumbing.kafka_settings import KafkaSettings
 
 
 def test_plaintext_defaults_are_safe_for_real_kafka():

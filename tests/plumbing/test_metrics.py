@@ -6,9 +6,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from plumbing.metrics import Histogram, histogram_family
-from scheduler.metrics import QueueSnapshot, SchedulerCollector, SchedulerStats
-from stream.metrics import StreamCollector, StreamStats
+from gpuaware.plumbing.metrics import Histogram, histogram_family
+from gpuaware.scheduler.metrics import QueueSnapshot, SchedulerCollector, SchedulerStats
+from gpuaware.stream.metrics import StreamCollector, StreamStats
 
 
 def test_buckets_are_cumulative_upper_bounds_with_the_bound_as_written():

@@ -11,9 +11,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from contract import events, topics
-from plumbing import kafka_admin as admin
-from plumbing import observability
+from gpuaware.contract import events, topics
+from gpuaware.plumbing import kafka_admin as admin
+from gpuaware.plumbing import observability
 
 
 @pytest.fixture

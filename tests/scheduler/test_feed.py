@@ -14,8 +14,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from contract import topics
-from contract.events import (
+from gpuaware.contract import topics
+from gpuaware.contract.events import (
     ClusterForecast,
     Forecast,
     GpuState,
@@ -25,11 +25,11 @@ from contract.events import (
     NodeState,
     encode,
 )
-from plumbing.kafka_settings import KafkaSettings
-from scheduler.catchup import CatchUpStalled
-from scheduler.core.cluster import ClusterState, NodeSpec
-from scheduler.feed import StateFeed, StateView
-from scheduler.metrics import QueueSnapshot, SchedulerCollector, SchedulerStats
+from gpuaware.plumbing.kafka_settings import KafkaSettings
+from gpuaware.scheduler.catchup import CatchUpStalled
+from gpuaware.scheduler.core.cluster import ClusterState, NodeSpec
+from gpuaware.scheduler.feed import StateFeed, StateView
+from gpuaware.scheduler.metrics import QueueSnapshot, SchedulerCollector, SchedulerStats
 
 T0 = 1_800_000_000_000
 HOUR = 3_600_000
@@ -148,7 +148,7 @@ def test_a_slow_but_steady_catch_up_runs_past_the_old_60_s_limit_and_reports_pro
         return feed
 
     start = clock.now
-    with caplog.at_level(logging.INFO, logger="scheduler.catchup"):
+    with caplog.at_level(logging.INFO, logger="gpuaware.scheduler.catchup"):
         feed = asyncio.run(run())
     assert clock.now - start >= 99  # well past the old hard limit of 60 s
     assert len(feed.view.gpus) == 100 and all(s.util_gpu == 9.0 for s in feed.view.gpus.values())
@@ -349,7 +349,7 @@ def test_a_feed_error_after_catch_up_is_retried_and_the_feed_goes_on() -> None:
 
 
 def test_a_feed_task_that_ends_stops_the_scheduler() -> None:
-    from scheduler.wiring import _feed_stats
+    from gpuaware.scheduler.wiring import _feed_stats
 
     clock = FakeClock()
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from contract.events import Forecast, GpuState, HealthBand
-from scheduler.core.cluster import ClusterState, NodeSpec
-from scheduler.feed import StateView
+from gpuaware.contract.events import Forecast, GpuState, HealthBand
+from gpuaware.scheduler.core.cluster import ClusterState, NodeSpec
+from gpuaware.scheduler.feed import StateView
 
 T0 = 1_700_000_000_000
 

@@ -1,4 +1,5 @@
-"""scheduler.main.serve: in its own process the collector is held while the scheduler loads, and never left off."""
+"""gpuaware.scheduler.main.serve: in its own process the collector is held while the scheduler loads, and never left
+off."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import gc
 
 import pytest
 
-from scheduler import main
-from scheduler.settings import SchedulerSettings
+from gpuaware.scheduler import main
+from gpuaware.scheduler.settings import SchedulerSettings
 
 
 class _FailingStart:

@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from contract import topics
-from contract.events import DecisionAction, SchedulerDecision, decode
+from gpuaware.contract import topics
+from gpuaware.contract.events import DecisionAction, SchedulerDecision, decode
 from gpuaware.local.fake_apiserver import make_node, make_pod
 from gpuaware.local.processes import free_port
-from plumbing.kafka_settings import KafkaSettings
-from scheduler.settings import SchedulerSettings
-from scheduler.wiring import SchedulerRuntime, build_scheduler
+from gpuaware.plumbing.kafka_settings import KafkaSettings
+from gpuaware.scheduler.settings import SchedulerSettings
+from gpuaware.scheduler.wiring import SchedulerRuntime, build_scheduler
 from tests.real_kube import Kube
 from tests.support import wait_for as _wait_for
 

@@ -14,16 +14,16 @@ import pytest
 from aiokafka.structs import TopicPartition
 from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducerService
 
-from contract import topics
-from contract.events import GpuState, encode
+from gpuaware.contract import topics
+from gpuaware.contract.events import GpuState, encode
 from gpuaware.local.stream_workers import StreamWorkerProcess
-from plumbing.kafka_admin import end_offsets
-from plumbing.kafka_settings import KafkaSettings
-from stream import faust_fixes
-from stream.app import create_app, tracker_settings
-from stream.changelog import ChangelogTable
-from stream.gpu_state import GpuTracker
-from stream.settings import StreamSettings
+from gpuaware.plumbing.kafka_admin import end_offsets
+from gpuaware.plumbing.kafka_settings import KafkaSettings
+from gpuaware.stream import faust_fixes
+from gpuaware.stream.app import create_app, tracker_settings
+from gpuaware.stream.changelog import ChangelogTable
+from gpuaware.stream.gpu_state import GpuTracker
+from gpuaware.stream.settings import StreamSettings
 from tests.support import fleet_batch as _batch
 from tests.support import produce as _produce
 from tests.support import watch as _watch
@@ -111,7 +111,7 @@ def test_a_restarted_rocksdb_worker_recovers_state_exactly_from_disk_and_the_cha
 def test_a_record_older_in_the_log_than_a_heartbeat_interval_with_newer_ones_after_it_means_catching_up() -> None:
     from types import SimpleNamespace
 
-    from stream.app import _behind
+    from gpuaware.stream.app import _behind
 
     now = 1_700_000_000_000
 
@@ -135,7 +135,8 @@ def test_the_stream_section_reaches_every_gpu_tracker() -> None:
 
 
 def test_a_revocation_calls_after_revoke_once_the_trackers_are_dropped(tmp_path) -> None:
-    """The worker's collector policy reclaims there (stream/main.py): after the forget, so the next full collection
+    """The worker's collector policy reclaims there (gpuaware/stream/main.py): after the forget, so the next full
+    collection
     may free what it dropped (review: two handlers of the signal ran in no set order)."""
     seen: list[int] = []
     app, processor = create_app(KafkaSettings(bootstrap_servers="127.0.0.1:1"), StreamSettings(data_dir=str(tmp_path)),

@@ -16,9 +16,9 @@ import pytest
 from aiokafka.errors import KafkaTimeoutError
 from aiokafka.structs import RecordMetadata, TopicPartition
 
-from plumbing.kafka_batches import BatchSender
-from stream.changelog import SETTLE_TRIES, ChangelogTable
-from stream.metrics import StreamStats
+from gpuaware.plumbing.kafka_batches import BatchSender
+from gpuaware.stream.changelog import SETTLE_TRIES, ChangelogTable
+from gpuaware.stream.metrics import StreamStats
 from tests.plumbing.test_kafka_batches import HeldClient
 
 TOPIC = "app-gpus-changelog"

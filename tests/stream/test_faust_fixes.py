@@ -1,4 +1,5 @@
-"""stream.faust_fixes against the pinned Faust and aiokafka: the recovery's last step, with a fetcher that keeps
+"""gpuaware.stream.faust_fixes against the pinned Faust and aiokafka: the recovery's last step, with a fetcher that
+keeps
 fetching while it awaits the seek, keeps every record; a fetch whose active partitions were all paused while it
 waited takes none of the others' records; the real producer buffer's flush returns only once every message, slow
 to leave, has reached the client."""
@@ -17,10 +18,10 @@ from faust.tables.recovery import Recovery
 from faust.transport.producer import ProducerBuffer
 from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
-from plumbing.kafka_settings import KafkaSettings
-from stream import faust_fixes
-from stream.app import create_app
-from stream.settings import StreamSettings
+from gpuaware.plumbing.kafka_settings import KafkaSettings
+from gpuaware.stream import faust_fixes
+from gpuaware.stream.app import create_app
+from gpuaware.stream.settings import StreamSettings
 
 TP = "telemetry-0"
 COMMITTED = 101  # the partition's committed offset: the first record the new owner must process

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stream import fingerprint as fp
+from gpuaware.stream import fingerprint as fp
 from tests.support import KINDS_SCENARIO, replay_scenario
 
 EXPECTED = {

@@ -8,10 +8,10 @@ import random
 import statistics
 from collections import defaultdict
 
-from contract.events import GpuInfo, GpuSample, HealthVerdict
-from stream.fleet_peers import MAD_TO_SIGMA, FleetPeerSettings, Row, check, outliers
-from stream.gpu_state import SBE_WINDOW_MS, GpuTracker
-from stream.processor import StreamProcessor
+from gpuaware.contract.events import GpuInfo, GpuSample, HealthVerdict
+from gpuaware.stream.fleet_peers import MAD_TO_SIGMA, FleetPeerSettings, Row, check, outliers
+from gpuaware.stream.gpu_state import SBE_WINDOW_MS, GpuTracker
+from gpuaware.stream.processor import StreamProcessor
 
 S = FleetPeerSettings()
 

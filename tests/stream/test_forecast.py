@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from river import stats
 
-from stream.forecast import EXPERTS, RUN_BUCKETS, ExpertForecaster, SeriesForecaster, prequential
+from gpuaware.stream.forecast import EXPERTS, RUN_BUCKETS, ExpertForecaster, SeriesForecaster, prequential
 
 
 def _noisy(seed: int = 0, n: int = 600) -> dict[str, np.ndarray]:

@@ -7,10 +7,19 @@ import json
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, HealthBand, Severity, TelemetryBatch, WatchPoint
-from stream.gpu_state import GpuTracker, TrackerSettings
-from stream.metrics import StreamCollector
-from stream.processor import StreamProcessor
+from gpuaware.contract.events import (
+    EventKind,
+    GpuEvent,
+    GpuInfo,
+    GpuSample,
+    HealthBand,
+    Severity,
+    TelemetryBatch,
+    WatchPoint,
+)
+from gpuaware.stream.gpu_state import GpuTracker, TrackerSettings
+from gpuaware.stream.metrics import StreamCollector
+from gpuaware.stream.processor import StreamProcessor
 from tests.support import KINDS_SCENARIO, replay_scenario, telemetry_batch
 
 T0 = 1_700_000_000_000
@@ -107,7 +116,7 @@ def test_publishing_is_on_change_and_rate_bounded() -> None:
 
 def test_every_new_sample_is_published_rate_bounded_and_not_while_catching_up() -> None:
     """The default: a sample that moves nothing past the steps still reaches the scheduler with the next state, not
-    with the refresh (``bench.publish_latency``: p99 sample-to-state 24 s -> the agents' 5 s batching)."""
+    with the refresh (``gpuaware.bench.publish_latency``: p99 sample-to-state 24 s -> the agents' 5 s batching)."""
     proc = StreamProcessor({}, TrackerSettings(min_interval_ms=1000, max_interval_ms=30_000))
     assert len(proc.on_telemetry(telemetry_batch("n", 1, T0), 0, T0)) == 1
     assert proc.on_telemetry(telemetry_batch("n", 2, T0 + 500), 0, T0 + 500) == []  # within min_interval_ms
@@ -155,7 +164,7 @@ def test_health_events_set_score_band_and_components() -> None:
 
 
 def test_light_watch_points_move_utilisation_between_full_samples_once() -> None:
-    from contract.events import WatchPoint
+    from gpuaware.contract.events import WatchPoint
 
     proc = StreamProcessor({})
     t0 = 1_700_000_000_000
@@ -174,7 +183,7 @@ def test_snapshot_fingerprint_is_what_asdict_gives():
     # to_dict copies the fingerprint's fields itself (hot path); the snapshot must not change shape.
     import dataclasses
 
-    from contract.events import GpuInfo, GpuSample
+    from gpuaware.contract.events import GpuInfo, GpuSample
 
     t = GpuTracker(uuid="GPU-x")
     info = GpuInfo("GPU-x", 0, "H100", 81559)
@@ -203,7 +212,7 @@ def test_the_heartbeat_passes_over_gpus_with_nothing_new_without_building_their_
     assert changed.samples == 3
     (tracker,) = proc.trackers.values()
     tracker.fleet_reasons, tracker.fleet_strikes = ["fleet peers: hot"], {"temperature": 3}
-    tracker.mark_changed()  # as stream.fleet_peers does
+    tracker.mark_changed()  # as gpuaware.stream.fleet_peers does
     (flagged,) = proc.heartbeats(T0 + 9500, None)  # a fleet verdict moves the signature: it goes out
     assert flagged.samples == 3
 

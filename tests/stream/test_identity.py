@@ -9,11 +9,11 @@ import dataclasses
 
 import pytest
 
-from contract.events import EventKind, GpuEvent, Severity
-from contract.identity import NODE_TOKEN_HEADER, node_token
-from stream.identity import IdentityRejected, NodeVerifier, ReviewUnavailable, without_token
-from stream.metrics import StreamStats
-from stream.processor import GpuClaimedElsewhere, StreamProcessor
+from gpuaware.contract.events import EventKind, GpuEvent, Severity
+from gpuaware.contract.identity import NODE_TOKEN_HEADER, node_token
+from gpuaware.stream.identity import IdentityRejected, NodeVerifier, ReviewUnavailable, without_token
+from gpuaware.stream.metrics import StreamStats
+from gpuaware.stream.processor import GpuClaimedElsewhere, StreamProcessor
 from tests.support import telemetry_batch, wait_for
 
 AGENT = "system:serviceaccount:gpuaware:gpuaware-agent"

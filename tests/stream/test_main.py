@@ -7,7 +7,7 @@ import logging
 import faust
 import pytest
 
-from stream.main import make_worker
+from gpuaware.stream.main import make_worker
 
 
 @pytest.fixture

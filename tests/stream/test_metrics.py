@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from stream.metrics import StreamCollector, StreamStats
+from gpuaware.stream.metrics import StreamCollector, StreamStats
 
 
 class _Fingerprint:

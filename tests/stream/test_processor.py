@@ -12,9 +12,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contract.events import EventKind, GpuEvent, GpuInfo, GpuSample, GpuState, Severity, TelemetryBatch, WatchPoint
-from stream.gpu_state import TrackerSettings
-from stream.processor import (
+from gpuaware.contract.events import (
+    EventKind,
+    GpuEvent,
+    GpuInfo,
+    GpuSample,
+    GpuState,
+    Severity,
+    TelemetryBatch,
+    WatchPoint,
+)
+from gpuaware.stream.gpu_state import TrackerSettings
+from gpuaware.stream.processor import (
     GpuClaimedElsewhere,
     InvalidRecord,
     StreamProcessor,
@@ -81,7 +90,7 @@ def test_any_decodable_record_is_applied_or_rejected_as_invalid_never_crashes(re
         now += 1000
     for t in proc.trackers.values():
         state = t.state(now)  # every tracker can still render a valid, encodable record
-        from contract.events import decode, encode
+        from gpuaware.contract.events import decode, encode
 
         assert decode(encode(state)) == state
     proc.heartbeats(now + 60_000, None)
@@ -408,8 +417,8 @@ def _rollups_walking_every_gpu(proc: StreamProcessor, published: dict, now: int,
     """The rollups as they were found before they were kept incrementally: every owned GPU looked at."""
     from collections import defaultdict
 
-    from stream.processor import NODE_HEARTBEAT_MS
-    from stream.rollup import node_state
+    from gpuaware.stream.processor import NODE_HEARTBEAT_MS
+    from gpuaware.stream.rollup import node_state
 
     by_node = defaultdict(list)
     for t in proc.owned(partitions):
@@ -523,7 +532,7 @@ def test_the_heartbeat_passing_over_unchanged_gpus_publishes_what_asking_every_g
     import copy
     import random
 
-    from stream.fleet_peers import FleetPeerSettings
+    from gpuaware.stream.fleet_peers import FleetPeerSettings
 
     rng = random.Random(seed)
     proc = StreamProcessor({}, TrackerSettings(max_interval_ms=20_000, every_sample=every_sample))
@@ -559,7 +568,7 @@ def test_the_heartbeat_passing_over_unchanged_gpus_publishes_what_asking_every_g
             restarted = StreamProcessor(proc.snapshots, proc.settings)
             restarted.fleet_settings = proc.fleet_settings
             proc = restarted
-        if step == 190:  # partition 1 assigned again: reloaded from the table (stream.app's on_assigned)
+        if step == 190:  # partition 1 assigned again: reloaded from the table (gpuaware.stream.app's on_assigned)
             owned = {0, 1, 2}
             proc.forget({1})
         if step == 260:

@@ -9,14 +9,14 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
-from contract import topics
-from contract.events import GpuState, decode
-from plumbing.kafka_admin import end_offsets
-from plumbing.kafka_batches import BatchSender
-from plumbing.kafka_settings import KafkaSettings
-from stream.metrics import StreamStats
-from stream.processor import StreamProcessor
-from stream.publisher import StatePublisher
+from gpuaware.contract import topics
+from gpuaware.contract.events import GpuState, decode
+from gpuaware.plumbing.kafka_admin import end_offsets
+from gpuaware.plumbing.kafka_batches import BatchSender
+from gpuaware.plumbing.kafka_settings import KafkaSettings
+from gpuaware.stream.metrics import StreamStats
+from gpuaware.stream.processor import StreamProcessor
+from gpuaware.stream.publisher import StatePublisher
 from tests.plumbing.test_kafka_batches import HeldClient
 from tests.support import telemetry_batch
 
@@ -158,7 +158,7 @@ def test_a_later_call_waits_for_an_earlier_one_that_is_still_fetching_the_topics
 def test_states_with_kept_forecasts_are_the_bytes_encoding_each_state_gives() -> None:
     """A GPU's forecasts are encoded once per list and spliced into its states: across minutes closing (new lists),
     a list with other values, and GPUs forgotten, every record is what encoding the state on its own gives."""
-    from contract.events import Forecast, encode
+    from gpuaware.contract.events import Forecast, encode
 
     proc = StreamProcessor({})
     publisher = StatePublisher(topics.GPU_STATE, BatchSender(HeldClient), StreamStats())
@@ -183,9 +183,9 @@ def test_a_node_rollup_keeps_its_gpu_list_encoded_until_the_list_changes() -> No
     encoded again when a GPU changes; every value is the contract's own encoding."""
     from unittest import mock
 
-    from contract.events import HealthBand, NodeGpu, NodeState, encode
-    from stream import publisher as stream_publisher
-    from stream.publisher import node_gpus
+    from gpuaware.contract.events import HealthBand, NodeGpu, NodeState, encode
+    from gpuaware.stream import publisher as stream_publisher
+    from gpuaware.stream.publisher import node_gpus
 
     def rollup(free: int, band: HealthBand = HealthBand.HEALTHY) -> NodeState:
         return NodeState("n", 1_000 + free, None, None, [NodeGpu(f"GPU-{i}", i, "H100", 81559, 0, band)

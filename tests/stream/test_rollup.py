@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from contract.events import HealthBand
-from stream.processor import StreamProcessor
-from stream.rollup import merge_demand, model_demand, node_state
+from gpuaware.contract.events import HealthBand
+from gpuaware.stream.processor import StreamProcessor
+from gpuaware.stream.rollup import merge_demand, model_demand, node_state
 from tests.support import telemetry_batch
 
 

@@ -16,6 +16,6 @@ PANELS = {
     "Tensor Core Utilization": f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{SELECTOR}}}",
 }
 VARIABLE_SOURCES = ["DCGM_FI_DEV_GPU_TEMP"]  # label_values(DCGM_FI_DEV_GPU_TEMP, instance) and (..., gpu)
-# Filled from NVML GPM, which exists on Hopper and newer only (contract.dcgm.GPM_ONLY): empty on
+# Filled from NVML GPM, which exists on Hopper and newer only (gpuaware.contract.dcgm.GPM_ONLY): empty on
 # older GPUs with this agent, where dcgm-exporter fills it from DCGM's profiling module.
 GPM_PANELS = {"Tensor Core Utilization"}

@@ -1,7 +1,7 @@
 """Least privilege, proven on Apache Kafka: spans agent, stream and scheduler publishing with their Kafka users.
 
 Each component runs as the Kafka user deploy/ ships: the SCRAM users of ``USER_GRANTS``
-(deploy/manifests.py, the table the Strimzi KafkaUsers are generated from) with exactly those
+(gpuaware/deploy/manifests.py, the table the Strimzi KafkaUsers are generated from) with exactly those
 ACLs, on a broker where nothing is allowed without an ACL. With its grants each one works: the
 agent publishes telemetry and events and reads control; the stream worker starts, consumes and
 publishes state; the scheduler's feed reads state and it publishes decisions and control. With
@@ -24,11 +24,11 @@ import yaml
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import TopicAuthorizationFailedError
 
-from agent.collectors.sim import Scenario, SimCluster
-from agent.runtime import AgentRuntime
-from agent.sampling import SamplingPolicy
-from contract import events, topics
-from contract.events import (
+from gpuaware.agent.collectors.sim import Scenario, SimCluster
+from gpuaware.agent.runtime import AgentRuntime
+from gpuaware.agent.sampling import SamplingPolicy
+from gpuaware.contract import events, topics
+from gpuaware.contract.events import (
     AgentControl,
     ControlKind,
     DecisionAction,
@@ -39,14 +39,14 @@ from contract.events import (
     SchedulerDecision,
     TelemetryBatch,
 )
-from deploy.manifests import STREAM_APP_ID, USER_GRANTS, Grant
+from gpuaware.deploy.manifests import STREAM_APP_ID, USER_GRANTS, Grant
 from gpuaware.local.apache_kafka import ApacheKafka
 from gpuaware.local.stream_workers import StreamWorkerProcess
-from plumbing import kafka_admin
-from plumbing.kafka_admin import TopicUnavailable
-from plumbing.kafka_settings import KafkaSettings
-from scheduler.feed import StateFeed, StateView
-from scheduler.wiring import KafkaPublishers
+from gpuaware.plumbing import kafka_admin
+from gpuaware.plumbing.kafka_admin import TopicUnavailable
+from gpuaware.plumbing.kafka_settings import KafkaSettings
+from gpuaware.scheduler.feed import StateFeed, StateView
+from gpuaware.scheduler.wiring import KafkaPublishers
 from tests.support import fleet_batch, produce, watch
 
 pytestmark = [pytest.mark.broker, pytest.mark.timeout(300)]

@@ -10,16 +10,16 @@ import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from agent.collectors.sim import Scenario, SimCluster
-from agent.runtime import AgentRuntime
-from agent.sampling import SamplingPolicy
-from contract import events, topics
-from contract.events import AgentControl, ControlKind, EventKind
+from gpuaware.agent.collectors.sim import Scenario, SimCluster
+from gpuaware.agent.runtime import AgentRuntime
+from gpuaware.agent.sampling import SamplingPolicy
+from gpuaware.contract import events, topics
+from gpuaware.contract.events import AgentControl, ControlKind, EventKind
 from gpuaware.local.broker import BrokerSettings, LocalBroker
 from gpuaware.local.stream_workers import StreamWorkerProcess
-from plumbing import kafka_admin as admin
-from plumbing import observability
-from plumbing.kafka_settings import KafkaSettings
+from gpuaware.plumbing import kafka_admin as admin
+from gpuaware.plumbing import observability
+from gpuaware.plumbing.kafka_settings import KafkaSettings
 from tests.support import wait_for
 
 pytestmark = pytest.mark.broker

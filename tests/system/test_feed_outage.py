@@ -11,12 +11,12 @@ import time
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from contract import topics
-from contract.events import Forecast, GpuState, HealthBand, encode
+from gpuaware.contract import topics
+from gpuaware.contract.events import Forecast, GpuState, HealthBand, encode
 from gpuaware.local.broker import BrokerSettings, LocalBroker
-from plumbing import kafka_admin
-from scheduler.core.cluster import ClusterState, NodeSpec
-from scheduler.feed import StateFeed, StateView
+from gpuaware.plumbing import kafka_admin
+from gpuaware.scheduler.core.cluster import ClusterState, NodeSpec
+from gpuaware.scheduler.feed import StateFeed, StateView
 from tests.support import wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.durable, pytest.mark.timeout(300)]

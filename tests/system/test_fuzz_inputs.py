@@ -14,16 +14,16 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.collectors.sim import Scenario, SimCluster
-from agent.core import AgentCore
-from agent.exporter import AgentCollector, AgentStats, render
-from agent.podresources import PodRef
-from agent.sampling import SamplingPolicy
-from contract.identity import NODE_TOKEN_HEADER, node_token
-from plumbing import observability
-from scheduler.feed import StateView
-from scheduler.kube.cache import ClusterCache, Queue, QueueSpecError
-from stream.identity import IdentityRejected, NodeVerifier
+from gpuaware.agent.collectors.sim import Scenario, SimCluster
+from gpuaware.agent.core import AgentCore
+from gpuaware.agent.exporter import AgentCollector, AgentStats, render
+from gpuaware.agent.podresources import PodRef
+from gpuaware.agent.sampling import SamplingPolicy
+from gpuaware.contract.identity import NODE_TOKEN_HEADER, node_token
+from gpuaware.plumbing import observability
+from gpuaware.scheduler.feed import StateView
+from gpuaware.scheduler.kube.cache import ClusterCache, Queue, QueueSpecError
+from gpuaware.stream.identity import IdentityRejected, NodeVerifier
 from tests.support import FUZZ, json_values, printable_text
 
 header_values = st.one_of(st.none(), st.binary(max_size=80), st.text(max_size=40).map(str.encode))

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from contract import topics
-from contract.events import DLQ_ERROR_HEADER, GpuState, encode
-from contract.identity import NODE_TOKEN_HEADER
+from gpuaware.contract import topics
+from gpuaware.contract.events import DLQ_ERROR_HEADER, GpuState, encode
+from gpuaware.contract.identity import NODE_TOKEN_HEADER
 from gpuaware.local.stream_workers import StreamWorkerProcess
 from tests.deploy.test_rbac import NS, _bound_token, _node, _pod_on
 from tests.support import fleet_batch, produce, watch

@@ -21,20 +21,20 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.collectors.sim import MODELS, SimCluster, load_scenario
-from agent.core import AgentCore
-from agent.exporter import AgentCollector, AgentStats, serve
-from agent.sampling import SamplingPolicy
-from contract import topics
-from contract.dcgm import translate
-from contract.events import GpuInfo, GpuSample, TelemetryBatch, encode
-from dashboards.build import rules_path
-from dashboards.definitions import DASHBOARDS, VARIANTS, variant
+from gpuaware.agent.collectors.sim import MODELS, SimCluster, load_scenario
+from gpuaware.agent.core import AgentCore
+from gpuaware.agent.exporter import AgentCollector, AgentStats, serve
+from gpuaware.agent.sampling import SamplingPolicy
+from gpuaware.contract import topics
+from gpuaware.contract.dcgm import translate
+from gpuaware.contract.events import GpuInfo, GpuSample, TelemetryBatch, encode
+from gpuaware.dashboards.build import rules_path
+from gpuaware.dashboards.definitions import DASHBOARDS, VARIANTS, variant
 from gpuaware.local.fake_apiserver import make_node, make_pod
 from gpuaware.local.processes import ChildProcess, free_port
 from gpuaware.local.prometheus import LocalPrometheus, available
 from gpuaware.local.stream_workers import StreamWorkerProcess, worker_env
-from plumbing.kafka_settings import KafkaSettings
+from gpuaware.plumbing.kafka_settings import KafkaSettings
 from tests.real_kube import Kube
 from tests.support import produce
 from tests.system import nvidia_dashboard as nvidia

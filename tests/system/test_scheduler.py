@@ -8,13 +8,13 @@ import time
 
 from aiokafka import AIOKafkaProducer
 
-from contract import annotations, topics
-from contract.events import GpuState, HealthBand, NodeGpu, NodeState, encode
+from gpuaware.contract import annotations, topics
+from gpuaware.contract.events import GpuState, HealthBand, NodeGpu, NodeState, encode
 from gpuaware.local.fake_apiserver import make_node, make_pod
-from plumbing import observability
-from plumbing.kafka_settings import KafkaSettings
-from plumbing.kube.api import MERGE_PATCH, KubeApi
-from scheduler.feed import StateFeed, StateView
+from gpuaware.plumbing import observability
+from gpuaware.plumbing.kafka_settings import KafkaSettings
+from gpuaware.plumbing.kube.api import MERGE_PATCH, KubeApi
+from gpuaware.scheduler.feed import StateFeed, StateView
 from tests.support import ENV, GPUAWARE, events, gpus_of, pods, running, wait_for
 
 
@@ -48,7 +48,7 @@ async def test_gpu_turning_critical_on_the_broker_cordons_it_checkpoints_and_evi
         kube.create("pods", make_pod("plain", gpus=1))
         published: list[tuple[str, str]] = []
 
-        async def capture(record) -> None:  # what scheduler.wiring publishes, with the same headers
+        async def capture(record) -> None:  # what gpuaware.scheduler.wiring publishes, with the same headers
             traceparent = dict(observability.inject_headers()).get("traceparent", b"").decode()
             published.append((str(record.action), traceparent))
 
@@ -101,7 +101,7 @@ async def test_gpu_turning_critical_on_the_broker_cordons_it_checkpoints_and_evi
 
 
 def objects_time() -> str:
-    from plumbing.kube.api import now_rfc3339
+    from gpuaware.plumbing.kube.api import now_rfc3339
 
     return now_rfc3339()
 

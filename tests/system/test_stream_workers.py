@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from contract import topics
-from contract.events import (
+from gpuaware.contract import topics
+from gpuaware.contract.events import (
     DLQ_ERROR_HEADER,
     EventKind,
     GpuEvent,
@@ -22,7 +22,7 @@ from contract.events import (
     encode,
 )
 from gpuaware.local.stream_workers import StreamWorkerProcess
-from plumbing.kafka_settings import KafkaSettings
+from gpuaware.plumbing.kafka_settings import KafkaSettings
 from tests.support import fleet_batch, produce, watch
 
 pytestmark = pytest.mark.timeout(300)
@@ -113,7 +113,7 @@ def test_telemetry_in_state_out_with_forecasts_health_and_dlq(kafka_settings, wo
     (dlq_line,) = [x for x in text.splitlines() if x.startswith('gpuaware_stream_dlq_total{topic="gpu.telemetry.v1"}')]
     assert float(dlq_line.split()[1]) >= 1
     assert "gpuaware_stream_forecast_mae" in text
-    # The worker's collector policy is installed (plumbing.gc_policy.FreezeSurvivors) and shown.
+    # The worker's collector policy is installed (gpuaware.plumbing.gc_policy.FreezeSurvivors) and shown.
     assert "gpuaware_gc_freezes_total" in text and "gpuaware_gc_frozen_objects" in text
 
 

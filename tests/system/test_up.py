@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from contract import topics
+from gpuaware.contract import topics
 from gpuaware.local.kube_control_plane import BinariesMissing, find_binaries
 from tests.support import need, run
 

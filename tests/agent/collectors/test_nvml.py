@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent.collectors import nvml as nvml_module
-from agent.readings import GpuLost
+from gpuaware.agent.collectors import nvml as nvml_module
+from gpuaware.agent.readings import GpuLost
 
 pynvml = nvml_module.pynvml
 if pynvml is None:  # pragma: no cover - nvidia-ml-py is a dependency
@@ -270,6 +270,6 @@ def test_nvml_comes_from_nvidia_ml_py_without_the_deprecated_pynvml_shim():
     import subprocess
     import sys
 
-    code = "import agent.collectors.nvml, agent.power_capper"
+    code = "import gpuaware.agent.collectors.nvml, gpuaware.agent.power_capper"
     done = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -8,7 +8,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.collectors.sim import Fault, Scenario, SimCluster, load_scenario
+from gpuaware.agent.collectors.sim import Fault, Scenario, SimCluster, load_scenario
 from tests.support import FUZZ, KINDS_SCENARIO, json_values, sim_cluster
 
 
@@ -42,7 +42,7 @@ def test_simulated_gpus_replay_the_gentd26_series():
 def test_scenario_workloads_are_validated() -> None:
     from pydantic import ValidationError
 
-    from agent.collectors.sim import Scenario
+    from gpuaware.agent.collectors.sim import Scenario
 
     with pytest.raises(ValidationError, match="workloads"):
         Scenario.model_validate({**KINDS_SCENARIO, "workloads": ["mining"]})
@@ -62,9 +62,9 @@ def test_scenario_loads_or_raises_value_error(tmp_path_factory, tree):
 
 
 def test_each_gpu_replays_the_pod_and_scaled_memory_numpys_draws_gave():
-    """The simulator draws its pods in pure Python (agent.rng) and rounds as the float32 numpy code did,
+    """The simulator draws its pods in pure Python (gpuaware.agent.rng) and rounds as the float32 numpy code did,
     so a scenario's fleet is the one it always was."""
-    from agent import traces
+    from gpuaware.agent import traces
 
     cluster, _ = sim_cluster(nodes=2, gpus_per_node=4)
     duty, mem = traces.gentd26()
@@ -93,7 +93,7 @@ def test_a_reset_ends_a_faults_run_but_not_a_dead_gpu_or_an_operators_cap():
 
 
 def test_a_degraded_board_loses_clocks_with_no_throttle_reason_and_a_failing_vrm_draws_off_the_curve():
-    """The fault shapes of the clock and power peer checks (agent/peers.py): nothing a throttle rule reads."""
+    """The fault shapes of the clock and power peer checks (gpuaware/agent/peers.py): nothing a throttle rule reads."""
     scenario = Scenario(name="board-test", nodes=1, gpus_per_node=3, models=["H100"], workloads=["training-compute"],
                         faults=[Fault(kind="clock_degraded", node=0, gpu=1, at_s=10, clock_factor=0.8),
                                 Fault(kind="power_skew", node=0, gpu=2, at_s=10, power_factor=0.55)])

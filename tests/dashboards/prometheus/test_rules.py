@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from dashboards.build import rules_path
-from dashboards.definitions import VARIANTS
+from gpuaware.dashboards.build import rules_path
+from gpuaware.dashboards.definitions import VARIANTS
 from tests.support import REPO, RULES, prometheus_rules
 
 

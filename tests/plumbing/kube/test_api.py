@@ -12,10 +12,10 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from contract import annotations
+from gpuaware.contract import annotations
 from gpuaware.local.fake_apiserver import make_node, make_pod
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
-from plumbing.kube.api import Informer, KubeApi, PodReplaced, WatchSpec, connect
+from gpuaware.plumbing.kube.api import Informer, KubeApi, PodReplaced, WatchSpec, connect
 from tests.real_kube import api_client
 from tests.support import need
 

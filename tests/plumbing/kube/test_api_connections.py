@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client, config
 
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
-from plumbing.kube.api import KubeApi
+from gpuaware.plumbing.kube.api import KubeApi
 from tests.support import need
 
 

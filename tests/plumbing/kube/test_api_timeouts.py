@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from plumbing.kube.api import TRANSPORT_ERRORS, Informer, KubeApi, WatchSpec, connect
+from gpuaware.plumbing.kube.api import TRANSPORT_ERRORS, Informer, KubeApi, WatchSpec, connect
 
 
 class SilentServer:

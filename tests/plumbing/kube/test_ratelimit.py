@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plumbing.kube.ratelimit import TokenBucket
+from gpuaware.plumbing.kube.ratelimit import TokenBucket
 
 
 def test_the_burst_is_there_at_once_then_one_token_per_one_over_qps():

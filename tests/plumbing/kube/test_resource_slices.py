@@ -16,9 +16,9 @@ import pytest
 from kubernetes import config
 from kubernetes.client.exceptions import ApiException
 
-from contract import dra
+from gpuaware.contract import dra
 from gpuaware.local.kube_control_plane import KWOK_NODE_ANNOTATION, BinariesMissing, KubeControlPlane, find_binaries
-from plumbing.kube.resource_slices import NodeGpu, SlicePublisher, node_slices
+from gpuaware.plumbing.kube.resource_slices import NodeGpu, SlicePublisher, node_slices
 from tests.contract.nvidia_slices import a100_static_mig_node, h100_node
 from tests.support import REPO, need
 

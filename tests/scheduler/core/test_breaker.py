@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.core.breaker import WEEK_S, QuarantineBreaker, RemediationLedger
+from gpuaware.scheduler.core.breaker import WEEK_S, QuarantineBreaker, RemediationLedger
 
 
 def test_no_more_than_half_the_nodes_are_quarantined_in_five_minutes():

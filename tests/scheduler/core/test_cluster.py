@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.core.cluster import Allocation
+from gpuaware.scheduler.core.cluster import Allocation
 from tests.support import cluster
 
 
@@ -19,7 +19,7 @@ def test_a_gpu_keeps_its_readings_while_anyone_holds_it():
 
 
 def test_a_gpu_without_live_readings_keeps_what_the_feed_wrote():
-    # A stale GPU's forecast is the feed's "fully busy" (scheduler/feed.py); the next live reading replaces it.
+    # A stale GPU's forecast is the feed's "fully busy" (gpuaware/scheduler/feed.py); the next live reading replaces it.
     c = cluster(1)
     c.allocate(Allocation("a", 0, [0], [400], 0, 0, [4096], "shared"))
     c.forecast_util[0] = [100.0]

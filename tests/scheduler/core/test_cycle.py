@@ -5,18 +5,18 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
-from scheduler.core.framework import Scheduler
-from scheduler.core.policies import profile
-from scheduler.core.workload import Workload
-from scheduler.core.workload_mix import WorkloadMix
+from gpuaware.scheduler.core.cluster import Allocation, ClusterState, NodeSpec
+from gpuaware.scheduler.core.framework import Scheduler
+from gpuaware.scheduler.core.policies import profile
+from gpuaware.scheduler.core.workload import Workload
+from gpuaware.scheduler.core.workload_mix import WorkloadMix
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.integers(1, 4), min_size=1, max_size=3), st.lists(st.integers(1, 8), min_size=1, max_size=6),
        st.integers(0, 3))
 def test_a_gang_is_placed_whole_or_leaves_the_cluster_exactly_as_it_was(node_gpus, member_gpus, busy):
-    from scheduler.core.cycle import place_gang
+    from gpuaware.scheduler.core.cycle import place_gang
 
     cluster = ClusterState([NodeSpec(f"n{i}", 64_000, 512_000, g, "H100", 81920) for i, g in enumerate(node_gpus)])
     if busy and cluster.gpu_count[0] >= busy:
@@ -57,8 +57,8 @@ class Refusing:
 
 
 def test_a_placement_that_did_not_go_is_not_charged_to_its_tenants_quota():
-    from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, schedule_pass
-    from scheduler.core.queue import Tenant, TenantLedger
+    from gpuaware.scheduler.core.cycle import PassStats, QueuePolicy, QueueState, schedule_pass
+    from gpuaware.scheduler.core.queue import Tenant, TenantLedger
 
     c = ClusterState([NodeSpec("n0", 64000, 512 * 1024, 8, "H100", 80 * 1024)])
     ledger = TenantLedger({"t": Tenant("t", 1.0, 8000)}, c.total_gpu_milli, int(c.mem_cap.sum()))

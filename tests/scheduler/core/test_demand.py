@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from scheduler.core.cluster import Allocation
-from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, schedule_pass
-from scheduler.core.demand import DemandOutlook
-from scheduler.core.framework import Scheduler
-from scheduler.core.policies import profile
-from scheduler.core.queue import Tenant, TenantLedger
-from scheduler.core.workload import PriorityLevel, Workload
-from scheduler.core.workload_mix import WorkloadMix
+from gpuaware.scheduler.core.cluster import Allocation
+from gpuaware.scheduler.core.cycle import PassStats, QueuePolicy, QueueState, schedule_pass
+from gpuaware.scheduler.core.demand import DemandOutlook
+from gpuaware.scheduler.core.framework import Scheduler
+from gpuaware.scheduler.core.policies import profile
+from gpuaware.scheduler.core.queue import Tenant, TenantLedger
+from gpuaware.scheduler.core.workload import PriorityLevel, Workload
+from gpuaware.scheduler.core.workload_mix import WorkloadMix
 from tests.support import cluster
 
 

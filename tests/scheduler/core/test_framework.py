@@ -7,10 +7,10 @@ import itertools
 import numpy as np
 import pytest
 
-from contract.events import HealthBand
-from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
-from scheduler.core.cycle import PassStats, QueuePolicy, QueueState, gang_failure, place_gang, schedule_pass
-from scheduler.core.framework import (
+from gpuaware.contract.events import HealthBand
+from gpuaware.scheduler.core.cluster import Allocation, ClusterState, NodeSpec
+from gpuaware.scheduler.core.cycle import PassStats, QueuePolicy, QueueState, gang_failure, place_gang, schedule_pass
+from gpuaware.scheduler.core.framework import (
     CycleContext,
     Decision,
     GpuFilterPlugin,
@@ -19,19 +19,19 @@ from scheduler.core.framework import (
     Scheduler,
     ScorePlugin,
 )
-from scheduler.core.plugins.bestfit import BestFit
-from scheduler.core.plugins.forecast_headroom import ForecastHeadroom
-from scheduler.core.plugins.health import HealthFilter
-from scheduler.core.plugins.least_allocated import LeastAllocated
-from scheduler.core.plugins.model_affinity import ModelAffinity
-from scheduler.core.policies import profile
-from scheduler.core.preemption import Running
-from scheduler.core.queue import Tenant, TenantLedger
-from scheduler.core.registry import Handle, in_tree
-from scheduler.core.status import Code, Reason, reason_label
-from scheduler.core.throughput import ThroughputTable
-from scheduler.core.workload import PriorityLevel, Workload
-from scheduler.core.workload_mix import WorkloadMix
+from gpuaware.scheduler.core.plugins.bestfit import BestFit
+from gpuaware.scheduler.core.plugins.forecast_headroom import ForecastHeadroom
+from gpuaware.scheduler.core.plugins.health import HealthFilter
+from gpuaware.scheduler.core.plugins.least_allocated import LeastAllocated
+from gpuaware.scheduler.core.plugins.model_affinity import ModelAffinity
+from gpuaware.scheduler.core.policies import profile
+from gpuaware.scheduler.core.preemption import Running
+from gpuaware.scheduler.core.queue import Tenant, TenantLedger
+from gpuaware.scheduler.core.registry import Handle, in_tree
+from gpuaware.scheduler.core.status import Code, Reason, reason_label
+from gpuaware.scheduler.core.throughput import ThroughputTable
+from gpuaware.scheduler.core.workload import PriorityLevel, Workload
+from gpuaware.scheduler.core.workload_mix import WorkloadMix
 from tests.support import cluster, scheduler_with
 
 MIX = WorkloadMix.of([Workload("w", 1000, 1024, 1, 1000)])

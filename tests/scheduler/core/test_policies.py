@@ -6,13 +6,13 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contract.events import HealthBand
-from scheduler.core.cluster import ClusterState, NodeSpec
-from scheduler.core.framework import Scheduler
-from scheduler.core.policies import profile
-from scheduler.core.policy_specs import POLICIES
-from scheduler.core.workload import Workload
-from scheduler.core.workload_mix import WorkloadMix
+from gpuaware.contract.events import HealthBand
+from gpuaware.scheduler.core.cluster import ClusterState, NodeSpec
+from gpuaware.scheduler.core.framework import Scheduler
+from gpuaware.scheduler.core.policies import profile
+from gpuaware.scheduler.core.policy_specs import POLICIES
+from gpuaware.scheduler.core.workload import Workload
+from gpuaware.scheduler.core.workload_mix import WorkloadMix
 from tests.support import cluster
 
 MIX = WorkloadMix.of([Workload(f"w{i}", 1000, 1024, 1, 1000) for i in range(3)]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from scheduler.core.cluster import Allocation
-from scheduler.core.preemption import Running, select_victims
-from scheduler.core.workload import Workload
+from gpuaware.scheduler.core.cluster import Allocation
+from gpuaware.scheduler.core.preemption import Running, select_victims
+from gpuaware.scheduler.core.workload import Workload
 from tests.support import cluster
 
 

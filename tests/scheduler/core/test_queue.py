@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from scheduler.core.queue import Tenant, TenantLedger, fair_order
-from scheduler.core.workload import Workload
+from gpuaware.scheduler.core.queue import Tenant, TenantLedger, fair_order
+from gpuaware.scheduler.core.workload import Workload
 
 
 def test_fair_order_is_priority_then_dominant_share_then_arrival():

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from scheduler.core.cluster import Allocation
+from gpuaware.scheduler.core.cluster import Allocation
 from tests.support import cluster
 
 
 def test_consolidation_frees_whole_gpus_without_breaking_others():
-    from scheduler.core.rebalance import consolidation_moves
+    from gpuaware.scheduler.core.rebalance import consolidation_moves
 
     c = cluster(2, 2)
     c.allocate(Allocation("small", 0, [0], [200], 1000, 1024, sharing="shared"))

@@ -6,14 +6,14 @@ import pkgutil
 
 import pytest
 
-import scheduler.core.plugins
-from scheduler.core.framework import Plugin
-from scheduler.core.policies import profile
-from scheduler.core.policy_specs import LIVE_STREAM, POLICIES, SPECS, STREAM_PARTS
-from scheduler.core.registry import Handle, Registry, in_tree
-from scheduler.core.throughput import ThroughputTable
-from scheduler.core.workload import Workload
-from scheduler.core.workload_mix import WorkloadMix
+import gpuaware.scheduler.core.plugins
+from gpuaware.scheduler.core.framework import Plugin
+from gpuaware.scheduler.core.policies import profile
+from gpuaware.scheduler.core.policy_specs import LIVE_STREAM, POLICIES, SPECS, STREAM_PARTS
+from gpuaware.scheduler.core.registry import Handle, Registry, in_tree
+from gpuaware.scheduler.core.throughput import ThroughputTable
+from gpuaware.scheduler.core.workload import Workload
+from gpuaware.scheduler.core.workload_mix import WorkloadMix
 
 MIX = WorkloadMix.of([Workload("w", 1000, 1024, 1, 1000), Workload("t4", 1000, 1024, 1, 1000, models=("T4",))])
 FULL = Handle(MIX, seed=3, throughput=ThroughputTable({}, {}))
@@ -21,7 +21,7 @@ FULL = Handle(MIX, seed=3, throughput=ThroughputTable({}, {}))
 
 def test_every_plugin_module_is_registered_under_the_name_its_plugin_gives():
     registry = in_tree()
-    modules = {m.name for m in pkgutil.iter_modules(scheduler.core.plugins.__path__)}
+    modules = {m.name for m in pkgutil.iter_modules(gpuaware.scheduler.core.plugins.__path__)}
     built = [registry.build(name, FULL) for name in registry.names()]
     assert {type(p).__module__.rsplit(".", 1)[1] for p in built} == modules  # one plugin per file, all in
     assert [p.name for p in built] == registry.names()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from contract.events import HealthAction, HealthVerdict
-from scheduler.core.remediation import Chain, EvictionMode, Next, Step, eviction_mode
+from gpuaware.contract.events import HealthAction, HealthVerdict
+from gpuaware.scheduler.core.remediation import Chain, EvictionMode, Next, Step, eviction_mode
 
 PASS, CRIT = HealthVerdict.PASS, HealthVerdict.CRITICAL
 NONE, DRAIN, RESET, REBOOT = HealthAction.NONE, HealthAction.DRAIN, HealthAction.RESET_GPU, HealthAction.REBOOT_NODE

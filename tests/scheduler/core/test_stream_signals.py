@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from scheduler.core.cluster import Allocation
-from scheduler.core.framework import Profile, Scheduler
-from scheduler.core.plugins.bestfit import BestFit
-from scheduler.core.plugins.power_headroom import PowerHeadroom
-from scheduler.core.policies import profile
-from scheduler.core.policy_specs import LIVE_STREAM, SIGNALS
-from scheduler.core.workload import Workload
-from scheduler.core.workload_mix import WorkloadMix
+from gpuaware.scheduler.core.cluster import Allocation
+from gpuaware.scheduler.core.framework import Profile, Scheduler
+from gpuaware.scheduler.core.plugins.bestfit import BestFit
+from gpuaware.scheduler.core.plugins.power_headroom import PowerHeadroom
+from gpuaware.scheduler.core.policies import profile
+from gpuaware.scheduler.core.policy_specs import LIVE_STREAM, SIGNALS
+from gpuaware.scheduler.core.workload import Workload
+from gpuaware.scheduler.core.workload_mix import WorkloadMix
 from tests.support import cluster
 
 

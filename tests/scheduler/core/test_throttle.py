@@ -7,7 +7,7 @@ import pytest
 
 
 def test_throttling_caps_low_priority_power_first_and_hot_gpus_always():
-    from scheduler.core.throttle import throttle_decisions
+    from gpuaware.scheduler.core.throttle import throttle_decisions
 
     power = np.array([[300.0, 250.0, 100.0]])
     temp = np.array([[60.0, 60.0, 90.0]])

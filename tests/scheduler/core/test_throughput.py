@@ -8,7 +8,7 @@ from tests.support import GAVEL
 
 
 def test_gavel_table_orders_gpus_and_learns_online():
-    from scheduler.core.throughput import ThroughputTable
+    from gpuaware.scheduler.core.throughput import ThroughputTable
 
     t = ThroughputTable.from_gavel(json.loads(GAVEL.read_text()))
     job = "ResNet-50 (batch size 64)"

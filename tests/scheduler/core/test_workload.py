@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.core.workload import Workload
+from gpuaware.scheduler.core.workload import Workload
 
 
 def test_a_plain_gpu_request_is_whole_gpus():

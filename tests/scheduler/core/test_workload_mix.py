@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.core.workload import Workload
-from scheduler.core.workload_mix import WorkloadMix
+from gpuaware.scheduler.core.workload import Workload
+from gpuaware.scheduler.core.workload_mix import WorkloadMix
 
 
 def test_the_mix_gives_fgd_its_typical_shapes_and_knows_cpu_per_gpu_and_constrained_demand():

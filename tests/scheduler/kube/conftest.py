@@ -7,10 +7,10 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
-from scheduler.kube.cache import ClusterCache
-from scheduler.kube.calls import ApiCalls
-from scheduler.kube.tasks import Tasks
-from scheduler.metrics import SchedulerStats
+from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.calls import ApiCalls
+from gpuaware.scheduler.kube.tasks import Tasks
+from gpuaware.scheduler.metrics import SchedulerStats
 from tests import support
 from tests.real_kube import Kube
 

@@ -6,18 +6,18 @@ import asyncio
 import json
 import time
 
-from contract import annotations
-from contract.events import DecisionAction, HealthBand, NodeGpu, NodeState, SchedulerDecision
+from gpuaware.contract import annotations
+from gpuaware.contract.events import DecisionAction, HealthBand, NodeGpu, NodeState, SchedulerDecision
 from gpuaware.local.fake_apiserver import make_node, make_pod
-from scheduler.core.cluster import Allocation
-from scheduler.core.framework import Decision
-from scheduler.core.preemption import Running
-from scheduler.core.status import Code, Reason
-from scheduler.feed import StateView
-from scheduler.kube.binder import Binder
-from scheduler.kube.decisions import DecisionSink
-from scheduler.kube.departures import Departures
-from scheduler.settings import SchedulerSettings
+from gpuaware.scheduler.core.cluster import Allocation
+from gpuaware.scheduler.core.framework import Decision
+from gpuaware.scheduler.core.preemption import Running
+from gpuaware.scheduler.core.status import Code, Reason
+from gpuaware.scheduler.feed import StateView
+from gpuaware.scheduler.kube.binder import Binder
+from gpuaware.scheduler.kube.decisions import DecisionSink
+from gpuaware.scheduler.kube.departures import Departures
+from gpuaware.scheduler.settings import SchedulerSettings
 
 SETTINGS = SchedulerSettings(checkpoint_timeout_s=0.0, eviction_timeout_s=0.3, extender_port=0)
 

@@ -7,10 +7,10 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import annotations as ann
+from gpuaware.contract import annotations as ann
 from gpuaware.local.fake_apiserver import make_node, make_pod
-from scheduler.core.queue import Usage
-from scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.core.queue import Usage
+from gpuaware.scheduler.kube.cache import ClusterCache
 from tests.support import FUZZ, json_values, printable_text
 
 
@@ -50,7 +50,7 @@ def test_the_cache_survives_any_sequence_of_pod_events_and_keeps_its_invariants(
 
 
 def test_a_synced_pod_is_parsed_once_and_known_workload_gives_what_the_cache_parsed(monkeypatch):
-    from scheduler.kube import objects
+    from gpuaware.scheduler.kube import objects
 
     parsed: list[str] = []
     real = objects.workload_of
@@ -79,8 +79,8 @@ def test_a_lifted_cordon_or_taint_gives_the_gpu_back_the_band_beneath_and_repeat
     again), and a second ``apply_cordons`` forgot which GPUs were critical for a taint alone."""
     import numpy as np
 
-    from contract import dra
-    from contract.events import HealthBand
+    from gpuaware.contract import dra
+    from gpuaware.contract.events import HealthBand
     cache = ClusterCache()
     node = make_node("h", gpus=0)
     cache.sync_nodes([node])

@@ -10,9 +10,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from gpuaware.local.fake_apiserver import make_node, make_pod
-from plumbing.kube.api import KubeApi, connect
-from scheduler.kube.calls import ApiCalls, NotLeading
-from scheduler.metrics import SchedulerStats
+from gpuaware.plumbing.kube.api import KubeApi, connect
+from gpuaware.scheduler.kube.calls import ApiCalls, NotLeading
+from gpuaware.scheduler.metrics import SchedulerStats
 
 
 async def test_call_runs_the_client_and_returns_its_answer(kube, calls):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from contract.events import DecisionAction, GpuAssignment, SchedulerDecision
-from scheduler.core.workload import Workload
-from scheduler.kube.decisions import DecisionSink, Outcome
+from gpuaware.contract.events import DecisionAction, GpuAssignment, SchedulerDecision
+from gpuaware.scheduler.core.workload import Workload
+from gpuaware.scheduler.kube.decisions import DecisionSink, Outcome
 
 
 async def test_decision_record_carries_the_outcome_and_the_workload():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from scheduler.kube.departures import Departures
+from gpuaware.scheduler.kube.departures import Departures
 
 
 async def test_waiters_wake_when_the_pod_leaves_and_unknown_pods_are_ignored():

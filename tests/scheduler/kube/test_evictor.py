@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from contract import annotations
+from gpuaware.contract import annotations
 from gpuaware.local.fake_apiserver import make_node, make_pod
-from plumbing.kube.api import now_rfc3339
-from scheduler.kube.evictor import Evictor
-from scheduler.settings import SchedulerSettings
+from gpuaware.plumbing.kube.api import now_rfc3339
+from gpuaware.scheduler.kube.evictor import Evictor
+from gpuaware.scheduler.settings import SchedulerSettings
 
 FAST = SchedulerSettings(checkpoint_timeout_s=5.0, eviction_retry_s=0.05, eviction_timeout_s=0.3, extender_port=0)
 

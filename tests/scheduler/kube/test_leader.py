@@ -22,9 +22,9 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from gpuaware.local.fake_apiserver import make_node
-from scheduler.kube.leader import LeaderElector, LeadershipLost
-from scheduler.main import serve
-from scheduler.settings import SchedulerSettings
+from gpuaware.scheduler.kube.leader import LeaderElector, LeadershipLost
+from gpuaware.scheduler.main import serve
+from gpuaware.scheduler.settings import SchedulerSettings
 from tests.support import wait_for as _wait_for
 
 NS, NAME = "gpuaware", "gpuaware-scheduler"

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from contract import annotations
-from contract.events import GpuState, HealthBand, NodeGpu, NodeState
+from gpuaware.contract import annotations
+from gpuaware.contract.events import GpuState, HealthBand, NodeGpu, NodeState
 from gpuaware.local.fake_apiserver import make_node, make_pod
-from scheduler.feed import StateView
+from gpuaware.scheduler.feed import StateView
 from tests.support import FAST, events, gpus_of, pods, running, wait_for
 
 

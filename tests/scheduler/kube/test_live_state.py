@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 import time
 
-from contract import annotations
-from contract.events import GpuState, HealthBand, NodeGpu, NodeState
+from gpuaware.contract import annotations
+from gpuaware.contract.events import GpuState, HealthBand, NodeGpu, NodeState
 from gpuaware.local.fake_apiserver import make_node
-from scheduler.feed import StateView
-from scheduler.kube.cache import ClusterCache
-from scheduler.kube.live_state import REAPPLY_EVERY_S, LiveGpuState
+from gpuaware.scheduler.feed import StateView
+from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.live_state import REAPPLY_EVERY_S, LiveGpuState
 
 
 def gpu(g: int, band: HealthBand, node: str = "n0", temp: float = 60.0) -> GpuState:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from contract.events import HealthAction, HealthVerdict
-from scheduler.core.remediation import Chain
-from scheduler.kube import node_conditions as nc
-from scheduler.kube import objects
+from gpuaware.contract.events import HealthAction, HealthVerdict
+from gpuaware.scheduler.core.remediation import Chain
+from gpuaware.scheduler.kube import node_conditions as nc
+from gpuaware.scheduler.kube import objects
 
 
 def chain(gpu: int, action: HealthAction, drained: bool = False, requested: bool = False) -> Chain:

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import annotations as ann
+from gpuaware.contract import annotations as ann
 from gpuaware.local.fake_apiserver import make_node, make_pod
-from scheduler.kube import objects
+from gpuaware.scheduler.kube import objects
 from tests.support import FUZZ, printable_text
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuaware.local.fake_apiserver import make_node, make_pod
-from scheduler.kube.queue_status import QueueStatusWriter
+from gpuaware.scheduler.kube.queue_status import QueueStatusWriter
 
 GROUP = {"group": "gpuaware.io", "version": "v1alpha1"}
 

@@ -13,21 +13,29 @@ from typing import Any
 
 import pytest
 
-from contract import annotations
-from contract.events import DecisionAction, GpuState, HealthAction, HealthBand, HealthVerdict, NodeGpu, NodeState
+from gpuaware.contract import annotations
+from gpuaware.contract.events import (
+    DecisionAction,
+    GpuState,
+    HealthAction,
+    HealthBand,
+    HealthVerdict,
+    NodeGpu,
+    NodeState,
+)
 from gpuaware.local.fake_apiserver import make_node, make_pod
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, KubeControlPlaneError, find_binaries
-from plumbing.kube.api import KubeApi
-from scheduler.core.remediation import Step
-from scheduler.feed import StateView
-from scheduler.kube import node_conditions
-from scheduler.kube.cache import ClusterCache, Queue, QueueSpecError
-from scheduler.kube.calls import ApiCalls
-from scheduler.kube.decisions import DecisionSink
-from scheduler.kube.evictor import Evictor
-from scheduler.kube.health import HealthReactions
-from scheduler.kube.live_state import LiveGpuState
-from scheduler.settings import SchedulerSettings
+from gpuaware.plumbing.kube.api import KubeApi
+from gpuaware.scheduler.core.remediation import Step
+from gpuaware.scheduler.feed import StateView
+from gpuaware.scheduler.kube import node_conditions
+from gpuaware.scheduler.kube.cache import ClusterCache, Queue, QueueSpecError
+from gpuaware.scheduler.kube.calls import ApiCalls
+from gpuaware.scheduler.kube.decisions import DecisionSink
+from gpuaware.scheduler.kube.evictor import Evictor
+from gpuaware.scheduler.kube.live_state import LiveGpuState
+from gpuaware.scheduler.kube.quarantine import HealthReactions
+from gpuaware.scheduler.settings import SchedulerSettings
 from tests.real_kube import api_client, prepare
 from tests.support import need, shipped_rbac
 
@@ -301,7 +309,7 @@ def test_a_malformed_gpu_pods_annotation_is_logged_with_field_and_reason_once_an
     cp.kubectl("annotate", "node", "f1", f"{annotations.ANN_GPU_PODS}={{\"0\": \"train/x\"}}")
     _, health, _, calls, _ = _reactions(cp, api, stats, tasks, "f1")
     try:
-        with caplog.at_level("WARNING", logger="scheduler.kube.health"):
+        with caplog.at_level("WARNING", logger="gpuaware.scheduler.kube.quarantine"):
             assert health.gpu_pods("f1") is None  # ignored: the cache's charge decides, as without it
             assert health.gpu_pods("f1") is None
         (record,) = [r for r in caplog.records if annotations.ANN_GPU_PODS in r.getMessage()]

@@ -4,17 +4,17 @@ reported; gangs go all or nothing."""
 from __future__ import annotations
 
 from gpuaware.local.fake_apiserver import make_node, make_pod
-from scheduler.core.framework import Decision
-from scheduler.core.preemption import Running
-from scheduler.core.workload import Workload
-from scheduler.kube.cache import ClusterCache
-from scheduler.kube.decisions import DecisionSink
-from scheduler.kube.departures import Departures
-from scheduler.kube.evictor import Evictor
-from scheduler.kube.scheduling import MIX_REBUILD_EVERY, SchedulingPass
-from scheduler.kube.unschedulable import UnschedulableReporter
-from scheduler.metrics import SchedulerStats
-from scheduler.settings import SchedulerSettings
+from gpuaware.scheduler.core.framework import Decision
+from gpuaware.scheduler.core.preemption import Running
+from gpuaware.scheduler.core.workload import Workload
+from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.decisions import DecisionSink
+from gpuaware.scheduler.kube.departures import Departures
+from gpuaware.scheduler.kube.evictor import Evictor
+from gpuaware.scheduler.kube.scheduling import MIX_REBUILD_EVERY, SchedulingPass
+from gpuaware.scheduler.kube.unschedulable import UnschedulableReporter
+from gpuaware.scheduler.metrics import SchedulerStats
+from gpuaware.scheduler.settings import SchedulerSettings
 
 
 class Binds:
@@ -144,7 +144,7 @@ def test_the_core_is_rebuilt_when_nodes_change_or_the_mix_has_grown(tasks):
 async def test_a_gang_with_claims_gets_devices_for_all_its_members_or_for_none(tasks, wait_for):
     """A member whose claims' devices cannot be picked where the core placed it holds back the whole gang:
     no member starts, the others' devices are no longer in flight and their GPUs are free again."""
-    from contract import dra
+    from gpuaware.contract import dra
     gang = {"gpuaware.io/gang": "g", "gpuaware.io/gang-size": "2"}
     pods = [make_pod(f"m{i}", gpus=0, annotations=gang) for i in range(2)]
     for i, p in enumerate(pods):
@@ -176,7 +176,7 @@ def claimed_setup(tasks, names: list[str], claim_of: dict[str, str], node_cpu: s
                   others: tuple[dict, ...] = ()):
     """Pods with one claim each (``claim_of``: pod -> claim) on node n0 with two H100s published as slices
     (and ``others``, pods without claims)."""
-    from contract import dra
+    from gpuaware.contract import dra
     node = make_node("n0", gpus=0)
     node["status"]["allocatable"]["cpu"] = node["status"]["capacity"]["cpu"] = node_cpu
     passes, cache, binds, _, events, _, _ = setup(tasks, [node], [])
@@ -403,7 +403,7 @@ async def test_a_claim_tolerating_a_device_taint_gets_that_gpu_and_only_its_own_
     """n0's GPU 0 is held by a claim, GPU 1 tainted by a DeviceTaintRule. A pod whose claim does not tolerate
     the taint waits; one whose claim does is placed on GPU 1 and its claim gets gpu-1; after its cycle the GPU
     is critical in the model again. A GPU gpuaware cordoned is not lent, whatever the claim tolerates."""
-    from contract import dra
+    from gpuaware.contract import dra
     passes, cache, binds, _, _ = claimed_setup(tasks, [], {})
     held = {"metadata": {"name": "held", "namespace": "default", "resourceVersion": "1"},
             "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu"}}]}}}
@@ -440,7 +440,7 @@ async def test_a_claim_tolerating_a_device_taint_gets_that_gpu_and_only_its_own_
 async def test_an_admin_access_claim_goes_where_its_gpus_are_though_in_use_and_takes_none(tasks, wait_for):
     """Both of n0's GPUs held by claims; a pod with an adminAccess claim for two GPUs is placed there with no GPU
     in the model, its claim written with adminAccess results, and once the claim says so no device is taken."""
-    from scheduler.kube import dra_claims
+    from gpuaware.scheduler.kube.dra import claims as dra_claims
     passes, cache, binds, _, _ = claimed_setup(tasks, [], {})
     held = [{"metadata": {"name": f"held{g}", "namespace": "default", "resourceVersion": "1"},
              "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu"}}]}}}

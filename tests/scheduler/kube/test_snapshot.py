@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from gpuaware.local.fake_apiserver import make_node, make_pod
-from scheduler.feed import StateView
-from scheduler.kube.cache import ClusterCache
-from scheduler.kube.snapshot import queue_snapshot
+from gpuaware.scheduler.feed import StateView
+from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.snapshot import queue_snapshot
 
 
 def cache() -> ClusterCache:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from scheduler.kube.tasks import Tasks
+from gpuaware.scheduler.kube.tasks import Tasks
 
 
 async def test_done_tasks_are_forgotten_and_the_rest_cancelled_on_stop():

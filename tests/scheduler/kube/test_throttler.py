@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import time
 
-from contract.events import AgentControl, ControlKind, DecisionAction, GpuState, HealthBand, NodeGpu, NodeState
+from gpuaware.contract.events import AgentControl, ControlKind, DecisionAction, GpuState, HealthBand, NodeGpu, NodeState
 from gpuaware.local.fake_apiserver import make_node
-from scheduler.feed import StateView
-from scheduler.kube.cache import ClusterCache
-from scheduler.kube.decisions import DecisionSink
-from scheduler.kube.live_state import LiveGpuState
-from scheduler.kube.throttler import Throttler
-from scheduler.metrics import SchedulerStats
-from scheduler.settings import SchedulerSettings
+from gpuaware.scheduler.feed import StateView
+from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.decisions import DecisionSink
+from gpuaware.scheduler.kube.live_state import LiveGpuState
+from gpuaware.scheduler.kube.throttler import Throttler
+from gpuaware.scheduler.metrics import SchedulerStats
+from gpuaware.scheduler.settings import SchedulerSettings
 
 
 def state(g: int, temp: float) -> GpuState:
@@ -97,7 +97,7 @@ async def test_no_cap_is_sent_once_the_replica_may_no_longer_act(tasks, wait_for
 
 async def test_caps_are_recorded_on_the_node_and_a_new_leader_lifts_its_predecessors(tasks, wait_for):
     """Issue 17 item 11: caps were kept only in the leader's memory, so after a failover they were never lifted."""
-    from contract import annotations
+    from gpuaware.contract import annotations
 
     agents, recorded = Agents(), {}
 
@@ -130,7 +130,7 @@ def test_power_cap_commands_are_keyed_per_gpu_so_compaction_keeps_each():
 
 
 def test_the_power_caps_annotation_reads_only_what_is_well_formed():
-    from contract import annotations
+    from gpuaware.contract import annotations
 
     def node(raw):
         return {"metadata": {"annotations": {annotations.ANN_POWER_CAPS: raw}}}

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from contract.events import DecisionAction, SchedulerDecision
+from gpuaware.contract.events import DecisionAction, SchedulerDecision
 from gpuaware.local.fake_apiserver import make_pod
-from scheduler.core.status import Code, label_of
-from scheduler.kube.cache import ClusterCache
-from scheduler.kube.decisions import DecisionSink
-from scheduler.kube.unschedulable import UnschedulableReporter
-from scheduler.metrics import SchedulerStats
+from gpuaware.scheduler.core.status import Code, label_of
+from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.decisions import DecisionSink
+from gpuaware.scheduler.kube.unschedulable import UnschedulableReporter
+from gpuaware.scheduler.metrics import SchedulerStats
 
 
 class Events:

@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.sim.dynamic import BOARD_POWER_W, DynamicConfig, run_dynamic, summarize
-from scheduler.sim.openb import load_nodes, load_pods
-from scheduler.sim.stream_model import StreamConfig, StreamModel
+from gpuaware.scheduler.sim.dynamic import BOARD_POWER_W, DynamicConfig, run_dynamic, summarize
+from gpuaware.scheduler.sim.openb import load_nodes, load_pods
+from gpuaware.scheduler.sim.stream_model import StreamConfig, StreamModel
 from tests.support import OPENB_PODS as PODS
 from tests.support import LastValue
 

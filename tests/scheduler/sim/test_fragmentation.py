@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scheduler.sim.fragmentation import run_fragmentation
-from scheduler.sim.openb import load_nodes, load_pods
+from gpuaware.scheduler.sim.fragmentation import run_fragmentation
+from gpuaware.scheduler.sim.openb import load_nodes, load_pods
 from tests.support import OPENB_PODS as PODS
 
 
@@ -31,9 +31,9 @@ def test_fgd_leaves_fewer_gpus_unallocated_than_random_here(small_nodes):
 
 
 def test_artifact_protocol_shuffles_the_whole_trace_then_appends_copies_up_to_130_percent():
-    from scheduler.core.workload import Workload
-    from scheduler.sim.fragmentation import artifact_arrivals
-    from scheduler.sim.openb import TracePod
+    from gpuaware.scheduler.core.workload import Workload
+    from gpuaware.scheduler.sim.fragmentation import artifact_arrivals
+    from gpuaware.scheduler.sim.openb import TracePod
 
     trace = [TracePod(Workload(f"p{i}", 1000, 1024, 1, 1000), 0.0, None, None) for i in range(10)]
     trace += [TracePod(Workload("cpu", 1000, 1024, 0, 1000), 0.0, None, None)]
@@ -48,7 +48,7 @@ def test_artifact_protocol_shuffles_the_whole_trace_then_appends_copies_up_to_13
 
 
 def test_artifact_figure_is_the_mean_allocation_of_arrivals_rounding_to_the_load():
-    from scheduler.sim.fragmentation import FragmentationRun
+    from gpuaware.scheduler.sim.fragmentation import FragmentationRun
 
     run = FragmentationRun("x", 0, arrived_pct=[99.4, 99.6, 100.2, 100.4, 100.6, 103.0],
                            allocated_pct=[90.0, 91.0, 92.0, 93.0, 94.0, 95.0])
@@ -58,7 +58,7 @@ def test_artifact_figure_is_the_mean_allocation_of_arrivals_rounding_to_the_load
 
 
 def test_artifact_protocol_summary_gives_medians(small_nodes):
-    from scheduler.sim.fragmentation import summarize
+    from gpuaware.scheduler.sim.fragmentation import summarize
 
     nodes, pods = load_nodes(small_nodes), load_pods(PODS)
     runs = [run_fragmentation(nodes, pods, "fgd-artifact", s, protocol="artifact") for s in range(3)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.sim.openb import TraceError, load_nodes, load_pods
+from gpuaware.scheduler.sim.openb import TraceError, load_nodes, load_pods
 from tests.support import OPENB_NODES as NODES
 
 

@@ -8,15 +8,15 @@ import json
 import numpy as np
 import pytest
 
-from scheduler.core.cluster import Allocation
-from scheduler.core.policy_specs import LIVE_STREAM
-from scheduler.core.preemption import Running
-from scheduler.core.throughput import ThroughputTable
-from scheduler.core.workload import Workload
-from scheduler.sim.ablation import run_ablation, variants
-from scheduler.sim.dynamic import DynamicConfig
-from scheduler.sim.openb import load_nodes, load_pods
-from scheduler.sim.stream_model import JOB_MEMORY_MIB, StreamConfig, StreamModel, fewest_gpus
+from gpuaware.scheduler.core.cluster import Allocation
+from gpuaware.scheduler.core.policy_specs import LIVE_STREAM
+from gpuaware.scheduler.core.preemption import Running
+from gpuaware.scheduler.core.throughput import ThroughputTable
+from gpuaware.scheduler.core.workload import Workload
+from gpuaware.scheduler.sim.ablation import run_ablation, variants
+from gpuaware.scheduler.sim.dynamic import DynamicConfig
+from gpuaware.scheduler.sim.openb import load_nodes, load_pods
+from gpuaware.scheduler.sim.stream_model import JOB_MEMORY_MIB, StreamConfig, StreamModel, fewest_gpus
 from tests.support import OPENB_PODS, LastValue, cluster
 
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from scheduler.core.cluster import ClusterState, NodeSpec
-from scheduler.core.framework import Profile, Scheduler
-from scheduler.core.plugins.least_allocated import LeastAllocated
-from scheduler.core.workload import Workload
+from gpuaware.scheduler.core.cluster import ClusterState, NodeSpec
+from gpuaware.scheduler.core.framework import Profile, Scheduler
+from gpuaware.scheduler.core.plugins.least_allocated import LeastAllocated
+from gpuaware.scheduler.core.workload import Workload
 
 
 def test_capability_requests_pick_models_that_meet_them():
-    from scheduler.core.plugins.capabilities import Capabilities
+    from gpuaware.scheduler.core.plugins.capabilities import Capabilities
 
     c = ClusterState([NodeSpec("p100", 32000, 65536, 2, "P100"), NodeSpec("t4", 32000, 65536, 2, "T4"),
                       NodeSpec("a100", 32000, 65536, 2, "NVIDIA A100-SXM4-80GB"),

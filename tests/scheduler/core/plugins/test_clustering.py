@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from scheduler.core.cluster import Allocation
-from scheduler.core.plugins.clustering import Clustering
-from scheduler.core.workload import Workload
+from gpuaware.scheduler.core.cluster import Allocation
+from gpuaware.scheduler.core.plugins.clustering import Clustering
+from gpuaware.scheduler.core.workload import Workload
 from tests.support import cluster, scheduler_with
 
 

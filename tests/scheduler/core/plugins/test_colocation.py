@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 
-from scheduler.core.cluster import Allocation
-from scheduler.core.framework import Profile, Scheduler
-from scheduler.core.plugins.colocation import COMPUTE, MEMORY, FingerprintColocation, class_speeds, fingerprint_of
-from scheduler.core.throughput import ThroughputTable
-from scheduler.core.workload import Workload
+from gpuaware.scheduler.core.cluster import Allocation
+from gpuaware.scheduler.core.framework import Profile, Scheduler
+from gpuaware.scheduler.core.plugins.colocation import (
+    COMPUTE,
+    MEMORY,
+    FingerprintColocation,
+    class_speeds,
+    fingerprint_of,
+)
+from gpuaware.scheduler.core.throughput import ThroughputTable
+from gpuaware.scheduler.core.workload import Workload
 from tests.support import cluster
 
 # Two measured pairs: ResNet-50 with itself slows both to 0.5; ResNet-50 with an LM barely (0.9).
@@ -55,7 +61,7 @@ def test_a_compute_bound_job_goes_beside_the_idle_holder_then_the_memory_bound_o
 def test_without_fingerprints_every_gpu_scores_the_same():
     c = _shared([COMPUTE, MEMORY, "idle-holding-gpu"])  # not live
     p = FingerprintColocation(_table())
-    from scheduler.core.framework import Candidates, CycleContext
+    from gpuaware.scheduler.core.framework import Candidates, CycleContext
 
     ctx = CycleContext(c, Workload("w", 0, 0, 1, 300, labels={"gavel_class": "ResNet-50 (batch size 32)"}))
     s = p.score(ctx, Candidates(c.gpu_exists.nonzero()[0], c.gpu_exists.nonzero()[1]))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
-from scheduler.core.framework import Candidates, CycleContext
-from scheduler.core.plugins.cpu_for_gpus import CpuForGpus
-from scheduler.core.plugins.least_allocated import LeastAllocated
-from scheduler.core.workload import Workload
+from gpuaware.scheduler.core.cluster import Allocation, ClusterState, NodeSpec
+from gpuaware.scheduler.core.framework import Candidates, CycleContext
+from gpuaware.scheduler.core.plugins.cpu_for_gpus import CpuForGpus
+from gpuaware.scheduler.core.plugins.least_allocated import LeastAllocated
+from gpuaware.scheduler.core.workload import Workload
 from tests.support import scheduler_with
 
 

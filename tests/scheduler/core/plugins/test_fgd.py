@@ -10,10 +10,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
-from scheduler.core.framework import Candidates, CycleContext, Profile, Scheduler
-from scheduler.core.plugins.fgd import FragmentationGradient, NodeFigures, TaskTypes, _first_of_each, fragmentation
-from scheduler.core.workload import Workload
+from gpuaware.scheduler.core.cluster import Allocation, ClusterState, NodeSpec
+from gpuaware.scheduler.core.framework import Candidates, CycleContext, Profile, Scheduler
+from gpuaware.scheduler.core.plugins.fgd import (
+    FragmentationGradient,
+    NodeFigures,
+    TaskTypes,
+    _first_of_each,
+    fragmentation,
+)
+from gpuaware.scheduler.core.workload import Workload
 from tests.support import cluster, scheduler_with
 
 TYPES = TaskTypes.from_counts({(1000, 1024, 1, 1000): 3, (1000, 1024, 1, 500): 1, (0, 0, 0, 0): 1})

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
-from scheduler.core.framework import Candidates, CycleContext, Profile, Scheduler
-from scheduler.core.plugins.fgd import GpuFigures
-from scheduler.core.plugins.fgd_artifact import (
+from gpuaware.scheduler.core.cluster import Allocation, ClusterState, NodeSpec
+from gpuaware.scheduler.core.framework import Candidates, CycleContext, Profile, Scheduler
+from gpuaware.scheduler.core.plugins.fgd import GpuFigures
+from gpuaware.scheduler.core.plugins.fgd_artifact import (
     ArtifactFragmentationGradient,
     artifact_fragmentation,
     pod_key,
@@ -17,9 +17,9 @@ from scheduler.core.plugins.fgd_artifact import (
     typical_pods,
     typical_pods_of,
 )
-from scheduler.core.policies import profile
-from scheduler.core.workload import Workload
-from scheduler.core.workload_mix import WorkloadMix
+from gpuaware.scheduler.core.policies import profile
+from gpuaware.scheduler.core.workload import Workload
+from gpuaware.scheduler.core.workload_mix import WorkloadMix
 
 
 def test_typical_pods_keep_the_most_frequent_to_95_percent_and_renormalise():

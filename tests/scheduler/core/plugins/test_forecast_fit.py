@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler.core.cluster import Allocation
-from scheduler.core.framework import Candidates, CycleContext, Profile, Scheduler
-from scheduler.core.plugins.forecast_fit import ForecastFit
-from scheduler.core.workload import Workload
+from gpuaware.scheduler.core.cluster import Allocation
+from gpuaware.scheduler.core.framework import Candidates, CycleContext, Profile, Scheduler
+from gpuaware.scheduler.core.plugins.forecast_fit import ForecastFit
+from gpuaware.scheduler.core.workload import Workload
 from tests.support import cluster
 
 

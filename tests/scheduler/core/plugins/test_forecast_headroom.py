@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from scheduler.core.framework import Profile, Scheduler
-from scheduler.core.workload import Workload
+from gpuaware.scheduler.core.framework import Profile, Scheduler
+from gpuaware.scheduler.core.workload import Workload
 from tests.support import cluster, scheduler_with
 
 
 def test_forecast_headroom_and_thermal_spreading():
-    from scheduler.core.plugins.forecast_headroom import ForecastHeadroom
-    from scheduler.core.plugins.thermal import ThermalSpread
+    from gpuaware.scheduler.core.plugins.forecast_headroom import ForecastHeadroom
+    from gpuaware.scheduler.core.plugins.thermal import ThermalSpread
 
     c = cluster(2)
     c.forecast_util[0, 0] = 80.0

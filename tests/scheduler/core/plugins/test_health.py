@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from contract.events import HealthBand
-from scheduler.core.plugins.least_allocated import LeastAllocated
-from scheduler.core.workload import Workload
+from gpuaware.contract.events import HealthBand
+from gpuaware.scheduler.core.plugins.least_allocated import LeastAllocated
+from gpuaware.scheduler.core.workload import Workload
 from tests.support import cluster, scheduler_with
 
 

@@ -6,16 +6,16 @@ import json
 
 import numpy as np
 
-from scheduler.core.cluster import Allocation, ClusterState, NodeSpec
-from scheduler.core.framework import Candidates, CycleContext
-from scheduler.core.workload import Workload
+from gpuaware.scheduler.core.cluster import Allocation, ClusterState, NodeSpec
+from gpuaware.scheduler.core.framework import Candidates, CycleContext
+from gpuaware.scheduler.core.workload import Workload
 from tests.support import GAVEL, cluster, scheduler_with
 
 
 def test_heterogeneity_prefers_the_faster_model_and_interference_the_quieter_gpu():
-    from scheduler.core.plugins.heterogeneity import HeterogeneityAffinity
-    from scheduler.core.plugins.interference import InterferenceAware
-    from scheduler.core.throughput import ThroughputTable
+    from gpuaware.scheduler.core.plugins.heterogeneity import HeterogeneityAffinity
+    from gpuaware.scheduler.core.plugins.interference import InterferenceAware
+    from gpuaware.scheduler.core.throughput import ThroughputTable
 
     table = ThroughputTable.from_gavel(json.loads(GAVEL.read_text()))
     c = ClusterState([NodeSpec("k80", 32000, 65536, 2, "K80"), NodeSpec("v100", 32000, 65536, 2, "V100M16")])

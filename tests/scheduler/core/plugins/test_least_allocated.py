@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from scheduler.core.cluster import Allocation
-from scheduler.core.plugins.bestfit import BestFit
-from scheduler.core.plugins.least_allocated import LeastAllocated
-from scheduler.core.workload import Workload
+from gpuaware.scheduler.core.cluster import Allocation
+from gpuaware.scheduler.core.plugins.bestfit import BestFit
+from gpuaware.scheduler.core.plugins.least_allocated import LeastAllocated
+from gpuaware.scheduler.core.workload import Workload
 from tests.support import cluster, scheduler_with
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from scheduler.core.cluster import ClusterState, NodeSpec
-from scheduler.core.plugins.least_allocated import LeastAllocated
-from scheduler.core.workload import Workload
+from gpuaware.scheduler.core.cluster import ClusterState, NodeSpec
+from gpuaware.scheduler.core.plugins.least_allocated import LeastAllocated
+from gpuaware.scheduler.core.workload import Workload
 from tests.support import scheduler_with
 
 

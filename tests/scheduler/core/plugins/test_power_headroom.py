@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from scheduler.core.framework import Candidates, CycleContext
-from scheduler.core.plugins.power_headroom import PowerHeadroom
-from scheduler.core.workload import Workload
+from gpuaware.scheduler.core.framework import Candidates, CycleContext
+from gpuaware.scheduler.core.plugins.power_headroom import PowerHeadroom
+from gpuaware.scheduler.core.workload import Workload
 from tests.support import cluster, scheduler_with
 
 

@@ -1,1 +1,0 @@
-"""Benchmarks that print JSON: ``gpuaware bench ...`` and the scripts beside them (bench/README.md)."""

@@ -1,0 +1,251 @@
+"""``gpuaware eval sampling``: adaptive sampling against fixed 1 s sampling over the fault scenarios.
+
+Each scenario runs the real agent core on simulated GPUs with a simulated clock, one tick per
+second. Figures:
+
+- ``sample_reduction``: full samples a fixed 1 s sampler takes / full samples the adaptive one took;
+  ``light_points``: the light watch points (utilisation and power, ~5 bytes) published besides;
+- ``util_mae_pct_points``: the utilisation timeline rebuilt from the published samples (linear
+  between samples, as a dashboard draws it) against the true per-second utilisation;
+- ``faults_injected`` / ``faults_detected``: each fault counts as detected when the event expected
+  for its kind is raised on its GPU after it takes effect; ``detection_delay_p95_s`` over those;
+- ``false_alarms``: anomaly/ECC/throttle/XID events on GPUs and at times with no fault;
+- ``verdict_accuracy``: the share of faults whose worst verdict and strongest recommended action,
+  from the fault until the next one on its GPU, are the ones expected (the scenario's ``verdict``
+  and ``action``, else ``EXPECTED_VERDICT`` by kind, or the XID's row of ``gpuaware.agent.verdict.XIDS``);
+- ``false_remediations``: GPUs told to drain, reset, reboot or be serviced with no fault (or
+  before theirs), and faults told so whose expected action is not one (docs/health.md).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gpuaware.agent.collectors.sim import SCENARIO_DIR, Fault, SimCluster, load_scenario, scenario_library
+from gpuaware.agent.core import AgentCore
+from gpuaware.agent.sampling import SamplingPolicy, load_policy
+from gpuaware.agent.verdict import ACTION_RANK, REMEDIATIONS, VERDICT_RANK, XIDS
+from gpuaware.contract.events import EventKind, GpuEvent, HealthAction, HealthVerdict
+
+EXPECTED: dict[str, set[EventKind]] = {
+    "ecc_sbe_storm": {EventKind.ECC_SBE},
+    "ecc_dbe": {EventKind.ECC_DBE},
+    "xid": {EventKind.XID},
+    "thermal_runaway": {EventKind.ANOMALY, EventKind.THERMAL_THROTTLE_START},
+    "power_cap": {EventKind.POWER_THROTTLE_START},
+    "stuck_util": {EventKind.ANOMALY},
+    "dead": {EventKind.HEALTH_CHANGE},
+    "telemetry_collapse": {EventKind.ANOMALY},
+    "clock_degraded": {EventKind.ANOMALY},  # clock_peer
+    "power_skew": {EventKind.ANOMALY},  # power_peer
+}
+V, A = HealthVerdict, HealthAction
+EXPECTED_VERDICT: dict[str, tuple[HealthVerdict, HealthAction]] = {
+    "ecc_sbe_storm": (V.WARNING, A.WATCH),
+    "ecc_dbe": (V.CRITICAL, A.RESET_GPU),
+    "thermal_runaway": (V.CRITICAL, A.DRAIN),
+    "power_cap": (V.INFO, A.WATCH),
+    "stuck_util": (V.WARNING, A.RESET_GPU),
+    "dead": (V.CRITICAL, A.REBOOT_NODE),
+    "telemetry_collapse": (V.WARNING, A.DRAIN),
+    "clock_degraded": (V.WARNING, A.WATCH),
+    "power_skew": (V.WARNING, A.WATCH),
+}
+VERDICTS = list(VERDICT_RANK)  # index by rank + 1
+ACTIONS = list(ACTION_RANK)
+ALARM_KINDS = {EventKind.ANOMALY, EventKind.ECC_SBE, EventKind.ECC_DBE, EventKind.XID,
+               EventKind.THERMAL_THROTTLE_START, EventKind.POWER_THROTTLE_START}
+
+
+@dataclass
+class FaultResult:
+    scenario: str
+    kind: str
+    node: int
+    gpu: int
+    at_s: float
+    detected: bool
+    delay_s: float | None
+    health_before: float
+    health_min_after: float
+    verdict: str = ""
+    action: str = ""
+    expected: tuple[str, str] = ("", "")
+
+    @property
+    def verdict_ok(self) -> bool:
+        return (self.verdict, self.action) == self.expected
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    gpus: int
+    duration_s: int
+    samples_adaptive: int
+    samples_fixed: int
+    watch_reads: int
+    abs_err_sum: float
+    abs_err_n: int
+    faults: list[FaultResult]
+    false_alarms: int
+    events: int
+    wall_s: float
+    false_remediations: int = 0
+    light_points: int = 0
+
+
+def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioResult:
+    scenario = load_scenario(path)
+    policy = policy or SamplingPolicy()
+    clock = [0.0]
+    cluster = SimCluster(scenario, clock=lambda: clock[0], epoch=0.0)
+    cores = [AgentCore(c, policy, clock=lambda: clock[0]) for c in cluster.collectors()]
+    duration = int(scenario.duration_s)
+    n_gpus = scenario.gpus_per_node
+    truth = np.full((scenario.nodes, n_gpus, duration), np.nan)
+    published: list[list[list[tuple[float, float]]]] = [[[] for _ in range(n_gpus)] for _ in range(scenario.nodes)]
+    health = np.full((scenario.nodes, n_gpus, duration), 100.0)
+    verdicts = np.zeros((scenario.nodes, n_gpus, duration), dtype=np.int8)  # VERDICT_RANK
+    actions = np.zeros((scenario.nodes, n_gpus, duration), dtype=np.int8)  # ACTION_RANK
+    events: list[tuple[int, GpuEvent]] = []
+    started = time.perf_counter()
+    for s in range(duration):
+        clock[0] = float(s)
+        for n, core in enumerate(cores):
+            out = core.tick(float(s))
+            for idx, _seq, r in out.samples:
+                published[n][idx].append((r.ts, r.util_gpu or 0.0))
+            for idx, r in out.points:  # light watch points draw the same timeline
+                published[n][idx].append((r.ts, r.util_gpu or 0.0))
+            events.extend((n, e) for e in out.events)
+            for t in core.tracks:
+                health[n, t.device.index, s] = t.health.score
+                verdicts[n, t.device.index, s] = VERDICT_RANK[t.verdict.verdict]
+                actions[n, t.device.index, s] = ACTION_RANK[t.verdict.action]
+                if not t.lost and t.last_watch is not None and t.last_watch.ts == s:
+                    truth[n, t.device.index, s] = t.last_watch.util_gpu or 0.0
+    wall = time.perf_counter() - started
+
+    err_sum, err_n = 0.0, 0
+    for n in range(scenario.nodes):
+        for g in range(n_gpus):
+            pts = published[n][g]
+            mask = ~np.isnan(truth[n, g])
+            if not pts or not mask.any():
+                continue
+            ts = np.arange(duration, dtype=float)[mask]
+            pts.sort()
+            rebuilt = np.interp(ts, [p[0] for p in pts], [p[1] for p in pts])
+            err_sum += float(np.abs(rebuilt - truth[n, g][mask]).sum())
+            err_n += int(mask.sum())
+
+    uuid_of = {(n, t.device.index): t.device.uuid for n, core in enumerate(cores) for t in core.tracks}
+    faults = [_judge(scenario.name, f, events, uuid_of, health) for f in scenario.faults]
+    remediation = np.isin(actions, [ACTION_RANK[a] for a in REMEDIATIONS])
+    false_remediations = 0
+    for n in range(scenario.nodes):
+        for g in range(n_gpus):
+            mine = sorted((f for f in scenario.faults if (f.node, f.gpu) == (n, g)), key=lambda f: f.at_s)
+            false_remediations += bool(remediation[n, g, :int(mine[0].at_s) if mine else duration].any())
+            for i, f in enumerate(mine):
+                end = int(mine[i + 1].at_s) if i + 1 < len(mine) else duration
+                res = faults[scenario.faults.index(f)]
+                window = slice(int(f.at_s), max(end, int(f.at_s) + 1))
+                res.verdict = VERDICTS[int(verdicts[n, g, window].max()) + 1].value
+                res.action = ACTIONS[int(actions[n, g, window].max())].value
+                res.expected = tuple(x.value for x in expected_verdict(f))
+                if HealthAction(res.expected[1]) not in REMEDIATIONS and remediation[n, g, window].any():
+                    false_remediations += 1
+    faulty: dict[tuple[int, int], float] = {}
+    for f in scenario.faults:  # a GPU's first fault: one GPU may carry several (a collapse, then the loss)
+        faulty[(f.node, f.gpu)] = min(f.at_s, faulty.get((f.node, f.gpu), f.at_s))
+    false_alarms = sum(
+        1 for n, e in events
+        if e.kind in ALARM_KINDS and not any(
+            uuid_of[(fn, fg)] == e.gpu_uuid and e.ts_ms / 1000 >= at for (fn, fg), at in faulty.items())
+    )
+    samples_fixed = int(np.count_nonzero(~np.isnan(truth)))
+    return ScenarioResult(scenario.name, scenario.nodes * n_gpus, duration, sum(c.samples_taken for c in cores),
+                          samples_fixed, sum(c.watch_reads for c in cores), err_sum, err_n, faults, false_alarms,
+                          len(events), wall, false_remediations, sum(c.points_taken for c in cores))
+
+
+def expected_verdict(f: Fault) -> tuple[HealthVerdict, HealthAction]:
+    if f.kind == "xid":
+        rule = XIDS.get(f.xid)
+        default = (rule.verdict, rule.action) if rule else (V.WARNING, A.WATCH)
+    else:
+        default = EXPECTED_VERDICT[f.kind]
+    return f.verdict or default[0], f.action or default[1]
+
+
+def _judge(name: str, f: Fault, events: list[tuple[int, GpuEvent]], uuid_of: dict, health: np.ndarray) -> FaultResult:
+    target = uuid_of[(f.node, f.gpu)]
+    hits = [e.ts_ms / 1000 - f.at_s for _, e in events
+            if e.gpu_uuid == target and e.kind in EXPECTED[f.kind] and e.ts_ms / 1000 >= f.at_s]
+    at = int(f.at_s)
+    before = float(health[f.node, f.gpu, max(0, at - 1)])
+    after = float(health[f.node, f.gpu, at:].min()) if at < health.shape[2] else before
+    return FaultResult(name, f.kind, f.node, f.gpu, f.at_s, bool(hits), min(hits) if hits else None, before, after)
+
+
+def evaluate(paths: list[Path] | None = None, policy: SamplingPolicy | None = None) -> dict:
+    results = [run_scenario(p, policy) for p in (paths or scenario_library())]
+    faults = [f for r in results for f in r.faults]
+    delays = [f.delay_s for f in faults if f.delay_s is not None]
+    adaptive = sum(r.samples_adaptive for r in results)
+    fixed = sum(r.samples_fixed for r in results)
+    return {
+        "scenarios": [r.name for r in results],
+        "gpu_seconds": fixed,
+        "samples_fixed_1s": fixed,
+        "samples_adaptive": adaptive,
+        "sample_reduction": round(fixed / max(adaptive, 1), 2),
+        "watch_reads": sum(r.watch_reads for r in results),
+        "light_points": sum(r.light_points for r in results),
+        "util_mae_pct_points": round(
+            sum(r.abs_err_sum for r in results) / max(1, sum(r.abs_err_n for r in results)), 3),
+        "faults_injected": len(faults),
+        "faults_detected": sum(f.detected for f in faults),
+        "detection_delay_p95_s": round(float(np.percentile(delays, 95)), 2) if delays else None,
+        "detection_delay_max_s": round(max(delays), 2) if delays else None,
+        "health_dropped": sum(f.health_min_after < f.health_before for f in faults),
+        "false_alarms": sum(r.false_alarms for r in results),
+        "verdict_accuracy": round(sum(f.verdict_ok for f in faults) / len(faults), 3) if faults else None,
+        "false_remediations": sum(r.false_remediations for r in results),
+        "faults": [
+            {"scenario": f.scenario, "kind": f.kind, "gpu": f"{f.node}/{f.gpu}", "at_s": f.at_s,
+             "detected": f.detected, "delay_s": f.delay_s, "health_before": round(f.health_before, 1),
+             "health_min_after": round(f.health_min_after, 1), "verdict": f.verdict, "action": f.action,
+             "expected": list(f.expected)}
+            for f in faults
+        ],
+        "per_scenario": {
+            r.name: {"sample_reduction": round(r.samples_fixed / max(r.samples_adaptive, 1), 2),
+                     "util_mae_pct_points": round(r.abs_err_sum / max(r.abs_err_n, 1), 3),
+                     "false_alarms": r.false_alarms, "false_remediations": r.false_remediations,
+                     "wall_s": round(r.wall_s, 2)}
+            for r in results
+        },
+    }
+
+
+def scenario_paths(name: str) -> list[Path]:
+    """A scenario file, a folder of them (``unseen``: the held-out set), or a name in agent/scenarios."""
+    p = Path(name) if Path(name).exists() else SCENARIO_DIR / name
+    if p.is_dir():
+        return sorted(p.glob("*.yaml"))
+    return [p if p.exists() else SCENARIO_DIR / f"{name}.yaml"]
+
+
+def evaluate_scenarios(scenarios: list[str], policy_path: str | None = None) -> dict:
+    """`gpuaware eval sampling`: ``scenarios`` by file, folder or name in gpuaware/agent/scenarios (every library one
+    when empty) under the policy of ``policy_path`` (the default policy when None)."""
+    policy = load_policy(policy_path) if policy_path else None
+    paths = [p for s in scenarios for p in scenario_paths(s)] or None
+    return evaluate(paths, policy)

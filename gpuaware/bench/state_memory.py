@@ -1,0 +1,52 @@
+"""How much memory the scheduler's live view of a fleet takes: ``python -m gpuaware.bench.state_memory --gpus 100000``.
+
+Fills a ``gpuaware.scheduler.feed.StateView`` with one decoded ``gpu.state.v1`` record per GPU (each with
+the six forecasts and health components the stream publishes, decoded from its own bytes as the
+feed does) and reports what tracemalloc saw allocated for it: ``state_mib`` and ``bytes_per_gpu``.
+The cluster model's per-GPU arrays (``gpuaware.scheduler.core.cluster``) are a few numpy cells per GPU on
+top of this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tracemalloc
+
+from gpuaware.contract.events import Forecast, GpuState, HealthBand, decode, encode
+from gpuaware.scheduler.feed import StateView
+
+
+def state_record(i: int, now_ms: int) -> bytes:
+    forecasts = [Forecast(metric, h * 60, 41.5, 30.25, 60.75) for metric in ("util_gpu", "fb_used_mib")
+                 for h in (1, 5, 15)]
+    return encode(GpuState(
+        gpu_uuid=f"GPU-fleet-{i // 8:05d}-{i % 8}", node=f"fleet-{i // 8:05d}", model="NVIDIA H100 80GB HBM3",
+        sample_ts_ms=now_ms - 3000, published_ms=now_ms, util_gpu=41.37, util_mem=12.5, fb_used_mib=40211.3,
+        fb_total_mib=81559, power_w=402.1, temp_c=61.0, health_score=98.5, health_band=HealthBand.HEALTHY,
+        health_components={"thermal": 100.0, "ecc": 100.0, "xid": 100.0, "throttle": 95.0},
+        forecasts=forecasts, workload_class="training-compute-bound", class_confidence=0.82, samples=5000 + i,
+    ))
+
+
+def measure(gpus: int) -> dict:
+    now_ms = 1_800_000_000_000
+    view = StateView(clock=lambda: now_ms / 1000)
+    tracemalloc.start()
+    before, _ = tracemalloc.get_traced_memory()
+    for i in range(gpus):
+        view.learn(decode(state_record(i, now_ms)), arrived_ms=now_ms)
+    after, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return {"gpus": gpus, "state_mib": round((after - before) / 2**20, 1),
+            "bytes_per_gpu": round((after - before) / gpus)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gpus", type=int, default=100_000)
+    print(json.dumps(measure(p.parse_args().gpus)))
+
+
+if __name__ == "__main__":
+    main()

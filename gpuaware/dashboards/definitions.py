@@ -1,0 +1,250 @@
+"""The dashboards: fleet, GPU health, forecasts and capacity, pipeline health.
+
+Queries use the dcgm-exporter names the agent exports (existing DCGM dashboards keep working)
+and the ``gpuaware_*`` metrics of the agent, the stream workers and the scheduler. ``$cluster``
+matches the ``cluster`` label the PodMonitors set (deploy/base/monitoring); targets without it
+match the "All" value. They are written once, for the legacy schema without prefix;
+:func:`variant` rewrites them for the others (``gpuaware.contract.dcgm.translate``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from gpuaware.contract.dcgm import LEGACY, Schema, translate
+from gpuaware.dashboards.model import Annotation, Dashboard, Panel, Target, Variable
+
+# Whole GPUs only: not a MIG instance's series (GPU_I_ID) nor a pod's share of a shared GPU (pod_uid).
+GPU = 'cluster=~"$cluster", Hostname=~"$node", modelName=~"$model", GPU_I_ID="", pod_uid=""'
+SCHED = 'cluster=~"$cluster"'
+TENANT = 'cluster=~"$cluster", tenant=~"$tenant"'
+EVENTS = f"gpuaware_agent_events_total{{{GPU}}}"
+
+CLUSTER = Variable("cluster", "label_values(up, cluster)", "Cluster")
+VARIABLES = [
+    CLUSTER,
+    Variable("node", "label_values(DCGM_FI_DEV_GPU_UTIL, Hostname)", "Node"),
+    Variable("model", "label_values(DCGM_FI_DEV_GPU_UTIL, modelName)", "GPU model"),
+]
+SCHEDULER_VARIABLES = [CLUSTER, Variable("tenant", "label_values(gpuaware_scheduler_tenant_gpus, tenant)", "Tenant")]
+
+
+def fleet_overview() -> Dashboard:
+    return Dashboard("gpuaware-fleet", "gpuaware / Fleet overview",
+                     "GPUs by model and node, how busy they are, and how much of what is allocated is used.", [
+        Panel("GPUs by model", [Target(f"count by (modelName) (DCGM_FI_DEV_GPU_UTIL{{{GPU}}})", "{{modelName}}")],
+              kind="bargauge", width=8),
+        Panel("Mean GPU utilization", [Target(f"avg(DCGM_FI_DEV_GPU_UTIL{{{GPU}}})")], kind="stat", unit="percent",
+              width=4, thresholds=[(None, "red"), (30, "orange"), (60, "green")]),
+        Panel("Idle GPUs holding memory", [Target(
+            f"count((DCGM_FI_DEV_GPU_UTIL{{{GPU}}} < 5) and (DCGM_FI_DEV_FB_USED{{{GPU}}} > 1024))")],
+              kind="stat", width=4, description="Busy under 5% with more than 1 GiB allocated: reclaim candidates.",
+              thresholds=[(None, "green"), (1, "orange"), (10, "red")]),
+        Panel("GPU busy share of allocated time", [Target(
+            f"avg(gpuaware_scheduler_allocated_busy_ratio{{{SCHED}}})")], kind="stat", unit="percentunit", width=4,
+              min=0, max=1, thresholds=[(None, "red"), (0.4, "orange"), (0.7, "green")],
+              description="Utilisation of the GPUs the scheduler has allocated, weighted by the share allocated."),
+        Panel("Power draw", [Target(f"sum(DCGM_FI_DEV_POWER_USAGE{{{GPU}}})")], kind="stat", unit="watt", width=4),
+        Panel("Energy in the range", [Target(
+            f"sum(increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{GPU}}}[$__range])) / 3.6e9")],
+              kind="stat", unit="kwatth", width=4),
+        Panel("Utilization heatmap", [Target(f"DCGM_FI_DEV_GPU_UTIL{{{GPU}}}", "{{Hostname}}/{{gpu}}")],
+              kind="heatmap", unit="percent", width=24, height=10),
+        Panel("Utilization by model", [Target(f"avg by (modelName) (DCGM_FI_DEV_GPU_UTIL{{{GPU}}})",
+                                              "{{modelName}}")], unit="percent", min=0, max=100),
+        Panel("Framebuffer used by model", [Target(
+            f"sum by (modelName) (DCGM_FI_DEV_FB_USED{{{GPU}}}) * 1048576", "{{modelName}}")], unit="bytes"),
+        Panel("Power by node", [Target(f"sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE{{{GPU}}})", "{{Hostname}}")],
+              unit="watt"),
+        Panel("Temperature (max per node)", [Target(f"max by (Hostname) (DCGM_FI_DEV_GPU_TEMP{{{GPU}}})",
+                                                    "{{Hostname}}")], unit="celsius",
+              thresholds=[(None, "green"), (80, "orange"), (87, "red")]),
+    ], VARIABLES)
+
+
+def gpu_health() -> Dashboard:
+    return Dashboard("gpuaware-health", "gpuaware / GPU health",
+                     "Explainable health scores from the agents, and the error signals behind them.", [
+        Panel("GPUs per health band", [Target(f"sum by (band) (gpuaware_gpu_health_band{{{GPU}}})", "{{band}}")],
+              kind="bargauge", width=8),
+        Panel("Lowest health score", [Target(f"min(gpuaware_gpu_health_score{{{GPU}}})")], kind="stat", width=4,
+              thresholds=[(None, "red"), (50, "orange"), (80, "green")], min=0, max=100),
+        Panel("Lost GPUs", [Target(f"sum(gpuaware_gpu_lost{{{GPU}}})")], kind="stat", width=4,
+              thresholds=[(None, "green"), (1, "red")]),
+        Panel("Edge events per minute", [Target(
+            f"sum by (kind) (rate(gpuaware_agent_events_total{{{GPU}}}[5m])) * 60", "{{kind}}")], width=8),
+        Panel("GPUs per verdict (docs/health.md)", [Target(
+            f"sum by (verdict) (gpuaware_gpu_health_verdict{{{GPU}}})", "{{verdict}}")], kind="bargauge", width=8),
+        Panel("Recommended actions (not none)", [Target(
+            f'gpuaware_gpu_health_verdict{{{GPU}, action!="none"}}', "{{Hostname}}/{{gpu}} {{verdict}}: {{action}}")],
+              kind="table", width=16),
+        Panel("Health score per GPU (lowest 20)", [Target(
+            f"bottomk(20, gpuaware_gpu_health_score{{{GPU}}})", "{{Hostname}}/{{gpu}}")], min=0, max=100,
+              thresholds=[(None, "red"), (50, "orange"), (80, "green")], width=24),
+        Panel("Health components below 100", [Target(
+            f"gpuaware_gpu_health_component{{{GPU}}} < 100", "{{Hostname}}/{{gpu}} {{component}}")],
+              min=0, max=100),
+        Panel("Edge detector scores, highest 10", [Target(f"topk(10, gpuaware_gpu_anomaly_score{{{GPU}}})",
+                                                          "{{Hostname}}/{{gpu}} {{detector}}")]),
+        Panel("ECC errors (volatile)", [
+            Target(f"sum by (Hostname, gpu) (DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{{GPU}}})", "SBE {{Hostname}}/{{gpu}}"),
+            Target(f"sum by (Hostname, gpu) (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{GPU}}})", "DBE {{Hostname}}/{{gpu}}")]),
+        Panel("Last XID", [Target(f"DCGM_FI_DEV_XID_ERRORS{{{GPU}}} > 0", "{{Hostname}}/{{gpu}}")]),
+        Panel("Throttled GPUs (thermal or power)", [Target(
+            f"count by (modelName) (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{{{GPU}}} > 1)", "{{modelName}}")]),
+        Panel("Temperature, hottest 10", [Target(f"topk(10, DCGM_FI_DEV_GPU_TEMP{{{GPU}}})",
+                                                 "{{Hostname}}/{{gpu}}")], unit="celsius",
+              thresholds=[(None, "green"), (80, "orange"), (87, "red")]),
+        Panel("GPUs in remediation by step", [Target(
+            f"max by (step) (gpuaware_scheduler_remediation_gpus{{{SCHED}}})", "{{step}}")], kind="bargauge",
+              width=8, description="Cordoned and draining, waiting for the reset/reboot the node condition "
+                                   "GPUMaintenanceRequired asks for, or validating (docs/health.md)."),
+        Panel("Lemon nodes (5+ remediations in 7 days)", [Target(
+            f"count(max by (node) (gpuaware_scheduler_lemon_node{{{SCHED}}}) == 1) or vector(0)", "lemon nodes")],
+              kind="stat", width=8, description="The series exists only for a lemon node, so the count falls back "
+                                                "to 0; alert GpuLemonNode names each one (docs/runbooks.md)."),
+        Panel("MTTR and MTBI (p50 over 7 days)", [
+            Target(f"histogram_quantile(0.5, sum by (le) (increase("
+                   f"gpuaware_scheduler_remediation_mttr_seconds_bucket{{{SCHED}}}[7d])))", "MTTR"),
+            Target(f"histogram_quantile(0.5, sum by (le) (increase("
+                   f"gpuaware_scheduler_remediation_mtbi_seconds_bucket{{{SCHED}}}[7d])))", "MTBI")],
+              kind="stat", unit="s", width=8,
+              description="MTTR: a GPU's cordon to its validated return to service. MTBI: time between two "
+                          "remediations on the same node."),
+    ], VARIABLES, annotations=[Annotation(
+        # An event counter is born at 1 (no increase to see): a series new in the last minute counts too.
+        "Edge events", f"(sum by (Hostname, gpu, kind) (increase({EVENTS}[1m])) > 0) or (sum by (Hostname, gpu, kind) "
+                       f"({EVENTS}) unless sum by (Hostname, gpu, kind) ({EVENTS} offset 1m))",
+        "{{kind}} on {{Hostname}}/{{gpu}}")])
+
+
+def forecasts() -> Dashboard:
+    return Dashboard("gpuaware-forecasts", "gpuaware / Forecasts and capacity",
+                     "Per-model GPU demand forecast by the stream workers, with its 80% interval, against capacity.", [
+        Panel("Demand forecast, 5 min ahead (busy GPUs)", [
+            Target('gpuaware_cluster_demand_gpus{horizon_s="300", bound="mean"}', "{{model}} forecast"),
+            Target('gpuaware_cluster_demand_gpus{horizon_s="300", bound="upper"}', "{{model}} upper 80%"),
+            Target('gpuaware_cluster_demand_gpus{horizon_s="300", bound="lower"}', "{{model}} lower 80%"),
+            Target("gpuaware_cluster_capacity_gpus", "{{model}} capacity")], width=24, height=10),
+        Panel("Actual busy GPUs by model", [Target(
+            'sum by (modelName) (DCGM_FI_DEV_GPU_UTIL{pod_uid=""}) / 100', "{{modelName}}")], width=12),
+        Panel("Forecast headroom (capacity - upper bound, 15 min)", [Target(
+            'min by (model) (gpuaware_cluster_capacity_gpus - on (model) '
+            'gpuaware_cluster_demand_gpus{horizon_s="900", bound="upper"})', "{{model}}")], width=12),
+        Panel("Forecast error (MAE) per horizon", [Target(
+            "avg by (metric, horizon_minutes) (gpuaware_stream_forecast_mae)",
+            "{{metric}} {{horizon_minutes}} min")], width=12),
+        Panel("GPUs per workload class", [Target("sum by (class) (gpuaware_stream_workload_class_gpus)",
+                                                 "{{class}}")], kind="bargauge", width=12),
+    ])
+
+
+def pipeline_health() -> Dashboard:
+    return Dashboard("gpuaware-pipeline", "gpuaware / Pipeline health",
+                     "Agents' sampling and cost, the Kafka path, and the stream workers.", [
+        Panel("Samples/s (agents)", [Target("sum(rate(gpuaware_agent_samples_total[5m]))")], kind="stat", width=6,
+              unit="ops"),
+        Panel("Bytes/s to Kafka (agents)", [Target("sum(rate(gpuaware_agent_bytes_sent_total[5m]))")], kind="stat",
+              width=6, unit="Bps"),
+        Panel("Spooled records", [Target("sum(gpuaware_agent_spool_depth)")], kind="stat", width=6,
+              thresholds=[(None, "green"), (1, "orange"), (10000, "red")]),
+        Panel("Dead-lettered records (1 h)", [Target("sum(increase(gpuaware_stream_dlq_total[1h]))")], kind="stat",
+              width=6, thresholds=[(None, "green"), (1, "orange")]),
+        Panel("Sampling interval per GPU", [Target(f"gpuaware_agent_sampling_interval_seconds{{{GPU}}}",
+                                                   "{{Hostname}}/{{gpu}}")], unit="s"),
+        Panel("Samples and watch reads per second", [
+            Target("sum by (Hostname) (rate(gpuaware_agent_samples_total[5m]))", "samples {{Hostname}}"),
+            Target("sum by (Hostname) (rate(gpuaware_agent_watch_reads_total[5m]))", "watch reads {{Hostname}}")]),
+        Panel("Publish errors and spool drops", [
+            Target("sum(rate(gpuaware_agent_publish_errors_total[5m]))", "publish errors/s"),
+            Target("sum(rate(gpuaware_agent_spool_dropped_total[5m]))", "spool drops/s")]),
+        Panel("Stream records/s by topic", [Target(
+            "sum by (topic) (rate(gpuaware_stream_records_total[5m]))", "{{topic}}")], unit="ops"),
+        Panel("Consumer lag by topic", [Target("sum by (topic) (gpuaware_stream_consumer_lag)", "{{topic}}")]),
+        Panel("Sample to state latency (p50, p99)", [
+            Target("histogram_quantile(0.5, sum by (le) (rate(gpuaware_stream_sample_to_state_seconds_bucket[5m])))",
+                   "p50"),
+            Target("histogram_quantile(0.99, sum by (le) (rate(gpuaware_stream_sample_to_state_seconds_bucket[5m])))",
+                   "p99")], unit="s"),
+        Panel("Derived records/s by topic", [Target(
+            "sum by (topic) (rate(gpuaware_stream_published_total[5m]))", "{{topic}}")], unit="ops"),
+        Panel("Duplicate samples applied once (/s)", [Target(
+            "sum(rate(gpuaware_stream_duplicate_samples_total[5m]))", "duplicates/s")]),
+    ])
+
+
+def scheduler_tenants() -> Dashboard:
+    wait = f"gpuaware_scheduler_queue_wait_seconds_bucket{{{TENANT}}}"
+    return Dashboard("gpuaware-scheduler", "gpuaware / Scheduler and tenants",
+                     "Queues, waits, quota use and fairness per tenant; what the scheduler decided and how fast.", [
+        Panel("Pending pods", [Target(f"sum(gpuaware_scheduler_pending_pods{{{TENANT}}})")], kind="stat", width=4,
+              thresholds=[(None, "green"), (10, "orange"), (100, "red")]),
+        Panel("Oldest pending pod", [Target(f"max(gpuaware_scheduler_oldest_pending_seconds{{{TENANT}}})")],
+              kind="stat", unit="s", width=4, thresholds=[(None, "green"), (300, "orange"), (1800, "red")]),
+        Panel("Jain's fairness index", [Target(f"min(gpuaware_scheduler_jain_fairness{{{SCHED}}})")], kind="stat",
+              width=4, min=0, max=1, thresholds=[(None, "red"), (0.8, "orange"), (0.95, "green")],
+              description="Over tenants' GPU use divided by their weights: 1 when every tenant gets its share."),
+        Panel("Allocated share of GPU capacity", [Target(
+            f"max(gpuaware_scheduler_allocated_gpu_ratio{{{SCHED}}})")], kind="stat", unit="percentunit", width=4,
+              min=0, max=1),
+        Panel("Scheduling leader", [Target(f"sum(gpuaware_scheduler_leader{{{SCHED}}})")], kind="stat", width=4,
+              thresholds=[(None, "red"), (1, "green"), (2, "red")],
+              description="Replicas holding the Lease: exactly 1 is healthy."),
+        Panel("Stale / cordoned GPUs", [
+            Target(f"max(gpuaware_scheduler_stale_gpus{{{SCHED}}})", "stale"),
+            Target(f"max(gpuaware_scheduler_cordoned_gpus{{{SCHED}}})", "cordoned")], kind="stat", width=4),
+        Panel("Queue depth by tenant and priority", [Target(
+            f"sum by (tenant, priority) (gpuaware_scheduler_pending_pods{{{TENANT}}})", "{{tenant}} {{priority}}")],
+              width=12),
+        Panel("Queue wait p95 by tenant and priority", [Target(
+            f"histogram_quantile(0.95, sum by (le, tenant, priority) (rate({wait}[5m])))",
+            "{{tenant}} {{priority}}")], unit="s", width=12),
+        Panel("Decisions per minute by action and reason", [Target(
+            f"sum by (action, reason) (rate(gpuaware_scheduler_decisions_total{{{SCHED}}}[5m])) * 60",
+            "{{action}} {{reason}}")], width=12,
+              description="PLACE, UNSCHEDULABLE, PREEMPT, MIGRATE, THROTTLE, CORDON, each with a reason class."),
+        Panel("Placements, preemptions, migrations, throttles per minute", [Target(
+            f"sum by (action) (rate(gpuaware_scheduler_decisions_total{{{SCHED}}}[5m])) * 60", "{{action}}")],
+              width=12),
+        Panel("GPUs used vs quota by tenant", [
+            Target(f"sum by (tenant) (gpuaware_scheduler_tenant_gpus{{{TENANT}}})", "{{tenant}} used"),
+            Target(f"sum by (tenant) (gpuaware_scheduler_tenant_quota_gpus{{{TENANT}}})", "{{tenant}} quota")],
+              width=12),
+        Panel("Borrowed GPUs by tenant", [Target(
+            f"sum by (tenant) (gpuaware_scheduler_tenant_borrowed_gpus{{{TENANT}}})", "{{tenant}}")], width=12,
+              description="Use beyond quota, out of other tenants' idle quota; reclaimed when an owner waits."),
+        Panel("Decision latency (p50, p99)", [
+            Target("histogram_quantile(0.5, sum by (le) (rate(gpuaware_scheduler_decision_latency_seconds_bucket"
+                   f"{{{SCHED}}}[5m])))", "p50"),
+            Target("histogram_quantile(0.99, sum by (le) (rate(gpuaware_scheduler_decision_latency_seconds_bucket"
+                   f"{{{SCHED}}}[5m])))", "p99")], unit="s", width=12),
+        Panel("Bind latency p99 and API errors/s", [
+            Target("histogram_quantile(0.99, sum by (le) (rate(gpuaware_scheduler_bind_latency_seconds_bucket"
+                   f"{{{SCHED}}}[5m])))", "bind p99 (s)"),
+            Target(f"sum(rate(gpuaware_scheduler_api_errors_total{{{SCHED}}}[5m])) or vector(0)", "API errors/s")],
+              width=12),
+    ], SCHEDULER_VARIABLES)
+
+
+DASHBOARDS = {d.uid: d for d in (fleet_overview(), gpu_health(), forecasts(), pipeline_health(),
+                                 scheduler_tenants())}
+
+
+# Variant folder (under gpuaware/dashboards/grafana/ and gpuaware/dashboards/prometheus/) -> (schema, prefixed);
+# "" is the legacy schema without prefix, the files at the top.
+VARIANTS: dict[str, tuple[Schema, bool]] = {
+    "": (LEGACY, False), "dcgm-4.9": ("dcgm-4.9", False),
+    "beside-dcgm-exporter": (LEGACY, True), "dcgm-4.9-beside-dcgm-exporter": ("dcgm-4.9", True),
+}
+
+
+def label_text(schema: Schema) -> Callable[[str], str]:
+    """Label references in legends, variable queries and rule annotations, for ``schema``."""
+    return lambda s: s if schema == LEGACY else re.sub(r"\bHostname\b", "hostname", s)
+
+
+def variant(dashboard: Dashboard, schema: Schema, prefixed: bool) -> Dashboard:
+    text = label_text(schema)
+    return dashboard.translated(lambda q: translate(q, schema, prefixed),
+                                lambda s: translate(text(s), schema, prefixed, units=False))

@@ -1,0 +1,1 @@
+"""Dynamic Resource Allocation: slices read, claims allocated by the core, taints, writes."""

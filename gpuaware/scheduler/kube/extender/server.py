@@ -1,0 +1,406 @@
+"""The scheduler extender: kube-scheduler keeps scheduling and asks gpuaware about GPUs.
+
+kube-scheduler POSTs its extender arguments as JSON (k8s.io/kube-scheduler/extender/v1, Go field
+names). With ``nodeCacheCapable: true`` (shipped) they carry only ``NodeNames`` and gpuaware reads
+the nodes from its own informer cache; with ``false`` they carry every ``Node`` (``Nodes``) and the
+answer echoes the kept ones. What each verb answers (docs/scheduler.md, "Extender"):
+
+- ``/filter`` → 200 ``ExtenderFilterResult``: ``NodeNames`` (or ``Nodes``) that pass, the others in
+  ``FailedNodes`` with the core's reason (resolvable: health and capacity change, preemption may
+  help); a pod whose gpuaware request cannot be scheduled as written fails every node in
+  ``FailedAndUnresolvableNodes`` with the reason (it stays Pending, Unschedulable, with that message;
+  an ``Error`` would be skipped by an ``ignorable`` kube-scheduler extender and the pod bound anyway).
+- ``/prioritize`` → 200 ``HostPriorityList``, 0-10 (an invalid gpuaware request scores 0 everywhere).
+- ``/preempt`` → 200 ``ExtenderPreemptionResult``: the nodes where evicting the proposed victims
+  really makes room on healthy GPUs. The type has no ``Error``: a 200 always means "these candidates".
+- Any verb: 400 ``{"Error"}`` for a body that is not what kube-scheduler sends (extender_args),
+  401 unauthenticated (extender_access), 413 over ``extender_max_body_mib``, 500 ``{"Error"}`` when
+  gpuaware itself fails. kube-scheduler's ``HTTPExtender.send()`` turns every non-200 into an error,
+  and an ``ignorable`` extender's errors are skipped (logged), so a failure never reads as an answer.
+
+Pods that ask for no GPU and carry no gpuaware annotation pass through untouched: every node
+passes, every score is 0 (backward compatible).
+
+Pods with ``resourceClaims`` (DRA) are kube-scheduler's to allocate: its DynamicResources plugin picks
+the devices and writes the claims, and an extender sees only the pod and node names, never the
+devices. gpuaware does not second-guess that choice (docs/dra-scheduling.md, "Extender mode"): /filter
+fails only nodes on which every GPU is critical or that are cordoned by gpuaware (per-device health
+reaches kube-scheduler as device taints), /prioritize scores 0, and /preempt keeps kube-scheduler's
+candidates as they are. Decisions use the same cluster cache and core
+as the custom scheduler; nothing is reserved (kube-scheduler binds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+from kubernetes.client.exceptions import ApiException
+
+from gpuaware.contract import annotations
+from gpuaware.plumbing.kube.api import TRANSPORT_ERRORS
+from gpuaware.scheduler.core.framework import Scheduler
+from gpuaware.scheduler.core.preemption import Running, fits_on_node
+from gpuaware.scheduler.kube import objects
+from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.calls import ApiCalls
+from gpuaware.scheduler.kube.dra import claims as dra_claims
+from gpuaware.scheduler.kube.extender.access import Access
+from gpuaware.scheduler.kube.extender.args import OFFLOAD_BYTES, BadRequest, parse
+from gpuaware.scheduler.kube.objects import PodSpecError
+from gpuaware.scheduler.metrics import SchedulerStats
+from gpuaware.scheduler.settings import SchedulerSettings
+
+log = logging.getLogger(__name__)
+
+MAX_EXTENDER_PRIORITY = 10
+VERBS = ("filter", "prioritize", "preempt", "bind")
+# How long a /filter waits for the /bind of the pod filtered before it (see ``_settle``): kube-scheduler
+# sends that bind a few milliseconds after its scheduling cycle; the cap covers a cycle that ended
+# without one (a Reserve or Permit plugin failed, the pod was deleted).
+BIND_WAIT_S = 2.0
+MIB = 1024 * 1024
+
+
+class Extender:
+    def __init__(self, cache: ClusterCache, core: Callable[[], Scheduler], ready: Callable[[], bool], *,
+                 stats: SchedulerStats | None = None, access: Access | None = None, max_body_bytes: int = 8 * MIB,
+                 calls: ApiCalls | None = None, bind_wait_s: float = BIND_WAIT_S):
+        """``calls``: the API client /bind writes Bindings with (without it /bind answers 500)."""
+        self.cache, self.core, self.ready = cache, core, ready
+        self.access = access or Access()
+        self.max_body_bytes = max_body_bytes
+        self.requests: Counter = stats.extender_requests if stats is not None else Counter()  # (verb, status)
+        self.calls, self.bind_wait_s = calls, bind_wait_s
+        # Pods this extender kept nodes for whose /bind has not come yet: key -> (pod as filtered, its bind came).
+        self._awaited: dict[str, tuple[dict[str, Any], asyncio.Event]] = {}
+        # The last /filter's ranking (pod UID, scores, reasons): its /prioritize, next in the same
+        # scheduling cycle, scores from it rather than ranking every node again. kube-scheduler runs a
+        # cycle on one snapshot, one pod at a time, so this is the view it filtered on; a /bind (which
+        # changes the model) drops it.
+        self._ranked: tuple[str, np.ndarray, list[str]] | None = None
+
+    @classmethod
+    def from_settings(cls, cache: ClusterCache, core: Callable[[], Scheduler], ready: Callable[[], bool],
+                      settings: SchedulerSettings, stats: SchedulerStats | None = None,
+                      calls: ApiCalls | None = None) -> Extender:
+        return cls(cache, core, ready, stats=stats, access=Access.from_settings(settings),
+                   max_body_bytes=int(settings.extender_max_body_mib * MIB), calls=calls)
+
+    # ------------------------------------------------------------------ pure handlers (JSON in, JSON out)
+    def _rank(self, pod: dict[str, Any]) -> tuple[np.ndarray, list[str]]:
+        """Every node's score for the pod (-inf: it cannot go there) and why nodes failed; raises PodSpecError."""
+        mask = self.cache.node_mask if len(self.cache.node_mask) else None
+        return self.core().rank(self.cache.cluster, self.cache.parse(pod).workload, mask)
+
+    def _ranked_for(self, pod: dict[str, Any]) -> tuple[np.ndarray, list[str]]:
+        """The ranking the pod's /filter just made (taken: used once), else a new one."""
+        uid, ranked = pod.get("metadata", {}).get("uid"), self._ranked
+        self._ranked = None
+        if uid and ranked is not None and ranked[0] == uid:
+            return ranked[1], ranked[2]
+        return self._rank(pod)
+
+    def _scores_of(self, names: list[str], scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(cache index of each of ``names``, -1 when unknown; its score, -inf when unknown)."""
+        index = self.cache.cluster.index
+        idx = np.fromiter((index.get(n, -1) for n in names), dtype=np.int64, count=len(names))
+        out = np.full(len(names), -np.inf)
+        known = idx >= 0
+        out[known] = scores[idx[known]]
+        return idx, out
+
+    @staticmethod
+    def _names(args: dict[str, Any]) -> list[str]:
+        if args.get("NodeNames") is not None:
+            return list(args["NodeNames"])
+        return [n["metadata"]["name"] for n in ((args.get("Nodes") or {}).get("items") or [])]
+
+    def filter(self, args: dict[str, Any]) -> dict[str, Any]:
+        pod = args.get("Pod") or {}
+        names = self._names(args)
+        result: dict[str, Any] = {"Nodes": args.get("Nodes"), "NodeNames": args.get("NodeNames"),
+                                  "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
+        if dra_claims.has_claims(pod):
+            return self._filter_claim_pod(names, result)
+        if not objects.is_gpuaware(pod):
+            return result
+        try:
+            scores, reasons = self._rank(pod)
+        except PodSpecError as exc:
+            self._ranked = None
+            # Unresolvable on every node, not an Error: kube-scheduler skips an ignorable extender's
+            # Error (the pod would be bound as if gpuaware had no say) and otherwise reports only an
+            # opaque scheduling error; this way the pod stays Pending as Unschedulable with our reason
+            # in its PodScheduled condition, and no preemption is tried for it.
+            why = f"gpuaware: invalid gpuaware request: {exc}"
+            result["FailedAndUnresolvableNodes"] = dict.fromkeys(names, why)
+            if args.get("NodeNames") is not None:
+                result["NodeNames"] = []
+            else:
+                result["Nodes"] = {**(args.get("Nodes") or {}), "items": []}
+            return result
+        uid = pod.get("metadata", {}).get("uid")
+        self._ranked = (uid, scores, reasons) if uid else None
+        idx, node_scores = self._scores_of(names, scores)
+        why = "; ".join(reasons) or "does not fit"
+        keep = []
+        for name, i, fits in zip(names, idx.tolist(), np.isfinite(node_scores).tolist(), strict=True):
+            if i < 0:
+                result["FailedNodes"][name] = "gpuaware: node unknown (not yet seen by the scheduler's cache)"
+            elif not fits:
+                # Health and capacity can change, so the failure is resolvable (kube may preempt for it).
+                result["FailedNodes"][name] = f"gpuaware: {why}"
+            else:
+                keep.append(name)
+        if args.get("NodeNames") is not None:
+            result["NodeNames"] = keep
+        else:
+            nodes = args.get("Nodes") or {}
+            kept = set(keep)
+            result["Nodes"] = {**nodes, "items": [n for n in nodes.get("items") or [] if n["metadata"]["name"] in kept]}
+        return result
+
+    def _filter_claim_pod(self, names: list[str], result: dict[str, Any]) -> dict[str, Any]:
+        """Health only: a node whose GPUs are all critical (or that gpuaware keeps free of new work) fails. A GPU
+        critical for a device taint alone does not count: kube-scheduler's DynamicResources plugin keeps claims off
+        it unless they tolerate the taint (or ask admin access), which the extender cannot see."""
+        c = self.cache.cluster
+        taint_only = self.cache.taint_bands
+        keep = []
+        for name in names:
+            i = c.index.get(name)
+            if i is not None and c.gpu_count[i] and all(c.band[i, g] >= 2 and (i, g) not in taint_only
+                                                        for g in range(int(c.gpu_count[i]))):
+                result["FailedNodes"][name] = "gpuaware: every GPU of the node is critical"
+            elif i is not None and len(self.cache.node_mask) and not self.cache.node_mask[i]:
+                result["FailedNodes"][name] = "gpuaware: node takes no new work (cordoned or not ready)"
+            else:
+                keep.append(name)
+        if result.get("NodeNames") is not None:
+            result["NodeNames"] = keep
+        else:
+            nodes = result.get("Nodes") or {}
+            kept = set(keep)
+            result["Nodes"] = {**nodes, "items": [n for n in nodes.get("items") or [] if n["metadata"]["name"] in kept]}
+        return result
+
+    def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        pod = args.get("Pod") or {}
+        names = self._names(args)
+        if dra_claims.has_claims(pod) or not objects.is_gpuaware(pod):
+            return [{"Host": n, "Score": 0} for n in names]
+        try:
+            scores, _ = self._ranked_for(pod)
+        except PodSpecError:
+            return [{"Host": n, "Score": 0} for n in names]
+        _, node_scores = self._scores_of(names, scores)
+        fits = np.isfinite(node_scores)
+        points = np.zeros(len(names), dtype=np.int64)
+        if fits.any():
+            lo, hi = node_scores[fits].min(), node_scores[fits].max()
+            points[fits] = MAX_EXTENDER_PRIORITY if hi == lo else \
+                np.round((node_scores[fits] - lo) / (hi - lo) * MAX_EXTENDER_PRIORITY)
+        # One pass in numpy, not per node in Python: kube-scheduler sends every feasible node (1,000s).
+        return [{"Host": n, "Score": p} for n, p in zip(names, points.tolist(), strict=True)]
+
+    def preempt(self, args: dict[str, Any]) -> dict[str, Any]:
+        pod = args.get("Pod") or {}
+        meta = args.get("NodeNameToMetaVictims") or {}
+        if not meta and args.get("NodeNameToVictims"):
+            meta = {n: {"Pods": [{"UID": p["metadata"]["uid"]} for p in (v.get("Pods") or [])],
+                        "NumPDBViolations": v.get("NumPDBViolations", 0)}
+                    for n, v in args["NodeNameToVictims"].items()}
+        if dra_claims.has_claims(pod) or not objects.is_gpuaware(pod):
+            return {"NodeNameToMetaVictims": meta}
+        try:
+            w = self.cache.parse(pod).workload
+        except PodSpecError:
+            return {"NodeNameToMetaVictims": {}}
+        c = self.cache.cluster
+        by_uid = {p["metadata"].get("uid"): k for k, p in self.cache.pods.items()}
+        keep = {}
+        for node, victims in meta.items():
+            i = c.index.get(node)
+            if i is None or (len(self.cache.node_mask) and not self.cache.node_mask[i]):
+                continue
+            free = c.gpu_free[i].copy()
+            cpu, mem = int(c.cpu_free[i]), int(c.mem_free[i])
+            for v in victims.get("Pods") or []:
+                r = self.cache.running.get(by_uid.get(v.get("UID"), ""))
+                if r is None:
+                    continue
+                for g, m in zip(r.allocation.gpus, r.allocation.milli, strict=True):
+                    free[g] += m
+                cpu += r.allocation.cpu_milli
+                mem += r.allocation.memory_mib
+            free[~c.gpu_exists[i] | (c.band[i] >= 2)] = -1  # freed capacity on a critical GPU is no room
+            if w.models and str(c.models[i]) not in w.models:
+                continue
+            if fits_on_node(free, cpu, mem, w):
+                keep[node] = victims
+        return {"NodeNameToMetaVictims": keep}
+
+    # ------------------------------------------------------------------ binding (bindVerb)
+    async def _settle(self, key: str) -> None:
+        """Wait until every other pod this extender kept nodes for has had its /bind.
+
+        kube-scheduler schedules one pod at a time but binds asynchronously, and it does not count
+        ``gpuaware.io/gpu-milli``: without this, the next pod's /filter is answered before the last pod's
+        GPUs are reserved, both are given the same GPU, and the second /bind finds no room."""
+        waiting = [(k, ev) for k, (_, ev) in self._awaited.items() if k != key]
+        deadline = time.monotonic() + self.bind_wait_s
+        for k, ev in waiting:
+            try:
+                await asyncio.wait_for(ev.wait(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                log.info("extender: no /bind for %s within %.1fs; its filter answer lapses", k, self.bind_wait_s)
+                self._awaited.pop(k, None)
+
+    def _expect_bind(self, args: dict[str, Any], result: dict[str, Any]) -> None:
+        pod = args.get("Pod") or {}
+        if not objects.is_gpuaware(pod):
+            return
+        key = objects.key(pod)
+        kept = result["NodeNames"] if args.get("NodeNames") is not None else (result["Nodes"] or {}).get("items")
+        if kept:
+            self._awaited[key] = (pod, asyncio.Event())
+        else:
+            self._awaited.pop(key, None)
+
+    async def bind(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``ExtenderBindingResult``: the pod's GPUs on ``Node`` reserved in the cache, then one Binding
+        (UID precondition) that carries them as annotations; ``{"Error"}`` when the node has no room left
+        or the API refused. Pods gpuaware has nothing to say about are bound as they are."""
+        ns, name, uid, node = args["PodNamespace"], args["PodName"], args["PodUID"] or None, args["Node"]
+        key = f"{ns}/{name}"
+        filtered, came = self._awaited.pop(key, (None, asyncio.Event()))
+        try:
+            return await self._bind(key, ns, name, uid, node, filtered, came.set)
+        finally:
+            came.set()
+
+    async def _bind(self, key: str, ns: str, name: str, uid: str | None, node: str,
+                    filtered: dict[str, Any] | None, reserved: Callable[[], None]) -> dict[str, Any]:
+        """``reserved()`` once the model holds the pod's GPUs: the next /filter need not wait for the API."""
+        if self.calls is None:
+            raise RuntimeError("this extender has no API client to bind with")
+        pod = self.cache.pods.get(key)
+        if pod is None or (uid and pod["metadata"].get("uid") != uid):
+            pod = filtered  # kube-scheduler's watch may be ahead of ours
+        ann: dict[str, str] = {}
+        if pod is not None and objects.is_gpuaware(pod):
+            c = self.cache.cluster
+            i = c.index.get(node)
+            if i is None:
+                return {"Error": f"gpuaware: node {node} unknown (not yet seen by the scheduler's cache)"}
+            if key in self.cache.running and key not in self.cache.reservations:
+                return {"Error": f"gpuaware: {key} is bound already"}
+            if key in self.cache.reservations:  # a retried bind: its earlier reservation goes first
+                self.cache.unreserve(key)
+                self.cache.release(key)
+            w = self.cache.parse(pod).workload
+            only = np.zeros(len(c), dtype=bool)
+            only[i] = True
+            if len(self.cache.node_mask):
+                only &= self.cache.node_mask
+            d = self.core().schedule(c, w, only)  # allocates in the model: the next /filter sees it
+            if d.allocation is None:
+                why = "; ".join(d.reasons)
+                return {"Error": f"gpuaware: {node} has no room left for {key} ({why})"}
+            self.cache.reserve(key, Running(w, d.allocation, time.time(), 0.0, None))
+            self._ranked = None  # ranked before this reservation
+            reserved()
+            ann = {annotations.ANN_GPUS: objects.gpus_annotation(d.allocation, {}),
+                   annotations.ANN_SHARING: objects.sharing_annotation(d.allocation)}
+        try:
+            await self.calls.call(self.calls.api.bind, ns, name, node, ann, uid)
+        except ApiException as exc:
+            code, _, message = self.calls.failed("bind", exc)
+            self._withdraw(key, ann)
+            return {"Error": f"gpuaware: binding {key} to {node}: {code} {message}"}
+        except TRANSPORT_ERRORS as exc:
+            self.calls.stats.api_errors[("bind", 0)] += 1
+            self._withdraw(key, ann)
+            return {"Error": f"gpuaware: binding {key} to {node}: {exc}"}
+        return {"Error": ""}
+
+    def _withdraw(self, key: str, ann: dict[str, str]) -> None:
+        if ann:
+            self.cache.unreserve(key)
+            self.cache.release(key)
+
+    # ------------------------------------------------------------------ HTTP
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        app.add_routes([web.post(f"/{verb}", self._serve) for verb in VERBS]
+                       + [web.get("/healthz", self._healthz), web.get("/readyz", self._readyz)])
+        return app
+
+    async def _serve(self, request: web.Request) -> web.Response:
+        verb = request.path.strip("/")
+        status, payload, large = await self._answer(verb, request)
+        self.requests[(verb, status)] += 1
+        if status != 200:
+            # kube-scheduler logs the status code only; the reason is in our log.
+            log.log(logging.ERROR if status >= 500 else logging.WARNING, "extender /%s: %d %s", verb, status,
+                    payload["Error"])
+        if large:  # the answer echoes a large NodeList (nodeCacheCapable: false)
+            text = await asyncio.get_running_loop().run_in_executor(None, json.dumps, payload)
+        else:
+            text = json.dumps(payload)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        response = web.Response(text=text, status=status, content_type="application/json", headers=headers)
+        if status in (401, 413):
+            # The body stays unread: answer, then close at once rather than linger reading what we refused.
+            await response.prepare(request)
+            await response.write_eof()
+            request.protocol.force_close()
+        return response
+
+    async def _answer(self, verb: str, request: web.Request) -> tuple[int, Any, bool]:
+        """(HTTP status, JSON answer, whether the body was large enough to serialise the answer off the loop)."""
+        refusal = self.access.refusal(request)
+        if refusal is not None:
+            return 401, {"Error": refusal}, False
+        too_large = 413, {"Error": f"request body over {self.max_body_bytes} bytes (scheduler.extender_max_body_mib;"
+                                   " nodeCacheCapable: true keeps requests small)"}, False
+        if (request.content_length or 0) > self.max_body_bytes:
+            return too_large  # before reading a byte of it
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return too_large
+        large = len(body) > OFFLOAD_BYTES
+        try:
+            if large:  # a NodeList of hundreds of nodes: not on the loop
+                args = await asyncio.get_running_loop().run_in_executor(None, parse, body, verb)
+            else:
+                args = parse(body, verb)
+        except BadRequest as exc:
+            return 400, {"Error": f"bad {verb} request: {exc}"}, large
+        try:
+            if verb == "bind":
+                return 200, await self.bind(args), large
+            if verb == "filter" and objects.is_gpuaware(args["Pod"]):
+                await self._settle(objects.key(args["Pod"]))
+            answer = getattr(self, verb)(args)
+            if verb == "filter":
+                self._expect_bind(args, answer)
+            return 200, answer, large
+        except Exception as exc:
+            log.exception("extender /%s failed", verb)
+            return 500, {"Error": f"gpuaware extender: {type(exc).__name__}: {exc}"}, large
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ready") if self.ready() else web.Response(text="catching up", status=503)

@@ -1,0 +1,187 @@
+"""Fleet-level peer comparison: a GPU whose temperature at its power, SM clock under load, power at its
+utilisation, or single-bit ECC errors over the last 10 minutes deviate from the same model's fleet
+(docs/health.md, "Peer comparison").
+
+The agent compares a GPU with the GPUs of its own node (gpuaware/agent/peers.py); a node whose GPUs all run hot
+together, or a node with one GPU of a model, has no peers there. The stream sees many nodes. For each GPU
+with enough same-model peers in a like operating point, the deviation from the peers' median is judged
+against their spread (median absolute deviation, scaled to a standard deviation, with a floor so a fleet
+of identical simulated boards does not make every tenth of a degree an outlier). An outlier must be both
+far in absolute terms and far in robust z, in ``strikes`` checks in a row, before its reason is shown:
+DCGM 4.5's "deviation from the system mean" check, done over the fleet with robust statistics.
+
+The fleet is what one worker holds (its partitions of ``gpu.telemetry``, keyed by node): with several
+workers each judges against its share, still hundreds of GPUs of a model in a large fleet. The share is a
+uniform sample of whole nodes (the partitioner hashes the node's name, blind to its health), so its median
+and spread estimate the fleet's; only the peer count shrinks, and below ``min_peers`` a model is not judged
+on that worker (docs/health.md, "In the fleet"). Pure: the caller passes the trackers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuaware.stream.gpu_state import SBE_WINDOW_MS
+
+MAD_TO_SIGMA = 1.4826
+
+
+@dataclass(frozen=True)
+class FleetPeerSettings:
+    min_peers: int = 8  # same-model GPUs at a like operating point, this one not counted
+    strikes: int = 3  # consecutive checks an outlier must last
+    fresh_ms: int = 120_000  # peers whose data is older are left out
+    power_window: float = 0.15  # peers for temperature: the same power bin (steps of this share)
+    temp_excess_c: float = 8.0
+    temp_floor_c: float = 1.0  # spread floor
+    busy_util: float = 50.0  # clock comparison among GPUs at least this busy
+    clock_deficit: float = 0.15  # SM clock this share below the peers' median
+    clock_floor_mhz: float = 15.0
+    util_window: float = 10.0  # peers for power: the same utilisation bin (steps of this many points)
+    power_deviation: float = 0.25  # power this share off the peers' median, either way
+    power_floor_w: float = 5.0
+    z: float = 4.0
+    sbe_min: int = 5  # single-bit ECC errors in the tracker's window (gpuaware.stream.gpu_state.SBE_WINDOW_MS)
+    sbe_floor: float = 1.0
+
+
+def _robust(values: np.ndarray, floor: float) -> tuple[float, float]:
+    """(median, spread): the MAD scaled to a standard deviation, at least ``floor``."""
+    med = float(np.median(values))
+    return med, max(floor, MAD_TO_SIGMA * float(np.median(np.abs(values - med))))
+
+
+def _bins(keys: Sequence[int] | np.ndarray, members: np.ndarray) -> list[np.ndarray]:
+    """``members`` (row indexes) grouped by their ``keys``, each group in row order."""
+    if not len(members):
+        return []
+    k = np.asarray(keys, dtype=np.int64)
+    order = np.argsort(k, kind="stable")
+    return np.split(members[order], np.flatnonzero(np.diff(k[order])) + 1)
+
+
+# uuid, power W, temp °C, util %, SM MHz, power-capped, single-bit ECC errors in the window (None: not reported)
+Row = (tuple[str, float, float, float, float | None, bool]
+       | tuple[str, float, float, float, float | None, bool, int | None])
+SW_POWER_CAP = 0x4  # NVML clocks event reason: an operator's or the scheduler's power cap holds the clocks
+
+
+def outliers(gpus: Sequence[Row], s: FleetPeerSettings) -> dict[str, list[tuple[str, str]]]:
+    """For one model's GPUs: uuid -> [(kind, reason)] for the checks it fails now (before the strikes rule)."""
+    rows = [(*g[:6], g[6] if len(g) > 6 else None) for g in gpus]
+    return {rows[i][0]: reasons for i, reasons in judge(rows, s).items()}
+
+
+def judge(rows: list[tuple], s: FleetPeerSettings) -> dict[int, list[tuple[str, str]]]:
+    """``outliers`` by row index, over rows with every field (``Row`` with the SBE count, None where not reported).
+    A power-capped
+    GPU is judged on its temperature only: its clocks and power are the cap's, not a fault.
+
+    Like operating points are bins (power in steps of ``power_window``, utilisation in steps of
+    ``util_window``), so a check costs one sort per bin, not a comparison of every pair: the median and
+    MAD barely move for the one outlier they include. The bins, medians and tests run over numpy columns: at
+    50,000 GPUs the check in Python, every 5 s, was an eighth of a worker's main thread (docs/performance.md, the
+    stream's "Where the time went", item 9)."""
+    out: dict[int, list[tuple[str, str]]] = defaultdict(list)
+    if not rows:
+        return out
+    # The columns once (a transpose per column, and numpy scalars read one by one, were half of a check's cost).
+    _, power_in, temp_in, util_in, clock_in, capped_in, sbe = zip(*rows, strict=True)
+    power, temp, util = (np.asarray(col, dtype=float) for col in (power_in, temp_in, util_in))
+    clock = np.asarray([math.nan if v is None else v for v in clock_in], dtype=float)
+    capped = np.asarray(capped_in, dtype=bool)
+    # math.log and // as the rows were binned before (numpy's log may differ in the last bit at a bin's edge)
+    step = math.log1p(s.power_window)
+    for group in _bins([int(math.log(max(p, 1.0)) / step) for p in power_in], np.arange(len(rows))):
+        if len(group) - 1 < s.min_peers:
+            continue
+        values = temp[group]
+        med, spread = _robust(values, s.temp_floor_c)
+        excess = values - med
+        for i in np.flatnonzero((excess >= s.temp_excess_c) & (excess / spread >= s.z)):
+            e = float(excess[i])
+            out[int(group[i])].append(("temperature", f"fleet peers: {e:+.1f} °C against {len(group) - 1} "
+                                                          f"GPUs of its model at the same power (robust z "
+                                                          f"{e / spread:.1f})"))
+    with np.errstate(invalid="ignore"):  # NaN clocks (not reported) are never busy
+        busy = np.flatnonzero(~np.isnan(clock) & (util >= s.busy_util) & ~capped)
+    if len(busy) - 1 >= s.min_peers:
+        values = clock[busy]
+        med, spread = _robust(values, s.clock_floor_mhz)
+        if med > 0:
+            deficit = med - values
+            for i in np.flatnonzero((deficit / med >= s.clock_deficit) & (deficit / spread >= s.z)):
+                d = float(deficit[i])
+                out[int(busy[i])].append(("clock", f"fleet peers: SM clock {clock_in[busy[i]]:.0f} MHz, "
+                                                       f"{d / med:.0%} below {len(busy) - 1} busy GPUs of its model "
+                                                       f"(robust z {d / spread:.1f})"))
+    free = np.flatnonzero(~capped)
+    for group in _bins(np.floor_divide(util[free], s.util_window), free):  # the same ufunc as one scalar's //
+        if len(group) - 1 < s.min_peers:
+            continue
+        values = power[group]
+        med, spread = _robust(values, s.power_floor_w)
+        if med <= 0:
+            continue
+        off = values - med
+        for i in np.flatnonzero((np.abs(off) / med >= s.power_deviation) & (np.abs(off) / spread >= s.z)):
+            o = float(off[i])
+            out[int(group[i])].append(("power", f"fleet peers: power {power_in[group[i]]:.0f} W, {o / med:+.0%} "
+                                                    f"against {len(group) - 1} GPUs of its model at the same "
+                                                    f"utilisation (robust z {abs(o) / spread:.1f})"))
+    counted = [i for i, v in enumerate(sbe) if v is not None]
+    if len(counted) - 1 >= s.min_peers:
+        counts = np.asarray([sbe[i] for i in counted], dtype=float)
+        med, spread = _robust(counts, s.sbe_floor)
+        excess = counts - med
+        for i in np.flatnonzero((counts >= s.sbe_min) & (excess / spread >= s.z)):
+            out[counted[i]].append(("ecc", f"fleet peers: {sbe[counted[i]]} single-bit ECC errors in "
+                                                    f"{SBE_WINDOW_MS // 60_000} min against a median of {med:.0f} on "
+                                                    f"{len(counted) - 1} GPUs of its model (robust z "
+                                                    f"{float(excess[i]) / spread:.1f})"))
+    return out
+
+
+def check(trackers: Iterable, now_ms: int, s: FleetPeerSettings) -> None:
+    """Judge every fresh tracker (gpuaware.stream.gpu_state.GpuTracker) against its model's fleet; sets each one's
+    ``fleet_strikes`` and ``fleet_reasons`` (the reasons of outliers that lasted ``strikes`` checks)."""
+    # One pass over the trackers takes all the check reads of each: at 50,000 GPUs the passes themselves (each tracker
+    # and its dict fetched from memory again) cost more than the statistics.
+    by_model: dict[str, tuple[list, list]] = {}
+    struck = []
+    # Fresh: GpuTracker.fresh_ms (the newest sample's time, never later than its arrival) is at least ``oldest``
+    # when both times are (arrived_ms 0: only the sample's), read without the property's call. The SBE count is kept
+    # by the tracker: reading its window of every GPU was an eighth of the check.
+    oldest = now_ms - s.fresh_ms
+    for t in trackers:
+        sm = t.smoothed
+        arrived = t.arrived_ms
+        if (t.model and t.samples and t.sample_ts_ms >= oldest and (arrived >= oldest or not arrived)
+                and "power_w" in sm):
+            group, rows = by_model.setdefault(t.model, ([], []))
+            group.append(t)
+            rows.append((t.uuid, sm["power_w"], sm.get("temp_c", 0.0), sm.get("util_gpu", 0.0), sm.get("sm_clock_mhz"),
+                         t.throttle_reasons & SW_POWER_CAP, t.sbe_in_window))
+            if t.fleet_strikes:
+                struck.append(t)
+        elif t.fleet_strikes:
+            if t.fleet_reasons:  # a reason dropped: the next state says so
+                t.mark_changed()
+            t.fleet_strikes, t.fleet_reasons = {}, []
+    found: dict[int, tuple] = {id(t): (t, ()) for t in struck}  # tracker -> (it, its reasons now)
+    for group, rows in by_model.values():
+        for i, reasons in judge(rows, s).items():
+            found[id(group[i])] = (group[i], reasons)
+    # Only outliers now or before have anything to count (most GPUs neither: no dict or list made for them).
+    for t, reasons in found.values():
+        now = dict(reasons)
+        had = t.fleet_reasons
+        t.fleet_strikes = {k: t.fleet_strikes.get(k, 0) + 1 for k in now}
+        t.fleet_reasons = [now[k] for k in sorted(now) if t.fleet_strikes[k] >= s.strikes]
+        if had or t.fleet_reasons:  # the signature reads the strikes while there are reasons
+            t.mark_changed()

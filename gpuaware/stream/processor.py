@@ -1,0 +1,501 @@
+"""The stream's logic without Faust: records in, per-GPU state in a table, derived records out.
+
+``StreamProcessor`` owns the in-memory ``GpuTracker`` of every GPU in the partitions this worker
+holds, backed by a mapping of snapshots (a Faust table with a changelog in the app, a dict in
+tests). Records are applied in takes (``Take``: one record, or the many a worker handles together);
+finishing a take writes each touched node's entry, one value holding the snapshots of all the node's
+GPUs, before the take's records are acknowledged, so a worker that takes over a partition carries on
+from the last processed take; duplicates replayed after a crash are recognised per GPU and applied once.
+
+One entry per node, not per GPU: each table write is a RocksDB put and a changelog record produced
+through Faust, and that per-record work, not the bytes, was most of a worker's time (docs/performance.md).
+The minute history (an hour per GPU, two thirds of a snapshot's JSON then) changes only when a minute
+closes, so it has its own entry per node (``hist:<name>``), written in the takes that close a minute; the
+node entry written for every batch holds the rest. Values are bytes the processor encodes itself (JSON,
+once: the app's table passes them through), where Faust's JSON codec encoded each write twice, for the
+store and for the changelog.
+
+Entries written before this layout are still read, and rewritten in it the first time their node is:
+``SNAPSHOT_VERSION`` 2 (a node entry holding its GPUs' history, what Faust's JSON codec wrote) and 1 (one
+per GPU, keyed by its UUID; a GPU found only there is loaded from it, and its old key is deleted, a
+tombstone in the changelog, once its node's entry holds it), so the migration loses nothing and needs no
+reset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import json
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, MutableMapping
+
+import orjson
+
+from gpuaware.contract.events import GpuEvent, GpuState, NodeState, TelemetryBatch
+from gpuaware.stream import fleet_peers
+from gpuaware.stream.gpu_state import GpuTracker, Learned, TrackerSettings
+from gpuaware.stream.metrics import StreamStats
+from gpuaware.stream.rollup import Partial, headroom, model_demand, node_record, ordered
+
+NODE_HEARTBEAT_MS = 30_000
+SNAPSHOT_VERSION = 3
+# GPU UUIDs (the version 1 keys) start with "GPU-", so these never collide with them.
+NODE_KEY_PREFIX = "node:"
+HISTORY_KEY_PREFIX = "hist:"
+OWNER_KEY_PREFIX = "owner:"
+
+
+def node_key(node: str) -> str:
+    """The table key of a node's entry."""
+    return NODE_KEY_PREFIX + node
+
+
+def history_key(node: str) -> str:
+    """The table key of the minute history of a node's GPUs (version 3)."""
+    return HISTORY_KEY_PREFIX + node
+
+
+def owner_key(uuid: str) -> str:
+    """The table key naming the node whose entry holds a GPU: written when a GPU joins a node (rarely), read
+    when a worker meets a GPU it holds no tracker for, so that a restarted worker still knows whose it is."""
+    return OWNER_KEY_PREFIX + uuid
+
+
+def encode_value(value: object) -> bytes:
+    """A table value as stored: JSON, which reads back as what Faust's JSON codec wrote before, made once.
+
+    orjson, at a sixth of ``json.dumps``'s cost: a node entry (8 GPUs' snapshots) took 71 µs that way, ~8 % of
+    a worker's core at 50,000 GPUs (docs/performance.md, the stream's "Where the time went", item 9). Its text
+    differs from ``json.dumps(value, separators=(",", ":"))`` only in spelling some numbers (``1e-7`` for
+    ``1e-07``) and in writing non-ASCII text as UTF-8 where json escaped it: both read back to the same values
+    (tests/stream/test_processor.py). It would write a NaN as null (the values are finite: the contract's checks
+    refuse samples and events that are not); what it cannot write (an integer beyond 64 bits) goes through json."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
+def node_entry(members: dict[str, GpuTracker]) -> bytes:
+    """A node entry's value: what ``encode_value`` writes for ``{"v": SNAPSHOT_VERSION, "gpus": {uuid: snapshot}}``,
+    put together from each GPU's encoded snapshot, made again only for a GPU changed since (its ``revision``). A
+    node's entry is written for every batch, which samples ~3 of its 8 GPUs; encoding every GPU's snapshot each time
+    was a tenth of a worker's time at 50,000 GPUs (docs/performance.md)."""
+    parts = []
+    for key, t in members.items():
+        cached = t.snapshot_cache
+        if cached is None or cached[0] != t.revision:
+            snapshot = t.to_dict(history=False)  # (its last fields are these two: tests/stream/test_processor.py)
+            del snapshot["last_published_ms"], snapshot["last_point_ms"]
+            cached = t.snapshot_cache = (t.revision, encode_value(key) + b":" + encode_value(snapshot)[:-1])
+        # The times of the last state and watch point, the fields that change without a bump: a heartbeat's state
+        # would have a node's GPUs encoded again at its next batch (GpuTracker.revision).
+        parts.append(b'%s,"last_published_ms":%d,"last_point_ms":%d}' % (cached[1], t.last_published_ms,
+                                                                         t.last_point_ms))
+    return b'{"v":%d,"gpus":{%s}}' % (SNAPSHOT_VERSION, b",".join(parts))
+
+
+def decode_value(raw: bytes | None) -> object:
+    return None if raw is None else json.loads(raw)
+
+
+class InvalidRecord(ValueError):
+    """A record that decodes but breaks the contract's rules (dead-lettered like undecodable ones)."""
+
+
+def check_batch(batch: TelemetryBatch) -> None:
+    slots = len(batch.gpus)
+    bad = sorted({s.gpu for s in batch.samples if not 0 <= s.gpu < slots})
+    if bad:
+        raise InvalidRecord(f"telemetry batch {batch.node}#{batch.batch_seq}: samples name GPU slots {bad} "
+                            f"but the batch lists {slots} GPUs")
+    if not batch.node:
+        raise InvalidRecord("telemetry batch without a node name")
+    for g in batch.gpus:
+        if not g.uuid or g.fb_total_mib <= 0:
+            raise InvalidRecord(f"telemetry batch {batch.node}#{batch.batch_seq}: GPU slot {g.index} needs a UUID "
+                                f"and a positive framebuffer size (got {g.uuid!r}, {g.fb_total_mib} MiB)")
+    for s in batch.samples:
+        if not (0 <= s.util_gpu <= 100 and 0 <= s.util_mem <= 100 and s.fb_used_mib >= 0 and s.power_dw >= 0):
+            raise InvalidRecord(f"telemetry batch {batch.node}#{batch.batch_seq}: sample seq {s.seq} of slot {s.gpu} "
+                                f"is out of physical range (util {s.util_gpu}/{s.util_mem} %, fb {s.fb_used_mib} MiB, "
+                                f"power {s.power_dw} dW)")
+    for p in batch.points:
+        if not 0 <= p.gpu < slots or not 0 <= p.util_gpu <= 100 or p.power_dw < 0:
+            raise InvalidRecord(f"telemetry batch {batch.node}#{batch.batch_seq}: watch point of slot {p.gpu} is out "
+                                f"of range (util {p.util_gpu} %, power {p.power_dw} dW)")
+
+
+def check_event(event: GpuEvent) -> None:
+    if not event.gpu_uuid:
+        raise InvalidRecord("GPU event without a GPU UUID")
+    for name in ("value", "score"):
+        v = getattr(event, name)
+        if v is not None and not math.isfinite(v):
+            raise InvalidRecord(f"GPU event {event.event_id}: {name} is {v}")
+
+
+class GpuClaimedElsewhere(InvalidRecord):
+    """A node reports a GPU UUID that another node reports too, and that node is not silent."""
+
+
+class Take:
+    """What the records of one take (the records a worker handles together) touched: each node's entry is
+    written, and each GPU's state considered, once per take instead of once per record (docs/performance.md)."""
+
+    __slots__ = ("nodes", "observed", "sources", "unobserved")
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, GpuTracker]] = {}  # node -> its GPUs touched, in order of last touch
+        self.sources: dict[str, object] = {}  # node -> the last record that touched it (what it is written under)
+        self.observed: dict[str, GpuTracker] = {}  # GPUs given samples: their states count towards latency
+        self.unobserved: dict[str, GpuTracker] = {}  # GPUs given events or watch points only
+
+    def touch(self, node: str, source: object = None) -> dict[str, GpuTracker]:
+        touched = self.nodes.pop(node, None)
+        if touched is None:
+            touched = {}
+        self.nodes[node] = touched  # re-inserted: the last node to take a moved GPU is written last
+        self.sources[node] = source
+        return touched
+
+
+class StreamProcessor:
+    def __init__(self, snapshots: MutableMapping[str, bytes], settings: TrackerSettings | None = None,
+                 stats: StreamStats | None = None, scope: Callable[[object], None] | None = None):
+        """``scope(source)``: the table reads and writes keys in the partition of the record being handled
+        (Faust's RocksDB store: one database per partition), so it is told the record before the reads its
+        apply makes and before each node's writes (the last record that touched the node)."""
+        self.snapshots = snapshots
+        self.scope = scope
+        self.settings = settings or TrackerSettings()
+        self.stats = stats or StreamStats()
+        self.trackers: dict[str, GpuTracker] = {}
+        self.partition_of: dict[str, int] = {}
+        self.node_published: dict[str, tuple[int, tuple]] = {}
+        self.fleet_settings = fleet_peers.FleetPeerSettings()
+        # node -> its GPUs' trackers, for every node whose entry has been loaded (what its entry is written from)
+        self.members: dict[str, dict[str, GpuTracker]] = {}
+        self.member_of: dict[str, str] = {}  # GPU UUID -> the node whose members hold it
+        self.node_partition: dict[str, int] = {}
+        self.legacy: set[str] = set()  # version 1 keys loaded but not yet deleted
+        # GPU UUID -> (node, its tracker's ``history_changes``) when its history was last in that node's entry
+        self.history_written: dict[str, tuple[str, int]] = {}
+        self.behind: set[int] = set()  # partitions whose last record came from a log being caught up on
+        # Nodes loaded, or whose GPUs changed, since the last rollup (a node's rollup reads nothing else); with
+        # the rollups ``NODE_HEARTBEAT_MS`` old (``node_published`` is in publishing order), all that can be due.
+        self.rollup_due: set[str] = set()
+        # What the heartbeat looks at instead of every GPU: the GPUs that may have changed since their last state
+        # (each registers itself: GpuTracker.mark_changed; a GPU is held changed from when it is loaded or met), and
+        # the states published, by time, for the refresh of those not published for ``max_interval_ms``.
+        self.unsettled: dict[str, GpuTracker] = {}
+        # A heap of (its time, the GPU's UUID): a number and a string, which the cyclic collector stops tracking
+        # (~100,000 states a 30 s refresh at 50,000 GPUs).
+        self.published: list[tuple[int, str]] = []
+        self._oldest = 0  # the heartbeat's refresh boundary, which only moves forward
+
+    # ------------------------------------------------------------------ state
+
+    def _under(self, source: object) -> None:
+        """Make the table work under ``source`` (the ``scope``), where there is a record to work under."""
+        if self.scope is not None and source is not None:
+            self.scope(source)
+
+    def _node(self, node: str, partition: int) -> dict[str, GpuTracker]:
+        """The node's GPUs, loaded from its entry the first time the node is seen here."""
+        members = self.members.get(node)
+        if members is None:
+            members = self.members[node] = {}
+            # Held here now: rolled up at the next rollup even when no record of its own follows (a node whose
+            # batches are refused for naming a live node's GPU was still heartbeated by the walk over every GPU).
+            self.rollup_due.add(node)
+            entry = decode_value(self.snapshots.get(node_key(node))) or {}
+            # Version 2 entries hold each GPU's history; version 3 keeps it in the node's history entry.
+            split = entry.get("v", 0) >= 3
+            histories = (decode_value(self.snapshots.get(history_key(node))) or {}).get("gpus", {}) if split else {}
+            for key, snapshot in entry.get("gpus", {}).items():
+                t = self.trackers.get(key)
+                if t is None:
+                    t = self._hold(key, GpuTracker.from_dict(snapshot, self.settings,
+                                                             histories.get(key, []) if split else None))
+                    self.partition_of[key] = partition
+                    if split:
+                        self.history_written[key] = (node, t.history_changes)
+                if t.node in (node, "") and key not in self.member_of:  # a moved board stays with its new node
+                    members[key] = t
+                    self.member_of[key] = node
+        self.node_partition[node] = partition
+        return members
+
+    def tracker(self, key: str, partition: int, node: str = "") -> GpuTracker:
+        """GPU ``key`` as reported by ``node``: from memory, its node's entry, a version 1 entry, or new."""
+        if node:
+            self._node(node, partition)
+        t = self.trackers.get(key)
+        if t is None:
+            owner = decode_value(self.snapshots.get(owner_key(key)))
+            if owner and owner != node:
+                self._node(owner, partition)
+                t = self.trackers.get(key)
+        if t is None:
+            legacy = decode_value(self.snapshots.get(key))
+            if legacy:
+                t = GpuTracker.from_dict(legacy, self.settings)
+                self.legacy.add(key)
+            else:
+                t = GpuTracker(uuid=key, settings=self.settings)
+            self._hold(key, t)
+        self.partition_of[key] = partition
+        return t
+
+    def _hold(self, key: str, t: GpuTracker) -> GpuTracker:
+        """``t`` becomes GPU ``key``'s tracker here, looked at by the next heartbeat (its state, loaded or new, is
+        not published yet) and by every heartbeat after a change."""
+        self.trackers[key] = t
+        t.unsettled = self.unsettled
+        t.mark_changed()
+        return t
+
+    def snapshot(self, key: str) -> dict | None:
+        """GPU ``key``'s stored snapshot (from its node's entry and the node's history entry)."""
+        t = self.trackers.get(key)
+        if t is None or not t.node:
+            return None
+        entry = decode_value(self.snapshots.get(node_key(t.node)))
+        snapshot = entry["gpus"].get(key) if entry else None
+        if snapshot is None or "history" in snapshot:
+            return snapshot
+        histories = decode_value(self.snapshots.get(history_key(t.node))) or {"gpus": {}}
+        return {**snapshot, "history": histories["gpus"].get(key, [])}
+
+    def _write(self, node: str, touched: Iterable[GpuTracker]) -> None:
+        """Write ``node``'s entry after ``touched`` (its GPUs in the record just applied) changed."""
+        members = self.members.setdefault(node, {})
+        for t in touched:
+            if t.node != node:
+                continue
+            if t.uuid not in members:  # new here, or moved from another node: it leaves that node's entry
+                before = self.member_of.get(t.uuid)
+                if before is not None and before in self.members:
+                    self.members[before].pop(t.uuid, None)
+                members[t.uuid] = t
+                self.member_of[t.uuid] = node
+                if before != node:
+                    self.snapshots[owner_key(t.uuid)] = encode_value(node)
+                    if before is not None:
+                        self.rollup_due.add(before)  # its rollup loses the GPU
+        written = self.history_written
+        if any(t.history and written.get(k) != (node, t.history_changes) for k, t in members.items()):
+            # A minute closed (or a GPU joined, or the entry was read in an older layout): the whole node's
+            # history, so that the entry alone restores it.
+            self.snapshots[history_key(node)] = encode_value(
+                {"v": SNAPSHOT_VERSION, "gpus": {k: list(t.history) for k, t in members.items() if t.history}})
+            for k, t in members.items():
+                written[k] = (node, t.history_changes)
+        self.snapshots[node_key(node)] = node_entry(members)
+        for key in [k for k in self.legacy if k in members]:
+            self.legacy.discard(key)
+            with contextlib.suppress(KeyError):
+                del self.snapshots[key]  # a tombstone in the changelog: compaction drops the old entry
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Drop cached trackers of these partitions: they are reloaded from the table when next needed."""
+        gone = set(partitions)
+        self.behind -= gone
+        for key in [k for k, p in self.partition_of.items() if p in gone]:
+            t = self.trackers.pop(key, None)
+            if t is not None:
+                t.unsettled = None
+            self.unsettled.pop(key, None)
+            self.partition_of.pop(key, None)
+            self.legacy.discard(key)
+            self.history_written.pop(key, None)
+        for node in [n for n, p in self.node_partition.items() if p in gone]:
+            for key in self.members.pop(node, {}):
+                if self.member_of.get(key) == node:
+                    del self.member_of[key]
+            self.node_partition.pop(node, None)
+
+    def owned(self, partitions: set[int] | None) -> list[GpuTracker]:
+        return [t for k, t in self.trackers.items() if partitions is None or self.partition_of.get(k) in partitions]
+
+    # ------------------------------------------------------------------ input
+
+    def _check_owners(self, keys: list[str], node: str, partition: int, now_ms: int, what: str) -> None:
+        """A GPU belongs to the node that reports it until that node has been silent ``rehome_after_ms``
+        (a board moved to another host): one node cannot take over, or speak for, another's GPU. A record
+        refused for any of ``keys`` moves none of the GPUs this worker held: each stays in the partition it was
+        held in (one first met in the refused record, its owner's entry loaded, stays under this partition)."""
+        held_in = {key: self.partition_of.get(key) for key in keys}
+        for key in keys:
+            t = self.tracker(key, partition, node)
+            if t.node and t.node != node and now_ms - t.arrived_ms < self.settings.rehome_after_ms:
+                self.stats.gpu_claimed_elsewhere += 1
+                for k, p in held_in.items():
+                    if p is not None:
+                        self.partition_of[k] = p
+                raise GpuClaimedElsewhere(f"{what} from node {node!r} names GPU {key}, which node {t.node!r} "
+                                          f"reported {(now_ms - t.arrived_ms) // 1000} s ago")
+
+    def apply_telemetry(self, batch: TelemetryBatch, partition: int, now_ms: int, take: Take,
+                        behind: bool = False, source: object = None) -> None:
+        """Apply a batch into ``take`` (written and published by ``finish``); ``InvalidRecord`` changes nothing.
+        ``behind``: the worker is catching up on this partition (``GpuTracker.due``). ``source``: the record
+        it came from (the processor's ``scope``)."""
+        check_batch(batch)
+        self._under(source)
+        self._check_owners([info.uuid for info in batch.gpus], batch.node, partition, now_ms,
+                           f"telemetry batch #{batch.batch_seq}")
+        if behind:
+            self.behind.add(partition)
+        else:
+            self.behind.discard(partition)
+        touched = take.touch(batch.node, source)
+        stats = self.stats
+        gpus = batch.gpus
+        base = batch.base_ts_ms
+        for sample in batch.samples:
+            info = gpus[sample.gpu]
+            key = info.uuid
+            t = touched.get(key) or self.tracker(key, partition, batch.node)
+            learned = t.learn_sample(batch.node, info, sample, base + sample.dt_ms, now_ms)
+            if learned is Learned.APPLIED:
+                stats.samples += 1
+            elif learned is Learned.DUPLICATE:
+                stats.duplicates += 1
+            else:
+                stats.clock_skew_rejected += 1
+            touched[key] = t
+            take.observed[key] = t
+        for point in batch.points:
+            key = gpus[point.gpu].uuid
+            t = touched.get(key) or self.tracker(key, partition, batch.node)
+            if t.learn_point(point, base + point.dt_ms, now_ms):
+                stats.points += 1
+            touched[key] = t
+            # Published like the rest, but not a sample-to-state latency: the state carries the time of the GPU's
+            # last full sample, up to the sampling policy's ceiling (30 s) old, not the point's.
+            take.unobserved.setdefault(key, t)
+
+    def apply_event(self, event: GpuEvent, partition: int, now_ms: int, take: Take, source: object = None) -> None:
+        """Apply an event into ``take``; ``InvalidRecord`` changes nothing."""
+        check_event(event)
+        self._under(source)
+        key = event.gpu_uuid
+        self._check_owners([key], event.node, partition, now_ms, f"event {event.event_id}")
+        t = self.tracker(key, partition, event.node)
+        t.learn_event(event)
+        if t.node == event.node:
+            self._node(t.node, partition)
+            take.touch(t.node, source)[key] = t
+        # else the GPU is still another node's (silent past the rehome time; only a sample moves a GPU, and
+        # records its arrival): its state goes out with the event, and its entry, in that node's partition, is
+        # not written under this record, which is in the event's node's partition.
+        take.unobserved.setdefault(key, t)
+
+    def finish(self, take: Take, now_ms: int) -> list[GpuState]:
+        """Write each node ``take`` touched once, in the order they were last touched, each under the last record
+        that touched it (``scope``); the states due, one per GPU."""
+        for node, touched in take.nodes.items():
+            self._under(take.sources[node])
+            self._write(node, touched.values())
+        self.rollup_due.update(take.nodes)
+        states = self._due(take.observed.values(), now_ms, observe=True)
+        return states + self._due([t for k, t in take.unobserved.items() if k not in take.observed], now_ms,
+                                  observe=False)
+
+    def on_telemetry(self, batch: TelemetryBatch, partition: int, now_ms: int,
+                     behind: bool = False) -> list[GpuState]:
+        """One batch on its own: applied, its node written, the states due."""
+        take = Take()
+        self.apply_telemetry(batch, partition, now_ms, take, behind)
+        return self.finish(take, now_ms)
+
+    def on_event(self, event: GpuEvent, partition: int, now_ms: int) -> list[GpuState]:
+        take = Take()
+        self.apply_event(event, partition, now_ms, take)
+        return self.finish(take, now_ms)
+
+    # ------------------------------------------------------------------ output
+
+    def _due(self, trackers: Iterable[GpuTracker], now_ms: int, observe: bool) -> list[GpuState]:
+        out = []
+        behind = self.behind
+        for t in trackers:
+            if t.samples and t.due(now_ms, bool(behind) and self.partition_of.get(t.uuid) in behind):
+                state = t.state(now_ms)
+                t.mark_published(now_ms)
+                heapq.heappush(self.published, (now_ms, t.uuid))
+                if observe:
+                    self.stats.observe_latency(max(0.0, (now_ms - t.fresh_ms) / 1000.0))
+                out.append(state)
+        return out
+
+    def heartbeats(self, now_ms: int, partitions: set[int] | None) -> list[GpuState]:
+        """States not published for ``max_interval_ms`` (their freshness timestamps tell how old the data is),
+        and changes held back by ``min_interval_ms`` (not while their partition is being caught up on)."""
+        # Only a GPU changed since its last state, or whose state is max_interval_ms old, can be due: the GPUs
+        # ``unsettled`` holds, and those whose last state the ``published`` heap brings to the top now. The rest are
+        # not looked at (at 50,000 GPUs a pass over every GPU every second was ~7 % of the worker's logic;
+        # before it, a call on each was most of the heartbeat's cost). The processor's settings are every tracker's:
+        # it builds them all with them.
+        # Never earlier than at the last heartbeat: a GPU the heap brought up stays looked at until it is published
+        # again, even if the clock steps back (it would be dropped with no entry left to bring it up again).
+        oldest = self._oldest = max(self._oldest, now_ms - self.settings.max_interval_ms)
+        trackers, unsettled, published = self.trackers, self.unsettled, self.published
+        while published and published[0][0] <= oldest:
+            at, key = heapq.heappop(published)
+            t = trackers.get(key)
+            if t is not None and t.last_published_ms == at:  # still held here, and not published since
+                unsettled[key] = t
+        # Those settled since (published, or moved below the signature's steps) are let go here, at the next heartbeat;
+        # ``forget`` lets go of those it drops.
+        partition_of = self.partition_of
+        looked_at = []
+        for key, t in list(unsettled.items()):
+            if not (t.changed or t.last_published_ms <= oldest):
+                del unsettled[key]
+            elif partitions is None or partition_of.get(key) in partitions:
+                looked_at.append(t)
+        return self._due(looked_at, now_ms, observe=False)
+
+    def fleet_check(self, now_ms: int, partitions: set[int] | None) -> None:
+        """Judge the owned GPUs against their model's fleet (gpuaware.stream.fleet_peers); a reason found shows on the
+        GPU's next state."""
+        fleet_peers.check(self.owned(partitions), now_ms, self.fleet_settings)
+
+    def node_states(self, now_ms: int, partitions: set[int] | None) -> list[NodeState]:
+        """Node rollups that changed, or that were last published ``NODE_HEARTBEAT_MS`` ago.
+
+        Looked at: the nodes loaded or changed since the last rollup (``rollup_due``) and those whose rollup is
+        ``NODE_HEARTBEAT_MS`` old, not every GPU: that walk was a tenth of a worker's time at 50,000 GPUs
+        (docs/performance.md)."""
+        candidates, self.rollup_due = self.rollup_due, set()
+        for node, (published_ms, _) in self.node_published.items():  # oldest first
+            if now_ms - published_ms < NODE_HEARTBEAT_MS:
+                break
+            candidates.add(node)
+        out = []
+        for node in sorted(candidates):
+            gpus = [t for t in self.members.get(node, {}).values() if t.node == node and t.samples]
+            if not gpus or (partitions is not None and self.node_partition.get(node) not in partitions):
+                self.node_published.pop(node, None)  # nothing to roll up here now; a record brings it back
+                continue
+            gpus = ordered(gpus)
+            free = headroom(gpus)
+            # What a rollup is republished for; the record is built only when it is
+            signature = (tuple((g.uuid, g.health_band) for g in gpus), free[0] // 250, free[1] // 4096)
+            last = self.node_published.get(node)
+            if last is None or last[1] != signature or now_ms - last[0] >= NODE_HEARTBEAT_MS:
+                self.node_published.pop(node, None)  # re-inserted last: the dict stays in publishing order
+                self.node_published[node] = (now_ms, signature)
+                out.append(node_record(node, gpus, free, now_ms))
+        return out
+
+    def demand_partials(self, partitions: Iterable[int]) -> dict[int, Partial]:
+        by_partition: dict[int, list[GpuTracker]] = defaultdict(list)
+        for key, t in self.trackers.items():
+            by_partition[self.partition_of[key]].append(t)
+        return {p: model_demand(by_partition.get(p, [])) for p in partitions}
