@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from gpuaware.cli import cli
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("GPUAWARE_") or k == "GPUAWARE_TRACES_DIR"},
        "PYTHONPATH": str(ROOT)}
 

@@ -22,7 +22,7 @@ import pytest
 
 from gpuaware.local.processes import pid_alive
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 # The run's own settings only: no GPUAWARE_* from the caller but where the traces are.
 ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("GPUAWARE_") or k == "GPUAWARE_TRACES_DIR"},
        "PYTHONPATH": str(ROOT)}
