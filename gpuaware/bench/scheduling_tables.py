@@ -50,7 +50,7 @@ def dynamic_table(report: dict) -> str:
 
 
 def main(folder: str) -> None:
-    # The folder also holds other benchmarks' figures (pipeline.json): only the simulator's reports have an experiment
+    # The folder also holds other benchmarks' figures (pipeline-*.json): only the simulator's reports have an experiment
     reports = [r for p in sorted(Path(folder).glob("*.json")) if "experiment" in (r := json.loads(p.read_text()))]
     for r in reports:
         if r["experiment"] == "fragmentation" and len(r["results"]) > 2:

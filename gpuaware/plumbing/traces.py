@@ -1,4 +1,9 @@
-"""Where the shared public traces live (``../shared/traces`` beside the checkout), for every component."""
+"""Where the public traces live, for every component.
+
+The traces (Alibaba's openb and GenAI 2026 GPU cluster traces, Gavel's throughput measurements) are public
+data the simulator, the benchmarks and some tests read. They are not part of the repository: they sit in
+``../shared/traces``, a folder beside the project checkout, or wherever ``GPUAWARE_TRACES_DIR`` points.
+"""
 
 from __future__ import annotations
 

@@ -33,11 +33,9 @@ STREAM_PARTS = (
     ("thermal", (), (("power-headroom", 0.3),)),
 )
 SIGNALS = ("forecast", "fingerprint", "thermal", "demand")  # demand is the queue's (core/demand.py), no plugin
-# The parts the live profile runs. forecast was live until the loaded ablation cluster, over 20 seeds, put
-# forecast + thermal at +21 % mean JCT and +64 % preemptions against thermal alone; with the defect behind
-# most of that fixed, the full set is even with none there and no part wins beyond the noise (docs/scheduling.md
-# "The ablation"). thermal stays as a guard: flat on a cool cluster, it spreads work only where a GPU nears
-# its power or temperature limit.
+# The parts the live profile runs: a part is live only where the ablation shows it winning beyond the noise
+# (docs/scheduling.md "The ablation"; none does there). thermal stays as a guard: flat on a cool cluster, it
+# spreads work only where a GPU nears its power or temperature limit.
 LIVE_STREAM = frozenset({"thermal"})
 
 SPECS: dict[str, PolicySpec] = {

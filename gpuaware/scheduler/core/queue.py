@@ -3,7 +3,7 @@
 Each tenant has a weight and a guaranteed GPU quota; a tenant may borrow idle capacity beyond its
 quota (the borrowed work is preemptible and reclaimed when an owner needs it back).
 
-Limits (Kueue's ClusterQueue ideas, issue 17 item 2), all off for a ``Tenant`` built with defaults so
+Limits (Kueue's ClusterQueue ideas), all off for a ``Tenant`` built with defaults so
 the simulator's tenants behave as before:
 - ``borrow=False``: never beyond the quota; ``borrow_limit_milli``: at most that far beyond it;
 - ``quota_by_model``: a quota per GPU model (``"*"``: models without their own entry); use of a model

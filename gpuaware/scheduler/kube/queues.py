@@ -1,4 +1,4 @@
-"""What a GPUQueue grants a pod, and the core ``Tenant`` it becomes (issue 17, item 2).
+"""What a GPUQueue grants a pod, and the core ``Tenant`` it becomes.
 
 - A queue's ``quota`` is per GPU model (``"*"``: any model without its own entry); ``borrowing.enabled``
   and ``borrowing.limitGpus`` bound use beyond it (``gpuaware.scheduler.core.queue``). An entry's ``memoryGiB``

@@ -81,8 +81,8 @@ class PassActions:
     def why_not_placed(self, w: Workload) -> tuple[str, str] | None:
         """(reason, label) for a pod this pass left pending, or None when it was not tried (the pass budget ran
         out first, or the demand forecast held it): nothing to report for it yet, as kube-scheduler reports a
-        pod only once it has tried it. A backlog of 2,000 used to get a FailedScheduling Event for each of the
-        ~1,500 pods past the first pass's budget, written to the apiserver the Bindings wait on."""
+        pod only once it has tried it (an Event for every pod past the pass budget would be a write to the
+        apiserver the Bindings wait on)."""
         if w.id in self.reasons:
             return self.reasons[w.id], self.labels[w.id]
         same = self.shapes.get(request_shape(w))

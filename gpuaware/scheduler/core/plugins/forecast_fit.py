@@ -6,9 +6,8 @@ the GPU's memory) of memory. On a GPU with live stream state:
 
 - filter: the residents' forecast memory upper bound grown by ``mem_margin`` (the overcommit safety
   margin: a forecast miss must not OOM a co-tenant), but never more than the memory they were charged
-  (a request is a limit), plus the newcomer's need, must fit the GPU's memory. The margin used to grow
-  the newcomer's need instead: that turned away the 470+470 and 320x3 pairs that fit by request and
-  fragmented a loaded cluster;
+  (a request is a limit), plus the newcomer's need, must fit the GPU's memory. The margin is never applied
+  to the newcomer, whose request is a known limit: pairs that fit by request are not turned away;
 - score: best fit on forecast memory: the GPU whose forecast memory upper bound the newcomer fills the
   most. Memory, not compute, is what bounds sharing (GenTD26 serving pods average a 6.5% duty cycle but
   hold 64% of their peak memory), so packing by the compute forecast alone spread memory-heavy tenants
