@@ -260,22 +260,7 @@ async def run_size(kafka: KafkaSettings, gpus: int, workers: int, seconds: float
     feed_lag: list[float] = []
     view = sched.live.view
     try:
-        deadline = time.monotonic() + 180
-        while _applied(procs) <= 0:  # workers joined and applying
-            if time.monotonic() > deadline or not all(p.running() for p in procs) or not generator.running():
-                raise RuntimeError(f"pipeline at {gpus} GPUs did not start:\n"
-                                   + "\n".join(p.log_tail() for p in [*procs, generator]))
-            await asyncio.sleep(0.5)
-        started = time.monotonic()
-        want = MET_SHARE * nodes * GPUS_PER_NODE
-        while min(met_forecasting := await asyncio.to_thread(_met, procs)) < want \
-                and time.monotonic() - started < MEET_TIMEOUT_S:
-            if not all(p.running() for p in procs) or not generator.running():
-                raise RuntimeError(f"pipeline at {gpus} GPUs stopped while meeting the fleet:\n"
-                                   + "\n".join(p.log_tail() for p in [*procs, generator]))
-            await asyncio.sleep(1.0)
-        met_after = time.monotonic() - started
-        met, forecasting = met_forecasting
+        met, forecasting, met_after = await _meet_the_fleet(procs, generator, nodes * GPUS_PER_NODE)
         await asyncio.sleep(WARMUP_S)
         caught_up_after = await _catch_up(procs, nodes / BATCH_WINDOW_S * CAUGHT_UP_S)
         lag_at_start = await asyncio.to_thread(_lag, procs)
@@ -347,6 +332,27 @@ async def run_size(kafka: KafkaSettings, gpus: int, workers: int, seconds: float
         await sched.stop()
         for p in procs:
             p.stop()
+
+
+async def _meet_the_fleet(procs: list[StreamWorkerProcess], generator: ChildProcess,
+                          gpus: int) -> tuple[float, float, float]:
+    """Wait for the workers to join and apply, then to have met (and be forecasting) MET_SHARE of the fleet's ``gpus``,
+    at most MEET_TIMEOUT_S; (GPUs met, GPUs forecasting, seconds it took). A child that stops is an error."""
+    deadline = time.monotonic() + 180
+    while _applied(procs) <= 0:  # workers joined and applying
+        if time.monotonic() > deadline or not all(p.running() for p in procs) or not generator.running():
+            raise RuntimeError(f"pipeline at {gpus} GPUs did not start:\n"
+                               + "\n".join(p.log_tail() for p in [*procs, generator]))
+        await asyncio.sleep(0.5)
+    started = time.monotonic()
+    while min(met_forecasting := await asyncio.to_thread(_met, procs)) < MET_SHARE * gpus \
+            and time.monotonic() - started < MEET_TIMEOUT_S:
+        if not all(p.running() for p in procs) or not generator.running():
+            raise RuntimeError(f"pipeline at {gpus} GPUs stopped while meeting the fleet:\n"
+                               + "\n".join(p.log_tail() for p in [*procs, generator]))
+        await asyncio.sleep(1.0)
+    met, forecasting = met_forecasting
+    return met, forecasting, time.monotonic() - started
 
 
 async def _catch_up(procs: list[StreamWorkerProcess], records: float) -> float | None:

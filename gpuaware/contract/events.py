@@ -17,20 +17,17 @@ directions working without a schema registry:
 
 This module is pure (no Kafka, no Faust): agent, stream and scheduler all import it.
 
-Size: one module on purpose (~470 lines): the record dataclasses, their schema ids and the codec must
-change together (a field added to a record, its Avro schema and the evolution check in one review), and
-splitting records from codec would make every component import two modules for one contract.
+The record dataclasses, their schema ids and the codec are one module: they change together (a field added to a
+record, its Avro schema and the evolution check in one review), and every component imports the contract from
+here. How a record becomes the dicts fastavro writes, which knows no record, is ``gpuaware.contract.avro_dicts``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import io
 import json
 import struct
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -39,7 +36,7 @@ from typing import Any, ClassVar
 
 import fastavro
 
-from gpuaware.contract import topics
+from gpuaware.contract import avro_dicts, topics
 
 MAGIC = 0xA7
 _HEADER = struct.Struct("!BBB")
@@ -409,122 +406,6 @@ def record_type(cls_or_id: type | int) -> RecordType:
     return _BY_CLASS[cls_or_id]
 
 
-# --------------------------------------------------------------------------- dataclass <-> Avro dicts
-
-
-def _to_avro(value: Any) -> Any:
-    """Any record value as Avro's dicts (the generic walk; records go through their compiled ``_encoder``)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _encoder(type(value))(value)
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, list):
-        return [_to_avro(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _to_avro(v) for k, v in value.items()}
-    return value
-
-
-@cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-# Type hints are resolved once per record class into a converter per field (None: the value passes as
-# it is). Walking the hints per value cost more than fastavro itself: a telemetry batch of 40 samples
-# spent ~85 % of its decode time in get_origin/is_dataclass calls (docs/performance.md).
-_PLAIN = (int, float, str, bytes, bool, type(None))
-
-
-def _field_encoder(tp: Any) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        inner = [_field_encoder(a) for a in typing.get_args(tp) if a is not type(None)]
-        if all(f is None for f in inner):
-            return None
-        return _to_avro
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        sub = _field_encoder(item)
-        if sub is None:
-            return list
-        return lambda v: [sub(x) for x in v]
-    if tp in _PLAIN or (origin is dict and all(a in _PLAIN for a in typing.get_args(tp))):
-        return None
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        enc = _encoder(tp)
-        return lambda v: enc(v) if type(v) is tp else _to_avro(v)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        # A state's band, verdict and action: the generic walk asked is_dataclass() of each first.
-        # ``_value_``: what ``.value`` returns, without its descriptor call (a state has three).
-        return lambda v: v._value_ if isinstance(v, enum.Enum) else v
-    return _to_avro  # anything else: the generic walk
-
-
-@cache
-def _plan(cls: type) -> list[tuple[str, Any]]:
-    """Each field of record ``cls`` with its converter to Avro's value (None: as it is)."""
-    hints = _hints(cls)
-    return [(f.name, _field_encoder(hints[f.name])) for f in dataclasses.fields(cls)]
-
-
-@cache
-def _encoder(cls: type) -> Any:
-    plan = _plan(cls)
-
-    def encode_record(value: Any) -> dict[str, Any]:
-        return {name: getattr(value, name) if conv is None else conv(getattr(value, name)) for name, conv in plan}
-
-    return encode_record
-
-
-def _from_avro(tp: Any, value: Any) -> Any:
-    if value is None:
-        return None
-    conv = _decoder(tp)
-    return value if conv is None else conv(value)
-
-
-@cache
-def _decoder(tp: Any) -> Any:
-    """A function from Avro's value to ``tp`` (None where the value is already one)."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        sub = _decoder(inner[0])
-        return None if sub is None else (lambda v: None if v is None else sub(v))
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        sub = _decoder(item)
-        return list if sub is None else (lambda v: [None if x is None else sub(x) for x in v])
-    if origin is dict:
-        _, item = typing.get_args(tp)
-        sub = _decoder(item)
-        return dict if sub is None else (lambda v: {k: None if x is None else sub(x) for k, x in v.items()})
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        hints = _hints(tp)
-        plan = [(f.name, _decoder(hints[f.name])) for f in dataclasses.fields(tp) if f.init]
-        if all(conv is None for _, conv in plan):
-
-            # Plain fields only (a telemetry sample): Avro's dict is the keyword arguments when its names
-            # are the record's (TypeError otherwise); skipping the per-field copy halves a sample's conversion.
-            def decode_plain(v: dict[str, Any]) -> Any:
-                try:
-                    return tp(**v)
-                except TypeError:
-                    return tp(**{name: v[name] for name, _ in plan})
-
-            return decode_plain
-
-        def decode_record(v: dict[str, Any]) -> Any:
-            return tp(**{name: v[name] if conv is None or v[name] is None else conv(v[name]) for name, conv in plan})
-
-        return decode_record
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return tp
-    return None
-
-
 # --------------------------------------------------------------------------- codec
 
 
@@ -548,7 +429,7 @@ def encode(record: Record, *, version: int | None = None, spliced: Mapping[str, 
                     fastavro.schemaless_writer(buf, schema, {n: getattr(record, n) if conv is None
                                                              else conv(getattr(record, n)) for n, conv in plan})
         else:
-            fastavro.schemaless_writer(buf, rt.versions[version], _encoder(type(record))(record))
+            fastavro.schemaless_writer(buf, rt.versions[version], avro_dicts.encoder(type(record))(record))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ValueError(f"cannot encode {type(record).__name__}: {exc}") from exc
     return buf.getvalue()
@@ -577,7 +458,7 @@ def _segments(cls: type, version: int, spliced: frozenset[str],
     (None, parsed schema, the run's (name, converter)) for a run. ``only``: the one run of that field alone."""
     rt = _BY_CLASS[cls]
     expanded = fastavro.parse_schema(_raw_schema(rt.name, version), expand=True)
-    converters = dict(_plan(cls))
+    converters = dict(avro_dicts.field_plan(cls))
     unknown = (spliced | ({only} if only else set())) - {f["name"] for f in expanded["fields"]}
     if unknown:
         raise KeyError(f"{cls.__name__} v{version} has no field {sorted(unknown)}")
@@ -642,7 +523,7 @@ def decode(data: bytes, expected: type | None = None) -> Record:
             f"{rt.cls.__name__} v{version}: {len(data) - HEADER_SIZE - buf.tell()} trailing bytes after the record"
         )
     try:
-        return _decoder(rt.cls)(raw)
+        return avro_dicts.decoder(rt.cls)(raw)
     except (ValueError, TypeError, KeyError) as exc:
         raise DecodeError(f"{rt.cls.__name__} v{version}: invalid field value: {exc}") from exc
 

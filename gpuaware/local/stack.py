@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rich.live import Live
 
-from gpuaware.agent.collectors.sim import SCENARIO_DIR, SimCluster, load_scenario
+from gpuaware.agent.collectors.sim import SCENARIO_DIR, Scenario, SimCluster, load_scenario
 from gpuaware.agent.cordons import CordonWatcher
 from gpuaware.agent.main import serve_metrics
 from gpuaware.agent.runtime import AgentRuntime
@@ -155,11 +155,7 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
             runtime = AgentRuntime(cluster.collectors(), kafka, SamplingPolicy(), str(Path(workdir) / "spool"))
             runtime.event_listeners.append(state.on_event)
             if sched is not None:  # the agents honour the scheduler's GPU cordons, as on a cluster
-                if sched.cluster.api_server is not None:
-                    runtime.cordons = CordonWatcher.from_settings(runtime.cores, runtime.stats,
-                                                                  sched.cluster.api_server, 2.0)
-                else:  # the real apiserver: through the kubeconfig (KUBECONFIG)
-                    runtime.cordons = CordonWatcher(runtime.cores, KubeApi(connect(pool_size=2)), runtime.stats, 2.0)
+                runtime.cordons = _cordons(runtime, sched)
             resets = ResetTool(sched.cluster, cluster) if sched is not None else None
             if resets is not None:  # the cluster's tooling: answers a GPUResetRequired condition with a reset
                 resets_stop = asyncio.Event()
@@ -190,50 +186,12 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
 
             started.push_async_callback(stop_watching)
             task = asyncio.create_task(runtime.run(stop, duration_s))
-            if live:
-                view = StackView(runtime, state, broker.bootstrap, sched)
-                with Live(refresh_per_second=2, vertical_overflow="crop") as screen, logs_above():
-                    while not task.done():
-                        screen.update(view.frame(screen.console), refresh=True)
-                        await asyncio.sleep(1.0)
-                        await asyncio.to_thread(state.refresh_alerts)
-            announced = False
-            while not task.done():
-                if prom is not None:
-                    await asyncio.to_thread(state.refresh_alerts)
-                if not announced and runtime.samples_published:
-                    # Without the live view this is the one sign a headless run has reached the broker.
-                    announced = True
-                    _notice(f"agents publishing: {runtime.samples_published} samples so far")
-                await asyncio.sleep(1.0)
-            await task
+            await _follow(task, runtime, state, StackView(runtime, state, broker.bootstrap, sched) if live else None)
             with contextlib.suppress(TimeoutError):  # the last states of the run, unless told to hurry
                 await asyncio.wait_for(hurry.wait(), 2.0)
             if prom is not None:
                 state.refresh_alerts()
-    uuid_of = {(n, t.device.index): t.device.uuid for n, core in enumerate(runtime.cores) for t in core.tracks}
-    elapsed = time.time() - cluster.epoch
-    faults = []
-    for f in scenario.faults:
-        uuid = uuid_of[(f.node, f.gpu)]
-        # Event times are whole milliseconds: allow that rounding at the fault's onset.
-        reacted = [max(0.0, e.ts_ms / 1000 - cluster.epoch - f.at_s) for e in state.all_events
-                   if e.gpu_uuid == uuid and e.ts_ms / 1000 - cluster.epoch >= f.at_s - 0.002]
-        # The stream's reaction: its first gpu.state with a worse health band after the fault.
-        moved = [t - cluster.epoch - f.at_s for t, band in state.band_seen.get(uuid, [])
-                 if band != HealthBand.HEALTHY.value and t - cluster.epoch >= f.at_s]
-        verdict, action = worst_verdict([e for e in state.all_events if e.gpu_uuid == uuid
-                                         and e.ts_ms / 1000 - cluster.epoch >= f.at_s - 0.002])
-        faults.append({"kind": f.kind, "node": scenario.node_name(f.node), "gpu": f.gpu, "at_s": f.at_s,
-                       "injected": f.at_s <= elapsed, "agent_reaction_s": round(min(reacted), 2) if reacted else None,
-                       "stream_reaction_s": round(min(moved), 2) if moved else None,
-                       "scheduler_reaction_s": sched.reaction_s(scenario.node_name(f.node), f.gpu,
-                                                                cluster.epoch + f.at_s) if sched else None,
-                       "verdict": verdict, "action": action,
-                       "gpu_reset_by_tooling": resets is not None
-                       and (scenario.node_name(f.node), f.gpu) in resets.resets,
-                       **(sched.remediation(scenario.node_name(f.node), f.gpu, cluster.epoch + f.at_s) if sched
-                          else {})})
+    faults = _fault_reactions(scenario, cluster, runtime, state, sched, resets)
     bands = Counter(("lost" if t.lost else t.health.band.value.lower()) for c in runtime.cores for t in c.tracks)
     return {
         "bootstrap": broker.bootstrap,
@@ -266,6 +224,60 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
         "components": {"broker": "running", "agents": "running", "stream": "running",
                        "scheduler": "running" if sched is not None else "off (--no-scheduler)"},
     }
+
+
+def _cordons(runtime: AgentRuntime, sched: StackScheduler) -> CordonWatcher:
+    """What tells the agents the scheduler's GPU cordons: the stack's own apiserver, or the real one."""
+    if sched.cluster.api_server is not None:
+        return CordonWatcher.from_settings(runtime.cores, runtime.stats, sched.cluster.api_server, 2.0)
+    return CordonWatcher(runtime.cores, KubeApi(connect(pool_size=2)), runtime.stats, 2.0)  # through KUBECONFIG
+
+
+async def _follow(task: asyncio.Task, runtime: AgentRuntime, state: StackState, view: StackView | None) -> None:
+    """Until the agents' ``task`` ends: the live ``view`` when there is one, the alerts kept fresh, and a notice
+    when the first samples are out."""
+    if view is not None:
+        with Live(refresh_per_second=2, vertical_overflow="crop") as screen, logs_above():
+            while not task.done():
+                screen.update(view.frame(screen.console), refresh=True)
+                await asyncio.sleep(1.0)
+                await asyncio.to_thread(state.refresh_alerts)
+    announced = False
+    while not task.done():
+        if state.prometheus is not None:
+            await asyncio.to_thread(state.refresh_alerts)
+        if not announced and runtime.samples_published:
+            # Without the live view this is the one sign a headless run has reached the broker.
+            announced = True
+            _notice(f"agents publishing: {runtime.samples_published} samples so far")
+        await asyncio.sleep(1.0)
+    await task
+
+
+def _fault_reactions(scenario: Scenario, cluster: SimCluster, runtime: AgentRuntime, state: StackState,
+                     sched: StackScheduler | None, resets: ResetTool | None) -> list[dict]:
+    """Per injected fault: how long the agent, the stream and the scheduler took to react, and what they did."""
+    uuid_of = {(n, t.device.index): t.device.uuid for n, core in enumerate(runtime.cores) for t in core.tracks}
+    elapsed = time.time() - cluster.epoch
+    faults = []
+    for f in scenario.faults:
+        uuid = uuid_of[(f.node, f.gpu)]
+        node = scenario.node_name(f.node)
+        # Event times are whole milliseconds: allow that rounding at the fault's onset.
+        after = [e for e in state.all_events if e.gpu_uuid == uuid and e.ts_ms / 1000 - cluster.epoch >= f.at_s - 0.002]
+        reacted = [max(0.0, e.ts_ms / 1000 - cluster.epoch - f.at_s) for e in after]
+        # The stream's reaction: its first gpu.state with a worse health band after the fault.
+        moved = [t - cluster.epoch - f.at_s for t, band in state.band_seen.get(uuid, [])
+                 if band != HealthBand.HEALTHY.value and t - cluster.epoch >= f.at_s]
+        verdict, action = worst_verdict(after)
+        faults.append({"kind": f.kind, "node": node, "gpu": f.gpu, "at_s": f.at_s,
+                       "injected": f.at_s <= elapsed, "agent_reaction_s": round(min(reacted), 2) if reacted else None,
+                       "stream_reaction_s": round(min(moved), 2) if moved else None,
+                       "scheduler_reaction_s": sched.reaction_s(node, f.gpu, cluster.epoch + f.at_s) if sched else None,
+                       "verdict": verdict, "action": action,
+                       "gpu_reset_by_tooling": resets is not None and (node, f.gpu) in resets.resets,
+                       **(sched.remediation(node, f.gpu, cluster.epoch + f.at_s) if sched else {})})
+    return faults
 
 
 def forecast_rows(forecast: ClusterForecast | None) -> list[dict]:

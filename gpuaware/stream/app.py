@@ -1,4 +1,5 @@
-"""The Faust app: agents and timers around ``StreamProcessor``.
+"""The stream worker (``StreamWorker``): a Faust app whose agents and timers are the worker's methods, around its
+``StreamProcessor``.
 
 Tasks, one per concern:
 - ``process``: telemetry (keyed by node) and GPU events re-keyed by node, on co-partitioned topics,
@@ -21,7 +22,7 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
@@ -53,6 +54,7 @@ STORES = {"rocksdb": "rocksdb://", "memory": "memory://"}
 # and a worker may hold 16 of them (8 actives, 8 standbys) in a 1 GiB pod. Snapshots are written on
 # every batch but read only when a GPU's tracker is first loaded, so small memtables and cache do.
 ROCKSDB_OPTIONS = {"write_buffer_size": 8 << 20, "max_write_buffer_number": 2, "block_cache_size": 16 << 20}
+RAW = {"key_serializer": "raw", "value_serializer": "raw"}  # the contract's records are encoded, and decoded, here
 
 
 def changelog_spec(settings: StreamSettings) -> topics.TopicSpec:
@@ -103,213 +105,240 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def create_app(kafka: KafkaSettings, settings: StreamSettings, cluster: str = "local",
-               stats: StreamStats | None = None, verifier: NodeVerifier | None = None,
-               after_revoke: Callable[[], None] | None = None) -> tuple[faust.App, StreamProcessor]:
-    """``verifier``: when given, telemetry and events must carry their node's token (gpuaware.stream.identity).
+class StreamApp(faust.App):
+    """Faust's app, with what the worker's fixes of Faust read from it (gpuaware.stream.faust_fixes)."""
+
+    # What the worker's consumer asks the broker to hold a fetch for (fix 4); None: Faust's own 1,500 ms.
+    gpuaware_fetch_max_wait_ms: int | None = None
+    # What Faust's producer flush runs before a commit (fix 5): the changelog's failed records stored first.
+    gpuaware_after_flush: Callable[[], Awaitable[None]] | None = None
+
+
+class StreamWorker:
+    """One stream worker: its Faust app, its ``StreamProcessor``, and what the app's agents, timers and rebalance
+    handlers share (the publishers, the DLQ topics, the consumed positions, the demand partials), one method each.
+
+    ``verifier``: when given, telemetry and events must carry their node's token (gpuaware.stream.identity).
     ``after_revoke``: called once the trackers of revoked partitions are dropped (the worker's collector policy)."""
-    faust_fixes.install()
-    if kafka.embedded_broker_compat:
-        _patch_end_offsets(kafka)
-    stats = stats or StreamStats()
-    partitions = topics.spec(topics.TELEMETRY).partitions
-    app = faust.App(
-        settings.app_id,
-        **kafka.faust_settings(),
-        store=STORES[settings.store],
-        topic_partitions=partitions,
-        topic_replication_factor=settings.replication_factor,
-        table_standby_replicas=settings.standby_replicas,
-        consumer_auto_offset_reset="earliest",
-        web_enabled=False,
-        datadir=settings.data_dir,
-    )
-    raw = {"key_serializer": "raw", "value_serializer": "raw"}
-    events = app.topic(topics.EVENTS, **raw)
-    by_node_name = f"{settings.app_id}-events-by-node"
-    events_by_node = app.topic(by_node_name, partitions=partitions, **raw)
-    demand_topic = app.topic(f"{settings.app_id}-model-demand", partitions=1, **raw)
-    inputs = app.topic(topics.TELEMETRY, by_node_name, **raw)
-    out = {topics.CLUSTER_FORECAST: app.topic(topics.CLUSTER_FORECAST, **raw)}
-    dlqs: dict[str, faust.Topic] = {}
 
-    async def restored(event: Any) -> None:
-        stats.changelog_restored["standby" if app.assignor.is_standby(event.message.tp) else "active"] += 1
+    def __init__(self, kafka: KafkaSettings, settings: StreamSettings, cluster: str = "local",
+                 stats: StreamStats | None = None, verifier: NodeVerifier | None = None,
+                 after_revoke: Callable[[], None] | None = None):
+        faust_fixes.install()
+        if kafka.embedded_broker_compat:
+            _patch_end_offsets(kafka)
+        self.settings, self.cluster, self.verifier, self.after_revoke = settings, cluster, verifier, after_revoke
+        self.stats = stats = stats or StreamStats()
+        partitions = topics.spec(topics.TELEMETRY).partitions
+        self.app = app = StreamApp(
+            settings.app_id,
+            **kafka.faust_settings(),
+            store=STORES[settings.store],
+            topic_partitions=partitions,
+            topic_replication_factor=settings.replication_factor,
+            table_standby_replicas=settings.standby_replicas,
+            consumer_auto_offset_reset="earliest",
+            web_enabled=False,
+            datadir=settings.data_dir,
+        )
+        by_node_name = f"{settings.app_id}-events-by-node"
+        self.events_by_node = app.topic(by_node_name, partitions=partitions, **RAW)
+        self.demand_topic = app.topic(f"{settings.app_id}-model-demand", partitions=1, **RAW)
+        self.forecasts = app.topic(topics.CLUSTER_FORECAST, **RAW)
+        self.dlqs: dict[str, faust.Topic] = {}
+        # node:<name> -> its GPUs' GpuTracker snapshots, hist:<name> -> their minute history, owner:<uuid> -> node
+        # (gpuaware.stream.processor). Values are bytes (value_type=bytes: Faust's raw codec) that the processor
+        # encodes once; Faust's JSON codec would encode each write twice, for the store and for the changelog. The
+        # compaction settings also reach a changelog that Faust creates itself (ensure_topics normally creates it
+        # first); Faust sets the cleanup policy.
+        changelog = {k: v for k, v in changelog_spec(settings).configs().items() if k != "cleanup.policy"}
+        table = app.Table("gpus", partitions=partitions, extra_topic_configs=changelog,
+                          on_changelog_event=self.restored, value_type=bytes,
+                          options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
+        # The table partitions this worker owns, as the rebalance signals say (the assignor's actives change only
+        # with the next assignment, after a revocation): a changelog delivery sets a persisted offset only for these.
+        self.owned: set[int] = set()
+        self.changelog = ChangelogTable(table, BatchSender(self.producer), stats, owns=self.owned.__contains__)
+        self.states = StatePublisher(topics.GPU_STATE, BatchSender(self.producer), stats)
+        # A rollup per node every 5 s at most (1,250 a second at 50,000 GPUs): batches, as the states, not Faust
+        # messages.
+        self.rollups = StatePublisher(topics.NODE_STATE, BatchSender(self.producer), stats, node_gpus())
+        self.processor = StreamProcessor(self.changelog, tracker_settings(settings), stats, scope=_under)
+        # A record that waited in the log longer than a heartbeat interval means the worker is catching up.
+        self.lag_ms = settings.max_publish_interval_ms
+        self.tracer = observability.tracer("gpuaware.stream")
+        self.positions: dict[tuple[str, int], int] = {}
+        self.turns = itertools.count()
+        self.partials: dict[str, tuple[int, Partial]] = {}
+        self.last_forecast_ms = 0
+        self.consumed = {topics.TELEMETRY, topics.EVENTS, by_node_name, self.demand_topic.get_topic_name()}
 
-    # node:<name> -> its GPUs' GpuTracker snapshots, hist:<name> -> their minute history, owner:<uuid> -> node
-    # (gpuaware.stream.processor). Values are bytes (value_type=bytes: Faust's raw codec) that the processor encodes
-    # once; Faust's JSON codec would encode each write twice, for the store and for the changelog. The
-    # compaction settings also reach a changelog that Faust creates itself (ensure_topics normally creates it
-    # first); Faust sets the cleanup policy.
-    changelog = {k: v for k, v in changelog_spec(settings).configs().items() if k != "cleanup.policy"}
-    table = app.Table("gpus", partitions=partitions, extra_topic_configs=changelog, on_changelog_event=restored,
-                      value_type=bytes, options=ROCKSDB_OPTIONS if settings.store == "rocksdb" else None)
+        app.agent(app.topic(topics.TELEMETRY, by_node_name, **RAW), name="process")(self.process)
+        app.agent(app.topic(topics.EVENTS, **RAW), name="rekey-events")(self.rekey_events)
+        app.timer(1.0, name="heartbeat")(self.heartbeat)
+        # Each every node_state_interval_s, half an interval apart: at 50,000 GPUs the fleet check and the rollups
+        # took ~0.2 s each, and together they held the loop (and every record behind it) for half a second at a time.
+        app.timer(settings.node_state_interval_s / 2, name="node-rollup")(self.node_rollup)
+        app.timer(settings.cluster_forecast_interval_s, name="demand-partials")(self.demand_partials)
+        app.agent(self.demand_topic, name="cluster-forecast")(self.cluster_forecast)
+        app.on_partitions_revoked.connect(self.on_revoked)
+        app.on_partitions_assigned.connect(self.on_assigned)
+        app.gpuaware_fetch_max_wait_ms = kafka.fetch_max_wait_ms
+        app.gpuaware_after_flush = self.changelog.settle
 
-    async def producer() -> Any:
+    async def restored(self, event: Any) -> None:
+        self.stats.changelog_restored["standby" if self.app.assignor.is_standby(event.message.tp) else "active"] += 1
+
+    async def producer(self) -> Any:
         # The app's own client, which Faust starts on first use and flushes before it commits offsets.
-        return (await app.maybe_start_producer())._ensure_producer()
+        return (await self.app.maybe_start_producer())._ensure_producer()
 
-    # The table partitions this worker owns, as the rebalance signals say (the assignor's actives change only with
-    # the next assignment, after a revocation): a changelog delivery sets a persisted offset only for these.
-    owned: set[int] = set()
-    changelog_out = ChangelogTable(table, BatchSender(producer), stats, owns=owned.__contains__)
-    states_out = StatePublisher(topics.GPU_STATE, BatchSender(producer), stats)
-    # A rollup per node every 5 s at most (1,250 a second at 50,000 GPUs): batches, as the states, not Faust messages.
-    rollups_out = StatePublisher(topics.NODE_STATE, BatchSender(producer), stats, node_gpus())
-    processor = StreamProcessor(changelog_out, tracker_settings(settings), stats, scope=_under)
-    # A record that waited in the log longer than a heartbeat interval means the worker is catching up.
-    lag_ms = settings.max_publish_interval_ms
-    tracer = observability.tracer("gpuaware.stream")
-    positions: dict[tuple[str, int], int] = {}
+    def assigned(self, topic: str = topics.TELEMETRY) -> set[int]:
+        return {tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == topic}
 
-    def assigned(topic: str = topics.TELEMETRY) -> set[int]:
-        return {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == topic}
-
-    def send(topic: str, record: Any) -> None:
-        out[topic].send_soon(key=record.key(), value=encode(record))
-        stats.published[topic] += 1
-
-    def to_dlq(message: Any, error: Exception) -> None:
+    def to_dlq(self, message: Any, error: Exception) -> None:
         name, headers = dead_letter(message.topic, message.partition, message.offset, error)
-        if name not in dlqs:
-            dlqs[name] = app.topic(name, **raw)
-        dlqs[name].send_soon(key=message.key, value=message.value, headers=headers)
-        stats.dlq[message.topic] += 1
+        if name not in self.dlqs:
+            self.dlqs[name] = self.app.topic(name, **RAW)
+        self.dlqs[name].send_soon(key=message.key, value=message.value, headers=headers)
+        self.stats.dlq[message.topic] += 1
         log.warning("dead-lettered %s/%s@%s: %s", message.topic, message.partition, message.offset, error)
 
-    def received(event: Any) -> Any:
+    def received(self, event: Any) -> Any:
         message = event.message
-        stats.records[message.topic] += 1
-        positions[(message.topic, message.partition)] = message.offset
+        self.stats.records[message.topic] += 1
+        self.positions[(message.topic, message.partition)] = message.offset
         return message
 
-    async def handle(events: list[Any]) -> None:
+    async def handle(self, events: list[Any]) -> None:
         """Apply ``events`` as one take: each node's table entry written, each GPU's state considered, once."""
         take = Take()
         now = now_ms()
         contexts = []
         for event in events:
-            message = received(event)
+            message = self.received(event)
             try:
                 if message.topic == topics.TELEMETRY:
                     batch = decode(message.value, TelemetryBatch)
-                    if verifier is not None:
-                        await verifier.check(batch.node, _headers(message))
-                    behind = _behind(message, now, lag_ms, _highwater(app, message.tp))
-                    processor.apply_telemetry(batch, message.partition, now, take, behind, event)
+                    if self.verifier is not None:
+                        await self.verifier.check(batch.node, _headers(message))
+                    behind = _behind(message, now, self.lag_ms, _highwater(self.app, message.tp))
+                    self.processor.apply_telemetry(batch, message.partition, now, take, behind, event)
                 else:
-                    processor.apply_event(decode(message.value, GpuEvent), message.partition, now, take, event)
+                    self.processor.apply_event(decode(message.value, GpuEvent), message.partition, now, take, event)
             except (DecodeError, InvalidRecord) as exc:
-                to_dlq(message, exc)
+                self.to_dlq(message, exc)
                 continue
             if message.headers:
                 contexts.append(observability.extract_context(_headers(message)))
         # The take's trace goes on from its first traced record (the others are linked) into its states.
         parent, links = _parent_and_links(contexts)
-        with tracer.start_as_current_span("stream.process", context=parent, links=links,
-                                          attributes={"messaging.batch.message_count": len(events)}):
-            states = processor.finish(take, now_ms())
+        with self.tracer.start_as_current_span("stream.process", context=parent, links=links,
+                                               attributes={"messaging.batch.message_count": len(events)}):
+            states = self.processor.finish(take, now_ms())
             # Both before the take's records are acknowledged; the states first: made now, they take their turn
             # before any later ones (a heartbeat's) can.
-            await states_out.publish(states, observability.inject_headers() if states else ())
-            await changelog_out.flush()
+            await self.states.publish(states, observability.inject_headers() if states else ())
+            await self.changelog.flush()
 
-    @app.agent(inputs, name="process")
-    async def process(stream: Any) -> None:
-        if settings.take_max_records == 1:
+    async def process(self, stream: Any) -> None:
+        """Telemetry and the events re-keyed by node, into the table and ``gpu.state.v1``."""
+        if self.settings.take_max_records == 1:
             # One record at a time: Faust acks each record once its take is finished.
             async for event in stream.events():
-                await handle([event])
+                await self.handle([event])
             return
         # Takes of many records (the default; Faust's take_events, which acks a take's records after this body has
         # handled them): every node's entry is written, and every GPU's state considered, once per take.
-        async for events in stream.take_events(settings.take_max_records, within=settings.take_within_s):
-            await handle(events)
+        async for events in stream.take_events(self.settings.take_max_records, within=self.settings.take_within_s):
+            await self.handle(events)
 
-    @app.agent(events, name="rekey-events")
-    async def rekey_events(stream: Any) -> None:
+    async def rekey_events(self, stream: Any) -> None:
         async for event in stream.events():
-            message = received(event)
+            message = self.received(event)
             try:
                 ev = decode(message.value, GpuEvent)
                 check_event(ev)
-                if verifier is not None:
-                    await verifier.check(ev.node, _headers(message))
+                if self.verifier is not None:
+                    await self.verifier.check(ev.node, _headers(message))
             except (DecodeError, InvalidRecord) as exc:
-                to_dlq(message, exc)
+                self.to_dlq(message, exc)
                 continue
-            await events_by_node.send(key=ev.node.encode(), value=message.value,
-                                      headers=without_token(_headers(message)))
+            await self.events_by_node.send(key=ev.node.encode(), value=message.value,
+                                           headers=without_token(_headers(message)))
 
-    @app.timer(1.0, name="heartbeat")
-    async def heartbeat() -> None:
-        await states_out.publish(processor.heartbeats(now_ms(), assigned()))
+    async def heartbeat(self) -> None:
+        await self.states.publish(self.processor.heartbeats(now_ms(), self.assigned()))
 
-    turns = itertools.count()
-
-    # Each every node_state_interval_s, half an interval apart: at 50,000 GPUs the fleet check and the rollups took
-    # ~0.2 s each, and together they held the loop (and every record behind it) for half a second at a time.
-    @app.timer(settings.node_state_interval_s / 2, name="node-rollup")
-    async def node_rollup() -> None:
-        if next(turns) % 2 == 0:
-            processor.fleet_check(now_ms(), assigned())
+    async def node_rollup(self) -> None:
+        if next(self.turns) % 2 == 0:
+            self.processor.fleet_check(now_ms(), self.assigned())
         else:
-            await rollups_out.publish(processor.node_states(now_ms(), assigned()))
+            await self.rollups.publish(self.processor.node_states(now_ms(), self.assigned()))
 
-    @app.timer(settings.cluster_forecast_interval_s, name="demand-partials")
-    async def demand_partials() -> None:
+    async def demand_partials(self) -> None:
         ts = now_ms()
-        for partition, partial in processor.demand_partials(sorted(assigned())).items():
+        for partition, partial in self.processor.demand_partials(sorted(self.assigned())).items():
             body = json.dumps({"ts_ms": ts, "demand": partial}).encode()
-            await demand_topic.send(key=str(partition).encode(), value=body)
+            await self.demand_topic.send(key=str(partition).encode(), value=body)
 
-    partials: dict[str, tuple[int, Partial]] = {}
-    last_forecast = [0]
-
-    @app.agent(demand_topic, name="cluster-forecast")
-    async def cluster_forecast(stream: Any) -> None:
+    async def cluster_forecast(self, stream: Any) -> None:
+        """The demand partials' single owner: merges the fresh ones into ``cluster.forecast.v1``."""
         async for event in stream.events():
-            message = received(event)
+            message = self.received(event)
             try:
                 body = json.loads(message.value)
-                partials[message.key.decode()] = (int(body["ts_ms"]), body["demand"])
+                self.partials[message.key.decode()] = (int(body["ts_ms"]), body["demand"])
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                to_dlq(message, exc)
+                self.to_dlq(message, exc)
                 continue
             ts = now_ms()
-            if ts - last_forecast[0] < settings.cluster_forecast_interval_s * 500:
+            if ts - self.last_forecast_ms < self.settings.cluster_forecast_interval_s * 500:
                 continue
-            last_forecast[0] = ts
-            fresh = {k: p for k, (t, p) in partials.items() if ts - t <= PARTIAL_MAX_AGE_MS}
-            stats.demand = merge_demand(fresh)
-            send(topics.CLUSTER_FORECAST, ClusterForecast(cluster, ts, stats.demand))
+            self.last_forecast_ms = ts
+            fresh = {k: p for k, (t, p) in self.partials.items() if ts - t <= PARTIAL_MAX_AGE_MS}
+            self.stats.demand = merge_demand(fresh)
+            record = ClusterForecast(self.cluster, ts, self.stats.demand)
+            self.forecasts.send_soon(key=record.key(), value=encode(record))
+            self.stats.published[topics.CLUSTER_FORECAST] += 1
 
-    @app.on_partitions_revoked.connect
-    async def on_revoked(sender: Any, revoked: set, **_: Any) -> None:
+    async def on_revoked(self, sender: Any, revoked: set, **_: Any) -> None:
         gone = {tp.partition for tp in revoked if tp.topic == topics.TELEMETRY}
         if gone:
-            await changelog_out.hand_over()  # while they are still this worker's (gpuaware.stream.changelog)
-        owned.difference_update(gone)
-        states_out.forget([k.encode() for k, p in processor.partition_of.items() if p in gone])
-        rollups_out.forget([n.encode() for n, p in processor.node_partition.items() if p in gone])
+            await self.changelog.hand_over()  # while they are still this worker's (gpuaware.stream.changelog)
+        self.owned.difference_update(gone)
+        processor = self.processor
+        self.states.forget([k.encode() for k, p in processor.partition_of.items() if p in gone])
+        self.rollups.forget([n.encode() for n, p in processor.node_partition.items() if p in gone])
         processor.forget(gone)
-        if revoked and after_revoke is not None:
-            after_revoke()  # after the forget: what it dropped is what the next full collection may free
+        if revoked and self.after_revoke is not None:
+            self.after_revoke()  # after the forget: what it dropped is what the next full collection may free
 
-    @app.on_partitions_assigned.connect
-    async def on_assigned(sender: Any, assigned_tps: set, **_: Any) -> None:
+    async def on_assigned(self, sender: Any, assigned_tps: set, **_: Any) -> None:
         # Newly assigned partitions are reloaded from the recovered table, never from a stale cache.
         mine = {tp.partition for tp in assigned_tps if tp.topic == topics.TELEMETRY}
-        owned.update(mine)
-        processor.forget(mine)
+        self.owned.update(mine)
+        self.processor.forget(mine)
 
-    consumed = {topics.TELEMETRY, topics.EVENTS, by_node_name, demand_topic.get_topic_name()}
-    app.gpuaware_lag = lambda: _lag(app, positions, consumed)  # type: ignore[attr-defined]
-    # What the worker's consumer asks the broker to hold a fetch for (faust_fixes, fix 4).
-    app.gpuaware_fetch_max_wait_ms = kafka.fetch_max_wait_ms  # type: ignore[attr-defined]
-    # What Faust's producer flush runs before a commit: the changelog's failed records stored first (fix 5).
-    app.gpuaware_after_flush = changelog_out.settle  # type: ignore[attr-defined]
-    return app, processor
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Log end minus position for the partitions this worker processes (not the changelogs it restores)."""
+        out: dict[tuple[str, int], int] = {}
+        app = self.app
+        try:
+            actives = app.assignor.assigned_actives()
+        except Exception:  # not assigned yet
+            return out
+        for tp in actives:
+            if tp.topic not in self.consumed:
+                continue
+            try:
+                hw = app.consumer.highwater(tp)
+            except Exception:
+                continue
+            if hw is None:
+                continue
+            out[(tp.topic, tp.partition)] = max(0, hw - self.positions.get((tp.topic, tp.partition), -1) - 1)
+        return out
 
 
 def _behind(message: Any, now_ms: int, lag_ms: int, highwater: int | None) -> bool:
@@ -353,23 +382,3 @@ def _headers(message: Any) -> list[tuple[str, bytes]]:
     """Faust gives headers as a list of pairs or as a mapping, depending on the path."""
     headers = message.headers or []
     return list(headers.items()) if hasattr(headers, "items") else list(headers)
-
-
-def _lag(app: faust.App, positions: dict[tuple[str, int], int], consumed: set[str]) -> dict[tuple[str, int], int]:
-    """Log end minus position for the partitions this worker processes (not the changelogs it restores)."""
-    out: dict[tuple[str, int], int] = {}
-    try:
-        actives = app.assignor.assigned_actives()
-    except Exception:  # not assigned yet
-        return out
-    for tp in actives:
-        if tp.topic not in consumed:
-            continue
-        try:
-            hw = app.consumer.highwater(tp)
-        except Exception:
-            continue
-        if hw is None:
-            continue
-        out[(tp.topic, tp.partition)] = max(0, hw - positions.get((tp.topic, tp.partition), -1) - 1)
-    return out

@@ -65,7 +65,7 @@ class _Horizon:
     time at that size (docs/performance.md). The sum is made again from the errors once per ``residuals`` errors,
     so what a float subtraction loses cannot pile up."""
 
-    __slots__ = ("abs_sum", "errors", "hi", "horizon", "lo", "loss", "pending", "seen", "since_summed")
+    __slots__ = ("abs_sum", "chosen", "errors", "hi", "horizon", "lo", "loss", "pending", "seen", "since_summed")
 
     def __init__(self, horizon: int, alpha: float, residuals: int, interval_window: int):
         self.horizon = horizon
@@ -79,6 +79,7 @@ class _Horizon:
         self.errors: deque[float] = deque(maxlen=residuals)
         self.abs_sum = 0.0
         self.since_summed = 0
+        self.chosen = 0  # the expert whose value the last forecast made is
 
     def add_error(self, error: float) -> None:
         errors = self.errors
@@ -99,6 +100,10 @@ class _Horizon:
 
 class SeriesForecaster:
     """``learn_one(y)`` then ``forecast()``: the values ``horizons`` steps after the last learned one.
+
+    As River's models do, only ``learn_one`` changes the state: it scores the forecasts made ``horizon`` steps
+    earlier and makes (and queues for scoring) the forecasts from this step on, so every step is scored once
+    whether ``forecast()``, a query, is called never, once or many times.
 
     The experts are statistics of the series, the same whatever the horizon, so one set serves every
     horizon; each horizon keeps what depends on it (its experts' losses, its pending forecasts, its
@@ -178,6 +183,17 @@ class SeriesForecaster:
         for s in self._stats:
             s.update(y)
         self.t += 1
+        self._make_forecasts()
+
+    def _make_forecasts(self) -> None:
+        """Each horizon's forecast from this step: the experts' weighted median, queued to be scored by the value
+        ``horizon`` steps later."""
+        context = self._context()
+        values = self._experts(self.horizons)
+        for horizon, h in self.horizons.items():
+            experts = values[horizon]
+            h.chosen = self._combine(h, experts, context)
+            h.pending.append((self.t - 1 + horizon, experts, self._clamp(experts[h.chosen]), context))
 
     def _experts(self, horizons: Iterable[int]) -> dict[int, tuple[float, ...]]:
         """Every expert's value per horizon: the statistics read once, the trend extrapolated per horizon."""
@@ -221,24 +237,20 @@ class SeriesForecaster:
         return 0  # unreachable: the weights sum to more than half
 
     def forecast(self) -> dict[int, Forecast]:
-        """Per horizon, the value that many steps after the last learned one, with its interval."""
+        """Per horizon, the value that many steps after the last learned one, with its interval. A query: it reads
+        the forecasts the last ``learn_one`` made and changes nothing."""
         if self._last.get() is None:
             raise ValueError("forecast() before any learn_one()")
-        context = self._context()
         spread = self._spread.get()
         out = {}
-        values = self._experts(self.horizons)
         for horizon, h in self.horizons.items():
-            experts = values[horizon]
-            chosen = self._combine(h, experts, context)
-            mean = self._clamp(experts[chosen])
+            mean = h.pending[-1][2]  # made by the last learn_one, the newest waiting to be scored
             if len(h.errors) >= MIN_ERRORS:
                 lo_q, hi_q = min(h.lo.get(), 0.0), max(h.hi.get(), 0.0)
             else:  # too few errors yet: a wide interval from the series' own spread
                 lo_q = -(spread or abs(mean) * 0.1 + 1.0)
                 hi_q = -lo_q
-            h.pending.append((self.t - 1 + horizon, experts, mean, context))
-            out[horizon] = Forecast(mean, self._clamp(mean + lo_q), self._clamp(mean + hi_q), EXPERTS[chosen])
+            out[horizon] = Forecast(mean, self._clamp(mean + lo_q), self._clamp(mean + hi_q), EXPERTS[h.chosen])
         return out
 
 

@@ -241,9 +241,6 @@ class GpuTracker:
             model.learn_one(util if metric == "util_gpu" else fb)
         if render:
             self._render_forecasts()
-        else:
-            for model in models.values():
-                model.forecast()  # registers the pending forecast, as the live path does
 
     def _render_forecasts(self) -> None:
         """A new list each time, never changed after: states share it (gpuaware.stream.publisher encodes it once per

@@ -17,7 +17,7 @@ from gpuaware.plumbing.kafka_admin import (
     wait_ready,
 )
 from gpuaware.plumbing.kafka_settings import KafkaSettings
-from gpuaware.stream.app import create_app, internal_topics
+from gpuaware.stream.app import StreamWorker, internal_topics
 from gpuaware.stream.identity import NodeVerifier, kube_review
 from gpuaware.stream.metrics import StreamCollector, StreamStats
 from gpuaware.stream.settings import StreamSettings
@@ -60,16 +60,16 @@ def run_worker(kafka: KafkaSettings, settings: StreamSettings, cluster: str, met
     # only what came since the last one, and partitions revoked (their trackers dropped) make the next one walk
     # everything (gpuaware.plumbing.gc_policy.FreezeSurvivors).
     survivors = FreezeSurvivors().install()
-    app, processor = create_app(kafka, settings, cluster, stats, node_verifier(settings, stats),
-                                after_revoke=survivors.reclaim)
+    worker = StreamWorker(kafka, settings, cluster, stats, node_verifier(settings, stats),
+                          after_revoke=survivors.reclaim)
     if metrics_port:
         registry = CollectorRegistry()
-        registry.register(StreamCollector(stats, lambda: list(processor.trackers.values()), app.gpuaware_lag))
+        registry.register(StreamCollector(stats, lambda: list(worker.processor.trackers.values()), worker.lag))
         registry.register(survivors)
         start_http_server(metrics_port, addr=metrics_host, registry=registry)
         log.info("serving /metrics on %s:%d", metrics_host, metrics_port)
     # The Faust worker owns the event loop and stops cleanly on SIGINT/SIGTERM.
-    make_worker(app, log_level).execute_from_commandline()
+    make_worker(worker.app, log_level).execute_from_commandline()
 
 
 def make_worker(app: object, log_level: str) -> object:

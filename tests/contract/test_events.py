@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuaware.contract import events, topics
+from gpuaware.contract import avro_dicts, events, topics
 from gpuaware.contract.events import (
     AgentControl,
     ClusterForecast,
@@ -138,7 +138,7 @@ def test_old_reader_reads_a_newer_record_with_an_added_optional_field():
     v2 = fastavro.parse_schema(_v2_of("gpu_event", {"name": "cgroup", "type": ["null", "string"], "default": None}),
                                named_schemas={})
     body = io.BytesIO()
-    fastavro.schemaless_writer(body, v2, {**events._to_avro(record), "cgroup": "/kubepods/pod-1"})
+    fastavro.schemaless_writer(body, v2, {**avro_dicts.to_avro(record), "cgroup": "/kubepods/pod-1"})
     newer = struct.pack("!BBB", events.MAGIC, 2, 2) + body.getvalue()
     # This code knows only v1 of GpuEvent: it must still read the v2 record.
     assert events.record_type(GpuEvent).latest == 1

@@ -20,7 +20,7 @@ from gpuaware.local.stream_workers import StreamWorkerProcess
 from gpuaware.plumbing.kafka_admin import end_offsets
 from gpuaware.plumbing.kafka_settings import KafkaSettings
 from gpuaware.stream import faust_fixes
-from gpuaware.stream.app import create_app, tracker_settings
+from gpuaware.stream.app import StreamWorker, tracker_settings
 from gpuaware.stream.changelog import ChangelogTable
 from gpuaware.stream.gpu_state import GpuTracker
 from gpuaware.stream.settings import StreamSettings
@@ -139,8 +139,9 @@ def test_a_revocation_calls_after_revoke_once_the_trackers_are_dropped(tmp_path)
     collection
     may free what it dropped (review: two handlers of the signal ran in no set order)."""
     seen: list[int] = []
-    app, processor = create_app(KafkaSettings(bootstrap_servers="127.0.0.1:1"), StreamSettings(data_dir=str(tmp_path)),
-                                after_revoke=lambda: seen.append(len(processor.trackers)))
+    worker = StreamWorker(KafkaSettings(bootstrap_servers="127.0.0.1:1"), StreamSettings(data_dir=str(tmp_path)),
+                          after_revoke=lambda: seen.append(len(processor.trackers)))
+    app, processor = worker.app, worker.processor
     processor.trackers["GPU-rv-0"], processor.partition_of["GPU-rv-0"] = GpuTracker(uuid="GPU-rv-0"), 3
 
     async def revoke(tps: set) -> None:
@@ -153,10 +154,11 @@ def test_a_revocation_calls_after_revoke_once_the_trackers_are_dropped(tmp_path)
 
 
 def test_the_table_is_written_through_the_changelog_batches_whose_check_runs_before_commits(tmp_path) -> None:
-    app, processor = create_app(KafkaSettings(bootstrap_servers="127.0.0.1:1"), StreamSettings(data_dir=str(tmp_path)))
+    worker = StreamWorker(KafkaSettings(bootstrap_servers="127.0.0.1:1"), StreamSettings(data_dir=str(tmp_path)))
+    app, processor = worker.app, worker.processor
     assert isinstance(processor.snapshots, ChangelogTable)
     assert app.gpuaware_after_flush == processor.snapshots.settle
-    assert AIOKafkaProducerService.flush is faust_fixes._producer_flush  # (fix 5, installed by create_app)
+    assert AIOKafkaProducerService.flush is faust_fixes._producer_flush  # (fix 5, installed by StreamWorker)
     handed_over: list[int] = []
 
     async def hand_over() -> None:  # what the changelog does then (tests/stream/test_changelog.py)

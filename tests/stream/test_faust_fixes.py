@@ -20,7 +20,7 @@ from mode.utils.queues import FlowControlEvent, FlowControlQueue
 
 from gpuaware.plumbing.kafka_settings import KafkaSettings
 from gpuaware.stream import faust_fixes
-from gpuaware.stream.app import create_app
+from gpuaware.stream.app import StreamWorker
 from gpuaware.stream.settings import StreamSettings
 
 TP = "telemetry-0"
@@ -274,7 +274,7 @@ def test_the_worker_consumer_asks_the_broker_to_hold_a_fetch_as_long_as_the_kafk
         return asyncio.run(build())
 
     kafka = KafkaSettings(bootstrap_servers="127.0.0.1:1", fetch_max_wait_ms=80)
-    app, _ = create_app(kafka, StreamSettings(data_dir=str(tmp_path)))
+    app = StreamWorker(kafka, StreamSettings(data_dir=str(tmp_path))).app
     assert asked(app) == 80
     del app.gpuaware_fetch_max_wait_ms  # an app that says nothing: what the pinned Faust asks
     assert asked(app) == 1500

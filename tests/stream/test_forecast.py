@@ -168,3 +168,23 @@ def test_any_number_of_kept_errors_keeps_a_mean(residuals) -> None:
     h = model.horizons[1]
     assert h.abs_error is None if not h.errors else h.abs_error == pytest.approx(
         sum(abs(e) for e in h.errors) / len(h.errors))
+
+
+def test_forecast_is_a_query_asked_never_or_twice_a_step_it_forecasts_the_same():
+    """Only ``learn_one`` changes the state, as in River: a forecast asked twice in a step is scored once, and a
+    step nobody asked about is scored all the same."""
+    series = _noisy(5, 200)["s1"].tolist()
+    once = SeriesForecaster((1, 5), upper_bound=100.0)
+    twice = SeriesForecaster((1, 5), upper_bound=100.0)
+    never = SeriesForecaster((1, 5), upper_bound=100.0)
+    for t, y in enumerate(series):
+        for model in (once, twice, never):
+            model.learn_one(y)
+        expected = once.forecast()
+        assert twice.forecast() == expected
+        assert twice.forecast() == expected
+        if t % 10 == 9:  # ``never`` is asked only now and then
+            assert never.forecast() == expected
+    for h in (1, 5):
+        assert list(twice.horizons[h].errors) == list(once.horizons[h].errors) == list(never.horizons[h].errors)
+        assert twice.horizons[h].loss == once.horizons[h].loss == never.horizons[h].loss
