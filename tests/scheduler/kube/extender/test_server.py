@@ -483,6 +483,15 @@ bodies = st.fixed_dictionaries({"Pod": pods}, optional={
 })
 
 
+@settings(max_examples=500, deadline=None)
+@given(verb=st.sampled_from((*VERBS, "bind")),
+       body=st.one_of(st.binary(max_size=300), st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")),
+                      values.map(lambda v: json.dumps(v).encode())))
+def test_any_bytes_or_unicode_parse_or_raise_bad_request(verb, body):
+    with contextlib.suppress(extender_args.BadRequest):
+        extender_args.parse(body, verb)
+
+
 @pytest.fixture(scope="module")
 def fuzz_port() -> Iterator[int]:
     with served(make_extender()) as port:
