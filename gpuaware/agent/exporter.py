@@ -38,6 +38,8 @@ class AgentStats:
     spool_bytes: Callable[[], int] = lambda: 0
     dropped: Callable[[], int] = lambda: 0
     spool_corrupt: Callable[[], int] = lambda: 0
+    spool_write_errors: Callable[[], int] = lambda: 0
+    spool_held: Callable[[], int] = lambda: 0
     policy_errors: int = 0
     policy_reloads: int = 0
     control_commands: dict[str, int] = field(default_factory=dict)
@@ -124,6 +126,11 @@ class AgentCollector(Collector):
                                   value=s.dropped())
         yield CounterMetricFamily("gpuaware_agent_spool_corrupt",
                                   "Torn or corrupt spool records skipped and quarantined.", value=s.spool_corrupt())
+        yield CounterMetricFamily("gpuaware_agent_spool_write_errors",
+                                  "Spool writes the disk refused (full or failing); the records are held in memory.",
+                                  value=s.spool_write_errors())
+        yield GaugeMetricFamily("gpuaware_agent_spool_held",
+                                "Records held in memory until the disk takes spool writes again.", value=s.spool_held())
         yield CounterMetricFamily("gpuaware_agent_policy_errors", "Sampling policies rejected.",
                                   value=s.policy_errors)
         yield CounterMetricFamily("gpuaware_agent_policy_reloads", "Sampling policies applied.",

@@ -104,7 +104,9 @@ def fields(data: bytes) -> Iterator[tuple[int, int, bytes | int]]:
             raise ProtobufError(f"unsupported wire type {wire}")
 
 
-def _by_number(message: bytes) -> dict[int, list[bytes | int]]:
+def _by_number(message: bytes | int) -> dict[int, list[bytes | int]]:
+    if not isinstance(message, bytes):  # a varint or fixed field where a nested message belongs
+        raise ProtobufError(f"expected a nested message, got wire value {message!r}")
     out: dict[int, list[bytes | int]] = {}
     for number, _, value in fields(message):
         out.setdefault(number, []).append(value)
@@ -112,8 +114,9 @@ def _by_number(message: bytes) -> dict[int, list[bytes | int]]:
 
 
 def _text(message: dict[int, list[bytes | int]], number: int) -> str:
+    # A name that is not UTF-8 is shown with U+FFFD rather than losing the whole answer's attribution.
     values = message.get(number)
-    return values[-1].decode() if values and isinstance(values[-1], bytes) else ""
+    return values[-1].decode(errors="replace") if values and isinstance(values[-1], bytes) else ""
 
 
 def parse_list_response(data: bytes) -> dict[str, list[tuple[str, str, str]]]:
@@ -121,7 +124,8 @@ def parse_list_response(data: bytes) -> dict[str, list[tuple[str, str, str]]]:
 
     PodResources{1 name, 2 namespace, 3 containers}; ContainerResources{1 name, 2 devices};
     ContainerDevices{1 resource_name, 2 device_ids}. A time-sliced replica id ``<uuid>::<n>`` is
-    its GPU.
+    its GPU. A device id that is not UTF-8 (or not a string) names no GPU and is skipped; any other
+    malformed input raises :class:`ProtobufError` and nothing else.
     """
     owners: dict[str, list[tuple[str, str, str]]] = {}
     for pod_bytes in _by_number(data).get(1, []):
@@ -132,7 +136,11 @@ def parse_list_response(data: bytes) -> dict[str, list[tuple[str, str, str]]]:
                 device = _by_number(device_bytes)
                 if _text(device, 1).startswith(GPU_RESOURCES):
                     for device_id in device.get(2, []):
-                        holders = owners.setdefault(device_id.decode().split("::")[0], [])
+                        try:
+                            uuid = device_id.decode().split("::")[0]  # type: ignore[union-attr]
+                        except (AttributeError, UnicodeDecodeError):
+                            continue
+                        holders = owners.setdefault(uuid, [])
                         owner = (_text(pod, 1), _text(pod, 2), _text(container, 1))
                         if owner not in holders:
                             holders.append(owner)

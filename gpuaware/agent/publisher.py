@@ -63,6 +63,8 @@ class Publisher:
         stats.spool_bytes = lambda: spool.bytes
         stats.dropped = lambda: spool.dropped
         stats.spool_corrupt = lambda: spool.corrupt
+        stats.spool_write_errors = lambda: spool.write_errors
+        stats.spool_held = lambda: spool.held
 
     def enqueue(self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None = None):
         self.spool.push(SpoolRecord(topic, key, value, headers or []))

@@ -23,6 +23,16 @@ at the same points. A power cut or kernel crash loses at most the records pushed
 interval, and may roll the head back by as much, so up to one interval of delivered records is
 sent again (delivery is at-least-once; consumers deduplicate).
 
+**A full or failing disk.** A write that fails (ENOSPC, EIO, a quota) never raises out of
+``push`` and never leaves a torn record for a later one to follow: the segment is truncated back
+to its last whole record, and if even that fails, the next record starts a new segment (a reader
+cuts a torn tail off only the segment it ends). The failure is counted in ``write_errors`` and the
+record is held in memory (``held``, oldest first, at most ``memory_max_bytes``: past it the oldest
+held record is dropped and counted in ``dropped``). Held records are written to disk, in order and
+before any newer one, at the next ``push``, ``ack`` or ``sync()`` that finds space again (the
+runtime syncs every ``fsync_interval_s``); only then are they handed to ``peek``. A head file that
+cannot be written stays dirty and is written at the next sync.
+
 **Corruption.** Every record is CRC-checked when it is read (on open, ``peek`` and ``ack``);
 nothing raises. A bad record whose length still leads to a good record (a flipped byte) is
 skipped alone; where the framing is lost (a torn or cut-short write) the rest of the segment is
@@ -39,6 +49,7 @@ import logging
 import os
 import struct
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +73,8 @@ class _Segment:
 
 class DiskSpool:
     def __init__(self, directory: str | Path, max_bytes: int = 256 * 2**20, segment_bytes: int = 4 * 2**20,
-                 fsync_interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+                 fsync_interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 memory_max_bytes: int = 16 * 2**20):
         if max_bytes < 2 * segment_bytes:
             raise ValueError(f"max_bytes ({max_bytes}) must be at least two segments ({2 * segment_bytes})")
         self.dir = Path(directory)
@@ -73,6 +85,11 @@ class DiskSpool:
         self.clock = clock
         self.dropped = 0  # records deleted by the bound before they were acknowledged
         self.corrupt = 0  # torn or corrupt records skipped and quarantined
+        self.write_errors = 0  # segment or head writes that failed (a full or failing disk)
+        self.memory_max_bytes = memory_max_bytes
+        self._held: deque[bytes] = deque()  # encoded records waiting for disk space, oldest first
+        self._held_bytes = 0
+        self._tail_torn = False  # the write segment may end in torn bytes: the next record starts a new one
         self.segments: list[_Segment] = []
         # The head is in segments[0]: bytes and good records of it already acknowledged.
         self.head_off = 0
@@ -191,7 +208,11 @@ class DiskSpool:
         seg.size, seg.records = at, good_before
         self._dirty.add(seg.path)
         if seg is self.segments[-1]:
-            self._new_segment(seg.seg_id + 1)
+            try:
+                self._new_segment(seg.seg_id + 1)
+            except OSError as exc:
+                self._write_failed("a new segment", exc)
+                self._tail_torn = True  # _append starts it once the disk allows
 
     # ------------------------------------------------------------------ segments
 
@@ -235,21 +256,77 @@ class DiskSpool:
     def bytes(self) -> int:
         return sum(s.size for s in self.segments) - self.head_off
 
+    @property
+    def held(self) -> int:
+        """Records held in memory because the disk refused them (not yet visible to ``peek``)."""
+        return len(self._held)
+
     def push(self, record: SpoolRecord) -> None:
         data = record.encode()
+        self._drain_held()  # what waits in memory goes first: order is kept
+        if self._held or not self._append(data):
+            self._hold(data)
+        self._enforce_bound()
+        self._sync_if_due()
+
+    def _append(self, data: bytes) -> bool:
+        """Write one encoded record whole at the end of the write segment; False if the disk refused it."""
         tail = self.segments[-1]
-        if tail.size and tail.size + len(data) > self.segment_bytes:
-            self._new_segment(tail.seg_id + 1)
+        if self._tail_torn or (tail.size and tail.size + len(data) > self.segment_bytes):
+            try:
+                self._new_segment(tail.seg_id + 1)
+            except OSError as exc:
+                self._write_failed("a new segment", exc)
+                return False
+            self._tail_torn = False
             tail = self.segments[-1]
             if self.head_off >= self.segments[0].size:  # the head segment was fully acknowledged
                 self._pop_head()
-        with open(tail.path, "ab") as f:
-            f.write(data)
+        try:
+            # One os.write per record (looped only for a short write): no user-space buffer that
+            # would write part of it later, after the failure was handled.
+            fd = os.open(tail.path, os.O_WRONLY | os.O_APPEND)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self._write_failed(tail.path.name, exc)
+            try:  # cut the torn bytes off, so the next whole record does not follow them
+                os.truncate(tail.path, tail.size)
+            except OSError:
+                self._tail_torn = True
+            return False
         self._dirty.add(tail.path)
         tail.records += 1
         tail.size += len(data)
-        self._enforce_bound()
-        self._sync_if_due()
+        return True
+
+    def _write_failed(self, what: str, exc: OSError) -> None:
+        self.write_errors += 1
+        # Once per outage at warning level: a full disk fails every write until it is freed.
+        level = logging.DEBUG if self._held else logging.WARNING
+        log.log(level, "spool: writing %s failed (%s): holding records in memory (at most %d bytes) until the "
+                "disk takes them again", what, exc, self.memory_max_bytes)
+
+    def _hold(self, data: bytes) -> None:
+        self._held.append(data)
+        self._held_bytes += len(data)
+        while self._held_bytes > self.memory_max_bytes and len(self._held) > 1:
+            self._held_bytes -= len(self._held.popleft())
+            self.dropped += 1
+
+    def _drain_held(self) -> None:
+        """Write the records held in memory, oldest first, for as long as the disk takes them."""
+        if not self._held:
+            return
+        n = len(self._held)
+        while self._held and self._append(self._held[0]):
+            self._held_bytes -= len(self._held.popleft())
+        if not self._held:
+            log.warning("spool: the disk takes writes again; %d records held in memory written", n)
 
     def _enforce_bound(self) -> None:
         while len(self.segments) > 1 and sum(s.size for s in self.segments) > self.max_bytes:
@@ -318,24 +395,30 @@ class DiskSpool:
                 break
             self._pop_head()
         self._save_head()
+        self._drain_held()  # acknowledging may have freed space
         self._sync_if_due()
 
     # ------------------------------------------------------------------ durability
 
     def _save_head(self) -> None:
         # Atomic (rename), not durable until the next sync(): a process crash keeps it.
-        tmp = self.dir / "head.tmp"
-        tmp.write_text(f"{self.segments[0].seg_id} {self.head_off}")
-        os.replace(tmp, self.dir / "head")
         self._head_dirty = True
+        tmp = self.dir / "head.tmp"
+        try:
+            tmp.write_text(f"{self.segments[0].seg_id} {self.head_off}")
+            os.replace(tmp, self.dir / "head")
+        except OSError as exc:  # a full disk: the head in memory is right; sync() writes it once it can
+            self._write_failed("the head", exc)
 
     def _sync_if_due(self) -> None:
         if self.clock() - self._last_sync >= self.fsync_interval_s:
             self.sync()
 
     def sync(self) -> None:
-        """Make what was pushed and acknowledged so far survive a power cut."""
+        """Make what was pushed and acknowledged so far survive a power cut (and write what the
+        disk refused before, if it takes it now)."""
         self._last_sync = self.clock()
+        self._drain_held()
         try:
             for path in list(self._dirty):
                 with contextlib.suppress(FileNotFoundError):
@@ -362,6 +445,7 @@ class DiskSpool:
                     os.close(fd)
                 self._dir_dirty = False
         except OSError as exc:  # a full or failing disk: keep running on the page cache, say so
+            self.write_errors += 1
             log.warning("spool fsync failed: %s", exc)
 
     def close(self) -> None:

@@ -235,7 +235,8 @@ async def run_size(kafka: KafkaSettings, gpus: int, workers: int, seconds: float
                                         node_prefix=prefix, duration_s=86400, library=False)
     app_id = f"bench-pipeline-{prefix}"
     await _start_group_at_end(kafka, app_id, (topics.TELEMETRY, topics.EVENTS))
-    procs = [StreamWorkerProcess(kafka, app_id, workdir, f"stream-{prefix}-{i}") for i in range(workers)]
+    procs = [StreamWorkerProcess(kafka, app_id, workdir, f"stream-{prefix}-{i}", node_identity="off")
+             for i in range(workers)]
     for p in procs:
         p.start()
     sched = StackScheduler(kafka, scenario)

@@ -152,7 +152,8 @@ async def run_phase(kafka: KafkaSettings, workdir: Path, workers: int, gpus: int
         for r in range(rounds):
             await _produce(fleet.batches(now - (rounds - r) * samples_per_batch * 1000, 1000), producer)
         total = rounds * per_round
-        procs = [StreamWorkerProcess(kafka, app_id, workdir, f"{app_id}-{i}") for i in range(workers)]
+        procs = [StreamWorkerProcess(kafka, app_id, workdir, f"{app_id}-{i}", node_identity="off")
+                 for i in range(workers)]
         for p in procs:
             p.start()
         first, last, drain_cpu_s = await _wait_applied(procs, total, timeout_s=600)

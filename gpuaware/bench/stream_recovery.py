@@ -87,7 +87,7 @@ async def run_store(kafka: KafkaSettings, workdir: Path, store: str, gpus: int, 
     stream = {"store": store, "standby_replicas": 0}
     producer = AIOKafkaProducer(**kafka.producer_kwargs())
     await producer.start()
-    worker = StreamWorkerProcess(kafka, app_id, workdir, app_id, **stream)
+    worker = StreamWorkerProcess(kafka, app_id, workdir, app_id, node_identity="off", **stream)
     try:
         now = int(time.time() * 1000)
         for r in range(rounds):
@@ -105,7 +105,7 @@ async def run_store(kafka: KafkaSettings, workdir: Path, store: str, gpus: int, 
         changelog = sum((await _ends(kafka, f"{app_id}-gpus-changelog", fleet_partitions)).values())
         states_from = await _ends(kafka, topics.GPU_STATE, topics.spec(topics.GPU_STATE).partitions)
         await _produce(fleet.batches(int(time.time() * 1000), 1000), producer)
-        worker = StreamWorkerProcess(kafka, app_id, workdir, app_id, **stream)
+        worker = StreamWorkerProcess(kafka, app_id, workdir, app_id, node_identity="off", **stream)
         worker.start()
         began = time.monotonic()
         first, applied, _ = await _wait_applied([worker], per_round, timeout_s=1200)

@@ -125,7 +125,8 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
     scheduler_summary: dict | None = None
     with tempfile.TemporaryDirectory(prefix="gpuaware-up-") as workdir:
         async with contextlib.AsyncExitStack() as started:
-            workers = [StreamWorkerProcess(kafka, "gpuaware-stream", Path(workdir), f"stream-{i}")
+            # The local stack has no apiserver to check node tokens with: any agent may speak for any node here.
+            workers = [StreamWorkerProcess(kafka, "gpuaware-stream", Path(workdir), f"stream-{i}", node_identity="off")
                        for i in range(stream_workers)]
 
             async def stop_workers() -> None:

@@ -34,13 +34,16 @@ class StreamWorkerProcess(ChildProcess):
     """``gpuaware stream`` with its data dir at ``workdir/name``: one per worker, as RocksDB locks its files;
     a worker started again under the same name finds its table there and replays only the changelog's tail."""
 
-    def __init__(self, kafka: KafkaSettings, app_id: str, workdir: Path, name: str, **stream: object):
+    def __init__(self, kafka: KafkaSettings, app_id: str, workdir: Path, name: str, *, node_identity: str,
+                 **stream: object):
+        """``node_identity`` (``stream.node_identity``) has no default here: a worker started without an apiserver to
+        check node tokens with must say ``"off"`` where it is started (docs/security.md says what that exposes)."""
         self.metrics_port = free_port()
         super().__init__(
             name,
             [sys.executable, "-m", "gpuaware", "--log-level", "warning", "stream", "--app-id", app_id,
              "--metrics-port", str(self.metrics_port), "--data-dir", str(workdir / name)],
-            workdir / f"{name}.log", worker_env(kafka, **stream),
+            workdir / f"{name}.log", worker_env(kafka, node_identity=node_identity, **stream),
         )
 
     def metrics(self) -> str:

@@ -103,7 +103,10 @@ class SchedulerSettings(BaseModel):
                                                 "signed (kube-scheduler's extenders[].tlsConfig.certFile)")
     extender_token_file: str | None = Field(None, description="callers without a client certificate may send "
                                             "Authorization: Bearer with this file's token")
-    extender_max_body_mib: float = Field(8.0, gt=0, le=64, description="larger extender requests get 413")
+    # 2 MiB: the shipped nodeCacheCapable: true sends one pod (etcd stores at most 1.5 MiB of it) and node
+    # names (~20 bytes each as JSON: ~0.3 MiB for 15,000 nodes). nodeCacheCapable: false sends whole Nodes
+    # (~9 KB each: ~4.5 MiB for 500) and needs it raised.
+    extender_max_body_mib: float = Field(2.0, gt=0, le=64, description="larger extender requests get 413")
     api_server: str | None = Field(None, description="Kubernetes API URL; default: in-cluster config, then kubeconfig")
 
     @model_validator(mode="after")

@@ -47,21 +47,31 @@ def node_verifier(settings: StreamSettings, stats: StreamStats) -> NodeVerifier 
     if settings.node_identity == "off":
         log.warning("node identity is not checked (stream.node_identity: off): any agent may speak for any node")
         return None
+    from kubernetes.config import ConfigException
+
     from gpuaware.plumbing.kube.api import KubeApi, connect
 
-    return NodeVerifier(kube_review(KubeApi(connect(settings.api_server))), stats, settings.node_identity_users)
+    try:
+        api = connect(settings.api_server)
+    except (ConfigException, OSError) as exc:
+        raise RuntimeError(
+            f"stream.node_identity is required and no Kubernetes API is configured to check node tokens "
+            f"with ({exc}): run in the cluster, set stream.api_server or KUBECONFIG, or, on a stack without an "
+            f"apiserver, set stream.node_identity: off (any agent may then speak for any node, docs/security.md)"
+        ) from exc
+    return NodeVerifier(kube_review(KubeApi(api)), stats, settings.node_identity_users)
 
 
 def run_worker(kafka: KafkaSettings, settings: StreamSettings, cluster: str, metrics_host: str, metrics_port: int,
                log_level: str = "info") -> None:
-    settings = asyncio.run(prepare(kafka, settings))
     stats = StreamStats()
+    verifier = node_verifier(settings, stats)  # before Kafka: a worker that cannot check node tokens says so at once
+    settings = asyncio.run(prepare(kafka, settings))
     # The heap is mostly the GPUs' trackers, kept while the worker holds their partitions: full collections walk
     # only what came since the last one, and partitions revoked (their trackers dropped) make the next one walk
     # everything (gpuaware.plumbing.gc_policy.FreezeSurvivors).
     survivors = FreezeSurvivors().install()
-    worker = StreamWorker(kafka, settings, cluster, stats, node_verifier(settings, stats),
-                          after_revoke=survivors.reclaim)
+    worker = StreamWorker(kafka, settings, cluster, stats, verifier, after_revoke=survivors.reclaim)
     if metrics_port:
         registry = CollectorRegistry()
         registry.register(StreamCollector(stats, lambda: list(worker.processor.trackers.values()), worker.lag))

@@ -26,9 +26,10 @@ class StreamSettings(BaseModel):
     gpu_rehome_after_s: float = Field(600.0, ge=0, description="a GPU UUID reported by another node is dead-lettered "
                                                               "until its node has been silent this long")
     node_identity: Literal["off", "required"] = Field(
-        "off", description="required: telemetry and events must carry their node's ServiceAccount token, checked "
-                           "with the apiserver (TokenReview); others are dead-lettered (docs/security.md). The "
-                           "shipped deployment requires it; the local stack has no apiserver to ask")
+        "required", description="required: telemetry and events must carry their node's ServiceAccount token, "
+                                "checked with the apiserver (TokenReview); others are dead-lettered. off: any "
+                                "client that can write the telemetry topics may speak for any node (docs/security.md); "
+                                "only for a stack without an apiserver to ask (`gpuaware up` says so explicitly)")
     node_identity_users: list[str] = Field(
         default_factory=lambda: ["system:serviceaccount:gpuaware:gpuaware-agent"],
         description="ServiceAccounts whose node tokens prove a node")

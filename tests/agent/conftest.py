@@ -1,13 +1,19 @@
-"""Fakes at the aiokafka boundary for the agent's publishing tests (no broker)."""
+"""Fakes at the aiokafka boundary for the agent's publishing tests (no broker), and a small real
+filesystem to fill (``small_fs``)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import errno
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from gpuaware.agent import publisher as publisher_module
+from tests.support import in_ci
 
 
 class FakeProducer:
@@ -59,3 +65,43 @@ async def wait_until(cond: Callable[[], bool], timeout_s: float = 10.0, what: st
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def small_fs(tmp_path) -> Iterator[Path]:
+    """A 1 MiB tmpfs mounted for the test (unmounted after it): a disk that really fills.
+
+    Mounting needs root (CAP_SYS_ADMIN); without it the test is skipped, and under ``CI=true`` it fails."""
+    mnt = tmp_path / "small_fs"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if done.returncode != 0:
+        reason = f"cannot mount a 1 MiB tmpfs here: {done.stderr.strip() or done.returncode}"
+        if in_ci():
+            pytest.fail(f"CI=true and {reason}")
+        pytest.skip(reason)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def fill(directory: Path, name: str = "filler") -> Path:
+    """Write ``directory/name`` until the filesystem refuses another byte; return its path."""
+    path = directory / name
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        while True:
+            try:
+                os.write(fd, b"\0" * 4096)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                break
+        while True:  # the last page's spare bytes too
+            try:
+                os.write(fd, b"\0")
+            except OSError:
+                return path
+    finally:
+        os.close(fd)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent import futures
 
 import grpc
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -77,6 +80,59 @@ def test_parse_keeps_gpu_devices_only():
     assert parse_list_response(data) == {"GPU-a": [("train-0", "ml", "main")], "GPU-b": [("train-0", "ml", "main")]}
     with pytest.raises(ProtobufError):
         parse_list_response(data[:-3])
+
+
+def _raw_field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def test_a_device_id_that_is_not_utf8_is_skipped_and_the_other_gpus_keep_their_pods():
+    device = _s(1, "nvidia.com/gpu") + _raw_field(2, b"GPU-\xff\xfe") + _s(2, "GPU-b")
+    pod = _s(1, "train-\u00e9") + _s(2, "ml") + _field(3, _s(1, "main") + _field(2, device))
+    assert parse_list_response(_field(1, pod)) == {"GPU-b": [("train-\u00e9", "ml", "main")]}
+    named_badly = _raw_field(1, b"p\xff") + _s(2, "ml") + _field(3, _s(1, "main") + _field(2, device))
+    assert parse_list_response(_field(1, named_badly)) == {"GPU-b": [("p\ufffd", "ml", "main")]}
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=400))
+@example(b"\x08\x00")  # a varint where a PodResources message belongs: was a TypeError
+def test_any_bytes_parse_or_raise_protobuf_error(data):
+    try:
+        owners = parse_list_response(data)
+    except ProtobufError:
+        return
+    assert all(isinstance(u, str) and all(len(o) == 3 for o in holders) for u, holders in owners.items())
+
+
+_names = st.one_of(st.binary(max_size=12), st.text(max_size=12).map(str.encode))
+_devices = st.tuples(st.sampled_from([b"nvidia.com/gpu", b"nvidia.com/mig-1g.10gb", b"example.com/fpga", b"\xff"]),
+                     st.lists(_names, max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_names, _names, _names, st.lists(_devices, max_size=2)), max_size=3), st.data())
+def test_well_framed_answers_with_any_names_and_ids_parse_and_keep_every_utf8_gpu_id(pods, data):
+    """Any bytes in any string field (and a varint where a message belongs) parse or raise ProtobufError."""
+    out = b""
+    expected: set[str] = set()
+    for name, ns, container, devices in pods:
+        cont = _raw_field(1, container) + b"".join(
+            _raw_field(2, _raw_field(1, res) + b"".join(_raw_field(2, i) for i in ids)) for res, ids in devices)
+        out += _raw_field(1, _raw_field(1, name) + _raw_field(2, ns) + _raw_field(3, cont))
+        for res, ids in devices:
+            if res.startswith((b"nvidia.com/gpu", b"nvidia.com/mig-")):
+                for i in ids:
+                    with contextlib.suppress(UnicodeDecodeError):
+                        expected.add(i.decode().split("::")[0])
+    if data.draw(st.booleans()):  # a varint where a PodResources message belongs
+        try:
+            parse_list_response(out + _varint(1 << 3 | 0) + _varint(5))
+        except ProtobufError:
+            pass
+        else:
+            raise AssertionError("a varint in place of a message was accepted")
+    assert set(parse_list_response(out)) == expected
 
 
 def test_gpu_metrics_carry_the_pod_that_holds_the_gpu(kubelet):

@@ -7,16 +7,20 @@ import os
 from dataclasses import dataclass, field
 
 import yaml
+from aiokafka.errors import KafkaConnectionError
 from aiokafka.structs import TopicPartition
+from prometheus_client import CollectorRegistry
 
 from gpuaware.agent import runtime as runtime_module
 from gpuaware.agent.collectors.sim import Scenario, SimCluster
+from gpuaware.agent.exporter import AgentCollector, render
 from gpuaware.agent.runtime import AgentRuntime
 from gpuaware.agent.sampling import SamplingPolicy
 from gpuaware.contract import events
 from gpuaware.contract.events import AgentControl, ControlKind
 from gpuaware.plumbing.kafka_settings import KafkaSettings
-from tests.agent.conftest import wait_until
+from tests.agent.conftest import fill, wait_until
+from tests.agent.metrics_support import families
 
 
 @dataclass
@@ -174,3 +178,33 @@ async def test_the_idle_control_consumer_asks_the_broker_for_a_long_fetch_wait(t
     _fake_control_topic(monkeypatch)
     await asyncio.wait_for(rt.consume_control(FakeConsumer.stop), 10)
     assert FakeConsumer.kwargs["fetch_max_wait_ms"] == 500 and rt.settings.fetch_max_wait_ms == 100
+
+
+async def test_the_agent_keeps_sampling_and_serving_metrics_on_a_full_disk_and_delivers_once_it_frees(
+        small_fs, fake_producer):
+    scenario = Scenario(name="t", seed=1, duration_s=600, nodes=1, gpus_per_node=2, models=["H100"], node_prefix="fd")
+    rt = AgentRuntime(SimCluster(scenario).collectors(), KafkaSettings(), SamplingPolicy(floor_s=0.1, flush_s=0.1),
+                      small_fs / "spool")
+    fake_producer.fail = staticmethod(lambda topic, value: KafkaConnectionError())  # the broker is down too
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(rt.cores, rt.stats))
+    filler = fill(small_fs)
+    stop = asyncio.Event()
+    task = asyncio.create_task(rt.run(stop, control=False))
+    try:
+        await wait_until(lambda: rt.spool.write_errors > 0 or task.done(), 20, "a refused spool write")
+        published = rt.samples_published
+        await wait_until(lambda: rt.samples_published > published + 10 or task.done(), 20, "sampling to go on")
+        assert not task.done()
+        metrics = families(render(registry).decode())
+        assert metrics["gpuaware_agent_spool_write_errors"].samples[0].value > 0
+        assert metrics["gpuaware_agent_spool_held"].samples[0].value > 0
+        held = rt.spool.held
+        filler.unlink()
+        fake_producer.fail = staticmethod(lambda topic, value: None)
+        await wait_until(lambda: (rt.spool.held == 0 and len(fake_producer.sent) >= held) or task.done(), 20,
+                         "the held records to be spooled and sent")
+        assert not task.done()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 20)

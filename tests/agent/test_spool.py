@@ -10,6 +10,7 @@ import pytest
 
 from gpuaware.agent import spool as spool_module
 from gpuaware.agent.spool import DiskSpool, SpoolRecord
+from tests.agent.conftest import fill
 
 
 def _fill(spool: DiskSpool, n: int, start: int = 0, size: int = 60) -> None:
@@ -174,3 +175,47 @@ def test_spool_truncates_a_torn_tail(tmp_path):
     again = DiskSpool(tmp_path, max_bytes=8192, segment_bytes=1024)
     assert [r.value for r in again.peek(10)] == [b"complete"]
     assert again.peek(1)[0].key is None
+
+
+def test_a_full_disk_is_survived_and_nothing_pushed_is_lost_when_space_returns(small_fs):
+    """The drill: a real 1 MiB filesystem fills mid-record; pushes go on, are counted and held in memory;
+    once space returns they reach the disk in order, and no torn bytes are left for a reader to cut."""
+    spool_dir = small_fs / "spool"
+    spool = DiskSpool(spool_dir, max_bytes=8 * 2**20, segment_bytes=2**20, fsync_interval_s=3600)
+    ballast = small_fs / "ballast"
+    ballast.write_bytes(b"\0" * 256 * 1024)  # what an operator frees later
+    n = 0
+    while spool.write_errors == 0:  # one segment of 1,015-byte records: the one that fails is cut mid-record
+        _fill(spool, 1, start=n, size=1000)
+        n += 1
+    fill(small_fs)  # and every spare byte after it
+    _fill(spool, 50, start=n, size=1000)
+    n += 50
+    assert spool.write_errors >= 51 and spool.held >= 51
+    disk_records = spool.depth
+    assert disk_records + spool.held == n
+    on_disk = sum(p.stat().st_size for p in _segments(spool_dir))
+    assert on_disk == spool.bytes  # the torn bytes were cut back to the last whole record
+
+    # Delivered from the disk meanwhile; then the operator frees space and the next sync writes what was held.
+    spool.ack(spool.peek(10)[-1].position)
+    ballast.unlink()
+    spool.sync()
+    assert spool.held == 0
+    _fill(spool, 5, start=n, size=1000)
+    n += 5
+    assert _keys(spool.peek(10_000)) == list(range(10, n))
+    reopened = DiskSpool(spool_dir, max_bytes=8 * 2**20, segment_bytes=2**20)
+    assert _keys(reopened.peek(10_000)) == list(range(10, n))
+    assert reopened.corrupt == 0 and reopened.dropped == 0
+
+
+def test_records_held_in_memory_are_bounded_and_the_oldest_dropped_are_counted(small_fs):
+    spool = DiskSpool(small_fs / "spool", max_bytes=8 * 2**20, segment_bytes=256 * 1024, memory_max_bytes=10_000)
+    fill(small_fs)
+    _fill(spool, 30, size=1000)
+    assert spool.depth == 0 and spool.held == 9  # ~1,015 bytes each
+    assert spool.dropped == 21
+    (small_fs / "filler").unlink()
+    spool.sync()
+    assert _keys(spool.peek(100)) == list(range(21, 30))

@@ -190,6 +190,19 @@ def test_arbitrary_bytes_decode_or_raise_decode_error(data):
         events.encode(decoded)
 
 
+@settings(max_examples=600, deadline=None)
+@given(st.sampled_from(sorted(events.RECORD_TYPES)), st.integers(1, 255),
+       st.one_of(st.binary(max_size=300), st.text(max_size=100).map(str.encode)))
+def test_any_body_behind_a_valid_header_decodes_or_raises_decode_error(schema_id, version, body):
+    """Past the header check: every record type, every version (known or newer), any bytes or unicode."""
+    data = bytes([events.MAGIC, schema_id, version]) + body
+    with contextlib.suppress(DecodeError):
+        events.encode(events.decode(data))
+    for topic in events.TOPIC_RECORD:  # control records included: the agent's take_control relies on this
+        with contextlib.suppress(DecodeError):
+            events.decode_for_topic(topic, data)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(EXAMPLES), st.data())
 def test_corrupted_valid_records_decode_or_raise_decode_error(record, data):

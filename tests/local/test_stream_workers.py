@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gpuaware.config import load_config
-from gpuaware.local.stream_workers import worker_env
+from gpuaware.local.stream_workers import StreamWorkerProcess, worker_env
 from gpuaware.plumbing.kafka_settings import KafkaSettings
 
 
@@ -26,3 +28,13 @@ def test_worker_env_of_a_plaintext_broker_sets_no_sasl():
     env = worker_env(KafkaSettings(bootstrap_servers="127.0.0.1:1234", embedded_broker_compat=True))
     assert not [name for name in env if "SASL" in name or name.endswith("FILE")]
     assert load_config(None, environ=env).kafka.embedded_broker_compat is True
+
+
+def test_a_worker_child_is_started_with_node_identity_said_explicitly(tmp_path):
+    """The stream requires node tokens by default; a child started without an apiserver must say ``off`` itself."""
+    kafka = KafkaSettings(bootstrap_servers="127.0.0.1:1234")
+    with pytest.raises(TypeError, match="node_identity"):
+        StreamWorkerProcess(kafka, "w", tmp_path, "w-0")  # type: ignore[call-arg]
+    worker = StreamWorkerProcess(kafka, "w", tmp_path, "w-0", node_identity="off")
+    assert load_config(None, environ=worker.env).stream.node_identity == "off"
+    assert load_config(None, environ=worker_env(kafka)).stream.node_identity == "required"

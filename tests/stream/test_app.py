@@ -56,7 +56,8 @@ def _restart(kafka: KafkaSettings, tmp_path: Path, unique: str, store: str) -> t
 
     def worker() -> StreamWorkerProcess:
         # A 1 s heartbeat, so the newest state of every GPU is out soon after its last sample.
-        w = StreamWorkerProcess(kafka, app_id, tmp_path, f"{store}-w", store=store, standby_replicas=0,
+        w = StreamWorkerProcess(kafka, app_id, tmp_path, f"{store}-w", node_identity="off", store=store,
+                                standby_replicas=0,
                                 max_publish_interval_ms=1000)
         w.start()
         return w

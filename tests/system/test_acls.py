@@ -152,7 +152,8 @@ async def test_the_agent_publishes_telemetry_and_events_and_reads_control(users,
 
 def test_the_stream_worker_starts_consumes_and_publishes_state(users, admin, tmp_path):
     node = f"acl-{uuid.uuid4().hex[:6]}"
-    worker = StreamWorkerProcess(users[STREAM], f"{STREAM_APP_ID}-{uuid.uuid4().hex[:6]}", tmp_path, "worker")
+    worker = StreamWorkerProcess(users[STREAM], f"{STREAM_APP_ID}-{uuid.uuid4().hex[:6]}", tmp_path, "worker",
+                                 node_identity="off")
     worker.start()
     try:
         now = int(time.time() * 1000)
@@ -221,7 +222,7 @@ def test_the_stream_worker_without_a_grant_exits_at_start_naming_it(apache_kafka
                                                                     message):
     settings = _user_without(apache_kafka, STREAM, resource, name)
     app_id = f"{STREAM_APP_ID}-{uuid.uuid4().hex[:6]}"
-    worker = StreamWorkerProcess(settings, app_id, tmp_path, "worker")
+    worker = StreamWorkerProcess(settings, app_id, tmp_path, "worker", node_identity="off")
     worker.start()
     try:
         deadline = time.monotonic() + 60

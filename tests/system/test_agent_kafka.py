@@ -114,7 +114,7 @@ def test_a_broker_down_for_30s_loses_no_sample(tmp_path, seaweedfs):
         want = {(t.device.uuid, seq) for t in runtime.cores[0].tracks for seq in range(1, t.seq + 1)}
         assert got == want, f"missing {len(want - got)} of {len(want)} samples"
         # Downstream, a stream worker applies each of them once, replays and resends included.
-        worker = StreamWorkerProcess(settings, f"outage-{prefix}", tmp_path, "stream")
+        worker = StreamWorkerProcess(settings, f"outage-{prefix}", tmp_path, "stream", node_identity="off")
         worker.start()
         try:
             deadline = time.monotonic() + 90

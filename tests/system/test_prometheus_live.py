@@ -111,7 +111,7 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
                                    ],
                          tmp_path / "agent.log", {**worker_env(kafka_settings), "GPUAWARE_AGENT__CORDON_POLL_S": "1",
                                                   "KUBECONFIG": str(kube.accounts["gpuaware-agent"])})
-    stream = StreamWorkerProcess(kafka_settings, f"live-{unique}", tmp_path, "stream",
+    stream = StreamWorkerProcess(kafka_settings, f"live-{unique}", tmp_path, "stream", node_identity="off",
                                  cluster_forecast_interval_s=2, node_state_interval_s=1)
     scheduler_port = free_port()
     scheduler = ChildProcess("scheduler", [sys.executable, "-m", "gpuaware", "--log-level", "warning", "scheduler",

@@ -35,7 +35,7 @@ def workers(kafka_settings: KafkaSettings, tmp_path: Path,
     started: list[StreamWorkerProcess] = []
 
     def start(name: str, **stream: object) -> StreamWorkerProcess:
-        w = StreamWorkerProcess(kafka_settings, f"test-stream-{unique}", tmp_path, name,
+        w = StreamWorkerProcess(kafka_settings, f"test-stream-{unique}", tmp_path, name, node_identity="off",
                                 cluster_forecast_interval_s=2, node_state_interval_s=1, **stream)
         w.start()
         started.append(w)

@@ -88,8 +88,9 @@ class Queue:
         must not die on an object stored before a schema change (or by a server without one)."""
         try:
             return cls._of(obj)
-        except (TypeError, ValueError, AttributeError, KeyError) as exc:
-            name = (obj.get("metadata") or {}).get("name", "?") if isinstance(obj, dict) else "?"
+        except (TypeError, ValueError, AttributeError, KeyError, ArithmeticError) as exc:  # int(inf): OverflowError
+            meta = obj.get("metadata") if isinstance(obj, dict) else None
+            name = meta.get("name", "?") if isinstance(meta, dict) else "?"
             raise QueueSpecError(f"GPUQueue {name!r} is ignored: {type(exc).__name__}: {exc}") from exc
 
     @classmethod

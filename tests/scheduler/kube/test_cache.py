@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuaware.contract import annotations as ann
 from gpuaware.local.fake_apiserver import make_node, make_pod
 from gpuaware.scheduler.core.queue import Usage
-from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.cache import ClusterCache, Queue, QueueSpecError
 from tests.support import FUZZ, json_values, printable_text
 
 
@@ -106,3 +107,24 @@ def test_a_lifted_cordon_or_taint_gives_the_gpu_back_the_band_beneath_and_repeat
     assert cache.taint_bands == {(0, 1): HealthBand.DEGRADED}
     cache.sync_taint_rules([])
     assert cache.cluster.band[0].tolist()[:3] == [0, 0, 0]  # sync_taint_rules rebuilds: no live state yet
+
+
+_json = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=8)),
+                     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner,
+                                                                                            max_size=3)),
+                     max_leaves=12)
+_queue_fields = st.fixed_dictionaries({}, optional={
+    "metadata": st.one_of(_json, st.fixed_dictionaries({"name": _json}, optional={
+        "generation": _json, "creationTimestamp": _json})),
+    "spec": st.one_of(_json, st.fixed_dictionaries({}, optional={
+        k: _json for k in ("tenant", "namespaces", "weight", "priorityClasses", "evictionMode")} | {
+        "quota": st.one_of(_json, st.lists(st.one_of(_json, st.fixed_dictionaries({}, optional={
+            "model": _json, "gpus": _json, "memoryGiB": _json})), max_size=2)),
+        "borrowing": st.one_of(_json, st.fixed_dictionaries({}, optional={"enabled": _json, "limitGpus": _json}))}))})
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(_json, _queue_fields))
+def test_any_gpuqueue_object_is_read_or_refused_with_queue_spec_error(obj):
+    with contextlib.suppress(QueueSpecError):
+        Queue.of(obj)

@@ -8,13 +8,15 @@ checked later, by ``objects.workload_of``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-# Bodies above this are decoded on a worker thread: a 500-node NodeList (4.5 MB) takes tens of
-# milliseconds to parse, which would stall every other request and the informers on the loop.
+import orjson
+
+# Bodies above this are decoded in a worker process (``extender.offload``): a 500-node NodeList
+# (4.5 MB) takes tens of milliseconds to parse, holding the GIL, which would stall every other
+# request and the informers on the loop. Below it, orjson takes ~1 ms.
 OFFLOAD_BYTES = 256 * 1024
 
 
@@ -26,8 +28,9 @@ def parse(body: bytes, verb: str = "filter") -> dict[str, Any]:
     """The body's ``ExtenderArgs``, ``ExtenderPreemptionArgs`` or (``verb`` bind) ``ExtenderBindingArgs``,
     checked; raises :class:`BadRequest`."""
     try:
-        args = json.loads(body)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        # orjson: ~4x faster than json, and strict as Go's encoder is (no NaN, no lone surrogates).
+        args = orjson.loads(body)
+    except (ValueError, RecursionError) as exc:  # orjson.JSONDecodeError is a ValueError
         raise BadRequest(f"request body is not JSON: {str(exc)[:200]}") from None
     if not isinstance(args, dict):
         raise BadRequest(f"request body is not a JSON object but {_kind(args)}")
@@ -147,3 +150,10 @@ def _victims(args: dict[str, Any], key: str, pod: Callable[[Any, str], None]) ->
         v = _object(victims, where)
         _nullable_list(v, "Pods", f"{where}.Pods", pod)
         _optional(v, "NumPDBViolations", where, _integer)
+
+
+def meta_victims(node_to_victims: dict[str, Any]) -> dict[str, Any]:
+    """``NodeNameToVictims`` (whole pods, nodeCacheCapable: false) as ``NodeNameToMetaVictims`` (their UIDs)."""
+    return {n: {"Pods": [{"UID": p["metadata"]["uid"]} for p in (v.get("Pods") or [])],
+                "NumPDBViolations": v.get("NumPDBViolations", 0)}
+            for n, v in node_to_victims.items()}

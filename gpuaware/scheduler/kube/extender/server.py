@@ -14,9 +14,11 @@ answer echoes the kept ones. What each verb answers (docs/scheduler.md, "Extende
 - ``/preempt`` → 200 ``ExtenderPreemptionResult``: the nodes where evicting the proposed victims
   really makes room on healthy GPUs. The type has no ``Error``: a 200 always means "these candidates".
 - Any verb: 400 ``{"Error"}`` for a body that is not what kube-scheduler sends (extender_args),
-  401 unauthenticated (extender_access), 413 over ``extender_max_body_mib``, 500 ``{"Error"}`` when
-  gpuaware itself fails. kube-scheduler's ``HTTPExtender.send()`` turns every non-200 into an error,
-  and an ``ignorable`` extender's errors are skipped (logged), so a failure never reads as an answer.
+  401 unauthenticated (extender_access), 413 over ``extender_max_body_mib``, 503 ``{"Error"}``
+  while not ready (``/readyz`` 503: the cache has not caught up, so any answer would be made on a
+  partial view), 500 ``{"Error"}`` when gpuaware itself fails. kube-scheduler's
+  ``HTTPExtender.send()`` turns every non-200 into an error, and an ``ignorable`` extender's errors
+  are skipped (logged), so a failure never reads as an answer.
 
 Pods that ask for no GPU and carry no gpuaware annotation pass through untouched: every node
 passes, every score is 0 (backward compatible).
@@ -33,7 +35,6 @@ as the custom scheduler; nothing is reserved (kube-scheduler binds).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import Counter
@@ -52,8 +53,10 @@ from gpuaware.scheduler.kube import objects
 from gpuaware.scheduler.kube.cache import ClusterCache
 from gpuaware.scheduler.kube.calls import ApiCalls
 from gpuaware.scheduler.kube.dra import claims as dra_claims
+from gpuaware.scheduler.kube.extender import offload
 from gpuaware.scheduler.kube.extender.access import Access
-from gpuaware.scheduler.kube.extender.args import OFFLOAD_BYTES, BadRequest, parse
+from gpuaware.scheduler.kube.extender.args import OFFLOAD_BYTES, BadRequest, meta_victims, parse
+from gpuaware.scheduler.kube.extender.offload import node_name
 from gpuaware.scheduler.kube.objects import PodSpecError
 from gpuaware.scheduler.metrics import SchedulerStats
 from gpuaware.scheduler.settings import SchedulerSettings
@@ -67,11 +70,13 @@ VERBS = ("filter", "prioritize", "preempt", "bind")
 # without one (a Reserve or Permit plugin failed, the pod was deleted).
 BIND_WAIT_S = 2.0
 MIB = 1024 * 1024
+DEFAULT_MAX_BODY_BYTES = int(SchedulerSettings.model_fields["extender_max_body_mib"].default * MIB)
 
 
 class Extender:
     def __init__(self, cache: ClusterCache, core: Callable[[], Scheduler], ready: Callable[[], bool], *,
-                 stats: SchedulerStats | None = None, access: Access | None = None, max_body_bytes: int = 8 * MIB,
+                 stats: SchedulerStats | None = None, access: Access | None = None,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  calls: ApiCalls | None = None, bind_wait_s: float = BIND_WAIT_S):
         """``calls``: the API client /bind writes Bindings with (without it /bind answers 500)."""
         self.cache, self.core, self.ready = cache, core, ready
@@ -121,7 +126,7 @@ class Extender:
     def _names(args: dict[str, Any]) -> list[str]:
         if args.get("NodeNames") is not None:
             return list(args["NodeNames"])
-        return [n["metadata"]["name"] for n in ((args.get("Nodes") or {}).get("items") or [])]
+        return [node_name(n) for n in ((args.get("Nodes") or {}).get("items") or [])]
 
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         pod = args.get("Pod") or {}
@@ -165,7 +170,7 @@ class Extender:
         else:
             nodes = args.get("Nodes") or {}
             kept = set(keep)
-            result["Nodes"] = {**nodes, "items": [n for n in nodes.get("items") or [] if n["metadata"]["name"] in kept]}
+            result["Nodes"] = {**nodes, "items": [n for n in nodes.get("items") or [] if node_name(n) in kept]}
         return result
 
     def _filter_claim_pod(self, names: list[str], result: dict[str, Any]) -> dict[str, Any]:
@@ -189,7 +194,7 @@ class Extender:
         else:
             nodes = result.get("Nodes") or {}
             kept = set(keep)
-            result["Nodes"] = {**nodes, "items": [n for n in nodes.get("items") or [] if n["metadata"]["name"] in kept]}
+            result["Nodes"] = {**nodes, "items": [n for n in nodes.get("items") or [] if node_name(n) in kept]}
         return result
 
     def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
@@ -215,9 +220,7 @@ class Extender:
         pod = args.get("Pod") or {}
         meta = args.get("NodeNameToMetaVictims") or {}
         if not meta and args.get("NodeNameToVictims"):
-            meta = {n: {"Pods": [{"UID": p["metadata"]["uid"]} for p in (v.get("Pods") or [])],
-                        "NumPDBViolations": v.get("NumPDBViolations", 0)}
-                    for n, v in args["NodeNameToVictims"].items()}
+            meta = meta_victims(args["NodeNameToVictims"])
         if dra_claims.has_claims(pod) or not objects.is_gpuaware(pod):
             return {"NodeNameToMetaVictims": meta}
         try:
@@ -346,58 +349,63 @@ class Extender:
 
     async def _serve(self, request: web.Request) -> web.Response:
         verb = request.path.strip("/")
-        status, payload, large = await self._answer(verb, request)
+        status, payload = await self._answer(verb, request)
         self.requests[(verb, status)] += 1
         if status != 200:
             # kube-scheduler logs the status code only; the reason is in our log.
             log.log(logging.ERROR if status >= 500 else logging.WARNING, "extender /%s: %d %s", verb, status,
                     payload["Error"])
-        if large:  # the answer echoes a large NodeList (nodeCacheCapable: false)
-            text = await asyncio.get_running_loop().run_in_executor(None, json.dumps, payload)
-        else:
-            text = json.dumps(payload)
+        # orjson: an answer echoing an 8 MiB NodeList (nodeCacheCapable: false) took json ~70 ms holding the GIL;
+        # a large body's nodes are echoed as the bytes they came in (offload.RawNode). Other tasks run between
+        # making the answer and writing it, so the two do not add up to one stall.
+        await asyncio.sleep(0)
+        body = offload.dumps(payload)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        response = web.Response(text=text, status=status, content_type="application/json", headers=headers)
-        if status in (401, 413):
+        response = web.Response(body=body, status=status, content_type="application/json", headers=headers)
+        if status in (401, 413, 503):
             # The body stays unread: answer, then close at once rather than linger reading what we refused.
             await response.prepare(request)
             await response.write_eof()
             request.protocol.force_close()
         return response
 
-    async def _answer(self, verb: str, request: web.Request) -> tuple[int, Any, bool]:
-        """(HTTP status, JSON answer, whether the body was large enough to serialise the answer off the loop)."""
+    async def _answer(self, verb: str, request: web.Request) -> tuple[int, Any]:
+        """(HTTP status, JSON answer)."""
         refusal = self.access.refusal(request)
         if refusal is not None:
-            return 401, {"Error": refusal}, False
+            return 401, {"Error": refusal}
+        if not self.ready():
+            return 503, {"Error": "gpuaware extender not ready: its cluster cache is still catching up"}
         too_large = 413, {"Error": f"request body over {self.max_body_bytes} bytes (scheduler.extender_max_body_mib;"
-                                   " nodeCacheCapable: true keeps requests small)"}, False
+                                   " nodeCacheCapable: true keeps requests small)"}
         if (request.content_length or 0) > self.max_body_bytes:
             return too_large  # before reading a byte of it
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return too_large
-        large = len(body) > OFFLOAD_BYTES
         try:
-            if large:  # a NodeList of hundreds of nodes: not on the loop
-                args = await asyncio.get_running_loop().run_in_executor(None, parse, body, verb)
+            if len(body) > OFFLOAD_BYTES:  # a NodeList of hundreds of nodes: parsed in a worker process
+                args = await offload.parse_large(body, verb)
             else:
                 args = parse(body, verb)
         except BadRequest as exc:
-            return 400, {"Error": f"bad {verb} request: {exc}"}, large
+            return 400, {"Error": f"bad {verb} request: {exc}"}
+        except Exception as exc:  # the parsing worker process died
+            log.exception("extender /%s: parsing the body failed", verb)
+            return 500, {"Error": f"gpuaware extender: {type(exc).__name__}: {exc}"}
         try:
             if verb == "bind":
-                return 200, await self.bind(args), large
+                return 200, await self.bind(args)
             if verb == "filter" and objects.is_gpuaware(args["Pod"]):
                 await self._settle(objects.key(args["Pod"]))
             answer = getattr(self, verb)(args)
             if verb == "filter":
                 self._expect_bind(args, answer)
-            return 200, answer, large
+            return 200, answer
         except Exception as exc:
             log.exception("extender /%s failed", verb)
-            return 500, {"Error": f"gpuaware extender: {type(exc).__name__}: {exc}"}, large
+            return 500, {"Error": f"gpuaware extender: {type(exc).__name__}: {exc}"}
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")

@@ -44,9 +44,8 @@ from gpuaware.scheduler.kube.extender.access import server_context
 from gpuaware.scheduler.kube.extender.server import Extender
 from gpuaware.scheduler.kube.live import LiveScheduler
 from gpuaware.scheduler.settings import SchedulerSettings
-from tests.support import need, shipped_rbac
+from tests.support import REPO, need, shipped_rbac
 
-REPO = Path(__file__).resolve().parents[4]
 CRDS = REPO / "deploy" / "base" / "crds"
 SCHEDULER_YAML = REPO / "deploy" / "base" / "scheduler" / "scheduler.yaml"
 

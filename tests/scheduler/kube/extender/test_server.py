@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 import yaml
 from aiohttp import web
@@ -33,13 +34,13 @@ from gpuaware.scheduler.kube.cache import ClusterCache
 from gpuaware.scheduler.kube.calls import ApiCalls
 from gpuaware.scheduler.kube.extender import access as extender_access
 from gpuaware.scheduler.kube.extender import args as extender_args
+from gpuaware.scheduler.kube.extender import offload
 from gpuaware.scheduler.kube.extender.access import Access, server_context
 from gpuaware.scheduler.kube.extender.server import Extender
 from gpuaware.scheduler.metrics import QueueSnapshot, SchedulerCollector, SchedulerStats
 from gpuaware.scheduler.settings import SchedulerSettings
-from tests.support import running, wait_for
+from tests.support import REPO, running, wait_for
 
-REPO = Path(__file__).resolve().parents[4]
 SCHEDULER_YAML = REPO / "deploy" / "base" / "scheduler" / "scheduler.yaml"
 VERBS = ("filter", "prioritize", "preempt")
 
@@ -358,8 +359,8 @@ async def post_async(port: int, body: dict, chunked: bool = False) -> int:
 
 
 def test_a_body_over_the_limit_is_a_413_and_the_limit_is_configurable():
-    assert SchedulerSettings().extender_max_body_mib == 8
-    small = {"Pod": gpu_pod(), "NodeNames": [f"node-{i:06d}" for i in range(400_000)]}  # ~5 MiB
+    assert SchedulerSettings().extender_max_body_mib == 2
+    small = {"Pod": gpu_pod(), "NodeNames": [f"node-{i:06d}" for i in range(100_000)]}  # ~1.3 MiB
     big = {"Pod": gpu_pod(), "NodeNames": small["NodeNames"] * 2}
     ext = make_extender()
     with served(ext) as port:
@@ -373,21 +374,44 @@ def test_a_body_over_the_limit_is_a_413_and_the_limit_is_configurable():
         assert asyncio.run(post_async(port, small)) == 413
 
 
-def test_a_large_body_is_parsed_off_the_event_loop(monkeypatch):
-    threads: list[str] = []
-    real = extender_args.json.loads
+def test_a_large_body_is_parsed_in_a_worker_process_and_its_nodes_echoed_as_they_came(monkeypatch):
+    """Parsing holds the GIL even on a thread: this process parses no large JSON and builds no large object."""
+    calls: list[int] = []
+    real = orjson.loads
 
     def spy(raw, *a, **kw):
-        if len(raw) > extender_args.OFFLOAD_BYTES:
-            threads.append(threading.current_thread().name)
+        calls.append(len(raw))
         return real(raw, *a, **kw)
 
-    monkeypatch.setattr(extender_args.json, "loads", spy)
-    nodes = {"items": [make_node(f"big-{i}", gpus=8) for i in range(2000)]}
-    with served(make_extender()) as port:
-        status, res = post(port, "/filter", {"Pod": gpu_pod(), "Nodes": nodes})
-    assert status == 200 and len(res["FailedNodes"]) == 2000
-    assert threads and "extender-loop" not in threads, threads
+    monkeypatch.setattr(orjson, "loads", spy)
+    nodes = [make_node(f"big-{i}", gpus=8) for i in range(2000)] + [make_node("n2", gpus=2)]
+    victims = {"n1": {"Pods": [{"metadata": {"name": "half", "uid": "uid-half"}}], "NumPDBViolations": 0}}
+    body = json.dumps({"Pod": gpu_pod(), "Nodes": {"items": nodes}, "NodeNameToVictims": victims}).encode()
+    assert len(body) > extender_args.OFFLOAD_BYTES
+    try:
+        with served(make_extender(max_body_bytes=len(body))) as port:
+            status, res = post(port, "/filter", body)
+            preempt_status, preempted = post(port, "/preempt", body)
+    finally:
+        offload.shutdown()
+    assert status == 200 and len(res["FailedNodes"]) == 2000, res["FailedNodes"].get("n2")
+    assert res["Nodes"]["items"] == [json.loads(json.dumps(nodes[-1]))]  # the kept node, as it came
+    assert preempt_status == 200 and set(preempted["NodeNameToMetaVictims"]) <= {"n1"}
+    assert not [n for n in calls if n > extender_args.OFFLOAD_BYTES], calls
+
+
+def test_verbs_are_refused_with_a_503_while_the_extender_is_not_ready():
+    ready = [False]
+    core = Scheduler(profile("gpuaware", WorkloadMix(), 0))
+    ext = Extender(cluster(), lambda: core, lambda: ready[0])
+    with served(ext) as port:
+        for verb in (*VERBS, "bind"):
+            status, res = post(port, f"/{verb}", {"Pod": gpu_pod(), "NodeNames": ["n2"]})
+            assert status == 503 and "not ready" in res["Error"], (verb, status, res)
+        ready[0] = True
+        status, res = post(port, "/filter", {"Pod": gpu_pod(), "NodeNames": ["n2"]})
+        assert status == 200 and res["NodeNames"] == ["n2"], res
+    assert ext.requests[("filter", 503)] == 1
 
 
 # --------------------------------------------------------------------------- 6. malformed bodies
@@ -457,6 +481,15 @@ bodies = st.fixed_dictionaries({"Pod": pods}, optional={
         "NumPDBViolations": maybe(st.integers(-5, 5))})), max_size=2)),
     "NodeNameToVictims": maybe(st.dictionaries(node_names, values, max_size=2)),
 })
+
+
+@settings(max_examples=500, deadline=None)
+@given(verb=st.sampled_from((*VERBS, "bind")),
+       body=st.one_of(st.binary(max_size=300), st.text(max_size=200).map(lambda t: t.encode("utf-8", "surrogatepass")),
+                      values.map(lambda v: json.dumps(v).encode())))
+def test_any_bytes_or_unicode_parse_or_raise_bad_request(verb, body):
+    with contextlib.suppress(extender_args.BadRequest):
+        extender_args.parse(body, verb)
 
 
 @pytest.fixture(scope="module")
