@@ -28,10 +28,12 @@ from gpuaware.cli.common import OPENB
                    "the FGD artifact's (whole trace shuffled, random copies up to 130%), median over seeds.")
 @click.option("--out", "out_dir", default=None, help="Directory for the JSON report and PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on stdout.")
-@click.option("--ablation", type=click.Choice(["stream"]), default=None,
-              help="With --experiment dynamic: gpuaware with all stream-driven parts, without each, without all "
-                   "(on the GenTD26 usage, Gavel slowdowns, the agent's physical model and the stream's forecaster), "
-                   "and two ceilings: overcommit by forecasts that are never wrong.")
+@click.option("--ablation", type=click.Choice(["stream", "durations"]), default=None,
+              help="With --experiment dynamic. stream: gpuaware with all stream-driven parts, without each, without "
+                   "all (on the GenTD26 usage, Gavel slowdowns, the agent's physical model and the stream's "
+                   "forecaster), and two ceilings: overcommit by forecasts that are never wrong. durations: queue "
+                   "order fifo, las (runtimes unknown), predicted (the online runtime forecaster), and the oracle "
+                   "ceiling (true runtimes).")
 @click.option("--workers", type=int, default=1, show_default=True, help="Processes for --ablation (same figures).")
 def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str, ...], seed_list: tuple[int, ...],
              seeds: str | None, protocol: str, out_dir: str | None, as_json: bool, ablation: str | None,
@@ -48,7 +50,7 @@ def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str
       gpuaware simulate --experiment dynamic --ablation stream --seeds 0-4 --json --out docs/results
     """
     if ablation:
-        _ablation(experiment, nodes_csv, pods_csv, seed_list, seeds, out_dir, workers)
+        _ablation(ablation, experiment, nodes_csv, pods_csv, seed_list, seeds, out_dir, workers)
         return
     from gpuaware.scheduler.sim.experiments import resolve_policies, resolve_seeds, run_simulation
     from gpuaware.scheduler.sim.openb import TraceError
@@ -69,32 +71,36 @@ def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str
         click.echo(json.dumps(r))
 
 
-def _ablation(experiment: str, nodes_csv: str, pods_csv: str, seed_list: tuple[int, ...], seeds: str | None,
-              out_dir: str | None, workers: int) -> None:
-    """The stream ablation's report (``variants.<name>``, ``ceilings.<name>``) on stdout, and under ``out_dir``
-    if given."""
+def _ablation(name: str, experiment: str, nodes_csv: str, pods_csv: str, seed_list: tuple[int, ...],
+              seeds: str | None, out_dir: str | None, workers: int) -> None:
+    """An ablation's report (``variants.<name>``, ...) on stdout, and under ``out_dir`` if given."""
     from pathlib import Path
 
-    from gpuaware.cli.stream_sim import make_stream
+    from gpuaware.cli.stream_sim import make_runtime, make_stream
     from gpuaware.scheduler.sim.ablation import run_ablation, runs
+    from gpuaware.scheduler.sim.durations import VARIANTS, run_durations
     from gpuaware.scheduler.sim.experiments import resolve_seeds
     from gpuaware.scheduler.sim.openb import TraceError, load_nodes, load_pods
 
     if experiment != "dynamic":
-        click.echo("gpuaware simulate: --ablation stream needs --experiment dynamic", err=True)
+        click.echo(f"gpuaware simulate: --ablation {name} needs --experiment dynamic", err=True)
         sys.exit(2)
     try:
         seed_values = resolve_seeds(list(seed_list), seeds)
         nodes, pods = load_nodes(nodes_csv), load_pods(pods_csv)
-        with _progress_bar(len(runs()) * len(seed_values)) as progress:
-            report = run_ablation(nodes, pods, seed_values, make_stream, progress=progress, workers=workers)
+        count = len(runs()) if name == "stream" else len(VARIANTS)
+        with _progress_bar(count * len(seed_values)) as progress:
+            if name == "stream":
+                report = run_ablation(nodes, pods, seed_values, make_stream, progress=progress, workers=workers)
+            else:
+                report = run_durations(nodes, pods, seed_values, make_runtime, progress=progress, workers=workers)
     except (TraceError, ValueError, FileNotFoundError) as exc:
         click.echo(f"gpuaware simulate: {exc}", err=True)
         sys.exit(2)
     report["pods"] = pods_csv
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / f"ablation-stream-{Path(pods_csv).stem}.json").write_text(json.dumps(report, indent=2))
+        (Path(out_dir) / f"ablation-{name}-{Path(pods_csv).stem}.json").write_text(json.dumps(report, indent=2))
     click.echo(json.dumps(report, indent=2))
 
 

@@ -1,6 +1,7 @@
-"""The stream model's real parts for ``gpuaware simulate --ablation stream``: the stream's forecaster and
-fingerprinter and the agent's physical model, handed to the simulator as callables (the scheduler
-layer imports neither ``stream`` nor ``agent``)."""
+"""The stream's real parts for ``gpuaware simulate``: the stream's runtime forecaster (the dynamic experiment,
+``--ablation durations``), its usage forecaster and fingerprinter and the agent's physical model
+(``--ablation stream``), handed to the simulator as callables (the scheduler layer imports neither
+``stream`` nor ``agent``)."""
 
 from __future__ import annotations
 
@@ -31,9 +32,16 @@ def fingerprinter():
     return WorkloadFingerprint()
 
 
+def make_runtime():
+    """The stream's online runtime forecaster, fresh (``--ablation durations`` and the dynamic experiment)."""
+    from gpuaware.stream.runtime import RuntimeForecaster
+
+    return RuntimeForecaster()
+
+
 def make_stream(parts: frozenset[str]) -> StreamModel:
     from gpuaware.agent.traces import gentd26
-    from gpuaware.scheduler.sim.dynamic import gavel_table
+    from gpuaware.scheduler.sim.jobs import gavel_table
 
     util, mem = gentd26()
     series = [(util[p], mem[p]) for p in sorted(set(util) & set(mem))]

@@ -13,7 +13,7 @@ and calls the Eviction API.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,7 +24,9 @@ from gpuaware.scheduler.core.demand import SIGNAL as DEMAND
 from gpuaware.scheduler.core.demand import DemandOutlook
 from gpuaware.scheduler.core.framework import Decision, Scheduler
 from gpuaware.scheduler.core.preemption import Running, earliest_fit, select_victims
-from gpuaware.scheduler.core.queue import TenantLedger, fair_order
+from gpuaware.scheduler.core.queue import ORDERS, TenantLedger, queue_order
+from gpuaware.scheduler.core.runtime import SIGNAL as DURATION
+from gpuaware.scheduler.core.runtime import expected_duration
 from gpuaware.scheduler.core.status import Code, Reason
 from gpuaware.scheduler.core.workload import PriorityLevel, Workload
 
@@ -49,6 +51,15 @@ class QueuePolicy:
     peak_util: float = 0.9
     defer_max_s: float = 3600.0
     demand_aware: bool = False  # defer and close borrowing by the demand forecast (``demand.py``) when there is one
+    # Order within a priority (queue.queue_order): fair (DRF, or arrival without fair_share), fifo, las, predicted.
+    order: str = "fair"
+    aging_gpus: float = 0.1  # predicted order: GPU-seconds of predicted service forgiven per second waited
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise ValueError(f"order: {self.order!r} is not one of {', '.join(ORDERS)}")
+        if self.aging_gpus < 0:
+            raise ValueError(f"aging_gpus: {self.aging_gpus} must be >= 0")
 
     @classmethod
     def kube(cls, **kw) -> QueuePolicy:
@@ -82,17 +93,19 @@ class PassHooks(Protocol):
 
 @dataclass
 class QueueState:
-    """What a pass reads: the queue, the running work, and when each running workload should end."""
+    """What a pass reads: the queue, the running work, and when each running workload should end (expected:
+    ``runtime.PredictedEnds``; infinite when unknown)."""
 
     pending: list[Workload]
     running: dict[str, Running]
-    finish_at: dict[str, float]
+    finish_at: Mapping[str, float]
     ledger: TenantLedger | None
     node_mask: np.ndarray | None = None  # False: the node takes no new work (cordoned, not ready)
     # Hold each tenant to its limits (borrowing, per-model quota) and charge the ledger as the pass places
     # work. The live scheduler does; the simulator keeps its own ledger and limits no tenant.
     enforce_quota: bool = False
     demand: DemandOutlook | None = None  # the cluster demand forecast; None: none (or stale)
+    attained: Mapping[str, float] | None = None  # GPU-seconds each pending workload has run so far (las, predicted)
 
 
 def request_shape(w: Workload) -> tuple:
@@ -104,7 +117,9 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
                   hooks: PassHooks, stats: PassStats, now: float, only: list[Workload] | None = None) -> None:
     """Place what fits, in queue order. ``only``: try just these (an arrival alone cannot unblock others)."""
     ledger = queue.ledger if policy.fair_share else None
-    order = only if only is not None else fair_order(queue.pending, ledger)
+    order = only if only is not None else queue_order(queue.pending, policy.order, ledger, now, queue.attained,
+                                                      policy.aging_gpus)
+    by_duration = policy.order == "predicted" or policy.patient_preemption or policy.reserve_and_backfill
     blocked: set[tuple] = set()
     attempts = 0
     reservation: tuple[int, float, int] | None = None  # (node, time, priority)
@@ -133,7 +148,8 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
             if refused is not None:
                 hooks.blocked(w, Decision(w, None, [refused], None, 0.0, len(cluster)), now)
                 continue
-        if reservation is not None and w.priority < reservation[2] and now + (w.duration_s or 0) > reservation[1]:
+        if reservation is not None and w.priority < reservation[2] \
+                and now + expected_duration(w.runtime, w.duration_s) > reservation[1]:
             mask = np.ones(len(cluster), dtype=bool) if mask is None else mask.copy()
             mask[reservation[0]] = False  # would delay the reserved job: not on its node
         d = scheduler.schedule(cluster, w, mask)
@@ -146,6 +162,8 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
             victim_searches += searched
         if outlook is not None:
             d.signals = sorted({*d.signals, DEMAND})
+        if by_duration and w.runtime is not None and w.runtime.source != "declared":
+            d.signals = sorted({*d.signals, DURATION})
         if d.allocation is None:
             hooks.blocked(w, d, now)
             blocked.add(request_shape(w))

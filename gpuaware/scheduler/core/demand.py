@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuaware.scheduler.core.queue import TenantLedger
+from gpuaware.scheduler.core.runtime import expected_duration
 from gpuaware.scheduler.core.workload import PriorityLevel, Workload
 
 SIGNAL = "demand"
@@ -43,4 +44,4 @@ class DemandOutlook:
 
     def blocks_borrowing(self, w: Workload, ledger: TenantLedger | None, peak_util: float) -> bool:
         return (self.peak(peak_util) and ledger is not None and w.preemptible and w.priority == PriorityLevel.LOW
-                and (w.duration_s is None or w.duration_s > self.horizon_s) and not ledger.within_quota(w))
+                and expected_duration(w.runtime, w.duration_s) > self.horizon_s and not ledger.within_quota(w))

@@ -1,13 +1,16 @@
 """Victim selection: free enough capacity on one node at the least cost.
 
 Cost of evicting a running workload = a priority term (never evict equal or higher priority),
-the work lost since its last checkpoint (all of it when it cannot checkpoint), and a restart
-overhead. Borrowed work (its tenant over quota) is cheaper to reclaim.
+the work lost since its last checkpoint (all of it when it cannot checkpoint), a restart
+overhead, and, when its runtime is estimated, how close it is to its end (work predicted to end
+within ``NEAR_END_S`` frees its room soon anyway: evicting it throws away work for little).
+Borrowed work (its tenant over quota) is cheaper to reclaim.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +20,7 @@ from gpuaware.scheduler.core.workload import Workload
 
 RESTART_OVERHEAD_S = 120.0
 PRIORITY_COST_S = 1e6
+NEAR_END_S = 1800.0
 
 
 @dataclass
@@ -33,6 +37,17 @@ class Running:
         if self.checkpoint_every_s is None:
             return self.done_s + ran
         return ran % self.checkpoint_every_s
+
+    def elapsed(self, now: float) -> float:
+        """Seconds of work it has done: banked before this start, and run since."""
+        return self.done_s + max(0.0, now - self.started_s)
+
+    def eviction_cost(self, now: float) -> float:
+        """Seconds an eviction throws away: the work lost, and the room it would free soon anyway."""
+        near_end = 0.0
+        if self.workload.runtime is not None:
+            near_end = max(0.0, NEAR_END_S - self.workload.runtime.remaining(self.elapsed(now)))
+        return self.lost_if_evicted(now) + near_end
 
 
 def fits_on_node(free: np.ndarray, cpu_free: int, mem_free: int, w: Workload) -> bool:
@@ -68,13 +83,13 @@ def select_victims(cluster: ClusterState, w: Workload, running: dict[str, Runnin
         free[~cluster.gpu_exists[n] | (cluster.band[n] >= 2)] = -1
         cpu, mem = int(cluster.cpu_free[n]), int(cluster.mem_free[n])
         chosen, cost = [], 0.0
-        victims = sorted(by_node[n], key=lambda r: (not r.borrowed, r.workload.priority, r.lost_if_evicted(now)))
+        victims = sorted(by_node[n], key=lambda r: (not r.borrowed, r.workload.priority, r.eviction_cost(now)))
         for r in victims:
             if fits_on_node(free, cpu, mem, w):
                 break
             chosen.append(r)
             cost += (PRIORITY_COST_S * (r.workload.priority + 1) * (0.5 if r.borrowed else 1.0)
-                     + r.lost_if_evicted(now) + RESTART_OVERHEAD_S)
+                     + r.eviction_cost(now) + RESTART_OVERHEAD_S)
             for g, m in zip(r.allocation.gpus, r.allocation.milli, strict=True):
                 free[g] += m
             cpu += r.allocation.cpu_milli
@@ -84,7 +99,7 @@ def select_victims(cluster: ClusterState, w: Workload, running: dict[str, Runnin
     return None if best is None else (best[1], best[2])
 
 
-def earliest_fit(cluster: ClusterState, w: Workload, running: dict[str, Running], finish_at: dict[str, float],
+def earliest_fit(cluster: ClusterState, w: Workload, running: dict[str, Running], finish_at: Mapping[str, float],
                  now: float) -> tuple[int, float] | None:
     """The node where ``w`` would fit soonest as running work ends (expected finish times), and when.
 
@@ -108,7 +123,7 @@ def earliest_fit(cluster: ClusterState, w: Workload, running: dict[str, Running]
             mem += r.allocation.memory_mib
             if fits_on_node(free, cpu, mem, w):
                 t = finish_at.get(r.workload.id, now)
-                if best is None or t < best[1]:
+                if t < math.inf and (best is None or t < best[1]):  # an unknown end frees nothing we can wait for
                     best = (n, t)
                 break
     return best

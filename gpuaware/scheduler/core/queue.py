@@ -22,7 +22,7 @@ is open to a gang only when the whole gang fits what the tenant has left of it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuaware.scheduler.core.workload import Workload
@@ -185,6 +185,48 @@ def fair_order(pending: list[Workload], ledger: TenantLedger | None) -> list[Wor
     if ledger is None:
         return sorted(pending, key=lambda w: (-w.priority, w.submit_s))
     return sorted(pending, key=lambda w: (-w.priority, ledger.dominant_share(w.tenant), w.submit_s))
+
+
+ORDERS = ("fair", "fifo", "las", "predicted")
+
+
+def gpu_weight(w: Workload) -> float:
+    """GPUs a workload holds, for GPU service (GPU-seconds); CPU-only work counts as a hundredth of one."""
+    return max(w.gpu_milli_total / 1000.0, 0.01)
+
+
+def queue_order(pending: list[Workload], order: str, ledger: TenantLedger | None, now: float,
+                attained: Mapping[str, float] | None = None, aging_gpus: float = 0.1) -> list[Workload]:
+    """Priority first; within a priority, by ``order``:
+
+    - ``fair``: the tenant's weighted dominant share (DRF, when ``ledger``), then arrival;
+    - ``fifo``: arrival;
+    - ``las``: least attained GPU service first (``attained``: GPU-seconds run so far, 0 for new work), then
+      arrival; needs no forecast (Tiresias' 2D-LAS, without its preemption);
+    - ``predicted``: least predicted remaining GPU service first (the p50 of what remains given what has run,
+      times GPUs; Helios' QSSF), less ``aging_gpus`` GPU-seconds for every second waited so nothing starves;
+      work without an estimate orders as if it needed an hour.
+    """
+    if order == "fair":
+        return fair_order(pending, ledger)
+    if order == "fifo":
+        return sorted(pending, key=lambda w: (-w.priority, w.submit_s))
+    done = attained or {}
+    if order == "las":
+        return sorted(pending, key=lambda w: (-w.priority, done.get(w.id, 0.0), w.submit_s))
+    if order != "predicted":
+        raise ValueError(f"unknown queue order {order!r}; known: {', '.join(ORDERS)}")
+
+    def key(w: Workload) -> tuple[int, float, float]:
+        gpus = gpu_weight(w)
+        ran = done.get(w.id, 0.0) / gpus
+        left = w.runtime.remaining(ran) if w.runtime is not None else UNKNOWN_REMAINING_S
+        return -w.priority, gpus * left - aging_gpus * max(0.0, now - w.submit_s), w.submit_s
+
+    return sorted(pending, key=key)
+
+
+UNKNOWN_REMAINING_S = 3600.0
 
 
 def jain_index(shares: list[float]) -> float | None:

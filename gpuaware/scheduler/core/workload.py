@@ -3,6 +3,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from gpuaware.scheduler.core.runtime import RuntimeEstimate
+
 
 class PriorityLevel(enum.IntEnum):
     """gpuaware's priority levels. The ints are what workloads, reports and JSON carry."""
@@ -42,7 +44,8 @@ class Workload:
     checkpointable: bool = False
     deferrable: bool = False
     gang: str | None = None
-    duration_s: float | None = None
+    duration_s: float | None = None  # declared by the user (gpuaware.io/duration-s); never the simulator's truth
+    runtime: RuntimeEstimate | None = None  # the runtime forecast (or the oracle ceiling's truth): core/runtime.py
     submit_s: float = 0.0
     labels: dict[str, str] = field(default_factory=dict)
 

@@ -28,7 +28,8 @@ import numpy as np
 
 from gpuaware.scheduler.core.policy_specs import LIVE_STREAM
 from gpuaware.scheduler.core.workload import PriorityLevel
-from gpuaware.scheduler.sim.dynamic import DynamicConfig, DynamicResult, run_dynamic
+from gpuaware.scheduler.sim.dynamic import run_dynamic
+from gpuaware.scheduler.sim.jobs import DynamicConfig, DynamicResult
 from gpuaware.scheduler.sim.stream_model import PARTS, StreamModel
 
 # The ablation's cluster: 1% of the nodes and 1,000 jobs at the dynamic experiment's offered load

@@ -41,226 +41,208 @@ today around its placement plugin: priority-then-FIFO order, kube-style preempti
 from scratch), and a failing GPU kills its workloads (they restart from scratch). ``k8s-default``
 also rounds fractions up to whole GPUs.
 
-Size: one module on purpose (~450 lines): the event loop, the job model and the gpuaware-specific
-reactions (deferral, checkpointed preemption, migration off failing GPUs) share the simulation's state
-at every step; split, each part would reach into the others' fields.
+**runtimes** (``durations``): the core never sees a job's true runtime. It sees nothing (``unknown``, a live
+scheduler without forecasts), the stream's online runtime forecaster's estimate made as the job (re)enters the
+queue, learned from the run's own completions in completion order (``forecast``), or, as the ``oracle``
+ceiling only, the truth.
+
+One ``Simulation`` per run: one method per event, the truth about each job in its ``JobStats``.
 """
 
 from __future__ import annotations
 
 import heapq
-import json
-import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from functools import cache
 
 import numpy as np
 
 from gpuaware.contract.events import HealthBand
-from gpuaware.plumbing.traces import traces_dir
 from gpuaware.scheduler.core.cluster import Allocation, ClusterState
 from gpuaware.scheduler.core.cycle import PassStats, QueuePolicy, QueueState
 from gpuaware.scheduler.core.cycle import schedule_pass as run_pass
 from gpuaware.scheduler.core.framework import Scheduler
 from gpuaware.scheduler.core.policies import profile
 from gpuaware.scheduler.core.preemption import Running
-from gpuaware.scheduler.core.queue import Tenant, TenantLedger, jain_index
+from gpuaware.scheduler.core.queue import Tenant, TenantLedger, gpu_weight, jain_index
 from gpuaware.scheduler.core.rebalance import consolidation_moves
+from gpuaware.scheduler.core.runtime import PredictedEnds, RuntimeEstimate
 from gpuaware.scheduler.core.throttle import throttle_decisions
-from gpuaware.scheduler.core.throughput import ThroughputTable
 from gpuaware.scheduler.core.workload import PriorityLevel, Workload
 from gpuaware.scheduler.core.workload_mix import WorkloadMix
+from gpuaware.scheduler.sim.jobs import (
+    BOARD_POWER_W,
+    REFERENCE_MODEL,
+    TENANT_WEIGHTS,
+    DynamicConfig,
+    DynamicResult,
+    JobStats,
+    RuntimeModel,
+    could_ever_fit,
+    gavel_table,
+    job_keys,
+    make_jobs,
+)
 from gpuaware.scheduler.sim.stream_model import StreamModel
-
-REFERENCE_MODEL = "V100M16"
-BOARD_POWER_W = {"P100": 250.0, "T4": 70.0, "V100M16": 300.0, "V100M32": 300.0, "A10": 150.0}
-
-
-@cache
-def gavel_table() -> ThroughputTable:
-    return ThroughputTable.from_gavel(json.loads((traces_dir() / "gavel" / "simulation_throughputs.json").read_text()))
-
-
-def gavel_classes(table: ThroughputTable) -> list[str]:
-    return sorted(j for j, per_gpu in table.solo.items() if {"k80", "p100", "v100"} <= set(per_gpu) and " x" not in j)
-
-QOS_PRIORITY = {"LS": PriorityLevel.HIGH, "Guaranteed": PriorityLevel.MEDIUM, "Burstable": PriorityLevel.MEDIUM,
-                "BE": PriorityLevel.LOW}
-TENANT_WEIGHTS = {"team-a": 4.0, "team-b": 3.0, "team-c": 2.0, "team-d": 1.0}
-
-
-@dataclass
-class DynamicConfig:
-    jobs: int = 4000
-    node_fraction: float = 0.05
-    target_load: float = 1.2
-    max_duration_s: float = 2 * 3600.0
-    checkpoint_every_s: float = 600.0
-    fault_every_s: float = 1800.0
-    fault_duration_s: float = 3600.0
-    deferrable_share: float = 0.3  # of low-priority jobs
-    heterogeneity: bool = True
-    reclaim_after_s: float = 300.0  # an owner waits this long before its borrowed quota is reclaimed
-    rebalance_every_s: float = 600.0
-    preemption_tries_per_pass: int = 4  # victim searches are the expensive part of a pass
-    # gpuaware preempts only when running work will not free room for the job within this long,
-    # per priority (low, medium, high); kube's default preemption evicts as soon as a pod does not fit.
-    preempt_grace_s: tuple[float, float, float] = (0.0, 300.0, 30.0)
-    check_invariants: bool = False  # after every event (slow; for tests)
-    power_budget: float = 0.8
-    capped_speed: float = 0.85
-    migration_overhead_s: float = 30.0
-    peak_util: float = 0.9
-    defer_max_s: float = 3600.0
-    pass_budget: int = 64
-
-
-@dataclass
-class JobStats:
-    workload: Workload
-    duration_s: float
-    banked_s: float = 0.0
-    first_start_s: float | None = None
-    finish_s: float | None = None
-    epoch: int = 0
-
-
-@dataclass
-class DynamicResult:
-    policy: str
-    seed: int
-    jobs: dict[str, JobStats] = field(default_factory=dict)
-    preemptions: int = 0
-    preemptions_avoided: int = 0
-    reclaims: int = 0  # preemptions of borrowed work at the preemptor's priority or above
-    migrations: int = 0
-    consolidations: int = 0
-    throttles: int = 0
-    over_budget_node_s: float = 0.0
-    killed_by_faults: int = 0
-    requested_gpu_s: float = 0.0
-    allocated_gpu_s: float = 0.0
-    served_by_tenant: dict[str, float] = field(default_factory=dict)
-    demand_by_tenant: dict[str, float] = field(default_factory=dict)
-    latencies_s: list[float] = field(default_factory=list)
-    end_s: float = 0.0
-    deferred: set[str] = field(default_factory=set)
-    unschedulable: list[str] = field(default_factory=list)
-    backfilled: int = 0
-
-
-def _tenant(name: str, seed: int) -> str:
-    h = zlib.crc32(f"{seed}:{name}".encode()) % 10
-    return "team-a" if h < 4 else "team-b" if h < 7 else "team-c" if h < 9 else "team-d"
-
-
-def make_jobs(pods, capacity_milli: int, seed: int, cfg: DynamicConfig) -> list[tuple[float, Workload, float]]:
-    usable = [p for p in pods if p.deletion_s is not None and p.deletion_s > p.creation_s]
-    if not usable:
-        raise ValueError("the pod trace has no pods with creation and deletion times (needed for lifetimes)")
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(len(usable), size=cfg.jobs)
-    durations = np.array([min(usable[i].deletion_s - usable[i].creation_s, cfg.max_duration_s) for i in picks])
-    milli = np.array([usable[i].workload.gpu_milli_total for i in picks], dtype=float)
-    rate = cfg.target_load * capacity_milli / max(float((milli * durations).mean()), 1e-9)
-    classes = gavel_classes(gavel_table()) if cfg.heterogeneity else []
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, size=cfg.jobs))
-    jobs = []
-    for k, (i, t, d) in enumerate(zip(picks, arrivals, durations, strict=True)):
-        p = usable[i].workload
-        prio = QOS_PRIORITY.get(p.qos, PriorityLevel.LOW)
-        low = prio == PriorityLevel.LOW
-        wid = f"{p.id}-{k}"
-        w = Workload(wid, p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, models=p.models,
-                     tenant=_tenant(wid, seed), priority=prio, qos=p.qos, preemptible=prio < PriorityLevel.HIGH,
-                     checkpointable=low, duration_s=float(d), submit_s=float(t),
-                     deferrable=low and (zlib.crc32(wid.encode()) % 1000) < cfg.deferrable_share * 1000,
-                     labels={"gavel_class": classes[zlib.crc32(wid.encode()) % len(classes)]}
-                     if classes and p.num_gpu else {})
-        jobs.append((float(t), w, float(d)))
-    return jobs
-
-
-def _could_ever_fit(cluster: ClusterState, w: Workload) -> bool:
-    ok = (cluster.cpu_cap >= w.cpu_milli) & (cluster.mem_cap >= w.memory_mib) & (cluster.gpu_count >= w.num_gpu)
-    if w.models and w.num_gpu:
-        ok &= np.isin(cluster.models, list(w.models))
-    return bool(ok.any())
 
 
 def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None = None,
-                progress: Callable[[float], None] | None = None, stream: StreamModel | None = None) -> DynamicResult:
-    cfg = cfg or DynamicConfig()
-    full = policy == "gpuaware"
-    pick = np.random.default_rng(seed + 7919).random(len(nodes)) < cfg.node_fraction
-    nodes = [n for n, keep in zip(nodes, pick, strict=True) if keep] or nodes[:1]
-    cluster = ClusterState(nodes)
-    if stream is not None:
-        stream.attach(cluster)
-    table = gavel_table() if cfg.heterogeneity else None
-    parts = stream.cfg.parts if stream is not None else None
-    scheduler = Scheduler(profile(policy, WorkloadMix.of(p.workload for p in pods), seed, table, stream=parts),
-                          seed=seed)
-    ref_speed: dict[str, float | None] = {}
+                progress: Callable[[float], None] | None = None, stream: StreamModel | None = None,
+                runtime: RuntimeModel | None = None) -> DynamicResult:
+    """One run of the dynamic experiment (``Simulation``)."""
+    return Simulation(nodes, pods, policy, seed, cfg or DynamicConfig(), stream, runtime).run(progress)
 
-    def speed(w: Workload, node: int) -> float:
+
+class Simulation:
+    """One run: the sampled cluster, the queue, the running work and the event clock, one method per event.
+
+    What the core may know of each job is set as it enters the queue (``estimate``); the truth (its runtime,
+    when it will end, how fast it runs) stays in its ``JobStats`` and in ``finish_at``, which only the oracle
+    ceiling hands the core.
+    """
+
+    def __init__(self, nodes, pods, policy: str, seed: int, cfg: DynamicConfig, stream: StreamModel | None,
+                 runtime: RuntimeModel | None) -> None:
+        if cfg.durations == "forecast" and runtime is None:
+            raise ValueError("durations='forecast' needs the runtime forecaster (runtime=)")
+        self.cfg, self.stream, self.runtime = cfg, stream, runtime
+        self.full = full = policy == "gpuaware"
+        self.forecasting = full and cfg.durations == "forecast"
+        self.oracle = full and cfg.durations == "oracle"
+        pick = np.random.default_rng(seed + 7919).random(len(nodes)) < cfg.node_fraction
+        nodes = [n for n, keep in zip(nodes, pick, strict=True) if keep] or nodes[:1]
+        self.cluster = cluster = ClusterState(nodes)
+        if stream is not None:
+            stream.attach(cluster)
+        self.table = gavel_table() if cfg.heterogeneity else None
+        parts = stream.cfg.parts if stream is not None else None
+        self.scheduler = Scheduler(profile(policy, WorkloadMix.of(p.workload for p in pods), seed, self.table,
+                                           stream=parts), seed=seed)
+        self.ref_speed: dict[str, float | None] = {}
+        rng = np.random.default_rng(seed)
+        total_w = sum(TENANT_WEIGHTS.values())
+        self.ledger = TenantLedger({t: Tenant(t, wt, int(cluster.total_gpu_milli * wt / total_w)) for t, wt in
+                                    TENANT_WEIGHTS.items()}, cluster.total_gpu_milli, int(cluster.mem_cap.sum()))
+        self.res = res = DynamicResult(policy, seed)
+        self.events: list[tuple[float, int, str, object]] = []
+        self.seq = 0
+        jobs = make_jobs(pods, cluster.total_gpu_milli, seed, cfg)
+        for t, w, d in jobs:
+            if stream is not None:
+                stream.prepare(w, d)
+            if not could_ever_fit(cluster, w):
+                res.unschedulable.append(w.id)  # no node of the sample is big enough, even empty
+                continue
+            res.jobs[w.id] = JobStats(w, d)
+            res.demand_by_tenant[w.tenant] = res.demand_by_tenant.get(w.tenant, 0.0) + w.gpu_milli_total * d
+            self.push(t, "arrive", w)
+        horizon = jobs[-1][0] + cfg.max_duration_s
+        gpus = np.argwhere(cluster.gpu_exists)
+        for k in range(1, int(horizon // cfg.rebalance_every_s) + 1):
+            self.push(k * cfg.rebalance_every_s, "rebalance", None)
+        if stream is not None:
+            for k in range(1, int(horizon // stream.cfg.tick_s) + 1):
+                self.push(k * stream.cfg.tick_s, "stream", None)
+        self.board = np.array([BOARD_POWER_W.get(str(m), 300.0) for m in cluster.models])[:, None] \
+            * cluster.gpu_exists
+        self.idle = 0.2 * self.board
+        self.budget = cfg.power_budget * self.board.sum(axis=1)
+        self.capped: set[tuple[int, int]] = set()
+        t = cfg.fault_every_s
+        while t < horizon:
+            n, g = gpus[int(rng.integers(len(gpus)))]
+            self.push(t, "fault", (int(n), int(g)))
+            self.push(t + cfg.fault_duration_s, "recover", (int(n), int(g)))
+            t += cfg.fault_every_s
+        self.pending: list[Workload] = []
+        self.running: dict[str, Running] = {}
+        self.finish_at: dict[str, float] = {}  # the truth: when each running job will end (the clock's, the oracle's)
+        self.attained: dict[str, float] = {}  # GPU-seconds of kept work, per job back in the queue
+        self.queue = QueueState(self.pending, self.running, self.finish_at, self.ledger, attained=self.attained)
+        knobs = dict(pass_budget=cfg.pass_budget, preemption_tries_per_pass=cfg.preemption_tries_per_pass,
+                     preempt_grace_s=cfg.preempt_grace_s, reclaim_after_s=cfg.reclaim_after_s,
+                     peak_util=cfg.peak_util, defer_max_s=cfg.defer_max_s)
+        self.queue_policy = QueuePolicy(**knobs, demand_aware=stream is not None and stream.uses("demand"),
+                                        order=cfg.order or "fair", aging_gpus=cfg.aging_gpus) if full \
+            else QueuePolicy.kube(**knobs)
+        self.stats = PassStats(deferred=res.deferred, latencies_s=res.latencies_s)
+
+    # -- the clock
+
+    def push(self, t: float, kind: str, payload: object) -> None:
+        heapq.heappush(self.events, (t, self.seq, kind, payload))
+        self.seq += 1
+
+    def run(self, progress: Callable[[float], None] | None = None) -> DynamicResult:
+        handlers = {"arrive": self.on_arrive, "finish": self.on_finish, "fault": self.on_fault,
+                    "stream": self.on_stream, "recover": self.on_recover, "rebalance": self.on_rebalance}
+        res, cfg = self.res, self.cfg
+        total_events = len(self.events)
+        handled = 0
+        while self.events:
+            now, _, kind, payload = heapq.heappop(self.events)
+            handled += 1
+            outcome = handlers[kind](now, payload)
+            if outcome is None:  # nothing happened (a finish superseded since, a rebalance of others' policies)
+                continue
+            if outcome and self.pending:
+                self.schedule_pass(now)
+            res.end_s = now
+            if not outcome:  # an arrival: it was tried alone, nothing else changed
+                continue
+            if cfg.check_invariants:
+                self.check_invariants()
+            if progress and handled % 2000 == 0:
+                progress(handled / max(total_events, 1))
+        res.preemptions, res.reclaims = self.stats.preemptions, self.stats.reclaims
+        res.preemptions_avoided, res.backfilled = self.stats.preemptions_avoided, self.stats.backfilled
+        return res
+
+    def schedule_pass(self, now: float, only: list[Workload] | None = None) -> None:
+        # The core reads each running job's expected end: the truth only for the oracle ceiling, else what
+        # its runtime estimate says given how long it has run (infinite without one).
+        self.queue.finish_at = self.finish_at if self.oracle else PredictedEnds(self.running, now)
+        run_pass(self.scheduler, self.cluster, self.queue, self.queue_policy, self, self.stats, now, only)
+
+    def check_invariants(self) -> None:
+        self.cluster.check_invariants()
+        if self.full:
+            for t_name, tenant in self.ledger.tenants.items():
+                own = sum(r.workload.gpu_milli_total for r in self.running.values()
+                          if r.workload.tenant == t_name and not r.borrowed)
+                assert own <= tenant.quota_gpu_milli, f"{t_name} runs {own} milli of its own over its quota"
+
+    # -- what the core may know
+
+    def estimate(self, w: Workload) -> None:
+        """What the core may know of ``w``'s runtime, as it (re)enters the queue."""
+        job = self.res.jobs[w.id]
+        if self.forecasting:
+            p = self.runtime.predict_one(job_keys(w))
+            w.runtime = RuntimeEstimate(p.mu, p.sigma, p.z90, "forecast")
+            if job.predicted is None:
+                job.predicted = (w.runtime.p50(), w.runtime.p90())
+        elif self.oracle:
+            w.runtime = RuntimeEstimate.exact(job.duration_s)
+
+    # -- a job's progress
+
+    def speed(self, w: Workload, node: int) -> float:
         """Work per wall second on this node's GPU model, relative to the reference model."""
         job = w.labels.get("gavel_class")
-        if table is None or not job:
+        if self.table is None or not job:
             return 1.0
-        if job not in ref_speed:
-            ref_speed[job] = table.throughput(job, REFERENCE_MODEL)
-        here = table.throughput(job, str(cluster.models[node]))
-        return here / ref_speed[job] if here and ref_speed[job] else 1.0
+        if job not in self.ref_speed:
+            self.ref_speed[job] = self.table.throughput(job, REFERENCE_MODEL)
+        here = self.table.throughput(job, str(self.cluster.models[node]))
+        return here / self.ref_speed[job] if here and self.ref_speed[job] else 1.0
 
-    rng = np.random.default_rng(seed)
-    total_w = sum(TENANT_WEIGHTS.values())
-    ledger = TenantLedger({t: Tenant(t, wt, int(cluster.total_gpu_milli * wt / total_w)) for t, wt in
-                           TENANT_WEIGHTS.items()}, cluster.total_gpu_milli, int(cluster.mem_cap.sum()))
-    res = DynamicResult(policy, seed)
-    events: list[tuple[float, int, str, object]] = []
-    seq = 0
+    def run_speed(self, w: Workload, alloc: Allocation) -> float:
+        slow = any((alloc.node, g) in self.capped for g in alloc.gpus)
+        base = self.speed(w, alloc.node) * (self.cfg.capped_speed if slow else 1.0)
+        return base * self.stream.factor(w.id) if self.stream is not None else base
 
-    def push(t: float, kind: str, payload: object) -> None:
-        nonlocal seq
-        heapq.heappush(events, (t, seq, kind, payload))
-        seq += 1
-
-    jobs = make_jobs(pods, cluster.total_gpu_milli, seed, cfg)
-    for t, w, d in jobs:
-        if stream is not None:
-            stream.prepare(w)
-        if not _could_ever_fit(cluster, w):
-            res.unschedulable.append(w.id)  # no node of the sample is big enough, even empty
-            continue
-        res.jobs[w.id] = JobStats(w, d)
-        res.demand_by_tenant[w.tenant] = res.demand_by_tenant.get(w.tenant, 0.0) + w.gpu_milli_total * d
-        push(t, "arrive", w)
-    horizon = jobs[-1][0] + cfg.max_duration_s
-    t = cfg.fault_every_s
-    gpus = np.argwhere(cluster.gpu_exists)
-    for k in range(1, int(horizon // cfg.rebalance_every_s) + 1):
-        push(k * cfg.rebalance_every_s, "rebalance", None)
-    if stream is not None:
-        for k in range(1, int(horizon // stream.cfg.tick_s) + 1):
-            push(k * stream.cfg.tick_s, "stream", None)
-    board = np.array([BOARD_POWER_W.get(str(m), 300.0) for m in cluster.models])[:, None] * cluster.gpu_exists
-    idle = 0.2 * board
-    budget = cfg.power_budget * board.sum(axis=1)
-    capped: set[tuple[int, int]] = set()
-    while t < horizon:
-        n, g = gpus[int(rng.integers(len(gpus)))]
-        push(t, "fault", (int(n), int(g)))
-        push(t + cfg.fault_duration_s, "recover", (int(n), int(g)))
-        t += cfg.fault_every_s
-
-    pending: list[Workload] = []
-    running: dict[str, Running] = {}
-    finish_at: dict[str, float] = {}
-    speed_of: dict[str, float] = {}
-
-    def account(r: Running, now: float) -> float:
+    def account(self, r: Running, now: float) -> float:
+        res = self.res
         ran = max(0.0, now - r.started_s)
         req = r.workload.gpu_milli_total / 1000 * ran
         res.requested_gpu_s += req
@@ -268,206 +250,216 @@ def run_dynamic(nodes, pods, policy: str, seed: int, cfg: DynamicConfig | None =
         res.served_by_tenant[r.workload.tenant] = res.served_by_tenant.get(r.workload.tenant, 0.0) + req * 1000
         return ran
 
-    def stop(r: Running, now: float, keep_progress: bool, checkpoint_now: bool = False) -> None:
-        cluster.release(r.workload.id)
-        ledger.charge(r.workload, -1)
-        del running[r.workload.id]
-        ran = account(r, now)
-        job = res.jobs[r.workload.id]
+    def bank(self, r: Running, now: float) -> JobStats:
+        """Bank the work done since ``r`` last started, at the speed it ran."""
+        job = self.res.jobs[r.workload.id]
+        job.banked_s += max(0.0, now - r.started_s) * job.speed
+        job.run_s += max(0.0, now - r.started_s)
+        return job
+
+    def stop(self, r: Running, now: float, keep_progress: bool, checkpoint_now: bool = False) -> None:
+        wid = r.workload.id
+        self.cluster.release(wid)
+        self.ledger.charge(r.workload, -1)
+        del self.running[wid]
+        ran = self.account(r, now)
+        job = self.res.jobs[wid]
+        gpus = gpu_weight(r.workload)
         if keep_progress:
             kept = ran if r.checkpoint_every_s is None or checkpoint_now else ran - ran % r.checkpoint_every_s
-            job.banked_s += kept * speed_of.pop(r.workload.id, 1.0)
+            job.banked_s += kept * job.speed
+            job.run_s += kept
+            job.lost_gpu_s += (ran - kept) * gpus
         else:
+            job.lost_gpu_s += (job.run_s + ran) * gpus
             job.banked_s = 0.0
+            job.run_s = 0.0
+        job.speed = 1.0
         job.epoch += 1
-        pending.append(r.workload)
-        if stream is not None:
-            stream.stopped(r.workload.id)
+        self.attained[wid] = job.banked_s * gpus
+        self.pending.append(r.workload)
+        self.estimate(r.workload)
+        if self.stream is not None:
+            self.stream.stopped(wid)
 
-    def start(w: Workload, alloc, now: float) -> None:
-        job = res.jobs[w.id]
-        borrowed = full and not ledger.within_quota(w)
-        ledger.charge(w, 1)
-        running[w.id] = Running(w, alloc, now, job.banked_s,
-                                cfg.checkpoint_every_s if (w.checkpointable and full) else None, borrowed)
+    def begin(self, w: Workload, alloc: Allocation, now: float) -> None:
+        job = self.res.jobs[w.id]
+        borrowed = self.full and not self.ledger.within_quota(w)
+        self.ledger.charge(w, 1)
+        self.running[w.id] = Running(w, alloc, now, job.banked_s,
+                                     self.cfg.checkpoint_every_s if (w.checkpointable and self.full) else None,
+                                     borrowed)
         if job.first_start_s is None:
             job.first_start_s = now
-        if stream is not None:
-            stream.started(w, now)
-        speed_of[w.id] = run_speed(w, alloc)
-        finish_at[w.id] = now + max(1.0, (job.duration_s - job.banked_s) / speed_of[w.id])
-        push(finish_at[w.id], "finish", (w.id, job.epoch))
+        if self.stream is not None:
+            self.stream.started(w, now)
+        job.speed = self.run_speed(w, alloc)
+        self.schedule_finish(job, now)
 
-    def run_speed(w: Workload, alloc: Allocation) -> float:
-        slow = any((alloc.node, g) in capped for g in alloc.gpus)
-        base = speed(w, alloc.node) * (cfg.capped_speed if slow else 1.0)
-        return base * stream.factor(w.id) if stream is not None else base
+    def schedule_finish(self, job: JobStats, now: float) -> None:
+        wid = job.workload.id
+        self.finish_at[wid] = now + max(1.0, (job.duration_s - job.banked_s) / job.speed)
+        self.push(self.finish_at[wid], "finish", (wid, job.epoch))
 
-    def respeed(r: Running, now: float, new_speed: float) -> None:
+    def respeed(self, r: Running, now: float, new_speed: float) -> None:
         """Bank the progress made at the old speed, then continue at ``new_speed``."""
-        job = res.jobs[r.workload.id]
-        job.banked_s += max(0.0, now - r.started_s) * speed_of[r.workload.id]
-        account(r, now)
+        job = self.bank(r, now)
+        self.account(r, now)
         r.started_s = now
         r.done_s = job.banked_s
-        speed_of[r.workload.id] = new_speed
+        job.speed = new_speed
         job.epoch += 1
-        finish_at[r.workload.id] = now + max(1.0, (job.duration_s - job.banked_s) / speed_of[r.workload.id])
-        push(finish_at[r.workload.id], "finish", (r.workload.id, job.epoch))
+        self.schedule_finish(job, now)
 
-    def recharge(r: Running, milli: int, mem: int, now: float) -> None:
+    def recharge(self, r: Running, milli: int, mem: int, now: float) -> None:
         """The forecast part: charge a shared job its forecast compute and memory instead of its request."""
+        cluster = self.cluster
         a = r.allocation
         n, g = a.node, a.gpus[0]
         milli = min(milli, a.milli[0] + int(cluster.gpu_free[n, g]))  # growing back only into what is free
         if cluster.gpu_mem_cap[n, g]:
             mem = min(mem, (a.gpu_memory_mib or [0])[0] + int(cluster.gpu_mem_free[n, g]))
-        account(r, now)
-        job = res.jobs[r.workload.id]
-        job.banked_s += max(0.0, now - r.started_s) * speed_of[r.workload.id]
+        self.account(r, now)
+        job = self.bank(r, now)
         r.started_s, r.done_s = now, job.banked_s
         r.allocation = Allocation(a.workload_id, n, [g], [milli], a.cpu_milli, a.memory_mib, [mem], a.sharing)
         cluster.resize(r.allocation)
 
-    class Hooks:
-        def evict(self, victim: Running, preemptor: Workload, now: float) -> None:
-            stop(victim, now, keep_progress=full)
+    # -- the pass's hooks (core.cycle.PassHooks)
 
-        def start(self, w: Workload, decision, now: float) -> bool:
-            pending.remove(w)
-            start(w, decision.allocation, now)
-            return True
+    def evict(self, victim: Running, preemptor: Workload, now: float) -> None:
+        self.stop(victim, now, keep_progress=self.full)
 
-        def blocked(self, w: Workload, decision, now: float) -> None:
-            pass
+    def start(self, w: Workload, decision, now: float) -> bool:
+        self.pending.remove(w)
+        self.begin(w, decision.allocation, now)
+        return True
 
-    queue = QueueState(pending, running, finish_at, ledger)
-    knobs = dict(pass_budget=cfg.pass_budget, preemption_tries_per_pass=cfg.preemption_tries_per_pass,
-                 preempt_grace_s=cfg.preempt_grace_s, reclaim_after_s=cfg.reclaim_after_s,
-                 peak_util=cfg.peak_util, defer_max_s=cfg.defer_max_s)
-    queue_policy = QueuePolicy(**knobs, demand_aware=stream is not None and stream.uses("demand")) if full \
-        else QueuePolicy.kube(**knobs)
-    stats = PassStats(deferred=res.deferred, latencies_s=res.latencies_s)
-    hooks = Hooks()
+    def blocked(self, w: Workload, decision, now: float) -> None:
+        pass
 
-    def schedule_pass(now: float, only: list[Workload] | None = None) -> None:
-        run_pass(scheduler, cluster, queue, queue_policy, hooks, stats, now, only)
+    # -- events: each returns True when the queue should be passed over afterwards, False when not (an arrival
+    # tries itself alone), None when nothing changed at all
 
-    total_events = len(events)
-    handled = 0
-    while events:
-        now, _, kind, payload = heapq.heappop(events)
-        handled += 1
-        if kind == "arrive":
-            pending.append(payload)
-            schedule_pass(now, only=[payload])
-            res.end_s = now
-            continue
-        elif kind == "finish":
-            wid, epoch = payload
-            job = res.jobs[wid]
-            if wid not in running or epoch != job.epoch:
-                continue
-            r = running.pop(wid)
-            running[wid] = r  # stop() expects it registered
-            cluster.release(wid)
-            ledger.charge(r.workload, -1)
-            del running[wid]
-            account(r, now)
-            job.finish_s = now
-            if stream is not None:
-                stream.stopped(wid)
-        elif kind == "fault":
-            n, g = payload
-            cluster.set_band(n, g, HealthBand.CRITICAL)
-            for r in [r for r in running.values() if r.allocation.node == n and g in r.allocation.gpus]:
-                stop(r, now, keep_progress=full, checkpoint_now=full)
-                if full:
-                    res.migrations += 1
-                else:
-                    res.killed_by_faults += 1
-        elif kind == "stream":
-            tick = stream.tick(now, cluster, running, pending)
-            for wid in tick.kill:
-                if wid in running:
-                    stop(running[wid], now, keep_progress=full)
-            for wid, (milli, mem) in tick.recharge.items():
-                if wid in running:
-                    recharge(running[wid], milli, mem, now)
-            queue.demand = stream.outlook() if full else None
-            for r in running.values():
-                want = run_speed(r.workload, r.allocation)
-                if abs(want - speed_of[r.workload.id]) > 0.02 * speed_of[r.workload.id]:
-                    respeed(r, now, want)
-        elif kind == "recover":
-            cluster.set_band(*payload, HealthBand.HEALTHY)
-        elif kind == "rebalance":
-            node_budget = budget
-            if stream is not None and stream.power is not None and stream.limit is not None:
-                # What the GPUs draw at the usage their jobs replay, not at their requests, against the boards
-                # of the same physical model (its boards differ from BOARD_POWER_W: the agent has no P100 or A10).
-                power = stream.power
-                node_budget = cfg.power_budget * stream.limit.sum(axis=1)
+    def on_arrive(self, now: float, w: Workload) -> bool | None:
+        self.pending.append(w)
+        self.estimate(w)
+        self.schedule_pass(now, only=[w])
+        return False
+
+    def on_finish(self, now: float, payload: tuple[str, int]) -> bool | None:
+        wid, epoch = payload
+        job = self.res.jobs[wid]
+        if wid not in self.running or epoch != job.epoch:
+            return None
+        r = self.running.pop(wid)
+        self.cluster.release(wid)
+        self.ledger.charge(r.workload, -1)
+        self.account(r, now)
+        job.finish_s = now
+        job.run_s += max(0.0, now - r.started_s)
+        if self.forecasting:
+            self.runtime.learn_one(job_keys(r.workload), max(job.run_s, 1.0))
+        if self.stream is not None:
+            self.stream.stopped(wid)
+        return True
+
+    def on_fault(self, now: float, gpu: tuple[int, int]) -> bool:
+        n, g = gpu
+        self.cluster.set_band(n, g, HealthBand.CRITICAL)
+        for r in [r for r in self.running.values() if r.allocation.node == n and g in r.allocation.gpus]:
+            self.stop(r, now, keep_progress=self.full, checkpoint_now=self.full)
+            if self.full:
+                self.res.migrations += 1
             else:
-                share = (cluster.gpu_cap - cluster.gpu_free) / 1000.0
-                power = np.where(cluster.gpu_exists, idle + (board - idle) * share, 0.0)
-            over = power.sum(axis=1) > node_budget + 1e-6
-            if full and (stream is None or stream.uses("thermal")):
-                prio = np.full(cluster.gpu_free.shape, -1)
-                for r in running.values():
-                    for g in r.allocation.gpus:
-                        prio[r.allocation.node, g] = max(prio[r.allocation.node, g], r.workload.priority)
-                now_capped = {(a.node, a.gpu) for a in
-                              throttle_decisions(power, cluster.temp, cluster.gpu_exists, node_budget, prio)}
-            else:
-                # No scheduler-level throttling (other policies, or gpuaware without the stream's power readings:
-                # the live throttler reads them from gpu.state.v1): the node's own power capping caps every GPU alike.
-                now_capped = {(int(n_), int(g_)) for n_ in np.flatnonzero(over)
-                              for g_ in np.flatnonzero(cluster.gpu_exists[n_])}
-            res.over_budget_node_s += float(over.sum()) * cfg.rebalance_every_s
-            res.throttles += len(now_capped - capped)
-            capped = now_capped
-            for r in running.values():
-                want = run_speed(r.workload, r.allocation)
-                if abs(want - speed_of[r.workload.id]) > 1e-9:
-                    respeed(r, now, want)
-            if not full:
+                self.res.killed_by_faults += 1
+        return True
+
+    def on_recover(self, now: float, gpu: tuple[int, int]) -> bool:
+        self.cluster.set_band(*gpu, HealthBand.HEALTHY)
+        return True
+
+    def on_stream(self, now: float, _payload: None) -> bool:
+        stream, running = self.stream, self.running
+        tick = stream.tick(now, self.cluster, running, self.pending)
+        for wid in tick.kill:
+            if wid in running:
+                self.stop(running[wid], now, keep_progress=self.full)
+        for wid, (milli, mem) in tick.recharge.items():
+            if wid in running:
+                self.recharge(running[wid], milli, mem, now)
+        self.queue.demand = stream.outlook() if self.full else None
+        self.respeed_all(now, relative=0.02)
+        return True
+
+    def respeed_all(self, now: float, relative: float = 0.0, absolute: float = 0.0) -> None:
+        """Re-speed the running jobs whose speed moved by more than ``relative`` of it (or ``absolute``)."""
+        for r in self.running.values():
+            want = self.run_speed(r.workload, r.allocation)
+            speed = self.res.jobs[r.workload.id].speed
+            if abs(want - speed) > (relative * speed if relative else absolute):
+                self.respeed(r, now, want)
+
+    def on_rebalance(self, now: float, _payload: None) -> bool | None:
+        self.throttle(now)
+        if not self.full:
+            return None
+        self.consolidate(now)
+        return True
+
+    def throttle(self, now: float) -> None:
+        """Power: which GPUs run capped until the next rebalance, and the jobs on them re-speeded."""
+        cfg, cluster, stream = self.cfg, self.cluster, self.stream
+        node_budget = self.budget
+        if stream is not None and stream.power is not None and stream.limit is not None:
+            # What the GPUs draw at the usage their jobs replay, not at their requests, against the boards
+            # of the same physical model (its boards differ from BOARD_POWER_W: the agent has no P100 or A10).
+            power = stream.power
+            node_budget = cfg.power_budget * stream.limit.sum(axis=1)
+        else:
+            share = (cluster.gpu_cap - cluster.gpu_free) / 1000.0
+            power = np.where(cluster.gpu_exists, self.idle + (self.board - self.idle) * share, 0.0)
+        over = power.sum(axis=1) > node_budget + 1e-6
+        if self.full and (stream is None or stream.uses("thermal")):
+            prio = np.full(cluster.gpu_free.shape, -1)
+            for r in self.running.values():
+                for g in r.allocation.gpus:
+                    prio[r.allocation.node, g] = max(prio[r.allocation.node, g], r.workload.priority)
+            now_capped = {(a.node, a.gpu) for a in
+                          throttle_decisions(power, cluster.temp, cluster.gpu_exists, node_budget, prio)}
+        else:
+            # No scheduler-level throttling (other policies, or gpuaware without the stream's power readings:
+            # the live throttler reads them from gpu.state.v1): the node's own power capping caps every GPU alike.
+            now_capped = {(int(n_), int(g_)) for n_ in np.flatnonzero(over)
+                          for g_ in np.flatnonzero(cluster.gpu_exists[n_])}
+        self.res.over_budget_node_s += float(over.sum()) * cfg.rebalance_every_s
+        self.res.throttles += len(now_capped - self.capped)
+        self.capped = now_capped
+        self.respeed_all(now, absolute=1e-9)
+
+    def consolidate(self, now: float) -> None:
+        """Move preemptible work to pack GPUs (checkpoint, then start where the plan says)."""
+        cluster, running = self.cluster, self.running
+        movable = {wid for wid, r in running.items() if r.workload.preemptible}
+        for m in consolidation_moves(cluster, movable=movable):
+            r = running[m.workload_id]
+            mem = (r.allocation.gpu_memory_mib or [0])[0]
+            if mem and cluster.gpu_mem_cap[m.to_node, m.to_gpu] and cluster.gpu_mem_free[m.to_node, m.to_gpu] < mem:
+                continue  # the move plans compute only; the stream model's jobs also hold GPU memory
+            self.stop(r, now, keep_progress=True, checkpoint_now=True)
+            self.pending.remove(r.workload)
+            a = r.allocation
+            moved = Allocation(a.workload_id, m.to_node, [m.to_gpu], a.milli, a.cpu_milli, a.memory_mib,
+                               a.gpu_memory_mib, a.sharing)
+            try:
+                cluster.allocate(moved)
+            except ValueError:  # the plan counted on a move skipped above: stay
+                cluster.allocate(a)
+                self.begin(r.workload, a, now)
                 continue
-            movable = {wid for wid, r in running.items() if r.workload.preemptible}
-            for m in consolidation_moves(cluster, movable=movable):
-                r = running[m.workload_id]
-                mem = (r.allocation.gpu_memory_mib or [0])[0]
-                if mem and cluster.gpu_mem_cap[m.to_node, m.to_gpu] and cluster.gpu_mem_free[m.to_node, m.to_gpu] < mem:
-                    continue  # the move plans compute only; the stream model's jobs also hold GPU memory
-                stop(r, now, keep_progress=True, checkpoint_now=True)
-                pending.remove(r.workload)
-                a = r.allocation
-                moved = Allocation(a.workload_id, m.to_node, [m.to_gpu], a.milli, a.cpu_milli, a.memory_mib,
-                                   a.gpu_memory_mib, a.sharing)
-                try:
-                    cluster.allocate(moved)
-                except ValueError:  # the plan counted on a move skipped above: stay
-                    cluster.allocate(a)
-                    start(r.workload, a, now)
-                    continue
-                res.jobs[m.workload_id].banked_s -= cfg.migration_overhead_s * speed(r.workload, m.to_node)
-                start(r.workload, moved, now)
-                res.consolidations += 1
-        if pending:
-            schedule_pass(now)
-        res.end_s = now
-        if cfg.check_invariants:
-            cluster.check_invariants()
-            if full:
-                for t_name, tenant in ledger.tenants.items():
-                    own = sum(r.workload.gpu_milli_total for r in running.values()
-                              if r.workload.tenant == t_name and not r.borrowed)
-                    assert own <= tenant.quota_gpu_milli, f"{t_name} runs {own} milli of its own over its quota"
-        if progress and handled % 2000 == 0:
-            progress(handled / max(total_events, 1))
-    res.preemptions, res.reclaims = stats.preemptions, stats.reclaims
-    res.preemptions_avoided, res.backfilled = stats.preemptions_avoided, stats.backfilled
-    return res
+            self.res.jobs[m.workload_id].banked_s -= self.cfg.migration_overhead_s * self.speed(r.workload, m.to_node)
+            self.begin(r.workload, moved, now)
+            self.res.consolidations += 1
 
 
 def summarize(results: list[DynamicResult]) -> dict:

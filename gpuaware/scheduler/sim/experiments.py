@@ -7,9 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuaware.scheduler.core.policy_specs import POLICIES
-from gpuaware.scheduler.sim.dynamic import DynamicConfig, run_dynamic
+from gpuaware.scheduler.sim.dynamic import run_dynamic
 from gpuaware.scheduler.sim.dynamic import summarize as summarize_dynamic
 from gpuaware.scheduler.sim.fragmentation import run_fragmentation, summarize
+from gpuaware.scheduler.sim.jobs import DynamicConfig
 from gpuaware.scheduler.sim.openb import load_nodes, load_pods
 
 Progress = Callable[[str, float], None]

@@ -168,6 +168,7 @@ class StreamModel:
         self.forecaster, self.physics, self.fingerprinter, self.table = forecaster, physics, fingerprinter, table
         self.cfg = cfg or StreamConfig()
         self.jobs: dict[str, JobTrace] = {}
+        self.true_duration: dict[str, float] = {}  # the run ceiling's read-ahead (prepare)
         self.speed: dict[str, float] = {}
         self.figures = StreamFigures()
         self.demand: Forecaster | None = None
@@ -185,8 +186,11 @@ class StreamModel:
     def uses(self, part: str) -> bool:
         return part in self.cfg.parts
 
-    def prepare(self, w: Workload) -> Workload:
-        """A shared job's GPU memory request: its share of a whole job's memory."""
+    def prepare(self, w: Workload, true_duration_s: float | None = None) -> Workload:
+        """A shared job's GPU memory request: its share of a whole job's memory. ``true_duration_s``: for the
+        ``run`` ceiling's read-ahead only (a ceiling may read the future; nothing else here does)."""
+        if true_duration_s is not None:
+            self.true_duration[w.id] = true_duration_s
         if w.shares_gpu:
             w.gpu_memory_mib = int(JOB_MEMORY_MIB * w.gpu_milli / 1000)
         return w
@@ -240,7 +244,7 @@ class StreamModel:
             job.seen += 1
             hi_u, hi_m = share, share  # until the forecaster has warmed up: the request
             if cfg.oracle:
-                peak_u, peak_m = job.peaks(w.duration_s) if cfg.oracle == "run" else \
+                peak_u, peak_m = job.peaks(self.true_duration.get(wid, w.duration_s)) if cfg.oracle == "run" else \
                     job.ahead(minute, cfg.horizon_ticks + 1)
                 hi_u, hi_m = share * peak_u, share * peak_m
                 if w.shares_gpu:

@@ -14,7 +14,7 @@ from gpuaware.scheduler.core.preemption import Running
 from gpuaware.scheduler.core.throughput import ThroughputTable
 from gpuaware.scheduler.core.workload import Workload
 from gpuaware.scheduler.sim.ablation import run_ablation, variants
-from gpuaware.scheduler.sim.dynamic import DynamicConfig
+from gpuaware.scheduler.sim.jobs import DynamicConfig
 from gpuaware.scheduler.sim.openb import load_nodes, load_pods
 from gpuaware.scheduler.sim.stream_model import JOB_MEMORY_MIB, StreamConfig, StreamModel, fewest_gpus
 from tests.support import OPENB_PODS, LastValue, cluster

@@ -1,0 +1,99 @@
+"""The online runtime forecaster: each job's runtime learned from completions, per signature, River-style.
+
+``learn_one(keys, seconds)`` when a job completes (keys: ``contract.runtime.signature_keys``, most specific
+first); ``predict_one(keys)`` for a job about to be placed. Learning is in completion order: a prediction
+never sees the job it predicts, nor any job that has not ended yet.
+
+Model: log runtime is normal within a key (``contract.runtime.KeyStats``: count, mean, sum of squared
+deviations), and a job's estimate is ``contract.runtime.posterior`` over its keys (each shrunk towards the one
+above it), the same function the scheduler's feed applies to the records this publishes. The p90's standard
+score ``z90`` is moved after every completion, before it is
+learned, towards the value at which 90% of completions end within their p90 (online quantile tracking of
+the standardised residual, as a conformal interval's width is kept), so p90 coverage holds whatever the
+shape of the residuals.
+
+Memory: a key holds three floats (about 200 bytes with its dict entry and key string); at most ``max_keys``
+keys are kept, the least recently used dropped first (``*`` never). ``state()`` is every key's statistics,
+the records of the compacted ``job.runtime.v1`` topic; ``restore`` rebuilds exactly the same model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gpuaware.contract.runtime import GLOBAL, KeyStats, posterior
+
+Z90 = 1.2815515655446004
+
+
+@dataclass(frozen=True)
+class Prediction:
+    mu: float  # mean of log(seconds)
+    sigma: float  # standard deviation of log(seconds)
+    z90: float
+    level: str  # the most specific level with history (contract.runtime.LEVELS), or "prior"
+    n: int  # completions at that key
+
+    @property
+    def p50_s(self) -> float:
+        return math.exp(self.mu)
+
+    @property
+    def p90_s(self) -> float:
+        return math.exp(self.mu + self.z90 * self.sigma)
+
+
+class RuntimeForecaster:
+    def __init__(self, prior_weight: float = 2.0, max_keys: int = 100_000, rate: float = 0.05) -> None:
+        if prior_weight <= 0 or max_keys < 1 or not 0 < rate < 1:
+            raise ValueError("prior_weight must be > 0, max_keys >= 1 and rate in (0, 1)")
+        self.prior_weight, self.max_keys, self.rate = prior_weight, max_keys, rate
+        self.keys: OrderedDict[str, KeyStats] = OrderedDict()
+        self.z90 = Z90
+        self.learned = 0
+
+    def predict_one(self, keys: Sequence[str]) -> Prediction:
+        """The runtime of a job with signature ``keys`` (most specific first). A query: it changes nothing."""
+        p = posterior(keys, self.keys, self.prior_weight)
+        return Prediction(p.mu, p.sigma, self.z90, p.level, p.n)
+    def learn_one(self, keys: Sequence[str], seconds: float) -> None:
+        """A job with signature ``keys`` completed after running ``seconds``."""
+        if not seconds > 0 or not math.isfinite(seconds):
+            raise ValueError(f"a runtime must be a positive number of seconds, not {seconds!r}")
+        x = math.log(seconds)
+        p = self.predict_one(keys)
+        # Quantile tracking: up by 0.9 x rate when the completion ran past its p90, down by 0.1 x rate
+        # otherwise; it rests where 10% run past.
+        self.z90 += self.rate * ((1.0 if x > p.mu + p.z90 * p.sigma else 0.0) - 0.1)
+        for key in keys:
+            s = self.keys.get(key)
+            if s is None:
+                s = self.keys[key] = KeyStats()
+            else:
+                self.keys.move_to_end(key)
+            s.update(x)
+        self.learned += 1
+        while len(self.keys) > self.max_keys:
+            oldest = next(iter(self.keys))
+            if oldest == GLOBAL:
+                self.keys.move_to_end(oldest)
+                continue
+            del self.keys[oldest]
+
+    def state(self) -> dict[str, tuple[int, float, float]]:
+        """Every key's (count, mean, M2), least recently used first, and ``z90`` under ``#z90``."""
+        out = {key: (s.n, s.mean, s.m2) for key, s in self.keys.items()}
+        out["#z90"] = (self.learned, self.z90, 0.0)
+        return out
+
+    def restore(self, records: Iterable[tuple[str, tuple[int, float, float]]]) -> None:
+        """Rebuild from ``state()``'s records (a compacted topic's latest per key, in order)."""
+        for key, (n, mean, m2) in records:
+            if key == "#z90":
+                self.learned, self.z90 = int(n), float(mean)
+            else:
+                self.keys[key] = KeyStats(int(n), float(mean), float(m2))
+                self.keys.move_to_end(key)

@@ -1,0 +1,48 @@
+"""The runtime signature keys and how a reader turns their statistics into an estimate."""
+
+from __future__ import annotations
+
+import math
+
+from gpuaware.contract.runtime import (
+    GLOBAL,
+    PRIOR_MU,
+    JobFeatures,
+    KeyStats,
+    level,
+    owner_of,
+    posterior,
+    signature_keys,
+)
+
+
+def test_keys_go_from_the_owner_to_every_job():
+    f = JobFeatures("team-a", 1, 500, 3000, 20_000, "BE", ("V100",), owner="resnet")
+    keys = signature_keys(f)
+    assert keys[0] == "owner:team-a/resnet" and keys[-1] == GLOBAL
+    assert [level(k) for k in keys] == ["owner", "tenant", "shape", "shape", "global"]
+    # Requests of the same order share the coarse shape key; the exact one tells them apart.
+    g = JobFeatures("team-b", 1, 500, 4000, 17_000, "BE", ("V100",))
+    assert signature_keys(g)[-2] == keys[-2] and signature_keys(g)[-3] != keys[-3]
+    assert not signature_keys(g)[0].startswith("owner:")  # no owner: no owner key
+
+
+def test_the_owner_is_the_annotation_else_the_name_label_else_the_controller_without_its_hash():
+    pod = {"metadata": {"ownerReferences": [{"kind": "ReplicaSet", "name": "serve-7d9f8b6c5d", "controller": True}]}}
+    assert owner_of(pod) == "serve"
+    pod["metadata"]["labels"] = {"job-name": "train-42"}
+    assert owner_of(pod) == "train-42"
+    pod["metadata"]["annotations"] = {"gpuaware.io/job": "bert-finetune"}
+    assert owner_of(pod) == "bert-finetune"
+    assert owner_of({"metadata": {}}) is None
+
+
+def test_the_posterior_shrinks_a_key_with_few_completions_towards_the_one_above():
+    stats = {GLOBAL: KeyStats(), "shape:x": KeyStats()}
+    for s in (100.0, 200.0, 400.0, 800.0):
+        stats[GLOBAL].update(math.log(s))
+    stats["shape:x"].update(math.log(10.0))
+    p = posterior(["shape:x", GLOBAL], stats)
+    assert p.level == "shape" and p.n == 1
+    assert math.log(10.0) < p.mu < stats[GLOBAL].mean  # one completion moves it part of the way
+    assert posterior(["shape:y"], {}).mu == PRIOR_MU  # nothing learned: the prior
