@@ -156,7 +156,6 @@ MAX_FUNCTION_LINES = 120  # from its ``def`` line to its last, nested functions 
 OVER_THE_LIMITS = {
     "gpuaware/scheduler/kube/cache.py": None,  # the whole module: split into kube-scheduler's cache and queue
     "gpuaware/contract/dra.py": None,  # the whole module
-    "gpuaware/scheduler/sim/dynamic.py": {"run_dynamic"},  # becoming a Simulation object
 }
 
 
