@@ -58,7 +58,7 @@ def test_the_shipped_device_classes_and_the_example_workload_are_read():
 
     import yaml
 
-    repo = Path(__file__).resolve().parents[3]
+    repo = Path(__file__).resolve().parents[4]
     docs = [d for f in (repo / "deploy/components/dra-deviceclasses/deviceclasses.yaml",
                         repo / "deploy/examples/dra/workload.yaml") for d in yaml.safe_load_all(f.read_text()) if d]
     found = []

@@ -151,12 +151,11 @@ async def test_without_the_api_tainting_switches_itself_off(cp, api_client, monk
 async def test_health_reactions_taint_a_critical_gpu_and_lift_it_when_it_recovers(
         cp, api_client, kube, listed, calls, stats, tasks, wait_for):
     """The hook in gpuaware/scheduler/kube/quarantine.py: the node and pods live in the session's apiserver as in
-    test_health.py, the slices and rules in this module's (DeviceTaintRules gated on). The taint is lifted when
+    test_quarantine.py, the slices and rules in this module's (DeviceTaintRules gated on). The taint is lifted when
     the GPU returns to service: validated PASS after its pods left."""
-    from tests.scheduler.kube.test_health import gpu, setup, step
-
     from gpuaware.contract.events import HealthAction, HealthBand, HealthVerdict
     from gpuaware.scheduler.kube.quarantine import HealthReactions
+    from tests.scheduler.kube.test_quarantine import gpu, setup, step
 
     SlicePublisher(api_client).publish("n0", [NodeGpu(g, f"GPU-n0-{g}", "H100", 80 * 2**30) for g in range(2)])
     view, state, health, _ = setup(kube, listed, calls, stats, tasks)

@@ -51,7 +51,7 @@ from gpuaware.scheduler.kube.live import LiveScheduler
 from gpuaware.scheduler.settings import SchedulerSettings
 from tests.support import RBAC_KINDS, live_scheduler, need, overlay_with, wait_for
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 CRDS = REPO / "deploy" / "base" / "crds"
 SETTINGS = SchedulerSettings(pass_interval_s=0.02, extender_port=0, unqueued="allow", dra=True)
 GB = 2**30

@@ -46,7 +46,7 @@ from gpuaware.scheduler.kube.live import LiveScheduler
 from gpuaware.scheduler.settings import SchedulerSettings
 from tests.support import need, shipped_rbac
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 CRDS = REPO / "deploy" / "base" / "crds"
 SCHEDULER_YAML = REPO / "deploy" / "base" / "scheduler" / "scheduler.yaml"
 

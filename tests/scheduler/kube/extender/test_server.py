@@ -39,7 +39,7 @@ from gpuaware.scheduler.metrics import QueueSnapshot, SchedulerCollector, Schedu
 from gpuaware.scheduler.settings import SchedulerSettings
 from tests.support import running, wait_for
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 SCHEDULER_YAML = REPO / "deploy" / "base" / "scheduler" / "scheduler.yaml"
 VERBS = ("filter", "prioritize", "preempt")
 
