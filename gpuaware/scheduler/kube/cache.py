@@ -342,7 +342,7 @@ class ClusterCache:
             self._forget_ask(key)
             for claim in self._claims_of(pod) if dra_claims.has_claims(pod) else ():
                 self.claim_users.get(claim, set()).discard(key)
-            self.unreserve(key)
+            self.finish_binding(key)
             if key in self.running:
                 self.release(key)
             for claim in self._disown(key):
@@ -352,7 +352,7 @@ class ClusterCache:
         if pod.get("spec", {}).get("nodeName"):
             self.pending.pop(key, None)
             self._forget_ask(key)
-            self.unreserve(key)  # our binding is confirmed (or someone else bound it)
+            self.finish_binding(key)  # our binding is confirmed (or someone else bound it)
             running = self.running.get(key)
             if running is None or self.cluster.names[running.allocation.node] != pod["spec"]["nodeName"]:
                 if running is not None:
@@ -605,8 +605,9 @@ class ClusterCache:
         alloc.cpu_milli = min(alloc.cpu_milli, int(self.cluster.cpu_free[n]))
         alloc.memory_mib = min(alloc.memory_mib, int(self.cluster.mem_free[n]))
 
-    def reserve(self, key: str, running: Running) -> None:
-        """A placement of ours whose binding is in flight (already allocated in the model)."""
+    def assume(self, key: str, running: Running) -> None:
+        """A placement of ours whose binding is in flight (already allocated in the model): kube-scheduler's
+        AssumePod. ``forget`` undoes it; ``finish_binding`` ends it once the pod shows up bound."""
         self.pending.pop(key, None)
         if key in self.dra_picks:
             self._own(key, sorted({r.claim for r, _ in self.dra_picks[key]}))
@@ -614,7 +615,8 @@ class ClusterCache:
         self._reserved_node[key] = self.cluster.names[running.allocation.node]
         self._run(key, running)
 
-    def unreserve(self, key: str) -> None:
+    def finish_binding(self, key: str) -> None:
+        """The pod is bound (or gone): it holds what it holds as a bound pod, no longer as a placement in flight."""
         self.dra_picks.pop(key, None)  # its devices stay in flight until the claims say they are allocated
         self.dra_shared.pop(key, None)
         self.reservations.pop(key, None)
@@ -676,7 +678,7 @@ class ClusterCache:
             if pod is not None and pod.get("spec", {}).get("nodeName"):
                 self.release(owner)
                 self._account(pod)
-            else:  # (defence: a withdrawn placement gives its claims up in ``withdraw``)
+            else:  # (defence: a withdrawn placement gives its claims up in ``forget``)
                 self._disown(owner)
                 owner = None
         if owner is None:
@@ -847,19 +849,20 @@ class ClusterCache:
         self.dra_shared.pop(key, None)
         self.dra.land(key)
 
-    def withdraw(self, key: str) -> None:
-        """A placement of ours taken back before its Binding landed (refused, failed, gone): its devices are no
-        longer in flight, its allocation in the model is freed, and a claim it was charged for is a hold while
-        the API still says it is allocated (a release write that failed, or whose answer is still on its way)."""
+    def forget(self, key: str) -> None:
+        """Undo ``assume`` (kube-scheduler's ForgetPod): a placement of ours taken back before its Binding landed
+        (refused, failed, gone). Its devices are no longer in flight, its allocation in the model is freed, and a
+        claim it was charged for is a hold while the API still says it is allocated (a release write that
+        failed, or whose answer is still on its way)."""
         pod = self.pods.get(key)
         if pod is not None and pod.get("spec", {}).get("nodeName"):
             # Bound after all (the Binding's answer was lost, the watch was quicker): it keeps what it holds.
             self.drop_picks(key)
-            self.unreserve(key)
+            self.finish_binding(key)
             return
         claims = self._disown(key) if key in self.reservations else []
         self.drop_picks(key)
-        self.unreserve(key)
+        self.finish_binding(key)
         self.release(key)
         for claim in claims:
             if claim in self.dra.claims:

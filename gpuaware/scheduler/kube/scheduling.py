@@ -97,7 +97,7 @@ class PassActions:
                 self.reasons[key] = why
                 self.labels[key] = "dra-devices"
                 return False
-        self.cache.reserve(key, Running(workload, decision.allocation, now, 0.0, None))
+        self.cache.assume(key, Running(workload, decision.allocation, now, 0.0, None))
         uid = (self.cache.pods.get(key) or {}).get("metadata", {}).get("uid")  # of the pod decided for, now
         self.tasks.spawn(self.binder.bind(workload, decision, self.victims.pop(key, []), uid))
         return True

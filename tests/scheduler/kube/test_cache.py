@@ -106,3 +106,42 @@ def test_a_lifted_cordon_or_taint_gives_the_gpu_back_the_band_beneath_and_repeat
     assert cache.taint_bands == {(0, 1): HealthBand.DEGRADED}
     cache.sync_taint_rules([])
     assert cache.cluster.band[0].tolist()[:3] == [0, 0, 0]  # sync_taint_rules rebuilds: no live state yet
+
+
+def held(cache: ClusterCache) -> dict:
+    """Everything a placement in flight may change in the cache."""
+    return {"gpu_free": cache.cluster.gpu_free.tolist(), "allocations": sorted(cache.cluster.allocations),
+            "running": sorted(cache.running), "usage": {k: v for k, v in cache.usage.sums.items() if any(v)},
+            "reservations": sorted(cache.reservations), "claim_owner": dict(cache.claim_owner),
+            "pod_claims": dict(cache.pod_claims), "in_flight": dict(cache.dra.in_flight),
+            "picks": sorted(cache.dra_picks)}
+
+
+def test_forget_undoes_assume_a_placement_with_claims_leaves_nothing_behind():
+    """kube-scheduler's ForgetPod undoes AssumePod (Unreserve undoes Reserve). Un-reserving a placement here
+    once dropped the reservation but left the pod running in the model (its GPUs, its quota use, the claims it
+    was charged for)."""
+    from gpuaware.contract import dra
+    from gpuaware.scheduler.core.cluster import Allocation
+    from gpuaware.scheduler.core.preemption import Running
+
+    cache = ClusterCache()
+    cache.sync_nodes([make_node("h", gpus=0)])
+    cache.sync_slices([dra.resource_slice("h", [dra.gpu_device(g, uuid=f"GPU-h-{g}", product_name="NVIDIA H100",
+                                                              memory_bytes=80 * 2**30) for g in range(2)])])
+    cache.sync_classes([{"metadata": {"name": "gpu.nvidia.com"}, "spec": {}}])
+    cache.sync_claims([{"metadata": {"name": "c", "namespace": "default", "resourceVersion": "1"},
+                        "spec": {"devices": {"requests": [
+                            {"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}]}}}])
+    pod = make_pod("p", gpus=0)
+    pod["spec"]["resourceClaims"] = [{"name": "c", "resourceClaimName": "c"}]
+    cache.sync_pods([pod])
+    before = held(cache)
+    w = cache.pending["default/p"].workload
+    alloc = Allocation(w.id, 0, [1], [1000], w.cpu_milli, w.memory_mib)
+    cache.cluster.allocate(alloc)  # the core's placement
+    assert cache.pick_devices(w.id, alloc) is None
+    cache.assume(w.id, Running(w, alloc, 0.0, 0.0, None))
+    assert held(cache) != before
+    cache.forget(w.id)
+    assert held(cache) == before

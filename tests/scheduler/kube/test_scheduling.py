@@ -281,7 +281,7 @@ async def test_a_withdrawn_placement_whose_claim_stays_allocated_leaves_its_devi
     cache.claim_event("MODIFIED", written)
     slot = cache.dra.inventory.nodes["n0"].slot_of[device.ref]
     assert cache.cluster.gpu_free[0, slot] == 0 and "claim:default/mine" not in cache.cluster.allocations
-    cache.withdraw("default/a")
+    cache.forget("default/a")
     assert cache.cluster.gpu_free[0, slot] == 0 and "claim:default/mine" in cache.cluster.allocations
     assert "default/a" not in cache.cluster.allocations and cache.claim_owner == {}
     cache.claim_event("MODIFIED", dict(written, status={}))  # released after all
@@ -296,7 +296,7 @@ async def test_a_withdrawn_placement_of_a_pod_the_watch_shows_bound_keeps_what_i
     await settle(tasks, wait_for)
     slots = cache.running["default/a"].allocation.gpus
     cache.pod_event("MODIFIED", dict(pods[0], spec={**pods[0]["spec"], "nodeName": "n0"}))
-    cache.withdraw("default/a")
+    cache.forget("default/a")
     assert "default/a" in cache.running and cache.cluster.gpu_free[0, slots[0]] == 0
     assert cache.claim_owner == {"default/mine": "default/a"}
 

@@ -304,8 +304,7 @@ class Extender:
             if key in self.cache.running and key not in self.cache.reservations:
                 return {"Error": f"gpuaware: {key} is bound already"}
             if key in self.cache.reservations:  # a retried bind: its earlier reservation goes first
-                self.cache.unreserve(key)
-                self.cache.release(key)
+                self.cache.forget(key)
             w = self.cache.parse(pod).workload
             only = np.zeros(len(c), dtype=bool)
             only[i] = True
@@ -315,7 +314,7 @@ class Extender:
             if d.allocation is None:
                 why = "; ".join(d.reasons)
                 return {"Error": f"gpuaware: {node} has no room left for {key} ({why})"}
-            self.cache.reserve(key, Running(w, d.allocation, time.time(), 0.0, None))
+            self.cache.assume(key, Running(w, d.allocation, time.time(), 0.0, None))
             self._ranked = None  # ranked before this reservation
             reserved()
             ann = {annotations.ANN_GPUS: objects.gpus_annotation(d.allocation, {}),
@@ -334,8 +333,7 @@ class Extender:
 
     def _withdraw(self, key: str, ann: dict[str, str]) -> None:
         if ann:
-            self.cache.unreserve(key)
-            self.cache.release(key)
+            self.cache.forget(key)
 
     # ------------------------------------------------------------------ HTTP
     def app(self) -> web.Application:
