@@ -118,7 +118,7 @@ class Binder:
     async def _pre_bind(self, key: str, node: str, uid: str | None) -> Written | None:
         """The pod's claims written, as kube-scheduler's DRA PreBind: it has its devices from the moment it has a
         node. None for a pod without claims."""
-        picks, shared = self.cache.dra_picks.get(key), self.cache.dra_shared.get(key)
+        picks, shared = self.cache.dra.picks.get(key), self.cache.dra.shared.get(key)
         if picks is None and shared is None:
             return None
         pod = self.cache.pods.get(key)
@@ -126,8 +126,8 @@ class Binder:
             if pod is None or (uid and pod["metadata"].get("uid") != uid):
                 raise ClaimsRefused(f"{key} is gone or replaced", conflict=True)
             if picks is not None:
-                return await self.claims.allocate(self.cache.dra.claims, node, picks, pod)
-            return await self.claims.share(self.cache.dra.claims, shared or [], node, pod)
+                return await self.claims.allocate(self.cache.dra.state.claims, node, picks, pod)
+            return await self.claims.share(self.cache.dra.state.claims, shared or [], node, pod)
         except ClaimsRefused as exc:
             drop = "claim-conflict" if exc.conflict else "claim-write-failed"
             if exc.lasting:  # asking again every pass would only hammer the apiserver with the same refusal

@@ -258,6 +258,6 @@ class LiveScheduler:
             self._last_throttle = now
             if self.throttler is not None:
                 self.throttler.throttle()
-        if now - self._last_queue_status >= self.settings.queue_status_every_s and self.cache.queues:
+        if now - self._last_queue_status >= self.settings.queue_status_every_s and self.cache.tenancy.queues:
             self._last_queue_status = now
             self.tasks.spawn(self.queue_status.write())

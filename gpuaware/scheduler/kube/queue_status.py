@@ -7,8 +7,9 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from gpuaware.plumbing.kube.api import TRANSPORT_ERRORS
-from gpuaware.scheduler.kube.cache import ClusterCache, Queue
+from gpuaware.scheduler.kube.cache import ClusterCache
 from gpuaware.scheduler.kube.calls import ApiCalls
+from gpuaware.scheduler.kube.queues import Queue
 from gpuaware.scheduler.metrics import SchedulerStats
 
 
@@ -28,7 +29,7 @@ class QueueStatusWriter:
         used = sum(by_model.values())
         return {
             "admitted": len(running),  # placed: bound, or binding in flight
-            "running": sum(1 for r in running if r.workload.id not in self.cache.reservations),
+            "running": sum(1 for r in running if r.workload.id not in self.cache.assumed),
             "pending": sum(1 for pw in self.cache.pending.values() if pw.workload.tenant == tenant),
             "borrowedGpus": round(max(0.0, used - quota), 3),
             "quotaUsed": [{"model": m, "gpus": round(v, 3)} for m, v in sorted(by_model.items())],
@@ -36,7 +37,7 @@ class QueueStatusWriter:
         }
 
     async def write(self) -> None:
-        for name, q in list(self.cache.queues.items()):
+        for name, q in list(self.cache.tenancy.queues.items()):
             status = self.status(q)
             if self.sent.get(name) == status:
                 continue

@@ -16,7 +16,7 @@ def queue_snapshot(cache: ClusterCache, view: StateView | None, now: float) -> Q
         snap.pending[k] = snap.pending.get(k, 0) + 1
         snap.oldest_wait_s[k] = max(snap.oldest_wait_s.get(k, 0.0), now - pw.workload.submit_s)
     weights = {}
-    for q in cache.queues.values():
+    for q in cache.tenancy.queues.values():
         snap.gpus_quota[q.tenant] = q.quota_gpus
         weights[q.tenant] = q.weight
     busy = allocated = 0.0

@@ -84,7 +84,7 @@ async def test_bound_elsewhere_keeps_the_apis_answer_and_releases_the_reservatio
     kube.api().bind("default", "p", "n0")  # e.g. by this scheduler before a restart
     await binder.bind(d.workload, d, [])
     assert stats.api_errors[("bind", 409)] == 1
-    assert "default/p" not in cache.running and "default/p" not in cache.reservations
+    assert "default/p" not in cache.running and "default/p" not in cache.assumed
     assert "default/p" not in cache.pending  # not requeued: the API's answer stands
     assert rec.wakes == 1 and rec.bound == [] and rec.published == []
 

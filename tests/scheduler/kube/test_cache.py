@@ -101,9 +101,9 @@ def test_a_lifted_cordon_or_taint_gives_the_gpu_back_the_band_beneath_and_repeat
         cache.cluster.band[0, 1] = 1
         cache.apply_cordons(fresh)
         assert cache.cluster.band[0].tolist()[:3] == [0, 2, 0]
-        assert cache.taint_bands == {(0, 1): HealthBand.DEGRADED}
+        assert cache.dra.taint_bands == {(0, 1): HealthBand.DEGRADED}
     cache.apply_cordons()  # nothing fresh: what lies beneath is kept
-    assert cache.taint_bands == {(0, 1): HealthBand.DEGRADED}
+    assert cache.dra.taint_bands == {(0, 1): HealthBand.DEGRADED}
     cache.sync_taint_rules([])
     assert cache.cluster.band[0].tolist()[:3] == [0, 0, 0]  # sync_taint_rules rebuilds: no live state yet
 
@@ -112,9 +112,9 @@ def held(cache: ClusterCache) -> dict:
     """Everything a placement in flight may change in the cache."""
     return {"gpu_free": cache.cluster.gpu_free.tolist(), "allocations": sorted(cache.cluster.allocations),
             "running": sorted(cache.running), "usage": {k: v for k, v in cache.usage.sums.items() if any(v)},
-            "reservations": sorted(cache.reservations), "claim_owner": dict(cache.claim_owner),
-            "pod_claims": dict(cache.pod_claims), "in_flight": dict(cache.dra.in_flight),
-            "picks": sorted(cache.dra_picks)}
+            "reservations": sorted(cache.assumed), "claim_owner": dict(cache.dra.claim_owner),
+            "pod_claims": dict(cache.dra.pod_claims), "in_flight": dict(cache.dra.state.in_flight),
+            "picks": sorted(cache.dra.picks)}
 
 
 def test_forget_undoes_assume_a_placement_with_claims_leaves_nothing_behind():
@@ -140,7 +140,7 @@ def test_forget_undoes_assume_a_placement_with_claims_leaves_nothing_behind():
     w = cache.pending["default/p"].workload
     alloc = Allocation(w.id, 0, [1], [1000], w.cpu_milli, w.memory_mib)
     cache.cluster.allocate(alloc)  # the core's placement
-    assert cache.pick_devices(w.id, alloc) is None
+    assert cache.dra.pick_devices(w.id, alloc, cache.cluster) is None
     cache.assume(w.id, Running(w, alloc, 0.0, 0.0, None))
     assert held(cache) != before
     cache.forget(w.id)

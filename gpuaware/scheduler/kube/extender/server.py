@@ -173,7 +173,7 @@ class Extender:
         critical for a device taint alone does not count: kube-scheduler's DynamicResources plugin keeps claims off
         it unless they tolerate the taint (or ask admin access), which the extender cannot see."""
         c = self.cache.cluster
-        taint_only = self.cache.taint_bands
+        taint_only = self.cache.dra.taint_bands
         keep = []
         for name in names:
             i = c.index.get(name)
@@ -301,9 +301,9 @@ class Extender:
             i = c.index.get(node)
             if i is None:
                 return {"Error": f"gpuaware: node {node} unknown (not yet seen by the scheduler's cache)"}
-            if key in self.cache.running and key not in self.cache.reservations:
+            if key in self.cache.running and key not in self.cache.assumed:
                 return {"Error": f"gpuaware: {key} is bound already"}
-            if key in self.cache.reservations:  # a retried bind: its earlier reservation goes first
+            if key in self.cache.assumed:  # a retried bind: its earlier reservation goes first
                 self.cache.forget(key)
             w = self.cache.parse(pod).workload
             only = np.zeros(len(c), dtype=bool)
