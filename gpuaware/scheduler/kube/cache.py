@@ -23,6 +23,7 @@ from gpuaware.scheduler.core.preemption import Running
 from gpuaware.scheduler.core.queue import Usage
 from gpuaware.scheduler.core.workload import Workload
 from gpuaware.scheduler.kube import objects
+from gpuaware.scheduler.kube.cache_view import CacheView
 from gpuaware.scheduler.kube.charging import clamp, clamp_gpus
 from gpuaware.scheduler.kube.dra import claims as dra_claims
 from gpuaware.scheduler.kube.dra.claims import DraAsk
@@ -89,6 +90,10 @@ class ClusterCache:
         # (node index, GPU) made critical by a cordon or a taint -> the band code beneath (the live state's, or
         # the model's own): what it goes back to when the cordon or taint goes, and what the next call starts from.
         self._beneath: dict[tuple[int, int], int] = {}
+
+    def view(self) -> CacheView:
+        """The cache as its readers see it (read-only mappings that follow it)."""
+        return CacheView(self)
 
     @property
     def pending(self) -> dict[str, PodWorkload]:

@@ -7,14 +7,14 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from gpuaware.plumbing.kube.api import TRANSPORT_ERRORS
-from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.cache_view import CacheView
 from gpuaware.scheduler.kube.calls import ApiCalls
 from gpuaware.scheduler.kube.queues import Queue
 from gpuaware.scheduler.metrics import SchedulerStats
 
 
 class QueueStatusWriter:
-    def __init__(self, calls: ApiCalls, cache: ClusterCache, stats: SchedulerStats):
+    def __init__(self, calls: ApiCalls, cache: CacheView, stats: SchedulerStats):
         self.calls, self.cache, self.stats = calls, cache, stats
         self.sent: dict[str, dict[str, Any]] = {}  # queue -> last status written
 
@@ -37,7 +37,7 @@ class QueueStatusWriter:
         }
 
     async def write(self) -> None:
-        for name, q in list(self.cache.tenancy.queues.items()):
+        for name, q in list(self.cache.queues.items()):
             status = self.status(q)
             if self.sent.get(name) == status:
                 continue

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from gpuaware.scheduler.core.queue import jain_index
 from gpuaware.scheduler.feed import StateView
-from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.cache_view import CacheView
 from gpuaware.scheduler.metrics import PRIORITY_NAMES, QueueSnapshot
 
 
-def queue_snapshot(cache: ClusterCache, view: StateView | None, now: float) -> QueueSnapshot:
+def queue_snapshot(cache: CacheView, view: StateView | None, now: float) -> QueueSnapshot:
     c = cache.cluster
     snap = QueueSnapshot()
     for pw in cache.pending.values():
@@ -16,7 +16,7 @@ def queue_snapshot(cache: ClusterCache, view: StateView | None, now: float) -> Q
         snap.pending[k] = snap.pending.get(k, 0) + 1
         snap.oldest_wait_s[k] = max(snap.oldest_wait_s.get(k, 0.0), now - pw.workload.submit_s)
     weights = {}
-    for q in cache.tenancy.queues.values():
+    for q in cache.queues.values():
         snap.gpus_quota[q.tenant] = q.quota_gpus
         weights[q.tenant] = q.weight
     busy = allocated = 0.0

@@ -145,3 +145,17 @@ def test_forget_undoes_assume_a_placement_with_claims_leaves_nothing_behind():
     assert held(cache) != before
     cache.forget(w.id)
     assert held(cache) == before
+
+
+def test_a_view_follows_the_cache_through_a_relist_and_cannot_change_it():
+    import pytest
+
+    cache = ClusterCache()
+    view = cache.view()  # taken once, as the readers take it
+    cache.sync_nodes([make_node("n0", gpus=2)])
+    cache.sync_pods([make_pod("a")])  # a re-list replaces the cache's maps
+    assert list(view.pods) == ["default/a"] and list(view.pending) == ["default/a"] and list(view.nodes) == ["n0"]
+    for mapping in (view.pods, view.pending, view.running, view.nodes, view.queues, view.assumed, view.rejected):
+        with pytest.raises(TypeError):
+            mapping["x"] = None  # type: ignore[index]
+    assert "x" not in cache.pods and "x" not in cache.pending

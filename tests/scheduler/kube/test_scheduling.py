@@ -59,7 +59,7 @@ def setup(tasks, nodes: list[dict], pods: list[dict], settings: SchedulerSetting
     cache.sync_pods(pods)
     stats, sink, events, binds, evictions = SchedulerStats(), DecisionSink(), Events(), Binds(), Evictions()
     departures = Departures()
-    reporter = UnschedulableReporter(events, cache, stats, sink, tasks)  # type: ignore[arg-type]
+    reporter = UnschedulableReporter(events, cache.view(), stats, sink, tasks)  # type: ignore[arg-type]
     passes = SchedulingPass(settings or SchedulerSettings(extender_port=0), cache, stats, sink, binds,  # type: ignore
                             evictions, departures, reporter, tasks)
     for p in pods:
