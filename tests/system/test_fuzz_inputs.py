@@ -22,7 +22,8 @@ from gpuaware.agent.sampling import SamplingPolicy
 from gpuaware.contract.identity import NODE_TOKEN_HEADER, node_token
 from gpuaware.plumbing import observability
 from gpuaware.scheduler.feed import StateView
-from gpuaware.scheduler.kube.cache import ClusterCache, Queue, QueueSpecError
+from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.queues import Queue, QueueSpecError
 from gpuaware.stream.identity import IdentityRejected, NodeVerifier
 from tests.support import FUZZ, json_values, printable_text
 
@@ -45,7 +46,7 @@ def test_any_gpuqueue_object_is_read_or_ignored_with_its_name(spec, metadata_ext
     cache = ClusterCache()
     cache.queue_event("ADDED", obj)  # never raises: a bad queue is logged and left out
     cache.sync_queues([obj, {"metadata": {"name": "ok"}, "spec": {"namespaces": ["a"]}}])
-    assert "ok" in cache.queues
+    assert "ok" in cache.tenancy.queues
 
 
 @FUZZ

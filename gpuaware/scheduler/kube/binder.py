@@ -1,9 +1,11 @@
 """A placement made real: wait for its victims to be gone, one Binding carrying the GPUs, a ``Scheduled`` Event.
 
 kube-apiserver sets a Binding's annotations on the pod together with its node, in one write, so the
-device plugin never sees the pod on a node without its GPUs. A 409 (bound already, e.g. by this
-scheduler before a restart) keeps the API's answer; a 404 (gone) just releases the reservation;
-anything else requeues the pod.
+device plugin never sees the pod on a node without its GPUs. Every failure of the cycle (victims not
+gone in time, claims refused, the Binding refused or interrupted) goes through one handler
+(``Binder._failed``): what was written is taken back, the cache forgets the placement, and then a 409
+(bound already, e.g. by this scheduler before a restart), a 404 (gone) or a replaced pod keep the API's
+answer; a lasting claim refusal leaves the pod alone; anything else requeues it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,17 @@ from gpuaware.scheduler.settings import SchedulerSettings
 
 log = logging.getLogger(__name__)
 
+REQUEUE, REFUSE, DROP = "requeue", "refuse", "drop"  # what becomes of a pod whose binding cycle failed
+
+
+class BindFailure(Exception):
+    """A binding cycle that did not land: ``then`` (``REQUEUE``, ``REFUSE``, ``DROP``), why (logged at
+    ``level``; a refusal's Event), and the DROP decision it counts, if any."""
+
+    def __init__(self, then: str, why: str, drop: str | None = None, level: int = logging.INFO):
+        super().__init__(why)
+        self.then, self.why, self.drop, self.level = then, why, drop, level
+
 
 def _nothing(*_: object) -> None:
     pass
@@ -56,80 +69,29 @@ class Binder:
 
     async def bind(self, w: Workload, d: Decision, victims: list[str], uid: str | None = None) -> None:
         """``uid``: of the pod the decision was made for; the Binding carries it as a precondition, so a pod
-        deleted and recreated under the same name since then is not bound to the old pod's GPUs."""
+        deleted and recreated under the same name since then is not bound to the old pod's GPUs. Every way this
+        cycle can fail raises ``BindFailure`` and ends in ``_failed``, as kube-scheduler sends every
+        binding-cycle failure through one handler."""
         key, alloc = w.id, d.allocation
         assert alloc is not None
         ns, name = key.split("/", 1)
         node = self.cache.node_name(alloc.node)
         uuids = self.gpu_uuids(node)
+        written: Written | None = None
         try:
             # The preemptor lands only once its victims are gone. It waits outside the bind slots: a slot is
             # for an API call in flight, and waiting minutes for a checkpoint must not stall other placements.
-            for v in victims:
-                gone = self.departures.expect(v)
-                if v in self.cache.pods:
-                    await asyncio.wait_for(gone.wait(), self.settings.checkpoint_timeout_s
-                                           + self.settings.eviction_timeout_s)
-        except TimeoutError:
-            self.requeue(key, f"victims of {key} were not gone in time; placement withdrawn")
-            return
-        async with self._slots:
-            started = time.perf_counter()
-            written: Written | None = None
-            picks, shared = self.cache.dra_picks.get(key), self.cache.dra_shared.get(key)
-            if picks is not None or shared is not None:
-                # Claims first, as kube-scheduler's PreBind: the pod has its devices from the moment it has a node.
-                pod = self.cache.pods.get(key)
-                try:
-                    if pod is None or (uid and pod["metadata"].get("uid") != uid):
-                        raise ClaimsRefused(f"{key} is gone or replaced", conflict=True)
-                    if picks is not None:
-                        written = await self.claims.allocate(self.cache.dra.claims, node, picks, pod)
-                    else:
-                        written = await self.claims.share(self.cache.dra.claims, shared or [], node, pod)
-                except ClaimsRefused as exc:
-                    self.stats.decisions[("DROP", "claim-conflict" if exc.conflict else "claim-write-failed")] += 1
-                    if exc.lasting:  # asking again every pass would only hammer the apiserver with the same refusal
-                        self.cache.withdraw(key)
-                        self.cache.refuse(key, f"the apiserver refused its claims' allocation: {exc}")
-                        log.warning("%s: claims not allocated, left alone until it or its claims change: %s", key, exc)
-                        self.wake()
-                    else:
-                        self.requeue(key, f"claims not allocated: {exc}")
-                    return
-            try:
-                # One write: the GPUs are on the pod from the moment it has a node (the device plugin reads them).
-                await self.calls.call(self.calls.api.bind, ns, name, node, {
+            await self._victims_gone(key, victims)
+            async with self._slots:
+                started = time.perf_counter()
+                written = await self._pre_bind(key, node, uid)
+                await self._bind(key, ns, name, node, {
                     annotations.ANN_GPUS: objects.gpus_annotation(alloc, uuids),
                     annotations.ANN_SHARING: objects.sharing_annotation(alloc)}, uid)
-            except TRANSPORT_ERRORS as exc:
-                self.stats.api_errors[("bind", 0)] += 1
-                await self.claims.release(written)
-                # Unknown whether the Binding landed: the pod's next watch event says; until then it is requeued
-                # and a second Binding would get 409 (kept as the API's answer).
-                self.requeue(key, f"bind interrupted: {exc}")
-                return
-            except PodReplaced:
-                # Deleted and recreated under its name since this placement was made: the new pod is pending on
-                # its own (its ADDED event queues it); this placement is dropped, and it is no API error.
-                log.info("%s: replaced by a new pod of the same name; placement dropped", key)
-                await self.claims.release(written)
-                self.cache.withdraw(key)
-                self.stats.decisions[("DROP", "pod-replaced")] += 1
-                self.wake()
-                return
-            except ApiException as exc:
-                code, reason, message = self.calls.failed("bind", exc)
-                await self.claims.release(written)
-                self.cache.withdraw(key)
-                if code == 409:
-                    log.info("%s: %s (already bound elsewhere: keeping the API's answer)", key, message)
-                elif code != 404:
-                    log.warning("%s: bind failed %s %s: %s; requeued", key, code, reason, message)
-                    self.requeue(key, f"bind failed: {reason}")
-                self.wake()
-                return
-            self.stats.bind_latency.observe(time.perf_counter() - started)
+                self.stats.bind_latency.observe(time.perf_counter() - started)
+        except BindFailure as failure:
+            await self._failed(key, written, failure)
+            return
         pod = self.cache.pods.get(key, {"metadata": {"name": name, "namespace": ns}})
         gpus = ", ".join(f"{g}:{m}m" for g, m in zip(alloc.gpus, alloc.milli, strict=True)) or "none"
         self.stats.decisions[("PLACE", "preempted" if victims else "fits")] += 1
@@ -143,11 +105,71 @@ class Binder:
         await self.sink.record(Outcome(key, DecisionAction.PLACE, node, d.reasons, d.signals, d.steered_by), w,
                                assignments, objects.sharing_annotation(alloc), d.score, d.latency_s)
 
-    def requeue(self, key: str, why: str) -> None:
-        """Withdraw a placement: the pod gives its GPUs back and, while unbound, waits in the queue again."""
-        self.cache.withdraw(key)
+    async def _victims_gone(self, key: str, victims: list[str]) -> None:
+        try:
+            for v in victims:
+                gone = self.departures.expect(v)
+                if v in self.cache.pods:
+                    await asyncio.wait_for(gone.wait(), self.settings.checkpoint_timeout_s
+                                           + self.settings.eviction_timeout_s)
+        except TimeoutError:
+            raise BindFailure(REQUEUE, f"victims of {key} were not gone in time; placement withdrawn") from None
+
+    async def _pre_bind(self, key: str, node: str, uid: str | None) -> Written | None:
+        """The pod's claims written, as kube-scheduler's DRA PreBind: it has its devices from the moment it has a
+        node. None for a pod without claims."""
+        picks, shared = self.cache.dra.picks.get(key), self.cache.dra.shared.get(key)
+        if picks is None and shared is None:
+            return None
         pod = self.cache.pods.get(key)
-        if pod is not None and not pod.get("spec", {}).get("nodeName"):
+        try:
+            if pod is None or (uid and pod["metadata"].get("uid") != uid):
+                raise ClaimsRefused(f"{key} is gone or replaced", conflict=True)
+            if picks is not None:
+                return await self.claims.allocate(self.cache.dra.state.claims, node, picks, pod)
+            return await self.claims.share(self.cache.dra.state.claims, shared or [], node, pod)
+        except ClaimsRefused as exc:
+            drop = "claim-conflict" if exc.conflict else "claim-write-failed"
+            if exc.lasting:  # asking again every pass would only hammer the apiserver with the same refusal
+                raise BindFailure(REFUSE, f"the apiserver refused its claims' allocation: {exc}", drop,
+                                  logging.WARNING) from exc
+            raise BindFailure(REQUEUE, f"claims not allocated: {exc}", drop) from exc
+
+    async def _bind(self, key: str, ns: str, name: str, node: str, ann: dict[str, str], uid: str | None) -> None:
+        """One write: the GPUs are on the pod from the moment it has a node (the device plugin reads them)."""
+        try:
+            await self.calls.call(self.calls.api.bind, ns, name, node, ann, uid)
+        except TRANSPORT_ERRORS as exc:
+            self.stats.api_errors[("bind", 0)] += 1
+            # Unknown whether the Binding landed: the pod's next watch event says; until then it is requeued
+            # and a second Binding would get 409 (kept as the API's answer).
+            raise BindFailure(REQUEUE, f"bind interrupted: {exc}") from exc
+        except PodReplaced as exc:
+            # Deleted and recreated under its name since this placement was made: the new pod is pending on
+            # its own (its ADDED event queues it); this placement is dropped, and it is no API error.
+            raise BindFailure(DROP, "replaced by a new pod of the same name; placement dropped",
+                              "pod-replaced") from exc
+        except ApiException as exc:
+            code, reason, message = self.calls.failed("bind", exc)
+            if code == 409:
+                raise BindFailure(DROP, f"{message} (already bound elsewhere: keeping the API's answer)") from exc
+            if code == 404:
+                raise BindFailure(DROP, f"gone: {message}") from exc
+            raise BindFailure(REQUEUE, f"bind failed {code} {reason}: {message}; requeued", None,
+                              logging.WARNING) from exc
+
+    async def _failed(self, key: str, written: Written | None, failure: BindFailure) -> None:
+        """The one failure path: what the placement wrote is taken back, the cache forgets it, and the pod
+        waits in the queue again (``REQUEUE``), is left alone until it or its claims change (``REFUSE``), or
+        is left to the API's answer (``DROP``)."""
+        await self.claims.release(written)
+        self.cache.forget(key)
+        pod = self.cache.pods.get(key)
+        if failure.then == REQUEUE and pod is not None and not pod.get("spec", {}).get("nodeName"):
             self.cache.queue_if_ours(pod)
-        log.info("%s: %s", key, why)
+        elif failure.then == REFUSE:
+            self.cache.refuse(key, failure.why)
+        if failure.drop is not None:
+            self.stats.decisions[("DROP", failure.drop)] += 1
+        log.log(failure.level, "%s: %s", key, failure.why)
         self.wake()

@@ -91,12 +91,12 @@ class LiveScheduler:
                               event_queue=settings.event_queue)
         self.departures = Departures()
         self.evictor = Evictor(self.calls, self.cache, settings, self.stats)
-        self.unschedulable = UnschedulableReporter(self.calls, self.cache, self.stats, self.sink, self.tasks)
+        self.unschedulable = UnschedulableReporter(self.calls, self.cache.view(), self.stats, self.sink, self.tasks)
         self.binder = Binder(self.calls, self.cache, settings, self.stats, self.sink, self.departures, view,
                              on_bound=self.unschedulable.forget, wake=self.wake)
         self.passes = SchedulingPass(settings, self.cache, self.stats, self.sink, self.binder, self.evictor,
                                      self.departures, self.unschedulable, self.tasks)
-        self.queue_status = QueueStatusWriter(self.calls, self.cache, self.stats)
+        self.queue_status = QueueStatusWriter(self.calls, self.cache.view(), self.stats)
         # Without live state there are no bands to apply, no critical GPUs and no power to cap.
         self.gpu_state: LiveGpuState | None = None
         self.health: HealthReactions | None = None
@@ -105,8 +105,8 @@ class LiveScheduler:
             self.gpu_state = LiveGpuState(view, self.cache)
             self.health = HealthReactions(view, self.calls, self.cache, self.stats, self.sink, self.evictor,
                                           self.tasks, DeviceTaints(api.client) if settings.device_taints else None)
-            self.throttler = Throttler(view, self.gpu_state, self.cache, settings, self.stats, self.sink, self.tasks,
-                                       control, may_act=lambda: self.may_act(),
+            self.throttler = Throttler(view, self.gpu_state, self.cache.view(), settings, self.stats, self.sink,
+                                       self.tasks, control, may_act=lambda: self.may_act(),
                                        record=lambda n, g, w: self.calls.call(self.api.record_power_cap, n, g, w))
         # Filled by the informer threads without a round trip through the loop per change (that cost a
         # coroutine, a future and two thread switches per watch event under a burst); a full inbox blocks
@@ -201,7 +201,7 @@ class LiveScheduler:
             if self.leading.is_set():
                 self._periodic(time.time())
             if time.monotonic() - last_snapshot >= 1.0:  # gauges for scrapes and the live view
-                self.snapshot = queue_snapshot(self.cache, self.view, time.time())
+                self.snapshot = queue_snapshot(self.cache.view(), self.view, time.time())
                 last_snapshot = time.monotonic()
 
     # ------------------------------------------------------------------ changes
@@ -258,6 +258,6 @@ class LiveScheduler:
             self._last_throttle = now
             if self.throttler is not None:
                 self.throttler.throttle()
-        if now - self._last_queue_status >= self.settings.queue_status_every_s and self.cache.queues:
+        if now - self._last_queue_status >= self.settings.queue_status_every_s and self.cache.tenancy.queues:
             self._last_queue_status = now
             self.tasks.spawn(self.queue_status.write())

@@ -23,6 +23,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from gpuaware.contract.annotations import (
@@ -267,3 +268,11 @@ def allocation_of(pod: Mapping[str, Any], node_index: int, w: Workload) -> Alloc
     sharing = {"time-slicing": "shared", "mps": "mps", "mig": "mig"}.get(ann.get(ANN_SHARING, ""), "exclusive")
     return Allocation(w.id, node_index, gpus, milli, w.cpu_milli, w.memory_mib,
                       [w.gpu_memory_mib] * len(gpus), sharing)
+
+
+def created_s(obj: dict[str, Any]) -> float:
+    """An object's creationTimestamp in unix seconds (0 when it has none)."""
+    ts = obj["metadata"].get("creationTimestamp")
+    if not ts:
+        return 0.0
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()

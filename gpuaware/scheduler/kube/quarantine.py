@@ -323,7 +323,7 @@ class HealthReactions:
         return False
 
     def eviction_mode(self, pod: dict) -> EvictionMode:
-        queue = self.cache.queue_by_namespace.get(pod["metadata"].get("namespace", ""))
+        queue = self.cache.tenancy.queue_of(pod)
         return queue.eviction_mode if queue is not None else DEFAULT_EVICTION_MODE
 
     def gpu_pods(self, node: str) -> dict[int, set[str]] | None:

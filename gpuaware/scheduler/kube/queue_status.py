@@ -7,13 +7,14 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from gpuaware.plumbing.kube.api import TRANSPORT_ERRORS
-from gpuaware.scheduler.kube.cache import ClusterCache, Queue
+from gpuaware.scheduler.kube.cache_view import CacheView
 from gpuaware.scheduler.kube.calls import ApiCalls
+from gpuaware.scheduler.kube.queues import Queue
 from gpuaware.scheduler.metrics import SchedulerStats
 
 
 class QueueStatusWriter:
-    def __init__(self, calls: ApiCalls, cache: ClusterCache, stats: SchedulerStats):
+    def __init__(self, calls: ApiCalls, cache: CacheView, stats: SchedulerStats):
         self.calls, self.cache, self.stats = calls, cache, stats
         self.sent: dict[str, dict[str, Any]] = {}  # queue -> last status written
 
@@ -28,7 +29,7 @@ class QueueStatusWriter:
         used = sum(by_model.values())
         return {
             "admitted": len(running),  # placed: bound, or binding in flight
-            "running": sum(1 for r in running if r.workload.id not in self.cache.reservations),
+            "running": sum(1 for r in running if r.workload.id not in self.cache.assumed),
             "pending": sum(1 for pw in self.cache.pending.values() if pw.workload.tenant == tenant),
             "borrowedGpus": round(max(0.0, used - quota), 3),
             "quotaUsed": [{"model": m, "gpus": round(v, 3)} for m, v in sorted(by_model.items())],

@@ -25,11 +25,10 @@ from gpuaware.scheduler.core.cycle import (
 from gpuaware.scheduler.core.framework import Decision, Scheduler
 from gpuaware.scheduler.core.policies import profile
 from gpuaware.scheduler.core.preemption import Running
-from gpuaware.scheduler.core.queue import Tenant, TenantLedger
+from gpuaware.scheduler.core.queue import TenantLedger
 from gpuaware.scheduler.core.status import Code, Reason, label_of, reason_label
 from gpuaware.scheduler.core.workload import Workload
 from gpuaware.scheduler.core.workload_mix import WorkloadMix
-from gpuaware.scheduler.kube import queues
 from gpuaware.scheduler.kube.binder import Binder
 from gpuaware.scheduler.kube.cache import ClusterCache
 from gpuaware.scheduler.kube.decisions import DecisionSink, Outcome
@@ -91,13 +90,14 @@ class PassActions:
     def start(self, workload: Workload, decision: Decision, now: float) -> bool:
         key = workload.id
         assert decision.allocation is not None
-        if key in self.cache.dra_asks and key not in self.cache.dra_picks:  # (a gang's are picked beforehand)
-            why = self.cache.pick_devices(key, decision.allocation)  # the core's GPUs as the claims' devices
+        if key in self.cache.dra.asks and key not in self.cache.dra.picks:  # (a gang's are picked beforehand)
+            # The core's GPUs as the claims' devices.
+            why = self.cache.dra.pick_devices(key, decision.allocation, self.cache.cluster)
             if why is not None:
                 self.reasons[key] = why
                 self.labels[key] = "dra-devices"
                 return False
-        self.cache.reserve(key, Running(workload, decision.allocation, now, 0.0, None))
+        self.cache.assume(key, Running(workload, decision.allocation, now, 0.0, None))
         uid = (self.cache.pods.get(key) or {}).get("metadata", {}).get("uid")  # of the pod decided for, now
         self.tasks.spawn(self.binder.bind(workload, decision, self.victims.pop(key, []), uid))
         return True
@@ -134,10 +134,7 @@ class SchedulingPass:
 
     def ledger(self) -> TenantLedger:
         c = self.cache.cluster
-        tenants = {q.tenant: queues.tenant_of(q) for q in self.cache.queues.values()}
-        if self.cache.unqueued == "best-effort":
-            tenants[queues.UNQUEUED_TENANT] = Tenant(queues.UNQUEUED_TENANT, unqueued=True)
-        ledger = TenantLedger(tenants, max(c.total_gpu_milli, 1), max(int(c.mem_cap.sum()), 1),
+        ledger = TenantLedger(self.cache.tenancy.tenants(), max(c.total_gpu_milli, 1), max(int(c.mem_cap.sum()), 1),
                               gpu_mem_by_model=self.cache.usage.gpu_mem_by_model)
         # From the sums the cache keeps as pods start and end: charging every running pod again cost ~9.5 ms a
         # pass with 4,000 running (0.01 ms from the sums), and grows with the cluster.
@@ -153,13 +150,13 @@ class SchedulingPass:
         core = self.core()
         ledger = self.ledger()
         actions = PassActions(cache, self.binder, self.evictor, self.departures, self.sink, self.stats, self.tasks)
-        for key in [k for k in cache.dra_resume if k in cache.pending]:
+        for key in [k for k in cache.dra.resumes if k in cache.pending]:
             self._resume(key, actions, now)
-        for key in [k for k in cache.dra_joins if k in cache.pending]:
+        for key in [k for k in cache.dra.joins if k in cache.pending]:
             self._join(key, actions, now)
         singles, gangs = [], {}
         for key, pw in cache.pending.items():
-            if key in cache.dra_resume or key in cache.dra_joins:
+            if key in cache.dra.resumes or key in cache.dra.joins:
                 continue  # waiting for the node their claims name (above), never placed elsewhere
             if pw.workload.gang:
                 gangs.setdefault(pw.workload.gang, []).append(pw)
@@ -171,9 +168,9 @@ class SchedulingPass:
         # Pods whose claims select devices on some nodes only (gpuaware.scheduler.kube.dra.claims), offer alternatives
         # (firstAvailable) or tolerate device taints go one at a time, with the node mask narrowed to their nodes
         # and the GPUs they tolerate lent to their cycle.
-        alone = {w.id for w in singles if (ask := cache.dra_asks.get(w.id))
+        alone = {w.id for w in singles if (ask := cache.dra.asks.get(w.id))
                  and (ask.nodes is not None or ask.then or ask.tolerating)}
-        alone |= cache.co_claimants() if cache.dra_asks else set()
+        alone |= cache.dra.co_claimants(cache.pending) if cache.dra.asks else set()
         queue = QueueState([w for w in singles if w.id not in alone], cache.running, finish_at, ledger,
                            cache.node_mask, enforce_quota=True)
         pass_stats = PassStats()
@@ -194,14 +191,14 @@ class SchedulingPass:
         picked: list[str] = []
         for d in decisions:
             key = d.workload.id
-            if key not in self.cache.dra_asks:
+            if key not in self.cache.dra.asks:
                 continue
-            why = self.cache.pick_devices(key, d.allocation)
+            why = self.cache.dra.pick_devices(key, d.allocation, self.cache.cluster)
             if why is None:
                 picked.append(key)
                 continue
             for k in picked:
-                self.cache.drop_picks(k)
+                self.cache.dra.drop_picks(k, k in self.cache.running)
             for other in decisions:  # pick_devices released the failed member's allocation already
                 if other.workload.id != key and other.workload.id in self.cache.cluster.allocations:
                     self.cache.cluster.release(other.workload.id)
@@ -217,9 +214,9 @@ class SchedulingPass:
         keys = {m.workload.id for m in members}
         named: dict[str, str] = {}
         for m in members:
-            ask = self.cache.dra_asks.get(m.workload.id)
+            ask = self.cache.dra.asks.get(m.workload.id)
             for claim in ask.claims if ask is not None else ():
-                other = named.get(claim) or self.cache.claim_owner.get(claim)
+                other = named.get(claim) or self.cache.dra.claim_owner.get(claim)
                 if other is not None and other != m.workload.id and (claim in named or other not in keys):
                     return (f"gang {gang}: claim {claim} of {m.workload.id} is also {other}'s and not allocated yet; "
                             "a gang's claims are allocated per member (allocate it first, or give each its own)")
@@ -229,7 +226,7 @@ class SchedulingPass:
     def _resume(self, key: str, actions: PassActions, now: float) -> None:
         """A pod whose claims were allocated for it on a node before a restart is bound there (their devices)."""
         w = self.cache.pending[key].workload
-        alloc = self.cache.resume(key)
+        alloc = self.cache.dra.resume(key, self.cache.pending.get(key), self.cache.cluster)
         if alloc is None:
             self._strand(w, "its claims are allocated on a node that is gone")
             return
@@ -243,10 +240,10 @@ class SchedulingPass:
         without preempting anyone (kube-scheduler takes a later subrequest before it preempts), then each in
         order with preemption; if none goes, it is left asking its first."""
         cache = self.cache
-        if (why := cache.claim_wait(w.id)) is not None:
+        if (why := cache.dra.claim_wait(w.id)) is not None:
             self.reporter.unschedulable(w, why, "dra-devices")
             return
-        first = cache.dra_asks[w.id]
+        first = cache.dra.asks[w.id]
         asks = (first, *first.then)
         tries = [(ask, False) for ask in asks] + [(ask, True) for ask in asks] if first.then else [(first, True)]
         for ask, preempt in tries:
@@ -256,7 +253,7 @@ class SchedulingPass:
             policy = self.queue_policy if preempt else dataclasses.replace(self.queue_policy,
                                                                            preemption_tries_per_pass=0)
             one = QueueState([wa], cache.running, finish_at, ledger, mask, enforce_quota=True)
-            with cache.tolerated(ask):
+            with cache.dra.tolerated(ask, cache.cluster):
                 schedule_pass(core, cache.cluster, one, policy, actions, pass_stats, now, only=[wa])
             if w.id not in cache.pending:
                 return
@@ -266,8 +263,8 @@ class SchedulingPass:
     def _strand(self, w: Workload, why: str) -> None:
         """A pod whose claims are allocated where it cannot go: reported, and the claims deallocated where no
         other pod uses them (kube-scheduler's DRA PostFilter), so that it is placed afresh once they are."""
-        claims = [c for c in self.cache.stranded_claims(w.id) if claim_key(c) not in self._deallocating]
         pod = self.cache.pods.get(w.id)
+        claims = [c for c in self.cache.dra.stranded_claims(pod) if claim_key(c) not in self._deallocating]
         if claims and pod is not None:
             keys = {claim_key(c) for c in claims}
             self._deallocating |= keys
@@ -284,8 +281,10 @@ class SchedulingPass:
 
     def _join(self, key: str, actions: PassActions, now: float) -> None:
         """A pod whose claims are all allocated already (shared) goes to their node, with no device of its own."""
-        w = self.cache.pending[key].workload
-        alloc, why = self.cache.join(key)
+        cache = self.cache
+        pw = cache.pending[key]
+        w = pw.workload
+        alloc, why = cache.dra.join(key, pw, cache.pods[key], cache.cluster, cache.node_mask)
         if alloc is None:
             self._strand(w, why)
             return
@@ -317,7 +316,7 @@ class SchedulingPass:
                     self.reporter.unschedulable(m.workload, f"gang {gang}: {refused.message}", GANG_LABEL)
                 return
         for m in members:  # members whose claims select devices on some nodes only: the gang goes there
-            ask = self.cache.dra_asks.get(m.workload.id)
+            ask = self.cache.dra.asks.get(m.workload.id)
             if ask is not None and ask.nodes is not None:
                 mask = mask & np.isin(np.asarray(self.cache.cluster.names), sorted(ask.nodes))
         decisions, reasons = place_gang(core, self.cache.cluster, [m.workload for m in members], mask)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from gpuaware.scheduler.core.queue import jain_index
 from gpuaware.scheduler.feed import StateView
-from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.cache_view import CacheView
 from gpuaware.scheduler.metrics import PRIORITY_NAMES, QueueSnapshot
 
 
-def queue_snapshot(cache: ClusterCache, view: StateView | None, now: float) -> QueueSnapshot:
+def queue_snapshot(cache: CacheView, view: StateView | None, now: float) -> QueueSnapshot:
     c = cache.cluster
     snap = QueueSnapshot()
     for pw in cache.pending.values():

@@ -27,7 +27,7 @@ from gpuaware.contract.events import AgentControl, ControlKind, DecisionAction
 from gpuaware.plumbing.kube.api import TRANSPORT_ERRORS
 from gpuaware.scheduler.core.throttle import throttle_decisions
 from gpuaware.scheduler.feed import StateView
-from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.cache_view import CacheView
 from gpuaware.scheduler.kube.decisions import DecisionSink, Outcome
 from gpuaware.scheduler.kube.live_state import LiveGpuState
 from gpuaware.scheduler.kube.tasks import Tasks
@@ -50,7 +50,7 @@ class CapRecorder(Protocol):
 
 
 class Throttler:
-    def __init__(self, view: StateView, gpu_state: LiveGpuState, cache: ClusterCache, settings: SchedulerSettings,
+    def __init__(self, view: StateView, gpu_state: LiveGpuState, cache: CacheView, settings: SchedulerSettings,
                  stats: SchedulerStats, sink: DecisionSink, tasks: Tasks, publish: ControlPublisher = discard_control,
                  may_act: Callable[[], bool] = lambda: True, record: CapRecorder | None = None):
         self.view, self.gpu_state, self.cache, self.settings = view, gpu_state, cache, settings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuaware.contract.events import DecisionAction
 from gpuaware.scheduler.core.workload import Workload
-from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.cache_view import CacheView
 from gpuaware.scheduler.kube.calls import ApiCalls
 from gpuaware.scheduler.kube.decisions import DecisionSink, Outcome
 from gpuaware.scheduler.kube.tasks import Tasks
@@ -12,7 +12,7 @@ from gpuaware.scheduler.metrics import SchedulerStats
 
 
 class UnschedulableReporter:
-    def __init__(self, calls: ApiCalls, cache: ClusterCache, stats: SchedulerStats, sink: DecisionSink,
+    def __init__(self, calls: ApiCalls, cache: CacheView, stats: SchedulerStats, sink: DecisionSink,
                  tasks: Tasks):
         self.calls, self.cache, self.stats, self.sink, self.tasks = calls, cache, stats, sink, tasks
         self._reported: dict[str, str] = {}  # pod -> last FailedScheduling message written

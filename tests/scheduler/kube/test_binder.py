@@ -48,7 +48,7 @@ def setup(kube, listed, calls, stats, view=None):
     w = cache.pending["default/p"].workload
     alloc = Allocation(w.id, 0, [1], [1000], w.cpu_milli, w.memory_mib)
     cache.pending.pop(w.id)
-    cache.reserve(w.id, Running(w, alloc, time.time(), 0.0, None))
+    cache.assume(w.id, Running(w, alloc, time.time(), 0.0, None))
     return cache, binder, rec, Decision(w, alloc, [Reason(Code.SCHEDULED, "test", "fits")], 1.0, 0.001)
 
 
@@ -84,7 +84,7 @@ async def test_bound_elsewhere_keeps_the_apis_answer_and_releases_the_reservatio
     kube.api().bind("default", "p", "n0")  # e.g. by this scheduler before a restart
     await binder.bind(d.workload, d, [])
     assert stats.api_errors[("bind", 409)] == 1
-    assert "default/p" not in cache.running and "default/p" not in cache.reservations
+    assert "default/p" not in cache.running and "default/p" not in cache.assumed
     assert "default/p" not in cache.pending  # not requeued: the API's answer stands
     assert rec.wakes == 1 and rec.bound == [] and rec.published == []
 
@@ -147,7 +147,7 @@ async def test_a_preemptor_waiting_for_its_victims_holds_no_bind_slot(kube, list
         w = cache.pending[f"default/{name}"].workload
         alloc = Allocation(w.id, 0, [gpu], [1000], w.cpu_milli, w.memory_mib)
         cache.pending.pop(w.id)
-        cache.reserve(w.id, Running(w, alloc, time.time(), 0.0, None))
+        cache.assume(w.id, Running(w, alloc, time.time(), 0.0, None))
         return Decision(w, alloc, [Reason(Code.SCHEDULED, "test", "fits")], 1.0, 0.001)
 
     pre, other = decided("pre", 0), decided("other", 1)
@@ -158,3 +158,27 @@ async def test_a_preemptor_waiting_for_its_victims_holds_no_bind_slot(kube, list
         assert rec.bound == ["default/other"] and not waiting.done()
     finally:
         waiting.cancel()
+
+
+async def test_a_bind_the_apiserver_refuses_withdraws_the_placement_once_and_requeues_the_pod(kube, listed, stats):
+    """A non-409 refusal (here 403: an identity without pods/binding) went through two clean-ups, the error
+    branch's and requeue's, each withdrawing the placement."""
+    from gpuaware.scheduler.kube.calls import ApiCalls
+
+    forbidden = ApiCalls(kube.api("gpuaware-stream"), stats, workers=1)
+    try:
+        cache, binder, rec, d = setup(kube, listed, forbidden, stats)
+        forgotten: list[str] = []
+        real = cache.forget
+
+        def counted(key: str) -> None:
+            forgotten.append(key)
+            real(key)
+
+        cache.forget = counted
+        await binder.bind(d.workload, d, [])
+    finally:
+        forbidden.shutdown()
+    assert stats.api_errors[("bind", 403)] == 1
+    assert forgotten == ["default/p"]
+    assert "default/p" in cache.pending and "default/p" not in cache.running and rec.wakes == 1

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from gpuaware.contract import annotations as ann
 from gpuaware.local.fake_apiserver import make_node, make_pod
 from gpuaware.scheduler.core.queue import Usage
-from gpuaware.scheduler.kube.cache import ClusterCache, Queue, QueueSpecError
+from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.queues import Queue, QueueSpecError
 from tests.support import FUZZ, json_values, printable_text
 
 
@@ -102,9 +103,9 @@ def test_a_lifted_cordon_or_taint_gives_the_gpu_back_the_band_beneath_and_repeat
         cache.cluster.band[0, 1] = 1
         cache.apply_cordons(fresh)
         assert cache.cluster.band[0].tolist()[:3] == [0, 2, 0]
-        assert cache.taint_bands == {(0, 1): HealthBand.DEGRADED}
+        assert cache.dra.taint_bands == {(0, 1): HealthBand.DEGRADED}
     cache.apply_cordons()  # nothing fresh: what lies beneath is kept
-    assert cache.taint_bands == {(0, 1): HealthBand.DEGRADED}
+    assert cache.dra.taint_bands == {(0, 1): HealthBand.DEGRADED}
     cache.sync_taint_rules([])
     assert cache.cluster.band[0].tolist()[:3] == [0, 0, 0]  # sync_taint_rules rebuilds: no live state yet
 
@@ -128,3 +129,56 @@ _queue_fields = st.fixed_dictionaries({}, optional={
 def test_any_gpuqueue_object_is_read_or_refused_with_queue_spec_error(obj):
     with contextlib.suppress(QueueSpecError):
         Queue.of(obj)
+
+
+def held(cache: ClusterCache) -> dict:
+    """Everything a placement in flight may change in the cache."""
+    return {"gpu_free": cache.cluster.gpu_free.tolist(), "allocations": sorted(cache.cluster.allocations),
+            "running": sorted(cache.running), "usage": {k: v for k, v in cache.usage.sums.items() if any(v)},
+            "reservations": sorted(cache.assumed), "claim_owner": dict(cache.dra.claim_owner),
+            "pod_claims": dict(cache.dra.pod_claims), "in_flight": dict(cache.dra.state.in_flight),
+            "picks": sorted(cache.dra.picks)}
+
+
+def test_forget_undoes_assume_a_placement_with_claims_leaves_nothing_behind():
+    """kube-scheduler's ForgetPod undoes AssumePod (Unreserve undoes Reserve). Un-reserving a placement here
+    once dropped the reservation but left the pod running in the model (its GPUs, its quota use, the claims it
+    was charged for)."""
+    from gpuaware.contract import dra
+    from gpuaware.scheduler.core.cluster import Allocation
+    from gpuaware.scheduler.core.preemption import Running
+
+    cache = ClusterCache()
+    cache.sync_nodes([make_node("h", gpus=0)])
+    cache.sync_slices([dra.resource_slice("h", [dra.gpu_device(g, uuid=f"GPU-h-{g}", product_name="NVIDIA H100",
+                                                              memory_bytes=80 * 2**30) for g in range(2)])])
+    cache.sync_classes([{"metadata": {"name": "gpu.nvidia.com"}, "spec": {}}])
+    cache.sync_claims([{"metadata": {"name": "c", "namespace": "default", "resourceVersion": "1"},
+                        "spec": {"devices": {"requests": [
+                            {"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}]}}}])
+    pod = make_pod("p", gpus=0)
+    pod["spec"]["resourceClaims"] = [{"name": "c", "resourceClaimName": "c"}]
+    cache.sync_pods([pod])
+    before = held(cache)
+    w = cache.pending["default/p"].workload
+    alloc = Allocation(w.id, 0, [1], [1000], w.cpu_milli, w.memory_mib)
+    cache.cluster.allocate(alloc)  # the core's placement
+    assert cache.dra.pick_devices(w.id, alloc, cache.cluster) is None
+    cache.assume(w.id, Running(w, alloc, 0.0, 0.0, None))
+    assert held(cache) != before
+    cache.forget(w.id)
+    assert held(cache) == before
+
+
+def test_a_view_follows_the_cache_through_a_relist_and_cannot_change_it():
+    import pytest
+
+    cache = ClusterCache()
+    view = cache.view()  # taken once, as the readers take it
+    cache.sync_nodes([make_node("n0", gpus=2)])
+    cache.sync_pods([make_pod("a")])  # a re-list replaces the cache's maps
+    assert list(view.pods) == ["default/a"] and list(view.pending) == ["default/a"] and list(view.nodes) == ["n0"]
+    for mapping in (view.pods, view.pending, view.running, view.nodes, view.queues, view.assumed, view.rejected):
+        with pytest.raises(TypeError):
+            mapping["x"] = None  # type: ignore[index]
+    assert "x" not in cache.pods and "x" not in cache.pending

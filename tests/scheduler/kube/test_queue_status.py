@@ -23,7 +23,7 @@ async def test_status_counts_running_pending_and_borrowed_gpus_per_model(kube, l
         p["spec"]["nodeName"] = "n0"
         kube.create("pods", p)
     kube.create("pods", make_pod("waiting", namespace="vision-train", gpus=8))
-    writer = QueueStatusWriter(calls, listed(), stats)
+    writer = QueueStatusWriter(calls, listed().view(), stats)
     await writer.write()
     status = queue(kube)["status"]
     assert {k: status[k] for k in ("admitted", "running", "pending", "borrowedGpus")} == {
@@ -36,7 +36,7 @@ async def test_an_unchanged_status_is_not_written_again(kube, listed, calls, sta
     kube.create("nodes", make_node("n0", gpus=1))
     kube.create("gpuqueues", {"metadata": {"name": "q"}, "spec": {"tenant": "t", "namespaces": ["t"], "weight": 1,
                                                                   "quota": [{"model": "*", "gpus": 1}]}}, **GROUP)
-    writer = QueueStatusWriter(calls, listed(), stats)
+    writer = QueueStatusWriter(calls, listed().view(), stats)
     await writer.write()
     version = queue(kube)["metadata"]["resourceVersion"]
     await writer.write()
@@ -48,6 +48,6 @@ async def test_a_refused_write_is_counted_and_tried_again(kube, listed, calls, s
                                                                   "quota": [{"model": "*", "gpus": 1}]}}, **GROUP)
     cache = listed()
     kube.delete("gpuqueues", "q", None, "gpuaware.io", "v1alpha1")  # gone before the write
-    writer = QueueStatusWriter(calls, cache, stats)
+    writer = QueueStatusWriter(calls, cache.view(), stats)
     await writer.write()
     assert stats.api_errors[("patch-queue-status", 404)] == 1 and writer.sent == {}

@@ -11,9 +11,8 @@ import pytest
 from gpuaware.local.fake_apiserver import make_node, make_pod
 from gpuaware.scheduler.core.queue import Tenant, TenantLedger
 from gpuaware.scheduler.core.workload import PriorityLevel, Workload
-from gpuaware.scheduler.kube.cache import Queue, QueueSpecError
 from gpuaware.scheduler.kube.objects import PodSpecError, workload_of
-from gpuaware.scheduler.kube.queues import govern, tenant_of
+from gpuaware.scheduler.kube.queues import Queue, QueueSpecError, govern, tenant_of
 from tests.support import FAST, events, pods, running, wait_for
 
 GQ = {"group": "gpuaware.io", "version": "v1alpha1"}

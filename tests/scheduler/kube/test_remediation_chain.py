@@ -29,12 +29,13 @@ from gpuaware.plumbing.kube.api import KubeApi
 from gpuaware.scheduler.core.remediation import Step
 from gpuaware.scheduler.feed import StateView
 from gpuaware.scheduler.kube import node_conditions
-from gpuaware.scheduler.kube.cache import ClusterCache, Queue, QueueSpecError
+from gpuaware.scheduler.kube.cache import ClusterCache
 from gpuaware.scheduler.kube.calls import ApiCalls
 from gpuaware.scheduler.kube.decisions import DecisionSink
 from gpuaware.scheduler.kube.evictor import Evictor
 from gpuaware.scheduler.kube.live_state import LiveGpuState
 from gpuaware.scheduler.kube.quarantine import HealthReactions
+from gpuaware.scheduler.kube.queues import Queue, QueueSpecError
 from gpuaware.scheduler.settings import SchedulerSettings
 from tests.real_kube import api_client, prepare
 from tests.support import need, shipped_rbac

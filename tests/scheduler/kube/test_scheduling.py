@@ -59,7 +59,7 @@ def setup(tasks, nodes: list[dict], pods: list[dict], settings: SchedulerSetting
     cache.sync_pods(pods)
     stats, sink, events, binds, evictions = SchedulerStats(), DecisionSink(), Events(), Binds(), Evictions()
     departures = Departures()
-    reporter = UnschedulableReporter(events, cache, stats, sink, tasks)  # type: ignore[arg-type]
+    reporter = UnschedulableReporter(events, cache.view(), stats, sink, tasks)  # type: ignore[arg-type]
     passes = SchedulingPass(settings or SchedulerSettings(extender_port=0), cache, stats, sink, binds,  # type: ignore
                             evictions, departures, reporter, tasks)
     for p in pods:
@@ -77,7 +77,7 @@ async def test_pods_that_fit_are_reserved_and_bound_the_rest_reported(tasks, wai
     passes.run(1000.0)
     await settle(tasks, wait_for)
     assert sorted(binds.started) == [("default/a", "n0", []), ("default/b", "n0", [])]
-    assert set(cache.reservations) == {"default/a", "default/b"} and set(cache.pending) == {"default/huge"}
+    assert set(cache.assumed) == {"default/a", "default/b"} and set(cache.pending) == {"default/huge"}
     ((name, reason),) = events.written
     assert name == "huge" and reason
     assert stats.pass_latency.count == 1 and len(stats.decision_latencies) >= 2
@@ -158,15 +158,15 @@ async def test_a_gang_with_claims_gets_devices_for_all_its_members_or_for_none(t
                         "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu"}}]}}}
                        for i in range(2)])
     cache.sync_pods(pods)
-    real = cache.pick_devices
-    cache.pick_devices = lambda key, alloc: "no device" if key.endswith("m1") and cache.release(key) is None \
-        else real(key, alloc)
+    real = cache.dra.pick_devices
+    cache.dra.pick_devices = lambda key, alloc, cluster: "no device" if key.endswith("m1") and \
+        cache.release(key) is None else real(key, alloc, cluster)
     ledgers = []
     build = passes.ledger
     passes.ledger = lambda: ledgers.append(build()) or ledgers[-1]  # type: ignore[method-assign]
     passes.run(1000.0)
     await settle(tasks, wait_for)
-    assert binds.started == [] and not cache.dra_picks and not cache.dra.in_flight
+    assert binds.started == [] and not cache.dra.picks and not cache.dra.state.in_flight
     assert not any(ledgers[0].gpu_used.values())  # nothing charged to the tenant for a gang that did not go
     assert set(cache.pending) == {"default/m0", "default/m1"} and not cache.cluster.allocations
     assert all("gang default/g: no device; none of its members placed" in m for _, m in events.written)
@@ -225,8 +225,8 @@ async def test_pods_sharing_a_new_claim_are_not_each_given_devices_for_it_in_one
     await settle(tasks, wait_for)
     assert passes.evictor.evicted == []
     assert [k for k, _, _ in binds.started] == ["default/a"]
-    assert "default/b" in cache.pending and cache.claim_owner == {"default/team": "default/a"}
-    assert len(cache.dra_picks["default/a"]) == 1
+    assert "default/b" in cache.pending and cache.dra.claim_owner == {"default/team": "default/a"}
+    assert len(cache.dra.picks["default/a"]) == 1
     assert ("b", "its claim default/team is being allocated for default/a; it goes where that puts it") in \
         events.written
     assert cache.cluster.gpu_free[0].tolist() == [0, 0]  # low's, and one device for the claim, not two
@@ -236,11 +236,11 @@ async def test_a_pod_whose_claims_are_allocated_waits_for_their_node_and_is_neve
     from gpuaware.local.fake_apiserver import make_node as node_of
     passes, cache, binds, events, pods = claimed_setup(tasks, ["a", "b"], {"a": "team", "b": "team"}, node_cpu="1")
     cache.sync_nodes([*cache.nodes.values(), node_of("n1", gpus=0)])  # room elsewhere, none on n0 for two pods
-    team = allocated_on_n0(cache.dra.claims["default/team"], "gpu-1")
+    team = allocated_on_n0(cache.dra.state.claims["default/team"], "gpu-1")
     cache.claim_event("MODIFIED", team)
     bound = dict(pods[0], spec={**pods[0]["spec"], "nodeName": "n0"})
     cache.pod_event("MODIFIED", bound)  # a runs there with the claim's GPU, and takes n0's one CPU
-    assert cache.dra_joins == {"default/b": "n0"}
+    assert cache.dra.joins == {"default/b": "n0"}
     passes.run(1000.0)
     await settle(tasks, wait_for)
     assert binds.started == [] and "default/b" in cache.pending
@@ -253,16 +253,16 @@ async def test_a_pod_resuming_its_claims_waits_for_their_node_and_is_never_place
     its Binding would go out with no claim written for n1."""
     from gpuaware.local.fake_apiserver import make_node as node_of
     passes, cache, binds, events, _ = claimed_setup(tasks, ["a"], {"a": "mine"})
-    mine = allocated_on_n0(cache.dra.claims["default/mine"], "gpu-0")
+    mine = allocated_on_n0(cache.dra.state.claims["default/mine"], "gpu-0")
     cache.claim_event("MODIFIED", mine)
-    assert "default/a" in cache.dra_resume
+    assert "default/a" in cache.dra.resumes
     cache.sync_nodes([node_of("n1", gpus=2)])  # n0 gone (its slices not yet), plain GPUs on n1
     passes.run(1000.0)
     passes.run(1000.5)  # its deallocation still in flight: not asked twice
     await settle(tasks, wait_for)
     passes.run(1001.0)
     await settle(tasks, wait_for)
-    assert binds.started == [] and "default/a" in cache.pending and "default/a" in cache.dra_resume
+    assert binds.started == [] and "default/a" in cache.pending and "default/a" in cache.dra.resumes
     assert ("a", "its claims are allocated on a node that is gone; deallocating them, so that it can go "
                  "elsewhere") in events.written
     # kube-scheduler's PostFilter: the claim, reserved for this pod alone, is deallocated (asked again on the
@@ -276,14 +276,14 @@ async def test_a_withdrawn_placement_whose_claim_stays_allocated_leaves_its_devi
     passes, cache, _, _, _ = claimed_setup(tasks, ["a"], {"a": "mine"})
     passes.run(1000.0)
     await settle(tasks, wait_for)
-    (_, device), = cache.dra_picks["default/a"]
-    written = allocated_on_n0(cache.dra.claims["default/mine"], device.name)
+    (_, device), = cache.dra.picks["default/a"]
+    written = allocated_on_n0(cache.dra.state.claims["default/mine"], device.name)
     cache.claim_event("MODIFIED", written)
-    slot = cache.dra.inventory.nodes["n0"].slot_of[device.ref]
+    slot = cache.dra.state.inventory.nodes["n0"].slot_of[device.ref]
     assert cache.cluster.gpu_free[0, slot] == 0 and "claim:default/mine" not in cache.cluster.allocations
-    cache.withdraw("default/a")
+    cache.forget("default/a")
     assert cache.cluster.gpu_free[0, slot] == 0 and "claim:default/mine" in cache.cluster.allocations
-    assert "default/a" not in cache.cluster.allocations and cache.claim_owner == {}
+    assert "default/a" not in cache.cluster.allocations and cache.dra.claim_owner == {}
     cache.claim_event("MODIFIED", dict(written, status={}))  # released after all
     assert cache.cluster.gpu_free[0].tolist() == [1000, 1000]
 
@@ -296,15 +296,15 @@ async def test_a_withdrawn_placement_of_a_pod_the_watch_shows_bound_keeps_what_i
     await settle(tasks, wait_for)
     slots = cache.running["default/a"].allocation.gpus
     cache.pod_event("MODIFIED", dict(pods[0], spec={**pods[0]["spec"], "nodeName": "n0"}))
-    cache.withdraw("default/a")
+    cache.forget("default/a")
     assert "default/a" in cache.running and cache.cluster.gpu_free[0, slots[0]] == 0
-    assert cache.claim_owner == {"default/mine": "default/a"}
+    assert cache.dra.claim_owner == {"default/mine": "default/a"}
 
 
 async def test_a_pod_recreated_under_the_name_of_one_resuming_its_claims_is_read_afresh(tasks, wait_for):
     from gpuaware.local.fake_apiserver import make_node as node_of
     passes, cache, binds, _, pods = claimed_setup(tasks, ["a"], {"a": "mine"})
-    mine = allocated_on_n0(cache.dra.claims["default/mine"], "gpu-0")
+    mine = allocated_on_n0(cache.dra.state.claims["default/mine"], "gpu-0")
     cache.claim_event("MODIFIED", mine)
     cache.sync_nodes([node_of("n1", gpus=2)])  # n0 gone: a waits for it
     passes.run(1000.0)
@@ -313,7 +313,7 @@ async def test_a_pod_recreated_under_the_name_of_one_resuming_its_claims_is_read
     again = make_pod("a", gpus=1)  # a new pod of the name, plain GPUs: nothing of the old one's claims
     again["metadata"]["uid"] = "uid-a2"
     cache.pod_event("ADDED", again)
-    assert "default/a" not in cache.dra_resume
+    assert "default/a" not in cache.dra.resumes
     passes.run(1001.0)
     await settle(tasks, wait_for)
     assert [k for k, _, _ in binds.started] == ["default/a"]
@@ -330,7 +330,7 @@ async def test_gang_members_naming_one_new_claim_are_not_placed_and_say_why(task
     cache.sync_pods(members)
     passes.run(1000.0)
     await settle(tasks, wait_for)
-    assert binds.started == [] and not cache.dra_picks and not cache.claim_owner
+    assert binds.started == [] and not cache.dra.picks and not cache.dra.claim_owner
     assert sorted(cache.cluster.gpu_free[0].tolist()) == [1000, 1000]
     assert ("m1", "gang default/g: claim default/team of default/m1 is also default/m0's and not allocated yet; "
                   "a gang's claims are allocated per member (allocate it first, or give each its own)") \
@@ -343,14 +343,14 @@ async def test_a_rebuild_keeps_the_claim_with_the_placement_in_flight_that_alloc
     passes, cache, binds, _, pods = claimed_setup(tasks, ["a", "b"], {"a": "team", "b": "team"})
     passes.run(1000.0)
     await settle(tasks, wait_for)
-    (_, device), = cache.dra_picks["default/a"]
-    cache.claim_event("MODIFIED", allocated_on_n0(cache.dra.claims["default/team"], device.name))
+    (_, device), = cache.dra.picks["default/a"]
+    cache.claim_event("MODIFIED", allocated_on_n0(cache.dra.state.claims["default/team"], device.name))
     passes.run(1001.0)
     await settle(tasks, wait_for)
     assert [k for k, _, _ in binds.started] == ["default/a", "default/b"]
     cache.pod_event("MODIFIED", dict(pods[1], spec={**pods[1]["spec"], "nodeName": "n0"}))
     cache.rebuild()
-    assert "default/a" in cache.reservations and cache.claim_owner == {"default/team": "default/a"}
+    assert "default/a" in cache.assumed and cache.dra.claim_owner == {"default/team": "default/a"}
     assert cache.running["default/b"].allocation.gpus == []
     assert sorted(cache.cluster.gpu_free[0].tolist()) == [0, 1000]
 
@@ -367,13 +367,13 @@ async def test_a_later_first_available_alternative_that_fits_is_taken_before_pre
                         "spec": {"devices": {"requests": [{"name": "g", "firstAvailable": [
                             {"name": f"x{n}", "deviceClassName": "gpu", "count": n} for n in (2, 1)]}]}}}])
     cache.pod_event("ADDED", claimed_pod("a", "either", priority=200_000))
-    assert [a.num_gpu for a in (cache.dra_asks["default/a"], *cache.dra_asks["default/a"].then)] == [2, 1]
+    assert [a.num_gpu for a in (cache.dra.asks["default/a"], *cache.dra.asks["default/a"].then)] == [2, 1]
     passes.run(1000.0)
     await settle(tasks, wait_for)
     assert passes.evictor.evicted == [] and [k for k, _, _ in binds.started] == ["default/a"]
-    assert [r.name for r, _ in cache.dra_picks["default/a"]] == ["g/x1"]
+    assert [r.name for r, _ in cache.dra.picks["default/a"]] == ["g/x1"]
     cache.pod_event("ADDED", claimed_pod("b", "either2", priority=200_000))  # n0 is full now: none fits
-    cache.sync_claims([*cache.dra.claims.values(), {
+    cache.sync_claims([*cache.dra.state.claims.values(), {
         "metadata": {"name": "either2", "namespace": "default", "resourceVersion": "1"},
         "spec": {"devices": {"requests": [{"name": "g", "firstAvailable": [
             {"name": f"x{n}", "deviceClassName": "gpu", "count": n} for n in (2, 1)]}]}}}])
@@ -382,7 +382,7 @@ async def test_a_later_first_available_alternative_that_fits_is_taken_before_pre
     # Two GPUs would take a's (as high as b: not a victim); one GPU takes low's.
     assert passes.evictor.evicted == [("default/low", "Preempted")]
     assert [k for k, _, _ in binds.started] == ["default/a", "default/b"]
-    assert [r.name for r, _ in cache.dra_picks["default/b"]] == ["g/x1"]
+    assert [r.name for r, _ in cache.dra.picks["default/b"]] == ["g/x1"]
 
 
 async def test_a_pod_sharing_a_new_claim_with_one_that_cannot_go_allocates_it_itself(tasks, wait_for):
@@ -395,7 +395,7 @@ async def test_a_pod_sharing_a_new_claim_with_one_that_cannot_go_allocates_it_it
                         "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu"}}]}}}])
     passes.run(1000.0)
     await settle(tasks, wait_for)
-    assert [k for k, _, _ in binds.started] == ["default/b"] and cache.claim_owner == {"default/team": "default/b"}
+    assert [k for k, _, _ in binds.started] == ["default/b"] and cache.dra.claim_owner == {"default/team": "default/b"}
 
 
 async def test_a_claim_tolerating_a_device_taint_gets_that_gpu_and_only_its_own_cycle_sees_it_usable(tasks,
@@ -433,7 +433,7 @@ async def test_a_claim_tolerating_a_device_taint_gets_that_gpu_and_only_its_own_
     passes.run(1002.0)
     await settle(tasks, wait_for)
     assert [k for k, _, _ in binds.started] == ["default/c"]
-    assert [d.name for _, d in cache.dra_picks["default/c"]] == ["gpu-1"]
+    assert [d.name for _, d in cache.dra.picks["default/c"]] == ["gpu-1"]
     assert cache.cluster.band[0].tolist()[:2] == [0, 2] and "default/b" in cache.pending
 
 
@@ -455,9 +455,9 @@ async def test_an_admin_access_claim_goes_where_its_gpus_are_though_in_use_and_t
     await settle(tasks, wait_for)
     assert [k for k, _, _ in binds.started] == ["default/mon"]
     assert cache.running["default/mon"].allocation.gpus == [] and cache.cluster.gpu_free[0].tolist()[:2] == [0, 0]
-    picks = cache.dra_picks["default/mon"]
-    assert [d.name for _, d in picks] == ["gpu-0", "gpu-1"] and not cache.dra.in_flight
+    picks = cache.dra.picks["default/mon"]
+    assert [d.name for _, d in picks] == ["gpu-0", "gpu-1"] and not cache.dra.state.in_flight
     written = dra_claims.allocation_status(watch, "n0", picks, claimed_pod("mon", "watch"))
     cache.claim_event("MODIFIED", written)
     assert all(r["adminAccess"] for r in written["status"]["allocation"]["devices"]["results"])
-    assert set(cache.dra.taken_by.values()) == {"default/held0", "default/held1"}  # the watch claim takes none
+    assert set(cache.dra.state.taken_by.values()) == {"default/held0", "default/held1"}  # the watch claim takes none

@@ -24,7 +24,7 @@ def cache() -> ClusterCache:
 
 def test_pending_use_quota_and_borrowing_per_tenant():
     now = time.time()
-    snap = queue_snapshot(cache(), None, now)
+    snap = queue_snapshot(cache().view(), None, now)
     assert snap.pending == {("b", "high"): 1}
     assert snap.oldest_wait_s[("b", "high")] >= 0
     assert snap.gpus_quota == {"a": 1.0, "b": 1.0}
@@ -36,6 +36,6 @@ def test_pending_use_quota_and_borrowing_per_tenant():
 
 def test_live_state_adds_utilisation_of_the_allocated_gpus_and_stale_gpus():
     view = StateView(stale_after_ms=1000)
-    snap = queue_snapshot(cache(), view, time.time())
+    snap = queue_snapshot(cache().view(), view, time.time())
     assert snap.allocated_busy_ratio == 0.0
     assert snap.stale_gpus == 0

@@ -45,7 +45,7 @@ def setup(tasks, publish=None):
     gpu_state.apply(time.time())
     sink, stats = DecisionSink(), SchedulerStats()
     kw = {"publish": publish} if publish is not None else {}
-    throttler = Throttler(view, gpu_state, cache, SchedulerSettings(extender_port=0), stats, sink, tasks, **kw)
+    throttler = Throttler(view, gpu_state, cache.view(), SchedulerSettings(extender_port=0), stats, sink, tasks, **kw)
     return view, gpu_state, throttler, sink, stats
 
 
@@ -114,7 +114,7 @@ async def test_caps_are_recorded_on_the_node_and_a_new_leader_lifts_its_predeces
     node = make_node("n0", gpus=2)
     node["metadata"].setdefault("annotations", {})[annotations.ANN_POWER_CAPS] = annotations.power_caps_value(
         recorded["n0"])
-    new.cache.sync_nodes([node])
+    gpu_state2.cache.sync_nodes([node])
     gpu_state2.apply(time.time())
     new._record = record
     view2.learn(state(0, 70.0))  # cool by now

@@ -37,7 +37,8 @@ def reporter(tasks, pods):
         published.append(record)
 
     stats = SchedulerStats()
-    return UnschedulableReporter(events, cache, stats, DecisionSink(publish), tasks), cache, events, published, stats
+    rep = UnschedulableReporter(events, cache.view(), stats, DecisionSink(publish), tasks)
+    return rep, cache, events, published, stats
 
 
 async def drain(tasks, timeout: float = 5.0) -> None:

@@ -178,7 +178,7 @@ class Extender:
         critical for a device taint alone does not count: kube-scheduler's DynamicResources plugin keeps claims off
         it unless they tolerate the taint (or ask admin access), which the extender cannot see."""
         c = self.cache.cluster
-        taint_only = self.cache.taint_bands
+        taint_only = self.cache.dra.taint_bands
         keep = []
         for name in names:
             i = c.index.get(name)
@@ -304,11 +304,10 @@ class Extender:
             i = c.index.get(node)
             if i is None:
                 return {"Error": f"gpuaware: node {node} unknown (not yet seen by the scheduler's cache)"}
-            if key in self.cache.running and key not in self.cache.reservations:
+            if key in self.cache.running and key not in self.cache.assumed:
                 return {"Error": f"gpuaware: {key} is bound already"}
-            if key in self.cache.reservations:  # a retried bind: its earlier reservation goes first
-                self.cache.unreserve(key)
-                self.cache.release(key)
+            if key in self.cache.assumed:  # a retried bind: its earlier reservation goes first
+                self.cache.forget(key)
             w = self.cache.parse(pod).workload
             only = np.zeros(len(c), dtype=bool)
             only[i] = True
@@ -318,7 +317,7 @@ class Extender:
             if d.allocation is None:
                 why = "; ".join(d.reasons)
                 return {"Error": f"gpuaware: {node} has no room left for {key} ({why})"}
-            self.cache.reserve(key, Running(w, d.allocation, time.time(), 0.0, None))
+            self.cache.assume(key, Running(w, d.allocation, time.time(), 0.0, None))
             self._ranked = None  # ranked before this reservation
             reserved()
             ann = {annotations.ANN_GPUS: objects.gpus_annotation(d.allocation, {}),
@@ -337,8 +336,7 @@ class Extender:
 
     def _withdraw(self, key: str, ann: dict[str, str]) -> None:
         if ann:
-            self.cache.unreserve(key)
-            self.cache.release(key)
+            self.cache.forget(key)
 
     # ------------------------------------------------------------------ HTTP
     def app(self) -> web.Application:

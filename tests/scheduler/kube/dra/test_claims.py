@@ -311,7 +311,7 @@ def test_a_claim_shared_by_bound_pods_is_charged_once_and_stays_taken_until_deal
     assert cache.running["ns/q"].workload.num_gpu == 0 and cache.running["ns/q"].allocation.gpus == []
     cache.pod_event("DELETED", first)  # the other pod still uses them: taken, and now charged to it (its quota)
     assert c.gpu_free[0].tolist() == [1000, 0, 0, 1000] and "claim:ns/c" not in c.allocations
-    assert cache.running["ns/q"].workload.num_gpu == 2 and cache.claim_owner == {"ns/c": "ns/q"}
+    assert cache.running["ns/q"].workload.num_gpu == 2 and cache.dra.claim_owner == {"ns/c": "ns/q"}
     cache.claim_event("MODIFIED", {**shared, "status": on_node("h", "gpu-1", "gpu-2", users=(("q", "u2"),))})
     assert c.gpu_free[0].tolist() == [1000, 0, 0, 1000]
     cache.rebuild()  # read again from scratch (a new model): the pod left is charged for it
@@ -364,7 +364,7 @@ def test_reading_a_pod_that_is_not_in_the_queue_keeps_nothing_of_its_claims():
     theirs["spec"]["schedulerName"] = "default-scheduler"
     cache.sync_pods([theirs])
     assert cache.known_workload(theirs).num_gpu == 1
-    assert not cache.dra_asks and not cache.dra_joins and not cache.dra_resume
+    assert not cache.dra.asks and not cache.dra.joins and not cache.dra.resumes
 
 
 @pytest.mark.parametrize(("tolerations", "taken"), [

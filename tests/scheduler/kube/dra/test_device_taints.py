@@ -200,7 +200,7 @@ async def test_gpuaware_keeps_claims_off_devices_a_rule_taints_and_uses_them_onc
     async with live_scheduler(KubeApi(api_client), settings) as live:
         await wait_for(lambda: get(cp, "pod", "ru-a", "-n", "default")["spec"].get("nodeName") == "kw-rules",
                        30, "the first pod placed", poll_s=0.2)
-        assert next(iter(live.cache.dra.inventory.rules.values())).pool == "kw-rules"
+        assert next(iter(live.cache.dra.state.inventory.rules.values())).pool == "kw-rules"
         await wait_for(lambda: "default/ru-b" in live.cache.pending, 10, "the second pod waiting")
         for _ in range(3):
             live.schedule_once()

@@ -240,8 +240,8 @@ async def test_a_claim_allocated_by_someone_else_meanwhile_is_a_conflict_and_the
     pod(cp, "contested", ["contested"])
     async with scheduler(cp, lead=False) as live:
         await wait_for(lambda: "default/contested" in live.cache.pending, 10, "the pod queued")
-        await wait_for(lambda: "default/contested" in live.cache.dra.claims, 10, "the claim read")
-        stale = json.loads(json.dumps(live.cache.dra.claims["default/contested"]))
+        await wait_for(lambda: "default/contested" in live.cache.dra.state.claims, 10, "the claim read")
+        stale = json.loads(json.dumps(live.cache.dra.state.claims["default/contested"]))
         # Someone else (kube-scheduler, another replica) allocates it; the cache is made to miss that.
         other = dict(stale, status={"allocation": {"devices": {"results": [
             {"request": "gpus", "driver": dra.DRIVER, "pool": "dra-c", "device": "gpu-1"}]},
@@ -251,7 +251,7 @@ async def test_a_claim_allocated_by_someone_else_meanwhile_is_a_conflict_and_the
         await asyncio.to_thread(r.replace_namespaced_resource_claim_status, "contested", "default", other,
                                 _preload_content=False)
         # Seen, the pod would go where that allocation is (a claim in use is shared: it joins it)...
-        await wait_for(lambda: live.cache.dra_joins.get("default/contested") == "dra-c", 10, "the allocation seen")
+        await wait_for(lambda: live.cache.dra.joins.get("default/contested") == "dra-c", 10, "the allocation seen")
         live.cache.claim_event("MODIFIED", stale)  # ...and made to miss it, as if it came a moment later
         assert "default/contested" in live.cache.pending
         live.schedule_once()  # places on what the stale claim says is free
@@ -387,7 +387,7 @@ async def test_a_claim_deleted_while_allocated_keeps_its_device_until_it_is_deal
     claim(cp, "after", cls)
     pod(cp, "after", ["after"])
     async with scheduler(cp) as live:  # restarted: the deleted claim still holds the node's only GPU
-        await wait_for(lambda: "default/after" in live.cache.pending and "default/kept" in live.cache.dra.claims,
+        await wait_for(lambda: "default/after" in live.cache.pending and "default/kept" in live.cache.dra.state.claims,
                        10, "the pod and the claim read")
         for _ in range(3):
             live.schedule_once()
@@ -481,10 +481,10 @@ async def test_a_claim_shared_by_several_pods_binds_them_all_where_it_is_and_its
     for name in ("team-c", "team-d"):
         pod(cp, name, ["team"])
     async with scheduler(cp, lead=False) as live:
-        await wait_for(lambda: all(live.cache.dra_joins.get(f"default/{n}") == "dra-j" for n in ("team-c", "team-d")),
+        await wait_for(lambda: all(live.cache.dra.joins.get(f"default/{n}") == "dra-j" for n in ("team-c", "team-d")),
                        10, "team-c and team-d joining")
         joiners = [read(cp, "pod", n) for n in ("team-c", "team-d")]
-        stale = dict(live.cache.dra.claims)
+        stale = dict(live.cache.dra.state.claims)
         written = [await live.binder.claims.share(stale, ["default/team"], "dra-j", j) for j in joiners]
         assert live.stats.api_errors[("update-claim-status", 409)] == 1  # team-d's first try
         joined = read(cp, "resourceclaim", "team")["status"]
@@ -508,11 +508,12 @@ async def test_a_claim_changed_after_its_allocation_is_still_released_when_its_b
     claim(cp, "rel", cls)
     pod(cp, "rel", ["rel"])
     async with scheduler(cp, lead=False) as live:
-        await wait_for(lambda: "default/rel" in live.cache.dra.claims and "default/rel" in live.cache.pending, 10,
+        await wait_for(lambda: "default/rel" in live.cache.dra.state.claims and "default/rel" in live.cache.pending, 10,
                        "the claim and the pod read")
-        device = next(d for d in live.cache.dra.inventory.devices.values() if d.node == "dra-rel")
+        device = next(d for d in live.cache.dra.state.inventory.devices.values() if d.node == "dra-rel")
         picks = [(dra_claims.DeviceRequest("default/rel", "gpus", 1, ()), device)]
-        written = await live.binder.claims.allocate(live.cache.dra.claims, "dra-rel", picks, read(cp, "pod", "rel"))
+        written = await live.binder.claims.allocate(live.cache.dra.state.claims, "dra-rel", picks,
+                                                    read(cp, "pod", "rel"))
         assert results(read(cp, "resourceclaim", "rel"))
         cp.kubectl("label", "resourceclaim", "rel", "-n", "default", "touched=yes")
         await live.binder.claims.release(written)

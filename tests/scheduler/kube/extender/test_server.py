@@ -584,12 +584,12 @@ def test_a_claim_pod_is_not_kept_off_a_node_whose_gpus_are_critical_for_device_t
     i = c.index["n3"]
     for g in range(int(c.gpu_count[i])):
         c.set_band(i, g, HealthBand.CRITICAL)
-        cache.taint_bands[(i, g)] = HealthBand.HEALTHY  # as apply_cordons records a taint-only GPU
+        cache.dra.taint_bands[(i, g)] = HealthBand.HEALTHY  # as apply_cordons records a taint-only GPU
     ext = make_extender(cache)
     claimed = gpu_pod(gpus=0)
     claimed["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "c"}]
     assert "n3" in ext.filter({"Pod": claimed, "NodeNames": ["n3"]})["NodeNames"]
-    cache.taint_bands.clear()  # critical by its health: failed
+    cache.dra.taint_bands.clear()  # critical by its health: failed
     assert "n3" in ext.filter({"Pod": claimed, "NodeNames": ["n3"]})["FailedNodes"]
 
 
@@ -634,5 +634,5 @@ def test_bind_reserves_the_gpus_writes_them_in_the_binding_and_refuses_a_node_wi
     assert bound["fits"]["spec"]["nodeName"] == "n2"
     assert json.loads(bound["fits"]["metadata"]["annotations"]["gpuaware.io/gpus"])[0]["milli"] == 1000
     assert not bound["too-big"]["spec"].get("nodeName") and not bound["old"]["spec"].get("nodeName")
-    assert set(cache.reservations) == {"default/fits"}
+    assert set(cache.assumed) == {"default/fits"}
     assert "default/old" not in cache.running and "default/too-big" not in cache.running
