@@ -36,6 +36,7 @@ from gpuaware.contract.annotations import (
 )
 from gpuaware.scheduler.core.cluster import Allocation, NodeSpec
 from gpuaware.scheduler.core.gpu_specs import SPECS, spec_of
+from gpuaware.scheduler.core.runtime import RuntimeEstimate
 from gpuaware.scheduler.core.workload import PriorityLevel, Workload
 
 # PriorityClass values at or above these are gpuaware's high and medium levels.
@@ -237,6 +238,7 @@ def workload_of(pod: Mapping[str, Any], tenant: str, submit_s: float) -> PodWork
         checkpointable=_flag(ann, "checkpoint", False),
         deferrable=_flag(ann, "deferrable", False), gang=f"{meta.get('namespace', '')}/{gang}" if gang else None,
         duration_s=duration, submit_s=submit_s,
+        runtime=RuntimeEstimate.exact(duration, source="declared") if duration else None,
         labels={"sharing": "mps"} if sharing == "mps" else {},
     )
     return PodWorkload(w, gang_size)

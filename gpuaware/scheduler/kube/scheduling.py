@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from gpuaware.scheduler.core.framework import Decision, Scheduler
 from gpuaware.scheduler.core.policies import profile
 from gpuaware.scheduler.core.preemption import Running
 from gpuaware.scheduler.core.queue import TenantLedger
+from gpuaware.scheduler.core.runtime import PredictedEnds
 from gpuaware.scheduler.core.status import Code, Reason, label_of, reason_label
 from gpuaware.scheduler.core.workload import Workload
 from gpuaware.scheduler.core.workload_mix import WorkloadMix
@@ -41,7 +43,6 @@ from gpuaware.scheduler.kube.unschedulable import UnschedulableReporter
 from gpuaware.scheduler.metrics import PRIORITY_NAMES, SchedulerStats
 from gpuaware.scheduler.settings import SchedulerSettings
 
-UNKNOWN_DURATION_S = 24 * 3600.0  # running work without a duration estimate: assume it stays a day
 MIX_REBUILD_EVERY = 256  # pods seen before the scores built from the workload mix (FGD, model reservation) are rebuilt
 GANG_LABEL = label_of(Code.GANG_INCOMPLETE)
 
@@ -164,7 +165,8 @@ class SchedulingPass:
                 singles.append(pw.workload)
         for gang, members in gangs.items():
             self._place_gang(core, gang, members, actions, now, ledger)
-        finish_at = {k: r.started_s + (r.workload.duration_s or UNKNOWN_DURATION_S) for k, r in cache.running.items()}
+        # When running work ends: by its runtime estimate (a declared duration), else unknown (never waited for).
+        finish_at = PredictedEnds(cache.running, now)
         # Pods whose claims select devices on some nodes only (gpuaware.scheduler.kube.dra.claims), offer alternatives
         # (firstAvailable) or tolerate device taints go one at a time, with the node mask narrowed to their nodes
         # and the GPUs they tolerate lent to their cycle.
@@ -234,7 +236,7 @@ class SchedulingPass:
         why = Reason(Code.SCHEDULED, "dra", f"{node} gpus={alloc.gpus}: its claims were allocated there already")
         actions.start(w, Decision(w, alloc, [why], nodes=len(self.cache.cluster)), now)
 
-    def _place_alone(self, core: Scheduler, w: Workload, finish_at: dict[str, float], ledger: TenantLedger,
+    def _place_alone(self, core: Scheduler, w: Workload, finish_at: Mapping[str, float], ledger: TenantLedger,
                      actions: PassActions, pass_stats: PassStats, now: float) -> None:
         """One pod whose claims narrow its nodes or offer alternatives: each alternative in order where it fits
         without preempting anyone (kube-scheduler takes a later subrequest before it preempts), then each in

@@ -77,3 +77,20 @@ def test_nodes_decode_or_raise_pod_spec_error(product, gpus, cpu, memory, annota
         return
     assert spec.gpus >= 0 and spec.cpu_milli >= 0 and spec.memory_mib >= 0
     assert all(g >= 0 for g in ann.cordoned_gpus(node))
+
+
+def test_a_declared_duration_is_the_live_schedulers_runtime_estimate_and_none_declared_is_unknown():
+    import math
+
+    from gpuaware.scheduler.core.preemption import Running
+    from gpuaware.scheduler.core.runtime import PredictedEnds
+
+    declared = objects.workload_of(make_pod("d", gpus=1, annotations={"gpuaware.io/duration-s": "600"}), "t", 0.0)
+    silent = objects.workload_of(make_pod("s", gpus=1), "t", 0.0)
+    assert declared.workload.runtime.source == "declared" and declared.workload.runtime.p90() == pytest.approx(600)
+    assert silent.workload.runtime is None
+    running = {w.id: Running(w, None, started_s=100.0, done_s=0.0, checkpoint_every_s=None)
+               for w in (declared.workload, silent.workload)}
+    ends = PredictedEnds(running, now=400.0)
+    assert ends[declared.workload.id] == pytest.approx(700.0)  # started at 100, declared 600 s
+    assert ends[silent.workload.id] == math.inf  # unknown: nothing to wait for
