@@ -203,7 +203,7 @@ def queue_order(pending: list[Workload], order: str, ledger: TenantLedger | None
     - ``fifo``: arrival;
     - ``las``: least attained GPU service first (``attained``: GPU-seconds run so far, 0 for new work), then
       arrival; needs no forecast (Tiresias' 2D-LAS, without its preemption);
-    - ``predicted``: least predicted remaining GPU service first (the p50 of what remains given what has run,
+    - ``predicted``: least predicted remaining GPU service first (the expected time left given what has run,
       times GPUs; Helios' QSSF), less ``aging_gpus`` GPU-seconds for every second waited so nothing starves;
       work without an estimate orders as if it needed an hour.
     """
@@ -220,7 +220,7 @@ def queue_order(pending: list[Workload], order: str, ledger: TenantLedger | None
     def key(w: Workload) -> tuple[int, float, float]:
         gpus = gpu_weight(w)
         ran = done.get(w.id, 0.0) / gpus
-        left = w.runtime.remaining(ran) if w.runtime is not None else UNKNOWN_REMAINING_S
+        left = w.runtime.mean_remaining(ran) if w.runtime is not None else UNKNOWN_REMAINING_S
         return -w.priority, gpus * left - aging_gpus * max(0.0, now - w.submit_s), w.submit_s
 
     return sorted(pending, key=key)

@@ -55,6 +55,21 @@ class RuntimeEstimate:
     def remaining(self, elapsed: float = 0.0, q: float = 0.5) -> float:
         return self.quantile(q, elapsed) - elapsed
 
+    def mean_remaining(self, elapsed: float = 0.0) -> float:
+        """The expected time left, given it has run ``elapsed`` seconds: E[D | D > a] - a. Ordering by this,
+        not by a quantile, is what minimises mean wait when estimates differ in spread (the c-mu rule)."""
+        if self.sigma <= 0.0:
+            return max(math.exp(self.mu) - elapsed, 0.0)
+        s = self.sigma
+        mean = math.exp(self.mu + s * s / 2)
+        if elapsed <= 0:
+            return mean
+        z = (math.log(elapsed) - self.mu) / s
+        tail = 1.0 - _N.cdf(z)
+        if tail < 1e-12:  # far past every plausible end: as good as done
+            return 0.0
+        return max(mean * (1.0 - _N.cdf(z - s)) / tail - elapsed, 0.0)
+
 
 def expected_duration(runtime: RuntimeEstimate | None, declared_s: float | None) -> float:
     """How long a job that has not started will run, for backfill: the estimate's p90, else what the user

@@ -50,3 +50,13 @@ def test_predicted_ends_are_now_plus_the_p90_of_what_remains_and_unknown_work_ne
     assert ends["a"] == pytest.approx(1000.0 + est.p90(100.0) - 100.0)
     assert ends["b"] == math.inf
     assert set(ends) == {"a", "b"} and len(ends) == 2
+
+
+def test_the_expected_time_left_follows_the_distribution_given_the_time_run():
+    est = RuntimeEstimate(math.log(600.0), 1.0)
+    assert est.mean_remaining() == pytest.approx(600.0 * math.exp(0.5))  # E[D] of a log-normal
+    assert est.mean_remaining(60.0) > 0
+    # A wider spread with the same median means more time expected: ordering by it prefers the surer job.
+    assert RuntimeEstimate(math.log(600.0), 2.0).mean_remaining() > est.mean_remaining()
+    assert RuntimeEstimate.exact(600.0).mean_remaining(200.0) == pytest.approx(400.0)
+    assert RuntimeEstimate(math.log(600.0), 0.1).mean_remaining(1e9) == 0.0  # far past any end
