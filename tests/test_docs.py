@@ -31,9 +31,6 @@ HISTORY = [
     re.compile(r'"s\d\d_'),  # result keys named after a numbered stop
 ]
 
-# Pages whose owner rewrites them at merge; strict xfail, so the exception fails once the page is clean
-OWNED_ELSEWHERE = {"docs/forecasting.md"}
-
 RESULT_NAME = re.compile(r"[a-z][a-z0-9-]*-\d{4}-\d{2}-\d{2}(?:-[a-z0-9_-]+)?\.(?:json|png)")
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -71,15 +68,7 @@ def test_pages_fit_their_line_limits(name):
     assert lines <= LINE_LIMITS[name], f"{name}: {lines} lines, limit {LINE_LIMITS[name]}"
 
 
-def _history_params():
-    for path in PAGES + RESULT_FILES:
-        rel = _rel(path)
-        marks = [pytest.mark.xfail(strict=True, reason="rewritten by its owner at merge")] \
-            if rel in OWNED_ELSEWHERE else []
-        yield pytest.param(path, id=rel, marks=marks)
-
-
-@pytest.mark.parametrize("path", list(_history_params()))
+@pytest.mark.parametrize("path", [pytest.param(p, id=_rel(p)) for p in PAGES + RESULT_FILES])
 def test_no_work_history(path):
     found = [f"{_rel(path)}:{n}: {m.group(0)!r}" for n, line in enumerate(path.read_text().splitlines(), 1)
              for pattern in HISTORY for m in pattern.finditer(line)]

@@ -152,11 +152,6 @@ def test_an_install_adds_one_top_level_package():
 
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 120  # from its ``def`` line to its last, nested functions counted on their own as well
-# Over the limits while their owners split them; the lead empties these at merge (a stale entry fails the test).
-OVER_THE_LIMITS = {
-    "gpuaware/scheduler/kube/cache.py": None,  # the whole module: split into kube-scheduler's cache and queue
-    "gpuaware/contract/dra.py": None,  # the whole module
-}
 
 
 def _sizes() -> tuple[dict[str, int], dict[tuple[str, str], int]]:
@@ -173,23 +168,9 @@ def _sizes() -> tuple[dict[str, int], dict[tuple[str, str], int]]:
     return modules, functions
 
 
-def _excused(module: str, function: str | None = None) -> bool:
-    """On OVER_THE_LIMITS: the whole module, or this function of it."""
-    names = OVER_THE_LIMITS.get(module, set())
-    return names is None or function in names
-
-
 def test_no_module_over_600_lines_and_no_function_over_120():
     modules, functions = _sizes()
-    problems = [f"{m}: {n} lines (at most {MAX_MODULE_LINES})" for m, n in modules.items()
-                if n > MAX_MODULE_LINES and not _excused(m)]
+    problems = [f"{m}: {n} lines (at most {MAX_MODULE_LINES})" for m, n in modules.items() if n > MAX_MODULE_LINES]
     problems += [f"{m}: {f}() {n} lines (at most {MAX_FUNCTION_LINES})" for (m, f), n in functions.items()
-                 if n > MAX_FUNCTION_LINES and not _excused(m, f)]
-    for m, names in OVER_THE_LIMITS.items():
-        over = [f for (fm, f), n in functions.items() if fm == m and n > MAX_FUNCTION_LINES]
-        if names is None and modules.get(m, 0) <= MAX_MODULE_LINES and not over:
-            problems.append(f"{m} is within the limits now: take it off OVER_THE_LIMITS")
-        elif names is not None:
-            problems += [f"{m}: {f}() is within the limits now: take it off OVER_THE_LIMITS"
-                         for f in sorted(names - set(over))]
+                 if n > MAX_FUNCTION_LINES]
     assert not problems, "\n".join(problems)
