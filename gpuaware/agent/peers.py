@@ -7,8 +7,10 @@ the thermal time constant of a GPU heat sink (~40 s) and taken as a share of the
 (the prior slope, 30 °C from idle to the limit, fits data-centre boards), so a step in power is not a step in expected
 temperature. Its *excess* is how far above its own line (through its long-run operating point, slope
 pooled over its model) it runs; the peers' median excess (GPUs of
-the same model on the node) is subtracted, so a hotter room or a fan-wall change heats every GPU
-and flags none. ``hold`` consecutive reads with a relative excess above ``threshold_c`` fire.
+the same model on the node, quiet ones only: a faulty or recovering GPU is nobody's peer) is
+subtracted, so a hotter room or a fan-wall change heats every GPU and flags none. ``hold``
+consecutive reads with a relative excess above ``threshold_c`` open a condition, graded by headroom
+(``NodePeers``; docs/health.md, "Severity").
 
 A GPU running off its line (half the threshold) stops teaching the slope; its operating point keeps
 learning slowly (``offset_tau``), so a fault is absorbed over tens of minutes, long after it fired,
@@ -58,7 +60,6 @@ class ThermalLine:
     mean_y: float = 0.0
     n: int = 0
     excess: float = 0.0
-    run: int = 0
 
     def learn(self, x: float, y: float, tau: float) -> None:
         self.n += 1
