@@ -297,7 +297,10 @@ class NodePeers:
         settle = temp + THERMAL_TAU_S * rate
         if growth is not None and settle < slowdown:
             eta = (slowdown - settle) / growth + THERMAL_TAU_S
-        hot = rel >= self.threshold_c
+        # Hot: over the threshold, or half-way there and rising to settle twice over it (a failing fan is
+        # seen seconds after it starts, not once it has crossed a line it was heading for anyway).
+        hot = rel >= self.threshold_c or (rel >= self.threshold_c / 2
+                                          and rel + THERMAL_TAU_S * rate >= self.warn_factor * self.threshold_c)
         if c.grade is None:
             c.run = c.run + 1 if hot else 0
             if c.run < self.hold:
@@ -312,7 +315,7 @@ class NodePeers:
                                verdict=HealthVerdict.PASS, state="closed")
         else:
             c.run = 0
-        if eta is not None and eta <= self.lead_s and rel >= self.threshold_c:
+        if eta is not None and eta <= self.lead_s and hot:
             grade = HealthVerdict.CRITICAL
             what = f"reaches its slowdown temperature ({slowdown:.0f} °C) in ~{eta:.0f} s"
         elif not compared:
