@@ -29,9 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuaware.agent.collectors.sim import SCENARIO_DIR, Fault, SimCluster, load_scenario, scenario_library
+from gpuaware.agent.collectors.sim import (
+    LIMIT_FAULTS,
+    SCENARIO_DIR,
+    Fault,
+    SimCluster,
+    load_scenario,
+    scenario_library,
+)
 from gpuaware.agent.core import AgentCore
-from gpuaware.agent.headroom import FB_EXHAUSTED
 from gpuaware.agent.sampling import SamplingPolicy, load_policy
 from gpuaware.agent.verdict import ACTION_RANK, REMEDIATIONS, VERDICT_RANK, XIDS
 from gpuaware.contract.events import EventKind, GpuEvent, HealthAction, HealthVerdict, Severity
@@ -53,8 +59,8 @@ EXPECTED: dict[str, set[EventKind]] = {
 }
 # Faults that cross a limit some time after they start: graded by whether they reach it (below), and
 # scored by their lead time, when the GPU was first graded CRITICAL against when it crossed.
-THERMAL_KINDS = frozenset({"thermal_runaway", "thermal_drift", "fan_failure"})
-PREDICTIVE = THERMAL_KINDS | {"memory_leak"}
+THERMAL_KINDS = LIMIT_FAULTS - {"memory_leak"}
+PREDICTIVE = LIMIT_FAULTS
 SLOW = frozenset({"thermal_drift", "fan_failure", "memory_leak"})
 V, A = HealthVerdict, HealthAction
 EXPECTED_VERDICT: dict[str, tuple[HealthVerdict, HealthAction]] = {
@@ -139,8 +145,6 @@ def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioRe
     verdicts = np.zeros((scenario.nodes, n_gpus, duration), dtype=np.int8)  # VERDICT_RANK
     actions = np.zeros((scenario.nodes, n_gpus, duration), dtype=np.int8)  # ACTION_RANK
     events: list[tuple[int, GpuEvent]] = []
-    # Ground truth for the limits: each GPU's true temperature and memory use are at their limit.
-    at_limit = np.zeros((scenario.nodes, n_gpus, duration), dtype=bool)
     started = time.perf_counter()
     for s in range(duration):
         clock[0] = float(s)
@@ -157,9 +161,6 @@ def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioRe
                 actions[n, t.device.index, s] = ACTION_RANK[t.verdict.action]
                 if not t.lost and t.last_watch is not None and t.last_watch.ts == s:
                     truth[n, t.device.index, s] = t.last_watch.util_gpu or 0.0
-                gpu = cluster.gpus[n][t.device.index]
-                at_limit[n, t.device.index, s] = (gpu.temp >= gpu.spec.slowdown_temp_c
-                                                  or gpu.mem >= FB_EXHAUSTED * gpu.spec.fb_total_mib)
     wall = time.perf_counter() - started
 
     err_sum, err_n = 0.0, 0
@@ -189,11 +190,11 @@ def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioRe
                 window = slice(int(f.at_s), max(end, int(f.at_s) + 1))
                 res.verdict = VERDICTS[int(verdicts[n, g, window].max()) + 1].value
                 res.action = ACTIONS[int(actions[n, g, window].max())].value
-                crossed = np.flatnonzero(at_limit[n, g, window])
-                res.crossed_s = float(crossed[0]) + f.at_s if crossed.size else None
+                crossed = cluster.gpus[n][g].crossed_s  # the simulated GPU's truth: first second at a limit
+                res.crossed_s = crossed if crossed is not None and window.start <= crossed < window.stop else None
                 flagged = np.flatnonzero(verdicts[n, g, window] == VERDICT_RANK[HealthVerdict.CRITICAL])
                 res.flagged_s = float(flagged[0]) + f.at_s if flagged.size else None
-                res.expected = tuple(x.value for x in expected_verdict(f, crossed.size > 0))
+                res.expected = tuple(x.value for x in expected_verdict(f, res.crossed_s is not None))
                 if HealthAction(res.expected[1]) not in REMEDIATIONS and remediation[n, g, window].any():
                     false_remediations += 1
     faulty: dict[tuple[int, int], float] = {}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rich.live import Live
 
-from gpuaware.agent.collectors.sim import SCENARIO_DIR, SimCluster, load_scenario
+from gpuaware.agent.collectors.sim import LIMIT_FAULTS, SCENARIO_DIR, SimCluster, load_scenario
 from gpuaware.agent.cordons import CordonWatcher
 from gpuaware.agent.main import serve_metrics
 from gpuaware.agent.runtime import AgentRuntime
@@ -224,12 +224,18 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
                  if band != HealthBand.HEALTHY.value and t - cluster.epoch >= f.at_s]
         verdict, action = worst_verdict([e for e in state.all_events if e.gpu_uuid == uuid
                                          and e.ts_ms / 1000 - cluster.epoch >= f.at_s - 0.002])
+        # A thermal fault or a leak: its first CRITICAL verdict against when the GPU truly crossed its limit.
+        critical = [e.ts_ms / 1000 - cluster.epoch for e in state.all_events if e.gpu_uuid == uuid
+                    and e.attributes.get("verdict") == "CRITICAL" and e.ts_ms / 1000 - cluster.epoch >= f.at_s - 0.002]
+        crossed = cluster.gpus[f.node][f.gpu].crossed_s
+        lead = (round(min(critical) - crossed, 2) if f.kind in LIMIT_FAULTS and critical and crossed is not None
+                and crossed >= f.at_s else None)
         faults.append({"kind": f.kind, "node": scenario.node_name(f.node), "gpu": f.gpu, "at_s": f.at_s,
                        "injected": f.at_s <= elapsed, "agent_reaction_s": round(min(reacted), 2) if reacted else None,
                        "stream_reaction_s": round(min(moved), 2) if moved else None,
                        "scheduler_reaction_s": sched.reaction_s(scenario.node_name(f.node), f.gpu,
                                                                 cluster.epoch + f.at_s) if sched else None,
-                       "verdict": verdict, "action": action,
+                       "verdict": verdict, "action": action, "lead_time_s": lead,
                        "gpu_reset_by_tooling": resets is not None
                        and (scenario.node_name(f.node), f.gpu) in resets.resets,
                        **(sched.remediation(scenario.node_name(f.node), f.gpu, cluster.epoch + f.at_s) if sched

@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpuaware.agent import traces
+from gpuaware.agent.headroom import FB_EXHAUSTED
 from gpuaware.agent.podresources import PodRef
 from gpuaware.agent.readings import (
     THROTTLE_GPU_IDLE,
@@ -96,6 +97,9 @@ WORKLOAD_SHAPE: dict[str, tuple[float, float]] = {
     "mixed-training": (0.6, 0.8),
 }
 
+# Faults that take a GPU to a limit some time after they start (slowdown temperature, memory exhausted):
+# judged by whether they get there and by the lead time of the warning (evaluation, `gpuaware up`).
+LIMIT_FAULTS = frozenset({"thermal_runaway", "thermal_drift", "fan_failure", "memory_leak"})
 FaultKind = Literal["ecc_sbe_storm", "ecc_dbe", "xid", "thermal_runaway", "power_cap", "stuck_util", "dead",
                     "telemetry_collapse", "clock_degraded", "power_skew", "thermal_drift", "fan_failure",
                     "memory_leak"]
@@ -254,6 +258,7 @@ class SimGpu:
         self.nvlink_kib = 0.0
         self.mig_profiles = scenario.mig.get(index, [])
         self.pods = scenario.shared.get(index, 0)
+        self.crossed_s: float | None = None  # the first second it was at a limit (slowdown, memory exhausted)
 
     def _series_at(self, series: array, t: float) -> float:
         pos = (self.offset_min + t / 60.0) % len(series)
@@ -325,6 +330,9 @@ class SimGpu:
         if util < 1.0 and not stuck:
             throttle |= THROTTLE_GPU_IDLE
         self.temp = min(self.temp, spec.shutdown_temp_c + 5)
+        if self.crossed_s is None and (self.temp >= spec.slowdown_temp_c
+                                       or self.mem >= FB_EXHAUSTED * spec.fb_total_mib):
+            self.crossed_s = float(s)
         self.power = power
         self.throttle = throttle
         self.sm_clock = int(spec.sm_clock_max_mhz * slow * (0.6 if throttle & ~THROTTLE_GPU_IDLE else 1.0))
