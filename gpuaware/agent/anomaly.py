@@ -18,8 +18,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpuaware.agent.headroom import LEAD_S, TAU_S, MemoryRunway, time_to_temp
 from gpuaware.agent.readings import GpuDevice, Reading
 from gpuaware.agent.rng import Pcg64
+from gpuaware.contract.events import HealthAction, HealthVerdict
 
 
 @dataclass(slots=True)
@@ -29,6 +31,10 @@ class Finding:
     score: float
     value: float
     message: str
+    # The grade the detector gives this finding; None: its row in verdict.FINDINGS.
+    verdict: HealthVerdict | None = None
+    action: HealthAction | None = None
+    state: str = "open"  # open, updated (its grade rose), closed
 
 
 class ThermalRunaway:
@@ -47,7 +53,7 @@ class ThermalRunaway:
         if r.power_w is not None:
             self.powers.append(r.power_w)
 
-    def score_one(self, r: Reading, power_limit_w: float) -> Finding | None:
+    def score_one(self, r: Reading, power_limit_w: float, slowdown_c: float = 87.0) -> Finding | None:
         if r.temp_c is None or len(self.temps) < 2:
             return None
         cutoff = r.ts - self.window_s - 1e-6
@@ -61,8 +67,17 @@ class ThermalRunaway:
             rise = (r.power_w or 0.0) - min(self.powers)
             if rise > self.power_rise_pct / 100 * power_limit_w:
                 return None
+        # Graded by where the heat sink settles at this rate (headroom.py): heading for slowdown is CRITICAL
+        # before it gets there; settling below it is WARNING.
+        eta = time_to_temp(r.temp_c, slope, slowdown_c, TAU_S)
+        if eta is not None:
+            grade = HealthVerdict.CRITICAL
+            what = f"reaches its slowdown temperature ({slowdown_c:.0f} °C) in ~{eta:.0f} s"
+        else:
+            grade, what = HealthVerdict.WARNING, f"settles ~{r.temp_c + TAU_S * slope:.0f} °C, below slowdown"
         return Finding("thermal_runaway", "temp_c", slope, r.temp_c,
-                       f"temperature rising {slope:.1f} °C/s with no matching power increase")
+                       f"temperature rising {slope:.1f} °C/s with no matching power increase; {what}",
+                       verdict=grade, action=HealthAction.DRAIN)
 
 
 class StuckBusy:
@@ -273,8 +288,38 @@ class MultivariateHST:
         return None
 
 
+class MemoryLeak:
+    """Framebuffer filling steadily toward exhaustion (a leak): graded by the time it has left (headroom.py).
+
+    Exhausted within ``LEAD_S`` at the slow end of the rate's interval -> CRITICAL + DRAIN (the job is
+    checkpointed and moved before it is killed out of memory); within ``horizon_s`` -> INFO, a trend.
+    """
+
+    def __init__(self, fb_total_mib: float, horizon_s: float = 1800.0):
+        self.runway = MemoryRunway(fb_total_mib)
+        self.horizon_s = horizon_s
+        self.eta_s: float | None = None
+
+    def learn_one(self, r: Reading) -> Finding | None:
+        eta = self.runway.learn_one(r.ts, r.fb_used_mib)
+        self.eta_s = eta[0] if eta else None
+        if eta is None or eta[1] > self.horizon_s:
+            return None
+        soon, late = eta
+        grade = HealthVerdict.CRITICAL if late <= LEAD_S else HealthVerdict.INFO
+        return Finding("memory_leak", "fb_used_mib", soon, float(r.fb_used_mib or 0),
+                       f"framebuffer filling steadily: exhausted in ~{soon / 60:.0f} min (by {late / 60:.0f} min at "
+                       f"the slowest)", verdict=grade,
+                       action=HealthAction.DRAIN if grade is HealthVerdict.CRITICAL else HealthAction.WATCH)
+
+
+GRADE_RANK = {None: 0, HealthVerdict.PASS: 0, HealthVerdict.INFO: 1, HealthVerdict.WARNING: 2,
+              HealthVerdict.CRITICAL: 3}
+
+
 class GpuDetectors:
-    """Every detector of one GPU, with a per-detector cooldown so a fault raises one event, not a storm."""
+    """Every detector of one GPU. One condition, one event: a detector's finding inside ``cooldown_s`` of its
+    last is passed on only when its grade rose (an update); otherwise the open condition already says it."""
 
     def __init__(self, device: GpuDevice, seed: int = 0, cooldown_s: float = 120.0):
         self.device = device
@@ -283,29 +328,35 @@ class GpuDetectors:
         self.ecc = EccRate()
         self.collapse = TelemetryCollapse()
         self.hst = MultivariateHST(seed)
+        self.leak = MemoryLeak(device.fb_total_mib)
         self.cooldown_s = cooldown_s
-        self.last_fired: dict[str, float] = {}
+        self.last_fired: dict[str, tuple[float, int]] = {}  # detector -> (last seen, its grade's rank)
 
     def scores(self) -> dict[str, float]:
         return {"hst": self.hst.score, "ecc_sbe_per_min": self.ecc.rate_per_min}
 
+    def learn_finding(self, f: Finding, ts: float) -> bool:
+        """Whether ``f`` is news: a new condition, or one whose grade rose (peer findings come through here too)."""
+        last = self.last_fired.get(f.detector)
+        rank = GRADE_RANK[f.verdict]
+        if f.state == "closed":
+            self.last_fired.pop(f.detector, None)
+            return last is not None
+        if last is not None and ts - last[0] < self.cooldown_s and rank <= last[1]:
+            self.last_fired[f.detector] = (ts, last[1])  # still open: the cooldown runs from the last sight
+            return False
+        self.last_fired[f.detector] = (ts, rank)
+        return True
+
     def learn_one(self, r: Reading) -> list[Finding]:
         limit = self.device.power_limit_w or 300.0
         found = [
-            self.thermal.score_one(r, limit),
+            self.thermal.score_one(r, limit, self.device.slowdown_temp_c or 87.0),
             self.stuck.learn_one(r, self.device),
             self.ecc.learn_one(r),
             self.collapse.learn_one(r),
             self.hst.learn_one(r, self.device),
+            self.leak.learn_one(r),
         ]
         self.thermal.learn_one(r)
-        out = []
-        for f in found:
-            if f is None:
-                continue
-            last = self.last_fired.get(f.detector)
-            if last is not None and r.ts - last < self.cooldown_s:
-                continue
-            self.last_fired[f.detector] = r.ts
-            out.append(f)
-        return out
+        return [f for f in found if f is not None]

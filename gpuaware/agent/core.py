@@ -26,7 +26,7 @@ from gpuaware.agent.readings import (
     Reading,
 )
 from gpuaware.agent.sampling import AdaptiveSampler, SamplingPolicy
-from gpuaware.agent.verdict import Judgement, NodeVerdicts
+from gpuaware.agent.verdict import FINDINGS, Judgement, NodeVerdicts
 from gpuaware.contract.events import (
     EventKind,
     GpuEvent,
@@ -79,7 +79,8 @@ class AgentCore:
             for d in self.devices
         ]
         self.verdicts = NodeVerdicts(len(self.tracks))
-        self.peers = NodePeers([d.model for d in self.devices], [d.power_limit_w or 300.0 for d in self.devices])
+        self.peers = NodePeers([d.model for d in self.devices], [d.power_limit_w or 300.0 for d in self.devices],
+                               slowdown_c=[d.slowdown_temp_c or 87.0 for d in self.devices])
         self.watch_reads = 0
         self.samples_taken = 0
         self.points_taken = 0
@@ -195,9 +196,11 @@ class AgentCore:
             peer_findings.setdefault(index, []).append(finding)
         for index, watch in reads.items():
             track = self.tracks[index]
-            found = track.detectors.learn_one(watch)
-            found += peer_findings.get(index, [])
-            self._after_watch(out, track, watch, found)
+            found = track.detectors.learn_one(watch) + peer_findings.get(index, [])
+            for f in found:  # every sighting keeps its verdict held; only news makes an event
+                self.verdicts.learn_finding(index, watch.ts, f.detector, f.verdict, f.action,
+                                            closed=f.state == "closed")
+            self._after_watch(out, track, watch, [f for f in found if track.detectors.learn_finding(f, watch.ts)])
         return out
 
     def gpu_reset(self, index: int) -> None:
@@ -242,11 +245,15 @@ class AgentCore:
         self._throttle_events(out, track, watch)
         for f in found:
             kind = EventKind.ECC_SBE if f.detector == "ecc_sbe_rate" else EventKind.ANOMALY
-            if kind is EventKind.ANOMALY:
+            grade = f.verdict or FINDINGS.get(f.detector, (HealthVerdict.INFO,))[0]
+            # A trend (INFO) or a condition closing is a dashboard mark, not an alarm: no penalty, no page.
+            alarm = grade in (HealthVerdict.WARNING, HealthVerdict.CRITICAL)
+            if kind is EventKind.ANOMALY and alarm:
                 track.health.learn_anomaly(watch.ts, f.detector)
-            self.verdicts.learn_finding(track.device.index, watch.ts, f.detector)
-            self._event(out, track, watch.ts, kind, Severity.WARNING, f.message, metric=f.metric,
-                        value=f.value, score=f.score, detector=f.detector)
+            severity = Severity.CRITICAL if grade is HealthVerdict.CRITICAL else (
+                Severity.WARNING if alarm else Severity.INFO)
+            self._event(out, track, watch.ts, kind, severity, f.message, metric=f.metric,
+                        value=f.value, score=f.score, detector=f.detector, condition=f.state)
             track.sampler.snap()
         dbe_before = track.health._last_dbe
         track.health.learn_one(watch)

@@ -9,7 +9,11 @@ second. Figures:
   between samples, as a dashboard draws it) against the true per-second utilisation;
 - ``faults_injected`` / ``faults_detected``: each fault counts as detected when the event expected
   for its kind is raised on its GPU after it takes effect; ``detection_delay_p95_s`` over those;
-- ``false_alarms``: anomaly/ECC/throttle/XID events on GPUs and at times with no fault;
+- ``false_alarms``: anomaly/ECC/throttle/XID events of WARNING or worse on GPUs and at times with no
+  fault (an INFO trend is a dashboard mark, not an alarm); ``false_alarms_per_gpu_day`` per GPU-day;
+- per predictive fault (a thermal fault or a memory leak) ``lead_time_s``: when its GPU was first
+  graded CRITICAL minus when it truly crossed its limit (negative = before); ``flagged_120s_before``
+  counts those flagged 120 s or more ahead;
 - ``verdict_accuracy``: the share of faults whose worst verdict and strongest recommended action,
   from the fault until the next one on its GPU, are the ones expected (the scenario's ``verdict``
   and ``action``, else ``EXPECTED_VERDICT`` by kind, or the XID's row of ``gpuaware.agent.verdict.XIDS``);
@@ -25,11 +29,18 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuaware.agent.collectors.sim import SCENARIO_DIR, Fault, SimCluster, load_scenario, scenario_library
+from gpuaware.agent.collectors.sim import (
+    LIMIT_FAULTS,
+    SCENARIO_DIR,
+    Fault,
+    SimCluster,
+    load_scenario,
+    scenario_library,
+)
 from gpuaware.agent.core import AgentCore
 from gpuaware.agent.sampling import SamplingPolicy, load_policy
 from gpuaware.agent.verdict import ACTION_RANK, REMEDIATIONS, VERDICT_RANK, XIDS
-from gpuaware.contract.events import EventKind, GpuEvent, HealthAction, HealthVerdict
+from gpuaware.contract.events import EventKind, GpuEvent, HealthAction, HealthVerdict, Severity
 
 EXPECTED: dict[str, set[EventKind]] = {
     "ecc_sbe_storm": {EventKind.ECC_SBE},
@@ -42,12 +53,19 @@ EXPECTED: dict[str, set[EventKind]] = {
     "telemetry_collapse": {EventKind.ANOMALY},
     "clock_degraded": {EventKind.ANOMALY},  # clock_peer
     "power_skew": {EventKind.ANOMALY},  # power_peer
+    "thermal_drift": {EventKind.ANOMALY, EventKind.THERMAL_THROTTLE_START},
+    "fan_failure": {EventKind.ANOMALY, EventKind.THERMAL_THROTTLE_START},
+    "memory_leak": {EventKind.ANOMALY},
 }
+# Faults that cross a limit some time after they start: graded by whether they reach it (below), and
+# scored by their lead time, when the GPU was first graded CRITICAL against when it crossed.
+THERMAL_KINDS = LIMIT_FAULTS - {"memory_leak"}
+PREDICTIVE = LIMIT_FAULTS
+SLOW = frozenset({"thermal_drift", "fan_failure", "memory_leak"})
 V, A = HealthVerdict, HealthAction
 EXPECTED_VERDICT: dict[str, tuple[HealthVerdict, HealthAction]] = {
     "ecc_sbe_storm": (V.WARNING, A.WATCH),
     "ecc_dbe": (V.CRITICAL, A.RESET_GPU),
-    "thermal_runaway": (V.CRITICAL, A.DRAIN),
     "power_cap": (V.INFO, A.WATCH),
     "stuck_util": (V.WARNING, A.RESET_GPU),
     "dead": (V.CRITICAL, A.REBOOT_NODE),
@@ -55,6 +73,11 @@ EXPECTED_VERDICT: dict[str, tuple[HealthVerdict, HealthAction]] = {
     "clock_degraded": (V.WARNING, A.WATCH),
     "power_skew": (V.WARNING, A.WATCH),
 }
+# Thermal faults and leaks by what they do (docs/health.md, "Severity"): one that takes the GPU to its
+# slowdown temperature or out of memory is CRITICAL (drained before it gets there), one that settles below
+# is WARNING (thermal) or a trend (memory).
+REACHES_LIMIT = {"thermal": (V.CRITICAL, A.DRAIN), "memory_leak": (V.CRITICAL, A.DRAIN)}
+STAYS_BELOW = {"thermal": (V.WARNING, A.DRAIN), "memory_leak": (V.INFO, A.WATCH)}
 VERDICTS = list(VERDICT_RANK)  # index by rank + 1
 ACTIONS = list(ACTION_RANK)
 ALARM_KINDS = {EventKind.ANOMALY, EventKind.ECC_SBE, EventKind.ECC_DBE, EventKind.XID,
@@ -75,6 +98,15 @@ class FaultResult:
     verdict: str = ""
     action: str = ""
     expected: tuple[str, str] = ("", "")
+    crossed_s: float | None = None  # when the GPU crossed the limit (predictive kinds), seconds after start
+    flagged_s: float | None = None  # when it was first graded CRITICAL
+
+    @property
+    def lead_time_s(self) -> float | None:
+        """Flagged minus crossed: negative = flagged before the threshold."""
+        if self.kind not in PREDICTIVE or self.crossed_s is None or self.flagged_s is None:
+            return None
+        return self.flagged_s - self.crossed_s
 
     @property
     def verdict_ok(self) -> bool:
@@ -158,7 +190,11 @@ def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioRe
                 window = slice(int(f.at_s), max(end, int(f.at_s) + 1))
                 res.verdict = VERDICTS[int(verdicts[n, g, window].max()) + 1].value
                 res.action = ACTIONS[int(actions[n, g, window].max())].value
-                res.expected = tuple(x.value for x in expected_verdict(f))
+                crossed = cluster.gpus[n][g].crossed_s  # the simulated GPU's truth: first second at a limit
+                res.crossed_s = crossed if crossed is not None and window.start <= crossed < window.stop else None
+                flagged = np.flatnonzero(verdicts[n, g, window] == VERDICT_RANK[HealthVerdict.CRITICAL])
+                res.flagged_s = float(flagged[0]) + f.at_s if flagged.size else None
+                res.expected = tuple(x.value for x in expected_verdict(f, res.crossed_s is not None))
                 if HealthAction(res.expected[1]) not in REMEDIATIONS and remediation[n, g, window].any():
                     false_remediations += 1
     faulty: dict[tuple[int, int], float] = {}
@@ -166,7 +202,7 @@ def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioRe
         faulty[(f.node, f.gpu)] = min(f.at_s, faulty.get((f.node, f.gpu), f.at_s))
     false_alarms = sum(
         1 for n, e in events
-        if e.kind in ALARM_KINDS and not any(
+        if e.kind in ALARM_KINDS and e.severity is not Severity.INFO and not any(
             uuid_of[(fn, fg)] == e.gpu_uuid and e.ts_ms / 1000 >= at for (fn, fg), at in faulty.items())
     )
     samples_fixed = int(np.count_nonzero(~np.isnan(truth)))
@@ -175,8 +211,11 @@ def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioRe
                           len(events), wall, false_remediations, sum(c.points_taken for c in cores))
 
 
-def expected_verdict(f: Fault) -> tuple[HealthVerdict, HealthAction]:
-    if f.kind == "xid":
+def expected_verdict(f: Fault, reached_limit: bool = False) -> tuple[HealthVerdict, HealthAction]:
+    if f.kind in PREDICTIVE:
+        table = REACHES_LIMIT if reached_limit else STAYS_BELOW
+        default = table["thermal" if f.kind in THERMAL_KINDS else f.kind]
+    elif f.kind == "xid":
         rule = XIDS.get(f.xid)
         default = (rule.verdict, rule.action) if rule else (V.WARNING, A.WATCH)
     else:
@@ -214,15 +253,22 @@ def evaluate(paths: list[Path] | None = None, policy: SamplingPolicy | None = No
         "faults_detected": sum(f.detected for f in faults),
         "detection_delay_p95_s": round(float(np.percentile(delays, 95)), 2) if delays else None,
         "detection_delay_max_s": round(max(delays), 2) if delays else None,
+        # Sudden faults only: a slow drift or leak is not visible seconds after it starts; its figure is its lead.
+        "detection_delay_p95_s_sudden": round(float(np.percentile(sudden, 95)), 2) if (sudden := [
+            f.delay_s for f in faults if f.delay_s is not None and f.kind not in SLOW]) else None,
         "health_dropped": sum(f.health_min_after < f.health_before for f in faults),
         "false_alarms": sum(r.false_alarms for r in results),
+        # WARNING or worse on a GPU with no fault (yet), per GPU-day of simulated time.
+        "false_alarms_per_gpu_day": round(sum(r.false_alarms for r in results) / max(fixed / 86400.0, 1e-9), 4),
+        "predictive_faults": len(leads := [f.lead_time_s for f in faults if f.lead_time_s is not None]),
+        "flagged_120s_before": sum(lead <= -120.0 for lead in leads),
         "verdict_accuracy": round(sum(f.verdict_ok for f in faults) / len(faults), 3) if faults else None,
         "false_remediations": sum(r.false_remediations for r in results),
         "faults": [
             {"scenario": f.scenario, "kind": f.kind, "gpu": f"{f.node}/{f.gpu}", "at_s": f.at_s,
              "detected": f.detected, "delay_s": f.delay_s, "health_before": round(f.health_before, 1),
              "health_min_after": round(f.health_min_after, 1), "verdict": f.verdict, "action": f.action,
-             "expected": list(f.expected)}
+             "expected": list(f.expected), "lead_time_s": f.lead_time_s}
             for f in faults
         ],
         "per_scenario": {

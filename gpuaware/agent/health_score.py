@@ -26,7 +26,8 @@ from gpuaware.contract.events import HealthBand
 COMPONENTS = ("ecc", "xid", "thermal", "power", "throttle", "pcie", "anomaly", "availability")
 HALF_LIFE_S = {"ecc": 6 * 3600.0, "xid": 3600.0, "thermal": 600.0, "power": 600.0, "throttle": 600.0,
                "pcie": 1800.0, "anomaly": 1800.0, "availability": 0.0}
-ANOMALY_PENALTY = {"stuck_busy": 35.0, "thermal_runaway": 20.0, "hst": 10.0}
+# Findings graded WARNING or worse only (core.py): an INFO trend, the Half-Space Trees among them, costs nothing.
+ANOMALY_PENALTY = {"stuck_busy": 35.0, "thermal_runaway": 20.0}
 HEALTHY_AT = 80.0
 DEGRADED_AT = 50.0
 HYSTERESIS = 3.0

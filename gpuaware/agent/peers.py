@@ -7,8 +7,10 @@ the thermal time constant of a GPU heat sink (~40 s) and taken as a share of the
 (the prior slope, 30 °C from idle to the limit, fits data-centre boards), so a step in power is not a step in expected
 temperature. Its *excess* is how far above its own line (through its long-run operating point, slope
 pooled over its model) it runs; the peers' median excess (GPUs of
-the same model on the node) is subtracted, so a hotter room or a fan-wall change heats every GPU
-and flags none. ``hold`` consecutive reads with a relative excess above ``threshold_c`` fire.
+the same model on the node, quiet ones only: a faulty or recovering GPU is nobody's peer) is
+subtracted, so a hotter room or a fan-wall change heats every GPU and flags none. ``hold``
+consecutive reads with a relative excess above ``threshold_c`` open a condition, graded by headroom
+(``NodePeers``; docs/health.md, "Severity").
 
 A GPU running off its line (half the threshold) stops teaching the slope; its operating point keeps
 learning slowly (``offset_tau``), so a fault is absorbed over tens of minutes, long after it fired,
@@ -38,9 +40,14 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gpuaware.agent.anomaly import Finding
+from gpuaware.agent.headroom import LEAD_S, Trend, time_to_temp
+from gpuaware.agent.headroom import TAU_S as THERMAL_TAU_S
 from gpuaware.agent.readings import THROTTLE_GPU_IDLE, Reading
+from gpuaware.contract.events import HealthAction, HealthVerdict
 
-THERMAL_TAU_S = 40.0
+VERDICT_ORDER = [HealthVerdict.PASS, HealthVerdict.INFO, HealthVerdict.WARNING, HealthVerdict.CRITICAL]
+THERMAL_ACTION = {HealthVerdict.INFO: HealthAction.WATCH, HealthVerdict.WARNING: HealthAction.DRAIN,
+                  HealthVerdict.CRITICAL: HealthAction.DRAIN}
 
 
 @dataclass
@@ -53,7 +60,6 @@ class ThermalLine:
     mean_y: float = 0.0
     n: int = 0
     excess: float = 0.0
-    run: int = 0
 
     def learn(self, x: float, y: float, tau: float) -> None:
         self.n += 1
@@ -192,23 +198,51 @@ class PeerChecks:
         return out
 
 
+@dataclass
+class ThermalCondition:
+    """One GPU's thermal_peer condition: open while it runs hot against its peers, graded, closed with hysteresis."""
+
+    grade: HealthVerdict | None = None  # None: closed
+    run: int = 0  # reads in a row above the threshold (to open) or below half of it (to close)
+    quiet_since: float | None = None  # since when its excess has stayed within half the threshold
+    rel: Trend = field(default_factory=lambda: Trend(20.0))  # its excess against its peers, for the rate
+    settle: Trend = field(default_factory=lambda: Trend(120.0))  # where it settles, for a growing heat source
+
+
 class NodePeers:
-    """One per node: ``learn(tracks' readings)`` once per watch round returns the findings."""
+    """One per node: ``learn(tracks' readings)`` once per watch round returns the findings.
+
+    thermal_peer is one condition per GPU (opened, updated when its grade rises, closed), graded by
+    headroom (docs/health.md, "Severity"): heading for slowdown within ``lead_s`` -> CRITICAL; settling
+    ``warn_factor`` times the threshold hotter than its peers -> WARNING; less -> INFO, a trend. A GPU
+    that is off its line, or was within ``recover_s``, is nobody's peer, and fewer than ``min_peers``
+    quiet same-model peers is no comparison: then only the heading-for-slowdown grade, from its own
+    line, is judged.
+    """
 
     def __init__(self, models: list[str], limits_w: list[float], threshold_c: float = 2.5, hold: int = 3,
                  settle_s: float = 200.0, judge_after_s: float = 400.0, offset_tau: float = 1800.0,
-                 prior_c: float = 30.0):
+                 prior_c: float = 30.0, slowdown_c: list[float] | None = None, lead_s: float = LEAD_S,
+                 warn_factor: float = 2.0, recover_s: float = 5 * THERMAL_TAU_S, min_peers: int = 2):
         self.models = models
         self.limits_w = limits_w
+        self.slowdown_c = slowdown_c or [87.0] * len(models)
         self.lines = [ThermalLine() for _ in models]
         self.slopes = {m: ModelSlope() for m in models}
         self.threshold_c, self.hold, self.prior_c = threshold_c, hold, prior_c
         self.settle_s, self.judge_after_s, self.offset_tau = settle_s, judge_after_s, offset_tau
+        self.lead_s, self.warn_factor, self.recover_s, self.min_peers = lead_s, warn_factor, recover_s, min_peers
+        self.conditions = [ThermalCondition() for _ in models]
         self.started: float | None = None
         self.checks = PeerChecks(models)
 
     def excess(self, gpu: int) -> float:
         return self.lines[gpu].excess
+
+    def _quiet(self, gpu: int, now: float) -> bool:
+        """A peer: no open condition, and its excess within half the threshold for ``recover_s``."""
+        c = self.conditions[gpu]
+        return c.grade is None and c.quiet_since is not None and now - c.quiet_since >= self.recover_s
 
     def learn(self, readings: dict[int, Reading], full: dict[int, Reading] | None = None) -> list[tuple[int, Finding]]:
         """``readings``: this round's watch reads; ``full``: each GPU's newest full sample (its clocks)."""
@@ -230,17 +264,71 @@ class NodePeers:
             if line.n:
                 excess[gpu] = r.temp_c - (line.mean_y + slope.slope(self.prior_c) * (x - line.mean_x))
             line.learn(x, r.temp_c, self.offset_tau)
+        quiet = {g for g in excess if self._quiet(g, now)}  # judged on last round's state, before this round's
         out = []
         for gpu, e in excess.items():
-            peers = [excess[g] for g in excess if g != gpu and self.models[g] == self.models[gpu]]
-            rel = e - statistics.median(peers) if len(peers) >= 2 else e
-            line = self.lines[gpu]
-            line.excess = rel
-            line.run = line.run + 1 if age >= self.judge_after_s and rel >= self.threshold_c else 0
-            if line.run == self.hold:
-                out.append((gpu, Finding(
-                    "thermal_peer", "temp_c", rel, readings[gpu].temp_c or 0.0,
-                    f"{rel:.1f} °C hotter than its usual at this power, relative to its same-model peers: "
-                    f"check its fan and airflow")))
+            peers = [excess[g] for g in quiet if g != gpu and self.models[g] == self.models[gpu]]
+            compared = len(peers) >= self.min_peers
+            rel = e - statistics.median(peers) if compared else e
+            self.lines[gpu].excess = rel
+            finding = self._judge_thermal(gpu, readings[gpu], rel, compared, age >= self.judge_after_s)
+            if finding is not None:
+                out.append((gpu, finding))
         fresh = {g: f for g, f in (full or {}).items() if g in readings and readings[g].ts - f.ts <= 30.0}
         return out + self.checks.check(readings, fresh, age >= self.settle_s)
+
+    def _judge_thermal(self, gpu: int, r: Reading, rel: float, compared: bool, judge: bool) -> Finding | None:
+        c, temp, slowdown = self.conditions[gpu], r.temp_c or 0.0, self.slowdown_c[gpu]
+        c.rel.add(r.ts, rel)
+        fit = c.rel.slope()
+        rate = fit[0] if fit is not None and c.rel.span() >= 15.0 else 0.0
+        c.settle.add(r.ts, temp + THERMAL_TAU_S * rate)
+        if abs(rel) < self.threshold_c / 2:
+            c.quiet_since = r.ts if c.quiet_since is None else c.quiet_since
+        else:
+            c.quiet_since = None
+        if not judge:
+            return None
+        # Heading for slowdown: where the heat sink settles, or for a heat source still growing (the settle
+        # point itself rising), when that growth carries it over slowdown: first-order lag tau behind it.
+        # A step in the settle point (a fan that stopped) is not growth: only a steady rise over the window is.
+        growth = c.settle.steady_rate(c.settle.window_s - 5.0)
+        eta = time_to_temp(temp, rate, slowdown)
+        settle = temp + THERMAL_TAU_S * rate
+        if growth is not None and settle < slowdown:
+            eta = (slowdown - settle) / growth + THERMAL_TAU_S
+        # Hot: over the threshold, or half-way there and rising to settle twice over it (a failing fan is
+        # seen seconds after it starts, not once it has crossed a line it was heading for anyway).
+        hot = rel >= self.threshold_c or (rel >= self.threshold_c / 2
+                                          and rel + THERMAL_TAU_S * rate >= self.warn_factor * self.threshold_c)
+        if c.grade is None:
+            c.run = c.run + 1 if hot else 0
+            if c.run < self.hold:
+                return None
+            c.run = 0
+        elif rel < self.threshold_c / 2:
+            c.run += 1
+            if c.run >= self.hold:  # hysteresis: it closes below half the threshold, not at it
+                c.grade, c.run = None, 0
+                return Finding("thermal_peer", "temp_c", rel, temp,
+                               f"back on its line ({rel:.1f} °C against its peers): closed",
+                               verdict=HealthVerdict.PASS, state="closed")
+        else:
+            c.run = 0
+        if eta is not None and eta <= self.lead_s and hot:
+            grade = HealthVerdict.CRITICAL
+            what = f"reaches its slowdown temperature ({slowdown:.0f} °C) in ~{eta:.0f} s"
+        elif not compared:
+            return None  # no peers to tell the GPU from the room or the workload: no comparison
+        elif max(rel, rel + THERMAL_TAU_S * rate) >= self.warn_factor * self.threshold_c:
+            grade, what = HealthVerdict.WARNING, f"settling ~{settle:.0f} °C, below slowdown ({slowdown:.0f} °C)"
+        else:
+            grade, what = HealthVerdict.INFO, f"a trend, {slowdown - temp:.0f} °C from slowdown"
+        if c.grade is not None and VERDICT_ORDER.index(grade) < VERDICT_ORDER.index(c.grade):
+            grade = c.grade  # an open condition is not downgraded: it closes (hysteresis) or holds
+        state = "open" if c.grade is None else "updated" if grade is not c.grade else "held"
+        c.grade = grade
+        peers = "relative to its same-model peers" if compared else "on its own line (too few peers to compare)"
+        return Finding("thermal_peer", "temp_c", rel, temp,
+                       f"{rel:.1f} °C hotter than its usual at this power, {peers}; {what}: check its fan and airflow",
+                       verdict=grade, action=THERMAL_ACTION[grade], state=state)

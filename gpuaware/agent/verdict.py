@@ -82,8 +82,11 @@ BURST_1H = 3  # a hardware XID this often in an hour: the action escalates one s
 
 # Detector findings: (verdict, action, hold in seconds).
 FINDINGS: dict[str, tuple[HealthVerdict, HealthAction, float]] = {
+    # Graded by headroom (each finding carries its grade; these rows are the defaults): heading for a
+    # limit CRITICAL, settling below it WARNING, a trend far from it INFO (docs/health.md, "Severity").
     "thermal_runaway": (C, A.DRAIN, 600.0),
     "thermal_peer": (W, A.DRAIN, 600.0),
+    "memory_leak": (C, A.DRAIN, 600.0),
     "clock_peer": (W, A.WATCH, 600.0),
     "power_peer": (W, A.WATCH, 600.0),
     "ecc_peer": (W, A.WATCH, 600.0),
@@ -92,6 +95,11 @@ FINDINGS: dict[str, tuple[HealthVerdict, HealthAction, float]] = {
     "telemetry_collapse": (W, A.DRAIN, 600.0),
     "hst": (HealthVerdict.INFO, A.WATCH, 600.0),
 }
+
+
+def _worse(a: HealthVerdict | None, b: HealthVerdict | None, detector: str) -> HealthVerdict | None:
+    default = FINDINGS.get(detector, (HealthVerdict.INFO,))[0]
+    return a if VERDICT_RANK[a or default] >= VERDICT_RANK[b or default] else b
 
 
 @dataclass
@@ -118,7 +126,8 @@ class GpuVerdict:
     """One GPU's inputs to the verdict and the verdict it holds now."""
 
     xids: deque = field(default_factory=lambda: deque(maxlen=512))  # (ts, xid), a week at most
-    findings: dict[str, float] = field(default_factory=dict)  # detector -> last fired
+    # detector -> (last seen, the grade it gave or None for its FINDINGS row, action, closed)
+    findings: dict[str, tuple[float, HealthVerdict | None, HealthAction | None, bool]] = field(default_factory=dict)
     current: Judgement = field(default_factory=Judgement)
     better_since: float | None = None
 
@@ -133,8 +142,20 @@ class NodeVerdicts:
         while g.xids and g.xids[0][0] < ts - WEEK:
             g.xids.popleft()
 
-    def learn_finding(self, gpu: int, ts: float, detector: str) -> None:
-        self.gpus[gpu].findings[detector] = ts
+    def learn_finding(self, gpu: int, ts: float, detector: str, verdict: HealthVerdict | None = None,
+                      action: HealthAction | None = None, closed: bool = False) -> None:
+        """A detector's finding (``verdict``/``action``: its grade, None for its FINDINGS row). While seen it is
+        held at the worst grade since it opened; once ``closed`` its hold runs out from then at that grade."""
+        findings = self.gpus[gpu].findings
+        last = findings.get(detector)
+        if closed:
+            if last is not None:
+                findings[detector] = (ts, last[1], last[2], True)
+            return
+        if last is not None and not last[3] and ts - last[0] <= FINDINGS.get(detector, (None, None, 600.0))[2]:
+            verdict = _worse(verdict, last[1], detector)
+            action = last[2] if verdict is last[1] and last[2] is not None else action
+        findings[detector] = (ts, verdict, action, False)
 
     def reset(self, gpu: int) -> None:
         """A validated remediation (GPU reset, reboot) clears what the XIDs and findings said."""
@@ -204,10 +225,12 @@ class NodeVerdicts:
             else:
                 j.add(HealthVerdict.PASS, A.NONE, "all checks pass")
         self._xid_rules(gpu, now, j)
-        for detector, ts in sorted(self.gpus[gpu].findings.items()):
+        for detector, (ts, graded, graded_action, closed) in sorted(self.gpus[gpu].findings.items()):
             verdict, action, hold = FINDINGS.get(detector, (HealthVerdict.INFO, A.WATCH, 600.0))
-            if now - ts <= hold:
-                j.add(verdict, action, f"detector {detector} fired {now - ts:.0f} s ago")
+            verdict, action = graded or verdict, graded_action or action
+            if now - ts <= hold and verdict is not HealthVerdict.PASS:
+                what = "closed" if closed else "seen"
+                j.add(verdict, action, f"detector {detector} {what} {now - ts:.0f} s ago")
         if len(j.reasons) > 1 and j.reasons[0] == "all checks pass":
             j.reasons.pop(0)
         return self._settle(gpu, now, j)

@@ -29,12 +29,15 @@ def eval_sampling(scenarios: tuple[str, ...], policy_path: str | None, as_json: 
     """Adaptive sampling vs fixed 1 s sampling over the fault scenarios (simulated clock).
 
     Reports sample_reduction, util_mae_pct_points, faults_injected, faults_detected,
-    detection_delay_p95_s, false_alarms, verdict_accuracy and false_remediations.
+    detection_delay_p95_s, false_alarms (WARNING or worse) and false_alarms_per_gpu_day,
+    verdict_accuracy, false_remediations, and per thermal fault or memory leak lead_time_s
+    (first CRITICAL minus the true crossing of the limit; negative = before).
 
     \b
     Example:
       gpuaware eval sampling --scenario ecc --scenario stuck-dead --json
       gpuaware eval sampling --scenario unseen --json
+      gpuaware eval sampling --scenario hard --json
     """
     from gpuaware.agent.evaluation import evaluate_scenarios
     from gpuaware.agent.sampling import PolicyError
@@ -44,9 +47,10 @@ def eval_sampling(scenarios: tuple[str, ...], policy_path: str | None, as_json: 
     except (PolicyError, ValueError, FileNotFoundError) as exc:
         click.echo(f"gpuaware eval sampling: {exc}", err=True)
         sys.exit(2)
-    echo_figures(result, as_json, 24, keys=("sample_reduction", "util_mae_pct_points", "faults_injected",
+    echo_figures(result, as_json, 26, keys=("sample_reduction", "util_mae_pct_points", "faults_injected",
                                             "faults_detected", "detection_delay_p95_s", "false_alarms",
-                                            "verdict_accuracy", "false_remediations"))
+                                            "false_alarms_per_gpu_day", "verdict_accuracy", "false_remediations",
+                                            "predictive_faults", "flagged_120s_before"))
 
 
 @eval_group.command("forecast")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rich.live import Live
 
-from gpuaware.agent.collectors.sim import SCENARIO_DIR, Scenario, SimCluster, load_scenario
+from gpuaware.agent.collectors.sim import LIMIT_FAULTS, SCENARIO_DIR, Scenario, SimCluster, load_scenario
 from gpuaware.agent.cordons import CordonWatcher
 from gpuaware.agent.main import serve_metrics
 from gpuaware.agent.runtime import AgentRuntime
@@ -271,11 +271,16 @@ def _fault_reactions(scenario: Scenario, cluster: SimCluster, runtime: AgentRunt
         moved = [t - cluster.epoch - f.at_s for t, band in state.band_seen.get(uuid, [])
                  if band != HealthBand.HEALTHY.value and t - cluster.epoch >= f.at_s]
         verdict, action = worst_verdict(after)
+        # A thermal fault or a leak: its first CRITICAL verdict against when the GPU truly crossed its limit.
+        critical = [e.ts_ms / 1000 - cluster.epoch for e in after if e.attributes.get("verdict") == "CRITICAL"]
+        crossed = cluster.gpus[f.node][f.gpu].crossed_s
+        lead = (round(min(critical) - crossed, 2) if f.kind in LIMIT_FAULTS and critical and crossed is not None
+                and crossed >= f.at_s else None)
         faults.append({"kind": f.kind, "node": node, "gpu": f.gpu, "at_s": f.at_s,
                        "injected": f.at_s <= elapsed, "agent_reaction_s": round(min(reacted), 2) if reacted else None,
                        "stream_reaction_s": round(min(moved), 2) if moved else None,
                        "scheduler_reaction_s": sched.reaction_s(node, f.gpu, cluster.epoch + f.at_s) if sched else None,
-                       "verdict": verdict, "action": action,
+                       "verdict": verdict, "action": action, "lead_time_s": lead,
                        "gpu_reset_by_tooling": resets is not None and (node, f.gpu) in resets.resets,
                        **(sched.remediation(node, f.gpu, cluster.epoch + f.at_s) if sched else {})})
     return faults

@@ -31,3 +31,19 @@ def test_healthy_gpus_raise_no_alarms_and_sampling_backs_off():
     assert result.false_alarms == 0
     assert result.samples_fixed / result.samples_adaptive >= 5
     assert result.abs_err_sum / result.abs_err_n <= 2.0
+
+
+def test_a_drift_to_slowdown_is_graded_critical_with_its_lead_time_and_the_figures_say_so(tmp_path):
+    from gpuaware.agent.evaluation import evaluate
+
+    path = tmp_path / "drift.yaml"
+    path.write_text(
+        "name: drift-lead\nseed: 7\nduration_s: 1500\nnodes: 1\ngpus_per_node: 8\nmodels: [H200]\n"
+        "workloads: [training-compute]\nfaults:\n"
+        "  - {kind: thermal_drift, node: 0, gpu: 2, at_s: 600, drift_c_per_s: 0.05}\n")
+    out = evaluate([path])
+    (fault,) = out["faults"]
+    assert (fault["verdict"], fault["action"]) == ("CRITICAL", "DRAIN") == tuple(fault["expected"])
+    assert fault["lead_time_s"] is not None and fault["lead_time_s"] <= -120  # flagged before slowdown
+    assert out["false_alarms_per_gpu_day"] == 0 and out["false_remediations"] == 0
+    assert out["flagged_120s_before"] == out["predictive_faults"] == 1

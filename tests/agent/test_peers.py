@@ -27,7 +27,7 @@ def test_a_failing_fan_that_settles_below_the_throttle_point_is_flagged_against_
     events = _run(cluster, clock, 700)
     flagged = [(s, e) for s, e in events if e.attributes.get("detector") == "thermal_peer"]
     assert flagged and all(e.gpu_uuid == cluster.gpus[0][2].uuid for _, e in flagged)
-    assert 500 <= flagged[0][0] <= 515
+    assert 500 <= flagged[0][0] <= 510  # seconds after it starts: half-way over and rising fast
     assert cluster.gpus[0][2].temp < cluster.gpus[0][2].spec.slowdown_temp_c  # it settled below the throttle point
     assert not any(e.kind.startswith("THERMAL_THROTTLE") for _, e in events)
 

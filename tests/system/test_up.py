@@ -87,3 +87,22 @@ def test_up_shows_a_gpu_reset_validated_and_returned_to_service(tmp_path, kube):
     assert fault["time_to_cordon_s"] <= fault["time_action_requested_s"] <= fault["time_back_in_service_s"], fault
     assert summary["agent_cordoned_gpus"] == 0  # the agents saw the cordon lifted
     assert summary["health_bands"]["healthy"] == 8
+
+
+@pytest.mark.broker
+def test_up_reports_a_thermal_faults_verdict_and_its_lead_time(tmp_path):
+    """A +3 °C/s runaway on an H100 holding memory at idle power crosses its slowdown temperature ~24 s after it
+    starts: `up` reports its verdict, action and lead time (first CRITICAL verdict minus the simulated GPU's
+    crossing); a fault that takes no GPU to a limit (an XID) has none."""
+    scenario = tmp_path / "hot.yaml"
+    scenario.write_text("name: hot\nseed: 9\nnodes: 1\ngpus_per_node: 4\nmodels: [H100]\n"
+                        "workloads: [idle-holding]\nfaults:\n"
+                        "  - {kind: thermal_runaway, node: 0, gpu: 2, at_s: 2, rise_c_per_s: 3.0}\n"
+                        "  - {kind: xid, node: 0, gpu: 0, at_s: 2, xid: 79}\n")
+    result = run("up", "--port", "0", "--duration", "35", "--json", "--scenario", str(scenario), "--kube", "embedded",
+                 timeout=180)
+    assert result.returncode == 0, result.stderr
+    hot, xid = json.loads(result.stdout)["faults"]
+    assert (hot["verdict"], hot["action"]) == ("CRITICAL", "DRAIN"), hot
+    assert isinstance(hot["lead_time_s"], float) and abs(hot["lead_time_s"]) < 35, hot
+    assert xid["lead_time_s"] is None

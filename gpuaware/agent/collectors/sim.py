@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpuaware.agent import traces
+from gpuaware.agent.headroom import FB_EXHAUSTED
 from gpuaware.agent.podresources import PodRef
 from gpuaware.agent.readings import (
     THROTTLE_GPU_IDLE,
@@ -70,6 +71,11 @@ MODELS: dict[str, ModelSpec] = {
     "V100": ModelSpec("Tesla V100-SXM2-32GB", 32768, 300, 40, 84, 90, 1530, 877, 0.10, True, "Volta", False, 309, 16),
     "T4": ModelSpec("Tesla T4", 15360, 70, 10, 85, 94, 1590, 5001, 0.45, False, "Turing", False, 255, 16),
     "L4": ModelSpec("NVIDIA L4", 23034, 72, 12, 87, 95, 2040, 6251, 0.42, False, "Ada Lovelace", False, 310, 32),
+    # Simulator values in the range nvidia-smi -q reports for these boards (slowdown/shutdown), not a datasheet.
+    "L40S": ModelSpec("NVIDIA L40S", 46068, 350, 35, 88, 95, 2520, 9001, 0.12, False, "Ada Lovelace", False, 620, 32),
+    "A10": ModelSpec("NVIDIA A10", 23028, 150, 20, 90, 98, 1695, 6251, 0.25, False, "Ampere", False, 340, 32),
+    "H200": ModelSpec("NVIDIA H200", 143771, 700, 75, 87, 92, 1980, 3201, 0.045, True, "Hopper", True, 620, 64),
+    "B200": ModelSpec("NVIDIA B200", 183359, 1000, 110, 87, 92, 1965, 3996, 0.035, True, "Blackwell", True, 700, 64),
 }
 DRIVER_VERSION = "550.163.01"
 NVLINK_KIB_PER_S_BUSY = 100e6  # ~100 GB/s of NVLink traffic at 100% utilisation
@@ -77,7 +83,8 @@ NVLINK_KIB_PER_S_BUSY = 100e6  # ~100 GB/s of NVLink traffic at 100% utilisation
 AMBIENT_C = 30.0
 THERMAL_TAU_S = 40.0
 
-WorkloadKind = Literal["trace", "training-compute", "training-memory", "inference-bursty", "idle-holding"]
+WorkloadKind = Literal["trace", "training-compute", "training-memory", "inference-bursty", "idle-holding",
+                       "diurnal-serving", "mixed-training"]
 
 # What each synthetic workload kind looks like: memory-bandwidth share of busy time, framebuffer share.
 WORKLOAD_SHAPE: dict[str, tuple[float, float]] = {
@@ -86,10 +93,16 @@ WORKLOAD_SHAPE: dict[str, tuple[float, float]] = {
     "training-memory": (0.9, 0.9),
     "inference-bursty": (0.5, 0.3),
     "idle-holding": (0.0, 0.4),
+    "diurnal-serving": (0.5, 0.5),
+    "mixed-training": (0.6, 0.8),
 }
 
+# Faults that take a GPU to a limit some time after they start (slowdown temperature, memory exhausted):
+# judged by whether they get there and by the lead time of the warning (evaluation, `gpuaware up`).
+LIMIT_FAULTS = frozenset({"thermal_runaway", "thermal_drift", "fan_failure", "memory_leak"})
 FaultKind = Literal["ecc_sbe_storm", "ecc_dbe", "xid", "thermal_runaway", "power_cap", "stuck_util", "dead",
-                    "telemetry_collapse", "clock_degraded", "power_skew"]
+                    "telemetry_collapse", "clock_degraded", "power_skew", "thermal_drift", "fan_failure",
+                    "memory_leak"]
 
 
 class Fault(BaseModel):
@@ -112,6 +125,13 @@ class Fault(BaseModel):
     power_factor: float = Field(1.45, gt=0, description=(
         "power_skew: board power drawn as a multiple of a healthy board's at the same utilisation "
         "(a failing VRM: conversion losses above 1, a missing phase or lost load below 1); heat follows it"))
+    drift_c_per_s: float = Field(0.1, gt=0, description=(
+        "thermal_drift: the temperature the GPU settles at rises this fast (fins clogging, thermal paste "
+        "pumping out): unbounded, it ends at slowdown"))
+    fan_factor: float = Field(1.5, gt=1, description=(
+        "fan_failure: thermal resistance (°C per W) multiplied by this once the fan has spun down"))
+    ramp_s: float = Field(30.0, gt=0, description="fan_failure: seconds for the fan to spin down (its rotor's inertia)")
+    leak_mib_per_s: float = Field(20.0, gt=0, description="memory_leak: framebuffer leaked per second")
     verdict: HealthVerdict | None = Field(None, description="the verdict expected (default: by kind, evaluation)")
     action: HealthAction | None = Field(None, description="the action expected (default: by kind, evaluation)")
 
@@ -238,6 +258,7 @@ class SimGpu:
         self.nvlink_kib = 0.0
         self.mig_profiles = scenario.mig.get(index, [])
         self.pods = scenario.shared.get(index, 0)
+        self.crossed_s: float | None = None  # the first second it was at a limit (slowdown, memory exhausted)
 
     def _series_at(self, series: array, t: float) -> float:
         pos = (self.offset_min + t / 60.0) % len(series)
@@ -281,6 +302,7 @@ class SimGpu:
         util, mem = self._workload_at(s, jitter)
         stuck = self._active("stuck_util", s)
         self.util = 100.0 if stuck else util
+        mem += sum(f.leak_mib_per_s * (s - f.at_s) for f in self._active("memory_leak", s))
         self.mem = min(spec.fb_total_mib * 0.98, max(0.0, mem))
         # A hung kernel reads 100% busy while the SMs draw little: power follows real work.
         work = 0.03 if stuck else util / 100.0
@@ -295,7 +317,10 @@ class SimGpu:
         if uncapped > self.power_limit:
             throttle |= THROTTLE_SW_POWER_CAP
         power = min(uncapped, self.power_limit)
-        target_temp = AMBIENT_C + power * spec.c_per_w
+        resistance = spec.c_per_w * math.prod(
+            1 + (f.fan_factor - 1) * min(1.0, (s - f.at_s) / f.ramp_s) for f in self._active("fan_failure", s))
+        target_temp = AMBIENT_C + power * resistance + sum(
+            f.drift_c_per_s * (s - f.at_s) for f in self._active("thermal_drift", s))
         self.temp += (target_temp - self.temp) / THERMAL_TAU_S
         for f in self._active("thermal_runaway", s):
             self.temp += f.rise_c_per_s
@@ -305,6 +330,9 @@ class SimGpu:
         if util < 1.0 and not stuck:
             throttle |= THROTTLE_GPU_IDLE
         self.temp = min(self.temp, spec.shutdown_temp_c + 5)
+        if self.crossed_s is None and (self.temp >= spec.slowdown_temp_c
+                                       or self.mem >= FB_EXHAUSTED * spec.fb_total_mib):
+            self.crossed_s = float(s)
         self.power = power
         self.throttle = throttle
         self.sm_clock = int(spec.sm_clock_max_mhz * slow * (0.6 if throttle & ~THROTTLE_GPU_IDLE else 1.0))
@@ -336,6 +364,13 @@ class SimGpu:
         elif kind == "inference-bursty":
             # Requests arrive in bursts: a few seconds near 100%, then mostly idle.
             util = 90.0 + 10.0 * noise if (s // 3) % 4 == 0 or noise > 0.8 else 4.0 + 3.0 * abs(noise)
+        elif kind == "diurnal-serving":
+            # Serving traffic: a day-long swell (peak mid-afternoon) with request-level noise.
+            day = 0.5 - 0.5 * math.cos(2 * math.pi * ((s / 86400.0 + 0.6) % 1.0))
+            util = 10.0 + 75.0 * day + 8.0 * noise
+        elif kind == "mixed-training":
+            # Compute-bound steps and memory-bound phases (evaluation, checkpoint) alternating every few minutes.
+            util = 96.0 + 2.0 * noise if (s // 240) % 3 else 55.0 + 10.0 * noise
         else:  # idle-holding: memory allocated, nothing running
             util = 0.0
         # Training grows its footprint over the first minutes; the others hold it flat.

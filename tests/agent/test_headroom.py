@@ -1,0 +1,103 @@
+"""Severity from headroom: thermal excess graded by where it settles, conditions opened once and closed,
+recovering GPUs kept out of the peer median, memory leaks flagged before the framebuffer runs out."""
+
+from __future__ import annotations
+
+import math
+
+from gpuaware.agent.anomaly import MemoryLeak, ThermalRunaway
+from gpuaware.agent.headroom import time_to_temp
+from gpuaware.agent.peers import NodePeers
+from gpuaware.contract.events import HealthVerdict
+from tests.support import reading
+
+LINE = 30 + 30 * 300 / 700  # where an H100 at 300 W of 700 W sits on the prior line
+
+
+def _thermal(extra, n: int = 4, seconds: int = 1500) -> list[tuple[int, int, str, HealthVerdict | None]]:
+    """(second, gpu, state, grade) of every thermal_peer finding that is news; ``extra(g, s)``: °C above the line."""
+    peers = NodePeers(["H100"] * n, [700.0] * n)
+    out, last = [], {}
+    for s in range(seconds):
+        rs = {g: reading(float(s), power=300.0, temp=round(LINE + extra(g, s), 1)) for g in range(n)}
+        for g, f in peers.learn(rs):
+            if f.detector == "thermal_peer" and (f.state != "held" or last.get(g) != f.verdict):
+                out.append((s, g, f.state, f.verdict))
+                last[g] = f.verdict
+    return out
+
+
+def test_a_few_degrees_off_its_line_far_from_every_limit_is_a_trend_not_an_alarm():
+    # 4 °C up, approached as a heat sink does (time constant 40 s); its line absorbs it over half an hour.
+    found = _thermal(lambda g, s: 4.0 * (1 - math.exp(-(s - 600) / 40)) if g == 1 and s >= 600 else 0.0)
+    assert [(g, state, v) for _, g, state, v in found if state != "closed"] == [(1, "open", HealthVerdict.INFO)]
+
+
+def test_a_fan_settling_well_above_its_peers_is_warning_and_a_drift_to_slowdown_is_critical_before_it():
+    fan = _thermal(lambda g, s: min(10.0, (s - 600) * 0.25) if g == 1 and s >= 600 else 0.0)
+    assert {v for _, g, _, v in fan if g == 1} == {HealthVerdict.WARNING}  # settles 10 °C up, 40 °C from slowdown
+    drift = _thermal(lambda g, s: (s - 600) * 0.05 if g == 2 and s >= 600 else 0.0)
+    critical = [s for s, g, _, v in drift if g == 2 and v is HealthVerdict.CRITICAL]
+    reaches = 600 + (87 - LINE) / 0.05  # the drift's temperature crosses slowdown here
+    assert critical and critical[0] <= reaches - 120
+
+
+def test_one_condition_one_open_event_then_closed_with_hysteresis():
+    # Hovering either side of the threshold (2.5 °C) for a minute, then back on the line: one
+    # condition, opened once; it closes only below half the threshold.
+    found = _thermal(lambda g, s: (3.5 if (s // 6) % 2 else 1.9) if g == 0 and 600 <= s < 660 else 0.0)
+    states = [state for _, g, state, _ in found if g == 0]
+    assert states[0] == "open" and states.count("open") == 1 and states[-1] == "closed"
+
+
+def test_a_recovering_gpu_is_nobodys_peer_and_too_few_peers_is_no_comparison():
+    # GPU 0 ran 10 °C hot for five minutes; its line learnt part of it, so it reads cold as it recovers.
+    # With two peers the median is their mean: it would make GPU 1 and GPU 2 look hot.
+    def extra(g, s):
+        if g == 0 and 600 <= s < 900:
+            return 10.0
+        return -4.0 if g == 0 and 900 <= s < 1300 else 0.0
+
+    found = _thermal(extra, n=3)
+    assert {g for _, g, _, _ in found} == {0}
+    # Two of a model: one peer cannot tell the GPU from the room or its workload; 6 °C up, far from
+    # slowdown, is no finding at all.
+    assert _thermal(lambda g, s: 6.0 * (1 - math.exp(-(s - 600) / 40)) if g == 1 and s >= 600 else 0.0, n=2) == []
+
+
+def test_the_runaway_rule_grades_by_where_the_heat_sink_settles():
+    def run(start: float) -> HealthVerdict | None:
+        tr = ThermalRunaway()
+        for s in range(10):
+            r = reading(float(s), temp=start + 1.0 * s, power=300.0)
+            f = tr.score_one(r, 700.0, 87.0)
+            tr.learn_one(r)
+            if f is not None:
+                return f.verdict
+        return None
+
+    assert run(30.0) is HealthVerdict.WARNING  # 1 °C/s settles ~40 °C up: below 87 °C from 30 °C
+    assert run(50.0) is HealthVerdict.CRITICAL
+    assert time_to_temp(80.0, 0.1, 87.0) is None and time_to_temp(60.0, 1.0, 87.0) > 0
+
+
+def test_a_steady_leak_is_critical_before_exhaustion_and_a_ramp_that_stops_is_nothing():
+    total = 80000.0
+    leak = MemoryLeak(total)
+    flagged = None
+    for s in range(5000):
+        used = 20000.0 + (15.0 * (s - 900) if s >= 900 else 0.0)
+        f = leak.learn_one(_mem(s, used))
+        if f is not None and f.verdict is HealthVerdict.CRITICAL and flagged is None:
+            flagged = s
+    exhausted = 900 + (0.95 * total - 20000.0) / 15.0
+    assert flagged is not None and flagged <= exhausted - 120
+    ramp = MemoryLeak(total)
+    # A job growing to its footprint for five minutes, after the warm-up, then flat.
+    assert not any(ramp.learn_one(_mem(s, 20000.0 + 150.0 * min(max(s - 700, 0), 300))) for s in range(3000))
+
+
+def _mem(s: int, used: float):
+    r = reading(float(s))
+    r.fb_used_mib = used
+    return r
