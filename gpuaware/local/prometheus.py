@@ -9,6 +9,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from gpuaware.deploy.scrape import local_scrape_configs
 from gpuaware.local.processes import ChildProcess, free_port
 
 RULES = Path(str(importlib.resources.files("gpuaware.dashboards").joinpath("prometheus", "rules.yml")))
@@ -19,15 +20,17 @@ def available() -> bool:
 
 
 class LocalPrometheus(ChildProcess):
-    """Scrapes ``targets`` (job name -> ports on 127.0.0.1) every second and evaluates the rules."""
+    """Scrapes ``targets`` (workload name -> ports on 127.0.0.1) every second and evaluates the rules.
+
+    The shipped workloads are scraped through the scrape configs prometheus-operator generates from the
+    shipped PodMonitors (``gpuaware.deploy.scrape``), so series carry the labels they get in a cluster."""
 
     def __init__(self, workdir: Path, targets: dict[str, list[int]], interval_s: int = 1, rules: Path = RULES):
         self.port = free_port()
         config = {
             "global": {"scrape_interval": f"{interval_s}s", "evaluation_interval": f"{interval_s}s"},
             "rule_files": [str(rules)],
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports]}]}
-                               for job, ports in targets.items()],
+            "scrape_configs": local_scrape_configs(targets),
         }
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "prometheus.yml").write_text(json.dumps(config, indent=2))  # JSON is YAML

@@ -44,7 +44,7 @@ def _exported_names(schema: str = "dcgm-legacy", prefixed: bool = False) -> set[
     for v in range(30):
         tracker._learn_minute(float(v), 100.0)
     registry.register(StreamCollector(stats, lambda: [tracker], lambda: {("gpu.telemetry.v1", 0): 3}))
-    sched = SchedulerStats()
+    sched = SchedulerStats(leader=True)  # only the leader exports the queue snapshot
     sched.decisions[("PLACE", "fits")] += 1
     sched.api_errors[("bind", 409)] += 1
     sched.extender_requests[("filter", 200)] += 1
