@@ -6,6 +6,7 @@ JSON is readable, and a test checks every query against the metrics the code exp
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,6 +25,17 @@ class Target:
 
 
 @dataclass
+class Link:
+    """A data link: Grafana fills ``${__field.labels.X}`` from the series clicked."""
+
+    title: str
+    url: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"title": self.title, "url": self.url}
+
+
+@dataclass
 class Panel:
     title: str
     targets: list[Target]
@@ -35,6 +47,7 @@ class Panel:
     thresholds: list[tuple[float | None, str]] = field(default_factory=lambda: [(None, "green")])
     min: float | None = None
     max: float | None = None
+    links: list[Link] = field(default_factory=list)
 
     def to_json(self, pid: int, x: int, y: int) -> dict[str, Any]:
         defaults: dict[str, Any] = {
@@ -42,6 +55,8 @@ class Panel:
             "thresholds": {"mode": "absolute",
                            "steps": [{"value": v, "color": c} for v, c in self.thresholds]},
         }
+        if self.links:
+            defaults["links"] = [link.to_json() for link in self.links]
         if self.min is not None:
             defaults["min"] = self.min
         if self.max is not None:
@@ -107,12 +122,16 @@ class Dashboard:
             "time": {"from": "now-1h", "to": "now"}, "refresh": "30s", "timezone": "browser",
             "templating": {"list": [datasource, *(v.to_json() for v in self.variables)]},
             "annotations": {"list": [a.to_json() for a in self.annotations]}, "panels": laid_out,
+            # The other gpuaware dashboards, keeping the time range and the variables they share.
+            "links": [{"type": "dashboards", "tags": ["gpuaware"], "asDropdown": True, "title": "gpuaware",
+                       "includeVars": True, "keepTime": True}],
         }
 
     def translated(self, expr: Callable[[str], str], text: Callable[[str], str]) -> Dashboard:
         """The same dashboard with every query rewritten by ``expr`` and every label reference
         (legends, variable queries, annotation titles) by ``text``: one definition, several schemas."""
-        panels = [replace(p, targets=[Target(expr(t.expr), text(t.legend)) for t in p.targets]) for p in self.panels]
+        panels = [replace(p, targets=[Target(expr(t.expr), text(t.legend)) for t in p.targets],
+                          links=[Link(text(k.title), text(k.url)) for k in p.links]) for p in self.panels]
         return replace(self, panels=panels,
                        variables=[replace(v, query=text(v.query)) for v in self.variables],
                        annotations=[replace(a, expr=expr(a.expr), title=text(a.title), tag_keys=text(a.tag_keys))
@@ -120,3 +139,11 @@ class Dashboard:
 
     def queries(self) -> list[str]:
         return [t.expr for p in self.panels for t in p.targets] + [a.expr for a in self.annotations]
+
+    def variable_references(self) -> set[str]:
+        """Every ``$name`` its queries, variable queries and links use (Grafana's ``$__`` built-ins aside)."""
+        texts = self.queries() + [v.query for v in self.variables] + [k.url for p in self.panels for k in p.links]
+        return {m for t in texts for m in re.findall(r"\$\{?(\w+)", t) if not m.startswith("__")}
+
+    def variable_names(self) -> set[str]:
+        return {"datasource", *(v.name for v in self.variables)}
