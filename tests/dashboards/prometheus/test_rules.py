@@ -71,3 +71,9 @@ def test_no_rule_aggregates_the_cluster_away() -> None:
                   if "cluster" not in {x.strip() for x in m.split(",")}]
     assert not wrong, wrong
     assert {r.get("alert") for r in rules} >= WHOLE_PROMETHEUS
+
+
+def test_docs_list_every_alert() -> None:
+    listed = (REPO / "docs" / "dashboards.md").read_text()
+    missing = [r["alert"] for r in prometheus_rules() if "alert" in r and f"| {r['alert']} |" not in listed]
+    assert not missing, missing
