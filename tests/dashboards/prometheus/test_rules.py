@@ -25,6 +25,12 @@ def test_every_alert_has_severity_summary_description_and_a_runbook_section() ->
         assert ann["summary"] and ann["description"], r["alert"]
         assert ann["runbook_url"].startswith(RUNBOOK_URL + "#"), r["alert"]  # absolute: it is opened from a page
         assert "#" + ann["runbook_url"].split("#", 1)[1] in anchors, (r["alert"], ann["runbook_url"])
+        (section,) = re.findall(rf"^## {r['alert']}\n(.*?)(?=^## |\Z)", runbooks, flags=re.M | re.S)
+        for part in ("**Meaning.**", "**Impact.**", "**Diagnosis.**", "**Mitigation.**"):
+            assert part in section, (r["alert"], part)
+        # Something to run: a command or a query, not only prose.
+        assert re.search(r"`(kubectl|nvidia-smi|dcgmi|crictl|kafka-|sum |max |gpuaware_|DCGM_|up\{)[^`]*`", section), \
+            r["alert"]
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
