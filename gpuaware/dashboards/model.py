@@ -20,8 +20,11 @@ class Target:
     expr: str
     legend: str = ""
 
-    def to_json(self, ref: str) -> dict[str, Any]:
-        return {"datasource": DATASOURCE, "expr": self.expr, "legendFormat": self.legend, "refId": ref}
+    def to_json(self, ref: str, table: bool = False) -> dict[str, Any]:
+        out = {"datasource": DATASOURCE, "expr": self.expr, "legendFormat": self.legend, "refId": ref}
+        if table:  # one row per series now; a range query gives one frame per series, picked from a dropdown
+            out.update(instant=True, range=False, format="table")
+        return out
 
 
 @dataclass
@@ -66,7 +69,7 @@ class Panel:
             "datasource": DATASOURCE, "gridPos": {"x": x, "y": y, "w": self.width, "h": self.height},
             "fieldConfig": {"defaults": defaults, "overrides": []},
             "options": {"legend": {"displayMode": "list", "placement": "bottom"}} if self.kind == "timeseries" else {},
-            "targets": [t.to_json(chr(ord("A") + i)) for i, t in enumerate(self.targets)],
+            "targets": [t.to_json(chr(ord("A") + i), self.kind == "table") for i, t in enumerate(self.targets)],
         }
 
 

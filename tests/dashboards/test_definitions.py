@@ -100,3 +100,10 @@ def test_fleet_and_health_panels_drill_down_to_the_gpu_dashboard() -> None:
             assert [k.url for k in panel.links if k.url.startswith("/d/gpuaware-gpu/")], (uid, panel.title)
             if all("{{gpu}}" in t.legend for t in panel.targets):  # a series of one GPU opens that GPU
                 assert "var-gpu=${__field.labels.gpu}" in panel.links[0].url, (uid, panel.title)
+
+
+def test_table_panels_are_one_row_per_series() -> None:
+    tables = [p for d in DASHBOARDS.values() for p in d.to_json()["panels"] if p["type"] == "table"]
+    assert tables
+    for panel in tables:
+        assert all(t["instant"] and t["format"] == "table" and not t["range"] for t in panel["targets"]), panel["title"]
