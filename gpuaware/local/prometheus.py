@@ -25,13 +25,17 @@ class LocalPrometheus(ChildProcess):
     The shipped workloads are scraped through the scrape configs prometheus-operator generates from the
     shipped PodMonitors (``gpuaware.deploy.scrape``), so series carry the labels they get in a cluster."""
 
-    def __init__(self, workdir: Path, targets: dict[str, list[int]], interval_s: int = 1, rules: Path = RULES):
+    def __init__(self, workdir: Path, targets: dict[str, list[int]], interval_s: int = 1, rules: Path = RULES,
+                 alertmanager_port: int | None = None):
         self.port = free_port()
         config = {
             "global": {"scrape_interval": f"{interval_s}s", "evaluation_interval": f"{interval_s}s"},
             "rule_files": [str(rules)],
             "scrape_configs": local_scrape_configs(targets),
         }
+        if alertmanager_port is not None:  # firing alerts are sent there (gpuaware.local.alertmanager)
+            target = {"targets": [f"127.0.0.1:{alertmanager_port}"]}
+            config["alerting"] = {"alertmanagers": [{"static_configs": [target]}]}
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "prometheus.yml").write_text(json.dumps(config, indent=2))  # JSON is YAML
         super().__init__("prometheus", [
@@ -55,3 +59,6 @@ class LocalPrometheus(ChildProcess):
 
     def alerts(self) -> list[dict]:
         return self.api("/api/v1/alerts")["data"]["alerts"]
+
+    def firing(self) -> set[str]:
+        return {a["labels"]["alertname"] for a in self.alerts() if a["state"] == "firing"}

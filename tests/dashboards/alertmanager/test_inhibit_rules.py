@@ -4,22 +4,17 @@ prometheus-alertmanager; skipped where it is not installed)."""
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 import time
-import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import yaml
 
-from gpuaware.local.processes import ChildProcess, free_port
+from gpuaware.local.alertmanager import INHIBIT_RULES as INHIBIT
+from gpuaware.local.alertmanager import LocalAlertmanager, binary
 from tests.support import RULES, prometheus_rules
-
-INHIBIT = RULES.parents[1] / "alertmanager" / "inhibit_rules.yml"
-BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
 
 def _names(matchers: list[str]) -> set[str]:
@@ -49,33 +44,13 @@ def test_inhibit_rules_name_real_alerts_and_labels_both_sides_carry() -> None:
                 assert set(rule["equal"]) <= seen, (name, rule["equal"], seen)
 
 
-class _Alertmanager(ChildProcess):
-    def __init__(self, workdir: Path):
-        self.port = free_port()
-        config = {"route": {"receiver": "null", "group_by": ["alertname"]}, "receivers": [{"name": "null"}],
-                  **yaml.safe_load(INHIBIT.read_text())}
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "alertmanager.yml").write_text(yaml.safe_dump(config))
-        super().__init__("alertmanager", [
-            BINARY, f"--config.file={workdir / 'alertmanager.yml'}", f"--storage.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="], workdir / "alertmanager.log")
-
-    def call(self, path: str, body: list | None = None):
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as r:
-            text = r.read()
-        return json.loads(text) if text else None
-
-
 def _alert(name: str, **labels: str) -> dict:
     now = datetime.now(UTC)
     return {"labels": {"alertname": name, "cluster": "a", **labels}, "startsAt": now.isoformat(),
             "endsAt": (now + timedelta(hours=1)).isoformat()}
 
 
-@pytest.mark.skipif(BINARY is None, reason="Debian package prometheus-alertmanager not installed")
+@pytest.mark.skipif(binary() is None, reason="Debian package prometheus-alertmanager not installed")
 def test_one_failure_pages_once_per_gpu_node_and_cluster(tmp_path: Path) -> None:
     gpu1 = {"UUID": "GPU-1", "gpu": "1", "Hostname": "n1", "node": "n1"}
     gpu2 = {"UUID": "GPU-2", "gpu": "2", "Hostname": "n1", "node": "n1"}
@@ -103,7 +78,7 @@ def test_one_failure_pages_once_per_gpu_node_and_cluster(tmp_path: Path) -> None
     expected = {("GpuLost", "a", "GPU-1", ""), ("GpuHealthCritical", "a", "GPU-2", ""),
                 ("GpuXidBurst", "b", "GPU-1", ""), ("GpuawareAgentDown", "a", "", "n2"),
                 ("GpuawareAgentSilent", "a", "", "n3"), ("GpuawareStreamWorkersDown", "a", "", "")}
-    am = _Alertmanager(tmp_path / "am")
+    am = LocalAlertmanager(tmp_path / "am")
     am.start()
     try:
         deadline, active = time.monotonic() + 60, set()
@@ -111,7 +86,7 @@ def test_one_failure_pages_once_per_gpu_node_and_cluster(tmp_path: Path) -> None
             assert am.running(), am.log_tail()
             try:
                 am.call("/api/v2/alerts", sent)
-                got = am.call("/api/v2/alerts")
+                got = am.alerts()
             except OSError:
                 time.sleep(0.5)  # still starting
                 continue
