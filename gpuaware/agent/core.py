@@ -56,6 +56,7 @@ class GpuTrack:
     last_xid: int | None = None
     cordoned: bool = False
     events: dict[str, int] = field(default_factory=dict)
+    xids: dict[int, int] = field(default_factory=dict)  # XID code -> times reported (alerts tell app XIDs apart)
     verdict: Judgement = field(default_factory=Judgement)
 
 
@@ -181,6 +182,7 @@ class AgentCore:
             track.health.learn_xid(x.ts, x.xid)
             self.verdicts.learn_xid(track.device.index, x.ts, x.xid)
             track.last_xid = x.xid
+            track.xids[x.xid] = track.xids.get(x.xid, 0) + 1
             critical = x.xid in CRITICAL_XIDS
             self._event(out, track, x.ts, EventKind.XID, Severity.CRITICAL if critical else Severity.WARNING,
                         f"XID {x.xid}", metric="xid", value=float(x.xid), xid=str(x.xid))

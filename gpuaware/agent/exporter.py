@@ -73,6 +73,8 @@ class AgentCollector(Collector):
                                      "Current full-sample interval of the GPU.", labels=glabels)
         events = CounterMetricFamily("gpuaware_agent_events", "Edge events raised, by kind.",
                                      labels=[*glabels, "kind"])
+        xids = CounterMetricFamily("gpuaware_agent_xid_errors", "XID errors the driver reported, by code.",
+                                   labels=[*glabels, "xid"])
         lost = GaugeMetricFamily("gpuaware_gpu_lost", "1 when the GPU stopped answering.", labels=glabels)
         cordoned = GaugeMetricFamily("gpuaware_gpu_cordoned",
                                      "1 while the node's gpuaware.io/cordoned-gpus annotation names the GPU.",
@@ -88,9 +90,11 @@ class AgentCollector(Collector):
             interval.add_metric(gl, track.sampler.interval)
             for kind, n in track.events.items():
                 events.add_metric([*gl, str(kind).lower()], n)
+            for code, n in sorted(track.xids.items()):
+                xids.add_metric([*gl, str(code)], n)
             lost.add_metric(gl, 1.0 if track.lost else 0.0)
             cordoned.add_metric(gl, 1.0 if track.cordoned else 0.0)
-        yield from (health, band, comp, anomaly, interval, events, lost, cordoned)
+        yield from (health, band, comp, anomaly, interval, events, xids, lost, cordoned)
         yield from verdict_families(self.cores, node)
 
         nl = [node]

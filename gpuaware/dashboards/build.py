@@ -23,6 +23,21 @@ from gpuaware.dashboards.definitions import DASHBOARDS, VARIANTS, label_text, va
 OUT = Path(__file__).resolve().parent / "grafana"
 RULES_DIR = Path(__file__).resolve().parent / "prometheus"
 RULES = RULES_DIR / "rules.yml"
+# Where the runbooks are served. Alerts carry absolute links: a relative one is dead in a page or a chat
+# message. `python -m gpuaware.deploy.manifests --runbook-url URL` points the shipped PrometheusRule elsewhere.
+RUNBOOK_URL = "https://github.com/gpuaware/gpuaware/blob/main/docs/runbooks.md"
+
+
+def with_runbook_url(tree: dict, url: str) -> dict:
+    """``tree`` (rules.yml's groups) with each alert's runbook_url under ``url`` instead of RUNBOOK_URL."""
+    if not url.startswith(("https://", "http://")):
+        raise ValueError(f"runbook URL {url!r}: give an absolute http(s) URL (alerts are read outside the repo)")
+    for group in tree["groups"]:
+        for rule in group["rules"]:
+            ann = rule.get("annotations") or {}
+            if "runbook_url" in ann:
+                ann["runbook_url"] = url.rstrip("/") + ann["runbook_url"].removeprefix(RUNBOOK_URL)
+    return tree
 
 
 def rules_for(folder: str) -> dict:

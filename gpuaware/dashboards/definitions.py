@@ -1,4 +1,4 @@
-"""The dashboards: fleet, GPU health, forecasts and capacity, pipeline health.
+"""The dashboards: fleet, GPU health, one GPU, forecasts and capacity, pipeline health, scheduler and tenants.
 
 Queries use the dcgm-exporter names the agent exports (existing DCGM dashboards keep working)
 and the ``gpuaware_*`` metrics of the agent, the stream workers and the scheduler. ``$cluster``
@@ -13,25 +13,52 @@ import re
 from collections.abc import Callable
 
 from gpuaware.contract.dcgm import LEGACY, Schema, translate
-from gpuaware.dashboards.model import Annotation, Dashboard, Panel, Target, Variable
+from gpuaware.dashboards.model import Annotation, Dashboard, Link, Panel, Target, Variable
 
 # Whole GPUs only: not a MIG instance's series (GPU_I_ID) nor a pod's share of a shared GPU (pod_uid).
 GPU = 'cluster=~"$cluster", Hostname=~"$node", modelName=~"$model", GPU_I_ID="", pod_uid=""'
 SCHED = 'cluster=~"$cluster"'
+CL = SCHED  # the stream workers' and agents' own families
+ONE_GPU = 'cluster=~"$cluster", Hostname=~"$node", gpu=~"$gpu", GPU_I_ID="", pod_uid=""'
 TENANT = 'cluster=~"$cluster", tenant=~"$tenant"'
 EVENTS = f"gpuaware_agent_events_total{{{GPU}}}"
 
 CLUSTER = Variable("cluster", "label_values(up, cluster)", "Cluster")
 VARIABLES = [
     CLUSTER,
-    Variable("node", "label_values(DCGM_FI_DEV_GPU_UTIL, Hostname)", "Node"),
-    Variable("model", "label_values(DCGM_FI_DEV_GPU_UTIL, modelName)", "GPU model"),
+    Variable("node", 'label_values(DCGM_FI_DEV_GPU_UTIL{cluster=~"$cluster"}, Hostname)', "Node"),
+    Variable("model", 'label_values(DCGM_FI_DEV_GPU_UTIL{cluster=~"$cluster"}, modelName)', "GPU model"),
 ]
+GPU_VARIABLES = [
+    CLUSTER,
+    Variable("node", 'label_values(DCGM_FI_DEV_GPU_UTIL{cluster=~"$cluster"}, Hostname)', "Node"),
+    Variable("gpu", 'label_values(DCGM_FI_DEV_GPU_UTIL{cluster=~"$cluster", Hostname=~"$node"}, gpu)', "GPU"),
+]
+# Drill-down: a series of one GPU opens the GPU dashboard on it; an aggregate opens it on the same selection.
+TO_GPU = Link("GPU ${__field.labels.Hostname}/${__field.labels.gpu}",
+              "/d/gpuaware-gpu/gpuaware-gpu?var-cluster=${__field.labels.cluster}&var-node=${__field.labels.Hostname}"
+              "&var-gpu=${__field.labels.gpu}&${__url_time_range}")
+TO_GPUS = Link("GPUs of this selection", "/d/gpuaware-gpu/gpuaware-gpu?${__all_variables}&${__url_time_range}")
+# Throttle reasons that are heat or power (0x4 software power cap, 0x8 hardware slowdown, 0x20/0x40 software and
+# hardware thermal, 0x80 power brake), not idle (0x1), application clocks (0x2), sync boost (0x10) or display (0x100).
+THROTTLE = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+
+
+def heat_or_power(selector: str) -> str:
+    r = f"{THROTTLE}{{{selector}}}"
+    return f"((floor({r} / 4) % 4 > 0) or (floor({r} / 32) % 8 > 0))"
+
+
+def drill(dashboard: Dashboard) -> Dashboard:
+    """Every panel linked to the GPU dashboard: series of one GPU (their legend names it) to that GPU."""
+    for panel in dashboard.panels:
+        panel.links = [TO_GPU if all("{{gpu}}" in t.legend for t in panel.targets) else TO_GPUS]
+    return dashboard
 SCHEDULER_VARIABLES = [CLUSTER, Variable("tenant", "label_values(gpuaware_scheduler_tenant_gpus, tenant)", "Tenant")]
 
 
 def fleet_overview() -> Dashboard:
-    return Dashboard("gpuaware-fleet", "gpuaware / Fleet overview",
+    return drill(Dashboard("gpuaware-fleet", "gpuaware / Fleet overview",
                      "GPUs by model and node, how busy they are, and how much of what is allocated is used.", [
         Panel("GPUs by model", [Target(f"count by (modelName) (DCGM_FI_DEV_GPU_UTIL{{{GPU}}})", "{{modelName}}")],
               kind="bargauge", width=8),
@@ -60,11 +87,11 @@ def fleet_overview() -> Dashboard:
         Panel("Temperature (max per node)", [Target(f"max by (Hostname) (DCGM_FI_DEV_GPU_TEMP{{{GPU}}})",
                                                     "{{Hostname}}")], unit="celsius",
               thresholds=[(None, "green"), (80, "orange"), (87, "red")]),
-    ], VARIABLES)
+    ], VARIABLES))
 
 
 def gpu_health() -> Dashboard:
-    return Dashboard("gpuaware-health", "gpuaware / GPU health",
+    return drill(Dashboard("gpuaware-health", "gpuaware / GPU health",
                      "Explainable health scores from the agents, and the error signals behind them.", [
         Panel("GPUs per health band", [Target(f"sum by (band) (gpuaware_gpu_health_band{{{GPU}}})", "{{band}}")],
               kind="bargauge", width=8),
@@ -92,7 +119,9 @@ def gpu_health() -> Dashboard:
             Target(f"sum by (Hostname, gpu) (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{GPU}}})", "DBE {{Hostname}}/{{gpu}}")]),
         Panel("Last XID", [Target(f"DCGM_FI_DEV_XID_ERRORS{{{GPU}}} > 0", "{{Hostname}}/{{gpu}}")]),
         Panel("Throttled GPUs (thermal or power)", [Target(
-            f"count by (modelName) (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{{{GPU}}} > 1)", "{{modelName}}")]),
+            f"count by (modelName) {heat_or_power(GPU)}", "{{modelName}}")],
+              description="Throttle reasons 0x4, 0x8, 0x20, 0x40, 0x80 (power cap, slowdown, thermal, power brake); "
+                          "not idle, application clocks or sync boost."),
         Panel("Temperature, hottest 10", [Target(f"topk(10, DCGM_FI_DEV_GPU_TEMP{{{GPU}}})",
                                                  "{{Hostname}}/{{gpu}}")], unit="celsius",
               thresholds=[(None, "green"), (80, "orange"), (87, "red")]),
@@ -116,62 +145,107 @@ def gpu_health() -> Dashboard:
         # An event counter is born at 1 (no increase to see): a series new in the last minute counts too.
         "Edge events", f"(sum by (Hostname, gpu, kind) (increase({EVENTS}[1m])) > 0) or (sum by (Hostname, gpu, kind) "
                        f"({EVENTS}) unless sum by (Hostname, gpu, kind) ({EVENTS} offset 1m))",
-        "{{kind}} on {{Hostname}}/{{gpu}}")])
+        "{{kind}} on {{Hostname}}/{{gpu}}")]))
+
+
+def gpu_detail() -> Dashboard:
+    """One GPU (NVIDIA's 12239 has ``$gpu``): where the fleet and health panels lead."""
+    events = f"gpuaware_agent_events_total{{{ONE_GPU}}}"
+    return Dashboard("gpuaware-gpu", "gpuaware / GPU",
+                     "One GPU's load, memory, heat and power, health score and verdict, errors and events.", [
+        Panel("Health score", [Target(f"gpuaware_gpu_health_score{{{ONE_GPU}}}", "{{Hostname}}/{{gpu}}")],
+              min=0, max=100, thresholds=[(None, "red"), (50, "orange"), (80, "green")], width=8),
+        Panel("Verdict and recommended action", [Target(
+            f"gpuaware_gpu_health_verdict{{{ONE_GPU}}}", "{{Hostname}}/{{gpu}} {{verdict}}: {{action}}")],
+              kind="table", width=16),
+        Panel("Utilization", [Target(f"DCGM_FI_DEV_GPU_UTIL{{{ONE_GPU}}}", "{{Hostname}}/{{gpu}}")], unit="percent",
+              min=0, max=100),
+        Panel("Framebuffer used", [Target(f"DCGM_FI_DEV_FB_USED{{{ONE_GPU}}} * 1048576", "{{Hostname}}/{{gpu}}")],
+              unit="bytes"),
+        Panel("Temperature", [Target(f"DCGM_FI_DEV_GPU_TEMP{{{ONE_GPU}}}", "{{Hostname}}/{{gpu}}")], unit="celsius",
+              thresholds=[(None, "green"), (80, "orange"), (87, "red")]),
+        Panel("Power draw", [Target(f"DCGM_FI_DEV_POWER_USAGE{{{ONE_GPU}}}", "{{Hostname}}/{{gpu}}")], unit="watt"),
+        Panel("Health components", [Target(f"gpuaware_gpu_health_component{{{ONE_GPU}}}",
+                                           "{{Hostname}}/{{gpu}} {{component}}")], min=0, max=100),
+        Panel("Throttled for heat or power", [Target(heat_or_power(ONE_GPU), "{{Hostname}}/{{gpu}}")],
+              description="Throttle reasons 0x4, 0x8, 0x20, 0x40, 0x80 set (value: the reasons bitmask)."),
+        Panel("XID errors by code (1 h)", [Target(
+            f"sum by (Hostname, gpu, xid) (increase(gpuaware_agent_xid_errors_total{{{ONE_GPU}}}[1h]))",
+            "{{Hostname}}/{{gpu}} XID {{xid}}")],
+              description="13, 31 and 43 are the application's faults; alert GpuXidBurst leaves them out."),
+        Panel("ECC errors (volatile)", [
+            Target(f"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{{ONE_GPU}}}", "SBE {{Hostname}}/{{gpu}}"),
+            Target(f"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{ONE_GPU}}}", "DBE {{Hostname}}/{{gpu}}")]),
+        Panel("Edge events per minute", [Target(
+            f"sum by (Hostname, gpu, kind) (rate({events}[5m])) * 60", "{{Hostname}}/{{gpu}} {{kind}}")]),
+        Panel("Sampling interval", [Target(f"gpuaware_agent_sampling_interval_seconds{{{ONE_GPU}}}",
+                                           "{{Hostname}}/{{gpu}}")], unit="s"),
+    ], GPU_VARIABLES)
 
 
 def forecasts() -> Dashboard:
+    # max by (cluster, model): for a moment after a rebalance two workers may both export a forecast.
+    demand = 'max by (cluster, model) (gpuaware_cluster_demand_gpus{cluster=~"$cluster", horizon_s="%s", bound="%s"})'
+    capacity = 'max by (cluster, model) (gpuaware_cluster_capacity_gpus{cluster=~"$cluster"})'
     return Dashboard("gpuaware-forecasts", "gpuaware / Forecasts and capacity",
                      "Per-model GPU demand forecast by the stream workers, with its 80% interval, against capacity.", [
         Panel("Demand forecast, 5 min ahead (busy GPUs)", [
-            Target('gpuaware_cluster_demand_gpus{horizon_s="300", bound="mean"}', "{{model}} forecast"),
-            Target('gpuaware_cluster_demand_gpus{horizon_s="300", bound="upper"}', "{{model}} upper 80%"),
-            Target('gpuaware_cluster_demand_gpus{horizon_s="300", bound="lower"}', "{{model}} lower 80%"),
-            Target("gpuaware_cluster_capacity_gpus", "{{model}} capacity")], width=24, height=10),
+            Target(demand % (300, "mean"), "{{cluster}} {{model}} forecast"),
+            Target(demand % (300, "upper"), "{{cluster}} {{model}} upper 80%"),
+            Target(demand % (300, "lower"), "{{cluster}} {{model}} lower 80%"),
+            Target(capacity, "{{cluster}} {{model}} capacity")], width=24, height=10),
         Panel("Actual busy GPUs by model", [Target(
-            'sum by (modelName) (DCGM_FI_DEV_GPU_UTIL{pod_uid=""}) / 100', "{{modelName}}")], width=12),
+            'sum by (cluster, modelName) (DCGM_FI_DEV_GPU_UTIL{cluster=~"$cluster", GPU_I_ID="", pod_uid=""}) / 100',
+            "{{cluster}} {{modelName}}")], width=12),
         Panel("Forecast headroom (capacity - upper bound, 15 min)", [Target(
-            'min by (model) (gpuaware_cluster_capacity_gpus - on (model) '
-            'gpuaware_cluster_demand_gpus{horizon_s="900", bound="upper"})', "{{model}}")], width=12),
+            f"{capacity} - on (cluster, model) {demand % (900, 'upper')}", "{{cluster}} {{model}}")], width=12),
         Panel("Forecast error (MAE) per horizon", [Target(
-            "avg by (metric, horizon_minutes) (gpuaware_stream_forecast_mae)",
-            "{{metric}} {{horizon_minutes}} min")], width=12),
-        Panel("GPUs per workload class", [Target("sum by (class) (gpuaware_stream_workload_class_gpus)",
-                                                 "{{class}}")], kind="bargauge", width=12),
-    ])
+            'avg by (cluster, metric, horizon_minutes) (gpuaware_stream_forecast_mae{cluster=~"$cluster"})',
+            "{{cluster}} {{metric}} {{horizon_minutes}} min")], width=12),
+        Panel("GPUs per workload class", [Target(
+            'sum by (cluster, class) (gpuaware_stream_workload_class_gpus{cluster=~"$cluster"})',
+            "{{cluster}} {{class}}")], kind="bargauge", width=12),
+    ], [CLUSTER])
 
 
 def pipeline_health() -> Dashboard:
+    def rate(name: str) -> str:
+        return f"rate({name}{{{CL}}}[5m])"
+
+    latency = "gpuaware_stream_sample_to_state_seconds_bucket"
     return Dashboard("gpuaware-pipeline", "gpuaware / Pipeline health",
                      "Agents' sampling and cost, the Kafka path, and the stream workers.", [
-        Panel("Samples/s (agents)", [Target("sum(rate(gpuaware_agent_samples_total[5m]))")], kind="stat", width=6,
+        Panel("Samples/s (agents)", [Target(f"sum({rate('gpuaware_agent_samples_total')})")], kind="stat", width=6,
               unit="ops"),
-        Panel("Bytes/s to Kafka (agents)", [Target("sum(rate(gpuaware_agent_bytes_sent_total[5m]))")], kind="stat",
+        Panel("Bytes/s to Kafka (agents)", [Target(f"sum({rate('gpuaware_agent_bytes_sent_total')})")], kind="stat",
               width=6, unit="Bps"),
-        Panel("Spooled records", [Target("sum(gpuaware_agent_spool_depth)")], kind="stat", width=6,
+        Panel("Spooled records", [Target(f"sum(gpuaware_agent_spool_depth{{{CL}}})")], kind="stat", width=6,
               thresholds=[(None, "green"), (1, "orange"), (10000, "red")]),
-        Panel("Dead-lettered records (1 h)", [Target("sum(increase(gpuaware_stream_dlq_total[1h]))")], kind="stat",
-              width=6, thresholds=[(None, "green"), (1, "orange")]),
+        Panel("Dead-lettered records (1 h)", [Target(f"sum(increase(gpuaware_stream_dlq_total{{{CL}}}[1h]))")],
+              kind="stat", width=6, thresholds=[(None, "green"), (1, "orange")]),
         Panel("Sampling interval per GPU", [Target(f"gpuaware_agent_sampling_interval_seconds{{{GPU}}}",
                                                    "{{Hostname}}/{{gpu}}")], unit="s"),
         Panel("Samples and watch reads per second", [
-            Target("sum by (Hostname) (rate(gpuaware_agent_samples_total[5m]))", "samples {{Hostname}}"),
-            Target("sum by (Hostname) (rate(gpuaware_agent_watch_reads_total[5m]))", "watch reads {{Hostname}}")]),
+            Target(f"sum by (Hostname) ({rate('gpuaware_agent_samples_total')})", "samples {{Hostname}}"),
+            Target(f"sum by (Hostname) ({rate('gpuaware_agent_watch_reads_total')})", "watch reads {{Hostname}}")]),
         Panel("Publish errors and spool drops", [
-            Target("sum(rate(gpuaware_agent_publish_errors_total[5m]))", "publish errors/s"),
-            Target("sum(rate(gpuaware_agent_spool_dropped_total[5m]))", "spool drops/s")]),
+            Target(f"sum({rate('gpuaware_agent_publish_errors_total')})", "publish errors/s"),
+            Target(f"sum({rate('gpuaware_agent_spool_dropped_total')})", "spool drops/s")]),
         Panel("Stream records/s by topic", [Target(
-            "sum by (topic) (rate(gpuaware_stream_records_total[5m]))", "{{topic}}")], unit="ops"),
-        Panel("Consumer lag by topic", [Target("sum by (topic) (gpuaware_stream_consumer_lag)", "{{topic}}")]),
+            f"sum by (topic) ({rate('gpuaware_stream_records_total')})", "{{topic}}")], unit="ops"),
+        Panel("Consumer lag by topic", [Target(f"sum by (topic) (gpuaware_stream_consumer_lag{{{CL}}})",
+                                               "{{topic}}")]),
+        Panel("Consumer lag in seconds by topic", [Target(
+            f"max by (topic) (gpuaware:stream_lag_seconds:by_topic{{{CL}}})", "{{topic}}")], unit="s",
+              description="Records behind over the rate they are read at (alert GpuawareStreamLag)."),
         Panel("Sample to state latency (p50, p99)", [
-            Target("histogram_quantile(0.5, sum by (le) (rate(gpuaware_stream_sample_to_state_seconds_bucket[5m])))",
-                   "p50"),
-            Target("histogram_quantile(0.99, sum by (le) (rate(gpuaware_stream_sample_to_state_seconds_bucket[5m])))",
-                   "p99")], unit="s"),
+            Target(f"histogram_quantile(0.5, sum by (le) ({rate(latency)}))", "p50"),
+            Target(f"histogram_quantile(0.99, sum by (le) ({rate(latency)}))", "p99")], unit="s"),
         Panel("Derived records/s by topic", [Target(
-            "sum by (topic) (rate(gpuaware_stream_published_total[5m]))", "{{topic}}")], unit="ops"),
+            f"sum by (topic) ({rate('gpuaware_stream_published_total')})", "{{topic}}")], unit="ops"),
         Panel("Duplicate samples applied once (/s)", [Target(
-            "sum(rate(gpuaware_stream_duplicate_samples_total[5m]))", "duplicates/s")]),
-    ])
+            f"sum({rate('gpuaware_stream_duplicate_samples_total')})", "duplicates/s")]),
+    ], VARIABLES)
 
 
 def scheduler_tenants() -> Dashboard:
@@ -227,7 +301,7 @@ def scheduler_tenants() -> Dashboard:
     ], SCHEDULER_VARIABLES)
 
 
-DASHBOARDS = {d.uid: d for d in (fleet_overview(), gpu_health(), forecasts(), pipeline_health(),
+DASHBOARDS = {d.uid: d for d in (fleet_overview(), gpu_health(), gpu_detail(), forecasts(), pipeline_health(),
                                  scheduler_tenants())}
 
 

@@ -6,6 +6,7 @@ JSON is readable, and a test checks every query against the metrics the code exp
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -19,8 +20,22 @@ class Target:
     expr: str
     legend: str = ""
 
-    def to_json(self, ref: str) -> dict[str, Any]:
-        return {"datasource": DATASOURCE, "expr": self.expr, "legendFormat": self.legend, "refId": ref}
+    def to_json(self, ref: str, table: bool = False) -> dict[str, Any]:
+        out = {"datasource": DATASOURCE, "expr": self.expr, "legendFormat": self.legend, "refId": ref}
+        if table:  # one row per series now; a range query gives one frame per series, picked from a dropdown
+            out.update(instant=True, range=False, format="table")
+        return out
+
+
+@dataclass
+class Link:
+    """A data link: Grafana fills ``${__field.labels.X}`` from the series clicked."""
+
+    title: str
+    url: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"title": self.title, "url": self.url}
 
 
 @dataclass
@@ -35,6 +50,7 @@ class Panel:
     thresholds: list[tuple[float | None, str]] = field(default_factory=lambda: [(None, "green")])
     min: float | None = None
     max: float | None = None
+    links: list[Link] = field(default_factory=list)
 
     def to_json(self, pid: int, x: int, y: int) -> dict[str, Any]:
         defaults: dict[str, Any] = {
@@ -42,6 +58,8 @@ class Panel:
             "thresholds": {"mode": "absolute",
                            "steps": [{"value": v, "color": c} for v, c in self.thresholds]},
         }
+        if self.links:
+            defaults["links"] = [link.to_json() for link in self.links]
         if self.min is not None:
             defaults["min"] = self.min
         if self.max is not None:
@@ -51,7 +69,7 @@ class Panel:
             "datasource": DATASOURCE, "gridPos": {"x": x, "y": y, "w": self.width, "h": self.height},
             "fieldConfig": {"defaults": defaults, "overrides": []},
             "options": {"legend": {"displayMode": "list", "placement": "bottom"}} if self.kind == "timeseries" else {},
-            "targets": [t.to_json(chr(ord("A") + i)) for i, t in enumerate(self.targets)],
+            "targets": [t.to_json(chr(ord("A") + i), self.kind == "table") for i, t in enumerate(self.targets)],
         }
 
 
@@ -107,12 +125,16 @@ class Dashboard:
             "time": {"from": "now-1h", "to": "now"}, "refresh": "30s", "timezone": "browser",
             "templating": {"list": [datasource, *(v.to_json() for v in self.variables)]},
             "annotations": {"list": [a.to_json() for a in self.annotations]}, "panels": laid_out,
+            # The other gpuaware dashboards, keeping the time range and the variables they share.
+            "links": [{"type": "dashboards", "tags": ["gpuaware"], "asDropdown": True, "title": "gpuaware",
+                       "includeVars": True, "keepTime": True}],
         }
 
     def translated(self, expr: Callable[[str], str], text: Callable[[str], str]) -> Dashboard:
         """The same dashboard with every query rewritten by ``expr`` and every label reference
         (legends, variable queries, annotation titles) by ``text``: one definition, several schemas."""
-        panels = [replace(p, targets=[Target(expr(t.expr), text(t.legend)) for t in p.targets]) for p in self.panels]
+        panels = [replace(p, targets=[Target(expr(t.expr), text(t.legend)) for t in p.targets],
+                          links=[Link(text(k.title), text(k.url)) for k in p.links]) for p in self.panels]
         return replace(self, panels=panels,
                        variables=[replace(v, query=text(v.query)) for v in self.variables],
                        annotations=[replace(a, expr=expr(a.expr), title=text(a.title), tag_keys=text(a.tag_keys))
@@ -120,3 +142,11 @@ class Dashboard:
 
     def queries(self) -> list[str]:
         return [t.expr for p in self.panels for t in p.targets] + [a.expr for a in self.annotations]
+
+    def variable_references(self) -> set[str]:
+        """Every ``$name`` its queries, variable queries and links use (Grafana's ``$__`` built-ins aside)."""
+        texts = self.queries() + [v.query for v in self.variables] + [k.url for p in self.panels for k in p.links]
+        return {m for t in texts for m in re.findall(r"\$\{?(\w+)", t) if not m.startswith("__")}
+
+    def variable_names(self) -> set[str]:
+        return {"datasource", *(v.name for v in self.variables)}

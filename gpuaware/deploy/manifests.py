@@ -7,7 +7,8 @@ What is generated, and from where:
 - Strimzi ``KafkaTopic`` resources from the topic contract (``gpuaware.contract.topics``), so partitions,
   cleanup policies and retention cannot drift from what the code creates locally;
 - Strimzi ``KafkaUser`` resources with each component's ACLs, from the same topic names;
-- a ``PrometheusRule`` from ``gpuaware/dashboards/prometheus/rules.yml``;
+- a ``PrometheusRule`` from ``gpuaware/dashboards/prometheus/rules.yml`` (``--runbook-url URL``: the
+  alerts' runbook links under URL rather than the project's docs/runbooks.md);
 - one Grafana dashboard ``ConfigMap`` per dashboard in ``gpuaware/dashboards/grafana/``, labelled for the
   Grafana sidecar of kube-prometheus-stack.
 """
@@ -24,6 +25,7 @@ from typing import Any
 import yaml
 
 from gpuaware.contract import topics
+from gpuaware.dashboards.build import RUNBOOK_URL, with_runbook_url
 from gpuaware.dashboards.build import dashboards_for as rendered_dashboards
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,8 +128,8 @@ def kafka_user(name: str, grants: list[Grant]) -> dict[str, Any]:
     }
 
 
-def prometheus_rule() -> dict[str, Any]:
-    rules = yaml.safe_load(RULES.read_text())
+def prometheus_rule(runbook_url: str = RUNBOOK_URL) -> dict[str, Any]:
+    rules = with_runbook_url(yaml.safe_load(RULES.read_text()), runbook_url)
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -155,13 +157,13 @@ def _documents(docs: list[dict[str, Any]], source: str) -> str:
     return HEADER.format(source=source) + body
 
 
-def rendered() -> dict[Path, str]:
+def rendered(runbook_url: str = RUNBOOK_URL) -> dict[Path, str]:
     return {
         KAFKA_GENERATED / "kafkatopics.yaml": _documents([kafka_topic(t) for t in topics.ALL_TOPICS],
                                                          "gpuaware/contract/topics.py"),
         KAFKA_GENERATED / "kafkausers.yaml": _documents([kafka_user(n, g) for n, g in USER_GRANTS.items()],
                                                         "gpuaware/deploy/manifests.py USER_GRANTS"),
-        BASE_GENERATED / "prometheusrule.yaml": _documents([prometheus_rule()],
+        BASE_GENERATED / "prometheusrule.yaml": _documents([prometheus_rule(runbook_url)],
                                                           "gpuaware/dashboards/prometheus/rules.yml"),
         BASE_GENERATED / "grafana-dashboards.yaml": _documents(dashboard_configmaps(),
                                                                "gpuaware/dashboards/definitions.py"),
@@ -169,7 +171,18 @@ def rendered() -> dict[Path, str]:
 
 
 def main(argv: list[str]) -> int:
-    files = rendered()
+    url = RUNBOOK_URL
+    if "--runbook-url" in argv:  # where your runbooks are served (a fork's, an internal wiki's copy)
+        at = argv.index("--runbook-url")
+        if at + 1 >= len(argv):
+            print("--runbook-url needs a URL, e.g. https://wiki.example.com/gpuaware/runbooks")
+            return 2
+        url = argv[at + 1]
+    try:
+        files = rendered(url)
+    except ValueError as exc:
+        print(exc)
+        return 2
     if "--check" in argv:
         stale = [str(p.relative_to(REPO)) for p, text in files.items() if not p.exists() or p.read_text() != text]
         if stale:

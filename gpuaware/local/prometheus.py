@@ -9,6 +9,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from gpuaware.deploy.scrape import local_scrape_configs
 from gpuaware.local.processes import ChildProcess, free_port
 
 RULES = Path(str(importlib.resources.files("gpuaware.dashboards").joinpath("prometheus", "rules.yml")))
@@ -19,16 +20,22 @@ def available() -> bool:
 
 
 class LocalPrometheus(ChildProcess):
-    """Scrapes ``targets`` (job name -> ports on 127.0.0.1) every second and evaluates the rules."""
+    """Scrapes ``targets`` (workload name -> ports on 127.0.0.1) every second and evaluates the rules.
 
-    def __init__(self, workdir: Path, targets: dict[str, list[int]], interval_s: int = 1, rules: Path = RULES):
+    The shipped workloads are scraped through the scrape configs prometheus-operator generates from the
+    shipped PodMonitors (``gpuaware.deploy.scrape``), so series carry the labels they get in a cluster."""
+
+    def __init__(self, workdir: Path, targets: dict[str, list[int]], interval_s: int = 1, rules: Path = RULES,
+                 alertmanager_port: int | None = None):
         self.port = free_port()
         config = {
             "global": {"scrape_interval": f"{interval_s}s", "evaluation_interval": f"{interval_s}s"},
             "rule_files": [str(rules)],
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in ports]}]}
-                               for job, ports in targets.items()],
+            "scrape_configs": local_scrape_configs(targets),
         }
+        if alertmanager_port is not None:  # firing alerts are sent there (gpuaware.local.alertmanager)
+            target = {"targets": [f"127.0.0.1:{alertmanager_port}"]}
+            config["alerting"] = {"alertmanagers": [{"static_configs": [target]}]}
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "prometheus.yml").write_text(json.dumps(config, indent=2))  # JSON is YAML
         super().__init__("prometheus", [
@@ -52,3 +59,6 @@ class LocalPrometheus(ChildProcess):
 
     def alerts(self) -> list[dict]:
         return self.api("/api/v1/alerts")["data"]["alerts"]
+
+    def firing(self) -> set[str]:
+        return {a["labels"]["alertname"] for a in self.alerts() if a["state"] == "firing"}

@@ -91,37 +91,10 @@ class SchedulerCollector(Collector):
     def __init__(self, stats: SchedulerStats, snapshot: Callable[[], QueueSnapshot]):
         self.stats, self.snapshot = stats, snapshot
 
-    def collect(self) -> Iterator:
-        s, snap = self.stats, self.snapshot()
-        dec = CounterMetricFamily("gpuaware_scheduler_decisions", "Scheduling decisions by action and reason",
-                                  labels=["action", "reason"])
-        for (action, reason), n in sorted(s.decisions.items()):
-            dec.add_metric([action, reason], n)
-        yield dec
-        yield histogram_family("gpuaware_scheduler_decision_latency_seconds",
-                               "Time of one scheduling cycle (filter, score, reserve)", {(): s.decision_latency})
-        yield histogram_family("gpuaware_scheduler_pass_latency_seconds", "Time of one pass over the queue",
-                               {(): s.pass_latency})
-        yield histogram_family("gpuaware_scheduler_bind_latency_seconds",
-                               "Annotate + Binding + Event API calls of one placement", {(): s.bind_latency})
-        yield histogram_family("gpuaware_scheduler_queue_wait_seconds",
-                               "Pod creation to placement, per tenant and priority", s.queue_wait,
-                               labels=["tenant", "priority"])
-        yield histogram_family("gpuaware_scheduler_remediation_mtbi_seconds",
-                               "Time between two GPU remediations on the same node (MTBI)", {(): s.mtbi})
-        yield histogram_family("gpuaware_scheduler_remediation_mttr_seconds",
-                               "A GPU's time out of service for its health, cordon to validated return (MTTR)",
-                               {(): s.mttr})
-        lemon = GaugeMetricFamily("gpuaware_scheduler_lemon_node",
-                                  "1 for a node with 5 or more GPU remediations in 7 days", labels=["node"])
-        for node in sorted(s.lemon_nodes):
-            lemon.add_metric([node], 1)
-        yield lemon
-        chain = GaugeMetricFamily("gpuaware_scheduler_remediation_gpus",
-                                  "GPUs out of service for their health, by remediation step", labels=["step"])
-        for step in ("draining", "requested", "validating"):
-            chain.add_metric([step], s.remediation_gpus.get(step, 0))
-        yield chain
+    @staticmethod
+    def _queue_families(snap: QueueSnapshot) -> Iterator:
+        """The loop's view of queues, quotas and GPUs. Only the leader exports it: every replica keeps the same
+        view from its own watches, and both exporting it doubled each sum on the scheduler dashboard."""
         pending = GaugeMetricFamily("gpuaware_scheduler_pending_pods", "Pods waiting for placement",
                                     labels=["tenant", "priority"])
         oldest = GaugeMetricFamily("gpuaware_scheduler_oldest_pending_seconds", "Age of the oldest waiting pod",
@@ -154,9 +127,44 @@ class SchedulerCollector(Collector):
             ("gpuaware_scheduler_cordoned_gpus", "GPUs that take no new work", snap.cordoned_gpus),
             ("gpuaware_scheduler_allocated_gpu_ratio", "Allocated share of the cluster's GPU capacity",
              snap.allocated_gpu_share),
-            ("gpuaware_scheduler_leader", "1 while this replica holds the scheduling lease", int(s.leader)),
         ):
             yield GaugeMetricFamily(name, doc, value=v)
+
+    def collect(self) -> Iterator:
+        s = self.stats
+        dec = CounterMetricFamily("gpuaware_scheduler_decisions", "Scheduling decisions by action and reason",
+                                  labels=["action", "reason"])
+        for (action, reason), n in sorted(s.decisions.items()):
+            dec.add_metric([action, reason], n)
+        yield dec
+        yield histogram_family("gpuaware_scheduler_decision_latency_seconds",
+                               "Time of one scheduling cycle (filter, score, reserve)", {(): s.decision_latency})
+        yield histogram_family("gpuaware_scheduler_pass_latency_seconds", "Time of one pass over the queue",
+                               {(): s.pass_latency})
+        yield histogram_family("gpuaware_scheduler_bind_latency_seconds",
+                               "Annotate + Binding + Event API calls of one placement", {(): s.bind_latency})
+        yield histogram_family("gpuaware_scheduler_queue_wait_seconds",
+                               "Pod creation to placement, per tenant and priority", s.queue_wait,
+                               labels=["tenant", "priority"])
+        yield histogram_family("gpuaware_scheduler_remediation_mtbi_seconds",
+                               "Time between two GPU remediations on the same node (MTBI)", {(): s.mtbi})
+        yield histogram_family("gpuaware_scheduler_remediation_mttr_seconds",
+                               "A GPU's time out of service for its health, cordon to validated return (MTTR)",
+                               {(): s.mttr})
+        lemon = GaugeMetricFamily("gpuaware_scheduler_lemon_node",
+                                  "1 for a node with 5 or more GPU remediations in 7 days", labels=["node"])
+        for node in sorted(s.lemon_nodes):
+            lemon.add_metric([node], 1)
+        yield lemon
+        chain = GaugeMetricFamily("gpuaware_scheduler_remediation_gpus",
+                                  "GPUs out of service for their health, by remediation step", labels=["step"])
+        for step in ("draining", "requested", "validating"):
+            chain.add_metric([step], s.remediation_gpus.get(step, 0))
+        yield chain
+        yield GaugeMetricFamily("gpuaware_scheduler_leader", "1 while this replica holds the scheduling lease",
+                                value=int(s.leader))
+        if s.leader:
+            yield from self._queue_families(self.snapshot())
         errors = CounterMetricFamily("gpuaware_scheduler_api_errors", "Failed Kubernetes API calls",
                                      labels=["verb", "code"])
         for (verb, code), n in sorted(s.api_errors.items()):

@@ -74,7 +74,8 @@ def run_worker(kafka: KafkaSettings, settings: StreamSettings, cluster: str, met
     worker = StreamWorker(kafka, settings, cluster, stats, verifier, after_revoke=survivors.reclaim)
     if metrics_port:
         registry = CollectorRegistry()
-        registry.register(StreamCollector(stats, lambda: list(worker.processor.trackers.values()), worker.lag))
+        registry.register(StreamCollector(stats, lambda: list(worker.processor.trackers.values()), worker.lag,
+                                          demand_max_age_s=max(60.0, 3 * settings.cluster_forecast_interval_s)))
         registry.register(survivors)
         start_http_server(metrics_port, addr=metrics_host, registry=registry)
         log.info("serving /metrics on %s:%d", metrics_host, metrics_port)

@@ -39,7 +39,19 @@ class StreamStats:
     changelog_failed: int = 0  # table changelog records not delivered, each sent again (gpuaware.stream.changelog)
     changelog_restored: Counter = field(default_factory=Counter)  # active|standby -> changelog records applied
     latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))  # sample to state
-    demand: list = field(default_factory=list)  # the newest cluster forecast's ModelDemand lines (owner only)
+    _demand: list = field(default_factory=list, repr=False)
+    demand_at: float = float("-inf")  # when the newest cluster forecast was made here (clock's time)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)  # the collector's clock
+
+    @property
+    def demand(self) -> list:
+        """The newest cluster forecast's ModelDemand lines; only the demand topic's owner makes them."""
+        return self._demand
+
+    @demand.setter
+    def demand(self, lines: list) -> None:
+        self._demand = lines
+        self.demand_at = self.clock()
 
     def observe_latency(self, seconds: float) -> None:
         self.latency.observe(seconds)
@@ -55,8 +67,11 @@ class StreamCollector(Collector):
 
     def __init__(self, stats: StreamStats, trackers: Callable[[], Iterable[GpuTracker]],
                  lag: Callable[[], dict[tuple[str, int], int]], fleet_every_s: float = FLEET_EVERY_S,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, demand_max_age_s: float = 60.0):
         self.stats = stats
+        # A worker whose forecast is older stopped owning the demand topic (a rebalance moved it): exporting its
+        # last figures beside the new owner's would double every model's line in a sum and break joins on model.
+        self.demand_max_age_s = demand_max_age_s
         self.trackers = trackers
         self.lag = lag
         self.fleet_every_s = fleet_every_s
@@ -141,10 +156,11 @@ class StreamCollector(Collector):
                                    labels=["model", "horizon_s", "bound"])
         capacity = GaugeMetricFamily("gpuaware_cluster_capacity_gpus", "GPUs per model that are not critical",
                                      labels=["model"])
-        for d in s.demand:
+        lines = s.demand if self.clock() - s.demand_at <= self.demand_max_age_s else []
+        for d in lines:
             for bound, value in (("mean", d.demand_gpus), ("lower", d.lower), ("upper", d.upper)):
                 demand.add_metric([d.model, str(d.horizon_s), bound], value)
-        for model, cap in sorted({d.model: d.capacity_gpus for d in s.demand}.items()):
+        for model, cap in sorted({d.model: d.capacity_gpus for d in lines}.items()):
             capacity.add_metric([model], cap)
         yield demand
         yield capacity

@@ -58,3 +58,14 @@ def test_metrics_are_served_in_the_text_format_prometheus_2_parses():
         # 0.0.4: Prometheus 2 refuses the 1.0.0 text format prometheus_client names latest.
         assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
         assert b"# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n" in r.read()
+
+
+def test_xid_errors_are_counted_per_code_so_alerts_can_leave_application_faults_out():
+    cluster, clock = sim_cluster("xid")  # XID 79 on GPU 2 of node 0 at 450 s
+    core = AgentCore(cluster.node(0), SamplingPolicy(), clock=lambda: clock[0])
+    for s in range(0, 460):
+        clock[0] = float(s)
+        core.tick(float(s))
+    samples = [s for s in _families(_text(core))["gpuaware_agent_xid_errors"].samples if s.name.endswith("_total")]
+    assert {(s.labels["xid"], s.value) for s in samples} >= {("79", 1.0)}
+    assert all(s.labels["gpu"] and s.labels["UUID"] for s in samples)

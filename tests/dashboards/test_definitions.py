@@ -44,7 +44,7 @@ def _exported_names(schema: str = "dcgm-legacy", prefixed: bool = False) -> set[
     for v in range(30):
         tracker._learn_minute(float(v), 100.0)
     registry.register(StreamCollector(stats, lambda: [tracker], lambda: {("gpu.telemetry.v1", 0): 3}))
-    sched = SchedulerStats()
+    sched = SchedulerStats(leader=True)  # only the leader exports the queue snapshot
     sched.decisions[("PLACE", "fits")] += 1
     sched.api_errors[("bind", 409)] += 1
     sched.extender_requests[("filter", 200)] += 1
@@ -83,3 +83,27 @@ def test_each_schema_and_prefix_variant_queries_only_what_that_agent_exports(fol
         assert not [q for _, q in queries if "DCGM_FI_DEV" in q or "DCGM_FI_PROF" in q]
     if schema != "dcgm-legacy":
         assert not [q for _, q in queries if "Hostname" in q]
+
+
+def test_every_variable_a_dashboard_uses_it_defines() -> None:
+    """An undefined `$node` is sent to Prometheus as it stands: the panel is empty, with no error."""
+    undefined = {uid: sorted(d.variable_references() - d.variable_names()) for uid, d in DASHBOARDS.items()}
+    assert not any(undefined.values()), undefined
+    assert all("cluster" in d.variable_names() for d in DASHBOARDS.values())
+
+
+def test_fleet_and_health_panels_drill_down_to_the_gpu_dashboard() -> None:
+    gpu = DASHBOARDS["gpuaware-gpu"]
+    assert {"cluster", "node", "gpu"} <= gpu.variable_names()
+    for uid in ("gpuaware-fleet", "gpuaware-health"):
+        for panel in DASHBOARDS[uid].panels:
+            assert [k.url for k in panel.links if k.url.startswith("/d/gpuaware-gpu/")], (uid, panel.title)
+            if all("{{gpu}}" in t.legend for t in panel.targets):  # a series of one GPU opens that GPU
+                assert "var-gpu=${__field.labels.gpu}" in panel.links[0].url, (uid, panel.title)
+
+
+def test_table_panels_are_one_row_per_series() -> None:
+    tables = [p for d in DASHBOARDS.values() for p in d.to_json()["panels"] if p["type"] == "table"]
+    assert tables
+    for panel in tables:
+        assert all(t["instant"] and t["format"] == "table" and not t["range"] for t in panel["targets"]), panel["title"]

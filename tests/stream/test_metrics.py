@@ -88,3 +88,24 @@ def test_scrapes_that_come_during_a_walk_wait_for_it_instead_of_walking_too() ->
         t.join()
     assert results == [4.0] * 4
     assert _Tracker.walks == 4  # one walk of the four GPUs, not one per scrape
+
+
+def test_a_worker_stops_exporting_the_cluster_forecast_once_it_stops_making_it() -> None:
+    """After a rebalance moves the demand topic, the old owner's last forecast must not stand beside the new
+    owner's: two series per model double sums and break the forecast dashboard's join on (cluster, model)."""
+    from gpuaware.contract.events import ModelDemand
+
+    now = [1000.0]
+    stats = StreamStats(clock=lambda: now[0])
+    registry = CollectorRegistry()
+    registry.register(StreamCollector(stats, lambda: [], lambda: {}, clock=lambda: now[0], demand_max_age_s=60.0))
+    stats.demand = [ModelDemand("H100", 900, 3.0, 2.0, 4.0, 8.0)]
+    now[0] += 30.0
+    text = generate_latest(registry).decode()
+    assert 'gpuaware_cluster_demand_gpus{bound="mean",horizon_s="900",model="H100"} 3.0' in text
+    assert 'gpuaware_cluster_capacity_gpus{model="H100"} 8.0' in text
+    now[0] += 31.0  # no new forecast for over a minute: the demand partition went to another worker
+    text = generate_latest(registry).decode()
+    assert "gpuaware_cluster_demand_gpus{" not in text and "gpuaware_cluster_capacity_gpus{" not in text
+    stats.demand = [ModelDemand("H100", 900, 5.0, 4.0, 6.0, 8.0)]  # owning it again
+    assert 'model="H100"} 5.0' in generate_latest(registry).decode()

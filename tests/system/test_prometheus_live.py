@@ -73,10 +73,26 @@ def _history(node: str) -> list[tuple[str, bytes, bytes]]:
     return out
 
 
-def _query(prometheus: LocalPrometheus, expr: str) -> list:
-    for variable in ("$cluster", "$node", "$model", "$tenant", "$instance", "$gpu"):  # what Grafana's "All" sends
-        expr = expr.replace(variable, ".*")
+def _query(prometheus: LocalPrometheus, expr: str, defined: set[str] = frozenset()) -> list:
+    """``expr`` as Grafana sends it with every variable at "All" (``.*``): only the variables its dashboard
+    defines; any other ``$name`` fails the test (Grafana would send it as it stands and show an empty panel)."""
+    for variable in sorted(defined, key=len, reverse=True):
+        expr = expr.replace(f"${variable}", ".*")
+    undefined = [m for m in re.findall(r"\$\{?(\w+)", expr) if m not in ("__range",)]
+    assert not undefined, f"undefined dashboard variables {undefined} in {expr}"
     return prometheus.query(expr.replace("$__range", "10m"))
+
+
+def _variables_without_values(prometheus: LocalPrometheus) -> list[str]:
+    """Each dashboard variable's label_values(metric, label), as Grafana fills the dropdown: one value at least."""
+    empty = []
+    for uid, d in DASHBOARDS.items():
+        for v in d.variables:
+            metric, label = re.fullmatch(r"label_values\((.+), (\w+)\)", v.query).groups()
+            rows = _query(prometheus, f"group by ({label}) ({metric})", d.variable_names())
+            if not [r for r in rows if r["metric"].get(label)]:
+                empty.append(f"{uid} ${v.name}")
+    return empty
 
 
 def _cluster(kube: Kube, unique: str) -> None:
@@ -126,6 +142,7 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
         child.start()
     try:
         queries = [(uid, q) for uid, d in DASHBOARDS.items() for q in d.queries()]
+        defined = {uid: d.variable_names() for uid, d in DASHBOARDS.items()}
         # Alone this takes ~30 s; in the full suite the worker first reads every earlier test's telemetry.
         deadline = time.monotonic() + 240
         empty = queries
@@ -133,7 +150,8 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
             for child in children:
                 assert child.running(), f"{child.name} exited:\n{child.log_tail()}"
             try:
-                empty = [(uid, q) for uid, q in queries if not _query(prometheus, q)]
+                empty = [(uid, q) for uid, q in queries if not _query(prometheus, q, defined[uid])]
+                empty += [(v, "no values") for v in _variables_without_values(prometheus)]
             except OSError:
                 empty = queries  # Prometheus still starting
             if not empty:
@@ -235,6 +253,8 @@ def test_every_dashboard_query_returns_data_per_architecture_schema_and_coexiste
     prometheus = LocalPrometheus(tmp_path / "prometheus", targets, rules=rules_path(folder))
     ours = [(f"{uid}: {q}", q) for uid, d in DASHBOARDS.items() for q in variant(d, schema, prefixed).queries()
             if ANY_METRIC.findall(q) and all(AGENT_METRIC.fullmatch(m) for m in ANY_METRIC.findall(q))]
+    # What our dashboards that read the agent define, and NVIDIA's dashboard ($instance, $gpu).
+    variables = {"cluster", "node", "gpu", "model", "datasource", "instance"}
     assert len(ours) > 20
     checks: list[tuple[str, str]] = []  # (what, PromQL)
     for model, gpus in ARCH_GPUS.items():
@@ -257,7 +277,7 @@ def test_every_dashboard_query_returns_data_per_architecture_schema_and_coexiste
             for child in children:
                 assert child.running(), f"{child.name} exited:\n{child.log_tail()}"
             try:
-                empty = [(w, q) for w, q in empty if not _query(prometheus, q)]
+                empty = [(w, q) for w, q in empty if not _query(prometheus, q, variables)]
             except urllib.error.HTTPError as exc:  # a query Prometheus refuses: say which
                 raise AssertionError(f"{exc}: {exc.read()[:300]!r}") from exc
             except OSError:
@@ -271,10 +291,10 @@ def test_every_dashboard_query_returns_data_per_architecture_schema_and_coexiste
         # What stays empty is what the architecture cannot give (documented in docs/observability.md).
         for model, gpus in ARCH_GPUS.items():
             tensor = nvidia.PANELS["Tensor Core Utilization"].replace("$gpu", gpus)
-            assert bool(_query(prometheus, tensor)) == MODELS[model].gpm, model
+            assert bool(_query(prometheus, tensor, variables)) == MODELS[model].gpm, model
         # Beside dcgm-exporter nothing is counted twice: its DCGM_* are the only ones, ours are prefixed.
         by_model = variant(DASHBOARDS["gpuaware-fleet"], schema, prefixed).panels[0].targets[0].expr
-        gpus_by_model = _query(prometheus, by_model)
+        gpus_by_model = _query(prometheus, by_model, variables)
         assert sum(float(r["value"][1]) for r in gpus_by_model) == 8
         # The time-shared GPU has one series per pod, the MIG-split one a series per GPU instance.
         for expr, n in (('count(DCGM_FI_DEV_GPU_UTIL{pod_uid!=""})', 3),
