@@ -1,4 +1,4 @@
-"""The keys a job's runtime is learned and looked up under (``job.runtime.v1``), most specific first.
+"""The keys a job's runtime is learned and looked up under, most specific first.
 
 The stream's runtime forecaster learns each completed job's runtime under every key of its signature, and
 predicts from the most specific key with history, shrunk towards the keys above it. The writer (the stream)
@@ -11,9 +11,10 @@ and any reader must derive the same keys from a job, so they are part of the con
 - ``shape:<shape>``: GPUs x milli-GPU, the CPU and memory requests in powers of two, QoS, allowed GPU models;
 - ``*``: every job.
 
-Each key's statistics (``KeyStats``: count, mean and M2 of log runtime) are what ``job.runtime.v1`` carries,
-and ``posterior`` is how any reader turns them into a job's runtime distribution: the writer's forecaster and
-the scheduler's feed compute the same estimate from the same records.
+Each key's statistics (``KeyStats``: count, mean and M2 of log runtime) are what a runtime topic keyed by
+signature would carry, and ``posterior`` is how any reader turns them into a job's runtime distribution, so that
+a writer and a reader compute the same estimate from the same records (the stream's forecaster uses it; no
+topic carries them yet).
 """
 
 from __future__ import annotations
@@ -122,4 +123,6 @@ def posterior(keys: Sequence[str], stats: Mapping[str, KeyStats], prior_weight: 
         mu = (s.n * s.mean + prior_weight * mu) / (s.n + prior_weight)
         var = (max(s.n - 1, 0) * own_var + prior_weight * var) / (max(s.n - 1, 0) + prior_weight)
         lvl, n = level(key), s.n
+    # The spread of the next runtime: the key's variance and the uncertainty of its mean (few completions).
+    var *= 1.0 + 1.0 / (n + prior_weight)
     return Posterior(mu, max(math.sqrt(var), MIN_SIGMA), lvl, n)

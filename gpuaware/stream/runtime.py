@@ -7,14 +7,14 @@ never sees the job it predicts, nor any job that has not ended yet.
 Model: log runtime is normal within a key (``contract.runtime.KeyStats``: count, mean, sum of squared
 deviations), and a job's estimate is ``contract.runtime.posterior`` over its keys (each shrunk towards the one
 above it), the same function the scheduler's feed applies to the records this publishes. The p90's standard
-score ``z90`` is moved after every completion, before it is
-learned, towards the value at which 90% of completions end within their p90 (online quantile tracking of
-the standardised residual, as a conformal interval's width is kept), so p90 coverage holds whatever the
-shape of the residuals.
+score ``z90`` is moved after every completion, before it is learned, towards the value at which 90% of
+completions end within their p90 (online quantile tracking of the standardised residual, as a conformal
+interval's width is kept): over all completions, not per key, and for the p90 at arrival.
 
-Memory: a key holds three floats (about 200 bytes with its dict entry and key string); at most ``max_keys``
-keys are kept, the least recently used dropped first (``*`` never). ``state()`` is every key's statistics,
-the records of the compacted ``job.runtime.v1`` topic; ``restore`` rebuilds exactly the same model.
+Memory: a key holds three floats (about 170 to 200 bytes with its dict entry and key string); at most
+``max_keys`` keys are kept, the least recently used dropped first (``*`` never). ``state()`` is every key's
+statistics, what a compacted topic keyed by signature would carry (none is published yet: the forecaster runs
+in the simulator); ``restore`` rebuilds exactly the same model.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from gpuaware.contract.runtime import GLOBAL, KeyStats, posterior
 
 Z90 = 1.2815515655446004
+Z90_MIN, Z90_MAX = 0.5, 4.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class RuntimeForecaster:
         # Quantile tracking: up by 0.9 x rate when the completion ran past its p90, down by 0.1 x rate
         # otherwise; it rests where 10% run past.
         self.z90 += self.rate * ((1.0 if x > p.mu + p.z90 * p.sigma else 0.0) - 0.1)
+        self.z90 = min(max(self.z90, Z90_MIN), Z90_MAX)  # never a p90 below the median, nor one of no use
         for key in keys:
             s = self.keys.get(key)
             if s is None:
@@ -90,10 +92,15 @@ class RuntimeForecaster:
         return out
 
     def restore(self, records: Iterable[tuple[str, tuple[int, float, float]]]) -> None:
-        """Rebuild from ``state()``'s records (a compacted topic's latest per key, in order)."""
+        """Rebuild from ``state()``'s records, in order: what was learned before is replaced, and at most
+        ``max_keys`` keys are kept (the most recently used)."""
+        self.keys.clear()
+        self.z90, self.learned = Z90, 0
         for key, (n, mean, m2) in records:
             if key == "#z90":
                 self.learned, self.z90 = int(n), float(mean)
             else:
                 self.keys[key] = KeyStats(int(n), float(mean), float(m2))
                 self.keys.move_to_end(key)
+        while len(self.keys) > self.max_keys:
+            del self.keys[next(k for k in self.keys if k != GLOBAL)]

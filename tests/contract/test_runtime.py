@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from gpuaware.contract.runtime import (
     GLOBAL,
     PRIOR_MU,
@@ -46,3 +48,11 @@ def test_the_posterior_shrinks_a_key_with_few_completions_towards_the_one_above(
     assert p.level == "shape" and p.n == 1
     assert math.log(10.0) < p.mu < stats[GLOBAL].mean  # one completion moves it part of the way
     assert posterior(["shape:y"], {}).mu == PRIOR_MU  # nothing learned: the prior
+    # A key with many alike completions: about its own mean, and a narrow spread.
+    stats["shape:z"] = KeyStats()
+    for s in [100.0, 110.0, 90.0] * 30:
+        stats["shape:z"].update(math.log(s))
+    many = posterior(["shape:z", GLOBAL], stats)
+    assert many.mu == pytest.approx(math.log(100.0), abs=0.05)  # 2 of 92 completions' weight on the global mean
+    own = math.sqrt(stats["shape:z"].var)
+    assert own < many.sigma < 3 * own and many.sigma < p.sigma  # shrunk towards the spread above, a little

@@ -45,6 +45,7 @@ def test_predicting_changes_nothing_and_restore_rebuilds_the_same_model():
     f.predict_one(["shape:b", GLOBAL])
     assert f.state() == before
     g = RuntimeForecaster()
+    g.learn_one(["shape:stale", GLOBAL], 5.0)  # what it knew before is replaced
     g.restore(before.items())
     assert g.state() == before
     assert g.predict_one(["shape:a", GLOBAL]) == f.predict_one(["shape:a", GLOBAL])
@@ -52,9 +53,13 @@ def test_predicting_changes_nothing_and_restore_rebuilds_the_same_model():
 
 def test_memory_is_bounded_by_dropping_the_least_recently_learned_keys_never_the_global_one():
     f = RuntimeForecaster(max_keys=3)
+    f.learn_one([GLOBAL], 100.0)  # the global key is then the least recently used of all
     for i in range(10):
-        f.learn_one([f"shape:{i}", GLOBAL], 100.0 + i)
-    assert len(f.keys) == 3 and GLOBAL in f.keys and "shape:9" in f.keys and "shape:0" not in f.keys
+        f.learn_one([f"shape:{i}"], 100.0 + i)
+    assert set(f.keys) == {GLOBAL, "shape:8", "shape:9"}
+    g = RuntimeForecaster(max_keys=2)
+    g.restore(f.state().items())  # a restore keeps the bound too, and the global key
+    assert GLOBAL in g.keys and len(g.keys) == 2
 
 
 @pytest.mark.parametrize("bad", [0.0, -5.0, math.inf, math.nan])

@@ -119,7 +119,7 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
     ledger = queue.ledger if policy.fair_share else None
     order = only if only is not None else queue_order(queue.pending, policy.order, ledger, now, queue.attained,
                                                       policy.aging_gpus)
-    by_duration = policy.order == "predicted" or policy.patient_preemption or policy.reserve_and_backfill
+    by_duration = policy.order == "predicted"
     blocked: set[tuple] = set()
     attempts = 0
     reservation: tuple[int, float, int] | None = None  # (node, time, priority)

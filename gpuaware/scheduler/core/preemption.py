@@ -31,6 +31,7 @@ class Running:
     done_s: float  # work already banked (checkpointed) before this start
     checkpoint_every_s: float | None  # None: cannot checkpoint
     borrowed: bool = False
+    ran_s: float = 0.0  # wall seconds run before this start whose work was kept (what runtimes are measured in)
 
     def lost_if_evicted(self, now: float) -> float:
         ran = max(0.0, now - self.started_s)
@@ -39,8 +40,8 @@ class Running:
         return ran % self.checkpoint_every_s
 
     def elapsed(self, now: float) -> float:
-        """Seconds of work it has done: banked before this start, and run since."""
-        return self.done_s + max(0.0, now - self.started_s)
+        """Wall seconds it has run, kept from before this start and since: what its runtime estimate is of."""
+        return self.ran_s + max(0.0, now - self.started_s)
 
     def eviction_cost(self, now: float) -> float:
         """Seconds an eviction throws away: the work lost, and the room it would free soon anyway."""

@@ -22,6 +22,7 @@ is open to a gang only when the whole gang fits what the tenant has left of it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -205,7 +206,7 @@ def queue_order(pending: list[Workload], order: str, ledger: TenantLedger | None
       arrival; needs no forecast (Tiresias' 2D-LAS, without its preemption);
     - ``predicted``: least predicted remaining GPU service first (the expected time left given what has run,
       times GPUs; Helios' QSSF), less ``aging_gpus`` GPU-seconds for every second waited so nothing starves;
-      work without an estimate orders as if it needed an hour.
+      work without an estimate (or past what it expected) orders as if it needed an hour.
     """
     if order == "fair":
         return fair_order(pending, ledger)
@@ -220,7 +221,9 @@ def queue_order(pending: list[Workload], order: str, ledger: TenantLedger | None
     def key(w: Workload) -> tuple[int, float, float]:
         gpus = gpu_weight(w)
         ran = done.get(w.id, 0.0) / gpus
-        left = w.runtime.mean_remaining(ran) if w.runtime is not None else UNKNOWN_REMAINING_S
+        left = w.runtime.mean_remaining(ran) if w.runtime is not None else math.inf
+        if not math.isfinite(left):  # no estimate, or it ran past what the estimate expected
+            left = UNKNOWN_REMAINING_S
         return -w.priority, gpus * left - aging_gpus * max(0.0, now - w.submit_s), w.submit_s
 
     return sorted(pending, key=key)

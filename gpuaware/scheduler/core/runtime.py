@@ -1,8 +1,9 @@
 """What the core knows of a job's runtime: a log-normal estimate, conditioned on the time it has already run.
 
-The estimate comes from outside the core: the stream's online runtime forecaster (``job.runtime.v1``, read by
-the live scheduler's feed), a duration the user declares, or, in the simulator's ``oracle`` ceiling only, the
-job's true duration (``sigma`` 0). The core never sees a job's true duration otherwise.
+The estimate comes from outside the core: the stream's online runtime forecaster (``stream/runtime.py``; in the
+simulator, not yet on a topic the live scheduler reads), a duration the pod declares (``gpuaware.io/duration-s``,
+taken as exact), or, in the simulator's ``oracle`` ceiling only, the job's true duration (``sigma`` 0). The core
+never sees a job's true duration otherwise.
 
     total runtime D ~ exp(N(mu, sigma^2));   quantile q of D given D > a (a: time already run)
 
@@ -22,8 +23,9 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
-SIGNAL = "duration"  # decisions that ordered, backfilled or waited by a runtime estimate name it
+SIGNAL = "duration"  # decisions made in an order by predicted runtimes name it
 Z90 = 1.2815515655446004
+Z999 = 3.090232306167813  # past the estimate's own p99.9 the estimate has failed: the end is unknown
 _N = NormalDist()
 
 
@@ -38,8 +40,20 @@ class RuntimeEstimate:
     def exact(cls, seconds: float, source: str = "oracle") -> RuntimeEstimate:
         return cls(math.log(max(seconds, 1e-3)), 0.0, Z90, source)
 
+    def overran(self, elapsed: float) -> bool:
+        """It has run past anything the estimate expected (its p99.9, or an exact runtime): when it will end is
+        unknown. Conditioning on such an ``elapsed`` would say it ends any moment, forever."""
+        if elapsed <= 0.0:
+            return False
+        if self.sigma <= 0.0:
+            return elapsed > math.exp(self.mu) * (1 + 1e-9) + 1e-6
+        return elapsed > math.exp(self.mu + Z999 * self.sigma)
+
     def quantile(self, q: float, elapsed: float = 0.0) -> float:
-        """The ``q`` quantile of the total runtime, given it has run ``elapsed`` seconds without ending."""
+        """The ``q`` quantile of the total runtime, given it has run ``elapsed`` seconds without ending;
+        infinite once it has ``overran``."""
+        if self.overran(elapsed):
+            return math.inf
         if self.sigma <= 0.0:
             return max(math.exp(self.mu), elapsed)
         below = _N.cdf((math.log(elapsed) - self.mu) / self.sigma) if elapsed > 0 else 0.0
@@ -57,7 +71,10 @@ class RuntimeEstimate:
 
     def mean_remaining(self, elapsed: float = 0.0) -> float:
         """The expected time left, given it has run ``elapsed`` seconds: E[D | D > a] - a. Ordering by this,
-        not by a quantile, is what minimises mean wait when estimates differ in spread (the c-mu rule)."""
+        not by a quantile, is what minimises mean wait when estimates differ in spread (the c-mu rule).
+        Infinite once it has ``overran``."""
+        if self.overran(elapsed):
+            return math.inf
         if self.sigma <= 0.0:
             return max(math.exp(self.mu) - elapsed, 0.0)
         s = self.sigma
@@ -66,8 +83,6 @@ class RuntimeEstimate:
             return mean
         z = (math.log(elapsed) - self.mu) / s
         tail = 1.0 - _N.cdf(z)
-        if tail < 1e-12:  # far past every plausible end: as good as done
-            return 0.0
         return max(mean * (1.0 - _N.cdf(z - s)) / tail - elapsed, 0.0)
 
 

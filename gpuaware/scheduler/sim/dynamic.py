@@ -222,7 +222,8 @@ class Simulation:
             if job.predicted is None:
                 job.predicted = (w.runtime.p50(), w.runtime.p90())
         elif self.oracle:
-            w.runtime = RuntimeEstimate.exact(job.duration_s)
+            # The wall seconds it has run, plus its remaining work at the reference speed.
+            w.runtime = RuntimeEstimate.exact(job.run_s + max(job.duration_s - job.banked_s, 0.0))
 
     # -- a job's progress
 
@@ -276,7 +277,7 @@ class Simulation:
             job.run_s = 0.0
         job.speed = 1.0
         job.epoch += 1
-        self.attained[wid] = job.banked_s * gpus
+        self.attained[wid] = job.run_s * gpus
         self.pending.append(r.workload)
         self.estimate(r.workload)
         if self.stream is not None:
@@ -288,7 +289,7 @@ class Simulation:
         self.ledger.charge(w, 1)
         self.running[w.id] = Running(w, alloc, now, job.banked_s,
                                      self.cfg.checkpoint_every_s if (w.checkpointable and self.full) else None,
-                                     borrowed)
+                                     borrowed, ran_s=job.run_s)
         if job.first_start_s is None:
             job.first_start_s = now
         if self.stream is not None:
@@ -306,7 +307,7 @@ class Simulation:
         job = self.bank(r, now)
         self.account(r, now)
         r.started_s = now
-        r.done_s = job.banked_s
+        r.done_s, r.ran_s = job.banked_s, job.run_s
         job.speed = new_speed
         job.epoch += 1
         self.schedule_finish(job, now)
@@ -321,7 +322,7 @@ class Simulation:
             mem = min(mem, (a.gpu_memory_mib or [0])[0] + int(cluster.gpu_mem_free[n, g]))
         self.account(r, now)
         job = self.bank(r, now)
-        r.started_s, r.done_s = now, job.banked_s
+        r.started_s, r.done_s, r.ran_s = now, job.banked_s, job.run_s
         r.allocation = Allocation(a.workload_id, n, [g], [milli], a.cpu_milli, a.memory_mib, [mem], a.sharing)
         cluster.resize(r.allocation)
 

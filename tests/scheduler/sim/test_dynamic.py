@@ -102,3 +102,19 @@ def test_dynamic_invariants_hold_under_random_load(small_nodes, seed, load, poli
     r = run_dynamic(nodes, pods, policy, seed=seed, cfg=cfg)
     assert all(j.finish_s is not None for j in r.jobs.values())  # every job that fits some node completes
     assert len(r.jobs) + len(r.unschedulable) == cfg.jobs
+
+
+def test_the_core_never_sees_a_true_runtime_unless_it_is_the_oracle(small_nodes):
+    """The simulator knows only what the live scheduler would: no true duration reaches a workload the core
+    reads, except as the oracle ceiling's runtime."""
+    from gpuaware.stream.runtime import RuntimeForecaster
+
+    nodes, pods = load_nodes(small_nodes), load_pods(PODS)
+    base = dict(jobs=200, node_fraction=0.3, fault_every_s=1e9)
+    for durations in ("unknown", "forecast", "oracle"):
+        r = run_dynamic(nodes, pods, "gpuaware", seed=0, cfg=DynamicConfig(**base, durations=durations,
+                                                                           order="predicted"),
+                        runtime=RuntimeForecaster())
+        sources = {j.workload.runtime.source if j.workload.runtime else None for j in r.jobs.values()}
+        assert all(j.workload.duration_s is None for j in r.jobs.values())
+        assert sources == {"unknown": {None}, "forecast": {"forecast"}, "oracle": {"oracle"}}[durations]
