@@ -38,3 +38,9 @@ def test_simulate_cli_runs_the_artifact_protocol_and_refuses_it_for_dynamic(smal
                           "artifact", "--nodes", str(small_nodes), "--pods", str(PODS), "--policy", "fgd"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "fragmentation experiment only" in bad.stderr
+
+
+def test_the_durations_ablation_needs_the_dynamic_experiment(small_nodes):
+    bad = subprocess.run([sys.executable, "-m", "gpuaware", "simulate", "--ablation", "durations", "--nodes",
+                          str(small_nodes), "--pods", str(PODS)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--ablation durations needs --experiment dynamic" in bad.stderr

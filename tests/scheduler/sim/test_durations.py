@@ -1,0 +1,34 @@
+"""``--ablation durations``: every variant on the same jobs, its figures, and the forecast's quality."""
+
+from __future__ import annotations
+
+from gpuaware.cli.stream_sim import make_runtime
+from gpuaware.scheduler.sim.durations import VARIANTS, run_durations, spearman
+from gpuaware.scheduler.sim.jobs import DynamicConfig
+from gpuaware.scheduler.sim.openb import load_nodes, load_pods
+from tests.support import OPENB_PODS as PODS
+
+
+def test_every_variant_runs_the_same_jobs_and_the_report_names_the_figures(small_nodes):
+    nodes, pods = load_nodes(small_nodes), load_pods(PODS)
+    cfg = DynamicConfig(jobs=300, node_fraction=0.3, target_load=1.5, fault_every_s=1e9)
+    report = run_durations(nodes, pods, [0, 1], make_runtime, cfg=cfg)
+    assert set(report["variants"]) == set(VARIANTS)
+    jobs = {name: v["jct_mean_s"] for name, v in report["variants"].items()}
+    assert all(j > 0 for j in jobs.values())
+    for v in report["variants"].values():
+        assert set(v["wait_mean_s"]) == {"high", "medium", "low"} and v["violations"] == 0
+        assert v["slowdown_longest10_p50"] >= 1.0 and 0 < v["jain"] <= 1
+    # Only the variants that know runtimes backfill past a reservation or wait for room.
+    assert report["variants"]["fifo"]["preemptions_avoided"] == report["variants"]["las"]["preemptions_avoided"] == 0
+    q = report["forecast_quality"]
+    assert q["jobs"] > 100 and -1 <= q["spearman"] <= 1 and 0 <= q["p90_coverage"] <= 1 and q["mae_log"] > 0
+    assert 0 < report["wait_share"] < 1
+    assert report["oracle_vs_fifo"]["jct_mean"] > 0  # knowing every runtime shortens the mean JCT here
+
+
+def test_spearman_is_the_rank_correlation_with_ties_sharing_their_rank():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == -1.0
+    assert abs(spearman([1, 1, 2, 2], [1, 2, 3, 4]) - 0.894) < 0.001
+    assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
