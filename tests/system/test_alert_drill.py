@@ -53,7 +53,7 @@ def test_killing_each_component_pages_once_for_its_cause(kafka_settings: KafkaSe
                                    "--collector", "sim", "--scenario", str(tmp_path / "drill.yaml"),
                                    "--spool-dir", str(tmp_path / "spool"), "--metrics-port", str(agent_port)],
                          tmp_path / "agent.log", {**worker_env(kafka_settings), "GPUAWARE_AGENT__CORDON_POLL_S": "0"})
-    stream = StreamWorkerProcess(kafka_settings, f"drill-{unique}", tmp_path, "stream")
+    stream = StreamWorkerProcess(kafka_settings, f"drill-{unique}", tmp_path, "stream", node_identity="off")
     scheduler = ChildProcess("scheduler", [sys.executable, "-m", "gpuaware", "--log-level", "warning", "scheduler",
                                            "--metrics-port", str(scheduler_port), "--extender-port", "0"],
                              tmp_path / "scheduler.log",
