@@ -41,6 +41,7 @@ VARIANTS: dict[str, dict] = {
     "fifo": {"durations": "unknown", "order": "fifo"},
     "las": {"durations": "unknown", "order": "las"},
     "predicted": {"durations": "forecast", "order": "predicted"},
+    "predicted_cold": {"durations": "forecast", "order": "predicted", "runtime_history": "none"},
     "oracle": {"durations": "oracle", "order": "predicted"},
     "fair": {"durations": "unknown", "order": "fair"},
 }
@@ -143,9 +144,10 @@ def run_durations(nodes, pods, seeds: list[int], make_runtime: Callable[[], Runt
     fifo, predicted, oracle = out["fifo"]["jct_mean_s"], out["predicted"]["jct_mean_s"], out["oracle"]["jct_mean_s"]
     captured = round((fifo - predicted) / (fifo - oracle), 3) if fifo != oracle else None
     return {"experiment": "dynamic", "ablation": "durations", "policy": "gpuaware", "seeds": seeds,
-            "config": {k: v for k, v in cfg.__dict__.items() if k not in ("durations", "order")},
+            "config": {k: v for k, v in cfg.__dict__.items() if k not in ("durations", "order", "runtime_history")},
             "wait_share": round(out["fifo"]["wait_mean_all_s"] / fifo, 3),
             "variants": out, "forecast_quality": forecast_quality(per["predicted"]),
+            "forecast_quality_cold": forecast_quality(per["predicted_cold"]),
             "oracle_gain_captured": {"jct": captured},
             "predicted_vs_fifo": _gain(out["predicted"], out["fifo"]),
             "predicted_vs_las": _gain(out["predicted"], out["las"]),

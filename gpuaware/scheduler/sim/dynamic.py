@@ -43,8 +43,9 @@ also rounds fractions up to whole GPUs.
 
 **runtimes** (``durations``): the core never sees a job's true runtime. It sees nothing (``unknown``, a live
 scheduler without forecasts), the stream's online runtime forecaster's estimate made as the job (re)enters the
-queue, learned from the run's own completions in completion order (``forecast``), or, as the ``oracle``
-ceiling only, the truth.
+queue, learned in completion order from the run's own completions and, unless ``runtime_history`` is
+``none``, first from the trace's pods the run does not draw (``jobs.history``: the cluster's past)
+(``forecast``), or, as the ``oracle`` ceiling only, the truth.
 
 One ``Simulation`` per run: one method per event, the truth about each job in its ``JobStats``.
 """
@@ -79,6 +80,7 @@ from gpuaware.scheduler.sim.jobs import (
     RuntimeModel,
     could_ever_fit,
     gavel_table,
+    history,
     job_keys,
     make_jobs,
 )
@@ -108,6 +110,9 @@ class Simulation:
         self.full = full = policy == "gpuaware"
         self.forecasting = full and cfg.durations == "forecast"
         self.oracle = full and cfg.durations == "oracle"
+        if self.forecasting and cfg.runtime_history == "trace":
+            for keys, seconds in history(pods, seed, cfg):
+                runtime.learn_one(keys, seconds)
         pick = np.random.default_rng(seed + 7919).random(len(nodes)) < cfg.node_fraction
         nodes = [n for n, keep in zip(nodes, pick, strict=True) if keep] or nodes[:1]
         self.cluster = cluster = ClusterState(nodes)

@@ -67,15 +67,22 @@ class DynamicConfig:
     durations: str = "unknown"
     order: str | None = None  # gpuaware's queue order within a priority (core/queue.py); None: fair (DRF)
     aging_gpus: float = 0.1
+    # What the runtime forecaster has learned before the run (``forecast`` only): nothing ("none", a cluster's
+    # first day), or the runtimes of the trace's pods this run does not draw ("trace", ``history``): the run's
+    # jobs are independent draws from the trace, so the cluster's past is more draws from it.
+    runtime_history: str = "trace"
 
     def __post_init__(self) -> None:
         if self.durations not in DURATIONS:
             raise ValueError(f"durations: {self.durations!r} is not one of {', '.join(DURATIONS)}")
+        if self.runtime_history not in HISTORIES:
+            raise ValueError(f"runtime_history: {self.runtime_history!r} is not one of {', '.join(HISTORIES)}")
         if self.order is not None and self.order not in ORDERS:
             raise ValueError(f"order: {self.order!r} is not one of {', '.join(ORDERS)}")
 
 
 DURATIONS = ("unknown", "forecast", "oracle")
+HISTORIES = ("none", "trace")
 
 
 class RuntimeModel(Protocol):
@@ -129,13 +136,22 @@ def _tenant(name: str, seed: int) -> str:
     return "team-a" if h < 4 else "team-b" if h < 7 else "team-c" if h < 9 else "team-d"
 
 
-def make_jobs(pods, capacity_milli: int, seed: int, cfg: DynamicConfig) -> list[tuple[float, Workload, float]]:
+def _usable(pods) -> list:
     usable = [p for p in pods if p.deletion_s is not None and p.deletion_s > p.creation_s]
     if not usable:
         raise ValueError("the pod trace has no pods with creation and deletion times (needed for lifetimes)")
+    return usable
+
+
+def _lifetime(p, cfg: DynamicConfig) -> float:
+    return min(p.deletion_s - p.creation_s, cfg.max_duration_s)
+
+
+def make_jobs(pods, capacity_milli: int, seed: int, cfg: DynamicConfig) -> list[tuple[float, Workload, float]]:
+    usable = _usable(pods)
     rng = np.random.default_rng(seed)
     picks = rng.integers(len(usable), size=cfg.jobs)
-    durations = np.array([min(usable[i].deletion_s - usable[i].creation_s, cfg.max_duration_s) for i in picks])
+    durations = np.array([_lifetime(usable[i], cfg) for i in picks])
     milli = np.array([usable[i].workload.gpu_milli_total for i in picks], dtype=float)
     rate = cfg.target_load * capacity_milli / max(float((milli * durations).mean()), 1e-9)
     classes = gavel_classes(gavel_table()) if cfg.heterogeneity else []
@@ -154,6 +170,21 @@ def make_jobs(pods, capacity_milli: int, seed: int, cfg: DynamicConfig) -> list[
                      if classes and p.num_gpu else {})
         jobs.append((float(t), w, float(d)))
     return jobs
+
+
+def history(pods, seed: int, cfg: DynamicConfig) -> list[tuple[list[str], float]]:
+    """The completions a cluster's runtime forecaster learned before the run: every pod of the trace that
+    ``make_jobs`` does not draw for ``seed`` (none of the run's own jobs), as (signature keys, runtime), in the
+    order they ended."""
+    usable = _usable(pods)
+    drawn = set(np.random.default_rng(seed).integers(len(usable), size=cfg.jobs).tolist())
+    past = sorted((i for i in range(len(usable)) if i not in drawn), key=lambda i: usable[i].deletion_s)
+    return [(job_keys(_past_workload(usable[i].workload, seed)), _lifetime(usable[i], cfg)) for i in past]
+
+
+def _past_workload(p: Workload, seed: int) -> Workload:
+    return Workload(p.id, p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, models=p.models,
+                    tenant=_tenant(p.id, seed), qos=p.qos)
 
 
 def could_ever_fit(cluster: ClusterState, w: Workload) -> bool:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from gpuaware.cli.stream_sim import make_runtime
 from gpuaware.scheduler.sim.durations import VARIANTS, run_durations, spearman
-from gpuaware.scheduler.sim.jobs import DynamicConfig
+from gpuaware.scheduler.sim.dynamic import run_dynamic
+from gpuaware.scheduler.sim.jobs import DynamicConfig, history, make_jobs
 from gpuaware.scheduler.sim.openb import load_nodes, load_pods
 from tests.support import OPENB_PODS as PODS
 
@@ -32,3 +33,29 @@ def test_spearman_is_the_rank_correlation_with_ties_sharing_their_rank():
     assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == -1.0
     assert abs(spearman([1, 1, 2, 2], [1, 2, 3, 4]) - 0.894) < 0.001
     assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_the_forecasters_past_holds_none_of_the_runs_own_jobs_and_ends_in_order():
+    pods = load_pods(PODS)
+    cfg = DynamicConfig(jobs=300)
+    drawn = {w.id.rsplit("-", 1)[0] for _, w, _ in make_jobs(pods, 10_000, 3, cfg)}
+    past = history(pods, 3, cfg)
+    usable = [p for p in pods if p.deletion_s is not None and p.deletion_s > p.creation_s]
+    assert len(past) == len(usable) - len(drawn)  # every other pod, once
+    by_id = {p.workload.id: p for p in usable}
+    seen = [p for p in usable if p.workload.id not in drawn]
+    assert [s for _, s in past] == [min(p.deletion_s - p.creation_s, cfg.max_duration_s)
+                                    for p in sorted(seen, key=lambda p: p.deletion_s)]
+    assert all(keys[-1] == "*" for keys, _ in past) and len(by_id) == len(usable)
+
+
+def test_a_forecaster_with_the_clusters_past_predicts_from_it_and_a_cold_one_does_not(small_nodes):
+    nodes, pods = load_nodes(small_nodes), load_pods(PODS)
+    learned = {}
+    for past in ("trace", "none"):
+        cfg = DynamicConfig(jobs=50, node_fraction=0.3, fault_every_s=1e9, durations="forecast",
+                            order="predicted", runtime_history=past)
+        runtime = make_runtime()
+        res = run_dynamic(nodes, pods, "gpuaware", 0, cfg, runtime=runtime)
+        learned[past] = runtime.learned - sum(1 for j in res.jobs.values() if j.finish_s is not None)
+    assert learned == {"trace": len(history(pods, 0, DynamicConfig(jobs=50))), "none": 0}
