@@ -34,8 +34,8 @@ from gpuaware.scheduler.feed import StateView
 from gpuaware.scheduler.kube.binder import Binder
 from gpuaware.scheduler.kube.cache import ClusterCache
 from gpuaware.scheduler.kube.calls import ApiCalls
-from gpuaware.scheduler.kube.decisions import DecisionPublisher, DecisionSink, discard_decision
 from gpuaware.scheduler.kube.completions import CompletionPublisher, Completions, discard_completion
+from gpuaware.scheduler.kube.decisions import DecisionPublisher, DecisionSink, discard_decision
 from gpuaware.scheduler.kube.departures import Departures
 from gpuaware.scheduler.kube.dra.device_taints import DeviceTaints
 from gpuaware.scheduler.kube.evictor import Evictor

@@ -39,13 +39,13 @@ from gpuaware.scheduler.core.workload import Workload
 from gpuaware.scheduler.core.workload_mix import WorkloadMix
 from gpuaware.scheduler.kube.binder import Binder
 from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.completions import keys_of
 from gpuaware.scheduler.kube.decisions import DecisionSink, Outcome
 from gpuaware.scheduler.kube.departures import Departures
 from gpuaware.scheduler.kube.dra.state import claim_key
 from gpuaware.scheduler.kube.evictor import Evictor
 from gpuaware.scheduler.kube.objects import PodWorkload
 from gpuaware.scheduler.kube.tasks import Tasks
-from gpuaware.scheduler.kube.completions import keys_of
 from gpuaware.scheduler.kube.unschedulable import UnschedulableReporter
 from gpuaware.scheduler.metrics import PRIORITY_NAMES, SchedulerStats
 from gpuaware.scheduler.runtimes import RuntimeTable
