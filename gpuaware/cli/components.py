@@ -68,7 +68,8 @@ def stream(obj: Context, metrics_port: int | None, app_id: str | None, data_dir:
     """Run one Faust stream worker: per-GPU state, forecasts, fingerprints, derived-state topics.
 
     Reads gpu.telemetry.v1 and gpu.events.v1, keeps each GPU's state in a changelog-backed table,
-    and publishes gpu.state.v1, node.state.v1 and cluster.forecast.v1. Start several with the same
+    and publishes gpu.state.v1, node.state.v1 and cluster.forecast.v1; learns job runtimes from
+    job.completions.v1 into job.runtime.v1. Start several with the same
     app id to share the partitions; bad records go to <topic>.dlq. Ctrl-C stops it.
 
     \b
@@ -107,9 +108,10 @@ def scheduler_cmd(obj: Context, name: str | None, policy: str | None, extender_p
 
     Places pods with schedulerName gpuaware (Binding API, GPU annotations, Events), answers
     kube-scheduler's extender calls (/filter, /prioritize, /preempt) for everything else, reads
-    gpu.state.v1 / node.state.v1 / cluster.forecast.v1 to know GPU health, cordons critical GPUs
-    and moves their pods (checkpoint, then the Eviction API), and publishes every decision on
-    scheduler.decisions.v1. Ctrl-C or SIGTERM stops it.
+    gpu.state.v1 / node.state.v1 / cluster.forecast.v1 to know GPU health and job.runtime.v1 for
+    runtime forecasts, cordons critical GPUs and moves their pods (checkpoint, then the Eviction API),
+    publishes every decision on scheduler.decisions.v1 and every pod that succeeded on
+    job.completions.v1. Ctrl-C or SIGTERM stops it.
 
     \b
     Example:

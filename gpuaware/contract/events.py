@@ -309,6 +309,39 @@ class SchedulerDecision:
 
 
 @dataclass(slots=True)
+class JobCompletion:
+    """A job that ended successfully, on ``job.completions.v1``: what the stream's runtime forecaster learns."""
+
+    SCHEMA: ClassVar[str] = "job_completion"
+    workload_id: str
+    ts_ms: int
+    tenant: str
+    runtime_s: float
+    signature: list[str]  # contract.runtime.signature_keys, most specific first
+    declared_s: float | None = None
+    declared_keys: list[str] = field(default_factory=list)  # contract.runtime.declared_keys (with declared_s)
+
+    def key(self) -> bytes:
+        return self.workload_id.encode()
+
+
+@dataclass(slots=True)
+class JobRuntime:
+    """One key's runtime statistics on ``job.runtime.v1`` (contract.runtime.KeyStats; ``#z90``: the p90's score)."""
+
+    SCHEMA: ClassVar[str] = "job_runtime"
+    signature_key: str
+    ts_ms: int
+    n: int
+    mean: float
+    m2: float
+    through: int | None = None
+
+    def key(self) -> bytes:
+        return self.signature_key.encode()
+
+
+@dataclass(slots=True)
 class AgentControl:
     SCHEMA: ClassVar[str] = "agent_control"
     command_id: str
@@ -328,7 +361,8 @@ class AgentControl:
         return self.target.encode()
 
 
-Record = TelemetryBatch | GpuEvent | GpuState | NodeState | ClusterForecast | SchedulerDecision | AgentControl
+Record = (TelemetryBatch | GpuEvent | GpuState | NodeState | ClusterForecast | SchedulerDecision | AgentControl
+          | JobCompletion | JobRuntime)
 
 
 # --------------------------------------------------------------------------- registry
@@ -391,6 +425,8 @@ _TYPES_BY_ID: dict[int, tuple[type, str]] = {
     5: (ClusterForecast, topics.CLUSTER_FORECAST),
     6: (SchedulerDecision, topics.DECISIONS),
     7: (AgentControl, topics.CONTROL),
+    8: (JobRuntime, topics.JOB_RUNTIME),
+    9: (JobCompletion, topics.JOB_COMPLETIONS),
 }
 
 RECORD_TYPES: dict[int, RecordType] = {

@@ -11,10 +11,14 @@ and any reader must derive the same keys from a job, so they are part of the con
 - ``shape:<shape>``: GPUs x milli-GPU, the CPU and memory requests in powers of two, QoS, allowed GPU models;
 - ``*``: every job.
 
-Each key's statistics (``KeyStats``: count, mean and M2 of log runtime) are what a runtime topic keyed by
-signature would carry, and ``posterior`` is how any reader turns them into a job's runtime distribution, so that
-a writer and a reader compute the same estimate from the same records (the stream's forecaster uses it; no
-topic carries them yet).
+Each key's statistics (``KeyStats``: count, mean and M2 of log runtime) are what ``job.runtime.v1`` carries,
+keyed by signature key, and ``posterior`` is how any reader turns them into a job's runtime distribution, so that
+the writer (the stream's forecaster) and a reader (the scheduler's feed) compute the same estimate from the same
+records.
+
+A duration a pod declares (``gpuaware.io/duration-s``) is calibrated the same way: ``declared_keys`` (per owner,
+then per tenant) hold the statistics of log(actual / declared) over completed jobs that declared one, and
+``calibrated`` turns them into a log-normal centred at declared x the learned ratio, with the learned spread.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ LEVELS = ("owner", "tenant", "shape", "global")
 ANN_JOB = "gpuaware.io/job"
 PRIOR_MU = math.log(3600.0)  # before any completion: an hour, give or take a factor of e^1.5
 PRIOR_SIGMA = 1.5
+DECLARED_PRIOR_SIGMA = 0.5  # before the first calibrated completion: a declared duration off by a factor e^0.5
 MIN_SIGMA = 0.05
 _GENERATED = re.compile(r"-[a-z0-9]{5,10}$")  # a ReplicaSet's pod-template hash, a Job's generated suffix
 
@@ -110,11 +115,12 @@ class Posterior:
     n: int  # completions at that key
 
 
-def posterior(keys: Sequence[str], stats: Mapping[str, KeyStats], prior_weight: float = 2.0) -> Posterior:
+def posterior(keys: Sequence[str], stats: Mapping[str, KeyStats], prior_weight: float = 2.0,
+              prior: tuple[float, float] = (PRIOR_MU, PRIOR_SIGMA)) -> Posterior:
     """A job's log-runtime distribution from the statistics of its signature ``keys`` (most specific first):
     from ``*`` down, each key's mean and variance shrunk towards the estimate above it by ``prior_weight``
-    completions (empirical Bayes: a key with few completions says little)."""
-    mu, var, lvl, n = PRIOR_MU, PRIOR_SIGMA ** 2, "prior", 0
+    completions (empirical Bayes: a key with few completions says little). ``prior``: (mu, sigma) before any."""
+    mu, var, lvl, n = prior[0], prior[1] ** 2, "prior", 0
     for key in reversed(keys):
         s = stats.get(key)
         if s is None or s.n == 0:
@@ -126,3 +132,20 @@ def posterior(keys: Sequence[str], stats: Mapping[str, KeyStats], prior_weight: 
     # The spread of the next runtime: the key's variance and the uncertainty of its mean (few completions).
     var *= 1.0 + 1.0 / (n + prior_weight)
     return Posterior(mu, max(math.sqrt(var), MIN_SIGMA), lvl, n)
+
+
+def declared_keys(tenant: str, owner: str | None) -> list[str]:
+    """The keys a declared duration's calibration is learned under, most specific first: the owner's (when the pod
+    names one), then the tenant's."""
+    return ([f"declared:{tenant}/{owner}"] if owner else []) + [f"declared:{tenant}"]
+
+
+def calibrated(declared_s: float, keys: Sequence[str], stats: Mapping[str, KeyStats],
+               prior_weight: float = 2.0) -> Posterior | None:
+    """A declared duration as a log-normal: log(declared) plus the learned log(actual / declared) at ``keys``
+    (``declared_keys``), shrunk towards 0 (the declaration taken at its word) with ``DECLARED_PRIOR_SIGMA``;
+    None before any completion at those keys (then the declared duration stands as exact)."""
+    if not any((s := stats.get(k)) is not None and s.n > 0 for k in keys):
+        return None
+    p = posterior(keys, stats, prior_weight, prior=(0.0, DECLARED_PRIOR_SIGMA))
+    return Posterior(math.log(declared_s) + p.mu, p.sigma, p.level, p.n)

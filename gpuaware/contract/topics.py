@@ -71,6 +71,8 @@ NODE_STATE = "node.state.v1"
 CLUSTER_FORECAST = "cluster.forecast.v1"
 DECISIONS = "scheduler.decisions.v1"
 CONTROL = "agent.control.v1"
+JOB_RUNTIME = "job.runtime.v1"
+JOB_COMPLETIONS = "job.completions.v1"
 
 CONTRACT_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(TELEMETRY, 8, "delete", 6 * HOUR_MS, "node name", "batches of compact per-GPU samples"),
@@ -81,6 +83,12 @@ CONTRACT_TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(DECISIONS, 4, "delete", 30 * DAY_MS, "workload id", "scheduler decisions with reasons"),
     TopicSpec(CONTROL, 1, "compact", None, "node name or * (a GPU's power cap: node/GPU UUID)",
               "sampling policy and power-cap commands"),
+    # One partition each: one stream worker owns the learning, so each key has a single writer
+    # (docs/forecasting.md#job-runtimes).
+    TopicSpec(JOB_COMPLETIONS, 1, "delete", 7 * DAY_MS, "workload id",
+              "jobs that ended successfully: runtime and signature"),
+    TopicSpec(JOB_RUNTIME, 1, "compact", None, "signature key (owner:, tenant:, shape:, *, declared:) or #z90",
+              "job runtime statistics per signature key"),
 )
 
 

@@ -83,7 +83,7 @@ class Grant:
 
 READ = ("Read", "Describe")
 WRITE = ("Write", "Describe")
-DERIVED = (topics.GPU_STATE, topics.NODE_STATE, topics.CLUSTER_FORECAST)
+DERIVED = (topics.GPU_STATE, topics.NODE_STATE, topics.CLUSTER_FORECAST, topics.JOB_RUNTIME)
 
 
 def _grants(names: tuple[str, ...], operations: tuple[str, ...]) -> list[Grant]:
@@ -97,16 +97,16 @@ USER_GRANTS: dict[str, list[Grant]] = {
         *_grants((topics.CONTROL,), READ),
     ],
     "gpuaware-stream": [
-        *_grants((topics.TELEMETRY, topics.EVENTS), READ),
+        *_grants((topics.TELEMETRY, topics.EVENTS, topics.JOB_COMPLETIONS), READ),
         # No Create on the contract's topics: workers only check they exist (KafkaTopics create them).
         *_grants(DERIVED, (*WRITE, "Read")),
-        *_grants(tuple(topics.dlq_name(t) for t in (topics.TELEMETRY, topics.EVENTS)), WRITE),
+        *_grants(tuple(topics.dlq_name(t) for t in (topics.TELEMETRY, topics.EVENTS, topics.JOB_COMPLETIONS)), WRITE),
         Grant("topic", STREAM_APP_ID, ("All",), "prefix"),  # Faust's changelog and re-key topics: it creates them
         Grant("group", STREAM_APP_ID, ("Read", "Describe"), "prefix"),
     ],
     "gpuaware-scheduler": [
         *_grants(DERIVED, READ),
-        *_grants((topics.DECISIONS, topics.CONTROL), WRITE),
+        *_grants((topics.DECISIONS, topics.CONTROL, topics.JOB_COMPLETIONS), WRITE),
         *_grants(tuple(topics.dlq_name(t) for t in DERIVED), WRITE),
     ],
     # For people and tools: read everything, write control (sampling policies, power caps).

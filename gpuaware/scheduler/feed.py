@@ -1,4 +1,6 @@
-"""The scheduler's view of live state: ``gpu.state.v1``, ``node.state.v1`` and ``cluster.forecast.v1``.
+"""The scheduler's view of live state: ``gpu.state.v1``, ``node.state.v1``, ``cluster.forecast.v1`` and
+``job.runtime.v1`` (the runtime statistics per signature key, into ``StateView.runtimes``:
+``gpuaware.scheduler.runtimes``; a tombstone removes a key).
 
 ``StateView`` is pure: it keeps the newest record per key and writes what the scheduling core
 needs (health band, live and forecast utilisation, temperature) into a ``ClusterState``. A GPU
@@ -22,7 +24,7 @@ busy (no sharing or packing on top of utilisation nobody can see). ``gpuaware_sc
 says so and an alert fires (docs/runbooks.md#gpuawareschedulerfeedoutage); it ends with the first
 record after the outage.
 
-``StateFeed`` reads the three compacted topics from the beginning with a plain consumer (no
+``StateFeed`` reads the four compacted topics from the beginning with a plain consumer (no
 group: every scheduler replica needs all of it), and ``catch_up()`` returns only once it has
 read up to the log ends it saw at start, so no decision is made on a partial picture. How long
 that takes grows with the log, so the wait is bounded by progress (``gpuaware.scheduler.catchup``), not
@@ -49,6 +51,7 @@ from gpuaware.contract.events import (
     DecodeError,
     GpuState,
     HealthBand,
+    JobRuntime,
     NodeState,
     dead_letter,
     decode_for_topic,
@@ -57,10 +60,11 @@ from gpuaware.plumbing.kafka_admin import check_topics, end_offsets
 from gpuaware.plumbing.kafka_settings import KafkaSettings
 from gpuaware.scheduler.catchup import CatchUp
 from gpuaware.scheduler.core.cluster import BAND_CODE, ClusterState
+from gpuaware.scheduler.runtimes import RuntimeTable
 
 log = logging.getLogger(__name__)
 
-FEED_TOPICS = (topics.GPU_STATE, topics.NODE_STATE, topics.CLUSTER_FORECAST)
+FEED_TOPICS = (topics.GPU_STATE, topics.NODE_STATE, topics.CLUSTER_FORECAST, topics.JOB_RUNTIME)
 FORECAST_HORIZON_S = 300
 
 
@@ -70,6 +74,7 @@ class StateView:
     gpus: dict[str, GpuState] = field(default_factory=dict)
     nodes: dict[str, NodeState] = field(default_factory=dict)
     forecast: ClusterForecast | None = None
+    runtimes: RuntimeTable = field(default_factory=RuntimeTable)  # job.runtime.v1
     version: int = 0  # bumped by every record learned: readers re-apply only after a change
     # Per GPU, the Kafka headers of the state that last changed its health band: the trace context
     # (agent event -> stream state) that a scheduler action on that GPU continues.
@@ -101,6 +106,9 @@ class StateView:
     def learn(self, record: object, headers: Sequence[tuple[str, bytes]] | None = None,
               arrived_ms: int | None = None) -> None:
         """Learn a record that arrived at ``arrived_ms`` (default: now, on ``clock``)."""
+        if isinstance(record, JobRuntime):  # not a sign of the GPU feed's life: judged by its own age
+            self.runtimes.learn(record)
+            return
         arrived = int(self.clock() * 1000) if arrived_ms is None else arrived_ms
         stamp = record.published_ms if isinstance(record, GpuState) else getattr(record, "ts_ms", None)
         if stamp is not None and stamp > arrived + self.max_skew_ms:
@@ -338,6 +346,10 @@ class StateFeed:
 
     async def _take(self, m) -> None:
         self.records += 1
+        if m.value is None:  # a tombstone: on job.runtime.v1, a key the forecaster dropped
+            if m.topic == topics.JOB_RUNTIME and m.key is not None:
+                self.view.runtimes.forget(m.key.decode(errors="replace"))
+            return
         try:
             self.view.learn(decode_for_topic(m.topic, m.value), m.headers)
         except DecodeError as exc:

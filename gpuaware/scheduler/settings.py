@@ -79,6 +79,9 @@ class SchedulerSettings(BaseModel):
                                          "DeviceClasses (resource.k8s.io/v1, Kubernetes 1.34+) and allocate the "
                                          "claims; RBAC in deploy/components/dra (docs/dra-scheduling.md)")
     stale_after_s: float = Field(90.0, gt=0, description="a GPU with no state this long is treated as degraded")
+    runtime_stale_after_s: float = Field(86_400.0, ge=0, description="job runtime forecasts (job.runtime.v1) are "
+                                         "used while the newest completion learned ended within this long; "
+                                         "0: always (docs/forecasting.md#job-runtimes)")
     catch_up_stall_s: float = Field(30.0, gt=0, le=3600,
                                     description="on start, give up reading the state topics after this long "
                                                 "without progress (however long a steady catch-up takes)")

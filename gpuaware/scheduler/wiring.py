@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaProducer
 from prometheus_client import CollectorRegistry, start_http_server
 
 from gpuaware.contract import topics
-from gpuaware.contract.events import AgentControl, SchedulerDecision, encode
+from gpuaware.contract.events import AgentControl, JobCompletion, SchedulerDecision, encode
 from gpuaware.plumbing import observability
 from gpuaware.plumbing.kafka_admin import check_topics, wait_ready
 from gpuaware.plumbing.kafka_settings import KafkaSettings
@@ -33,6 +33,7 @@ from gpuaware.scheduler.kube.extender.server import Extender
 from gpuaware.scheduler.kube.leader import LeaderElector, LeadershipLost
 from gpuaware.scheduler.kube.live import LiveScheduler
 from gpuaware.scheduler.metrics import SchedulerCollector, SchedulerStats
+from gpuaware.scheduler.runtimes import RuntimeTable
 from gpuaware.scheduler.settings import SchedulerSettings
 
 log = logging.getLogger(__name__)
@@ -44,14 +45,16 @@ def identity() -> str:
 
 
 class KafkaPublishers:
-    """Decisions (``scheduler.decisions.v1``) and power caps (``agent.control.v1``) through one producer."""
+    """Decisions (``scheduler.decisions.v1``), power caps (``agent.control.v1``) and completed jobs
+    (``job.completions.v1``) through one producer."""
 
     def __init__(self, kafka: KafkaSettings):
         self.kafka = kafka
         self.producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:
-        await check_topics(self.kafka, [topics.spec(topics.DECISIONS), topics.spec(topics.CONTROL)])
+        await check_topics(self.kafka, [topics.spec(t) for t in (topics.DECISIONS, topics.CONTROL,
+                                                                 topics.JOB_COMPLETIONS)])
         producer = AIOKafkaProducer(**self.kafka.producer_kwargs())
         await producer.start()
         self.producer = producer
@@ -70,6 +73,10 @@ class KafkaPublishers:
     async def control(self, record: AgentControl) -> None:
         assert self.producer is not None
         await self.producer.send(topics.CONTROL, encode(record), key=record.key())
+
+    async def completion(self, record: JobCompletion) -> None:
+        assert self.producer is not None
+        await self.producer.send(topics.JOB_COMPLETIONS, encode(record), key=record.key())
 
 
 class SchedulerRuntime:
@@ -175,11 +182,12 @@ def build_scheduler(settings: SchedulerSettings, kafka: KafkaSettings | None = N
     # Events on a client of their own, as kube-scheduler's eventClient: their connections are never the Bindings'.
     events_api = KubeApi(connect(settings.api_server, pool_size=4))
     stats = SchedulerStats()
-    view = StateView(stale_after_ms=int(settings.stale_after_s * 1000)) if kafka is not None else None
+    view = (StateView(stale_after_ms=int(settings.stale_after_s * 1000),
+                      runtimes=RuntimeTable(settings.runtime_stale_after_s)) if kafka is not None else None)
     publishers = KafkaPublishers(kafka) if kafka is not None and publish else None
     if publishers is not None:
         live = LiveScheduler(api, settings, view, stats, decisions=publishers.decision, control=publishers.control,
-                             events_api=events_api)
+                             events_api=events_api, completions=publishers.completion)
     else:
         live = LiveScheduler(api, settings, view, stats, events_api=events_api)
     feed = (StateFeed(kafka, view, stall_timeout_s=settings.catch_up_stall_s)

@@ -12,6 +12,9 @@ Tasks, one per concern:
 - ``demand_partials`` timer + ``cluster_forecast`` agent: every worker publishes per-model demand of
   its partitions to a one-partition internal topic; its single owner merges them into
   ``cluster.forecast.v1``.
+- ``job_runtimes`` agent: the owner of ``job.completions.v1``'s one partition learns each job's runtime and
+  publishes the keys it changed on ``job.runtime.v1`` (``gpuaware.stream.runtime_topic``); it restores the
+  forecaster from that topic first whenever it (re)gains the partition.
 Undecodable or invalid records go to ``<topic>.dlq`` with the error in headers; processing goes on.
 """
 
@@ -31,7 +34,16 @@ from aiokafka.structs import TopicPartition
 from opentelemetry import trace
 
 from gpuaware.contract import topics
-from gpuaware.contract.events import ClusterForecast, DecodeError, GpuEvent, TelemetryBatch, dead_letter, decode, encode
+from gpuaware.contract.events import (
+    ClusterForecast,
+    DecodeError,
+    GpuEvent,
+    JobCompletion,
+    TelemetryBatch,
+    dead_letter,
+    decode,
+    encode,
+)
 from gpuaware.plumbing import observability
 from gpuaware.plumbing.kafka_admin import end_offsets
 from gpuaware.plumbing.kafka_batches import BatchSender
@@ -44,6 +56,8 @@ from gpuaware.stream.metrics import StreamStats
 from gpuaware.stream.processor import InvalidRecord, StreamProcessor, Take, check_event
 from gpuaware.stream.publisher import StatePublisher, node_gpus
 from gpuaware.stream.rollup import Partial, merge_demand
+from gpuaware.stream.runtime import RuntimeForecaster
+from gpuaware.stream.runtime_topic import RuntimeLearner, read_runtimes
 from gpuaware.stream.settings import StreamSettings
 
 log = logging.getLogger(__name__)
@@ -128,6 +142,7 @@ class StreamWorker:
         if kafka.embedded_broker_compat:
             _patch_end_offsets(kafka)
         self.settings, self.cluster, self.verifier, self.after_revoke = settings, cluster, verifier, after_revoke
+        self.kafka = kafka
         self.stats = stats = stats or StreamStats()
         partitions = topics.spec(topics.TELEMETRY).partitions
         self.app = app = StreamApp(
@@ -145,6 +160,9 @@ class StreamWorker:
         self.events_by_node = app.topic(by_node_name, partitions=partitions, **RAW)
         self.demand_topic = app.topic(f"{settings.app_id}-model-demand", partitions=1, **RAW)
         self.forecasts = app.topic(topics.CLUSTER_FORECAST, **RAW)
+        self.runtimes = app.topic(topics.JOB_RUNTIME, **RAW)
+        self.learner = RuntimeLearner(RuntimeForecaster(max_keys=settings.runtime_max_keys))
+        self.learner_ready = False  # restored from job.runtime.v1 since this worker last gained the completions
         self.dlqs: dict[str, faust.Topic] = {}
         # node:<name> -> its GPUs' GpuTracker snapshots, hist:<name> -> their minute history, owner:<uuid> -> node
         # (gpuaware.stream.processor). Values are bytes (value_type=bytes: Faust's raw codec) that the processor
@@ -171,7 +189,8 @@ class StreamWorker:
         self.turns = itertools.count()
         self.partials: dict[str, tuple[int, Partial]] = {}
         self.last_forecast_ms = 0
-        self.consumed = {topics.TELEMETRY, topics.EVENTS, by_node_name, self.demand_topic.get_topic_name()}
+        self.consumed = {topics.TELEMETRY, topics.EVENTS, by_node_name, self.demand_topic.get_topic_name(),
+                         topics.JOB_COMPLETIONS}
 
         app.agent(app.topic(topics.TELEMETRY, by_node_name, **RAW), name="process")(self.process)
         app.agent(app.topic(topics.EVENTS, **RAW), name="rekey-events")(self.rekey_events)
@@ -181,6 +200,7 @@ class StreamWorker:
         app.timer(settings.node_state_interval_s / 2, name="node-rollup")(self.node_rollup)
         app.timer(settings.cluster_forecast_interval_s, name="demand-partials")(self.demand_partials)
         app.agent(self.demand_topic, name="cluster-forecast")(self.cluster_forecast)
+        app.agent(app.topic(topics.JOB_COMPLETIONS, **RAW), name="job-runtimes")(self.job_runtimes)
         app.on_partitions_revoked.connect(self.on_revoked)
         app.on_partitions_assigned.connect(self.on_assigned)
         app.gpuaware_fetch_max_wait_ms = kafka.fetch_max_wait_ms
@@ -302,7 +322,26 @@ class StreamWorker:
             self.forecasts.send_soon(key=record.key(), value=encode(record))
             self.stats.published[topics.CLUSTER_FORECAST] += 1
 
+    async def job_runtimes(self, stream: Any) -> None:
+        """``job.completions.v1``'s single owner: learns each completion, publishes what changed on ``job.runtime.v1``
+        (sent before the completion's offset is committed: Faust flushes its producer first)."""
+        async for event in stream.events():
+            message = self.received(event)
+            if not self.learner_ready:
+                self.learner.restore(await read_runtimes(self.kafka))
+                self.learner_ready = True
+            try:
+                out = self.learner.learn(decode(message.value, JobCompletion), message.offset)
+            except (DecodeError, InvalidRecord) as exc:
+                self.to_dlq(message, exc)
+                continue
+            for key, value in out:
+                await self.runtimes.send(key=key, value=value)
+            self.stats.published[topics.JOB_RUNTIME] += len(out)
+
     async def on_revoked(self, sender: Any, revoked: set, **_: Any) -> None:
+        if any(tp.topic == topics.JOB_COMPLETIONS for tp in revoked):
+            self.learner_ready = False  # another worker may learn meanwhile: restore from the topic when back
         gone = {tp.partition for tp in revoked if tp.topic == topics.TELEMETRY}
         if gone:
             await self.changelog.hand_over()  # while they are still this worker's (gpuaware.stream.changelog)

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 # The contract's topics a worker reads or writes: checked at start, never created (no Create grant).
 STREAM_TOPICS = tuple(topics.spec(name) for name in (
     topics.TELEMETRY, topics.EVENTS, topics.GPU_STATE, topics.NODE_STATE, topics.CLUSTER_FORECAST,
-    topics.dlq_name(topics.TELEMETRY), topics.dlq_name(topics.EVENTS),
+    topics.JOB_COMPLETIONS, topics.JOB_RUNTIME,
+    topics.dlq_name(topics.TELEMETRY), topics.dlq_name(topics.EVENTS), topics.dlq_name(topics.JOB_COMPLETIONS),
 ))
 
 

@@ -11,10 +11,14 @@ score ``z90`` is moved after every completion, before it is learned, towards the
 completions end within their p90 (online quantile tracking of the standardised residual, as a conformal
 interval's width is kept): over all completions, not per key, and for the p90 at arrival.
 
-Memory: a key holds three floats (about 170 to 200 bytes with its dict entry and key string); at most
-``max_keys`` keys are kept, the least recently used dropped first (``*`` never). ``state()`` is every key's
-statistics, what a compacted topic keyed by signature would carry (none is published yet: the forecaster runs
-in the simulator); ``restore`` rebuilds exactly the same model.
+A declared duration is calibrated by ``learn_declared``: log(actual / declared) under the ``declared:`` keys
+(``contract.runtime.declared_keys``), kept with the other keys (the same LRU, state and topic).
+
+Memory: a key holds three numbers (about 170 to 200 bytes with its dict entry, its ``KeyStats`` and its key
+string); at most ``max_keys`` keys are kept, the least recently used dropped first (``*`` never), and the keys
+dropped are listed in ``evicted`` until the owner takes them (the stream publishes a tombstone for each).
+``state()`` is every key's statistics, what ``job.runtime.v1`` carries (``gpuaware.stream.runtime_topic``);
+``restore`` rebuilds exactly the same model.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class RuntimeForecaster:
         self.keys: OrderedDict[str, KeyStats] = OrderedDict()
         self.z90 = Z90
         self.learned = 0
+        self.evicted: list[str] = []  # keys dropped since the owner last took them
 
     def predict_one(self, keys: Sequence[str]) -> Prediction:
         """The runtime of a job with signature ``keys`` (most specific first). A query: it changes nothing."""
@@ -70,6 +75,16 @@ class RuntimeForecaster:
         # otherwise; it rests where 10% run past.
         self.z90 += self.rate * ((1.0 if x > p.mu + p.z90 * p.sigma else 0.0) - 0.1)
         self.z90 = min(max(self.z90, Z90_MIN), Z90_MAX)  # never a p90 below the median, nor one of no use
+        self._update(keys, x)
+        self.learned += 1
+
+    def learn_declared(self, keys: Sequence[str], actual_s: float, declared_s: float) -> None:
+        """A job that declared ``declared_s`` ran ``actual_s``: log(actual / declared) at its ``declared:`` keys."""
+        if not (actual_s > 0 and declared_s > 0 and math.isfinite(actual_s) and math.isfinite(declared_s)):
+            raise ValueError(f"runtimes must be positive numbers of seconds, not {actual_s!r}, {declared_s!r}")
+        self._update(keys, math.log(actual_s / declared_s))
+
+    def _update(self, keys: Sequence[str], x: float) -> None:
         for key in keys:
             s = self.keys.get(key)
             if s is None:
@@ -77,13 +92,13 @@ class RuntimeForecaster:
             else:
                 self.keys.move_to_end(key)
             s.update(x)
-        self.learned += 1
         while len(self.keys) > self.max_keys:
             oldest = next(iter(self.keys))
             if oldest == GLOBAL:
                 self.keys.move_to_end(oldest)
                 continue
             del self.keys[oldest]
+            self.evicted.append(oldest)
 
     def state(self) -> dict[str, tuple[int, float, float]]:
         """Every key's (count, mean, M2), least recently used first, and ``z90`` under ``#z90``."""
@@ -95,6 +110,7 @@ class RuntimeForecaster:
         """Rebuild from ``state()``'s records, in order: what was learned before is replaced, and at most
         ``max_keys`` keys are kept (the most recently used)."""
         self.keys.clear()
+        self.evicted.clear()
         self.z90, self.learned = Z90, 0
         for key, (n, mean, m2) in records:
             if key == "#z90":

@@ -36,6 +36,8 @@ class StreamSettings(BaseModel):
     api_server: str | None = Field(None, description="Kubernetes API URL for TokenReviews; default: in-cluster config")
     node_state_interval_s: float = Field(5.0, gt=0, description="how often node rollups are considered")
     cluster_forecast_interval_s: float = Field(10.0, gt=0, description="how often per-model demand is published")
+    runtime_max_keys: int = Field(100_000, ge=16, description="job runtime signature keys kept (about 200 bytes "
+                                  "each), the least recently used dropped first (docs/forecasting.md#job-runtimes)")
     replication_factor: int | None = Field(
         None, ge=1, le=5, description="of the internal topics (changelog, re-keyed events): unset, the cluster's "
         "default.replication.factor, or its broker count (at most 3) where that is not readable")

@@ -66,6 +66,9 @@ EXAMPLES = [
                       assignments=[GpuAssignment(UUID, 500, 20000)], sharing="mps", reasons=["fgd score 0.12"],
                       score=0.12, latency_us=840),
     AgentControl("c-1", 6, "*", ControlKind.POWER_CAP, gpu_uuid=UUID, power_cap_w=350, issued_by="scheduler"),
+    events.JobCompletion("ns/pod-2", 7, "team-a", 1800.5, ["owner:team-a/train", "*"], 3600.0,
+                         ["declared:team-a/train", "declared:team-a"]),
+    events.JobRuntime("owner:team-a/train", 8, 3, 7.5, 0.25),
 ]
 
 

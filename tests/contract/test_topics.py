@@ -14,7 +14,10 @@ def test_every_contract_topic_has_a_dlq_and_names_are_unique():
 
 def test_cleanup_policies_follow_the_design():
     compacted = {t.name for t in topics.CONTRACT_TOPICS if t.cleanup_policy == "compact"}
-    assert compacted == {topics.GPU_STATE, topics.NODE_STATE, topics.CLUSTER_FORECAST, topics.CONTROL}
+    assert compacted == {topics.GPU_STATE, topics.NODE_STATE, topics.CLUSTER_FORECAST, topics.CONTROL,
+                         topics.JOB_RUNTIME}
+    # A key's runtime statistics have a single writer: the owner of the completions' one partition.
+    assert topics.spec(topics.JOB_COMPLETIONS).partitions == topics.spec(topics.JOB_RUNTIME).partitions == 1
     assert topics.spec(topics.TELEMETRY).configs()["retention.ms"] == str(6 * topics.HOUR_MS)
     assert "retention.ms" not in topics.spec(topics.GPU_STATE).configs()
 

@@ -36,7 +36,8 @@ EXPECTED: dict[str, set[Row]] = {
         ("nodes", "[]", "[get patch]"),  # its own Node: cordons read, cap acknowledgement written (admission policy)
     },
     "gpuaware-scheduler": {
-        ("pods", "[]", "[list watch patch]"),  # patch: only the checkpoint-request annotation (admission policy)
+        # get: how a pod that left the watch ended (completions); patch: only the checkpoint-request annotation
+        ("pods", "[]", "[get list watch patch]"),
         ("pods/binding", "[]", "[create]"),
         ("pods/eviction", "[]", "[create]"),
         ("nodes", "[]", "[get list watch patch]"),  # patch: only the cordoned-GPUs annotation (admission policy)

@@ -248,6 +248,8 @@ def _record_of(topic: str, key: str, r: int) -> events.Record:
         return events.NodeState(f"node-{key}", ts, None, None, [], 1000 * r, 0)
     if topic == contract.CLUSTER_FORECAST:
         return events.ClusterForecast(f"cluster-{key}", ts, [])
+    if topic == contract.JOB_RUNTIME:
+        return events.JobRuntime(f"owner:t/{key}", ts, r + 1, float(r), 0.0)
     if topic == contract.CONTROL:
         return events.AgentControl(f"cmd-{key}-{r}", ts, f"node-{key}", events.ControlKind.POWER_CAP,
                                    power_cap_w=200 + r)

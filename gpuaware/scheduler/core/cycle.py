@@ -148,8 +148,9 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
             if refused is not None:
                 hooks.blocked(w, Decision(w, None, [refused], None, 0.0, len(cluster)), now)
                 continue
-        if reservation is not None and w.priority < reservation[2] \
-                and now + expected_duration(w.runtime, w.duration_s) > reservation[1]:
+        backfill = reservation is not None and w.priority < reservation[2]
+        held_off = backfill and now + expected_duration(w.runtime, w.duration_s) > reservation[1]
+        if held_off:
             mask = np.ones(len(cluster), dtype=bool) if mask is None else mask.copy()
             mask[reservation[0]] = False  # would delay the reserved job: not on its node
         d = scheduler.schedule(cluster, w, mask)
@@ -162,8 +163,12 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
             victim_searches += searched
         if outlook is not None:
             d.signals = sorted({*d.signals, DEMAND})
-        if by_duration and w.runtime is not None and w.runtime.source != "declared":
+        if (by_duration or backfill) and w.runtime is not None and w.runtime.source != "declared":
+            # A learned runtime (forecast, or a declared one calibrated) ordered the queue or was checked against a
+            # reservation; it steered when it kept the job off the reserved node.
             d.signals = sorted({*d.signals, DURATION})
+            if held_off and d.allocation is not None:
+                d.steered_by = sorted({*d.steered_by, DURATION})
         if d.allocation is None:
             hooks.blocked(w, d, now)
             blocked.add(request_shape(w))

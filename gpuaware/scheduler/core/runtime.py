@@ -1,9 +1,9 @@
 """What the core knows of a job's runtime: a log-normal estimate, conditioned on the time it has already run.
 
-The estimate comes from outside the core: the stream's online runtime forecaster (``stream/runtime.py``; in the
-simulator, not yet on a topic the live scheduler reads), a duration the pod declares (``gpuaware.io/duration-s``,
-taken as exact), or, in the simulator's ``oracle`` ceiling only, the job's true duration (``sigma`` 0). The core
-never sees a job's true duration otherwise.
+The estimate comes from outside the core: the stream's online runtime forecaster (``stream/runtime.py``; live,
+through ``job.runtime.v1`` and ``scheduler/runtimes.py``), a duration the pod declares (``gpuaware.io/duration-s``:
+exact, or ``calibrated`` once its owner's completions say how far off declarations run), or, in the simulator's
+``oracle`` ceiling only, the job's true duration (``sigma`` 0). The core never sees a job's true duration otherwise.
 
     total runtime D ~ exp(N(mu, sigma^2));   quantile q of D given D > a (a: time already run)
 

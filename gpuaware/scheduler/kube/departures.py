@@ -13,6 +13,10 @@ class Departures:
         """The event set when ``key`` leaves the cluster (created on first ask)."""
         return self._gone.setdefault(key, asyncio.Event())
 
+    def expected(self, key: str) -> bool:
+        """``key`` is on its way out by this scheduler's doing (preempted)."""
+        return key in self._gone
+
     def left(self, key: str) -> None:
         """From the pod watch: ``key`` is gone."""
         event = self._gone.pop(key, None)

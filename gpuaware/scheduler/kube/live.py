@@ -34,6 +34,7 @@ from gpuaware.scheduler.feed import StateView
 from gpuaware.scheduler.kube.binder import Binder
 from gpuaware.scheduler.kube.cache import ClusterCache
 from gpuaware.scheduler.kube.calls import ApiCalls
+from gpuaware.scheduler.kube.completions import CompletionPublisher, Completions, discard_completion
 from gpuaware.scheduler.kube.decisions import DecisionPublisher, DecisionSink, discard_decision
 from gpuaware.scheduler.kube.departures import Departures
 from gpuaware.scheduler.kube.dra.device_taints import DeviceTaints
@@ -73,7 +74,7 @@ class LiveScheduler:
     def __init__(self, api: KubeApi, settings: SchedulerSettings, view: StateView | None = None,
                  stats: SchedulerStats | None = None, *, decisions: DecisionPublisher = discard_decision,
                  control: ControlPublisher = discard_control, may_act: Callable[[], bool] | None = None,
-                 events_api: KubeApi | None = None):
+                 events_api: KubeApi | None = None, completions: CompletionPublisher = discard_completion):
         self.api, self.settings, self.view = api, settings, view
         # May this replica write to the API and the control topic right now? With leader election, the
         # elector's is_leader(), which turns False at the renew deadline even before the loop notices.
@@ -90,12 +91,15 @@ class LiveScheduler:
                               events_api=events_api, event_qps=settings.event_qps, event_burst=settings.event_burst,
                               event_queue=settings.event_queue)
         self.departures = Departures()
+        self.completions = Completions(completions, self.cache.known_workload, api.read_pod, self.departures.expected,
+                                       lambda: self.may_act(), self.tasks.spawn, settings.name)
         self.evictor = Evictor(self.calls, self.cache, settings, self.stats)
         self.unschedulable = UnschedulableReporter(self.calls, self.cache.view(), self.stats, self.sink, self.tasks)
         self.binder = Binder(self.calls, self.cache, settings, self.stats, self.sink, self.departures, view,
                              on_bound=self.unschedulable.forget, wake=self.wake)
         self.passes = SchedulingPass(settings, self.cache, self.stats, self.sink, self.binder, self.evictor,
-                                     self.departures, self.unschedulable, self.tasks)
+                                     self.departures, self.unschedulable, self.tasks,
+                                     view.runtimes if view is not None else None)
         self.queue_status = QueueStatusWriter(self.calls, self.cache.view(), self.stats)
         # Without live state there are no bands to apply, no critical GPUs and no power to cap.
         self.gpu_state: LiveGpuState | None = None
@@ -225,6 +229,7 @@ class LiveScheduler:
                 return
             left = self.cache.pod_event(kind, obj)
             if left is not None:
+                self.completions.left(left, obj)
                 self.unschedulable.forget(left)
                 self.departures.left(left)
             elif kind == "ADDED":

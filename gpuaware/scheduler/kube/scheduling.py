@@ -1,5 +1,10 @@
 """One scheduling pass over the queue, by the same core as the simulator (``gpuaware.scheduler.core.cycle``).
 
+Before a pass, each pending pod's runtime estimate is taken from the runtime table the feed keeps
+(``gpuaware.scheduler.runtimes``: a forecast from its signature, or its declared duration calibrated), cached per
+pod until the table changes; without a table, or with a stale one, a declared duration is exact and any other is
+unknown.
+
 Complete gangs are placed all or nothing first, then single pods through ``schedule_pass`` (queue
 order, fair shares, preemption). A pass only decides: each placement becomes a bind task
 (``Binder``), each preempted victim an eviction task (``Evictor``), through ``PassActions``.
@@ -14,6 +19,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from gpuaware.contract.events import DecisionAction
+from gpuaware.contract.runtime import declared_keys, owner_of
 from gpuaware.scheduler.core.cycle import (
     PassStats,
     QueuePolicy,
@@ -33,6 +39,7 @@ from gpuaware.scheduler.core.workload import Workload
 from gpuaware.scheduler.core.workload_mix import WorkloadMix
 from gpuaware.scheduler.kube.binder import Binder
 from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.completions import keys_of
 from gpuaware.scheduler.kube.decisions import DecisionSink, Outcome
 from gpuaware.scheduler.kube.departures import Departures
 from gpuaware.scheduler.kube.dra.state import claim_key
@@ -41,6 +48,7 @@ from gpuaware.scheduler.kube.objects import PodWorkload
 from gpuaware.scheduler.kube.tasks import Tasks
 from gpuaware.scheduler.kube.unschedulable import UnschedulableReporter
 from gpuaware.scheduler.metrics import PRIORITY_NAMES, SchedulerStats
+from gpuaware.scheduler.runtimes import RuntimeTable
 from gpuaware.scheduler.settings import SchedulerSettings
 
 MIX_REBUILD_EVERY = 256  # pods seen before the scores built from the workload mix (FGD, model reservation) are rebuilt
@@ -107,7 +115,7 @@ class PassActions:
 class SchedulingPass:
     def __init__(self, settings: SchedulerSettings, cache: ClusterCache, stats: SchedulerStats, sink: DecisionSink,
                  binder: Binder, evictor: Evictor, departures: Departures, reporter: UnschedulableReporter,
-                 tasks: Tasks):
+                 tasks: Tasks, runtimes: RuntimeTable | None = None):
         self.settings, self.cache, self.stats, self.sink = settings, cache, stats, sink
         self.binder, self.evictor, self.departures, self.reporter, self.tasks = \
             binder, evictor, departures, reporter, tasks
@@ -117,6 +125,28 @@ class SchedulingPass:
         self._deallocating: set[str] = set()  # claims being deallocated (``_strand``)
         self._mix_at_build = -1
         self._scheduler: Scheduler | None = None
+        self.runtimes = runtimes
+        # pod -> (table version, minute, declared, keys, declared keys, estimate): what ``estimate`` worked out last
+        self._estimates: dict[str, tuple] = {}
+
+    def estimate(self, w: Workload, now: float) -> None:
+        """Set ``w.runtime`` from the runtime table (the module's docstring)."""
+        table = self.runtimes
+        if table is None:
+            return
+        minute = int(now // 60)  # staleness is judged again each minute even with no new record
+        known = self._estimates.get(w.id)
+        if known is not None and known[0] == table.version and known[1] == minute:
+            w.runtime = known[5]
+            return
+        pod = self.cache.pods.get(w.id)
+        if known is None or known[2] != w.duration_s:
+            keys = keys_of(w, pod) if pod is not None else []
+            dkeys = declared_keys(w.tenant, owner_of(pod) if pod is not None else None)
+        else:
+            keys, dkeys = known[3], known[4]
+        w.runtime = table.estimate(keys, w.duration_s, dkeys, int(now * 1000))
+        self._estimates[w.id] = (table.version, minute, w.duration_s, keys, dkeys, w.runtime)
 
     def learn(self, w: Workload) -> None:
         """A pod seen: its shape joins the workload mix the scores read."""
@@ -156,7 +186,11 @@ class SchedulingPass:
         for key in [k for k in cache.dra.joins if k in cache.pending]:
             self._join(key, actions, now)
         singles, gangs = [], {}
+        if self.runtimes is not None:
+            for key in [k for k in self._estimates if k not in cache.pending]:
+                del self._estimates[key]
         for key, pw in cache.pending.items():
+            self.estimate(pw.workload, now)
             if key in cache.dra.resumes or key in cache.dra.joins:
                 continue  # waiting for the node their claims name (above), never placed elsewhere
             if pw.workload.gang:
