@@ -2,11 +2,19 @@
 
 Nodes are rows; GPU slots are columns (``max_gpus`` wide; a node with fewer GPUs has its extra
 slots at capacity 0). Compute is in milli-GPU (1000 = one whole GPU), memory in MiB.
+
+``ClusterState`` is the mutable model: only the framework's reserve (``allocate``), the caller's
+release and resize, and the live state's writers change it. Plugins see ``ClusterSnapshot``
+(``ClusterState.snapshot()``): the same arrays as read-only views and no mutating methods, as
+kube-scheduler's plugins see its ``Snapshot`` and only assume/reserve touch the cache.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -48,7 +56,35 @@ class Allocation:
     sharing: str = "exclusive"
 
 
-class ClusterState:
+class ClusterReads:
+    """What both the model and its snapshot answer from the arrays alone."""
+
+    __slots__ = ()
+    names: list[str] | tuple[str, ...]
+    models: np.ndarray
+    model_names: list[str] | tuple[str, ...]
+    gpu_cap: np.ndarray
+    gpu_free: np.ndarray
+    gpu_mem_cap: np.ndarray
+
+    def gpu_memory_by_model(self) -> dict[str, int]:
+        """The memory of one GPU of each model, MiB (the largest a node of it reports): what a whole GPU
+        counts against a GPU-memory quota."""
+        return {m: int(self.gpu_mem_cap[self.models == m].max(initial=0)) for m in self.model_names}
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def total_gpu_milli(self) -> int:
+        return int(self.gpu_cap.sum())
+
+    @property
+    def allocated_gpu_milli(self) -> int:
+        return int((self.gpu_cap - self.gpu_free).sum())
+
+
+class ClusterState(ClusterReads):
     def __init__(self, nodes: list[NodeSpec]):
         self.names = [n.name for n in nodes]
         self.index = {n.name: i for i, n in enumerate(nodes)}
@@ -95,6 +131,20 @@ class ClusterState:
         self.node_workloads = np.zeros(n, dtype=np.int64)
         self.version = np.zeros(n, dtype=np.int64)  # bumped on every change of a node, for plugin caches
         self._shapes: dict[tuple[int, int], np.ndarray] = {}
+        self._snapshot: ClusterSnapshot | None = None
+
+    def snapshot(self) -> ClusterSnapshot:
+        """The read-only view plugins get, one per cluster, brought up to date at the start of each cycle."""
+        s = self.__dict__.get("_snapshot")
+        if s is None:
+            s = self._snapshot = ClusterSnapshot(self)
+        else:
+            s.refresh()
+        return s
+
+    def __getstate__(self) -> dict:
+        # The snapshot's views are of this object's arrays: a copy builds its own.
+        return {k: v for k, v in self.__dict__.items() if k != "_snapshot"}
 
     def shape_count(self, num_gpu: int, milli: int) -> np.ndarray:
         """How many workloads of this GPU shape each node runs."""
@@ -107,22 +157,6 @@ class ClusterState:
         self.version[a.node] += 1
         self.node_workloads[a.node] += delta
         self.shape_count(len(a.gpus), a.milli[0] if a.gpus else 0)[a.node] += delta
-
-    def gpu_memory_by_model(self) -> dict[str, int]:
-        """The memory of one GPU of each model, MiB (the largest a node of it reports): what a whole GPU
-        counts against a GPU-memory quota."""
-        return {m: int(self.gpu_mem_cap[self.models == m].max(initial=0)) for m in self.model_names}
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-    @property
-    def total_gpu_milli(self) -> int:
-        return int(self.gpu_cap.sum())
-
-    @property
-    def allocated_gpu_milli(self) -> int:
-        return int((self.gpu_cap - self.gpu_free).sum())
 
     def set_band(self, node: int, gpu: int, band: HealthBand) -> None:
         self.band[node, gpu] = BAND_CODE[band]
@@ -189,3 +223,79 @@ class ClusterState:
             for g, m in zip(a.gpus, a.milli, strict=True):
                 used[a.node, g] += m
         assert (used == self.gpu_cap - self.gpu_free).all()
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
+class ClusterSnapshot(ClusterReads):
+    """A ``ClusterState`` as plugins see it: every array a read-only view of the model's own (no copy; writing
+    one raises ``ValueError``), names as tuples, allocations and the name index as read-only mappings, and
+    no ``allocate``, ``release``, ``resize`` or ``set_band``. Its attributes cannot be rebound. (One hole is
+    numpy's: ``ufunc.at``, e.g. ``np.add.at``, ignores the writeable flag as of numpy 2.4.)
+
+    The views show the model as it is: the core runs one cycle at a time and nothing writes the model
+    between a cycle's start and its reserve, so within a cycle this is the state the cycle began with.
+    ``refresh`` (each cycle) rebuilds a view only where the model's attribute was rebound.
+    """
+
+    ARRAYS = ("models", "model_id", "cpu_cap", "mem_cap", "cpu_free", "mem_free", "gpu_count", "gpu_exists",
+              "gpu_cap", "gpu_free", "gpu_mem_cap", "gpu_mem_free", "band", "util", "forecast_util", "temp", "live",
+              "forecast_mem", "power", "power_limit", "fingerprint", "nvlink", "mig", "node_workloads", "version")
+    # Read as they are (immutable values), or wrapped read-only: (attribute, how).
+    OTHERS = (("max_gpus", None), ("has_mig", None), ("names", tuple), ("model_names", tuple),
+              ("index", MappingProxyType), ("allocations", MappingProxyType))
+    __slots__ = (*ARRAYS, *(name for name, _ in OTHERS), "_src", "_sources", "_shape_views", "_no_shape")
+
+    if TYPE_CHECKING:  # the attributes ClusterState documents, as their read-only kinds
+        names: tuple[str, ...]
+        model_names: tuple[str, ...]
+        index: Mapping[str, int]
+        allocations: Mapping[str, Allocation]
+        max_gpus: int
+        has_mig: bool
+
+    def __init__(self, cluster: ClusterState):
+        put = object.__setattr__
+        put(self, "_src", cluster)
+        put(self, "_sources", {})
+        put(self, "_shape_views", {})
+        put(self, "_no_shape", _read_only(np.zeros(len(cluster.names), dtype=np.int64)))
+        self.refresh()
+
+    def refresh(self) -> None:
+        put, src, sources = object.__setattr__, self._src, self._sources
+        for name in self.ARRAYS:
+            a = getattr(src, name)
+            if sources.get(name) is not a:
+                sources[name] = a
+                put(self, name, _read_only(a))
+        for name, wrap in self.OTHERS:
+            v = getattr(src, name)
+            if wrap is None:
+                put(self, name, v)
+            elif sources.get(name) is not v:
+                sources[name] = v
+                put(self, name, wrap(v))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"the cluster snapshot is read-only: {name} cannot be set (plugins change nothing; "
+                             "the framework's reserve does)")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"the cluster snapshot is read-only: {name} cannot be deleted")
+
+    def shape_count(self, num_gpu: int, milli: int) -> np.ndarray:
+        """How many workloads of this GPU shape each node runs (zeros for a shape nobody ever ran: reading
+        registers nothing; ``ClusterState.allocate`` does)."""
+        key = (num_gpu, milli if num_gpu else 0)
+        view = self._shape_views.get(key)
+        if view is None:
+            counts = self._src._shapes.get(key)
+            if counts is None:
+                return self._no_shape
+            view = self._shape_views[key] = _read_only(counts)
+        return view

@@ -173,7 +173,7 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
             hooks.blocked(w, d, now)
             blocked.add(request_shape(w))
             if policy.reserve_and_backfill and reservation is None and w.priority == PriorityLevel.HIGH:
-                fit = earliest_fit(cluster, w, queue.running, queue.finish_at, now)
+                fit = earliest_fit(cluster.snapshot(), w, queue.running, queue.finish_at, now)
                 if fit is not None:
                     reservation = (fit[0], fit[1], w.priority)
             continue
@@ -207,7 +207,7 @@ def _preempt_for(scheduler: Scheduler, cluster: ClusterState, queue: QueueState,
     wants_victims = w.priority > PriorityLevel.LOW or owed
     grace = policy.preempt_grace_s[min(w.priority, PriorityLevel.HIGH)]
     if wants_victims and policy.patient_preemption and not owed and grace > 0:
-        fit = earliest_fit(cluster, w, queue.running, queue.finish_at, now)
+        fit = earliest_fit(cluster.snapshot(), w, queue.running, queue.finish_at, now)
         if fit is not None and fit[1] - now <= grace:
             stats.preemptions_avoided += 1  # room frees up soon: wait (and reserve) instead of evicting
             return d, False
@@ -217,7 +217,7 @@ def _preempt_for(scheduler: Scheduler, cluster: ClusterState, queue: QueueState,
     # under quota is never a reclaim victim) instead of trading GPUs back and forth.
     reclaim = (lambda r: r.workload.tenant != w.tenant and r.workload.priority <= w.priority
                and ledger.over_quota(r.workload.tenant) > 0) if owed and ledger is not None else None
-    pick = select_victims(cluster, w, queue.running, now, allowed_nodes=queue.node_mask, reclaimable=reclaim)
+    pick = select_victims(cluster.snapshot(), w, queue.running, now, allowed_nodes=queue.node_mask, reclaimable=reclaim)
     if pick is None:
         failed = Reason(Code.PREEMPTION_FAILED, PREEMPTION, "no node frees enough by preempting")
         return Decision(w, None, [*d.why, failed], None, d.latency_s, d.nodes), True

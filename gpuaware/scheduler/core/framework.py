@@ -10,6 +10,11 @@ name from ``registry.py``) implements one or more:
 - ``GpuFilterPlugin.filter_gpus(ctx) -> bool[N, G]``: False for GPUs it may not use;
 - ``ScorePlugin.score(ctx, cand) -> float[C]``: higher is better, normalised to 0-100 per cycle.
 
+Plugins read the cluster through ``ctx.cluster``, a ``ClusterSnapshot``: read-only arrays, no
+mutating methods (kube-scheduler's Snapshot). Only the framework's reserve, at the end of
+``schedule``, changes the ``ClusterState``; a plugin keeps what it must remember in itself or in
+``ctx.cache`` (kube's CycleState).
+
 A filter declares the ``Code`` it reports and the words of its message (``status.py``). A
 ``Profile`` sorts its plugins into extension points once, when it is built, so a cycle runs a
 fixed list of steps and asks no plugin what it implements. Before the filters the framework
@@ -33,7 +38,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from gpuaware.scheduler.core.cluster import Allocation, ClusterState, mig_round
+from gpuaware.scheduler.core.cluster import Allocation, ClusterSnapshot, ClusterState, mig_round
 from gpuaware.scheduler.core.status import Code, Reason, render
 from gpuaware.scheduler.core.workload import Workload
 
@@ -56,7 +61,7 @@ class Candidates:
 
 @dataclass
 class CycleContext:
-    cluster: ClusterState
+    cluster: ClusterSnapshot  # read-only: plugins write nothing of the cluster
     workload: Workload
     cache: dict = field(default_factory=dict)
     signals: set[str] = field(default_factory=set)  # stream signals the plugins read this cycle
@@ -275,7 +280,7 @@ class Scheduler:
         Nothing is reserved: this is the question kube-scheduler's extender asks (filter, prioritize).
         """
         w = self.effective(workload)
-        ctx = CycleContext(cluster, w)
+        ctx = CycleContext(cluster.snapshot(), w)
         cand, reasons = self.candidates(ctx, node_mask)
         best = np.full(len(cluster), -np.inf)
         if len(cand):
@@ -286,7 +291,7 @@ class Scheduler:
         """One scheduling cycle; ``node_mask`` (False = off limits) carries reservations."""
         started = time.perf_counter()
         w = self.effective(workload)
-        ctx = CycleContext(cluster, w)
+        ctx = CycleContext(cluster.snapshot(), w)
         cand, reasons = self.candidates(ctx, node_mask)
         if len(cand) == 0:
             why = reasons or [Reason(Code.NO_FEASIBLE_NODE, FRAMEWORK, "no feasible node")]

@@ -5,6 +5,10 @@ the work lost since its last checkpoint (all of it when it cannot checkpoint), a
 overhead, and, when its runtime is estimated, how close it is to its end (work predicted to end
 within ``NEAR_END_S`` frees its room soon anyway: evicting it throws away work for little).
 Borrowed work (its tenant over quota) is cheaper to reclaim.
+
+Both searches only read the cluster (the pass hands them its read-only snapshot): a victim's
+removal is simulated on scratch copies of one node's free GPU compute, CPU and memory, and only
+the caller's ``evict`` releases what is chosen.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuaware.scheduler.core.cluster import Allocation, ClusterState
+from gpuaware.scheduler.core.cluster import Allocation, ClusterSnapshot, ClusterState
 from gpuaware.scheduler.core.workload import Workload
 
 RESTART_OVERHEAD_S = 120.0
@@ -61,7 +65,7 @@ def fits_on_node(free: np.ndarray, cpu_free: int, mem_free: int, w: Workload) ->
     return int((free >= 1000).sum()) >= w.num_gpu
 
 
-def select_victims(cluster: ClusterState, w: Workload, running: dict[str, Running], now: float,
+def select_victims(cluster: ClusterSnapshot | ClusterState, w: Workload, running: dict[str, Running], now: float,
                    allowed_nodes: np.ndarray | None = None, max_nodes: int = 32,
                    reclaimable: Callable[[Running], bool] | None = None) -> tuple[int, list[Running]] | None:
     """The node and the cheapest victims that make ``w`` fit there, or None.
@@ -100,8 +104,8 @@ def select_victims(cluster: ClusterState, w: Workload, running: dict[str, Runnin
     return None if best is None else (best[1], best[2])
 
 
-def earliest_fit(cluster: ClusterState, w: Workload, running: dict[str, Running], finish_at: Mapping[str, float],
-                 now: float) -> tuple[int, float] | None:
+def earliest_fit(cluster: ClusterSnapshot | ClusterState, w: Workload, running: dict[str, Running],
+                 finish_at: Mapping[str, float], now: float) -> tuple[int, float] | None:
     """The node where ``w`` would fit soonest as running work ends (expected finish times), and when.
 
     The reservation that backfill respects: later work may use that node only if it ends before then.

@@ -30,11 +30,11 @@ class ModelReservation:
     def __init__(self, demand: dict[frozenset[str], float]):
         self.demand = demand
         self._masks: dict[frozenset[str], np.ndarray] = {}
-        self._model_names: list[str] | None = None
+        self._model_names: tuple[str, ...] | None = None
 
-    def _model_masks(self, model_names: list[str]) -> dict[frozenset[str], np.ndarray]:
-        if self._model_names != model_names:
-            self._model_names = list(model_names)
+    def _model_masks(self, model_names: tuple[str, ...]) -> dict[frozenset[str], np.ndarray]:
+        if self._model_names != tuple(model_names):
+            self._model_names = tuple(model_names)
             self._masks = {s: np.array([m in s for m in model_names]) for s in self.demand}
         return self._masks
 
