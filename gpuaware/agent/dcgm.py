@@ -1,6 +1,6 @@
 """The dcgm-exporter-compatible families, built from the agent's last readings at scrape time.
 
-Names, types, units and label names come from :mod:`gpuaware.contract.dcgm` (both schemas, optional
+Names, types, units and label names come from :mod:`gpuaware.contract.dcgm` (each schema, optional
 ``gpuaware_dcgm_`` prefix). Labels are dcgm-exporter's: ``gpu``, ``UUID``, ``pci_bus_id`` (DCGM's
 8-digit PCI domain), ``device``, ``modelName``, the node, the driver version, ``GPU_I_PROFILE`` /
 ``GPU_I_ID`` on MIG instances, and ``pod``/``namespace``/``container`` when the kubelet maps the
@@ -114,8 +114,8 @@ class DcgmFamilies:
     def _family(self, name: str) -> Metric:
         fam = FAMILIES[name]
         if fam.type == "counter":
-            return DcgmCounter(family_name(name, self.prefixed), fam.help(self.schema))
-        return Metric(family_name(name, self.prefixed), fam.help(self.schema), "gauge")
+            return DcgmCounter(family_name(name, self.prefixed, self.schema), fam.help(self.schema))
+        return Metric(family_name(name, self.prefixed, self.schema), fam.help(self.schema), "gauge")
 
     def collect(self, cores: list[AgentCore]) -> Iterator[Metric]:
         rows = [self._row(core, t) for core in cores for t in core.tracks]

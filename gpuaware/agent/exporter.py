@@ -5,7 +5,7 @@ sampling loop never formats text. The DCGM families (:mod:`gpuaware.agent.dcgm`)
 names, labels and ``# TYPE`` (counters where its CSV says counter, written without ``_total`` as
 dcgm-exporter writes them, which prometheus_client's own text encoder cannot do: hence
 :func:`render` and :func:`serve`). The node label of every family follows the schema
-(``Hostname`` legacy, ``hostname`` 4.9).
+(``Hostname`` legacy, ``hostname`` 4.9 and 4.10).
 """
 
 from __future__ import annotations

@@ -26,9 +26,10 @@ class AgentSettings(BaseModel):
     api_server: str | None = Field(None, description="Kubernetes API URL for reading the node; default: in-cluster "
                                                       "config when running in a pod, else the kubeconfig KUBECONFIG "
                                                       "names, else no reads")
-    metrics_schema: Literal["dcgm-legacy", "dcgm-4.9"] = Field(
+    metrics_schema: Literal["dcgm-legacy", "dcgm-4.9", "dcgm-4.10"] = Field(
         "dcgm-legacy", description="DCGM families as dcgm-exporter <= 4.8 writes them (%, MiB, MHz, mJ; Hostname, "
-                                   "DCGM_FI_DRIVER_VERSION) or as 4.9 (ratios, bytes, Hz, J; hostname, driver_version)")
+                                   "DCGM_FI_DRIVER_VERSION), as 4.9 (ratios, bytes, Hz, J; hostname, driver_version) "
+                                   "or as 4.10 (4.9 with DCGM_FI_PROF_PCIE_{TX,RX}_BYTES_PER_SECOND)")
     dcgm_exporter: Literal["replace", "beside"] = Field(
         "replace", description="replace: the agent exports DCGM_* itself; beside: the GPU Operator's dcgm-exporter "
                                "runs too and the agent's copies are named gpuaware_dcgm_* so nothing counts twice")

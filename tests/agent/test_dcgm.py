@@ -67,6 +67,25 @@ def test_dcgm_49_schema_uses_base_units_and_its_label_names():
     assert "hostname" in base["gpuaware_gpu_health_score"].samples[0].labels
     assert "(in ratio 0-1)" in re.search(r"# HELP DCGM_FI_DEV_GPU_UTIL (.*)", _text(core, schema="dcgm-4.9"))[1]
 
+def test_dcgm_410_schema_writes_pcie_throughput_per_second_as_gauges_in_bytes():
+    core, _ = _core({"gpus_per_node": 2, "models": ["H100", "A100"]})
+    text49, text410 = _text(core, schema="dcgm-4.9"), _text(core, schema="dcgm-4.10")
+    v49, v410 = _families(text49), _families(text410)
+    for old in ("DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"):
+        new = old + "_PER_SECOND"
+        assert f"# TYPE {new} gauge" in text410 and re.search(rf"^# HELP {new} .*\(in bytes/s\)\.$", text410, re.M)
+        assert not re.search(rf"^{old}[{{ ]", text410, re.M) and old not in v410
+        assert [(s.labels, s.value) for s in v410[new].samples] == [(s.labels, s.value) for s in v49[old].samples]
+        assert {s.labels["gpu"] for s in v410[new].samples} == {"0", "1"}  # GPM on H100, the slow way on A100
+    # Everything else is 4.9's: the same families, labels and values.
+    renamed = {"DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"}
+    assert {n: [(s.labels, s.value) for s in f.samples] for n, f in v49.items() if n not in renamed} == \
+        {n: [(s.labels, s.value) for s in f.samples] for n, f in v410.items() if not n.endswith("_PER_SECOND")}
+    prefixed = _text(core, schema="dcgm-4.10", prefixed=True)
+    assert "# TYPE gpuaware_dcgm_fi_prof_pcie_tx_bytes_per_second gauge" in prefixed
+    assert "gpuaware_dcgm_fi_prof_pcie_tx_bytes{" not in prefixed
+
+
 def test_beside_dcgm_exporter_every_dcgm_family_gets_the_gpuaware_prefix():
     core, _ = _core({"gpus_per_node": 1})
     text = _text(core, prefixed=True)
