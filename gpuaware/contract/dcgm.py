@@ -119,6 +119,28 @@ def driver_label(schema: Schema) -> str:
     return "DCGM_FI_DRIVER_VERSION" if schema == LEGACY else "driver_version"
 
 
+def agent_labels(schema: Schema) -> tuple[str, ...]:
+    """Every label name the agent itself may put on one DCGM series (the device's, MIG's, the pod's, the XID's).
+
+    No series carries them all; their count is the least label budget (``agent.metrics_label_budget``) that
+    never has to drop one of them. Allowlisted pod labels (:func:`pod_label_name`) fill what the budget leaves.
+    """
+    return ("gpu", "UUID", "pci_bus_id", "device", "modelName", node_label(schema), driver_label(schema),
+            "GPU_I_PROFILE", "GPU_I_ID", "pod", "namespace", "container", "pod_uid", "err_code", "err_msg")
+
+
+MIN_LABEL_BUDGET = len(agent_labels(LEGACY))
+_LABEL_KEY = re.compile(r"^(?:[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def pod_label_name(key: str) -> str:
+    """The metric label a Kubernetes pod label ``key`` becomes, as kube-state-metrics names them:
+    ``app.kubernetes.io/name`` -> ``label_app_kubernetes_io_name`` (never one of the agent's own)."""
+    if not _LABEL_KEY.match(key):
+        raise ValueError(f"{key!r} is not a Kubernetes label key")
+    return "label_" + re.sub(r"[^A-Za-z0-9_]", "_", key)
+
+
 def family_name(name: str, prefixed: bool, schema: Schema = LEGACY) -> str:
     """The name ``schema`` writes the family ``name`` (its legacy name) under, with the prefix when ``prefixed``."""
     name = RENAMED.get(schema, {}).get(name, name)
