@@ -1,6 +1,6 @@
 """The dcgm-exporter-compatible families, built from the agent's last readings at scrape time.
 
-Names, types, units and label names come from :mod:`gpuaware.contract.dcgm` (both schemas, optional
+Names, types, units and label names come from :mod:`gpuaware.contract.dcgm` (each schema, optional
 ``gpuaware_dcgm_`` prefix). Labels are dcgm-exporter's: ``gpu``, ``UUID``, ``pci_bus_id`` (DCGM's
 8-digit PCI domain), ``device``, ``modelName``, the node, the driver version, ``GPU_I_PROFILE`` /
 ``GPU_I_ID`` on MIG instances, and ``pod``/``namespace``/``container`` when the kubelet maps the
@@ -12,11 +12,16 @@ dcgm-exporter's per-process accounting does, ``DCGM_FI_DEV_GPU_UTIL`` and ``DCGM
 get one more series per pod (labels ``pod``, ``namespace``, ``container``, ``pod_uid``): the sum
 over the pod's processes of NVML's per-process SM utilisation and used memory, 0 for a pod with
 no process on the GPU.
+
+Label budget: no series carries more than ``label_budget`` labels (``agent.metrics_label_budget``). The
+agent's own labels always fit (the budget is at least :data:`~gpuaware.contract.dcgm.MIN_LABEL_BUDGET`);
+the Kubernetes labels of the pod a series belongs to are added only where ``pod_labels``
+(``agent.metrics_pod_labels``) names them, as ``label_<key>``, in that list's order, while the budget lasts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.core import Metric
@@ -24,7 +29,8 @@ from prometheus_client.core import Metric
 from gpuaware.agent.core import AgentCore, GpuTrack
 from gpuaware.agent.podresources import PodAttribution, PodRef
 from gpuaware.agent.readings import Reading
-from gpuaware.contract.dcgm import FAMILIES, LEGACY, Schema, driver_label, family_name, node_label
+from gpuaware.contract.dcgm import (FAMILIES, LEGACY, MIN_LABEL_BUDGET, Schema, driver_label, family_name,
+                                    node_label, pod_label_name)
 
 # DCGM family -> Reading attribute (the XID family is built apart).
 ATTRS: dict[str, str] = {
@@ -83,13 +89,20 @@ class Row:
     track: GpuTrack
     labels: dict[str, str]
     pods: list[PodRef]
+    owner: PodRef  # the one pod holding the GPU; PodRef("", "", "") when none or several
 
 
 class DcgmFamilies:
-    def __init__(self, schema: Schema = LEGACY, prefixed: bool = False, pods: PodAttribution | None = None):
+    def __init__(self, schema: Schema = LEGACY, prefixed: bool = False, pods: PodAttribution | None = None,
+                 label_budget: int = 30, pod_labels: Sequence[str] = ()):
+        if label_budget < MIN_LABEL_BUDGET:
+            raise ValueError(f"label budget {label_budget}: the agent itself may put {MIN_LABEL_BUDGET} labels on a "
+                             "series")
         self.schema = schema
         self.prefixed = prefixed
         self.pods = pods
+        self.budget = label_budget
+        self.pod_labels = {key: pod_label_name(key) for key in pod_labels}  # in the allowlist's order
         self.node_label = node_label(schema)
         self.labels = ["gpu", "UUID", "pci_bus_id", "device", "modelName", self.node_label, driver_label(schema),
                        "GPU_I_PROFILE", "GPU_I_ID", "pod", "namespace", "container"]
@@ -101,7 +114,20 @@ class DcgmFamilies:
         values = [str(d.index), d.uuid, d.pci_bus_id, d.device, d.model, core.node, d.driver_version, "", "",
                   owner.name, owner.namespace, owner.container]
         # Empty labels are left out, as dcgm-exporter leaves GPU_I_* out on a whole GPU.
-        return Row(core, track, {k: v for k, v in zip(self.labels, values, strict=True) if v}, pods)
+        return Row(core, track, {k: v for k, v in zip(self.labels, values, strict=True) if v}, pods, owner)
+
+    def _fit(self, labels: dict[str, str], pod: PodRef) -> dict[str, str]:
+        """``labels`` and the pod's allowlisted labels, in the allowlist's order, as many as the budget leaves."""
+        if not self.pod_labels or not pod.labels:
+            return labels
+        out = dict(labels)
+        have = dict(pod.labels)
+        for key, name in self.pod_labels.items():
+            if len(out) >= self.budget:
+                break
+            if have.get(key):
+                out[name] = have[key]
+        return out
 
     @staticmethod
     def value(track: GpuTrack, attr: str) -> float | None:
@@ -114,8 +140,8 @@ class DcgmFamilies:
     def _family(self, name: str) -> Metric:
         fam = FAMILIES[name]
         if fam.type == "counter":
-            return DcgmCounter(family_name(name, self.prefixed), fam.help(self.schema))
-        return Metric(family_name(name, self.prefixed), fam.help(self.schema), "gauge")
+            return DcgmCounter(family_name(name, self.prefixed, self.schema), fam.help(self.schema))
+        return Metric(family_name(name, self.prefixed, self.schema), fam.help(self.schema), "gauge")
 
     def collect(self, cores: list[AgentCore]) -> Iterator[Metric]:
         rows = [self._row(core, t) for core in cores for t in core.tracks]
@@ -125,7 +151,7 @@ class DcgmFamilies:
             for row in rows:
                 v = self.value(row.track, attr)
                 if v is not None:
-                    fam.add_sample(fam.name, row.labels, v * scale)
+                    fam.add_sample(fam.name, self._fit(row.labels, row.owner), v * scale)
                 if name in MIG_ATTRS:
                     self._mig(fam, row, MIG_ATTRS[name], scale)
                 if name in PER_PROCESS and len(row.pods) > 1 and v is not None:
@@ -133,14 +159,13 @@ class DcgmFamilies:
             yield fam
         yield self._xid(rows)
 
-    @staticmethod
-    def _mig(fam: Metric, row: Row, attr: str, scale: float) -> None:
+    def _mig(self, fam: Metric, row: Row, attr: str, scale: float) -> None:
         sample = row.track.last_sample
         for mig in (sample.mig or []) if sample is not None else []:
             v = getattr(mig, attr)
             if v is not None:
-                fam.add_sample(fam.name, {**row.labels, "GPU_I_PROFILE": mig.profile, "GPU_I_ID": str(mig.gi_id)},
-                               float(v) * scale)
+                labels = {**row.labels, "GPU_I_PROFILE": mig.profile, "GPU_I_ID": str(mig.gi_id)}
+                fam.add_sample(fam.name, self._fit(labels, row.owner), float(v) * scale)
 
     def _per_pod(self, fam: Metric, row: Row, attr: str, scale: float) -> None:
         sample = row.track.last_sample
@@ -154,8 +179,8 @@ class DcgmFamilies:
                 by_uid[uid] = by_uid.get(uid, 0.0) + float(v)
         for pod in row.pods:
             if pod.uid:  # without the pod's UID its processes cannot be told apart
-                fam.add_sample(fam.name, {**row.labels, "pod": pod.name, "namespace": pod.namespace,
-                                          "container": pod.container, "pod_uid": pod.uid},
+                fam.add_sample(fam.name, self._fit({**row.labels, "pod": pod.name, "namespace": pod.namespace,
+                                                    "container": pod.container, "pod_uid": pod.uid}, pod),
                                by_uid.get(pod.uid, 0.0) * scale)
 
     def _xid(self, rows: list[Row]) -> Metric:
@@ -163,6 +188,6 @@ class DcgmFamilies:
         fam = self._family("DCGM_FI_DEV_XID_ERRORS")
         for row in rows:
             code = row.track.last_xid or 0
-            fam.add_sample(fam.name, {**row.labels, "err_code": str(code),
-                                      "err_msg": XID_TEXT.get(code, "Unknown Error")}, float(code))
+            fam.add_sample(fam.name, self._fit({**row.labels, "err_code": str(code),
+                                                "err_msg": XID_TEXT.get(code, "Unknown Error")}, row.owner), float(code))
         return fam

@@ -5,13 +5,13 @@ sampling loop never formats text. The DCGM families (:mod:`gpuaware.agent.dcgm`)
 names, labels and ``# TYPE`` (counters where its CSV says counter, written without ``_total`` as
 dcgm-exporter writes them, which prometheus_client's own text encoder cannot do: hence
 :func:`render` and :func:`serve`). The node label of every family follows the schema
-(``Hostname`` legacy, ``hostname`` 4.9).
+(``Hostname`` legacy, ``hostname`` 4.9 and 4.10).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import generate_latest
@@ -50,10 +50,11 @@ class AgentStats:
 
 class AgentCollector(Collector):
     def __init__(self, cores: Iterable[AgentCore], stats: AgentStats, pods: PodAttribution | None = None,
-                 schema: Schema = LEGACY, prefixed: bool = False):
+                 schema: Schema = LEGACY, prefixed: bool = False, label_budget: int = 30,
+                 pod_labels: Sequence[str] = ()):
         self.cores = list(cores)
         self.stats = stats
-        self.dcgm = DcgmFamilies(schema, prefixed, pods)
+        self.dcgm = DcgmFamilies(schema, prefixed, pods, label_budget, pod_labels)
 
     def collect(self) -> Iterator[Metric]:
         yield from self.dcgm.collect(self.cores)

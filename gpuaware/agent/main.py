@@ -52,7 +52,7 @@ def serve_metrics(runtime: AgentRuntime, host: str, port: int, pods: PodAttribut
         s = settings or AgentSettings()
         registry = CollectorRegistry()
         registry.register(AgentCollector(runtime.cores, runtime.stats, pods, s.metrics_schema,
-                                         s.dcgm_exporter == "beside"))
+                                         s.dcgm_exporter == "beside", s.metrics_label_budget, s.metrics_pod_labels))
         serve(registry, host, port)
         log.info("serving /metrics on %s:%d (schema %s, DCGM families %s)", host, port, s.metrics_schema,
                  "as gpuaware_dcgm_*" if s.dcgm_exporter == "beside" else "as DCGM_*")
@@ -60,9 +60,9 @@ def serve_metrics(runtime: AgentRuntime, host: str, port: int, pods: PodAttribut
 
 def follow_pod_uids(settings: AgentSettings, pods: PodResourcesWatcher, attribution: PodAttribution,
                     api=None) -> PodUids | None:
-    """The pod-UID informer (``agent.pod_uids``), on the cordon watcher's ``api`` when there is one; only for
-    the kubelet's PodResources (the simulator knows its pods' UIDs)."""
-    if not settings.pod_uids or attribution is not pods:
+    """The pod informer (``agent.pod_uids``, or pod labels in ``agent.metrics_pod_labels``), on the cordon watcher's
+    ``api`` when there is one; only for the kubelet's PodResources (the simulator knows its pods' UIDs)."""
+    if not (settings.pod_uids or settings.metrics_pod_labels) or attribution is not pods:
         return None
     return PodUids.from_settings(pods, node_name(settings), settings.api_server, api)
 

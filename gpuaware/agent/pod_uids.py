@@ -1,4 +1,5 @@
-"""The UIDs of the pods on this node, for per-pod values on shared GPUs (``agent.pod_uids``).
+"""The UIDs of the pods on this node, for per-pod values on shared GPUs (``agent.pod_uids``), and their labels
+(for ``agent.metrics_pod_labels``).
 
 The kubelet's PodResources API names the pods holding a GPU but carries no UID, while a GPU
 process is tied to its pod only by the UID in its cgroup; ``PodResourcesWatcher.uids`` joins the
@@ -27,6 +28,10 @@ def _key(pod: dict[str, Any]) -> tuple[tuple[str, str], str]:
     return (meta.get("namespace", ""), meta["name"]), meta["uid"]
 
 
+def _labels(pod: dict[str, Any]) -> dict[str, str]:
+    return dict(pod["metadata"].get("labels") or {})
+
+
 class PodUids:
     """Informer callbacks that keep ``watcher.uids`` equal to the node's pods.
 
@@ -40,19 +45,22 @@ class PodUids:
         self.informer: Any = None  # gpuaware.plumbing.kube.api.Informer, once started
 
     def on_sync(self, items: list[dict[str, Any]]) -> None:
+        self.watcher.labels = {_key(p)[0]: _labels(p) for p in items}
         self.watcher.uids = dict(_key(p) for p in items)
 
     def on_event(self, kind: str, obj: dict[str, Any]) -> None:
         key, uid = _key(obj)
-        uids = dict(self.watcher.uids)
+        uids, labels = dict(self.watcher.uids), dict(self.watcher.labels)
         if kind in ("ADDED", "MODIFIED"):
-            uids[key] = uid
+            uids[key], labels[key] = uid, _labels(obj)
         elif kind == "DELETED":
             if uids.get(key) != uid:  # a pod of the same name already replaced it
                 return
             del uids[key]
+            labels.pop(key, None)
         else:
             return
+        self.watcher.labels = labels
         self.watcher.uids = uids
 
     def start(self, api: Any, node: str) -> PodUids:

@@ -39,6 +39,7 @@ class PodRef:
     namespace: str
     container: str
     uid: str = ""
+    labels: tuple[tuple[str, str], ...] = ()  # the pod's Kubernetes labels, where the pod informer knows them
 
 
 class PodAttribution(Protocol):
@@ -158,6 +159,7 @@ class PodResourcesWatcher:
         self.proc = proc
         self.owners: dict[str, list[tuple[str, str, str]]] = {}
         self.uids: dict[tuple[str, str], str] = {}  # (namespace, name) -> pod UID, where known
+        self.labels: dict[tuple[str, str], dict[str, str]] = {}  # (namespace, name) -> pod labels, where known
         self.errors = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -194,7 +196,8 @@ class PodResourcesWatcher:
             self._thread.join(timeout=self.timeout_s + 1)
 
     def pods(self, uuid: str) -> list[PodRef]:
-        return [PodRef(name, ns, container, self.uids.get((ns, name), ""))
+        return [PodRef(name, ns, container, self.uids.get((ns, name), ""),
+                       tuple(self.labels.get((ns, name), {}).items()))
                 for name, ns, container in self.owners.get(uuid, ())]
 
     def uid_of_pid(self, pid: int) -> str | None:

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpuaware.contract.dcgm import LEGACY, MIN_LABEL_BUDGET, agent_labels, pod_label_name
 
 
 class AgentSettings(BaseModel):
@@ -26,9 +28,18 @@ class AgentSettings(BaseModel):
     api_server: str | None = Field(None, description="Kubernetes API URL for reading the node; default: in-cluster "
                                                       "config when running in a pod, else the kubeconfig KUBECONFIG "
                                                       "names, else no reads")
-    metrics_schema: Literal["dcgm-legacy", "dcgm-4.9"] = Field(
+    metrics_schema: Literal["dcgm-legacy", "dcgm-4.9", "dcgm-4.10"] = Field(
         "dcgm-legacy", description="DCGM families as dcgm-exporter <= 4.8 writes them (%, MiB, MHz, mJ; Hostname, "
-                                   "DCGM_FI_DRIVER_VERSION) or as 4.9 (ratios, bytes, Hz, J; hostname, driver_version)")
+                                   "DCGM_FI_DRIVER_VERSION), as 4.9 (ratios, bytes, Hz, J; hostname, driver_version) "
+                                   "or as 4.10 (4.9 with DCGM_FI_PROF_PCIE_{TX,RX}_BYTES_PER_SECOND)")
+    metrics_label_budget: int = Field(
+        30, le=1000, description="the most labels any series on /metrics carries (Mimir's and Grafana Cloud's "
+                                 f"default limit is 30); at least the {MIN_LABEL_BUDGET} the agent itself may put "
+                                 "on a DCGM series; allowlisted pod labels fill the rest, in the list's order")
+    metrics_pod_labels: list[str] = Field(
+        default_factory=list, description="Kubernetes pod label keys copied onto the GPU's DCGM series as "
+                                          "label_<key> (e.g. app.kubernetes.io/name -> label_app_kubernetes_io_name);"
+                                          " default none; read by the pod informer of agent.pod_uids (its RBAC); env: comma-separated")
     dcgm_exporter: Literal["replace", "beside"] = Field(
         "replace", description="replace: the agent exports DCGM_* itself; beside: the GPU Operator's dcgm-exporter "
                                "runs too and the agent's copies are named gpuaware_dcgm_* so nothing counts twice")
@@ -49,3 +60,25 @@ class AgentSettings(BaseModel):
     pod_uids: bool = Field(False, description="follow the UIDs of this node's pods (an informer on spec.nodeName) "
                                               "so shared GPUs get per-pod series; needs list/watch of pods, "
                                               "granted by deploy/components/agent-pod-uids (off: least privilege)")
+
+    @field_validator("metrics_label_budget")
+    @classmethod
+    def _budget_holds_the_agents_labels(cls, v: int) -> int:
+        if v < MIN_LABEL_BUDGET:
+            raise ValueError(f"{v} is fewer than the {MIN_LABEL_BUDGET} labels the agent itself may put on one DCGM "
+                             f"series ({', '.join(agent_labels(LEGACY))}); give at least {MIN_LABEL_BUDGET}")
+        return v
+
+    @field_validator("metrics_pod_labels", mode="before")
+    @classmethod
+    def _pod_labels_from_env(cls, v: object) -> object:
+        """An env variable gives the list comma-separated."""
+        return [k.strip() for k in v.split(",") if k.strip()] if isinstance(v, str) else v
+
+    @field_validator("metrics_pod_labels")
+    @classmethod
+    def _pod_labels_are_label_keys(cls, v: list[str]) -> list[str]:
+        names = [pod_label_name(k) for k in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{v} names one metric label twice once '.', '/' and '-' become '_'")
+        return v

@@ -5,12 +5,14 @@ so one table says what every family is. Types are dcgm-exporter's ``etc/default-
 (counters for energy, PCIe replays, ECC totals, retired pages, remapped rows, NVLink CRC errors
 and bandwidth; gauges otherwise).
 
-Two schemas (``agent.metrics_schema``):
+Three schemas (``agent.metrics_schema``):
 
 - ``dcgm-legacy``: dcgm-exporter up to 4.8, the units in each family's help (%, MiB, MHz, mJ) and
   the labels ``Hostname`` and ``DCGM_FI_DRIVER_VERSION``;
 - ``dcgm-4.9``: the same family names in base units (utilisation as a 0-1 ratio, bytes, hertz,
-  joules), the driver version as ``driver_version`` and the node as ``hostname``.
+  joules), the driver version as ``driver_version`` and the node as ``hostname``;
+- ``dcgm-4.10``: ``dcgm-4.9`` with the PCIe throughput families under dcgm-exporter 4.10.0's names,
+  ``DCGM_FI_PROF_PCIE_{TX,RX}_BYTES_PER_SECOND`` (:data:`RENAMED`): same unit (bytes/s), same type (gauge).
 
 In coexistence with the GPU Operator's dcgm-exporter (``agent.dcgm_exporter: beside``) the agent's
 copies are renamed ``gpuaware_dcgm_*`` (``DCGM_FI_DEV_GPU_UTIL`` -> ``gpuaware_dcgm_fi_dev_gpu_util``)
@@ -24,8 +26,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-Schema = Literal["dcgm-legacy", "dcgm-4.9"]
-SCHEMAS: tuple[Schema, ...] = ("dcgm-legacy", "dcgm-4.9")
+Schema = Literal["dcgm-legacy", "dcgm-4.9", "dcgm-4.10"]
+SCHEMAS: tuple[Schema, ...] = ("dcgm-legacy", "dcgm-4.9", "dcgm-4.10")
 LEGACY: Schema = "dcgm-legacy"
 PREFIX = "gpuaware_dcgm_"
 
@@ -89,6 +91,19 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus", "bytes/s"),
 )}
 
+# Families a schema writes under another name (legacy name -> that schema's). dcgm-exporter 4.10.0 (DCGM 4.8.0;
+# release notes, github.com/NVIDIA/dcgm-exporter/releases/tag/4.10.0) renames four profiling fields in its
+# shipped collectors, "all four still use bytes per second": DCGM_FI_PROF_{PCIE,NVLINK}_{TX,RX}_BYTES ->
+# *_BYTES_PER_SECOND; PCIe TX/RX are collected by default, NVLink TX/RX are optional. The PCIe rows stay gauges:
+# etc/default-counters.csv (main at d5e5f51, the newest the mirror holds) has "DCGM_FI_PROF_PCIE_TX_BYTES, gauge,
+# The rate of data transmitted over the PCIe bus ... in bytes per second"; the 4.10.0 CSV itself was not
+# readable here. The agent exports no DCGM_FI_PROF_NVLINK_{TX,RX}_BYTES (its NVLink family is
+# DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL), so only the PCIe pair is renamed.
+RENAMED: dict[Schema, dict[str, str]] = {
+    "dcgm-4.10": {"DCGM_FI_PROF_PCIE_TX_BYTES": "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND",
+                  "DCGM_FI_PROF_PCIE_RX_BYTES": "DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND"},
+}
+
 # What NVML gives only through GPM (Hopper and newer): dcgm-exporter fills these from DCGM's
 # profiling module on Volta and newer, which an NVML-only agent cannot use. PCIe bytes are not in
 # the list: without GPM the agent reads them from nvmlDeviceGetPcieThroughput.
@@ -104,8 +119,37 @@ def driver_label(schema: Schema) -> str:
     return "DCGM_FI_DRIVER_VERSION" if schema == LEGACY else "driver_version"
 
 
-def family_name(name: str, prefixed: bool) -> str:
+def agent_labels(schema: Schema) -> tuple[str, ...]:
+    """Every label name the agent itself may put on one DCGM series (the device's, MIG's, the pod's, the XID's).
+
+    No series carries them all; their count is the least label budget (``agent.metrics_label_budget``) that
+    never has to drop one of them. Allowlisted pod labels (:func:`pod_label_name`) fill what the budget leaves.
+    """
+    return ("gpu", "UUID", "pci_bus_id", "device", "modelName", node_label(schema), driver_label(schema),
+            "GPU_I_PROFILE", "GPU_I_ID", "pod", "namespace", "container", "pod_uid", "err_code", "err_msg")
+
+
+MIN_LABEL_BUDGET = len(agent_labels(LEGACY))
+_LABEL_KEY = re.compile(r"^(?:[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def pod_label_name(key: str) -> str:
+    """The metric label a Kubernetes pod label ``key`` becomes, as kube-state-metrics names them:
+    ``app.kubernetes.io/name`` -> ``label_app_kubernetes_io_name`` (never one of the agent's own)."""
+    if not _LABEL_KEY.match(key):
+        raise ValueError(f"{key!r} is not a Kubernetes label key")
+    return "label_" + re.sub(r"[^A-Za-z0-9_]", "_", key)
+
+
+def family_name(name: str, prefixed: bool, schema: Schema = LEGACY) -> str:
+    """The name ``schema`` writes the family ``name`` (its legacy name) under, with the prefix when ``prefixed``."""
+    name = RENAMED.get(schema, {}).get(name, name)
     return PREFIX + name.removeprefix("DCGM_").lower() if prefixed else name
+
+
+def exported_names(schema: Schema, prefixed: bool) -> frozenset[str]:
+    """Every DCGM family name the agent can write under ``schema``."""
+    return frozenset(family_name(n, prefixed, schema) for n in FAMILIES)
 
 
 def _number(v: float) -> str:
@@ -120,6 +164,7 @@ _SELECTOR = re.compile(r"\b(DCGM_FI_[A-Z0-9_]+)(\{[^}]*\})?(?![\[A-Z0-9_{])")
 def translate(expr: str, schema: Schema, prefixed: bool, *, units: bool = True) -> str:
     """A query written for the legacy unprefixed schema, for ``schema``/``prefixed``, in legacy units.
 
+    Family names follow the schema (:data:`RENAMED`) and the prefix.
     Selectors of families whose unit differs are divided back by the schema's scale (inside a
     range function, the function's result is, as rate and increase are linear). ``units=False``
     only renames (for ``label_values``). A family used with a range outside those functions
@@ -141,7 +186,7 @@ def translate(expr: str, schema: Schema, prefixed: bool, *, units: bool = True) 
     if schema != LEGACY:
         expr = re.sub(r"\bHostname\b", node_label(schema), expr)
         expr = re.sub(r"\bDCGM_FI_DRIVER_VERSION\b", driver_label(schema), expr)
-    if prefixed:
+    if prefixed or RENAMED.get(schema):
         expr = _NAME.sub(lambda m: m.group(0) if m.group(0) == "DCGM_FI_DRIVER_VERSION"
-                         else family_name(m.group(0), True), expr)
+                         else family_name(m.group(0), prefixed, schema), expr)
     return expr

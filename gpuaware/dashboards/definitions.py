@@ -176,6 +176,10 @@ def gpu_detail() -> Dashboard:
         Panel("ECC errors (volatile)", [
             Target(f"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{{ONE_GPU}}}", "SBE {{Hostname}}/{{gpu}}"),
             Target(f"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{ONE_GPU}}}", "DBE {{Hostname}}/{{gpu}}")]),
+        Panel("PCIe throughput", [
+            Target(f"DCGM_FI_PROF_PCIE_TX_BYTES{{{ONE_GPU}}}", "TX {{Hostname}}/{{gpu}}"),
+            Target(f"DCGM_FI_PROF_PCIE_RX_BYTES{{{ONE_GPU}}}", "RX {{Hostname}}/{{gpu}}")], unit="Bps",
+              description="Bytes per second over the GPU's PCIe link, headers included."),
         Panel("Edge events per minute", [Target(
             f"sum by (Hostname, gpu, kind) (rate({events}[5m])) * 60", "{{Hostname}}/{{gpu}} {{kind}}")]),
         Panel("Sampling interval", [Target(f"gpuaware_agent_sampling_interval_seconds{{{ONE_GPU}}}",
@@ -308,8 +312,9 @@ DASHBOARDS = {d.uid: d for d in (fleet_overview(), gpu_health(), gpu_detail(), f
 # Variant folder (under gpuaware/dashboards/grafana/ and gpuaware/dashboards/prometheus/) -> (schema, prefixed);
 # "" is the legacy schema without prefix, the files at the top.
 VARIANTS: dict[str, tuple[Schema, bool]] = {
-    "": (LEGACY, False), "dcgm-4.9": ("dcgm-4.9", False),
+    "": (LEGACY, False), "dcgm-4.9": ("dcgm-4.9", False), "dcgm-4.10": ("dcgm-4.10", False),
     "beside-dcgm-exporter": (LEGACY, True), "dcgm-4.9-beside-dcgm-exporter": ("dcgm-4.9", True),
+    "dcgm-4.10-beside-dcgm-exporter": ("dcgm-4.10", True),
 }
 
 

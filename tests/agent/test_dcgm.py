@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 
 from gpuaware.agent.core import AgentCore
 from gpuaware.agent.sampling import SamplingPolicy
-from gpuaware.contract.dcgm import FAMILIES, GPM_ONLY
+from gpuaware.agent.settings import AgentSettings
+from gpuaware.config import ConfigError, load_config
+from gpuaware.contract.dcgm import FAMILIES, GPM_ONLY, MIN_LABEL_BUDGET, pod_label_name
 from tests.agent.metrics_support import families as _families
 from tests.agent.metrics_support import metrics_text as _text
 from tests.agent.metrics_support import ticked_core as _core
@@ -67,6 +70,25 @@ def test_dcgm_49_schema_uses_base_units_and_its_label_names():
     assert "hostname" in base["gpuaware_gpu_health_score"].samples[0].labels
     assert "(in ratio 0-1)" in re.search(r"# HELP DCGM_FI_DEV_GPU_UTIL (.*)", _text(core, schema="dcgm-4.9"))[1]
 
+def test_dcgm_410_schema_writes_pcie_throughput_per_second_as_gauges_in_bytes():
+    core, _ = _core({"gpus_per_node": 2, "models": ["H100", "A100"]})
+    text49, text410 = _text(core, schema="dcgm-4.9"), _text(core, schema="dcgm-4.10")
+    v49, v410 = _families(text49), _families(text410)
+    for old in ("DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"):
+        new = old + "_PER_SECOND"
+        assert f"# TYPE {new} gauge" in text410 and re.search(rf"^# HELP {new} .*\(in bytes/s\)\.$", text410, re.M)
+        assert not re.search(rf"^{old}[{{ ]", text410, re.M) and old not in v410
+        assert [(s.labels, s.value) for s in v410[new].samples] == [(s.labels, s.value) for s in v49[old].samples]
+        assert {s.labels["gpu"] for s in v410[new].samples} == {"0", "1"}  # GPM on H100, the slow way on A100
+    # Everything else is 4.9's: the same families, labels and values.
+    renamed = {"DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"}
+    assert {n: [(s.labels, s.value) for s in f.samples] for n, f in v49.items() if n not in renamed} == \
+        {n: [(s.labels, s.value) for s in f.samples] for n, f in v410.items() if not n.endswith("_PER_SECOND")}
+    prefixed = _text(core, schema="dcgm-4.10", prefixed=True)
+    assert "# TYPE gpuaware_dcgm_fi_prof_pcie_tx_bytes_per_second gauge" in prefixed
+    assert "gpuaware_dcgm_fi_prof_pcie_tx_bytes{" not in prefixed
+
+
 def test_beside_dcgm_exporter_every_dcgm_family_gets_the_gpuaware_prefix():
     core, _ = _core({"gpus_per_node": 1})
     text = _text(core, prefixed=True)
@@ -99,3 +121,58 @@ def test_a_shared_gpu_is_attributed_per_pod_not_copied_to_every_pod():
     assert len(fb) == 3
     power = [s for s in families["DCGM_FI_DEV_POWER_USAGE"].samples if s.labels["gpu"] == "1"]
     assert len(power) == 1 and not power[0].labels.get("pod")
+
+
+# 41 Kubernetes labels on every pod: more than any budget leaves room for.
+MANY = (("app.kubernetes.io/name", "trainer"), *((f"team.example.com/k{i}", f"v{i}") for i in range(40)))
+
+
+class _Labelled:
+    """The simulator's pods, each carrying MANY."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def pods(self, uuid):
+        return [dataclasses.replace(p, labels=MANY) for p in self.inner.pods(uuid)]
+
+    def uid_of_pid(self, pid):
+        return self.inner.uid_of_pid(pid)
+
+
+@pytest.mark.parametrize("budget", [MIN_LABEL_BUDGET, 30])
+def test_no_series_exceeds_the_label_budget_and_only_allowlisted_pod_labels_appear(budget):
+    # GPU 0: one pod, two MIG instances; GPU 1: three pods sharing it (per-pod series); GPU 2: no pod.
+    core, cluster = _core({"gpus_per_node": 3, "models": ["A100"], "shared": {0: 1, 1: 3},
+                           "mig": {0: ["3g.40gb", "3g.40gb"]}})
+    pods = _Labelled(cluster.attribution())
+    allow = ["app.kubernetes.io/name", *(k for k, _ in MANY[1:25]), "not.on/any-pod"]
+    families = _families(_text(core, pods=pods, label_budget=budget, pod_labels=allow))
+    samples = [s for f in families.values() for s in f.samples]
+    assert max(len(s.labels) for s in samples) == budget  # filled to the budget, never past it
+    added = {k for s in samples for k in s.labels if k.startswith("label_")}
+    assert added and added <= {pod_label_name(k) for k in allow}
+    owner = [s for s in families["DCGM_FI_DEV_GPU_UTIL"].samples if s.labels["gpu"] == "0"]
+    assert owner and all(s.labels["label_app_kubernetes_io_name"] == "trainer" for s in owner)  # the list's first
+    shared = [s for s in families["DCGM_FI_DEV_GPU_UTIL"].samples if s.labels["gpu"] == "1"]
+    assert all(("label_app_kubernetes_io_name" in s.labels) == bool(s.labels.get("pod")) for s in shared)
+    assert not [s for s in samples if s.labels.get("gpu") == "2" and "label_app_kubernetes_io_name" in s.labels]
+    xid = [s for s in families["DCGM_FI_DEV_XID_ERRORS"].samples if s.labels["gpu"] == "0"]
+    assert xid[0].labels["err_msg"] == "No Error"  # the agent's own labels are never the ones dropped
+    # Default: no pod label becomes a metric label, however many the pods carry.
+    assert AgentSettings().metrics_pod_labels == [] and AgentSettings().metrics_label_budget == 30
+    assert "label_" not in _text(core, pods=pods)
+
+
+@pytest.mark.parametrize(("key", "value", "said"), [
+    ("metrics_label_budget", "10", f"10 is fewer than the {MIN_LABEL_BUDGET} labels the agent itself may put"),
+    ("metrics_pod_labels", "app,bad key!", "'bad key!' is not a Kubernetes label key"),
+    ("metrics_pod_labels", "a.b, a-b", "names one metric label twice"),
+])
+def test_a_budget_below_the_agents_own_labels_or_a_bad_pod_label_is_refused(key, value, said):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, environ={f"GPUAWARE_AGENT__{key.upper()}": value})
+    ((where, reason, _),) = err.value.problems
+    assert where == f"agent.{key}" and said in reason, reason
+    assert load_config(None, environ={"GPUAWARE_AGENT__METRICS_POD_LABELS": "app, app.kubernetes.io/name"}
+                       ).agent.metrics_pod_labels == ["app", "app.kubernetes.io/name"]

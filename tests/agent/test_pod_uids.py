@@ -49,6 +49,20 @@ def test_sync_add_modify_delete_keep_the_uids_of_the_pods():
     assert watcher.pods("GPU-1") == [PodRef("d", "ml", "main", "uid-d")]
 
 
+def test_the_informer_keeps_each_pods_labels_beside_its_uid():
+    watcher = PodResourcesWatcher(socket_path="/nonexistent")
+    uids = PodUids(watcher)
+    labelled = {**_pod("a", "uid-a"), "metadata": {**_pod("a", "uid-a")["metadata"], "labels": {"app": "x"}}}
+    uids.on_sync([labelled, _pod("b", "uid-b")])
+    watcher.owners = {"GPU-1": [("a", "ml", "main"), ("b", "ml", "main")]}
+    assert [p.labels for p in watcher.pods("GPU-1")] == [(("app", "x"),), ()]
+    relabelled = {**labelled, "metadata": {**labelled["metadata"], "labels": {"app": "y", "team": "t"}}}
+    uids.on_event("MODIFIED", relabelled)
+    assert watcher.pods("GPU-1")[0].labels == (("app", "y"), ("team", "t"))
+    uids.on_event("DELETED", relabelled)
+    assert ("ml", "a") not in watcher.labels and watcher.pods("GPU-1")[0].labels == ()
+
+
 def test_off_by_default_and_none_without_an_api(monkeypatch):
     assert AgentSettings().pod_uids is False
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuaware.config import ConfigError, load_config
-from gpuaware.contract.dcgm import FAMILIES, family_name, translate
+from gpuaware.contract.dcgm import FAMILIES, SCHEMAS, exported_names, family_name, translate
 
 
 def test_legacy_unprefixed_is_the_identity():
@@ -29,11 +29,25 @@ def test_49_divides_back_to_legacy_units_and_renames_the_node_label():
         translate("max_over_time(DCGM_FI_DEV_GPU_UTIL[5m])", "dcgm-4.9", False)
 
 
+def test_410_is_49_with_the_pcie_families_per_second():
+    q = 'DCGM_FI_PROF_PCIE_TX_BYTES{Hostname="a"} + DCGM_FI_PROF_PCIE_RX_BYTES + DCGM_FI_DEV_GPU_UTIL'
+    assert translate(q, "dcgm-4.10", False) == ('DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND{hostname="a"} + '
+                                                'DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND + (DCGM_FI_DEV_GPU_UTIL / 0.01)')
+    assert translate(q, "dcgm-4.10", True) == ('gpuaware_dcgm_fi_prof_pcie_tx_bytes_per_second{hostname="a"} + '
+                                               'gpuaware_dcgm_fi_prof_pcie_rx_bytes_per_second + '
+                                               '(gpuaware_dcgm_fi_dev_gpu_util / 0.01)')
+    assert translate(q, "dcgm-4.9", False).startswith("DCGM_FI_PROF_PCIE_TX_BYTES{")
+    assert exported_names("dcgm-4.10", False) - exported_names("dcgm-4.9", False) == {
+        "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND", "DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND"}
+    assert FAMILIES["DCGM_FI_PROF_PCIE_TX_BYTES"].help("dcgm-4.10").endswith("(in bytes/s).")
+
+
 def test_prefix_renames_every_family_and_no_label():
     assert family_name("DCGM_FI_DEV_GPU_UTIL", True) == "gpuaware_dcgm_fi_dev_gpu_util"
     assert translate('count(DCGM_FI_DEV_GPU_UTIL{DCGM_FI_DRIVER_VERSION!=""})', "dcgm-legacy", True) == \
         'count(gpuaware_dcgm_fi_dev_gpu_util{DCGM_FI_DRIVER_VERSION!=""})'
-    assert len({family_name(n, True) for n in FAMILIES}) == len(FAMILIES)
+    assert all(len({family_name(n, prefixed, schema) for n in FAMILIES}) == len(FAMILIES)
+               for schema in SCHEMAS for prefixed in (False, True))
 
 
 def test_counters_are_the_families_dcgm_exporters_csv_types_counter():
@@ -56,4 +70,5 @@ def test_a_bad_schema_or_coexistence_switch_is_rejected_with_field_and_reason(tm
         load_config(path, environ={})
     ((where, reason, source),) = err.value.problems
     assert where == field and "Input should be" in reason and source == f"file {path}"
-    assert load_config(None, environ={"GPUAWARE_AGENT__METRICS_SCHEMA": "dcgm-4.9"}).agent.metrics_schema == "dcgm-4.9"
+    for schema in SCHEMAS:
+        assert load_config(None, environ={"GPUAWARE_AGENT__METRICS_SCHEMA": schema}).agent.metrics_schema == schema

@@ -11,6 +11,7 @@ from gpuaware.agent.collectors.sim import SimCluster, load_scenario
 from gpuaware.agent.core import AgentCore
 from gpuaware.agent.exporter import AgentCollector, AgentStats, render
 from gpuaware.agent.sampling import SamplingPolicy
+from gpuaware.contract.dcgm import exported_names, family_name
 from gpuaware.contract.events import ModelDemand
 from gpuaware.dashboards.build import rules_for
 from gpuaware.dashboards.definitions import DASHBOARDS, VARIANTS, variant
@@ -83,6 +84,23 @@ def test_each_schema_and_prefix_variant_queries_only_what_that_agent_exports(fol
         assert not [q for _, q in queries if "DCGM_FI_DEV" in q or "DCGM_FI_PROF" in q]
     if schema != "dcgm-legacy":
         assert not [q for _, q in queries if "Hostname" in q]
+
+
+@pytest.mark.parametrize("folder", list(VARIANTS))
+def test_each_variant_asks_only_for_dcgm_names_its_schema_has(folder: str) -> None:
+    """Against the contract's table alone: a panel or rule asking for a DCGM name the schema lacks fails here."""
+    schema, prefixed = VARIANTS[folder]
+    dcgm = re.compile(r"\b(?:DCGM_FI_[A-Z0-9_]+|gpuaware_dcgm_[a-z0-9_]+)\b")
+    rules = [r["expr"] for g in rules_for(folder)["groups"] for r in g["rules"]] if folder else \
+        [r["expr"] for r in prometheus_rules()]
+    queries = [q for d in DASHBOARDS.values() for q in variant(d, schema, prefixed).queries()] + rules
+    asked = {n for q in queries for n in dcgm.findall(q)} - {"DCGM_FI_DRIVER_VERSION"}  # a label, not a family
+    assert asked and asked <= exported_names(schema, prefixed), sorted(asked - exported_names(schema, prefixed))
+    pcie = {n for n in asked if "pcie_tx" in n.lower()}
+    assert pcie == {family_name("DCGM_FI_PROF_PCIE_TX_BYTES", prefixed, schema)}
+    # The check has teeth: the legacy queries, unrendered, ask 4.10 for names it does not have.
+    legacy = {n for d in DASHBOARDS.values() for q in d.queries() for n in dcgm.findall(q)}
+    assert schema != "dcgm-4.10" or legacy - exported_names(schema, prefixed)
 
 
 def test_every_variable_a_dashboard_uses_it_defines() -> None:
