@@ -59,3 +59,19 @@ def test_a_forecaster_with_the_clusters_past_predicts_from_it_and_a_cold_one_doe
         res = run_dynamic(nodes, pods, "gpuaware", 0, cfg, runtime=runtime)
         learned[past] = runtime.learned - sum(1 for j in res.jobs.values() if j.finish_s is not None)
     assert learned == {"trace": len(history(pods, 0, DynamicConfig(jobs=50))), "none": 0}
+
+
+def test_a_paired_gain_has_an_interval_that_excludes_zero_only_when_every_seed_agrees():
+    from gpuaware.scheduler.sim.durations import _paired
+    from gpuaware.scheduler.sim.jobs import DynamicResult, JobStats
+    from gpuaware.scheduler.core.workload import Workload
+
+    def result(jct: float) -> DynamicResult:
+        r = DynamicResult("gpuaware", 0)
+        r.jobs["a"] = JobStats(Workload("a"), 10.0, finish_s=jct)
+        return r
+
+    steady = _paired([result(80), result(90), result(85)], [result(100)] * 3)
+    assert steady["jct_mean_paired"] == 0.15 and steady["jct_mean_ci95"][0] > 0
+    mixed = _paired([result(80), result(120), result(100)], [result(100)] * 3)
+    assert mixed["jct_mean_ci95"][0] < 0 < mixed["jct_mean_ci95"][1]
