@@ -54,7 +54,18 @@ def drill(dashboard: Dashboard) -> Dashboard:
     for panel in dashboard.panels:
         panel.links = [TO_GPU if all("{{gpu}}" in t.legend for t in panel.targets) else TO_GPUS]
     return dashboard
-SCHEDULER_VARIABLES = [CLUSTER, Variable("tenant", "label_values(gpuaware_scheduler_tenant_gpus, tenant)", "Tenant")]
+# The scheduler's decisions for a pod: its last decision per pod (leader only) is a series whose history in
+# Prometheus is the pod's sequence of decisions; per-pod series link to the scheduler dashboard on that pod.
+POD_DECISION = "gpuaware_scheduler_pod_decision_timestamp_seconds"
+POD = 'cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod"'
+SCHEDULER_VARIABLES = [
+    CLUSTER, Variable("tenant", "label_values(gpuaware_scheduler_tenant_gpus, tenant)", "Tenant"),
+    Variable("namespace", f'label_values({POD_DECISION}{{cluster=~"$cluster"}}, namespace)', "Namespace"),
+    Variable("pod", f'label_values({POD_DECISION}{{cluster=~"$cluster", namespace=~"$namespace"}}, pod)', "Pod"),
+]
+TO_POD = Link("Scheduler decisions for ${__field.labels.namespace}/${__field.labels.pod}",
+              "/d/gpuaware-scheduler/gpuaware-scheduler?var-cluster=${__field.labels.cluster}"
+              "&var-namespace=${__field.labels.namespace}&var-pod=${__field.labels.pod}&${__url_time_range}")
 
 
 def fleet_overview() -> Dashboard:
@@ -115,8 +126,11 @@ def gpu_health() -> Dashboard:
         Panel("Edge detector scores, highest 10", [Target(f"topk(10, gpuaware_gpu_anomaly_score{{{GPU}}})",
                                                           "{{Hostname}}/{{gpu}} {{detector}}")]),
         Panel("ECC errors (volatile)", [
-            Target(f"sum by (Hostname, gpu) (DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{{GPU}}})", "SBE {{Hostname}}/{{gpu}}"),
-            Target(f"sum by (Hostname, gpu) (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{GPU}}})", "DBE {{Hostname}}/{{gpu}}")]),
+            # by cluster too: the link to the GPU dashboard names the clicked series' cluster
+            Target(f"sum by (cluster, Hostname, gpu) (DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{{GPU}}})",
+                   "SBE {{Hostname}}/{{gpu}}"),
+            Target(f"sum by (cluster, Hostname, gpu) (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{GPU}}})",
+                   "DBE {{Hostname}}/{{gpu}}")]),
         Panel("Last XID", [Target(f"DCGM_FI_DEV_XID_ERRORS{{{GPU}}} > 0", "{{Hostname}}/{{gpu}}")]),
         Panel("Throttled GPUs (thermal or power)", [Target(
             f"count by (modelName) {heat_or_power(GPU)}", "{{modelName}}")],
@@ -302,6 +316,13 @@ def scheduler_tenants() -> Dashboard:
                    f"{{{SCHED}}}[5m])))", "bind p99 (s)"),
             Target(f"sum(rate(gpuaware_scheduler_api_errors_total{{{SCHED}}}[5m])) or vector(0)", "API errors/s")],
               width=12),
+        Panel("Scheduler decisions per pod ($namespace/$pod)", [Target(
+            f"count by (cluster, namespace, pod, action, node, reason) ({POD_DECISION}{{{POD}}})",
+            "{{namespace}}/{{pod}} {{action}} {{node}} {{reason}}")], kind="state-timeline", width=24, height=10,
+              links=[TO_POD], description="Each pod's latest decision over time (PLACE, UNSCHEDULABLE, PREEMPT, "
+                                          "MIGRATE) with its node and first reason, from the leading replica's "
+                                          "latest 500 pods; click a pod for its decisions alone. Every decision "
+                                          "is on the topic scheduler.decisions.v1 and in the pod's Events."),
     ], SCHEDULER_VARIABLES)
 
 

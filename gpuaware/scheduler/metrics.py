@@ -5,7 +5,7 @@ Names (``gpuaware_scheduler_*``) are what the scheduler dashboard and the alert 
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -22,6 +22,7 @@ WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 # Mean time between interventions on a node (hours to a week) and to repair a GPU (minutes to a day).
 MTBI_BUCKETS = (600, 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 3.5 * 86400, 7 * 86400)
 MTTR_BUCKETS = (60, 300, 600, 1800, 3600, 2 * 3600, 4 * 3600, 12 * 3600, 86400)
+POD_DECISIONS_KEPT = 500  # pods whose last decision is exported (the most recent), one series each
 
 
 @dataclass
@@ -51,6 +52,15 @@ class SchedulerStats:
     mttr: Histogram = field(default_factory=lambda: Histogram(MTTR_BUCKETS))  # cordon to back in service
     lemon_nodes: set[str] = field(default_factory=set)  # >= 5 remediations in 7 days (gpuaware.scheduler.core.breaker)
     remediation_gpus: Counter = field(default_factory=Counter)  # chain step -> GPUs in it
+    # "namespace/name" -> (action, first reason, node, unix time) of each recent pod's last decision, oldest first
+    pod_decisions: OrderedDict = field(default_factory=OrderedDict)
+
+    def pod_decided(self, key: str, action: str, reason: str, node: str | None, at_s: float) -> None:
+        """A pod's latest decision, for the dashboards' per-pod view (bounded: the latest POD_DECISIONS_KEPT pods)."""
+        self.pod_decisions.pop(key, None)
+        self.pod_decisions[key] = (action, reason[:80], node or "", at_s)
+        while len(self.pod_decisions) > POD_DECISIONS_KEPT:
+            self.pod_decisions.popitem(last=False)
 
     def stream_steered(self, signals: list[str]) -> None:
         """A placement that, without these stream signals' scores, would have gone elsewhere."""
@@ -130,6 +140,19 @@ class SchedulerCollector(Collector):
         ):
             yield GaugeMetricFamily(name, doc, value=v)
 
+    @staticmethod
+    def _pod_decisions(s: SchedulerStats) -> GaugeMetricFamily:
+        """Each recent pod's last decision (leader only: it is the one deciding), the target of the dashboards'
+        per-pod data links; its history in Prometheus is the pod's sequence of decisions."""
+        fam = GaugeMetricFamily("gpuaware_scheduler_pod_decision_timestamp_seconds",
+                                "Unix time of the pod's last scheduling decision, with its action, first reason "
+                                f"and node (the latest {POD_DECISIONS_KEPT} pods)",
+                                labels=["namespace", "pod", "action", "reason", "node"])
+        for key, (action, reason, node, at_s) in list(s.pod_decisions.items()):
+            namespace, _, name = key.rpartition("/")
+            fam.add_metric([namespace, name, action, reason, node], at_s)
+        return fam
+
     def collect(self) -> Iterator:
         s = self.stats
         dec = CounterMetricFamily("gpuaware_scheduler_decisions", "Scheduling decisions by action and reason",
@@ -165,6 +188,7 @@ class SchedulerCollector(Collector):
                                 value=int(s.leader))
         if s.leader:
             yield from self._queue_families(self.snapshot())
+            yield self._pod_decisions(s)
         errors = CounterMetricFamily("gpuaware_scheduler_api_errors", "Failed Kubernetes API calls",
                                      labels=["verb", "code"])
         for (verb, code), n in sorted(s.api_errors.items()):

@@ -53,6 +53,7 @@ def _exported_names(schema: str = "dcgm-legacy", prefixed: bool = False) -> set[
     sched.mtbi.observe(86400.0)
     sched.mttr.observe(900.0)
     sched.lemon_nodes.add("n7")
+    sched.pod_decided("vision/train-0", "PLACE", "fits", "n1", 1.0)
     snapshot = QueueSnapshot(pending={("vision", "high"): 1}, oldest_wait_s={("vision", "high"): 5.0},
                              gpus_used={"vision": 2.0}, gpus_quota={"vision": 1.0}, gpus_borrowed={"vision": 1.0},
                              jain=0.9, allocated_busy_ratio=0.5)
@@ -125,3 +126,56 @@ def test_table_panels_are_one_row_per_series() -> None:
     assert tables
     for panel in tables:
         assert all(t["instant"] and t["format"] == "table" and not t["range"] for t in panel["targets"]), panel["title"]
+
+
+FIELD_LABEL = re.compile(r"\$\{__field\.labels\.(\w+)\}")
+LINK = re.compile(r"/d/(?P<uid>[\w-]+)/(?P=uid)\?(?P<query>.+)")
+GRAFANA_PARAMS = {"${__url_time_range}", "${__all_variables}"}
+
+
+def _keeps(expr: str, label: str) -> bool:
+    """Whether the series ``expr`` returns carry ``label``: every aggregation in it keeps it by name (an
+    expression without aggregation keeps every label of its selector)."""
+    kept = re.findall(r"\b(?:sum|avg|min|max|count|group|topk|bottomk)\s+by\s*\(([^)]*)\)", expr)
+    return all(label in {x.strip() for x in by.split(",")} for by in kept)
+
+
+@pytest.mark.parametrize("folder", list(VARIANTS))
+def test_every_data_link_resolves_to_a_dashboard_its_variables_and_labels_of_the_series(folder: str) -> None:
+    """A link to a dashboard that does not exist, a ``var-x`` it does not define, or a label the clicked
+    series does not carry (``sum by (Hostname, gpu)`` has no ``cluster``) opens an empty view."""
+    schema, prefixed = VARIANTS[folder]
+    wrong, checked = [], 0
+    for uid, dashboard in DASHBOARDS.items():
+        for panel in variant(dashboard, schema, prefixed).panels:
+            for link in panel.links:
+                checked += 1
+                where = (uid, panel.title, link.url)
+                m = LINK.fullmatch(link.url)
+                if not m or m["uid"] not in DASHBOARDS:
+                    wrong.append((*where, "no such dashboard"))
+                    continue
+                target = DASHBOARDS[m["uid"]].variable_names()
+                for param in m["query"].split("&"):
+                    name, _, value = param.partition("=")
+                    if param in GRAFANA_PARAMS:
+                        continue
+                    if not name.startswith("var-") or name[4:] not in target or not value:
+                        wrong.append((*where, f"{param}: not a variable of {m['uid']}"))
+                for label in FIELD_LABEL.findall(link.url + link.title):
+                    wrong += [(*where, f"{t.expr} has no {label}") for t in panel.targets if not _keeps(t.expr, label)]
+    assert checked > 20 and not wrong, wrong
+
+
+def test_per_pod_series_link_to_the_schedulers_decisions_for_that_pod() -> None:
+    scheduler = DASHBOARDS["gpuaware-scheduler"]
+    assert {"cluster", "namespace", "pod"} <= scheduler.variable_names()
+    decisions = [p for p in scheduler.panels if any("pod_decision" in t.expr for t in p.targets)]
+    assert decisions and all('pod=~"$pod"' in t.expr for p in decisions for t in p.targets)
+    per_pod = [(uid, p) for uid, d in DASHBOARDS.items() for p in d.panels
+               if p.targets and all("{{pod}}" in t.legend for t in p.targets)]
+    assert per_pod
+    for uid, panel in per_pod:
+        urls = [k.url for k in panel.links if k.url.startswith("/d/gpuaware-scheduler/")]
+        assert urls and "var-pod=${__field.labels.pod}" in urls[0], (uid, panel.title)
+        assert "var-namespace=${__field.labels.namespace}" in urls[0], (uid, panel.title)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,16 +37,22 @@ class Outcome:
 
 
 class DecisionSink:
-    def __init__(self, publish: DecisionPublisher = discard_decision, keep: int = 10_000):
+    def __init__(self, publish: DecisionPublisher = discard_decision, keep: int = 10_000,
+                 on_pod: Callable[[str, str, str, str | None, float], None] | None = None):
+        """``on_pod(key, action, first reason, node, unix time)`` hears each pod's decision (the metrics' per-pod
+        view: ``SchedulerStats.pod_decided``); GPU decisions (cordons, resumes) have no workload and skip it."""
         self.recent: list[Outcome] = []
         self.keep = keep
         self._publish = publish
+        self._on_pod = on_pod
 
     async def record(self, outcome: Outcome, w: Workload | None, assignments: list[GpuAssignment] | None = None,
                      sharing: str | None = None, score: float | None = None, latency_s: float | None = None) -> None:
         self.recent.append(outcome)
         if len(self.recent) > self.keep:
             del self.recent[: len(self.recent) - self.keep]
+        if w is not None and self._on_pod is not None:
+            self._on_pod(outcome.key, outcome.action.value, (outcome.reasons or [""])[0], outcome.node, time.time())
         record = SchedulerDecision(
             decision_id=uuid.uuid4().hex, ts_ms=int(time.time() * 1000), workload_id=outcome.key,
             action=outcome.action, tenant=w.tenant if w else None,

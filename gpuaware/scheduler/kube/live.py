@@ -80,7 +80,7 @@ class LiveScheduler:
         # elector's is_leader(), which turns False at the renew deadline even before the loop notices.
         self.may_act = may_act or (lambda: True)
         self.stats = stats or SchedulerStats()
-        self.sink = DecisionSink(decisions)
+        self.sink = DecisionSink(decisions, on_pod=self.stats.pod_decided)
         self.cache = ClusterCache(scheduler_name=settings.name, unqueued=settings.unqueued)
         self.leading = asyncio.Event()
         self.snapshot = QueueSnapshot()

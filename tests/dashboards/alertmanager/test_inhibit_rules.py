@@ -74,10 +74,15 @@ def test_one_failure_pages_once_per_gpu_node_and_cluster(tmp_path: Path) -> None
         _alert("GpuawareStreamWorkersDown", severity="critical"),
         _alert("GpuawareSchedulerFeedOutage", severity="critical"),
         _alert("GpuawareSchedulerStaleGpus", severity="warning"),
+        # Cluster c's broker is down: the scheduler's feed is out and the agents cannot deliver; the feed pages.
+        _alert("GpuawareSchedulerFeedOutage", severity="critical", cluster="c"),
+        _alert("GpuawareAgentPublishErrors", severity="warning", cluster="c"),
+        _alert("GpuawareSchedulerStaleGpus", severity="warning", cluster="c"),
     ]
     expected = {("GpuLost", "a", "GPU-1", ""), ("GpuHealthCritical", "a", "GPU-2", ""),
                 ("GpuXidBurst", "b", "GPU-1", ""), ("GpuawareAgentDown", "a", "", "n2"),
-                ("GpuawareAgentSilent", "a", "", "n3"), ("GpuawareStreamWorkersDown", "a", "", "")}
+                ("GpuawareAgentSilent", "a", "", "n3"), ("GpuawareStreamWorkersDown", "a", "", ""),
+                ("GpuawareSchedulerFeedOutage", "c", "", "")}
     am = LocalAlertmanager(tmp_path / "am")
     am.start()
     try:
@@ -91,7 +96,7 @@ def test_one_failure_pages_once_per_gpu_node_and_cluster(tmp_path: Path) -> None
                 time.sleep(0.5)  # still starting
                 continue
             active = {(a["labels"]["alertname"], a["labels"]["cluster"], a["labels"].get("UUID", ""),
-                       a["labels"]["node"] if a["labels"]["alertname"].startswith("GpuawareAgent") else "")
+                       a["labels"].get("node", "") if a["labels"]["alertname"].startswith("GpuawareAgent") else "")
                       for a in got if a["status"]["state"] == "active"}
             if len(got) == len(sent) and active == expected:
                 break

@@ -43,3 +43,15 @@ async def test_default_publisher_keeps_only_the_log():
     sink = DecisionSink()
     await sink.record(Outcome("n0/gpu1", DecisionAction.CORDON, "n0"), None)
     assert [o.action for o in sink.recent] == [DecisionAction.CORDON]
+
+
+async def test_pod_decisions_reach_the_per_pod_view_and_gpu_decisions_do_not():
+    heard: list[tuple] = []
+    w = Workload(id="default/p", tenant="team-a", priority=2, num_gpu=1, gpu_milli=1000, cpu_milli=1000,
+                 memory_mib=1024, submit_s=0.0)
+    sink = DecisionSink(on_pod=lambda *a: heard.append(a))
+    await sink.record(Outcome("default/p", DecisionAction.PLACE, "n0", ["fits", "second"]), w)
+    await sink.record(Outcome("n0/gpu1", DecisionAction.CORDON, "n0", ["gpu-critical"]), None)
+    await sink.record(Outcome("default/p", DecisionAction.PREEMPT, "n0"), w)
+    assert [a[:4] for a in heard] == [("default/p", "PLACE", "fits", "n0"), ("default/p", "PREEMPT", "", "n0")]
+    assert all(a[4] > 0 for a in heard)
