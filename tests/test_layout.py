@@ -174,3 +174,15 @@ def test_no_module_over_600_lines_and_no_function_over_120():
     problems += [f"{m}: {f}() {n} lines (at most {MAX_FUNCTION_LINES})" for (m, f), n in functions.items()
                  if n > MAX_FUNCTION_LINES]
     assert not problems, "\n".join(problems)
+
+
+def test_no_three_scheduler_modules_in_one_folder_share_a_prefix():
+    """Three modules named ``x_*`` in one folder are a room of their own (``kube/dra/``, ``kube/extender/``)."""
+    crowded = []
+    for folder in sorted({p.parent for p in (REPO / "gpuaware" / "scheduler").rglob("*.py")}):
+        prefixes: dict[str, list[str]] = {}
+        for p in folder.glob("*.py"):
+            if p.stem != "__init__":
+                prefixes.setdefault(p.stem.split("_")[0], []).append(p.name)
+        crowded += [f"{folder.relative_to(REPO)}: {sorted(names)}" for names in prefixes.values() if len(names) >= 3]
+    assert not crowded, "\n".join(crowded)
