@@ -30,8 +30,9 @@ class AgentSettings(BaseModel):
                                                       "names, else no reads")
     metrics_schema: Literal["dcgm-legacy", "dcgm-4.9", "dcgm-4.10"] = Field(
         "dcgm-legacy", description="DCGM families as dcgm-exporter <= 4.8 writes them (%, MiB, MHz, mJ; Hostname, "
-                                   "DCGM_FI_DRIVER_VERSION), as 4.9 (ratios, bytes, Hz, J; hostname, driver_version) "
-                                   "or as 4.10 (4.9 with DCGM_FI_PROF_PCIE_{TX,RX}_BYTES_PER_SECOND)")
+                                   "DCGM_FI_DRIVER_VERSION), as 4.9 (DCGM 4.7 names where confirmed, with Hz, J, "
+                                   "ratio; hostname, DCGM_FI_SYSTEM_DRIVER_VERSION; docs/agent.md) or as 4.10 (4.9 "
+                                   "with DCGM_FI_PROF_PCIE_{TX,RX}_BYTES_PER_SECOND)")
     metrics_label_budget: int = Field(
         30, le=1000, description="the most labels any series on /metrics carries (Mimir's and Grafana Cloud's "
                                  f"default limit is 30); at least the {MIN_LABEL_BUDGET} the agent itself may put "

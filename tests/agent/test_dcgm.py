@@ -11,7 +11,15 @@ from gpuaware.agent.core import AgentCore
 from gpuaware.agent.sampling import SamplingPolicy
 from gpuaware.agent.settings import AgentSettings
 from gpuaware.config import ConfigError, load_config
-from gpuaware.contract.dcgm import FAMILIES, GPM_ONLY, MIN_LABEL_BUDGET, pod_label_name
+from gpuaware.contract.dcgm import (
+    FAMILIES,
+    GPM_ONLY,
+    MIN_LABEL_BUDGET,
+    RENAMED,
+    SCHEMAS,
+    UNCONFIRMED_49,
+    pod_label_name,
+)
 from tests.agent.metrics_support import families as _families
 from tests.agent.metrics_support import metrics_text as _text
 from tests.agent.metrics_support import ticked_core as _core
@@ -54,21 +62,81 @@ def test_each_architecture_exports_what_it_can_give():
     # NVLink bandwidth only where there is NVLink (not T4, L4).
     assert {s.labels["gpu"] for s in families["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"].samples} == {"0", "1"}
 
+# The names, units and types each schema writes, as read from the sources gpuaware/contract/dcgm.py cites
+# (dcgm-exporter 4.9.0 and 4.10.0 release notes; DCGM 4.6.x dcgm_fields.h deprecated-name block and go-dcgm's
+# base-unit pairs): legacy name -> (4.9.0 name, 4.9 unit in the help text, legacy value * scale = 4.9 value).
+# Every family not here keeps its legacy name, unit and value under dcgm-4.9 (UNCONFIRMED_49 says why).
+SOURCE_49 = {
+    "DCGM_FI_DEV_SM_CLOCK": ("DCGM_FI_DEV_SM_CLOCK_HERTZ", "Hz", 1e6),
+    "DCGM_FI_DEV_MEM_CLOCK": ("DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", "Hz", 1e6),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", "J", 1e-3),
+    "DCGM_FI_DEV_GPU_UTIL": ("DCGM_FI_DEV_GPU_UTIL_RATIO", "ratio 0-1", 0.01),
+    "DCGM_FI_DEV_GPU_TEMP": ("DCGM_FI_DEV_GPU_TEMP_CELSIUS", "C", 1.0),
+    "DCGM_FI_DEV_MEMORY_TEMP": ("DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", "C", 1.0),
+    "DCGM_FI_DEV_POWER_USAGE": ("DCGM_FI_DEV_BOARD_POWER_WATTS", "W", 1.0),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "", 1.0),
+    "DCGM_FI_DEV_XID_ERRORS": ("DCGM_FI_DEV_XID_ERROR", "", 1.0),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", "", 1.0),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", "", 1.0),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("DCGM_FI_DEV_ROW_REMAP_FAILED", "", 1.0),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", "", 1.0),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("DCGM_FI_PROF_TENSOR_UTIL_RATIO", "", 1.0),
+    "DCGM_FI_PROF_DRAM_ACTIVE": ("DCGM_FI_PROF_DRAM_UTIL_RATIO", "", 1.0),
+}
+SOURCE_410 = {"DCGM_FI_PROF_PCIE_TX_BYTES": "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND",
+              "DCGM_FI_PROF_PCIE_RX_BYTES": "DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND"}
+SOURCE_DRIVER_LABEL = {"dcgm-legacy": "DCGM_FI_DRIVER_VERSION", "dcgm-4.9": "DCGM_FI_SYSTEM_DRIVER_VERSION",
+                       "dcgm-4.10": "DCGM_FI_SYSTEM_DRIVER_VERSION"}
+
+
+def _source_names(schema: str) -> dict[str, str]:
+    renamed = {} if schema == "dcgm-legacy" else {old: new for old, (new, _, _) in SOURCE_49.items()}
+    if schema == "dcgm-4.10":
+        renamed |= SOURCE_410
+    return {n: renamed.get(n, n) for n in FAMILIES}
+
+
+def test_the_contract_renames_exactly_the_source_table_and_says_why_it_keeps_the_rest():
+    assert RENAMED["dcgm-4.9"] == {old: new for old, (new, _, _) in SOURCE_49.items()}
+    assert RENAMED["dcgm-4.10"] == RENAMED["dcgm-4.9"] | SOURCE_410
+    assert set(UNCONFIRMED_49) == set(FAMILIES) - set(SOURCE_49)
+    # Base units only where 4.9.0 renames with a new unit; a kept legacy name keeps its legacy unit.
+    assert {n for n, f in FAMILIES.items() if f.base_unit} == {n for n, (_, _, k) in SOURCE_49.items() if k != 1.0}
+
+
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_metrics_under_each_schema_have_exactly_the_source_names_units_and_driver_label(schema):
+    core, _ = _core({"gpus_per_node": 2, "models": ["H100"]})  # H100: GPM and NVLink, so every family has samples
+    legacy, text = _families(_text(core)), _text(core, schema=schema)
+    got = _families(text)
+    names = _source_names(schema)
+    assert set(re.findall(r"^# TYPE (DCGM_\w+) ", text, re.M)) == set(names.values())
+    for old, new in names.items():
+        assert f"# TYPE {new} {FAMILIES[old].type}" in text, new
+        unit = SOURCE_49[old][1] if schema != "dcgm-legacy" and old in SOURCE_49 else FAMILIES[old].unit
+        assert re.search(rf"^# HELP {new} .*{re.escape(f'(in {unit}).') if unit else ''}$", text, re.M), (new, unit)
+        scale = SOURCE_49[old][2] if schema != "dcgm-legacy" and old in SOURCE_49 else 1.0
+        old_values = {s.labels["gpu"]: s.value for s in legacy[old].samples if not s.labels.get("pod")}
+        new_values = {s.labels["gpu"]: s.value for s in got[new].samples if not s.labels.get("pod")}
+        assert new_values == pytest.approx({g: v * scale for g, v in old_values.items()}), new
+    labels = got[names["DCGM_FI_DEV_GPU_UTIL"]].samples[0].labels
+    assert SOURCE_DRIVER_LABEL[schema] in labels
+    assert not {"driver_version", *SOURCE_DRIVER_LABEL.values()} - {SOURCE_DRIVER_LABEL[schema]} & set(labels)
+    assert ("Hostname" if schema == "dcgm-legacy" else "hostname") in labels
+
+
 def test_dcgm_49_schema_uses_base_units_and_its_label_names():
     core, _ = _core({"gpus_per_node": 2})
-    legacy = _families(_text(core))
     base = _families(_text(core, schema="dcgm-4.9"))
-    pairs = {"DCGM_FI_DEV_GPU_UTIL": 0.01, "DCGM_FI_DEV_FB_USED": 2**20, "DCGM_FI_DEV_SM_CLOCK": 1e6,
-             "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 1e-3, "DCGM_FI_DEV_POWER_USAGE": 1.0}
-    for name, scale in pairs.items():
-        old = {s.labels["gpu"]: s.value for s in legacy[name].samples}
-        new = {s.labels["gpu"]: s.value for s in base[name].samples}
-        assert new == pytest.approx({g: v * scale for g, v in old.items()}), name
-    labels = base["DCGM_FI_DEV_GPU_UTIL"].samples[0].labels
-    assert "hostname" in labels and "driver_version" in labels
-    assert "Hostname" not in labels and "DCGM_FI_DRIVER_VERSION" not in labels
+    labels = base["DCGM_FI_DEV_GPU_UTIL_RATIO"].samples[0].labels
+    assert "hostname" in labels and "DCGM_FI_SYSTEM_DRIVER_VERSION" in labels
+    assert "Hostname" not in labels and "DCGM_FI_DRIVER_VERSION" not in labels and "driver_version" not in labels
     assert "hostname" in base["gpuaware_gpu_health_score"].samples[0].labels
-    assert "(in ratio 0-1)" in re.search(r"# HELP DCGM_FI_DEV_GPU_UTIL (.*)", _text(core, schema="dcgm-4.9"))[1]
+    text = _text(core, schema="dcgm-4.9")
+    assert "(in ratio 0-1)" in re.search(r"# HELP DCGM_FI_DEV_GPU_UTIL_RATIO (.*)", text)[1]
+    assert "(in MiB)" in re.search(r"# HELP DCGM_FI_DEV_FB_USED (.*)", text)[1]  # unconfirmed: legacy name, unit
+    assert "# TYPE DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL counter" in text
+
 
 def test_dcgm_410_schema_writes_pcie_throughput_per_second_as_gauges_in_bytes():
     core, _ = _core({"gpus_per_node": 2, "models": ["H100", "A100"]})

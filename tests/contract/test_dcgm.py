@@ -15,16 +15,17 @@ def test_legacy_unprefixed_is_the_identity():
 
 def test_49_divides_back_to_legacy_units_and_renames_the_node_label():
     assert translate('avg(DCGM_FI_DEV_GPU_UTIL{Hostname="a"}) > 5', "dcgm-4.9", False) == \
-        'avg((DCGM_FI_DEV_GPU_UTIL{hostname="a"} / 0.01)) > 5'
-    assert translate("DCGM_FI_DEV_FB_USED * 1048576", "dcgm-4.9", False) == "(DCGM_FI_DEV_FB_USED / 1048576) * 1048576"
+        'avg((DCGM_FI_DEV_GPU_UTIL_RATIO{hostname="a"} / 0.01)) > 5'
+    # A family whose 4.9.0 name is unconfirmed keeps its legacy name and unit: nothing to divide.
+    assert translate("DCGM_FI_DEV_FB_USED * 1048576", "dcgm-4.9", False) == "DCGM_FI_DEV_FB_USED * 1048576"
     # A range vector cannot be divided: the (linear) range function's result is.
     assert translate("sum(increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{a=\"b\"}[1h]))", "dcgm-4.9", False) == \
-        'sum((increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{a="b"}[1h]) / 0.001))'
+        'sum((increase(DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL{a="b"}[1h]) / 0.001))'
     # Unit-free families are only renamed.
     assert translate("increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[10m]) > 0", "dcgm-4.9", False) == \
         "increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[10m]) > 0"
     assert translate("label_values(DCGM_FI_DEV_GPU_UTIL, Hostname)", "dcgm-4.9", False, units=False) == \
-        "label_values(DCGM_FI_DEV_GPU_UTIL, hostname)"
+        "label_values(DCGM_FI_DEV_GPU_UTIL_RATIO, hostname)"
     with pytest.raises(ValueError, match="cannot rescale"):
         translate("max_over_time(DCGM_FI_DEV_GPU_UTIL[5m])", "dcgm-4.9", False)
 
@@ -32,10 +33,11 @@ def test_49_divides_back_to_legacy_units_and_renames_the_node_label():
 def test_410_is_49_with_the_pcie_families_per_second():
     q = 'DCGM_FI_PROF_PCIE_TX_BYTES{Hostname="a"} + DCGM_FI_PROF_PCIE_RX_BYTES + DCGM_FI_DEV_GPU_UTIL'
     assert translate(q, "dcgm-4.10", False) == ('DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND{hostname="a"} + '
-                                                'DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND + (DCGM_FI_DEV_GPU_UTIL / 0.01)')
+                                                'DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND + '
+                                                '(DCGM_FI_DEV_GPU_UTIL_RATIO / 0.01)')
     assert translate(q, "dcgm-4.10", True) == ('gpuaware_dcgm_fi_prof_pcie_tx_bytes_per_second{hostname="a"} + '
                                                'gpuaware_dcgm_fi_prof_pcie_rx_bytes_per_second + '
-                                               '(gpuaware_dcgm_fi_dev_gpu_util / 0.01)')
+                                               '(gpuaware_dcgm_fi_dev_gpu_util_ratio / 0.01)')
     assert translate(q, "dcgm-4.9", False).startswith("DCGM_FI_PROF_PCIE_TX_BYTES{")
     assert exported_names("dcgm-4.10", False) - exported_names("dcgm-4.9", False) == {
         "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND", "DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND"}
@@ -46,6 +48,9 @@ def test_prefix_renames_every_family_and_no_label():
     assert family_name("DCGM_FI_DEV_GPU_UTIL", True) == "gpuaware_dcgm_fi_dev_gpu_util"
     assert translate('count(DCGM_FI_DEV_GPU_UTIL{DCGM_FI_DRIVER_VERSION!=""})', "dcgm-legacy", True) == \
         'count(gpuaware_dcgm_fi_dev_gpu_util{DCGM_FI_DRIVER_VERSION!=""})'
+    # 4.9.0's driver label is a label too: renamed, never prefixed.
+    assert translate('count(DCGM_FI_DEV_XID_ERRORS{DCGM_FI_DRIVER_VERSION!=""})', "dcgm-4.9", True) == \
+        'count(gpuaware_dcgm_fi_dev_xid_error{DCGM_FI_SYSTEM_DRIVER_VERSION!=""})'
     assert all(len({family_name(n, prefixed, schema) for n in FAMILIES}) == len(FAMILIES)
                for schema in SCHEMAS for prefixed in (False, True))
 

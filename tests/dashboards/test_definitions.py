@@ -11,7 +11,7 @@ from gpuaware.agent.collectors.sim import SimCluster, load_scenario
 from gpuaware.agent.core import AgentCore
 from gpuaware.agent.exporter import AgentCollector, AgentStats, render
 from gpuaware.agent.sampling import SamplingPolicy
-from gpuaware.contract.dcgm import exported_names, family_name
+from gpuaware.contract.dcgm import DRIVER_LABELS, LEGACY, RENAMED, exported_names, family_name
 from gpuaware.contract.events import ModelDemand
 from gpuaware.dashboards.build import rules_for
 from gpuaware.dashboards.definitions import DASHBOARDS, VARIANTS, variant
@@ -95,13 +95,20 @@ def test_each_variant_asks_only_for_dcgm_names_its_schema_has(folder: str) -> No
     rules = [r["expr"] for g in rules_for(folder)["groups"] for r in g["rules"]] if folder else \
         [r["expr"] for r in prometheus_rules()]
     queries = [q for d in DASHBOARDS.values() for q in variant(d, schema, prefixed).queries()] + rules
-    asked = {n for q in queries for n in dcgm.findall(q)} - {"DCGM_FI_DRIVER_VERSION"}  # a label, not a family
+    asked = {n for q in queries for n in dcgm.findall(q)} - DRIVER_LABELS  # labels, not families
     assert asked and asked <= exported_names(schema, prefixed), sorted(asked - exported_names(schema, prefixed))
     pcie = {n for n in asked if "pcie_tx" in n.lower()}
     assert pcie == {family_name("DCGM_FI_PROF_PCIE_TX_BYTES", prefixed, schema)}
-    # The check has teeth: the legacy queries, unrendered, ask 4.10 for names it does not have.
+    # Every renamed family the definitions use is asked for under its new name, never its old one.
     legacy = {n for d in DASHBOARDS.values() for q in d.queries() for n in dcgm.findall(q)}
-    assert schema != "dcgm-4.10" or legacy - exported_names(schema, prefixed)
+    legacy |= {n for r in prometheus_rules() for n in dcgm.findall(r["expr"])}
+    renamed = {n for n in RENAMED.get(schema, {}) if n in legacy}
+    assert {family_name(n, prefixed, schema) for n in renamed} <= asked
+    assert not {family_name(n, prefixed, LEGACY) for n in renamed} & asked
+    assert schema == LEGACY or {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP",
+                                "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"} <= renamed
+    # The check has teeth: the legacy queries, unrendered, ask 4.9 and 4.10 for names they do not have.
+    assert schema == LEGACY or legacy - exported_names(schema, prefixed)
 
 
 def test_every_variable_a_dashboard_uses_it_defines() -> None:
