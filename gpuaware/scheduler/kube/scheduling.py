@@ -107,6 +107,7 @@ class PassActions:
                 self.labels[key] = "dra-devices"
                 return False
         self.cache.assume(key, Running(workload, decision.allocation, now, 0.0, None))
+        self.stats.forecasts.placed(key, workload.runtime)  # scored against the runtime when it completes
         uid = (self.cache.pods.get(key) or {}).get("metadata", {}).get("uid")  # of the pod decided for, now
         self.tasks.spawn(self.binder.bind(workload, decision, self.victims.pop(key, []), uid))
         return True
