@@ -1,17 +1,21 @@
-"""Job completions on the real kube-apiserver: a pod that succeeds is published on job.completions.v1 with its
-runtime even when it is deleted the moment it ends; a pod deleted while running, or one that failed, is not."""
+"""Job runtimes on the real kube-apiserver: a pod that succeeds is published on job.completions.v1 with its runtime
+even when it is deleted the moment it ends, and scored against the estimate it was placed with; a pod deleted while
+running, or one that failed, is not. The queue order setting (``predicted``: by runtime) decides who goes first."""
 
 from __future__ import annotations
 
 import math
 import time
 
+import pytest
 from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
 
 from gpuaware.contract.events import GpuState, HealthBand, JobCompletion, JobRuntime, NodeGpu, NodeState
 from gpuaware.local.fake_apiserver import make_node, make_pod
 from gpuaware.scheduler.feed import StateView
-from tests.support import pods, running, wait_for
+from gpuaware.scheduler.settings import SchedulerSettings
+from tests.support import FAST, pods, running, wait_for
 
 
 def _ended(kube, name: str, phase: str, start: str, end: str) -> None:
@@ -77,3 +81,25 @@ async def test_a_job_deleted_the_moment_it_succeeds_is_still_a_completion_and_a_
     async with running(kube, completions=publish) as live:
         await wait_for(lambda: live.completions.listed, what="the completions list")
         assert sent == []
+
+
+@pytest.mark.parametrize(("order", "first"), [("fair", "a-long"), ("predicted", "b-short")])
+async def test_queue_order_setting_decides_who_gets_a_freed_gpu(kube, order, first):
+    kube.create("nodes", make_node("n0", gpus=1))
+    kube.create("pods", make_pod("blocker", gpus=1))
+    settings = FAST.model_copy(update={"queue_order": order})
+    async with running(kube, settings) as live:
+        await wait_for(lambda: pods(kube)["blocker"]["spec"].get("nodeName"), what="the blocker bound")
+        assert live.passes.queue_policy.order == order
+        kube.create("pods", make_pod("a-long", gpus=1, annotations={"gpuaware.io/duration-s": "36000"}))
+        kube.create("pods", make_pod("b-short", gpus=1, annotations={"gpuaware.io/duration-s": "60"}))
+        await wait_for(lambda: {"default/a-long", "default/b-short"} <= set(live.cache.pending), what="both queued")
+        kube.delete("pods", "blocker")
+        await wait_for(lambda: any(p["spec"].get("nodeName") for n, p in pods(kube).items() if n != "blocker"),
+                       what="one bound")
+        assert [n for n, p in pods(kube).items() if p["spec"].get("nodeName") and n != "blocker"] == [first]
+
+
+def test_an_unknown_queue_order_is_refused_with_the_values_it_takes():
+    with pytest.raises(ValidationError, match=r"queue_order: 'sjf' is not one of fair, fifo, las, predicted"):
+        SchedulerSettings(queue_order="sjf")
