@@ -8,7 +8,6 @@ import math
 import time
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from gpuaware.contract.events import GpuState, HealthBand, JobCompletion, JobRuntime, NodeGpu, NodeState
@@ -16,24 +15,6 @@ from gpuaware.local.fake_apiserver import make_node, make_pod
 from gpuaware.scheduler.feed import StateView
 from gpuaware.scheduler.settings import SchedulerSettings
 from tests.support import FAST, pods, running, wait_for
-
-
-def _ended(kube, name: str, phase: str, start: str, end: str) -> None:
-    """What the kubelet writes when the pod's one container exits (0: Succeeded), through the status subresource."""
-    path = kube.path("pods", namespace="default", name=name) + "/status"
-    for _ in range(20):  # kwok writes the status too: on a conflict, read again
-        pod = kube.request("GET", kube.path("pods", namespace="default", name=name))
-        pod["status"].update(phase=phase, startTime=start, containerStatuses=[{
-            "name": "main", "image": "registry.example.com/job:1.0", "imageID": "", "ready": False,
-            "restartCount": 0, "state": {"terminated": {"exitCode": 0 if phase == "Succeeded" else 1,
-                                                        "startedAt": start, "finishedAt": end}}}])
-        try:
-            kube.request("PUT", path, pod)
-            return
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    raise AssertionError(f"could not end {name}")
 
 
 async def test_a_job_deleted_the_moment_it_succeeds_is_still_a_completion_and_a_deleted_or_failed_one_is_not(kube):
@@ -60,11 +41,11 @@ async def test_a_job_deleted_the_moment_it_succeeds_is_still_a_completion_and_a_
         # No await between these calls: the scheduler sees none of them before the last. On kube-apiserver the pod
         # watch (terminal pods left out) delivers "quick" leaving as DELETED with its previous, Running object;
         # by the time anything could read the pod back, it is gone.
-        _ended(kube, "quick", "Succeeded", "2027-01-15T08:00:00Z", "2027-01-15T08:10:00Z")
+        kube.end_pod("quick", "Succeeded", "2027-01-15T08:00:00Z", "2027-01-15T08:10:00Z")
         kube.delete("pods", "quick")
-        _ended(kube, "kept", "Succeeded", "2027-01-15T08:00:00Z", "2027-01-15T08:20:00Z")
+        kube.end_pod("kept", "Succeeded", "2027-01-15T08:00:00Z", "2027-01-15T08:20:00Z")
         kube.delete("pods", "killed")  # deleted while running: no runtime completed
-        _ended(kube, "failed", "Failed", "2027-01-15T08:00:00Z", "2027-01-15T08:05:00Z")
+        kube.end_pod("failed", "Failed", "2027-01-15T08:00:00Z", "2027-01-15T08:05:00Z")
         await wait_for(lambda: len(sent) == 2, what="two completions")
         await wait_for(lambda: "default/failed" not in live.cache.running, what="the failed pod released")
         assert sorted((c.workload_id, c.runtime_s) for c in sent) == [("default/kept", 1200.0),
