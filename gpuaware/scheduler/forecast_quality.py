@@ -109,3 +109,16 @@ class ForecastQuality:
             "recent": [{"pod": s.key, "level": s.level, "p50_s": round(s.p50_s, 1), "p90_s": round(s.p90_s, 1),
                         "actual_s": round(s.actual_s, 1)} for s in w[-RECENT:]],
         }
+
+
+def report(quality: ForecastQuality, table, now_s: float) -> dict:
+    """Job runtimes as ``gpuaware up`` shows them: completions published, the runtime table (``table``:
+    ``scheduler.runtimes.RuntimeTable`` or None without Kafka) and the window's figures, rounded."""
+    q = quality.summary()
+    age = now_s - table.newest_ms / 1000 if table is not None and table.newest_ms else None
+    return {"completions_published": q["published"], "completions_scored": q["completions"],
+            "completions_unscored": q["unscored"], "runtime_keys": len(table.stats) if table is not None else None,
+            "newest_record_age_s": round(age, 1) if age is not None else None,
+            "spearman": round(q["spearman"], 3) if q["spearman"] is not None else None,
+            "p90_coverage": round(q["p90_coverage"], 3) if q["p90_coverage"] is not None else None,
+            "mae_log": {k: round(v, 3) for k, v in q["mae_log"].items()}, "recent": q["recent"]}
