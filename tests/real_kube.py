@@ -134,6 +134,25 @@ class Kube:
             body["gracePeriodSeconds"] = grace_s
         self.request("DELETE", self.path(plural, group, version, namespace, name), body)
 
+    def end_pod(self, name: str, phase: str, start: str, end: str, namespace: str = "default") -> None:
+        """What the kubelet writes when the pod's one container exits (0: ``Succeeded``), through the status
+        subresource; on a conflict (kwok writes the status too) it reads the pod again."""
+        path = self.path("pods", namespace=namespace, name=name)
+        for _ in range(20):
+            pod = self.request("GET", path)
+            container = pod["spec"]["containers"][0]
+            pod["status"].update(phase=phase, startTime=start, containerStatuses=[{
+                "name": container["name"], "image": container["image"], "imageID": "", "ready": False,
+                "restartCount": 0, "state": {"terminated": {"exitCode": 0 if phase == "Succeeded" else 1,
+                                                            "startedAt": start, "finishedAt": end}}}])
+            try:
+                self.request("PUT", path + "/status", pod)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        raise AssertionError(f"could not end pod {namespace}/{name}")
+
     def namespace(self, name: str) -> str:
         """``name`` and its ``default`` ServiceAccount (no controller-manager makes it), once."""
         if name not in self._namespaces:

@@ -323,7 +323,37 @@ def scheduler_tenants() -> Dashboard:
                                           "MIGRATE) with its node and first reason, from the leading replica's "
                                           "latest 500 pods; click a pod for its decisions alone. Every decision "
                                           "is on the topic scheduler.decisions.v1 and in the pod's Events."),
+        *job_runtime_panels(),
     ], SCHEDULER_VARIABLES)
+
+
+def job_runtime_panels() -> list[Panel]:
+    """The scheduler dashboard's job runtimes row: completions, the runtime table, and forecasts against
+    completions over the scheduler's window of the last 500 (``gpuaware.scheduler.forecast_quality``)."""
+    return [
+        Panel("Job completions per hour", [Target(
+            f"sum(increase(gpuaware_scheduler_completions_published_total{{{SCHED}}}[1h]))")], kind="stat", width=6,
+              description="Pods of this scheduler that ended Succeeded, published on job.completions.v1."),
+        Panel("Runtime signature keys", [Target(f"max(gpuaware_scheduler_runtime_keys{{{SCHED}}})")], kind="stat",
+              width=6, description="Keys in the runtime table the scheduler reads from job.runtime.v1."),
+        Panel("Newest runtime record age", [Target(f"min(gpuaware_scheduler_runtime_newest_age_seconds{{{SCHED}}})")],
+              kind="stat", unit="s", width=6, thresholds=[(None, "green"), (3600, "orange"), (86400, "red")],
+              description="The end of the newest completion learned; past scheduler.runtime_stale_after_s (a day) "
+                          "forecasts are not used."),
+        Panel("Completions scored", [Target(f"max(gpuaware_scheduler_forecast_window_completions{{{SCHED}}})")],
+              kind="stat", width=6, description="Completions in the quality window (the last 500) whose pod was "
+                                                "placed with a runtime estimate."),
+        Panel("Runtime forecasts: rank correlation and p90 coverage", [
+            Target(f"max(gpuaware_scheduler_forecast_spearman{{{SCHED}}})", "Spearman (p50 vs actual)"),
+            Target(f"max(gpuaware_scheduler_forecast_p90_coverage{{{SCHED}}})", "ended within p90")], width=12,
+              min=-1, max=1, description="Over the last 500 completions, against the estimate each pod was placed "
+                                         "with. Calibrated: about 0.9 within p90. Alert below 0.7 or above 0.98, "
+                                         "or Spearman under 0.2 (GpuawareRuntimeForecastDrift)."),
+        Panel("Runtime forecast error by signature level", [Target(
+            f"max by (level) (gpuaware_scheduler_forecast_mae_log{{{SCHED}}})", "{{level}}")], width=12,
+              description="Mean |log(actual / predicted p50)|: 0.69 is a factor of 2. Level: the most specific "
+                          "signature key with history (owner, tenant, shape, global) or declared."),
+    ]
 
 
 DASHBOARDS = {d.uid: d for d in (fleet_overview(), gpu_health(), gpu_detail(), forecasts(), pipeline_health(),

@@ -10,7 +10,9 @@ It speaks the real REST paths, JSON and semantics the scheduler relies on, so th
   a strategic merge's ``status.conditions``, merged on ``type``; ``null`` deletes), delete; field
   selectors on ``metadata.name``/``metadata.namespace``/``spec.nodeName``/``spec.schedulerName``/
   ``status.phase`` with ``=``, ``==``, ``!=``;
-- watch as a chunked stream of JSON lines (``ADDED``/``MODIFIED``/``DELETED``), ``BOOKMARK`` events
+- watch as a chunked stream of JSON lines (``ADDED``/``MODIFIED``/``DELETED``; with a field selector, an object
+  that stops matching leaves as ``DELETED`` with its previous state, one that starts matching enters as
+  ``ADDED``, as kube-apiserver's watch cache does), ``BOOKMARK`` events
   with ``allowWatchBookmarks``, ``timeoutSeconds``, and ``ERROR`` with a 410 ``Expired`` Status when
   the asked ``resourceVersion`` is older than the retained event window (as after etcd compaction);
 - the ``pods/binding`` subresource (409 Conflict when the pod is already assigned to a node, or
@@ -122,6 +124,21 @@ def _selector_matches(obj: dict[str, Any], selector: str | None) -> bool:
     return True
 
 
+def _selected(rv: int, kind: str, obj: dict[str, Any], prev: dict[str, Any] | None,
+              selector: str | None) -> dict[str, Any] | None:
+    """A change as a watch with ``selector`` sees it, as kube-apiserver's: an object that stops matching leaves as
+    ``DELETED`` with its previous state (at the event's resourceVersion), one that starts matching enters as
+    ``ADDED``; None when it matched neither before nor after."""
+    now_in = _selector_matches(obj, selector)
+    was_in = kind == "MODIFIED" and prev is not None and _selector_matches(prev, selector)
+    if kind == "MODIFIED" and now_in != was_in:
+        if now_in:
+            return {"type": "ADDED", "object": obj}
+        assert prev is not None
+        return {"type": "DELETED", "object": {**prev, "metadata": {**prev["metadata"], "resourceVersion": str(rv)}}}
+    return {"type": kind, "object": obj} if now_in else None
+
+
 def _labels_match(labels: dict[str, str], selector: dict[str, Any]) -> bool:
     if all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items()):
         for expr in selector.get("matchExpressions") or []:
@@ -140,7 +157,7 @@ class Store:
         self.objects: dict[tuple[Resource, str, str], dict[str, Any]] = {}
         self.rv = 1
         self.window = window
-        self.log: list[tuple[int, Resource, str, dict[str, Any]]] = []  # in resourceVersion order
+        self.log: list[tuple] = []  # (rv, resource, kind, object, previous object), in resourceVersion order
         self.cond = threading.RLock()  # writes come from the server's loop and from test code
         self.on_change: Any = None  # called (under the lock) after every event, to wake watches
         self.requests: dict[str, int] = {}
@@ -149,8 +166,8 @@ class Store:
     # -------------------------------------------------------------- writes (hold the lock)
     # A committed object is never changed in place: every write builds a new dict (sharing untouched
     # subtrees), so the event log and readers hold references instead of copies.
-    def _emit(self, res: Resource, kind: str, obj: dict[str, Any]) -> None:
-        self.log.append((self.rv, res, kind, obj))
+    def _emit(self, res: Resource, kind: str, obj: dict[str, Any], prev: dict[str, Any] | None = None) -> None:
+        self.log.append((self.rv, res, kind, obj, prev))
         if len(self.log) > 2 * self.window:  # compaction: keep the newest ``window`` events
             del self.log[: len(self.log) - self.window]
         if self.on_change is not None:
@@ -160,8 +177,9 @@ class Store:
         new["metadata"] = dict(new["metadata"])
         self.rv += 1
         new["metadata"]["resourceVersion"] = str(self.rv)
+        prev = self.objects.get((res, ns, name))
         self.objects[(res, ns, name)] = new
-        self._emit(res, kind, new)
+        self._emit(res, kind, new, prev)
         return new
 
     def create(self, res: Resource, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -319,7 +337,7 @@ class Store:
                     lo = mid + 1
                 else:
                     hi = mid
-            return [(erv, kind, obj) for erv, r, kind, obj in self.log[lo:]
+            return [(erv, kind, obj, prev) for erv, r, kind, obj, prev in self.log[lo:]
                     if r == res and (ns is None or obj["metadata"].get("namespace") == ns)], self.rv
 
 
@@ -532,10 +550,11 @@ class FakeApiServer:
                     break
                 if events:
                     lines = []
-                    for erv, kind, obj in events:
+                    for erv, kind, obj, prev in events:
                         rv = erv
-                        if _selector_matches(obj, selector):
-                            lines.append(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                        event = _selected(erv, kind, obj, prev, selector)
+                        if event is not None:
+                            lines.append(json.dumps(event).encode() + b"\n")
                     if lines:
                         await resp.write(b"".join(lines))
                         last_sent = time.monotonic()

@@ -49,6 +49,7 @@ class LocalCluster(Protocol):
     def nodes(self) -> list[dict[str, Any]]: ...
     def bound_at(self, key: str) -> float | None: ...
     def delete_pod(self, namespace: str, name: str) -> None: ...
+    def succeed_pod(self, namespace: str, name: str, start_unix: float, end_unix: float) -> None: ...
     def annotate_node(self, name: str, values: dict[str, str | None]) -> None: ...
 
 
@@ -84,6 +85,9 @@ class EmbeddedCluster:
 
     def delete_pod(self, namespace: str, name: str) -> None:
         self.fake.store.delete(PODS, namespace, name)
+
+    def succeed_pod(self, namespace: str, name: str, start_unix: float, end_unix: float) -> None:
+        self.fake.store.patch(PODS, namespace, name, succeeded(start_unix, end_unix), True)
 
     def annotate_node(self, name: str, values: dict[str, str | None]) -> None:
         self.fake.store.patch(NODES, "", name, {"metadata": {"annotations": values}})
@@ -161,8 +165,23 @@ class RealCluster:
     def delete_pod(self, namespace: str, name: str) -> None:
         self._core.delete_namespaced_pod(name, namespace, grace_period_seconds=0, _preload_content=False)
 
+    def succeed_pod(self, namespace: str, name: str, start_unix: float, end_unix: float) -> None:
+        self._core.patch_namespaced_pod_status(name, namespace, succeeded(start_unix, end_unix),
+                                               _preload_content=False)
+
     def annotate_node(self, name: str, values: dict[str, str | None]) -> None:
         self._core.patch_node(name, {"metadata": {"annotations": values}}, _preload_content=False)
+
+
+def succeeded(start_unix: float, end_unix: float) -> dict[str, Any]:
+    """The status a kubelet writes when a pod's one container (``main``, as ``make_pod`` names it) exits 0."""
+    def stamp(t: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+    return {"status": {"phase": "Succeeded", "startTime": stamp(start_unix), "containerStatuses": [{
+        "name": "main", "image": "registry.example.com/job:1.0", "imageID": "", "ready": False, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": stamp(start_unix),
+                                 "finishedAt": stamp(end_unix)}}}]}}
 
 
 def make_cluster(kube: str) -> LocalCluster:

@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuaware.contract import topics
+from gpuaware.scheduler.forecast_quality import report
 
 if TYPE_CHECKING:
     from gpuaware.agent.runtime import AgentRuntime
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from gpuaware.local.stack_scheduler import StackScheduler
 
 # Tried in order until one fits: (event rows, decision rows, sections left out).
-_OPTIONAL = ("stream", "tenants", "decisions", "events")
+_OPTIONAL = ("runtimes", "stream", "tenants", "decisions", "events")
 LAYOUTS = [(rows, min(rows, 6), _OPTIONAL[:dropped]) for dropped in range(len(_OPTIONAL) + 1)
            for rows in (8, 6, 4, 2)]
 
@@ -68,6 +69,8 @@ class StackView:
                 parts.append(self.tenants())
             if "decisions" not in dropped:
                 parts.append(self.decisions(decision_rows, width))
+            if "runtimes" not in dropped:
+                parts.append(self.runtimes())
         parts.append(self.totals(dropped))
         return parts
 
@@ -140,6 +143,22 @@ class StackView:
              (f"[stream: {'+'.join(o.steered_by)}] " if o.steered_by else "") + "; ".join(o.reasons)[:70]]
             for o in list(self.sched.live.sink.recent)[-rows:][::-1]], width)
 
+    def runtimes(self) -> Table:
+        """Each of the last completions: the runtime estimate its pod was placed with against how long it ran."""
+        assert self.sched is not None
+        r = report(self.sched.live.stats.forecasts, self.sched.live.stats.runtimes, time.time())
+        figures = (f"{r['completions_scored']} scored, Spearman {_num(r['spearman'])}, "
+                   f"within p90 {_num(r['p90_coverage'])}" if r["completions_scored"] else "none completed yet")
+        title = (f"scheduler: job runtimes, predicted vs actual ({figures}; {r['completions_published']} published, "
+                 f"{r['runtime_keys'] or 0} keys learned)")
+        table = Table(title=title, min_width=len(title))
+        for col in ("pod", "estimate from", "p50 s", "p90 s", "actual s"):
+            table.add_column(col, justify="left" if col in ("pod", "estimate from") else "right")
+        for row in reversed(r["recent"]):
+            table.add_row(row["pod"][-28:], row["level"], f"{row['p50_s']:.0f}", f"{row['p90_s']:.0f}",
+                          f"{row['actual_s']:.0f}")
+        return table
+
     def totals(self, dropped: tuple[str, ...] = ()) -> Text:
         runtime, state, sched = self.runtime, self.state, self.sched
         alerts = ", ".join(sorted(state.firing)) or ("none" if state.prometheus else "no Prometheus")
@@ -148,10 +167,14 @@ class StackView:
                 f"spooled {runtime.spool.depth}   gpu states {state.state_records[topics.GPU_STATE]}   "
                 + (f"pods placed {placed}{steered(sched.live.stats)}" if sched else "scheduler off")
                 + f"\nalerts firing: {alerts}")
-        hidden = [d for d in dropped if d != "decisions" or sched is not None]
+        hidden = [d for d in dropped if d not in ("decisions", "runtimes") or sched is not None]
         if hidden:
             text += f"   (hidden to fit the terminal: {', '.join(hidden)})"
         return Text(text)
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
 
 
 def steered(stats) -> str:

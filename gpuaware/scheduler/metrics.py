@@ -5,6 +5,7 @@ Names (``gpuaware_scheduler_*``) are what the scheduler dashboard and the alert 
 
 from __future__ import annotations
 
+import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ from prometheus_client.registry import Collector
 from gpuaware.plumbing.metrics import Histogram, histogram_family
 from gpuaware.scheduler.catchup import CatchUp
 from gpuaware.scheduler.core.workload import PriorityLevel
+from gpuaware.scheduler.forecast_quality import ForecastQuality
+from gpuaware.scheduler.runtimes import RuntimeTable
 
 PRIORITY_NAMES = {level: level.label for level in reversed(PriorityLevel)}
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -61,6 +64,8 @@ class SchedulerStats:
         self.pod_decisions[key] = (action, reason[:80], node or "", at_s)
         while len(self.pod_decisions) > POD_DECISIONS_KEPT:
             self.pod_decisions.popitem(last=False)
+    forecasts: ForecastQuality = field(default_factory=ForecastQuality)  # completions against their estimates
+    runtimes: RuntimeTable | None = None  # job.runtime.v1 as the feed keeps it (none without Kafka)
 
     def stream_steered(self, signals: list[str]) -> None:
         """A placement that, without these stream signals' scores, would have gone elsewhere."""
@@ -153,8 +158,44 @@ class SchedulerCollector(Collector):
             fam.add_metric([namespace, name, action, reason, node], at_s)
         return fam
 
+    @staticmethod
+    def _runtime_families(s: SchedulerStats, now: float) -> Iterator:
+        """Job runtimes: completions published, the runtime table, and the placed estimates against the runtimes
+        completed (``gpuaware.scheduler.forecast_quality``; the leader's: only it places and publishes)."""
+        q = s.forecasts.summary()
+        yield CounterMetricFamily("gpuaware_scheduler_completions_published",
+                                  "Job completions published on job.completions.v1", value=q["published"])
+        yield CounterMetricFamily("gpuaware_scheduler_completions_unscored",
+                                  "Completions of pods placed with no runtime estimate", value=q["unscored"])
+        if s.runtimes is not None:
+            yield GaugeMetricFamily("gpuaware_scheduler_runtime_keys",
+                                    "Signature keys in the job runtime table (job.runtime.v1)",
+                                    value=len(s.runtimes.stats))
+            if s.runtimes.newest_ms:
+                yield GaugeMetricFamily("gpuaware_scheduler_runtime_newest_age_seconds",
+                                        "Age of the newest job runtime record (the end of the newest completion "
+                                        "learned)", value=max(0.0, now - s.runtimes.newest_ms / 1000))
+        yield GaugeMetricFamily("gpuaware_scheduler_forecast_window_completions",
+                                "Completions scored in the forecast quality window (last 500)",
+                                value=q["completions"])
+        if q["spearman"] is not None:
+            yield GaugeMetricFamily("gpuaware_scheduler_forecast_spearman",
+                                    "Rank correlation of predicted p50 and actual runtime over the window",
+                                    value=q["spearman"])
+        if q["p90_coverage"] is not None:
+            yield GaugeMetricFamily("gpuaware_scheduler_forecast_p90_coverage",
+                                    "Share of the window's runtimes at or below their predicted p90 (0.9: calibrated)",
+                                    value=q["p90_coverage"])
+        mae = GaugeMetricFamily("gpuaware_scheduler_forecast_mae_log",
+                                "Mean absolute error of log runtime against the predicted p50, by signature level",
+                                labels=["level"])
+        for lvl, v in q["mae_log"].items():
+            mae.add_metric([lvl], v)
+        yield mae
+
     def collect(self) -> Iterator:
         s = self.stats
+        yield from self._runtime_families(s, time.time())
         dec = CounterMetricFamily("gpuaware_scheduler_decisions", "Scheduling decisions by action and reason",
                                   labels=["action", "reason"])
         for (action, reason), n in sorted(s.decisions.items()):

@@ -66,4 +66,4 @@ class RuntimeTable:
         p = posterior(keys, self.stats, self.prior_weight)
         if p.level == "prior" or not math.isfinite(p.mu):
             return None
-        return RuntimeEstimate(p.mu, p.sigma, self.z90, "forecast")
+        return RuntimeEstimate(p.mu, p.sigma, self.z90, "forecast", p.level)

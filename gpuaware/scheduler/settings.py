@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpuaware.scheduler.core.policy_specs import POLICIES
+from gpuaware.scheduler.core.queue import ORDERS
 
 # client-go's leaderelection spreads a follower's tries over retry period x [1, 1.2].
 LEASE_JITTER = 1.2
@@ -38,6 +39,8 @@ class SchedulerSettings(BaseModel):
     name: str = Field("gpuaware", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
                       description="schedulerName of the pods this scheduler places")
     policy: str = Field("gpuaware", description=f"placement policy, one of {', '.join(POLICIES)}")
+    queue_order: str = Field("fair", description=f"order within a priority, one of {', '.join(ORDERS)} "
+                             "(docs/scheduler.md#queue-order)")
     pass_interval_s: float = Field(0.05, gt=0, le=10, description="batching window between scheduling passes")
     # A pass holds the loop, and so every Binding in flight: a short one keeps binds going.
     pass_budget: int = Field(64, ge=1, le=100_000, description="scheduling cycles per pass")
@@ -116,6 +119,9 @@ class SchedulerSettings(BaseModel):
     def _check(self) -> SchedulerSettings:
         if self.policy not in POLICIES:
             raise ValueError(f"policy: {self.policy!r} is not one of {', '.join(POLICIES)}")
+        if self.queue_order not in ORDERS:
+            raise ValueError(f"queue_order: {self.queue_order!r} is not one of {', '.join(ORDERS)} "
+                             "(docs/scheduler.md#queue-order)")
         check_lease_timings(self.lease_duration_s, self.renew_deadline_s, self.renew_every_s, "renew_every_s")
         self._check_extender_access()
         return self

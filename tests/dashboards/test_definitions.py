@@ -12,10 +12,12 @@ from gpuaware.agent.core import AgentCore
 from gpuaware.agent.exporter import AgentCollector, AgentStats, render
 from gpuaware.agent.sampling import SamplingPolicy
 from gpuaware.contract.dcgm import DRIVER_LABELS, LEGACY, RENAMED, exported_names, family_name
-from gpuaware.contract.events import ModelDemand
+from gpuaware.contract.events import JobRuntime, ModelDemand
 from gpuaware.dashboards.build import rules_for
 from gpuaware.dashboards.definitions import DASHBOARDS, VARIANTS, variant
+from gpuaware.scheduler.core.runtime import RuntimeEstimate
 from gpuaware.scheduler.metrics import QueueSnapshot, SchedulerCollector, SchedulerStats
+from gpuaware.scheduler.runtimes import RuntimeTable
 from gpuaware.stream.gpu_state import GpuTracker
 from gpuaware.stream.metrics import StreamCollector, StreamStats
 from tests.support import prometheus_rules
@@ -54,6 +56,11 @@ def _exported_names(schema: str = "dcgm-legacy", prefixed: bool = False) -> set[
     sched.mttr.observe(900.0)
     sched.lemon_nodes.add("n7")
     sched.pod_decided("vision/train-0", "PLACE", "fits", "n1", 1.0)
+    sched.runtimes = RuntimeTable()
+    sched.runtimes.learn(JobRuntime("*", 1_000, 5, 6.0, 1.0))
+    for i in range(3):  # completions scored against the estimates their pods were placed with
+        sched.forecasts.placed(f"ns/p{i}", RuntimeEstimate(6.0 + i, 0.5, level="shape"))
+        sched.forecasts.completed(f"ns/p{i}", 400.0 * (i + 1))
     snapshot = QueueSnapshot(pending={("vision", "high"): 1}, oldest_wait_s={("vision", "high"): 5.0},
                              gpus_used={"vision": 2.0}, gpus_quota={"vision": 1.0}, gpus_borrowed={"vision": 1.0},
                              jain=0.9, allocated_busy_ratio=0.5)

@@ -30,6 +30,12 @@ SERIES = {
     'gpuaware_cluster_demand_gpus{cluster="a", pod="s2", model="H100", horizon_s="900", bound="upper"}': "28x10",
     'gpuaware_cluster_capacity_gpus{cluster="b", pod="s1", model="H100"}': "24x10",
     'gpuaware_cluster_demand_gpus{cluster="b", pod="s1", model="H100", horizon_s="900", bound="upper"}': "10x10",
+    # Forecast quality: the leader scores completions; a standby scores none (and exports no correlation).
+    'gpuaware_scheduler_forecast_window_completions{cluster="a", pod="r1"}': "120x10",
+    'gpuaware_scheduler_forecast_window_completions{cluster="a", pod="r2"}': "0x10",
+    'gpuaware_scheduler_forecast_window_completions{cluster="b", pod="r2"}': "40x10",
+    'gpuaware_scheduler_forecast_spearman{cluster="a", pod="r1"}': "0.6x10",
+    'gpuaware_scheduler_forecast_spearman{cluster="b", pod="r2"}': "0.3x10",
     'DCGM_FI_DEV_GPU_UTIL{cluster="a", Hostname="n1", gpu="0", modelName="H100", GPU_I_ID="", pod_uid=""}': "50x10",
     'DCGM_FI_DEV_GPU_UTIL{cluster="a", Hostname="n1", gpu="1", modelName="H100", GPU_I_ID="", pod_uid=""}': "50x10",
     'DCGM_FI_DEV_GPU_UTIL{cluster="b", Hostname="n1", gpu="0", modelName="H100", GPU_I_ID="", pod_uid=""}': "50x10",
@@ -52,6 +58,10 @@ EXPECTED = [
      -6),
     ("gpuaware-forecasts", "Forecast headroom (capacity - upper bound, 15 min)", "b", '{cluster="b", model="H100"}',
      14),
+    ("gpuaware-scheduler", "Completions scored", "a", "{}", 120),
+    ("gpuaware-scheduler", "Completions scored", "b", "{}", 40),
+    ("gpuaware-scheduler", "Runtime forecasts: rank correlation and p90 coverage", "a", "{}", 0.6),
+    ("gpuaware-scheduler", "Runtime forecasts: rank correlation and p90 coverage", "b", "{}", 0.3),
     ("gpuaware-fleet", "GPUs by model", "a", '{modelName="H100"}', 2),
     ("gpuaware-fleet", "GPUs by model", "b", '{modelName="H100"}', 1),
 ]

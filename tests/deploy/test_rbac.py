@@ -36,8 +36,7 @@ EXPECTED: dict[str, set[Row]] = {
         ("nodes", "[]", "[get patch]"),  # its own Node: cordons read, cap acknowledgement written (admission policy)
     },
     "gpuaware-scheduler": {
-        # get: how a pod that left the watch ended (completions); patch: only the checkpoint-request annotation
-        ("pods", "[]", "[get list watch patch]"),
+        ("pods", "[]", "[list watch patch]"),  # patch: only the checkpoint-request annotation (admission policy)
         ("pods/binding", "[]", "[create]"),
         ("pods/eviction", "[]", "[create]"),
         ("nodes", "[]", "[get list watch patch]"),  # patch: only the cordoned-GPUs annotation (admission policy)

@@ -9,6 +9,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from gpuaware.local.fake_apiserver import FakeApiServer, make_node, make_pod
+from gpuaware.local.kube_cluster import PODS
 from gpuaware.plumbing.kube.api import KubeApi, connect
 from tests.support import pods
 
@@ -37,3 +38,25 @@ def test_fake_api_server_refuses_a_second_binding_a_stale_update_and_a_pdb_viola
         body = json.loads(blocked.value.body)
         assert blocked.value.status == 429 and body["details"]["causes"][0]["reason"] == "DisruptionBudget"
         assert "p" in pods(fake)
+
+
+def test_a_watch_sees_a_pod_leave_and_enter_its_field_selector_as_kube_apiserver_shows_it():
+    """Succeeded: the pod watch (terminal pods left out) gets DELETED with the pod's previous, Running, state at
+    the change's resourceVersion; the completions watch (Succeeded pods) gets ADDED with the final one."""
+    with FakeApiServer() as fake:
+        api = KubeApi(connect(fake.url))
+        fake.create("pods", make_pod("p"))
+        fake.store.patch(PODS, "default", "p", {"status": {"phase": "Running"}}, True)
+        start = str(fake.store.rv)
+        done = fake.store.patch(PODS, "default", "p", {"status": {"phase": "Succeeded"}}, True)
+        fake.store.patch(PODS, "default", "p", {"metadata": {"labels": {"x": "1"}}})
+        seen = {}
+        for selector in ("status.phase!=Succeeded,status.phase!=Failed", "status.phase=Succeeded"):
+            resp = api.core.list_pod_for_all_namespaces(field_selector=selector, watch=True, resource_version=start,
+                                                        timeout_seconds=1, _preload_content=False)
+            seen[selector] = [(e["type"], e["object"]["status"]["phase"], e["object"]["metadata"]["resourceVersion"])
+                              for e in map(json.loads, resp.read().splitlines())]
+        rv = done["metadata"]["resourceVersion"]
+        assert seen["status.phase!=Succeeded,status.phase!=Failed"] == [("DELETED", "Running", rv)]
+        assert seen["status.phase=Succeeded"] == [("ADDED", "Succeeded", rv),
+                                                  ("MODIFIED", "Succeeded", str(int(rv) + 1))]

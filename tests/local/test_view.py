@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from types import SimpleNamespace
 
@@ -22,6 +23,7 @@ from gpuaware.contract.events import (
 from gpuaware.local.stack import StackState
 from gpuaware.local.view import StackView
 from gpuaware.plumbing.kafka_settings import KafkaSettings
+from gpuaware.scheduler.core.runtime import RuntimeEstimate
 from gpuaware.scheduler.kube.decisions import Outcome
 from gpuaware.scheduler.metrics import QueueSnapshot, SchedulerStats
 
@@ -105,7 +107,7 @@ def test_a_tall_terminal_shows_every_section(runtime):
     text = _text(StackView(runtime, state, "127.0.0.1:9092", _scheduler(decisions=6)).frame(
         Console(width=160, height=200)))
     for title in ("recent events", "stream: GPUs per workload class", "scheduler: queues per tenant",
-                  "scheduler: recent decisions"):
+                  "scheduler: recent decisions", "scheduler: job runtimes, predicted vs actual (none completed yet"):
         assert title in text
     assert "hidden to fit" not in text and text.count("team-a/job-") == 6
 
@@ -121,3 +123,16 @@ def test_a_narrow_terminal_cuts_the_free_text_not_the_names(runtime):
     row = next(line for line in lines if "XID" in line)
     assert runtime.cores[1].node in row and "XID 79 on 1/3" in row  # one line, names whole
     assert sum("│ PLACE  │ team-a/job-0000" in line and "sim-node-000" in line for line in lines) == 2
+
+
+def test_the_runtimes_table_shows_each_completion_against_the_estimate_it_was_placed_with(runtime):
+    sched = _scheduler(decisions=0)
+    quality = sched.live.stats.forecasts
+    for i, (p50, actual) in enumerate([(60.0, 50.0), (120.0, 150.0), (600.0, 900.0)]):
+        quality.placed(f"team-a/job-{i:05d}", RuntimeEstimate(math.log(p50), 0.3, level="tenant"))
+        quality.completed(f"team-a/job-{i:05d}", actual)
+    quality.published = 3
+    text = _text(StackView(runtime, StackState(), "127.0.0.1:9092", sched).runtimes())
+    assert "(3 scored, Spearman 1.00, within p90 0.67; 3 published, 0 keys learned)" in text
+    row = next(line for line in text.splitlines() if "job-00002" in line)
+    assert [c.strip() for c in row.strip("│ ").split("│")] == ["team-a/job-00002", "tenant", "600", "881", "900"]

@@ -64,7 +64,7 @@ def test_a_succeeded_pod_is_a_completion_with_its_runtime_and_signature():
     assert completion_of(failed, w) is None  # a failed job did not complete its runtime
 
 
-def test_only_completions_are_published_not_preempted_or_deleted_pods():
+def test_only_completions_are_published_once_not_preempted_deleted_or_listed_ones():
     sent: list[JobCompletion] = []
 
     async def run() -> None:
@@ -73,23 +73,23 @@ def test_only_completions_are_published_not_preempted_or_deleted_pods():
 
         tasks: list = []
         done = Completions(publish, lambda p: objects.workload_of(p, "team", 0.0).workload,
-                           lambda ns, name: running_then_done, lambda key: key == "team/preempted",
-                           lambda: True, lambda coro: tasks.append(asyncio.ensure_future(coro)), "gpuaware")
+                           lambda key: key == "team/preempted", lambda: True,
+                           lambda coro: tasks.append(asyncio.ensure_future(coro)))
+        done.sync([_succeeded(_pod("old"), "2027-01-15T07:00:00Z", "2027-01-15T07:10:00Z")])  # history
         ok = _succeeded(_pod("ok"), "2027-01-15T08:00:00Z", "2027-01-15T08:10:00Z")
-        done.left("team/ok", ok)
-        done.left("team/preempted", _succeeded(_pod("preempted"), "2027-01-15T08:00:00Z", "2027-01-15T08:10:00Z"))
-        deleted = _pod("deleted")
+        done.event("ADDED", ok)
+        done.event("MODIFIED", ok)  # seen: not twice
+        done.event("ADDED", _succeeded(_pod("preempted"), "2027-01-15T08:00:00Z", "2027-01-15T08:10:00Z"))
+        deleted = _succeeded(_pod("deleted"), "2027-01-15T08:00:00Z", "2027-01-15T08:10:00Z")
         deleted["metadata"]["deletionTimestamp"] = "2027-01-15T08:05:00Z"
-        done.left("team/deleted", deleted)
-        # Left the watch's selector still running: read back, it had succeeded.
-        running = _pod("sel")
-        running["spec"]["nodeName"] = "n0"
-        running_then_done = _succeeded(_pod("sel"), "2027-01-15T08:00:00Z", "2027-01-15T08:30:00Z")
-        done.left("team/sel", running)
+        done.event("ADDED", deleted)
+        # A re-list after a watch gap: a completion the gap hid is published, the ones seen are not.
+        gap = _succeeded(_pod("gap"), "2027-01-15T08:00:00Z", "2027-01-15T08:30:00Z")
+        done.sync([ok, gap, _succeeded(_pod("old"), "2027-01-15T07:00:00Z", "2027-01-15T07:10:00Z")])
         await asyncio.gather(*tasks)
 
     asyncio.run(run())
-    assert [(c.workload_id, c.runtime_s) for c in sent] == [("team/ok", 600.0), ("team/sel", 1800.0)]
+    assert [(c.workload_id, c.runtime_s) for c in sent] == [("team/ok", 600.0), ("team/gap", 1800.0)]
 
 
 def test_a_pod_of_a_learned_signature_gets_a_forecast_and_a_stale_or_empty_table_falls_back_to_unknown():

@@ -112,6 +112,20 @@ def _cluster(kube: Kube, unique: str) -> None:
     kube.create("pods", make_pod("waiting", namespace="speech", gpus=1, annotations={"gpuaware.io/gpu-models": "B200"},
                                  priority=200_000))
     kube.create("pods", make_pod("waiting", namespace="vision", gpus=1, annotations={"gpuaware.io/gpu-models": "B200"}))
+    # Jobs that declare their durations and complete (``_complete``): the job runtime panels have data.
+    for name, declared in JOBS.items():
+        kube.create("pods", make_pod(name, namespace="jobs", annotations={"gpuaware.io/duration-s": declared}))
+
+
+JOBS = {"job-a": "500", "job-b": "1500", "job-c": "1700"}  # they run 10, 20 and 30 minutes
+
+
+def _complete(kube: Kube) -> None:
+    """Each job kwok runs ends Succeeded, as its kubelet would write it."""
+    for i, (name, pod) in enumerate((p["metadata"]["name"], p) for p in kube.objects("pods")
+                                    if p["metadata"]["name"] in JOBS):
+        if (pod.get("status") or {}).get("phase") == "Running":
+            kube.end_pod(name, "Succeeded", "2027-01-15T08:00:00Z", f"2027-01-15T08:{10 * (i + 1)}:00Z", "jobs")
 
 
 def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaSettings, tmp_path: Path,
@@ -149,6 +163,7 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
         while time.monotonic() < deadline:
             for child in children:
                 assert child.running(), f"{child.name} exited:\n{child.log_tail()}"
+            _complete(kube)
             try:
                 empty = [(uid, q) for uid, q in queries if not _query(prometheus, q, defined[uid])]
                 empty += [(v, "no values") for v in _variables_without_values(prometheus)]

@@ -87,6 +87,11 @@ def test_up_shows_a_gpu_reset_validated_and_returned_to_service(tmp_path, kube):
     assert fault["time_to_cordon_s"] <= fault["time_action_requested_s"] <= fault["time_back_in_service_s"], fault
     assert summary["agent_cordoned_gpus"] == 0  # the agents saw the cordon lifted
     assert summary["health_bands"]["healthy"] == 8
+    # Pods that ran their time ended Succeeded (deleted at once): published on job.completions.v1, learned by the
+    # stream, and scored against the runtime estimate each was placed with (its declared duration).
+    runtimes = summary["scheduler"]["runtimes"]
+    assert runtimes["completions_published"] >= 1 and runtimes["completions_scored"] >= 1, runtimes
+    assert {"p50_s", "p90_s", "actual_s", "level"} <= set(runtimes["recent"][-1]), runtimes
 
 
 @pytest.mark.broker

@@ -35,6 +35,7 @@ class RuntimeEstimate:
     sigma: float  # standard deviation of log(seconds); 0: known exactly
     z90: float = Z90
     source: str = "forecast"  # forecast, declared or oracle
+    level: str = ""  # a forecast's signature level (contract.runtime.LEVELS), for its quality by level
 
     @classmethod
     def exact(cls, seconds: float, source: str = "oracle") -> RuntimeEstimate:

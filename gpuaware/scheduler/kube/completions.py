@@ -7,15 +7,23 @@ of the pod's request and ``owner_of``), the ones a pending pod of the same kind 
 calibrated under. A pod preempted, evicted, failed or deleted while running did not complete its runtime and is
 not published.
 
-The pod watch leaves out terminal pods (a field selector), so a pod that turns ``Succeeded`` usually arrives as a
-deletion carrying its last running state; such a pod, gone without being deleted and not preempted by this
-scheduler, is read back once (``read_pod``) to learn how it ended. Only a replica that may act publishes (the
-leader): each completion is learned once.
+The pod watch leaves out terminal pods (``status.phase!=Succeeded,status.phase!=Failed``). On kube-apiserver a
+pod that turns ``Succeeded`` leaves that watch as a ``DELETED`` event carrying its *previous* object (still
+``Running``, no container terminated), so the watch alone never tells how it ended, and reading the pod back
+loses every job whose pod is deleted as soon as it ends (a Job's ``ttlSecondsAfterFinished: 0``, an operator).
+Completions therefore come from a watch of their own (``WATCH_SELECTOR``: this scheduler's ``Succeeded`` pods):
+a pod that enters it arrives as ``ADDED`` with its final status, before any deletion. The watch's list is
+taken as already learned (``sync``): a pod listed again after a watch gap (410, re-list) that was not seen
+before is published then. ``seen`` holds the uids of the scheduler's ``Succeeded`` pods that exist (what the
+list holds), so each completion is published once per scheduler process. Only a replica that may act publishes
+(the leader); a standby marks them seen.
+
+Each completion published is also scored against the estimate the scheduler had when it placed the pod
+(``gpuaware.scheduler.forecast_quality``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
@@ -24,10 +32,16 @@ from typing import Any
 from gpuaware.contract.events import JobCompletion
 from gpuaware.contract.runtime import JobFeatures, declared_keys, owner_of, signature_keys
 from gpuaware.scheduler.core.workload import Workload
+from gpuaware.scheduler.forecast_quality import ForecastQuality
 
 log = logging.getLogger(__name__)
 
 CompletionPublisher = Callable[[JobCompletion], Awaitable[None]]
+
+
+def watch_selector(scheduler_name: str) -> str:
+    """The completions watch's field selector: ``scheduler_name``'s pods that succeeded."""
+    return f"spec.schedulerName={scheduler_name},status.phase=Succeeded"
 
 
 async def discard_completion(record: JobCompletion) -> None:
@@ -73,48 +87,58 @@ def completion_of(pod: Mapping[str, Any], w: Workload) -> JobCompletion | None:
 
 
 class Completions:
-    """From the pod watch to ``job.completions.v1``. ``workload``: the pod as the core's workload (raises on a pod
-    it cannot parse); ``read_pod``: (namespace, name) -> the pod now; ``preempted``: was it evicted by us."""
+    """From the completions watch to ``job.completions.v1``. ``workload``: the pod as the core's workload (raises
+    on a pod it cannot parse); ``preempted``: was it evicted by us; ``quality``: scores each completion against
+    the estimate placed with it."""
 
     def __init__(self, publish: CompletionPublisher, workload: Callable[[dict[str, Any]], Workload],
-                 read_pod: Callable[[str, str], dict[str, Any]], preempted: Callable[[str], bool],
-                 may_act: Callable[[], bool], spawn: Callable[[Awaitable[Any]], Any], scheduler_name: str):
-        self.publish, self.workload, self.read_pod, self.preempted = publish, workload, read_pod, preempted
-        self.may_act, self.spawn, self.scheduler_name = may_act, spawn, scheduler_name
-        self.published = 0
+                 preempted: Callable[[str], bool], may_act: Callable[[], bool],
+                 spawn: Callable[[Awaitable[Any]], Any], quality: ForecastQuality | None = None):
+        self.publish, self.workload, self.preempted = publish, workload, preempted
+        self.may_act, self.spawn = may_act, spawn
+        self.quality = quality if quality is not None else ForecastQuality()
+        self.seen: set[str] = set()
+        self.listed = False
 
-    def left(self, key: str, pod: dict[str, Any]) -> None:
-        """``pod`` (its last state the watch delivered) left; publish it if it completed."""
-        if (pod.get("spec") or {}).get("schedulerName") != self.scheduler_name or not self.may_act():
-            return
-        if pod["metadata"].get("deletionTimestamp") or self.preempted(key):
-            return
-        phase = (pod.get("status") or {}).get("phase")
-        if phase == "Succeeded":
-            self.spawn(self._send(pod))
-        elif phase not in ("Failed",) and (pod.get("spec") or {}).get("nodeName"):
-            self.spawn(self._look(pod))  # left the watch's selector: read how it ended
+    def sync(self, pods: list[dict[str, Any]]) -> None:
+        """The watch (re-)listed ``pods``: the first list is history; later, a pod not seen is a completion the
+        watch's gap hid."""
+        uids = {p["metadata"].get("uid", "") for p in pods}
+        if self.listed:
+            for pod in pods:
+                if pod["metadata"].get("uid", "") not in self.seen:
+                    self._take(pod)
+        self.seen, self.listed = uids, True
 
-    async def _look(self, pod: dict[str, Any]) -> None:
-        meta = pod["metadata"]
-        try:
-            now = await asyncio.to_thread(self.read_pod, meta.get("namespace", ""), meta["name"])
-        except Exception as exc:  # gone already, or the API is away: this completion is not learned
-            log.debug("could not read %s/%s after it left: %s", meta.get("namespace"), meta["name"], exc)
-            return
-        if now["metadata"].get("uid") == meta.get("uid"):
-            await self._send(now)
+    def event(self, kind: str, pod: dict[str, Any]) -> None:
+        """A watch event: ``ADDED`` (or ``MODIFIED``, from a server that does not turn a selector's entry into
+        ``ADDED``) of a pod not seen is a completion; ``DELETED`` forgets its uid."""
+        uid = pod["metadata"].get("uid", "")
+        if kind == "DELETED":
+            self.seen.discard(uid)
+        elif uid not in self.seen:
+            self.seen.add(uid)
+            self._take(pod)
 
-    async def _send(self, pod: dict[str, Any]) -> None:
+    def _take(self, pod: dict[str, Any]) -> None:
+        key = f"{pod['metadata'].get('namespace', '')}/{pod['metadata']['name']}"
+        if not self.may_act() or pod["metadata"].get("deletionTimestamp") or self.preempted(key):
+            self.quality.forget(key)
+            return
         try:
             record = completion_of(pod, self.workload(pod))
         except Exception as exc:
-            log.debug("no completion for %s: %s", pod["metadata"].get("name"), exc)
-            return
+            log.debug("no completion for %s: %s", key, exc)
+            record = None
         if record is None:
+            self.quality.forget(key)
             return
+        self.quality.completed(key, record.runtime_s)
+        self.spawn(self._send(record))
+
+    async def _send(self, record: JobCompletion) -> None:
         try:
             await self.publish(record)
-            self.published += 1
+            self.quality.published += 1
         except Exception as exc:  # a completion lost costs one sample of history, never scheduling
             log.warning("could not publish the completion of %s: %s", record.workload_id, exc)

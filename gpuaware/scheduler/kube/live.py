@@ -34,7 +34,7 @@ from gpuaware.scheduler.feed import StateView
 from gpuaware.scheduler.kube.binder import Binder
 from gpuaware.scheduler.kube.cache import ClusterCache
 from gpuaware.scheduler.kube.calls import ApiCalls
-from gpuaware.scheduler.kube.completions import CompletionPublisher, Completions, discard_completion
+from gpuaware.scheduler.kube.completions import CompletionPublisher, Completions, discard_completion, watch_selector
 from gpuaware.scheduler.kube.decisions import DecisionPublisher, DecisionSink, discard_decision
 from gpuaware.scheduler.kube.departures import Departures
 from gpuaware.scheduler.kube.dra.device_taints import DeviceTaints
@@ -91,8 +91,10 @@ class LiveScheduler:
                               events_api=events_api, event_qps=settings.event_qps, event_burst=settings.event_burst,
                               event_queue=settings.event_queue)
         self.departures = Departures()
-        self.completions = Completions(completions, self.cache.known_workload, api.read_pod, self.departures.expected,
-                                       lambda: self.may_act(), self.tasks.spawn, settings.name)
+        if view is not None:
+            self.stats.runtimes = view.runtimes  # its size and age, on scrape
+        self.completions = Completions(completions, self.cache.known_workload, self.departures.expected,
+                                       lambda: self.may_act(), self.tasks.spawn, self.stats.forecasts)
         self.evictor = Evictor(self.calls, self.cache, settings, self.stats)
         self.unschedulable = UnschedulableReporter(self.calls, self.cache.view(), self.stats, self.sink, self.tasks)
         self.binder = Binder(self.calls, self.cache, settings, self.stats, self.sink, self.departures, view,
@@ -131,6 +133,7 @@ class LiveScheduler:
         specs = [
             WatchSpec("nodes", core.list_node),
             WatchSpec("pods", core.list_pod_for_all_namespaces, "status.phase!=Succeeded,status.phase!=Failed"),
+            WatchSpec("completed", core.list_pod_for_all_namespaces, watch_selector(self.settings.name)),
             WatchSpec("gpuqueues", lambda **kw: custom.list_cluster_custom_object(
                 "gpuaware.io", "v1alpha1", "gpuqueues", **kw)),
         ]
@@ -217,6 +220,9 @@ class LiveScheduler:
 
     def _apply_one(self, item: tuple[str, str, Any]) -> None:
         name, kind, obj = item
+        if name == "completed":  # job.completions.v1; nothing the pass reads
+            self.completions.sync(obj) if kind == "SYNC" else self.completions.event(kind, obj)
+            return
         self._dirty = True
         if name == "nodes":
             self.cache.sync_nodes(obj) if kind == "SYNC" else self.cache.node_event(kind, obj)
@@ -229,7 +235,6 @@ class LiveScheduler:
                 return
             left = self.cache.pod_event(kind, obj)
             if left is not None:
-                self.completions.left(left, obj)
                 self.unschedulable.forget(left)
                 self.departures.left(left)
             elif kind == "ADDED":

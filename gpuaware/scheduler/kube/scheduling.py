@@ -107,6 +107,7 @@ class PassActions:
                 self.labels[key] = "dra-devices"
                 return False
         self.cache.assume(key, Running(workload, decision.allocation, now, 0.0, None))
+        self.stats.forecasts.placed(key, workload.runtime)  # scored against the runtime when it completes
         uid = (self.cache.pods.get(key) or {}).get("metadata", {}).get("uid")  # of the pod decided for, now
         self.tasks.spawn(self.binder.bind(workload, decision, self.victims.pop(key, []), uid))
         return True
@@ -119,8 +120,8 @@ class SchedulingPass:
         self.settings, self.cache, self.stats, self.sink = settings, cache, stats, sink
         self.binder, self.evictor, self.departures, self.reporter, self.tasks = \
             binder, evictor, departures, reporter, tasks
-        self.queue_policy = QueuePolicy(pass_budget=settings.pass_budget) if settings.policy == "gpuaware" \
-            else QueuePolicy.kube(pass_budget=settings.pass_budget)
+        knobs = {"pass_budget": settings.pass_budget, "order": settings.queue_order}
+        self.queue_policy = QueuePolicy(**knobs) if settings.policy == "gpuaware" else QueuePolicy.kube(**knobs)
         self._mix = WorkloadMix()
         self._deallocating: set[str] = set()  # claims being deallocated (``_strand``)
         self._mix_at_build = -1
