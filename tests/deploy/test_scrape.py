@@ -19,7 +19,7 @@ from gpuaware.agent.exporter import serve
 from gpuaware.deploy.scrape import local_scrape_configs, operator_scrape_configs
 from gpuaware.local.processes import free_port
 from gpuaware.local.prometheus import LocalPrometheus, available
-from tests.support import RULES, prometheus_rules
+from tests.support import RULES, missing_part, prometheus_rules
 
 WORKLOADS = ("gpuaware-agent", "gpuaware-stream", "gpuaware-scheduler")
 
@@ -57,8 +57,9 @@ def _up_series_in_promtool_tests() -> list[dict[str, str]]:
     return out
 
 
-@pytest.mark.skipif(not available(), reason="Debian package prometheus not installed")
 def test_rules_select_the_jobs_and_labels_the_shipped_pod_monitors_produce(tmp_path: Path) -> None:
+    if not available():
+        missing_part("Debian package prometheus not installed")
     registry = CollectorRegistry()
     registry.register(_Workload())
     port = free_port()

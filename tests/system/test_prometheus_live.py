@@ -36,11 +36,16 @@ from gpuaware.local.prometheus import LocalPrometheus, available
 from gpuaware.local.stream_workers import StreamWorkerProcess, worker_env
 from gpuaware.plumbing.kafka_settings import KafkaSettings
 from tests.real_kube import Kube
-from tests.support import produce
+from tests.support import missing_part, produce
 from tests.system import nvidia_dashboard as nvidia
 
-pytestmark = [pytest.mark.timeout(420),
-              pytest.mark.skipif(not available(), reason="Debian package prometheus not installed")]
+pytestmark = pytest.mark.timeout(420)
+
+
+@pytest.fixture(autouse=True)
+def _prometheus() -> None:
+    if not available():
+        missing_part("Debian package prometheus not installed")
 
 SCENARIO = """name: live
 seed: 4

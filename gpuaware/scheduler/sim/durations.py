@@ -163,17 +163,21 @@ def run_durations(nodes, pods, seeds: list[int], make_runtime: Callable[[], Runt
 
 
 def _paired(new: list[DynamicResult], base: list[DynamicResult]) -> dict:
-    """The mean JCT's relative gain seed by seed (the same jobs in both), its mean and a 95% interval (t): the
+    """The mean JCT's relative gain seed by seed, over the jobs that finished in both runs of the seed (the same
+    jobs: a variant that starves some is not credited for their absence), its mean and a 95% interval (t): the
     gain beats the noise when the interval excludes 0."""
-    gains = [1 - _jct(n) / _jct(b) for n, b in zip(new, base, strict=True)]
+    gains = [1 - _jct(n, b) / _jct(b, n) for n, b in zip(new, base, strict=True)]
     if len(gains) < 2:
         return {"jct_mean_paired": round(gains[0], 4) if gains else None, "jct_mean_ci95": None}
     m, half = float(np.mean(gains)), _T95.get(len(gains) - 1, 1.96) * float(np.std(gains, ddof=1)) / len(gains) ** 0.5
     return {"jct_mean_paired": round(m, 4), "jct_mean_ci95": [round(m - half, 4), round(m + half, 4)]}
 
 
-def _jct(r: DynamicResult) -> float:
-    return float(np.mean([j.finish_s - j.workload.submit_s for j in r.jobs.values() if j.finish_s is not None]))
+def _jct(r: DynamicResult, other: DynamicResult) -> float:
+    """``r``'s mean JCT over the jobs that finished in both ``r`` and ``other``."""
+    both = [j for wid, j in r.jobs.items()
+            if j.finish_s is not None and other.jobs.get(wid) is not None and other.jobs[wid].finish_s is not None]
+    return float(np.mean([j.finish_s - j.workload.submit_s for j in both]))
 
 
 # Student's t, two-sided 95%, by degrees of freedom (up to 29; 1.96 beyond).

@@ -62,9 +62,9 @@ def test_a_forecaster_with_the_clusters_past_predicts_from_it_and_a_cold_one_doe
 
 
 def test_a_paired_gain_has_an_interval_that_excludes_zero_only_when_every_seed_agrees():
+    from gpuaware.scheduler.core.workload import Workload
     from gpuaware.scheduler.sim.durations import _paired
     from gpuaware.scheduler.sim.jobs import DynamicResult, JobStats
-    from gpuaware.scheduler.core.workload import Workload
 
     def result(jct: float) -> DynamicResult:
         r = DynamicResult("gpuaware", 0)
@@ -75,3 +75,19 @@ def test_a_paired_gain_has_an_interval_that_excludes_zero_only_when_every_seed_a
     assert steady["jct_mean_paired"] == 0.15 and steady["jct_mean_ci95"][0] > 0
     mixed = _paired([result(80), result(120), result(100)], [result(100)] * 3)
     assert mixed["jct_mean_ci95"][0] < 0 < mixed["jct_mean_ci95"][1]
+
+
+def test_a_paired_gain_counts_only_the_jobs_both_runs_finished():
+    from gpuaware.scheduler.core.workload import Workload
+    from gpuaware.scheduler.sim.durations import _paired
+    from gpuaware.scheduler.sim.jobs import DynamicResult, JobStats
+
+    def result(**finish) -> DynamicResult:
+        r = DynamicResult("gpuaware", 0)
+        for wid, at in finish.items():
+            r.jobs[wid] = JobStats(Workload(wid), 10.0, finish_s=at)
+        return r
+
+    # The new run starves the long job b: it is not credited for b's absence.
+    starving = _paired([result(a=100.0, b=None)] * 2, [result(a=100.0, b=10_000.0)] * 2)
+    assert starving["jct_mean_paired"] == 0.0
