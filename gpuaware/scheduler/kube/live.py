@@ -31,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuaware.plumbing.kube.api import Informer, KubeApi, WatchSpec, wait_synced
 from gpuaware.scheduler.feed import StateView
+from gpuaware.scheduler.kube import podgroups
 from gpuaware.scheduler.kube.binder import Binder
 from gpuaware.scheduler.kube.cache import ClusterCache
 from gpuaware.scheduler.kube.calls import ApiCalls
@@ -38,7 +39,6 @@ from gpuaware.scheduler.kube.completions import CompletionPublisher, Completions
 from gpuaware.scheduler.kube.decisions import DecisionPublisher, DecisionSink, discard_decision
 from gpuaware.scheduler.kube.departures import Departures
 from gpuaware.scheduler.kube.dra.device_taints import DeviceTaints
-from gpuaware.scheduler.kube import podgroups
 from gpuaware.scheduler.kube.evictor import Evictor
 from gpuaware.scheduler.kube.live_state import LiveGpuState
 from gpuaware.scheduler.kube.quarantine import HealthReactions
