@@ -33,7 +33,7 @@ CRD_DIR = Path(__file__).resolve().parents[1] / "deploy" / "base" / "crds"
 CLUSTER_SCOPED = frozenset({"nodes", "namespaces", "gpuqueues", "priorityclasses"})
 _KINDS = {"pods": "Pod", "nodes": "Node", "namespaces": "Namespace", "events": "Event", "leases": "Lease",
           "poddisruptionbudgets": "PodDisruptionBudget", "priorityclasses": "PriorityClass",
-          "gpuqueues": "GPUQueue", "gpuworkloads": "GPUWorkload"}
+          "gpuqueues": "GPUQueue", "gpuworkloads": "GPUWorkload", "podgroups": "PodGroup", "workloads": "Workload"}
 _GROUPS = {"priorityclasses": ("scheduling.k8s.io", "v1"), "leases": ("coordination.k8s.io", "v1"),
            "poddisruptionbudgets": ("policy", "v1")}
 

@@ -30,6 +30,7 @@ from gpuaware.scheduler.kube.dra.claims import DraAsk
 from gpuaware.scheduler.kube.dra.plugin import DraPlugin, hold_id
 from gpuaware.scheduler.kube.dra.state import claim_key
 from gpuaware.scheduler.kube.objects import PodSpecError, PodWorkload, created_s
+from gpuaware.scheduler.kube.podgroups import PodGroups
 from gpuaware.scheduler.kube.queues import Tenancy
 from gpuaware.scheduler.kube.scheduling_queue import Rejected, SchedulingQueue
 
@@ -76,6 +77,7 @@ class ClusterCache:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, dict[str, Any]] = {}  # every non-terminal pod we know
         self.tenancy = Tenancy(unqueued)
+        self.podgroups = PodGroups()  # gangs from the Workload API (scheduling.k8s.io/v1alpha2), when served
         self.queue = SchedulingQueue()
         self.dra = DraPlugin()
         self.cluster = ClusterState([])
@@ -294,7 +296,11 @@ class ClusterCache:
         return self.dra.read(pod, pw, queued)
 
     def _base(self, pod: dict[str, Any]) -> PodWorkload:
-        return self.tenancy.govern(objects.workload_of(pod, self.tenant_of(pod), created_s(pod)), pod)
+        pw = objects.workload_of(pod, self.tenant_of(pod), created_s(pod))
+        gang = self.podgroups.gang_of(pod, pw.workload.gang)
+        if gang is not None:  # a PodGroup's gang: the same all-or-nothing placement as gpuaware.io/gang
+            pw = PodWorkload(dataclasses.replace(pw.workload, gang=gang[0]), gang[1])
+        return self.tenancy.govern(pw, pod)
 
     def try_ask(self, key: str, ask: DraAsk) -> Workload:
         """The pending pod asks ``ask`` (one of its ``firstAvailable`` alternatives) from now on: its workload."""
@@ -525,6 +531,23 @@ class ClusterCache:
             self.queue.pending.pop(key, None)
             self.dra.forget_ask(key)
             self.queue_if_ours(pod)
+
+    # ------------------------------------------------------------------ PodGroups (the Workload API)
+    def sync_pod_groups(self, items: list[dict[str, Any]]) -> None:
+        self.podgroups.sync(items)
+        self._requeue_members(None)
+
+    def pod_group_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self._requeue_members(self.podgroups.event(kind, obj))
+
+    def _requeue_members(self, group: str | None) -> None:
+        """Unbound pods naming PodGroup ``group`` (None: any) read again: their gang came, changed or went."""
+        for key in list(self.queue.waiting()):
+            pod = self.pods.get(key)
+            if pod is not None and (named := self.podgroups.names(pod)) is not None and group in (None, named):
+                self.queue.pop(key)
+                self.dra.forget_ask(key)
+                self.queue_if_ours(pod)
 
     # ------------------------------------------------------------------ GPUQueues
     def sync_queues(self, items: list[dict[str, Any]]) -> None:

@@ -31,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuaware.plumbing.kube.api import Informer, KubeApi, WatchSpec, wait_synced
 from gpuaware.scheduler.feed import StateView
+from gpuaware.scheduler.kube import podgroups
 from gpuaware.scheduler.kube.binder import Binder
 from gpuaware.scheduler.kube.cache import ClusterCache
 from gpuaware.scheduler.kube.calls import ApiCalls
@@ -59,16 +60,17 @@ INBOX = 10_000  # informer changes not yet applied; a full inbox blocks the watc
 TAINT_RULES = ("resource.k8s.io", "v1beta2", "devicetaintrules")
 
 
-def _serves_taint_rules(custom: Any) -> bool:
-    """Whether the apiserver serves DeviceTaintRules (beta and off by default on 1.36): a watch of an API not
-    served would only fail, again and again."""
+def _serves(custom: Any, group: str, version: str, plural: str) -> bool:
+    """Whether the apiserver serves ``plural`` in ``group/version`` (DeviceTaintRules: beta and off by default on
+    1.36; PodGroups: alpha, gate GenericWorkload): a watch of an API not served would only fail, again and again."""
     try:
-        found = custom.get_api_resources(*TAINT_RULES[:2])
+        found = custom.get_api_resources(group, version)
     except ApiException as exc:
         if exc.status == 404:
             return False
         raise
-    return any(r.name == TAINT_RULES[2] for r in found.resources or [])
+    return any(r.name == plural for r in found.resources or [])
+
 
 class LiveScheduler:
     def __init__(self, api: KubeApi, settings: SchedulerSettings, view: StateView | None = None,
@@ -142,12 +144,18 @@ class LiveScheduler:
             specs += [WatchSpec("deviceclasses", dra.list_device_class),
                       WatchSpec("resourceslices", dra.list_resource_slice),
                       WatchSpec("resourceclaims", dra.list_resource_claim_for_all_namespaces)]
-            if await asyncio.to_thread(_serves_taint_rules, custom):
+            if await asyncio.to_thread(_serves, custom, *TAINT_RULES):
                 specs.append(WatchSpec("devicetaintrules", lambda **kw: custom.list_cluster_custom_object(
                     *TAINT_RULES, **kw)))
             else:
                 log.info("DeviceTaintRules are not served (gate DRADeviceTaintRules, resource.k8s.io/%s): only the "
                          "slices' device taints keep claims off devices", TAINT_RULES[1])
+        groups = (podgroups.GROUP, podgroups.VERSION, podgroups.PLURAL)
+        if await asyncio.to_thread(_serves, custom, *groups):
+            specs.append(WatchSpec("podgroups", lambda **kw: custom.list_cluster_custom_object(*groups, **kw)))
+        else:
+            log.info("PodGroups are not served (gate GenericWorkload, %s/%s): gangs come from gpuaware.io/gang only",
+                     *groups[:2])
         for spec in specs:
             self._informers.append(Informer(spec, self._on_sync(spec.name), self._on_event(spec.name)).start())
         # The API threads start while the informers list, not one by one in the first pass's Bindings.
@@ -241,6 +249,8 @@ class LiveScheduler:
                 self.passes.learn(self.cache.known_workload(obj))
         elif name == "gpuqueues":
             self.cache.sync_queues(obj) if kind == "SYNC" else self.cache.queue_event(kind, obj)
+        elif name == "podgroups":
+            self.cache.sync_pod_groups(obj) if kind == "SYNC" else self.cache.pod_group_event(kind, obj)
         elif name == "deviceclasses":
             self.cache.sync_classes(obj) if kind == "SYNC" else self.cache.class_event(kind, obj)
         elif name == "resourceslices":

@@ -9,9 +9,11 @@ The pod contract (documented in docs/scheduler.md):
   ``gpuaware.io/min-memory-bandwidth-gbs``, ``gpuaware.io/tensor-cores``, ``gpuaware.io/interconnect``;
 - behaviour: ``gpuaware.io/qos`` (``latency-sensitive``/``batch``), ``gpuaware.io/preemptible``,
   ``gpuaware.io/checkpoint`` (the workload answers checkpoint requests), ``gpuaware.io/deferrable``,
-  ``gpuaware.io/gang`` + ``gpuaware.io/gang-size`` (all or nothing), ``gpuaware.io/duration-s``;
+  ``gpuaware.io/gang`` + ``gpuaware.io/gang-size`` (all or nothing; or a PodGroup's gang:
+  ``podgroups``), ``gpuaware.io/duration-s``;
 - the tenant is the GPUQueue that lists the pod's namespace (never a pod annotation: a pod cannot
-  claim another tenant's quota); the priority level comes from ``spec.priority`` (the PriorityClass).
+  claim another tenant's quota; Kueue's queue-name label picks among those that list it: ``queues``); the
+  priority level comes from ``spec.priority`` (the PriorityClass).
 
 What the scheduler writes on a pod: ``gpuaware.io/gpus`` (JSON list of ``{"index", "uuid",
 "milli"}``) and ``gpuaware.io/sharing``, before binding, for the device plugin / MPS / MIG setup.

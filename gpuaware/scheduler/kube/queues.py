@@ -9,6 +9,10 @@
 - Only the queue grants non-preemptibility: a pod is non-preemptible when its priority is high and its
   queue admits that class. The pod's ``gpuaware.io/preemptible`` annotation may volunteer (``"true"``),
   never refuse.
+- Kueue's ``kueue.x-k8s.io/queue-name`` label on a pod picks the GPUQueue of that name, when one exists and
+  lists the pod's namespace (a label cannot claim another tenant's quota); else the namespace's queue, as
+  without the label. Kueue's LocalQueue is namespaced (the label names one in the pod's namespace); so is
+  this reading of it.
 - Namespaces in no queue follow ``scheduler.unqueued``: ``allow`` (as if one unlimited queue: the old
   behaviour), ``best-effort`` (the default: at most medium priority, always preemptible, no guarantee,
   and reclaimed from first), or ``reject``.
@@ -29,6 +33,7 @@ from gpuaware.scheduler.kube.objects import PodSpecError, PodWorkload, created_s
 
 log = logging.getLogger(__name__)
 
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 UNQUEUED_POLICIES = ("allow", "best-effort", "reject")
 UNQUEUED_TENANT = "unqueued"
 DEFAULT_TENANT = "default"
@@ -121,6 +126,7 @@ class Tenancy:
         self.queues: dict[str, Queue] = {}
         self.tenants_by_namespace: dict[str, str] = {}
         self.queue_by_namespace: dict[str, Queue] = {}
+        self._named: dict[str, tuple[str, tuple[str, ...]]] = {}  # what a queue-name label can pick, by queue
 
     def sync(self, items: list[dict[str, Any]]) -> bool:
         """The queues listed; True when a namespace's tenant or queue changed."""
@@ -143,17 +149,28 @@ class Tenancy:
             for ns in q.namespaces:
                 mapping.setdefault(ns, q.tenant)
                 owners.setdefault(ns, q)
-        if mapping == self.tenants_by_namespace and owners == self.queue_by_namespace:
+        named = {q.name: (q.tenant, q.namespaces) for q in self.queues.values()}
+        if mapping == self.tenants_by_namespace and owners == self.queue_by_namespace and named == self._named:
             return False
-        self.tenants_by_namespace, self.queue_by_namespace = mapping, owners
+        self.tenants_by_namespace, self.queue_by_namespace, self._named = mapping, owners, named
         return True
 
+    def labelled(self, pod: dict[str, Any]) -> Queue | None:
+        """The GPUQueue the pod's ``kueue.x-k8s.io/queue-name`` label names, when it exists and lists the pod's
+        namespace."""
+        meta = pod["metadata"]
+        name = (meta.get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+        q = self.queues.get(name) if name else None
+        return q if q is not None and meta.get("namespace", "") in q.namespaces else None
+
     def tenant_of(self, pod: dict[str, Any]) -> str:
+        if (q := self.labelled(pod)) is not None:
+            return q.tenant
         fallback = UNQUEUED_TENANT if self.unqueued == "best-effort" else DEFAULT_TENANT
         return self.tenants_by_namespace.get(pod["metadata"].get("namespace", ""), fallback)
 
     def queue_of(self, pod: dict[str, Any]) -> Queue | None:
-        return self.queue_by_namespace.get(pod["metadata"].get("namespace", ""))
+        return self.labelled(pod) or self.queue_by_namespace.get(pod["metadata"].get("namespace", ""))
 
     def govern(self, pw: PodWorkload, pod: dict[str, Any]) -> PodWorkload:
         """``pw`` as the pod's queue (or the unqueued policy) allows; raises ``PodSpecError`` for a pod refused."""

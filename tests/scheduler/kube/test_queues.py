@@ -197,3 +197,47 @@ async def test_the_live_scheduler_holds_fractional_pods_to_the_queues_gpu_memory
         await wait_for(lambda: any("GPU memory" in e["message"] for e in events(kube, "FailedScheduling")),
                        what="the third refused for the memory cap")
         assert sum(1 for p in pods(kube).values() if p["spec"].get("nodeName")) == 2
+
+
+# ------------------------------------------------------------------ Kueue's queue-name label (issue 45, item 4)
+def _named(name: str, namespaces: list[str], created: str) -> dict:
+    return {"metadata": {"name": name, "creationTimestamp": created},
+            "spec": {"tenant": name, "namespaces": namespaces}}
+
+
+def test_kueues_queue_name_label_picks_a_gpuqueue_of_that_name_that_lists_the_namespace():
+    from gpuaware.scheduler.kube.queues import KUEUE_QUEUE_LABEL, Tenancy
+
+    tenancy = Tenancy()
+    assert tenancy.sync([_named("a", ["team"], "2026-01-01T00:00:00Z"), _named("c", ["other"], "2026-01-01T00:00:00Z")])
+    # A queue that changes no namespace's owner still changes what a label picks: the pods are read again.
+    assert tenancy.event("ADDED", _named("b", ["team"], "2026-01-02T00:00:00Z"))
+
+    def pod(label: str | None, namespace: str = "team") -> dict:
+        return make_pod("p", namespace=namespace, labels={KUEUE_QUEUE_LABEL: label} if label else {})
+
+    assert [tenancy.tenant_of(pod(x)) for x in (None, "b", "a", "nope", "c")] == ["a", "b", "a", "a", "a"]
+    assert tenancy.queue_of(pod("b")).name == "b" and tenancy.queue_of(pod("c")).name == "a"
+    assert tenancy.tenant_of(pod("c", namespace="other")) == "c"
+
+
+async def test_the_live_scheduler_charges_a_kueue_labelled_pod_to_the_gpuqueue_it_names(kube):
+    """Namespace team is in GPUQueues a (older: its own, no quota) and b (2 GPUs): only the pod labelled
+    ``kueue.x-k8s.io/queue-name: b`` gets a GPU; one labelled with a queue that does not list team, or none, is
+    charged to a and refused for quota."""
+    from gpuaware.scheduler.kube.queues import KUEUE_QUEUE_LABEL
+
+    kube.create("nodes", make_node("n", gpus=4))
+    for name, gpus in (("a", 0), ("b", 2), ("c", 4)):
+        kube.create("gpuqueues", {"metadata": {"name": name}, "spec": {
+            "tenant": name, "namespaces": ["elsewhere"] if name == "c" else ["team"],
+            "borrowing": {"enabled": False}, "quota": [{"model": "*", "gpus": gpus}]}}, **GQ)
+    for name, label in (("by-b", "b"), ("by-c", "c"), ("plain", None), ("unknown", "nope")):
+        kube.create("pods", make_pod(name, namespace="team", gpus=1,
+                                     labels={KUEUE_QUEUE_LABEL: label} if label else {}))
+    async with running(kube, FAST) as live:
+        await wait_for(lambda: pods(kube)["by-b"]["spec"].get("nodeName"), what="the pod labelled b placed")
+        await wait_for(lambda: {e["involvedObject"]["name"] for e in events(kube, "FailedScheduling")}
+                       >= {"by-c", "plain", "unknown"}, what="the others refused")
+        assert [n for n, p in pods(kube).items() if p["spec"].get("nodeName")] == ["by-b"]
+        assert live.cache.running["team/by-b"].workload.tenant == "b"
