@@ -29,8 +29,16 @@ from prometheus_client.core import Metric
 from gpuaware.agent.core import AgentCore, GpuTrack
 from gpuaware.agent.podresources import PodAttribution, PodRef
 from gpuaware.agent.readings import Reading
-from gpuaware.contract.dcgm import (FAMILIES, LEGACY, MIN_LABEL_BUDGET, Schema, driver_label, family_name,
-                                    node_label, pod_label_name)
+from gpuaware.contract.dcgm import (
+    FAMILIES,
+    LEGACY,
+    MIN_LABEL_BUDGET,
+    Schema,
+    driver_label,
+    family_name,
+    node_label,
+    pod_label_name,
+)
 
 # DCGM family -> Reading attribute (the XID family is built apart).
 ATTRS: dict[str, str] = {
@@ -188,6 +196,6 @@ class DcgmFamilies:
         fam = self._family("DCGM_FI_DEV_XID_ERRORS")
         for row in rows:
             code = row.track.last_xid or 0
-            fam.add_sample(fam.name, self._fit({**row.labels, "err_code": str(code),
-                                                "err_msg": XID_TEXT.get(code, "Unknown Error")}, row.owner), float(code))
+            labels = {**row.labels, "err_code": str(code), "err_msg": XID_TEXT.get(code, "Unknown Error")}
+            fam.add_sample(fam.name, self._fit(labels, row.owner), float(code))
         return fam

@@ -46,13 +46,19 @@ def build_collectors(settings: AgentSettings) -> list[Collector]:
     return list(SimCluster(scenario).collectors())
 
 
+def metrics_collector(runtime: AgentRuntime, pods: PodAttribution | None, s: AgentSettings) -> AgentCollector:
+    """What /metrics renders: its series keep ``metrics_labels_on_page`` labels at most, so that with what the
+    scrape adds they stay within ``metrics_label_budget`` where they are stored."""
+    return AgentCollector(runtime.cores, runtime.stats, pods, s.metrics_schema, s.dcgm_exporter == "beside",
+                          s.metrics_labels_on_page, s.metrics_pod_labels)
+
+
 def serve_metrics(runtime: AgentRuntime, host: str, port: int, pods: PodAttribution | None = None,
                   settings: AgentSettings | None = None) -> None:
     if port:
         s = settings or AgentSettings()
         registry = CollectorRegistry()
-        registry.register(AgentCollector(runtime.cores, runtime.stats, pods, s.metrics_schema,
-                                         s.dcgm_exporter == "beside", s.metrics_label_budget, s.metrics_pod_labels))
+        registry.register(metrics_collector(runtime, pods, s))
         serve(registry, host, port)
         log.info("serving /metrics on %s:%d (schema %s, DCGM families %s)", host, port, s.metrics_schema,
                  "as gpuaware_dcgm_*" if s.dcgm_exporter == "beside" else "as DCGM_*")

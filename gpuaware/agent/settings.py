@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from gpuaware.contract.dcgm import LEGACY, MIN_LABEL_BUDGET, agent_labels, pod_label_name
 
@@ -33,14 +33,21 @@ class AgentSettings(BaseModel):
                                    "DCGM_FI_DRIVER_VERSION), as 4.9 (DCGM 4.7 names where confirmed, with Hz, J, "
                                    "ratio; hostname, DCGM_FI_SYSTEM_DRIVER_VERSION; docs/agent.md) or as 4.10 (4.9 "
                                    "with DCGM_FI_PROF_PCIE_{TX,RX}_BYTES_PER_SECOND)")
+    metrics_scrape_labels: int = Field(
+        9, ge=0, le=100, description="the labels a series gains between /metrics and the store that counts them: "
+                                     "__name__ and, from the shipped PodMonitor, namespace, pod, container, "
+                                     "endpoint, job, instance, cluster and node")
     metrics_label_budget: int = Field(
-        30, le=1000, description="the most labels any series on /metrics carries (Mimir's and Grafana Cloud's "
-                                 f"default limit is 30); at least the {MIN_LABEL_BUDGET} the agent itself may put "
-                                 "on a DCGM series; allowlisted pod labels fill the rest, in the list's order")
+        30, le=1000, description="the most labels any series carries where it is stored (Mimir's and Grafana "
+                                 "Cloud's default limit is 30): /metrics carries at most this less "
+                                 "metrics_scrape_labels; that must hold the "
+                                 f"{MIN_LABEL_BUDGET} labels the agent itself may put on a DCGM series; "
+                                 "allowlisted pod labels fill the rest, in the list's order")
     metrics_pod_labels: list[str] = Field(
         default_factory=list, description="Kubernetes pod label keys copied onto the GPU's DCGM series as "
                                           "label_<key> (e.g. app.kubernetes.io/name -> label_app_kubernetes_io_name);"
-                                          " default none; read by the pod informer of agent.pod_uids (its RBAC); env: comma-separated")
+                                          " default none; read by the pod informer of agent.pod_uids (its RBAC); "
+                                          "env: comma-separated")
     dcgm_exporter: Literal["replace", "beside"] = Field(
         "replace", description="replace: the agent exports DCGM_* itself; beside: the GPU Operator's dcgm-exporter "
                                "runs too and the agent's copies are named gpuaware_dcgm_* so nothing counts twice")
@@ -64,11 +71,18 @@ class AgentSettings(BaseModel):
 
     @field_validator("metrics_label_budget")
     @classmethod
-    def _budget_holds_the_agents_labels(cls, v: int) -> int:
-        if v < MIN_LABEL_BUDGET:
-            raise ValueError(f"{v} is fewer than the {MIN_LABEL_BUDGET} labels the agent itself may put on one DCGM "
-                             f"series ({', '.join(agent_labels(LEGACY))}); give at least {MIN_LABEL_BUDGET}")
+    def _budget_holds_the_agents_labels(cls, v: int, info: ValidationInfo) -> int:
+        scrape = info.data.get("metrics_scrape_labels", 0)
+        if v - scrape < MIN_LABEL_BUDGET:
+            raise ValueError(f"{v} less the {scrape} labels the scrape adds (metrics_scrape_labels) is fewer than the "
+                             f"{MIN_LABEL_BUDGET} labels the agent itself may put on one DCGM series "
+                             f"({', '.join(agent_labels(LEGACY))}); give at least {MIN_LABEL_BUDGET + scrape}")
         return v
+
+    @property
+    def metrics_labels_on_page(self) -> int:
+        """The most labels one series on /metrics carries."""
+        return self.metrics_label_budget - self.metrics_scrape_labels
 
     @field_validator("metrics_pod_labels", mode="before")
     @classmethod

@@ -229,11 +229,15 @@ def test_no_series_exceeds_the_label_budget_and_only_allowlisted_pod_labels_appe
     assert xid[0].labels["err_msg"] == "No Error"  # the agent's own labels are never the ones dropped
     # Default: no pod label becomes a metric label, however many the pods carry.
     assert AgentSettings().metrics_pod_labels == [] and AgentSettings().metrics_label_budget == 30
+    # What the scrape adds counts where the limit applies: 30 stored labels leave 21 on /metrics.
+    assert AgentSettings().metrics_labels_on_page == 21
     assert "label_" not in _text(core, pods=pods)
 
 
 @pytest.mark.parametrize(("key", "value", "said"), [
-    ("metrics_label_budget", "10", f"10 is fewer than the {MIN_LABEL_BUDGET} labels the agent itself may put"),
+    ("metrics_label_budget", "10", f"10 less the 9 labels the scrape adds (metrics_scrape_labels) is fewer than the "
+                                   f"{MIN_LABEL_BUDGET} labels the agent itself may put"),
+    ("metrics_label_budget", "23", "give at least 24"),
     ("metrics_pod_labels", "app,bad key!", "'bad key!' is not a Kubernetes label key"),
     ("metrics_pod_labels", "a.b, a-b", "names one metric label twice"),
 ])
@@ -244,3 +248,15 @@ def test_a_budget_below_the_agents_own_labels_or_a_bad_pod_label_is_refused(key,
     assert where == f"agent.{key}" and said in reason, reason
     assert load_config(None, environ={"GPUAWARE_AGENT__METRICS_POD_LABELS": "app, app.kubernetes.io/name"}
                        ).agent.metrics_pod_labels == ["app", "app.kubernetes.io/name"]
+
+
+def test_the_agent_serves_its_budget_less_what_the_scrape_adds(tmp_path):
+    from gpuaware.agent.main import metrics_collector
+    from gpuaware.agent.runtime import AgentRuntime
+    from gpuaware.agent.sampling import SamplingPolicy
+    from gpuaware.plumbing.kafka_settings import KafkaSettings
+
+    runtime = AgentRuntime([], KafkaSettings(), SamplingPolicy(), tmp_path / "spool")
+    assert metrics_collector(runtime, None, AgentSettings()).dcgm.budget == 21
+    assert metrics_collector(runtime, None, AgentSettings(metrics_label_budget=40, metrics_scrape_labels=5)
+                             ).dcgm.budget == 35
