@@ -7,8 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gpuaware.scheduler.core.policy_specs import POLICIES
-from gpuaware.scheduler.core.queue import ORDERS
+from gpuaware.scheduler.core.policy_specs import ORDERS, POLICIES
 
 # client-go's leaderelection spreads a follower's tries over retry period x [1, 1.2].
 LEASE_JITTER = 1.2

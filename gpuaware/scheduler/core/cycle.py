@@ -23,8 +23,9 @@ from gpuaware.scheduler.core.cluster import ClusterState
 from gpuaware.scheduler.core.demand import SIGNAL as DEMAND
 from gpuaware.scheduler.core.demand import DemandOutlook
 from gpuaware.scheduler.core.framework import Decision, Scheduler
+from gpuaware.scheduler.core.policy_specs import ORDERS
 from gpuaware.scheduler.core.preemption import Running, earliest_fit, select_victims
-from gpuaware.scheduler.core.queue import ORDERS, TenantLedger, queue_order
+from gpuaware.scheduler.core.queue import TenantLedger, queue_order
 from gpuaware.scheduler.core.runtime import SIGNAL as DURATION
 from gpuaware.scheduler.core.runtime import expected_duration
 from gpuaware.scheduler.core.status import Code, Reason

@@ -56,3 +56,7 @@ SPECS: dict[str, PolicySpec] = {
                            stream=STREAM_PARTS),
 }
 POLICIES = tuple(SPECS)
+
+
+# The queue orders within a priority (``core.queue.queue_order``), here so that settings validate without the core.
+ORDERS = ("fair", "fifo", "las", "predicted")

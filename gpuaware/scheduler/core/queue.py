@@ -26,6 +26,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpuaware.scheduler.core.policy_specs import ORDERS
 from gpuaware.scheduler.core.workload import Workload
 
 
@@ -186,9 +187,6 @@ def fair_order(pending: list[Workload], ledger: TenantLedger | None) -> list[Wor
     if ledger is None:
         return sorted(pending, key=lambda w: (-w.priority, w.submit_s))
     return sorted(pending, key=lambda w: (-w.priority, ledger.dominant_share(w.tenant), w.submit_s))
-
-
-ORDERS = ("fair", "fifo", "las", "predicted")
 
 
 def gpu_weight(w: Workload) -> float:

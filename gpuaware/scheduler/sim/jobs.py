@@ -17,7 +17,7 @@ import numpy as np
 from gpuaware.contract.runtime import JobFeatures, signature_keys
 from gpuaware.plumbing.traces import traces_dir
 from gpuaware.scheduler.core.cluster import ClusterState
-from gpuaware.scheduler.core.queue import ORDERS
+from gpuaware.scheduler.core.policy_specs import ORDERS
 from gpuaware.scheduler.core.throughput import ThroughputTable
 from gpuaware.scheduler.core.workload import PriorityLevel, Workload
 
