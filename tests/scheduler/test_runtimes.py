@@ -74,7 +74,8 @@ def test_only_completions_are_published_once_not_preempted_deleted_or_listed_one
         tasks: list = []
         done = Completions(publish, lambda p: objects.workload_of(p, "team", 0.0).workload,
                            lambda key: key == "team/preempted", lambda: True,
-                           lambda coro: tasks.append(asyncio.ensure_future(coro)))
+                           lambda coro: tasks.append(asyncio.ensure_future(coro)),
+                           newest_ms=lambda: 1_800_000_000_000)  # the table learned up to 2027-01-15T08:00:00Z
         done.sync([_succeeded(_pod("old"), "2027-01-15T07:00:00Z", "2027-01-15T07:10:00Z")])  # history
         ok = _succeeded(_pod("ok"), "2027-01-15T08:00:00Z", "2027-01-15T08:10:00Z")
         done.event("ADDED", ok)

@@ -93,8 +93,11 @@ class LiveScheduler:
         self.departures = Departures()
         if view is not None:
             self.stats.runtimes = view.runtimes  # its size and age, on scrape
+        table = view.runtimes if view is not None else None
         self.completions = Completions(completions, self.cache.known_workload, self.departures.expected,
-                                       lambda: self.may_act(), self.tasks.spawn, self.stats.forecasts)
+                                       lambda: self.may_act(), self.tasks.spawn, self.stats.forecasts,
+                                       (lambda: table.newest_ms) if table is not None else None,
+                                       settings.runtime_stale_after_s)
         self.evictor = Evictor(self.calls, self.cache, settings, self.stats)
         self.unschedulable = UnschedulableReporter(self.calls, self.cache.view(), self.stats, self.sink, self.tasks)
         self.binder = Binder(self.calls, self.cache, settings, self.stats, self.sink, self.departures, view,
@@ -193,12 +196,17 @@ class LiveScheduler:
     async def run(self, stop: asyncio.Event) -> None:
         """Apply changes and schedule until ``stop``; schedules only while ``leading`` is set."""
         last_pass = last_snapshot = 0.0
+        led = False
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), self.settings.pass_interval_s)
             self._arrived.clear()
             self._drain()
             self.stats.leader = self.leading.is_set()
+            if self.leading.is_set() != led:
+                led = self.leading.is_set()
+                if led:  # completions held while a standby (or before the first pass) are published now
+                    self.completions.lead()
             due = self._dirty or time.monotonic() - last_pass >= 1.0
             if self.leading.is_set() and due:
                 await asyncio.sleep(self.settings.pass_interval_s)  # batch what arrives together

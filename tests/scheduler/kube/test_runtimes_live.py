@@ -4,8 +4,10 @@ running, or one that failed, is not. The queue order setting (``predicted``: by 
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
+from datetime import UTC, datetime
 
 import pytest
 from pydantic import ValidationError
@@ -57,11 +59,48 @@ async def test_a_job_deleted_the_moment_it_succeeds_is_still_a_completion_and_a_
         assert quality["completions"] == 2 and quality["unscored"] == 0 and set(quality["mae_log"]) == {"global"}
         assert {r["pod"]: (round(r["p50_s"]), r["actual_s"]) for r in quality["recent"]} == {
             "default/quick": (p50, 600.0), "default/kept": (p50, 1200.0)}
-    # A restarted scheduler lists "kept" (still Succeeded) as history: nothing is published twice.
+    # A restarted scheduler whose runtime table learned "kept" (its newest completion ended when "kept" did) lists
+    # it as history: nothing is published twice.
     sent.clear()
-    async with running(kube, completions=publish) as live:
+    learned = StateView()
+    learned.learn(JobRuntime("*", int(datetime(2027, 1, 15, 8, 20, tzinfo=UTC).timestamp() * 1000), 1, 0.0, 0.0))
+    async with running(kube, view=learned, completions=publish) as live:
         await wait_for(lambda: live.completions.listed, what="the completions list")
         assert sent == []
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def test_a_job_that_succeeds_while_no_scheduler_publishes_or_at_a_handover_is_published_once(kube):
+    sent: list[JobCompletion] = []
+
+    async def publish(c: JobCompletion) -> None:
+        sent.append(c)
+
+    kube.create("nodes", make_node("n0", gpus=4))
+    for name in ("before", "down", "handover"):
+        kube.create("pods", make_pod(name, gpus=1))
+    now, view = time.time(), StateView()
+    async with running(kube, view=view, completions=publish):
+        await wait_for(lambda: all(p.get("status", {}).get("phase") == "Running" for p in pods(kube).values()),
+                       what="bound and running")
+        kube.end_pod("before", "Succeeded", _iso(now - 900), _iso(now - 600))
+        await wait_for(lambda: len(sent) == 1, what="the first completion")
+    view.learn(JobRuntime("*", sent[0].ts_ms, 1, math.log(300), 0.0))  # the stream learned it: the watermark
+    kube.end_pod("down", "Succeeded", _iso(now - 900), _iso(now - 300))  # no scheduler runs
+    leader = [False]
+    async with running(kube, view=view, lead=False, completions=publish, may_act=lambda: leader[0]) as standby:
+        await wait_for(lambda: standby.completions.listed, what="the standby's list")
+        kube.end_pod("handover", "Succeeded", _iso(now - 900), _iso(now - 100))  # the old leader is gone
+        await wait_for(lambda: len(standby.completions.held) == 2, what="the standby holds both")
+        assert [c.workload_id for c in sent] == ["default/before"]  # a standby publishes nothing
+        leader[0] = True
+        standby.leading.set()
+        await wait_for(lambda: len(sent) == 3, what="held completions published")
+        await asyncio.sleep(0.3)
+    assert sorted(c.workload_id for c in sent) == ["default/before", "default/down", "default/handover"]
 
 
 @pytest.mark.parametrize(("order", "first"), [("fair", "a-long"), ("predicted", "b-short")])
