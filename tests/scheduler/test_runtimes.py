@@ -112,6 +112,11 @@ def test_a_pod_of_a_learned_signature_gets_a_forecast_and_a_stale_or_empty_table
     assert table.estimate(keys_of(w, pod), None, [], now) is not None
 
 
+def test_the_learners_record_of_what_it_learned_is_no_key_of_the_table():
+    table = _table_from([_completion("p0", 1200.0), _completion("p1", 900.0)])
+    assert table.stats and not [k for k in table.stats if k.startswith("#")]
+
+
 def test_a_declared_duration_is_exact_until_calibrated_then_centred_at_declared_times_the_learned_ratio():
     pod = _pod("new", declared=600)
     w = objects.workload_of(pod, "team", 0.0).workload
