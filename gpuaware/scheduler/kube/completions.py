@@ -12,7 +12,8 @@ pod that turns ``Succeeded`` leaves that watch as a ``DELETED`` event carrying i
 ``Running``, no container terminated), so the watch alone never tells how it ended, and reading the pod back
 loses every job whose pod is deleted as soon as it ends (a Job's ``ttlSecondsAfterFinished: 0``, an operator).
 Completions therefore come from a watch of their own (``WATCH_SELECTOR``: this scheduler's ``Succeeded`` pods):
-a pod that enters it arrives as ``ADDED`` with its final status, before any deletion. ``seen`` holds the uids of
+a pod that enters it arrives as ``ADDED`` with its final status, before any deletion. Scheduling does not wait
+for its list, which is read in pages keeping only the pods past the watermark whole (``keep``). ``seen`` holds the uids of
 the scheduler's ``Succeeded`` pods that exist (what the list holds), so each completion is taken once per
 scheduler process; a pod listed again after a watch gap (410, re-list) that was not seen before is taken then.
 
@@ -123,6 +124,15 @@ class Completions:
         except (ValueError, TypeError):
             return None
         return None if ran is None else int(ran[1] * 1000)
+
+    def keep(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """What the list keeps of a pod (in the informer's thread, page by page): a pod that ended at or before the
+        watermark is only its uid, name and namespace (never taken: its completion was learned)."""
+        end = self.end_ms(pod)
+        if end is not None and end > self.watermark_ms():
+            return pod
+        meta = pod.get("metadata") or {}
+        return {"metadata": {k: meta[k] for k in ("uid", "name", "namespace") if k in meta}}
 
     def sync(self, pods: list[dict[str, Any]]) -> None:
         """The watch (re-)listed ``pods``: the first list takes those that ended after the watermark; a later one

@@ -53,6 +53,7 @@ from gpuaware.scheduler.settings import SchedulerSettings
 log = logging.getLogger(__name__)
 
 INBOX = 10_000  # informer changes not yet applied; a full inbox blocks the watches
+COMPLETED_PAGE = 500  # pods that succeeded, listed this many at a time
 
 
 
@@ -136,7 +137,8 @@ class LiveScheduler:
         specs = [
             WatchSpec("nodes", core.list_node),
             WatchSpec("pods", core.list_pod_for_all_namespaces, "status.phase!=Succeeded,status.phase!=Failed"),
-            WatchSpec("completed", core.list_pod_for_all_namespaces, watch_selector(self.settings.name)),
+            WatchSpec("completed", core.list_pod_for_all_namespaces, watch_selector(self.settings.name),
+                      page=COMPLETED_PAGE, keep=self.completions.keep),
             WatchSpec("gpuqueues", lambda **kw: custom.list_cluster_custom_object(
                 "gpuaware.io", "v1alpha1", "gpuqueues", **kw)),
         ]
@@ -153,8 +155,10 @@ class LiveScheduler:
                          "slices' device taints keep claims off devices", TAINT_RULES[1])
         for spec in specs:
             self._informers.append(Informer(spec, self._on_sync(spec.name), self._on_event(spec.name)).start())
-        # The API threads start while the informers list, not one by one in the first pass's Bindings.
-        await asyncio.gather(asyncio.to_thread(wait_synced, self._informers, sync_timeout_s),
+        # The API threads start while the informers list, not one by one in the first pass's Bindings. Scheduling
+        # waits on no list of the pods that succeeded (they may be tens of thousands, kept by their owners).
+        needed = [inf for inf in self._informers if inf.spec.name != "completed"]
+        await asyncio.gather(asyncio.to_thread(wait_synced, needed, sync_timeout_s),
                              asyncio.to_thread(self.calls.start_threads))
 
     async def stop(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from datetime import UTC, datetime
 
@@ -14,6 +15,8 @@ from pydantic import ValidationError
 
 from gpuaware.contract.events import GpuState, HealthBand, JobCompletion, JobRuntime, NodeGpu, NodeState
 from gpuaware.local.fake_apiserver import make_node, make_pod
+from gpuaware.plumbing.kube.api import Informer
+from gpuaware.scheduler.kube import live as live_module
 from gpuaware.scheduler.feed import StateView
 from gpuaware.scheduler.settings import SchedulerSettings
 from tests.support import FAST, pods, running, wait_for
@@ -123,3 +126,44 @@ async def test_queue_order_setting_decides_who_gets_a_freed_gpu(kube, order, fir
 def test_an_unknown_queue_order_is_refused_with_the_values_it_takes():
     with pytest.raises(ValidationError, match=r"queue_order: 'sjf' is not one of fair, fifo, las, predicted"):
         SchedulerSettings(queue_order="sjf")
+
+
+async def test_scheduling_waits_for_no_list_of_the_pods_that_succeeded_which_is_read_in_pages(kube, monkeypatch):
+    sent: list[JobCompletion] = []
+
+    async def publish(c: JobCompletion) -> None:
+        sent.append(c)
+
+    kube.create("nodes", make_node("n0", gpus=8))
+    names = [f"done-{i}" for i in range(5)]
+    for name in names:
+        kube.create("pods", make_pod(name, gpus=1))
+    now = time.time()
+    async with running(kube, completions=publish):
+        await wait_for(lambda: all(p.get("status", {}).get("phase") == "Running" for p in pods(kube).values()),
+                       what="bound and running")
+        for i, name in enumerate(names):
+            kube.end_pod(name, "Succeeded", _iso(now - 900), _iso(now - 300 + 10 * i))
+        await wait_for(lambda: len(sent) == 5, what="five completions")
+    view = StateView()  # the stream learned the first three
+    view.learn(JobRuntime("*", sorted(c.ts_ms for c in sent)[2], 3, math.log(600), 0.0))
+    sent.clear()
+    release, real = threading.Event(), Informer._list
+
+    def held_back(informer: Informer) -> None:
+        if informer.spec.name == "completed":
+            release.wait(20)
+        real(informer)
+
+    monkeypatch.setattr(Informer, "_list", held_back)
+    monkeypatch.setattr(live_module, "COMPLETED_PAGE", 2)
+    kube.create("pods", make_pod("next", gpus=1))
+    async with running(kube, view=view, completions=publish) as live:
+        completed = next(inf for inf in live._informers if inf.spec.name == "completed")
+        assert not completed.synced.is_set()  # started without it
+        await wait_for(lambda: pods(kube)["next"]["spec"].get("nodeName"), what="a pod placed before that list")
+        release.set()
+        await wait_for(lambda: live.completions.listed, what="the completions list")
+        assert completed.pages == 3  # five pods, two a page
+        await wait_for(lambda: len(sent) == 2, what="the two the table had not learned")
+    assert sorted(c.workload_id for c in sent) == ["default/done-3", "default/done-4"]
