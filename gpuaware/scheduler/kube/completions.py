@@ -13,9 +13,9 @@ pod that turns ``Succeeded`` leaves that watch as a ``DELETED`` event carrying i
 loses every job whose pod is deleted as soon as it ends (a Job's ``ttlSecondsAfterFinished: 0``, an operator).
 Completions therefore come from a watch of their own (``WATCH_SELECTOR``: this scheduler's ``Succeeded`` pods):
 a pod that enters it arrives as ``ADDED`` with its final status, before any deletion. Scheduling does not wait
-for its list, which is read in pages keeping only the pods past the watermark whole (``keep``). ``seen`` holds the uids of
-the scheduler's ``Succeeded`` pods that exist (what the list holds), so each completion is taken once per
-scheduler process; a pod listed again after a watch gap (410, re-list) that was not seen before is taken then.
+for its list, which is read in pages keeping only the pods past the watermark whole (``keep``). ``seen`` holds
+the uids of the scheduler's ``Succeeded`` pods that exist (what the list holds), so each completion is taken once
+per scheduler process; a pod listed again after a watch gap (410, re-list) that was not seen before is taken then.
 
 No completion is lost while no replica publishes (a restart, a leader change). The watermark is the end of the
 newest completion the runtime table (``job.runtime.v1``) holds, or ``lookback_s`` ago when it holds none or that
@@ -24,6 +24,7 @@ publishes (the leader); a standby holds the pods it takes (``held``, those past 
 when it starts leading (``lead``). A completion published twice (by the old and the new leader at a handover, or
 again after a restart before the table shows it) is learned once: the stream's learner drops a workload id and end
 it learned already (``gpuaware.stream.runtime_topic``).
+
 Each completion published is also scored against the estimate the scheduler had when it placed the pod
 (``gpuaware.scheduler.forecast_quality``).
 """

@@ -16,8 +16,8 @@ from pydantic import ValidationError
 from gpuaware.contract.events import GpuState, HealthBand, JobCompletion, JobRuntime, NodeGpu, NodeState
 from gpuaware.local.fake_apiserver import make_node, make_pod
 from gpuaware.plumbing.kube.api import Informer
-from gpuaware.scheduler.kube import live as live_module
 from gpuaware.scheduler.feed import StateView
+from gpuaware.scheduler.kube import live as live_module
 from gpuaware.scheduler.settings import SchedulerSettings
 from tests.support import FAST, pods, running, wait_for
 
