@@ -340,15 +340,21 @@ def job_runtime_panels() -> list[Panel]:
               kind="stat", unit="s", width=6, thresholds=[(None, "green"), (3600, "orange"), (86400, "red")],
               description="The end of the newest completion learned; past scheduler.runtime_stale_after_s (a day) "
                           "forecasts are not used."),
-        Panel("Completions scored", [Target(f"max(gpuaware_scheduler_forecast_window_completions{{{SCHED}}})")],
+        Panel("Completions scored", [
+            Target(f"max(gpuaware_scheduler_forecast_window_completions{{{SCHED}}})", "scored"),
+            Target(f"max(gpuaware_scheduler_forecast_judged_completions{{{SCHED}}})", "learned estimates")],
               kind="stat", width=6, description="Completions in the quality window (the last 500) whose pod was "
-                                                "placed with a runtime estimate."),
+                                                "placed with a runtime estimate, and of those the ones placed with "
+                                                "a learned one (forecast or calibrated) that correlation and "
+                                                "coverage are over."),
         Panel("Runtime forecasts: rank correlation and p90 coverage", [
             Target(f"max(gpuaware_scheduler_forecast_spearman{{{SCHED}}})", "Spearman (p50 vs actual)"),
             Target(f"max(gpuaware_scheduler_forecast_p90_coverage{{{SCHED}}})", "ended within p90")], width=12,
-              min=-1, max=1, description="Over the last 500 completions, against the estimate each pod was placed "
-                                         "with. Calibrated: about 0.9 within p90. Alert below 0.7 or above 0.98, "
-                                         "or Spearman under 0.2 (GpuawareRuntimeForecastDrift)."),
+              min=-1, max=1, description="Over the last 500 completions placed with a learned estimate (forecast "
+                                         "or calibrated; a declared duration taken as exact is not judged), "
+                                         "against the estimate each pod was placed with. Calibrated: about 0.9 "
+                                         "within p90. Alert below 0.7 or above 0.98, or Spearman under 0.2, with "
+                                         "at least 50 judged (GpuawareRuntimeForecastDrift)."),
         Panel("Runtime forecast error by signature level", [Target(
             f"max by (level) (gpuaware_scheduler_forecast_mae_log{{{SCHED}}})", "{{level}}")], width=12,
               description="Mean |log(actual / predicted p50)|: 0.69 is a factor of 2. Level: the most specific "

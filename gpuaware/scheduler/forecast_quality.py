@@ -3,8 +3,11 @@ its pod had when the scheduler placed it.
 
 ``placed`` keeps, per pod placed, the estimate it was placed with (``PassActions.start``; a pod placed with no
 estimate is not kept) and ``completed`` scores it against the runtime the completion measured, into a
-window of the last ``window`` scored completions (500): the rank correlation (Spearman) between predicted p50
-and actual runtime, the share of actual runtimes at or below the p90 (coverage; 0.9 when calibrated), and the
+window of the last ``window`` scored completions (500): over the ones placed with a learned estimate (``judged``:
+source ``forecast`` or ``calibrated``), the rank correlation (Spearman) between predicted p50 and actual runtime
+and the share of actual runtimes at or below the p90 (coverage; 0.9 when calibrated). A declared duration taken
+as exact has its p90 at its p50, at the declaration: generous declarations would read as a coverage of 1 and
+their order as the forecaster's, so these are not judged. Over the whole window, the
 mean absolute error of log runtime against the p50 by the level the estimate came from (``owner``, ``tenant``,
 ``shape``, ``global`` for a forecast; ``declared`` for a declared duration, calibrated or not). Bounded: the
 window, and at most ``placed_max`` pods placed and not yet ended (50,000; the oldest placement dropped first: a pod
@@ -22,6 +25,7 @@ from gpuaware.scheduler.core.runtime import RuntimeEstimate
 
 WINDOW = 500
 RECENT = 5
+JUDGED = ("forecast", "calibrated")  # the estimate sources learned from completions
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class Scored:
     p90_s: float
     actual_s: float
     level: str
+    source: str = "forecast"
 
 
 def level_of(e: RuntimeEstimate) -> str:
@@ -88,14 +93,16 @@ class ForecastQuality:
         if e is None or actual_s <= 0:
             self.unscored += 1
             return None
-        s = Scored(key, e.p50(), e.p90(), actual_s, level_of(e))
+        s = Scored(key, e.p50(), e.p90(), actual_s, level_of(e), e.source)
         self.window.append(s)
         return s
 
     def summary(self) -> dict:
-        """The window's figures: ``completions``, ``spearman``, ``p90_coverage``, ``mae_log`` per level,
-        ``unscored`` and ``recent`` (the last ``RECENT``: predicted p50/p90 and actual seconds)."""
+        """The window's figures: ``completions``, ``judged`` (placed with a learned estimate) and over those
+        ``spearman`` and ``p90_coverage``, ``mae_log`` per level, ``unscored`` and ``recent`` (the last
+        ``RECENT``: predicted p50/p90 and actual seconds)."""
         w = list(self.window)
+        judged = [s for s in w if s.source in JUDGED]
         by_level: dict[str, list[float]] = {}
         for s in w:
             by_level.setdefault(s.level, []).append(abs(math.log(s.actual_s) - math.log(max(s.p50_s, 1e-3))))
@@ -103,8 +110,9 @@ class ForecastQuality:
             "completions": len(w),
             "published": self.published,
             "unscored": self.unscored,
-            "spearman": spearman([s.p50_s for s in w], [s.actual_s for s in w]),
-            "p90_coverage": sum(s.actual_s <= s.p90_s for s in w) / len(w) if w else None,
+            "judged": len(judged),
+            "spearman": spearman([s.p50_s for s in judged], [s.actual_s for s in judged]),
+            "p90_coverage": sum(s.actual_s <= s.p90_s for s in judged) / len(judged) if judged else None,
             "mae_log": {lvl: sum(v) / len(v) for lvl, v in sorted(by_level.items())},
             "recent": [{"pod": s.key, "level": s.level, "p50_s": round(s.p50_s, 1), "p90_s": round(s.p90_s, 1),
                         "actual_s": round(s.actual_s, 1)} for s in w[-RECENT:]],
@@ -117,7 +125,8 @@ def report(quality: ForecastQuality, table, now_s: float) -> dict:
     q = quality.summary()
     age = now_s - table.newest_ms / 1000 if table is not None and table.newest_ms else None
     return {"completions_published": q["published"], "completions_scored": q["completions"],
-            "completions_unscored": q["unscored"], "runtime_keys": len(table.stats) if table is not None else None,
+            "completions_unscored": q["unscored"], "completions_judged": q["judged"],
+            "runtime_keys": len(table.stats) if table is not None else None,
             "newest_record_age_s": round(age, 1) if age is not None else None,
             "spearman": round(q["spearman"], 3) if q["spearman"] is not None else None,
             "p90_coverage": round(q["p90_coverage"], 3) if q["p90_coverage"] is not None else None,

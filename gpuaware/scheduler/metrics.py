@@ -178,13 +178,19 @@ class SchedulerCollector(Collector):
         yield GaugeMetricFamily("gpuaware_scheduler_forecast_window_completions",
                                 "Completions scored in the forecast quality window (last 500)",
                                 value=q["completions"])
+        yield GaugeMetricFamily("gpuaware_scheduler_forecast_judged_completions",
+                                "Completions in the window placed with a learned estimate (forecast or calibrated): "
+                                "what the rank correlation and p90 coverage are over",
+                                value=q["judged"])
         if q["spearman"] is not None:
             yield GaugeMetricFamily("gpuaware_scheduler_forecast_spearman",
-                                    "Rank correlation of predicted p50 and actual runtime over the window",
+                                    "Rank correlation of predicted p50 and actual runtime over the window's "
+                                    "learned estimates",
                                     value=q["spearman"])
         if q["p90_coverage"] is not None:
             yield GaugeMetricFamily("gpuaware_scheduler_forecast_p90_coverage",
-                                    "Share of the window's runtimes at or below their predicted p90 (0.9: calibrated)",
+                                    "Share of the window's runtimes placed with a learned estimate at or below "
+                                    "their predicted p90 (0.9: calibrated)",
                                     value=q["p90_coverage"])
         mae = GaugeMetricFamily("gpuaware_scheduler_forecast_mae_log",
                                 "Mean absolute error of log runtime against the predicted p50, by signature level",

@@ -39,7 +39,7 @@ class RuntimeTable:
         self.newest_ms = max(self.newest_ms, r.ts_ms)
         if r.signature_key == META:
             self.z90 = r.mean
-        else:
+        elif not r.signature_key.startswith("#"):  # "#seen:": the learner's record of what it learned
             self.stats[r.signature_key] = KeyStats(r.n, r.mean, r.m2)
 
     def forget(self, key: str) -> None:

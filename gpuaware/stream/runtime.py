@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from gpuaware.contract.runtime import GLOBAL, KeyStats, posterior
@@ -65,8 +65,9 @@ class RuntimeForecaster:
         """The runtime of a job with signature ``keys`` (most specific first). A query: it changes nothing."""
         p = posterior(keys, self.keys, self.prior_weight)
         return Prediction(p.mu, p.sigma, self.z90, p.level, p.n)
-    def learn_one(self, keys: Sequence[str], seconds: float) -> None:
-        """A job with signature ``keys`` completed after running ``seconds``."""
+    def learn_one(self, keys: Sequence[str], seconds: float, skip: Collection[str] = ()) -> None:
+        """A job with signature ``keys`` completed after running ``seconds`` (``skip``: keys that learned it
+        already)."""
         if not seconds > 0 or not math.isfinite(seconds):
             raise ValueError(f"a runtime must be a positive number of seconds, not {seconds!r}")
         x = math.log(seconds)
@@ -75,14 +76,15 @@ class RuntimeForecaster:
         # otherwise; it rests where 10% run past.
         self.z90 += self.rate * ((1.0 if x > p.mu + p.z90 * p.sigma else 0.0) - 0.1)
         self.z90 = min(max(self.z90, Z90_MIN), Z90_MAX)  # never a p90 below the median, nor one of no use
-        self._update(keys, x)
+        self._update([k for k in keys if k not in skip], x)
         self.learned += 1
 
-    def learn_declared(self, keys: Sequence[str], actual_s: float, declared_s: float) -> None:
+    def learn_declared(self, keys: Sequence[str], actual_s: float, declared_s: float,
+                       skip: Collection[str] = ()) -> None:
         """A job that declared ``declared_s`` ran ``actual_s``: log(actual / declared) at its ``declared:`` keys."""
         if not (actual_s > 0 and declared_s > 0 and math.isfinite(actual_s) and math.isfinite(declared_s)):
             raise ValueError(f"runtimes must be positive numbers of seconds, not {actual_s!r}, {declared_s!r}")
-        self._update(keys, math.log(actual_s / declared_s))
+        self._update([k for k in keys if k not in skip], math.log(actual_s / declared_s))
 
     def _update(self, keys: Sequence[str], x: float) -> None:
         for key in keys:

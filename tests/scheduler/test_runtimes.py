@@ -74,7 +74,8 @@ def test_only_completions_are_published_once_not_preempted_deleted_or_listed_one
         tasks: list = []
         done = Completions(publish, lambda p: objects.workload_of(p, "team", 0.0).workload,
                            lambda key: key == "team/preempted", lambda: True,
-                           lambda coro: tasks.append(asyncio.ensure_future(coro)))
+                           lambda coro: tasks.append(asyncio.ensure_future(coro)),
+                           newest_ms=lambda: 1_800_000_000_000)  # the table learned up to 2027-01-15T08:00:00Z
         done.sync([_succeeded(_pod("old"), "2027-01-15T07:00:00Z", "2027-01-15T07:10:00Z")])  # history
         ok = _succeeded(_pod("ok"), "2027-01-15T08:00:00Z", "2027-01-15T08:10:00Z")
         done.event("ADDED", ok)
@@ -109,6 +110,11 @@ def test_a_pod_of_a_learned_signature_gets_a_forecast_and_a_stale_or_empty_table
     # A tombstone drops a key: the pod falls back to the keys above it.
     table.forget(keys_of(w, pod)[0])
     assert table.estimate(keys_of(w, pod), None, [], now) is not None
+
+
+def test_the_learners_record_of_what_it_learned_is_no_key_of_the_table():
+    table = _table_from([_completion("p0", 1200.0), _completion("p1", 900.0)])
+    assert table.stats and not [k for k in table.stats if k.startswith("#")]
 
 
 def test_a_declared_duration_is_exact_until_calibrated_then_centred_at_declared_times_the_learned_ratio():

@@ -9,7 +9,7 @@ import pytest
 from gpuaware.contract.events import JobCompletion, JobRuntime, decode
 from gpuaware.stream.processor import InvalidRecord
 from gpuaware.stream.runtime import RuntimeForecaster
-from gpuaware.stream.runtime_topic import META, RuntimeLearner
+from gpuaware.stream.runtime_topic import META, SEEN, RuntimeLearner
 
 
 def _completion(i: int, owner: str = "train", declared: float | None = None) -> JobCompletion:
@@ -54,10 +54,11 @@ def test_each_completion_publishes_its_keys_then_z90_with_the_offset_learned_thr
     learner = RuntimeLearner()
     out = learner.learn(_completion(1, declared=50.0), 17)
     keys = [k.decode() for k, _ in out]
-    assert keys == [*_completion(1).signature, "declared:t/train", "declared:t", META]
+    assert keys == [*_completion(1).signature, "declared:t/train", "declared:t", "#seen:t/p1@1000", META]
+    assert {decode(v, JobRuntime).through for _, v in out} == {17}  # on every record
     meta = decode(out[-1][1], JobRuntime)
-    assert meta.through == 17 and meta.n == 1
-    declared = decode(out[-2][1], JobRuntime)
+    assert meta.n == 1
+    declared = decode(out[-3][1], JobRuntime)
     assert declared.n == 1 and math.isclose(declared.mean, math.log(137.0 / 50.0))
 
 
@@ -66,3 +67,61 @@ def test_a_completion_without_a_runtime_or_signature_is_invalid():
         RuntimeLearner().learn(JobCompletion("t/p", 1, "t", 0.0, ["*"]), 0)
     with pytest.raises(InvalidRecord):
         RuntimeLearner().learn(JobCompletion("t/p", 1, "t", 10.0, []), 0)
+
+
+@pytest.mark.parametrize("bad", [
+    {"runtime_s": math.inf}, {"runtime_s": math.nan}, {"runtime_s": -5.0},
+    {"declared_s": math.inf}, {"declared_s": math.nan}, {"declared_s": 0.0}, {"declared_s": -1.0},
+    {"signature": ["owner:t/x", ""]}, {"declared_keys": [""]}, {"ts_ms": -1},
+])
+def test_an_invalid_completion_is_dead_lettered_and_changes_nothing(bad):
+    learner = RuntimeLearner()
+    learner.learn(_completion(0, declared=100.0), 0)
+    before = learner.forecaster.state()
+    c = _completion(1, declared=100.0)
+    for field, value in bad.items():
+        setattr(c, field, value)
+    with pytest.raises(InvalidRecord):
+        learner.learn(c, 1)
+    assert learner.forecaster.state() == before and learner.through == 0 and len(learner.seen) == 1
+
+
+def test_a_completion_published_twice_is_learned_once_even_by_a_restarted_learner():
+    learner = RuntimeLearner()
+    log = [r for i in range(3) for r in learner.learn(_completion(i), i)]
+    assert learner.learn(_completion(1), 7) == []  # the same job and end again, at a later offset
+    again = RuntimeLearner()
+    again.restore(_compacted(log))
+    assert again.learn(_completion(2), 9) == [] and again.learn(_completion(0), 10) == []
+    assert again.forecaster.state() == learner.forecaster.state()
+    other = _completion(2)
+    other.ts_ms += 1  # a pod of the same name that ended at another time: a completion of its own
+    assert again.learn(other, 11)
+    assert again.forecaster.learned == 4
+
+
+def test_the_window_of_completions_remembered_is_bounded_and_restored_in_order():
+    learner = RuntimeLearner(remember=3)
+    log = [r for i in range(6) for r in learner.learn(_completion(i), i)]
+    assert list(learner.seen) == ["t/p3@3000", "t/p4@4000", "t/p5@5000"]
+    again = RuntimeLearner(remember=3)
+    again.restore(_compacted(log))
+    assert again.seen == learner.seen
+    assert [k for k, v in _compacted(log) if k.startswith(SEEN) and v is not None] == [SEEN + k for k in learner.seen]
+
+
+@pytest.mark.parametrize("published", range(1, 8))
+def test_a_worker_stopped_part_way_through_a_completions_records_is_followed_by_one_that_learns_the_rest(published):
+    """The first ``published`` records of the last completion reached the topic, not its ``#z90``."""
+    whole = RuntimeLearner()
+    log = [r for i in range(4) for r in whole.learn(_completion(i, declared=90.0), i)]
+    last = whole.learn(_completion(4, declared=90.0), 4)
+    assert len(last) == 8
+    again = RuntimeLearner()
+    again.restore(_compacted(log + last[:published]))
+    assert again.through == 3
+    rest = again.learn(_completion(4, declared=90.0), 4)
+    mine, theirs = again.forecaster.state(), whole.forecaster.state()
+    assert {k: v[0] for k, v in mine.items()} == {k: v[0] for k, v in theirs.items()}  # each key learned it once
+    assert {k: v for k, v in mine.items() if k != META} == {k: v for k, v in theirs.items() if k != META}
+    assert [k for k, _ in rest] == [k for k, _ in last[published:]]

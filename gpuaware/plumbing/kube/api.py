@@ -289,12 +289,16 @@ class KubeApi:
 
 @dataclass(frozen=True)
 class WatchSpec:
-    """What an informer follows: a list function of the client and its field selector."""
+    """What an informer follows: a list function of the client and its field selector. ``page``: list in pages of
+    that many objects (``limit``/``continue``; 0: one list), each object through ``keep`` (what the informer holds
+    of it) as its page arrives."""
 
     name: str
     list_fn: Callable[..., Any]
     field_selector: str | None = None
     list_kwargs: tuple[tuple[str, Any], ...] = ()
+    page: int = 0
+    keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 class Informer:
@@ -318,6 +322,7 @@ class Informer:
         self.request_timeout_s = request_timeout_s
         self.resource_version: str | None = None
         self.relists = 0
+        self.pages = 0  # list responses read
         self.synced = threading.Event()
         self._stop = threading.Event()
         self._resp: Any = None
@@ -347,11 +352,23 @@ class Informer:
         return kw
 
     def _list(self) -> None:
-        body = _json(self.spec.list_fn(**self._kwargs(), _preload_content=False,
-                                       _request_timeout=self.request_timeout_s))
-        self.resource_version = body["metadata"]["resourceVersion"]
+        items: list[dict[str, Any]] = []
+        kw: dict[str, Any] = {"limit": self.spec.page} if self.spec.page > 0 else {}
+        version = None
+        while True:
+            body = _json(self.spec.list_fn(**self._kwargs(), **kw, _preload_content=False,
+                                           _request_timeout=self.request_timeout_s))
+            version = version or body["metadata"]["resourceVersion"]  # every page is of the first one's version
+            page = body.get("items") or []
+            items += page if self.spec.keep is None else [self.spec.keep(obj) for obj in page]
+            self.pages += 1
+            token = body["metadata"].get("continue")
+            if not token or not kw:
+                break
+            kw["_continue"] = token
+        self.resource_version = version
         self.relists += 1
-        self.on_sync(body.get("items") or [])
+        self.on_sync(items)
         self.synced.set()
 
     def _run(self) -> None:

@@ -54,6 +54,7 @@ from gpuaware.scheduler.settings import SchedulerSettings
 log = logging.getLogger(__name__)
 
 INBOX = 10_000  # informer changes not yet applied; a full inbox blocks the watches
+COMPLETED_PAGE = 500  # pods that succeeded, listed this many at a time
 
 
 
@@ -95,8 +96,11 @@ class LiveScheduler:
         self.departures = Departures()
         if view is not None:
             self.stats.runtimes = view.runtimes  # its size and age, on scrape
+        table = view.runtimes if view is not None else None
         self.completions = Completions(completions, self.cache.known_workload, self.departures.expected,
-                                       lambda: self.may_act(), self.tasks.spawn, self.stats.forecasts)
+                                       lambda: self.may_act(), self.tasks.spawn, self.stats.forecasts,
+                                       (lambda: table.newest_ms) if table is not None else None,
+                                       settings.runtime_stale_after_s)
         self.evictor = Evictor(self.calls, self.cache, settings, self.stats)
         self.unschedulable = UnschedulableReporter(self.calls, self.cache.view(), self.stats, self.sink, self.tasks)
         self.binder = Binder(self.calls, self.cache, settings, self.stats, self.sink, self.departures, view,
@@ -135,7 +139,8 @@ class LiveScheduler:
         specs = [
             WatchSpec("nodes", core.list_node),
             WatchSpec("pods", core.list_pod_for_all_namespaces, "status.phase!=Succeeded,status.phase!=Failed"),
-            WatchSpec("completed", core.list_pod_for_all_namespaces, watch_selector(self.settings.name)),
+            WatchSpec("completed", core.list_pod_for_all_namespaces, watch_selector(self.settings.name),
+                      page=COMPLETED_PAGE, keep=self.completions.keep),
             WatchSpec("gpuqueues", lambda **kw: custom.list_cluster_custom_object(
                 "gpuaware.io", "v1alpha1", "gpuqueues", **kw)),
         ]
@@ -158,8 +163,10 @@ class LiveScheduler:
                      *groups[:2])
         for spec in specs:
             self._informers.append(Informer(spec, self._on_sync(spec.name), self._on_event(spec.name)).start())
-        # The API threads start while the informers list, not one by one in the first pass's Bindings.
-        await asyncio.gather(asyncio.to_thread(wait_synced, self._informers, sync_timeout_s),
+        # The API threads start while the informers list, not one by one in the first pass's Bindings. Scheduling
+        # waits on no list of the pods that succeeded (they may be tens of thousands, kept by their owners).
+        needed = [inf for inf in self._informers if inf.spec.name != "completed"]
+        await asyncio.gather(asyncio.to_thread(wait_synced, needed, sync_timeout_s),
                              asyncio.to_thread(self.calls.start_threads))
 
     async def stop(self) -> None:
@@ -201,12 +208,17 @@ class LiveScheduler:
     async def run(self, stop: asyncio.Event) -> None:
         """Apply changes and schedule until ``stop``; schedules only while ``leading`` is set."""
         last_pass = last_snapshot = 0.0
+        led = False
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), self.settings.pass_interval_s)
             self._arrived.clear()
             self._drain()
             self.stats.leader = self.leading.is_set()
+            if self.leading.is_set() != led:
+                led = self.leading.is_set()
+                if led:  # completions held while a standby (or before the first pass) are published now
+                    self.completions.lead()
             due = self._dirty or time.monotonic() - last_pass >= 1.0
             if self.leading.is_set() and due:
                 await asyncio.sleep(self.settings.pass_interval_s)  # batch what arrives together
