@@ -93,6 +93,22 @@ async def _read_back(kafka: KafkaSettings) -> dict:
         await consumer.stop()
 
 
+def _scrape_when_up(port: int, agent: subprocess.Popen, until: float) -> set[str]:
+    """The families on /metrics once the agent serves them (its start takes seconds on a busy machine); empty, with
+    the last error on stderr, when it never did before ``until`` or before it exited."""
+    error: OSError | None = None
+    while time.monotonic() < until and agent.poll() is None:
+        try:
+            exported = _scrape(port)
+            if any(n in exported for n in FAMILIES):
+                return exported
+        except OSError as exc:
+            error = exc
+        time.sleep(0.5)
+    print(f"scrape failed: {error or 'no DCGM family served'}", file=sys.stderr)
+    return set()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=40.0, help="How long the agent runs.")
@@ -109,11 +125,7 @@ def main() -> int:
         agent = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
         try:
             time.sleep(args.seconds / 2)
-            try:
-                exported = _scrape(port)
-            except OSError as exc:
-                exported = set()
-                print(f"scrape failed: {exc}", file=sys.stderr)
+            exported = _scrape_when_up(port, agent, started + args.seconds)
             _, err = agent.communicate(timeout=args.seconds + 60)
         finally:  # never left running past the broker it publishes to
             if agent.poll() is None:
