@@ -28,15 +28,21 @@ from gpuaware.contract.dcgm import SCHEMAS, Schema
 MODELS = ("H100", "A100", "L4")
 
 
-def count(update: dict, schema: Schema = "dcgm-legacy", seconds: int = 60) -> dict[str, int]:
-    """Series per GPU (the most over the node's GPUs), per node, and the most labels on one series."""
-    scenario = load_scenario("baseline").model_copy(update={"nodes": 1, "gpus_per_node": 8, **update})
+def ticked_core(update: dict, seconds: int = 30) -> tuple[AgentCore, SimCluster]:
+    """One node of the baseline scenario (with ``update``) after ``seconds`` one-second ticks."""
+    scenario = load_scenario("baseline").model_copy(update={"nodes": 1, **update})
     clock = [0.0]
     cluster = SimCluster(scenario, clock=lambda: clock[0], epoch=0.0)
     core = AgentCore(cluster.node(0), SamplingPolicy(), clock=lambda: clock[0])
     for s in range(seconds):
         clock[0] = float(s)
         core.tick(float(s))
+    return core, cluster
+
+
+def count(update: dict, schema: Schema = "dcgm-legacy", seconds: int = 60) -> dict[str, int]:
+    """Series per GPU (the most over the node's GPUs), per node, and the most labels on one series."""
+    core, cluster = ticked_core({"gpus_per_node": 8, **update}, seconds)
     registry = CollectorRegistry()
     registry.register(AgentCollector([core], AgentStats(), cluster.attribution(), schema))
     samples = [s for f in text_string_to_metric_families(render(registry).decode()) for s in f.samples]

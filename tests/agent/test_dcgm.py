@@ -10,6 +10,7 @@ import pytest
 from gpuaware.agent.core import AgentCore
 from gpuaware.agent.sampling import SamplingPolicy
 from gpuaware.agent.settings import AgentSettings
+from gpuaware.bench.agent_series import ticked_core as _core
 from gpuaware.config import ConfigError, load_config
 from gpuaware.contract.dcgm import (
     FAMILIES,
@@ -22,7 +23,6 @@ from gpuaware.contract.dcgm import (
 )
 from tests.agent.metrics_support import families as _families
 from tests.agent.metrics_support import metrics_text as _text
-from tests.agent.metrics_support import ticked_core as _core
 from tests.support import sim_cluster
 
 

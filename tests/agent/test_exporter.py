@@ -10,11 +10,11 @@ from prometheus_client import CollectorRegistry
 from gpuaware.agent.core import AgentCore
 from gpuaware.agent.exporter import AgentCollector, AgentStats, serve
 from gpuaware.agent.sampling import SamplingPolicy
+from gpuaware.bench.agent_series import ticked_core as _core
 from gpuaware.local.processes import free_port
 from tests.agent.metrics_support import LEGACY_LABELS
 from tests.agent.metrics_support import families as _families
 from tests.agent.metrics_support import metrics_text as _text
-from tests.agent.metrics_support import ticked_core as _core
 from tests.support import sim_cluster
 
 
