@@ -45,7 +45,7 @@ class _Sink(ThreadingHTTPServer):
         self.lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(inner) -> None:  # noqa: N802 - http.server's name
+            def do_POST(inner) -> None:
                 body = inner.rfile.read(int(inner.headers.get("Content-Length", 0)))
                 with self.lock:
                     self.bodies.append(json.loads(body))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -118,15 +119,13 @@ def test_a_real_collector_receives_the_gpu_metrics(tmp_path):
             resources, points = points_from_json(collector.received())
             if all(k in points for k in want):
                 break
-            import time
-
             time.sleep(0.1)
         assert collector.version().endswith("v0.165.0")
     assert resources and all(r["service.name"] == "gpuaware-agent" and r["k8s.node.name"] == "sim-node-000"
                              for r in resources)
     assert {k: pytest.approx(v) for k, v in want.items()} == {k: points[k][0] for k in want}
     for t in core.tracks:
-        value, attrs, metric = points[("hw.gpu.utilization", t.device.uuid, "DCGM_FI_DEV_GPU_UTIL")]
+        _, attrs, metric = points[("hw.gpu.utilization", t.device.uuid, "DCGM_FI_DEV_GPU_UTIL")]
         assert attrs == {"hw.id": t.device.uuid, "hw.type": "gpu", "hw.name": f"gpu{t.device.index}",
                          "hw.vendor": "NVIDIA", "hw.model": t.device.model,
                          "hw.driver_version": t.device.driver_version, "hw.gpu.task": "general",
