@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -23,6 +24,9 @@ from gpuaware.agent.sampling import SamplingPolicy, load_policy
 from gpuaware.agent.settings import AgentSettings
 from gpuaware.plumbing.kafka_settings import KafkaSettings
 from gpuaware.plumbing.signals import stop_on_signals
+
+if TYPE_CHECKING:
+    from gpuaware.agent.otlp_metrics import GpuMetricsOtlp
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,16 @@ def serve_metrics(runtime: AgentRuntime, host: str, port: int, pods: PodAttribut
         serve(registry, host, port)
         log.info("serving /metrics on %s:%d (schema %s, DCGM families %s)", host, port, s.metrics_schema,
                  "as gpuaware_dcgm_*" if s.dcgm_exporter == "beside" else "as DCGM_*")
+
+
+def export_otlp_metrics(runtime: AgentRuntime, settings: AgentSettings) -> GpuMetricsOtlp | None:
+    """``agent.otlp_metrics_endpoint``: the GPU metrics over OTLP/HTTP too (off when unset)."""
+    if not settings.otlp_metrics_endpoint:
+        return None
+    from gpuaware.agent import otlp_metrics
+
+    return otlp_metrics.start(runtime.cores, settings.otlp_metrics_endpoint, settings.otlp_metrics_interval_s,
+                              settings.metrics_schema)
 
 
 def follow_pod_uids(settings: AgentSettings, pods: PodResourcesWatcher, attribution: PodAttribution,
@@ -114,11 +128,14 @@ async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host:
     uids = follow_pod_uids(settings, pods, attribution, runtime.cordons.api if runtime.cordons else None)
     slices = publish_slices(settings, runtime, stop)
     serve_metrics(runtime, metrics_host, metrics_port, attribution, settings)
+    otlp = export_otlp_metrics(runtime, settings)
     log.info("agent running: %d node(s), %d GPU(s), collector %s", len(runtime.cores),
              sum(len(c.devices) for c in runtime.cores), settings.collector)
     try:
         await runtime.run(stop, duration_s)
     finally:
+        if otlp:
+            otlp.shutdown()  # exports once more, then stops the reader's thread
         if slices:
             slices.cancel()
         if uids:

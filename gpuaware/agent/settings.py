@@ -1,10 +1,26 @@
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from gpuaware.contract.dcgm import LEGACY, MIN_LABEL_BUDGET, agent_labels, pod_label_name
+
+
+def otlp_metrics_url(endpoint: str) -> str:
+    """The OTLP/HTTP metrics URL for ``endpoint``: a collector's base URL (``http://host:4318``, as
+    OTEL_EXPORTER_OTLP_ENDPOINT takes it) gets ``/v1/metrics``; a URL already ending in it is kept."""
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"agent.otlp_metrics_endpoint {endpoint!r}: give an http:// or https:// URL of an OTLP/HTTP "
+                         "receiver, e.g. http://otel-collector:4318 (OTLP/gRPC on 4317 is not spoken)")
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as exc:
+        raise ValueError(f"agent.otlp_metrics_endpoint {endpoint!r}: {exc}") from None
+    base = endpoint.rstrip("/")
+    return base if parts.path.rstrip("/").endswith("/v1/metrics") else base + "/v1/metrics"
 
 
 class AgentSettings(BaseModel):
@@ -65,9 +81,21 @@ class AgentSettings(BaseModel):
                                                                ": claims take GPU-memory shares, DRA consumable "
                                                                "capacity, Kubernetes 1.34+ with DRAConsumableCapacity"
                                                                "); only where the workloads share GPUs safely")
+    otlp_metrics_endpoint: str | None = Field(
+        None, description="OTLP/HTTP receiver the GPU metrics are also pushed to, as hw.* names where the "
+                          "OpenTelemetry conventions define them (docs/agent.md), e.g. http://otel-collector:4318 "
+                          "(/v1/metrics is added); unset: off, /metrics only")
+    otlp_metrics_interval_s: float = Field(15.0, ge=1, le=3600, description="how often the OTLP metrics are pushed")
     pod_uids: bool = Field(False, description="follow the UIDs of this node's pods (an informer on spec.nodeName) "
                                               "so shared GPUs get per-pod series; needs list/watch of pods, "
                                               "granted by deploy/components/agent-pod-uids (off: least privilege)")
+
+    @field_validator("otlp_metrics_endpoint")
+    @classmethod
+    def _otlp_endpoint_is_a_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            otlp_metrics_url(v)
+        return v
 
     @field_validator("metrics_label_budget")
     @classmethod

@@ -1,0 +1,184 @@
+"""The agent's GPU metrics over OTLP/HTTP (``agent.otlp_metrics_endpoint``), beside ``/metrics``; off by default.
+
+The OpenTelemetry SDK's MeterProvider with a PeriodicExportingMetricReader and the OTLP/HTTP metric exporter.
+Every instrument is observable: its callback reads the values ``/metrics`` reads, through
+:meth:`gpuaware.agent.dcgm.DcgmFamilies.value` (the newest watch read or the last full sample of each GPU),
+so there is no second sampling path and a flush reports what a scrape at the same moment shows.
+
+Names follow the OpenTelemetry semantic conventions for hardware where they define one (docs/hardware/gpu.md,
+common.md and temperature.md of open-telemetry/semantic-conventions, main after v1.44.0 at commit 00c5325a;
+status Development): the GPU's ``hw.*`` series carry ``hw.id`` (the GPU UUID), ``hw.type`` ``gpu``,
+``hw.name``, ``hw.vendor``, ``hw.model``, ``hw.driver_version`` and ``dcgm.field``, the DCGM field the value
+comes from. A field without a convention keeps its DCGM name (as the configured schema writes it) as the
+metric name, lower-cased as the SDK writes instrument names (``dcgm_fi_dev_sm_clock``), with the exact name in
+``dcgm.field`` and the value ``/metrics`` gives it. Resource: ``service.name`` ``gpuaware-agent``,
+``host.name`` and ``k8s.node.name`` (with several simulated nodes in one agent, ``k8s.node.name`` goes on
+each point instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+
+from gpuaware.agent.core import AgentCore, GpuTrack
+from gpuaware.agent.dcgm import ATTRS, DcgmFamilies
+from gpuaware.agent.settings import otlp_metrics_url
+from gpuaware.contract.dcgm import FAMILIES, LEGACY, Schema, family_name
+
+log = logging.getLogger(__name__)
+
+SEMCONV = "open-telemetry/semantic-conventions docs/hardware (main after v1.44.0, commit 00c5325a)"
+MIB = float(2**20)
+
+
+@dataclass(frozen=True)
+class Convention:
+    """One DCGM field exported under a semantic-conventions name."""
+
+    name: str
+    kind: str  # "gauge", "counter" or "updown", the convention's instrument type
+    unit: str  # UCUM, as the convention gives it
+    scale: float  # the agent's reading (legacy DCGM unit) * scale = the convention's unit
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+# DCGM field -> its convention. gpu.md: hw.gpu.utilization (Gauge, 1, hw.gpu.task general/encoder/decoder),
+# hw.gpu.memory.usage (UpDownCounter, By), hw.errors (Counter, {error}, error.type corrected/uncorrected);
+# common.md: hw.power (Gauge, W), hw.energy (Counter, J), hw.type required; temperature.md: hw.temperature
+# (Gauge, Cel) of a sensor (hw.type temperature, hw.parent the GPU). hw.errors takes the volatile ECC counts only:
+# the aggregate ones count the same errors again over the GPU's life and keep their DCGM names.
+CONVENTIONS: dict[str, Convention] = {
+    "DCGM_FI_DEV_GPU_UTIL": Convention("hw.gpu.utilization", "gauge", "1", 0.01, {"hw.gpu.task": "general"}),
+    "DCGM_FI_DEV_ENC_UTIL": Convention("hw.gpu.utilization", "gauge", "1", 0.01, {"hw.gpu.task": "encoder"}),
+    "DCGM_FI_DEV_DEC_UTIL": Convention("hw.gpu.utilization", "gauge", "1", 0.01, {"hw.gpu.task": "decoder"}),
+    "DCGM_FI_DEV_FB_USED": Convention("hw.gpu.memory.usage", "updown", "By", MIB),
+    "DCGM_FI_DEV_POWER_USAGE": Convention("hw.power", "gauge", "W", 1.0),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": Convention("hw.energy", "counter", "J", 1e-3),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": Convention("hw.errors", "counter", "{error}", 1.0, {"error.type": "corrected"}),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": Convention("hw.errors", "counter", "{error}", 1.0,
+                                                {"error.type": "uncorrected"}),
+    "DCGM_FI_DEV_GPU_TEMP": Convention("hw.temperature", "gauge", "Cel", 1.0, {"sensor": "gpu"}),
+    "DCGM_FI_DEV_MEMORY_TEMP": Convention("hw.temperature", "gauge", "Cel", 1.0, {"sensor": "memory"}),
+}
+# The DCGM help texts' units in UCUM, for the fields that keep their DCGM name.
+UCUM = {"%": "%", "ratio 0-1": "1", "MiB": "MiBy", "MHz": "MHz", "Hz": "Hz", "C": "Cel", "W": "W", "mJ": "mJ",
+        "J": "J", "KiB": "KiBy", "bytes/s": "By/s", "": "1"}
+
+
+class GpuMetricsOtlp:
+    """Observable instruments over the agent's cores, on a MeterProvider of their own (not the global one)."""
+
+    def __init__(self, cores: Sequence[AgentCore], reader: MetricReader, schema: Schema = LEGACY,
+                 host_name: str | None = None):
+        self.cores = list(cores)
+        self.schema = schema
+        nodes = sorted({c.node for c in self.cores})
+        attrs = {"service.name": "gpuaware-agent", "service.namespace": "gpuaware",
+                 "host.name": host_name or socket.gethostname()}
+        self.node_on_points = len(nodes) > 1
+        if len(nodes) == 1:
+            attrs["k8s.node.name"] = nodes[0]
+        self.provider = MeterProvider(resource=Resource.create(attrs), metric_readers=[reader])
+        meter = self.provider.get_meter("gpuaware.agent.gpu")
+        by_name: dict[str, list[str]] = {}
+        for dcgm_name, conv in CONVENTIONS.items():
+            by_name.setdefault(conv.name, []).append(dcgm_name)
+        for name, fields in by_name.items():
+            conv = CONVENTIONS[fields[0]]
+            self._instrument(meter, conv.kind, name, conv.unit, self._conventional(fields))
+        self._instrument(meter, "updown", "hw.gpu.memory.limit", "By", self._memory(limit=True))
+        self._instrument(meter, "gauge", "hw.gpu.memory.utilization", "1", self._memory(limit=False))
+        for dcgm_name in ATTRS:
+            if dcgm_name not in CONVENTIONS:
+                fam = FAMILIES[dcgm_name]
+                unit = fam.base_unit if schema != LEGACY and fam.base_unit else fam.unit
+                self._instrument(meter, "counter" if fam.type == "counter" else "gauge",
+                                 family_name(dcgm_name, False, schema), UCUM.get(unit, "1"), self._dcgm(dcgm_name))
+
+    @staticmethod
+    def _instrument(meter, kind: str, name: str, unit: str, callback: Callable) -> None:
+        make = {"gauge": meter.create_observable_gauge, "counter": meter.create_observable_counter,
+                "updown": meter.create_observable_up_down_counter}[kind]
+        make(name, callbacks=[callback], unit=unit)
+
+    def _gpus(self) -> Iterable[tuple[AgentCore, GpuTrack, dict[str, str]]]:
+        for core in self.cores:
+            for track in core.tracks:
+                d = track.device
+                attrs = {"hw.id": d.uuid, "hw.type": "gpu", "hw.name": f"gpu{d.index}", "hw.vendor": "NVIDIA",
+                         "hw.model": d.model, "hw.driver_version": d.driver_version}
+                if self.node_on_points:
+                    attrs["k8s.node.name"] = core.node
+                yield core, track, attrs
+
+    def _conventional(self, fields: list[str]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            out = []
+            for _core, track, attrs in self._gpus():
+                for dcgm_name in fields:
+                    conv = CONVENTIONS[dcgm_name]
+                    v = DcgmFamilies.value(track, ATTRS[dcgm_name])
+                    if v is None:
+                        continue
+                    point = {**attrs, **conv.attributes, "dcgm.field": dcgm_name}
+                    if conv.name == "hw.temperature":  # a sensor on the GPU (temperature.md)
+                        sensor = point.pop("sensor")
+                        point.update({"hw.id": f"{attrs['hw.id']}/{sensor}", "hw.type": "temperature",
+                                      "hw.parent": attrs["hw.id"], "hw.name": f"{attrs['hw.name']} {sensor}"})
+                    out.append(Observation(v * conv.scale, point))
+            return out
+        return observe
+
+    def _memory(self, limit: bool) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            out = []
+            for _core, track, attrs in self._gpus():
+                total = track.device.fb_total_mib
+                if limit:
+                    out.append(Observation(total * MIB, {**attrs, "dcgm.field": "DCGM_FI_DEV_FB_TOTAL"}))
+                    continue
+                used = DcgmFamilies.value(track, "fb_used_mib")
+                if used is not None and total:
+                    out.append(Observation(used / total, {**attrs, "dcgm.field": "DCGM_FI_DEV_FB_USED"}))
+            return out
+        return observe
+
+    def _dcgm(self, dcgm_name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        scale = FAMILIES[dcgm_name].scale(self.schema)
+
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            out = []
+            for _core, track, attrs in self._gpus():
+                v = DcgmFamilies.value(track, ATTRS[dcgm_name])
+                if v is not None:
+                    out.append(Observation(v * scale, {**attrs, "dcgm.field": dcgm_name}))
+            return out
+        return observe
+
+    def force_flush(self, timeout_ms: float = 10_000) -> bool:
+        return self.provider.force_flush(timeout_ms)
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+def start(cores: Sequence[AgentCore], endpoint: str, interval_s: float, schema: Schema = LEGACY,
+          exporter: MetricExporter | None = None, host_name: str | None = None) -> GpuMetricsOtlp:
+    """Export the cores' GPU metrics to ``endpoint`` every ``interval_s`` (``exporter`` replaces the OTLP one)."""
+    url = otlp_metrics_url(endpoint)
+    if exporter is None:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        exporter = OTLPMetricExporter(endpoint=url, timeout=10)
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval_s * 1000)
+    otlp = GpuMetricsOtlp(cores, reader, schema, host_name)
+    log.info("exporting GPU metrics over OTLP/HTTP to %s every %gs (names: %s)", url, interval_s, SEMCONV)
+    return otlp
