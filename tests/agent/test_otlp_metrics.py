@@ -13,8 +13,9 @@ from gpuaware.agent import otlp_metrics
 from gpuaware.agent.main import export_otlp_metrics
 from gpuaware.agent.otlp_metrics import GpuMetricsOtlp
 from gpuaware.agent.settings import AgentSettings, otlp_metrics_url
+from gpuaware.bench.agent_series import ticked_core
 from gpuaware.local.otel_collector import CollectorMissing, OtelCollector, find_collector
-from tests.agent.metrics_support import families, metrics_text, ticked_core
+from tests.agent.metrics_support import families, metrics_text
 from tests.support import need
 
 
