@@ -39,6 +39,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -86,11 +87,12 @@ class Extender:
         self.calls, self.bind_wait_s = calls, bind_wait_s
         # Pods this extender kept nodes for whose /bind has not come yet: key -> (pod as filtered, its bind came).
         self._awaited: dict[str, tuple[dict[str, Any], asyncio.Event]] = {}
-        # The last /filter's ranking (pod UID, scores, reasons): its /prioritize, next in the same
-        # scheduling cycle, scores from it rather than ranking every node again. kube-scheduler runs a
-        # cycle on one snapshot, one pod at a time, so this is the view it filtered on; a /bind (which
-        # changes the model) drops it.
-        self._ranked: tuple[str, np.ndarray, list[str]] | None = None
+        # The last /filter's ranking (pod UID, scores, reasons, the names it kept and their scores): its
+        # /prioritize, next in the same scheduling cycle, scores from it rather than ranking every node again
+        # (and, asked about the names it kept, as kube-scheduler does, without looking them up again).
+        # kube-scheduler runs a cycle on one snapshot, one pod at a time, so this is the view it filtered on;
+        # a /bind (which changes the model) drops it.
+        self._ranked: tuple[str, np.ndarray, list[str], list[str], np.ndarray] | None = None
 
     @classmethod
     def from_settings(cls, cache: ClusterCache, core: Callable[[], Scheduler], ready: Callable[[], bool],
@@ -105,18 +107,24 @@ class Extender:
         mask = self.cache.node_mask if len(self.cache.node_mask) else None
         return self.core().rank(self.cache.cluster, self.cache.parse(pod).workload, mask)
 
-    def _ranked_for(self, pod: dict[str, Any]) -> tuple[np.ndarray, list[str]]:
-        """The ranking the pod's /filter just made (taken: used once), else a new one."""
+    def _ranked_scores(self, pod: dict[str, Any], names: list[str]) -> np.ndarray:
+        """The score of each of ``names`` (-inf: it cannot go there), from the ranking the pod's /filter just made
+        (taken: used once), else from a new one; raises PodSpecError."""
         uid, ranked = pod.get("metadata", {}).get("uid"), self._ranked
         self._ranked = None
         if uid and ranked is not None and ranked[0] == uid:
-            return ranked[1], ranked[2]
-        return self._rank(pod)
+            if names == ranked[3]:
+                return ranked[4]
+            return self._scores_of(names, ranked[1])[1]
+        return self._scores_of(names, self._rank(pod)[0])[1]
 
     def _scores_of(self, names: list[str], scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(cache index of each of ``names``, -1 when unknown; its score, -inf when unknown)."""
         index = self.cache.cluster.index
-        idx = np.fromiter((index.get(n, -1) for n in names), dtype=np.int64, count=len(names))
+        try:  # every name known: looked up by the dict's own method, not a Python-level loop
+            idx = np.fromiter(map(index.__getitem__, names), dtype=np.int64, count=len(names))
+        except KeyError:
+            idx = np.fromiter((index.get(n, -1) for n in names), dtype=np.int64, count=len(names))
         out = np.full(len(names), -np.inf)
         known = idx >= 0
         out[known] = scores[idx[known]]
@@ -152,19 +160,20 @@ class Extender:
             else:
                 result["Nodes"] = {**(args.get("Nodes") or {}), "items": []}
             return result
-        uid = pod.get("metadata", {}).get("uid")
-        self._ranked = (uid, scores, reasons) if uid else None
         idx, node_scores = self._scores_of(names, scores)
-        why = "; ".join(reasons) or "does not fit"
-        keep = []
-        for name, i, fits in zip(names, idx.tolist(), np.isfinite(node_scores).tolist(), strict=True):
-            if i < 0:
-                result["FailedNodes"][name] = "gpuaware: node unknown (not yet seen by the scheduler's cache)"
-            elif not fits:
+        fits = np.isfinite(node_scores)
+        if fits.all():
+            keep = names
+        else:
+            keep = list(compress(names, fits.tolist()))
+            why = "gpuaware: " + ("; ".join(reasons) or "does not fit")
+            failed = result["FailedNodes"]
+            for pos in np.flatnonzero(~fits).tolist():
                 # Health and capacity can change, so the failure is resolvable (kube may preempt for it).
-                result["FailedNodes"][name] = f"gpuaware: {why}"
-            else:
-                keep.append(name)
+                failed[names[pos]] = why if idx[pos] >= 0 else \
+                    "gpuaware: node unknown (not yet seen by the scheduler's cache)"
+        uid = pod.get("metadata", {}).get("uid")
+        self._ranked = (uid, scores, reasons, keep, node_scores[fits]) if uid else None
         if args.get("NodeNames") is not None:
             result["NodeNames"] = keep
         else:
@@ -203,10 +212,9 @@ class Extender:
         if dra_claims.has_claims(pod) or not objects.is_gpuaware(pod):
             return [{"Host": n, "Score": 0} for n in names]
         try:
-            scores, _ = self._ranked_for(pod)
+            node_scores = self._ranked_scores(pod, names)
         except PodSpecError:
             return [{"Host": n, "Score": 0} for n in names]
-        _, node_scores = self._scores_of(names, scores)
         fits = np.isfinite(node_scores)
         points = np.zeros(len(names), dtype=np.int64)
         if fits.any():
