@@ -7,9 +7,11 @@ answer echoes the kept ones. What each verb answers (docs/scheduler.md, "Extende
 
 - ``/filter`` → 200 ``ExtenderFilterResult``: ``NodeNames`` (or ``Nodes``) that pass, the others in
   ``FailedNodes`` with the core's reason (resolvable: health and capacity change, preemption may
-  help); a pod whose gpuaware request cannot be scheduled as written fails every node in
-  ``FailedAndUnresolvableNodes`` with the reason (it stays Pending, Unschedulable, with that message;
-  an ``Error`` would be skipped by an ``ignorable`` kube-scheduler extender and the pod bound anyway).
+  help); with ``one_node`` (``extender_one_node``, shipped) only the node the core picks is kept, so
+  kube-scheduler binds it without a scoring round or /prioritize; a pod whose gpuaware request cannot
+  be scheduled as written fails every node in ``FailedAndUnresolvableNodes`` with the reason (it stays
+  Pending, Unschedulable, with that message; an ``Error`` would be skipped by an ``ignorable``
+  kube-scheduler extender and the pod bound anyway).
 - ``/prioritize`` → 200 ``HostPriorityList``, 0-10 (an invalid gpuaware request scores 0 everywhere).
 - ``/preempt`` → 200 ``ExtenderPreemptionResult``: the nodes where evicting the proposed victims
   really makes room on healthy GPUs. The type has no ``Error``: a 200 always means "these candidates".
@@ -78,9 +80,10 @@ class Extender:
     def __init__(self, cache: ClusterCache, core: Callable[[], Scheduler], ready: Callable[[], bool], *,
                  stats: SchedulerStats | None = None, access: Access | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 calls: ApiCalls | None = None, bind_wait_s: float = BIND_WAIT_S):
-        """``calls``: the API client /bind writes Bindings with (without it /bind answers 500)."""
-        self.cache, self.core, self.ready = cache, core, ready
+                 calls: ApiCalls | None = None, bind_wait_s: float = BIND_WAIT_S, one_node: bool = False):
+        """``calls``: the API client /bind writes Bindings with (without it /bind answers 500). ``one_node``:
+        /filter keeps only the node the core picks for a gpuaware pod (``extender_one_node``)."""
+        self.cache, self.core, self.ready, self.one_node = cache, core, ready, one_node
         self.access = access or Access()
         self.max_body_bytes = max_body_bytes
         self.requests: Counter = stats.extender_requests if stats is not None else Counter()  # (verb, status)
@@ -99,7 +102,8 @@ class Extender:
                       settings: SchedulerSettings, stats: SchedulerStats | None = None,
                       calls: ApiCalls | None = None) -> Extender:
         return cls(cache, core, ready, stats=stats, access=Access.from_settings(settings),
-                   max_body_bytes=int(settings.extender_max_body_mib * MIB), calls=calls)
+                   max_body_bytes=int(settings.extender_max_body_mib * MIB), calls=calls,
+                   one_node=settings.extender_one_node)
 
     # ------------------------------------------------------------------ pure handlers (JSON in, JSON out)
     def _rank(self, pod: dict[str, Any]) -> tuple[np.ndarray, list[str]]:
@@ -172,8 +176,14 @@ class Extender:
                 # Health and capacity can change, so the failure is resolvable (kube may preempt for it).
                 failed[names[pos]] = why if idx[pos] >= 0 else \
                     "gpuaware: node unknown (not yet seen by the scheduler's cache)"
+        kept_scores = node_scores[fits]
+        if self.one_node and len(keep) > 1:
+            # The core's own pick: kube-scheduler, left one feasible node, binds it without a scoring round.
+            pos = self._pick(idx[fits], kept_scores)
+            keep, kept_scores = [keep[pos]], kept_scores[pos:pos + 1]
+            result["FailedNodes"] = {}  # the pod goes to the kept node: why the others failed is not asked
         uid = pod.get("metadata", {}).get("uid")
-        self._ranked = (uid, scores, reasons, keep, node_scores[fits]) if uid else None
+        self._ranked = (uid, scores, reasons, keep, kept_scores) if uid else None
         if args.get("NodeNames") is not None:
             result["NodeNames"] = keep
         else:
@@ -181,6 +191,17 @@ class Extender:
             kept = set(keep)
             result["Nodes"] = {**nodes, "items": [n for n in nodes.get("items") or [] if node_name(n) in kept]}
         return result
+
+    def _pick(self, idx: np.ndarray, scores: np.ndarray) -> int:
+        """Which of the nodes (cache indices ``idx``, their ``scores``) the core's ``schedule`` would take: the best
+        score, ties broken in the core's seeded node order."""
+        best = np.flatnonzero(scores >= scores.max() - 1e-9)
+        if len(best) == 1:
+            return int(best[0])
+        core = self.core()
+        if core.profile.tie_order == "random":
+            return int(core.rng.choice(best))
+        return int(best[np.argmin(core.node_rank(len(self.cache.cluster))[idx[best]])])
 
     def _filter_claim_pod(self, names: list[str], result: dict[str, Any]) -> dict[str, Any]:
         """Health only: a node whose GPUs are all critical (or that gpuaware keeps free of new work) fails. A GPU
