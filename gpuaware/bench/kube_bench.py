@@ -10,7 +10,8 @@ gets the same pods, written as that mode needs them:
   ``nvidia.com/gpu`` (it cannot ask for less);
 - ``extender``: kube-scheduler with the shipped extender configuration (``nodeCacheCapable``, no
   ``managedResources``, ``bindVerb``: gpuaware's extender writes the Bindings; over plain HTTP on
-  loopback here) and gpuaware's extender in this process; a fractional pod carries only
+  loopback here) and gpuaware's extender in this process, as its settings ship (``extender_one_node``:
+  /filter keeps the core's pick, so kube-scheduler binds without scoring); a fractional pod carries only
   ``gpuaware.io/gpu-milli``;
 - ``gpuaware``: gpuaware's live scheduler binds (``schedulerName: gpuaware``), in this process,
   without the state feed (neither kube-scheduler mode sees telemetry either);

@@ -7,9 +7,11 @@ answer echoes the kept ones. What each verb answers (docs/scheduler.md, "Extende
 
 - ``/filter`` → 200 ``ExtenderFilterResult``: ``NodeNames`` (or ``Nodes``) that pass, the others in
   ``FailedNodes`` with the core's reason (resolvable: health and capacity change, preemption may
-  help); a pod whose gpuaware request cannot be scheduled as written fails every node in
-  ``FailedAndUnresolvableNodes`` with the reason (it stays Pending, Unschedulable, with that message;
-  an ``Error`` would be skipped by an ``ignorable`` kube-scheduler extender and the pod bound anyway).
+  help); with ``one_node`` (``extender_one_node``, shipped) only the node the core picks is kept, so
+  kube-scheduler binds it without a scoring round or /prioritize; a pod whose gpuaware request cannot
+  be scheduled as written fails every node in ``FailedAndUnresolvableNodes`` with the reason (it stays
+  Pending, Unschedulable, with that message; an ``Error`` would be skipped by an ``ignorable``
+  kube-scheduler extender and the pod bound anyway).
 - ``/prioritize`` → 200 ``HostPriorityList``, 0-10 (an invalid gpuaware request scores 0 everywhere).
 - ``/preempt`` → 200 ``ExtenderPreemptionResult``: the nodes where evicting the proposed victims
   really makes room on healthy GPUs. The type has no ``Error``: a 200 always means "these candidates".
@@ -39,6 +41,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -77,27 +80,30 @@ class Extender:
     def __init__(self, cache: ClusterCache, core: Callable[[], Scheduler], ready: Callable[[], bool], *,
                  stats: SchedulerStats | None = None, access: Access | None = None,
                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 calls: ApiCalls | None = None, bind_wait_s: float = BIND_WAIT_S):
-        """``calls``: the API client /bind writes Bindings with (without it /bind answers 500)."""
-        self.cache, self.core, self.ready = cache, core, ready
+                 calls: ApiCalls | None = None, bind_wait_s: float = BIND_WAIT_S, one_node: bool = False):
+        """``calls``: the API client /bind writes Bindings with (without it /bind answers 500). ``one_node``:
+        /filter keeps only the node the core picks for a gpuaware pod (``extender_one_node``)."""
+        self.cache, self.core, self.ready, self.one_node = cache, core, ready, one_node
         self.access = access or Access()
         self.max_body_bytes = max_body_bytes
         self.requests: Counter = stats.extender_requests if stats is not None else Counter()  # (verb, status)
         self.calls, self.bind_wait_s = calls, bind_wait_s
         # Pods this extender kept nodes for whose /bind has not come yet: key -> (pod as filtered, its bind came).
         self._awaited: dict[str, tuple[dict[str, Any], asyncio.Event]] = {}
-        # The last /filter's ranking (pod UID, scores, reasons): its /prioritize, next in the same
-        # scheduling cycle, scores from it rather than ranking every node again. kube-scheduler runs a
-        # cycle on one snapshot, one pod at a time, so this is the view it filtered on; a /bind (which
-        # changes the model) drops it.
-        self._ranked: tuple[str, np.ndarray, list[str]] | None = None
+        # The last /filter's ranking (pod UID, scores, reasons, the names it kept and their scores): its
+        # /prioritize, next in the same scheduling cycle, scores from it rather than ranking every node again
+        # (and, asked about the names it kept, as kube-scheduler does, without looking them up again).
+        # kube-scheduler runs a cycle on one snapshot, one pod at a time, so this is the view it filtered on;
+        # a /bind (which changes the model) drops it.
+        self._ranked: tuple[str, np.ndarray, list[str], list[str], np.ndarray] | None = None
 
     @classmethod
     def from_settings(cls, cache: ClusterCache, core: Callable[[], Scheduler], ready: Callable[[], bool],
                       settings: SchedulerSettings, stats: SchedulerStats | None = None,
                       calls: ApiCalls | None = None) -> Extender:
         return cls(cache, core, ready, stats=stats, access=Access.from_settings(settings),
-                   max_body_bytes=int(settings.extender_max_body_mib * MIB), calls=calls)
+                   max_body_bytes=int(settings.extender_max_body_mib * MIB), calls=calls,
+                   one_node=settings.extender_one_node)
 
     # ------------------------------------------------------------------ pure handlers (JSON in, JSON out)
     def _rank(self, pod: dict[str, Any]) -> tuple[np.ndarray, list[str]]:
@@ -105,18 +111,24 @@ class Extender:
         mask = self.cache.node_mask if len(self.cache.node_mask) else None
         return self.core().rank(self.cache.cluster, self.cache.parse(pod).workload, mask)
 
-    def _ranked_for(self, pod: dict[str, Any]) -> tuple[np.ndarray, list[str]]:
-        """The ranking the pod's /filter just made (taken: used once), else a new one."""
+    def _ranked_scores(self, pod: dict[str, Any], names: list[str]) -> np.ndarray:
+        """The score of each of ``names`` (-inf: it cannot go there), from the ranking the pod's /filter just made
+        (taken: used once), else from a new one; raises PodSpecError."""
         uid, ranked = pod.get("metadata", {}).get("uid"), self._ranked
         self._ranked = None
         if uid and ranked is not None and ranked[0] == uid:
-            return ranked[1], ranked[2]
-        return self._rank(pod)
+            if names == ranked[3]:
+                return ranked[4]
+            return self._scores_of(names, ranked[1])[1]
+        return self._scores_of(names, self._rank(pod)[0])[1]
 
     def _scores_of(self, names: list[str], scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(cache index of each of ``names``, -1 when unknown; its score, -inf when unknown)."""
         index = self.cache.cluster.index
-        idx = np.fromiter((index.get(n, -1) for n in names), dtype=np.int64, count=len(names))
+        try:  # every name known: looked up by the dict's own method, not a Python-level loop
+            idx = np.fromiter(map(index.__getitem__, names), dtype=np.int64, count=len(names))
+        except KeyError:
+            idx = np.fromiter((index.get(n, -1) for n in names), dtype=np.int64, count=len(names))
         out = np.full(len(names), -np.inf)
         known = idx >= 0
         out[known] = scores[idx[known]]
@@ -152,19 +164,26 @@ class Extender:
             else:
                 result["Nodes"] = {**(args.get("Nodes") or {}), "items": []}
             return result
-        uid = pod.get("metadata", {}).get("uid")
-        self._ranked = (uid, scores, reasons) if uid else None
         idx, node_scores = self._scores_of(names, scores)
-        why = "; ".join(reasons) or "does not fit"
-        keep = []
-        for name, i, fits in zip(names, idx.tolist(), np.isfinite(node_scores).tolist(), strict=True):
-            if i < 0:
-                result["FailedNodes"][name] = "gpuaware: node unknown (not yet seen by the scheduler's cache)"
-            elif not fits:
+        fits = np.isfinite(node_scores)
+        if fits.all():
+            keep = names
+        else:
+            keep = list(compress(names, fits.tolist()))
+            why = "gpuaware: " + ("; ".join(reasons) or "does not fit")
+            failed = result["FailedNodes"]
+            for pos in np.flatnonzero(~fits).tolist():
                 # Health and capacity can change, so the failure is resolvable (kube may preempt for it).
-                result["FailedNodes"][name] = f"gpuaware: {why}"
-            else:
-                keep.append(name)
+                failed[names[pos]] = why if idx[pos] >= 0 else \
+                    "gpuaware: node unknown (not yet seen by the scheduler's cache)"
+        kept_scores = node_scores[fits]
+        if self.one_node and len(keep) > 1:
+            # The core's own pick: kube-scheduler, left one feasible node, binds it without a scoring round.
+            pos = self._pick(idx[fits], kept_scores)
+            keep, kept_scores = [keep[pos]], kept_scores[pos:pos + 1]
+            result["FailedNodes"] = {}  # the pod goes to the kept node: why the others failed is not asked
+        uid = pod.get("metadata", {}).get("uid")
+        self._ranked = (uid, scores, reasons, keep, kept_scores) if uid else None
         if args.get("NodeNames") is not None:
             result["NodeNames"] = keep
         else:
@@ -172,6 +191,17 @@ class Extender:
             kept = set(keep)
             result["Nodes"] = {**nodes, "items": [n for n in nodes.get("items") or [] if node_name(n) in kept]}
         return result
+
+    def _pick(self, idx: np.ndarray, scores: np.ndarray) -> int:
+        """Which of the nodes (cache indices ``idx``, their ``scores``) the core's ``schedule`` would take: the best
+        score, ties broken in the core's seeded node order."""
+        best = np.flatnonzero(scores >= scores.max() - 1e-9)
+        if len(best) == 1:
+            return int(best[0])
+        core = self.core()
+        if core.profile.tie_order == "random":
+            return int(core.rng.choice(best))
+        return int(best[np.argmin(core.node_rank(len(self.cache.cluster))[idx[best]])])
 
     def _filter_claim_pod(self, names: list[str], result: dict[str, Any]) -> dict[str, Any]:
         """Health only: a node whose GPUs are all critical (or that gpuaware keeps free of new work) fails. A GPU
@@ -203,10 +233,9 @@ class Extender:
         if dra_claims.has_claims(pod) or not objects.is_gpuaware(pod):
             return [{"Host": n, "Score": 0} for n in names]
         try:
-            scores, _ = self._ranked_for(pod)
+            node_scores = self._ranked_scores(pod, names)
         except PodSpecError:
             return [{"Host": n, "Score": 0} for n in names]
-        _, node_scores = self._scores_of(names, scores)
         fits = np.isfinite(node_scores)
         points = np.zeros(len(names), dtype=np.int64)
         if fits.any():

@@ -171,6 +171,29 @@ def test_prioritize_scores_from_its_filters_ranking_of_the_same_pod_and_ranks_an
     assert len(ranked) == 4  # its own ranking, not the one the last /filter made for another pod
 
 
+def test_one_node_keeps_the_node_the_core_would_pick_so_kube_scheduler_skips_scoring():
+    """``extender_one_node`` (shipped): of the nodes where the pod fits, /filter keeps the core's pick, the one
+    ``schedule`` takes; kube-scheduler, left one feasible node, binds it without scoring or /prioritize."""
+    core = Scheduler(profile("gpuaware", WorkloadMix(), 0))
+    ext = Extender.from_settings(cluster(), lambda: core, lambda: True, SchedulerSettings(extender_port=0))
+    assert ext.one_node
+    half = gpu_pod(annotations={"gpuaware.io/gpu-milli": "500"})
+    half["metadata"]["uid"] = "uid-half"
+    res = ext.filter({"Pod": half, "NodeNames": ["n0", "n1", "n2", "n3"]})
+    picked = core.schedule(ext.cache.cluster, ext.cache.parse(half).workload).allocation.node
+    assert res["NodeNames"] == [ext.cache.cluster.names[picked]] and res["FailedNodes"] == {}
+    assert ext.prioritize({"Pod": half, "NodeNames": res["NodeNames"]}) == [{"Host": res["NodeNames"][0],
+                                                                             "Score": 10}]
+    # Nowhere to go: every node fails with the core's reason, as without it.
+    res = ext.filter({"Pod": gpu_pod(gpus=2), "NodeNames": ["n0", "n1"]})
+    assert res["NodeNames"] == [] and set(res["FailedNodes"]) == {"n0", "n1"}
+    # A pod gpuaware has no say about passes everywhere.
+    res = ext.filter({"Pod": gpu_pod(gpus=0), "NodeNames": ["n0", "n1", "n2"]})
+    assert res["NodeNames"] == ["n0", "n1", "n2"]
+    assert not Extender.from_settings(cluster(), lambda: core, lambda: True,
+                                      SchedulerSettings(extender_port=0, extender_one_node=False)).one_node
+
+
 # --------------------------------------------------------------------------- 2. nodeCacheCapable
 def test_node_cache_capable_requests_get_names_back_from_the_extenders_own_cache():
     ext = make_extender()
