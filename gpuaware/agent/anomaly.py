@@ -18,7 +18,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuaware.agent.headroom import LEAD_S, TAU_S, MemoryRunway, time_to_temp
+from gpuaware.agent.headroom import (LEAD_S, PAGE_RETIRE_LIMIT, ROW_REMAP_LIMIT, TAU_S, MemoryRunway, WearRunway,
+                                     time_to_temp)
 from gpuaware.agent.readings import GpuDevice, Reading
 from gpuaware.agent.rng import Pcg64
 from gpuaware.contract.events import HealthAction, HealthVerdict
@@ -313,6 +314,40 @@ class MemoryLeak:
                        action=HealthAction.DRAIN if grade is HealthVerdict.CRITICAL else HealthAction.WATCH)
 
 
+class MemoryWear:
+    """Rows remapped (pages retired before Ampere) climbing toward the limit of what the board can map out.
+
+    From the full samples' counts (headroom.py, ``WearRunway``): the limit reached within ``LEAD_S`` at the
+    slow end of the rate's interval -> CRITICAL + DRAIN (past it the next uncorrectable error cannot be
+    mapped out: XID 64, a service request); within ``horizon_s`` -> INFO, a trend.
+    """
+
+    def __init__(self, horizon_s: float = 1800.0):
+        self.runway = WearRunway()
+        self.horizon_s = horizon_s
+
+    def learn_one(self, sample: Reading | None) -> Finding | None:
+        if sample is None:
+            return None
+        if sample.remapped_rows_correctable is not None:
+            count = sample.remapped_rows_correctable + (sample.remapped_rows_uncorrectable or 0)
+            limit, what = ROW_REMAP_LIMIT, "rows remapped"
+        elif sample.retired_pages_sbe is not None or sample.retired_pages_dbe is not None:
+            count = (sample.retired_pages_sbe or 0) + (sample.retired_pages_dbe or 0)
+            limit, what = PAGE_RETIRE_LIMIT, "pages retired"
+        else:
+            return None
+        eta = self.runway.learn_one(sample.ts, count, limit)
+        if eta is None or eta[1] > self.horizon_s:
+            return None
+        soon, late = eta
+        grade = HealthVerdict.CRITICAL if late <= LEAD_S else HealthVerdict.INFO
+        return Finding("memory_wear", "remapped_rows", soon, float(count),
+                       f"{count} of {limit} {what}, rising steadily: limit reached in ~{soon / 60:.0f} min (by "
+                       f"{late / 60:.0f} min at the slowest)", verdict=grade,
+                       action=HealthAction.DRAIN if grade is HealthVerdict.CRITICAL else HealthAction.WATCH)
+
+
 GRADE_RANK = {None: 0, HealthVerdict.PASS: 0, HealthVerdict.INFO: 1, HealthVerdict.WARNING: 2,
               HealthVerdict.CRITICAL: 3}
 
@@ -329,6 +364,7 @@ class GpuDetectors:
         self.collapse = TelemetryCollapse()
         self.hst = MultivariateHST(seed)
         self.leak = MemoryLeak(device.fb_total_mib)
+        self.wear = MemoryWear()
         self.cooldown_s = cooldown_s
         self.last_fired: dict[str, tuple[float, int]] = {}  # detector -> (last seen, its grade's rank)
 
@@ -348,7 +384,8 @@ class GpuDetectors:
         self.last_fired[f.detector] = (ts, rank)
         return True
 
-    def learn_one(self, r: Reading) -> list[Finding]:
+    def learn_one(self, r: Reading, sample: Reading | None = None) -> list[Finding]:
+        """``r``: a watch read; ``sample``: the newest full sample (its row-remap and page-retirement counts)."""
         limit = self.device.power_limit_w or 300.0
         found = [
             self.thermal.score_one(r, limit, self.device.slowdown_temp_c or 87.0),
@@ -357,6 +394,7 @@ class GpuDetectors:
             self.collapse.learn_one(r),
             self.hst.learn_one(r, self.device),
             self.leak.learn_one(r),
+            self.wear.learn_one(sample),
         ]
         self.thermal.learn_one(r)
         return [f for f in found if f is not None]

@@ -57,12 +57,13 @@ EXPECTED: dict[str, set[EventKind]] = {
     "thermal_drift": {EventKind.ANOMALY, EventKind.THERMAL_THROTTLE_START},
     "fan_failure": {EventKind.ANOMALY, EventKind.THERMAL_THROTTLE_START},
     "memory_leak": {EventKind.ANOMALY},
+    "memory_wear": {EventKind.ANOMALY},
 }
 # Faults that cross a limit some time after they start: graded by whether they reach it (below), and
 # scored by their lead time, when the GPU was first graded CRITICAL against when it crossed.
-THERMAL_KINDS = LIMIT_FAULTS - {"memory_leak"}
+THERMAL_KINDS = LIMIT_FAULTS - {"memory_leak", "memory_wear"}
 PREDICTIVE = LIMIT_FAULTS
-SLOW = frozenset({"thermal_drift", "fan_failure", "memory_leak"})
+SLOW = frozenset({"thermal_drift", "fan_failure", "memory_leak", "memory_wear"})
 V, A = HealthVerdict, HealthAction
 EXPECTED_VERDICT: dict[str, tuple[HealthVerdict, HealthAction]] = {
     "ecc_sbe_storm": (V.WARNING, A.WATCH),
@@ -77,8 +78,9 @@ EXPECTED_VERDICT: dict[str, tuple[HealthVerdict, HealthAction]] = {
 # Thermal faults and leaks by what they do (docs/health.md, "Severity"): one that takes the GPU to its
 # slowdown temperature or out of memory is CRITICAL (drained before it gets there), one that settles below
 # is WARNING (thermal) or a trend (memory).
-REACHES_LIMIT = {"thermal": (V.CRITICAL, A.DRAIN), "memory_leak": (V.CRITICAL, A.DRAIN)}
-STAYS_BELOW = {"thermal": (V.WARNING, A.DRAIN), "memory_leak": (V.INFO, A.WATCH)}
+REACHES_LIMIT = {"thermal": (V.CRITICAL, A.DRAIN), "memory_leak": (V.CRITICAL, A.DRAIN),
+                 "memory_wear": (V.CRITICAL, A.DRAIN)}
+STAYS_BELOW = {"thermal": (V.WARNING, A.DRAIN), "memory_leak": (V.INFO, A.WATCH), "memory_wear": (V.INFO, A.WATCH)}
 VERDICTS = list(VERDICT_RANK)  # index by rank + 1
 ACTIONS = list(ACTION_RANK)
 ALARM_KINDS = {EventKind.ANOMALY, EventKind.ECC_SBE, EventKind.ECC_DBE, EventKind.XID,

@@ -67,3 +67,12 @@ def test_a_growing_heat_source_is_critical_a_minute_after_it_shows_and_a_fan_tha
     assert (fan["verdict"], fan["action"]) == ("WARNING", "DRAIN") == tuple(fan["expected"])
     assert out["lead_120s_possible"] == out["predictive_faults"] == 1
     assert out["false_alarms"] == 0 and out["false_remediations"] == 0
+
+
+def test_memory_wearing_out_is_critical_minutes_before_the_remap_limit():
+    from gpuaware.agent.evaluation import SCENARIO_DIR, evaluate
+
+    out = evaluate([SCENARIO_DIR / "hard" / "wear.yaml"])
+    assert out["faults_detected"] == out["faults_injected"] == 3 and out["verdict_accuracy"] == 1.0
+    assert all(f["lead_time_s"] <= -120 for f in out["faults"])  # rows remapped and pages retired alike
+    assert out["false_alarms"] == 0 and out["false_remediations"] == 0
