@@ -57,9 +57,11 @@ class ThermalRunaway:
     def score_one(self, r: Reading, power_limit_w: float, slowdown_c: float = 87.0) -> Finding | None:
         if r.temp_c is None or len(self.temps) < 2:
             return None
-        cutoff = r.ts - self.window_s - 1e-6
-        first = next(((t, c) for t, c in self.temps if t >= cutoff), None)
-        if first is None or r.ts - first[0] < self.window_s - 1e-6:
+        # The newest read at least ``window_s`` old: reads come a little more or less than a second apart on a
+        # live agent (its loop's jitter), so no read need lie exactly ``window_s`` back. One far older than that
+        # (a gap in the reads) is no slope of now.
+        first = next(((t, c) for t, c in reversed(self.temps) if t <= r.ts - self.window_s + 1e-6), None)
+        if first is None or r.ts - first[0] > 2 * self.window_s:
             return None
         slope = (r.temp_c - first[1]) / (r.ts - first[0])
         if slope < self.slope_c_per_s:

@@ -466,10 +466,14 @@ class SimGpu:
 class SimCluster:
     """All simulated nodes of one scenario, sharing one clock."""
 
-    def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None, epoch: float | None = None):
+    def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None, epoch: float | None = None,
+                 start_on_first_read: bool = False):
+        """``start_on_first_read``: the simulated clock (second 0, fault times) starts when an agent first reads,
+        not now, so agents that start late still see each fault's onset at its ``at_s`` on their own clock."""
         self.scenario = scenario
-        self.epoch = time.time() if epoch is None else epoch
         self.clock = clock or time.time
+        self.epoch = self.clock() if epoch is None else epoch
+        self.waiting = start_on_first_read
         duty, mem = traces.gentd26()
         pods = sorted(set(duty) & set(mem))
         rng = Pcg64(scenario.seed)  # numpy default_rng draws, without numpy
@@ -482,6 +486,8 @@ class SimCluster:
             self.gpus.append(row)
 
     def elapsed(self) -> float:
+        if self.waiting:
+            self.epoch, self.waiting = self.clock(), False
         return self.clock() - self.epoch
 
     def node(self, n: int) -> SimCollector:
