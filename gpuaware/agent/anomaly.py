@@ -18,7 +18,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuaware.agent.headroom import LEAD_S, TAU_S, MemoryRunway, time_to_temp
+from gpuaware.agent.headroom import (LEAD_S, PAGE_RETIRE_LIMIT, ROW_REMAP_LIMIT, TAU_S, MemoryRunway, WearRunway,
+                                     time_to_temp)
 from gpuaware.agent.readings import GpuDevice, Reading
 from gpuaware.agent.rng import Pcg64
 from gpuaware.contract.events import HealthAction, HealthVerdict
@@ -56,9 +57,11 @@ class ThermalRunaway:
     def score_one(self, r: Reading, power_limit_w: float, slowdown_c: float = 87.0) -> Finding | None:
         if r.temp_c is None or len(self.temps) < 2:
             return None
-        cutoff = r.ts - self.window_s - 1e-6
-        first = next(((t, c) for t, c in self.temps if t >= cutoff), None)
-        if first is None or r.ts - first[0] < self.window_s - 1e-6:
+        # The newest read at least ``window_s`` old: reads come a little more or less than a second apart on a
+        # live agent (its loop's jitter), so no read need lie exactly ``window_s`` back. One far older than that
+        # (a gap in the reads) is no slope of now.
+        first = next(((t, c) for t, c in reversed(self.temps) if t <= r.ts - self.window_s + 1e-6), None)
+        if first is None or r.ts - first[0] > 2 * self.window_s:
             return None
         slope = (r.temp_c - first[1]) / (r.ts - first[0])
         if slope < self.slope_c_per_s:
@@ -313,6 +316,40 @@ class MemoryLeak:
                        action=HealthAction.DRAIN if grade is HealthVerdict.CRITICAL else HealthAction.WATCH)
 
 
+class MemoryWear:
+    """Rows remapped (pages retired before Ampere) climbing toward the limit of what the board can map out.
+
+    From the full samples' counts (headroom.py, ``WearRunway``): the limit reached within ``LEAD_S`` at the
+    slow end of the rate's interval -> CRITICAL + DRAIN (past it the next uncorrectable error cannot be
+    mapped out: XID 64, a service request); within ``horizon_s`` -> INFO, a trend.
+    """
+
+    def __init__(self, horizon_s: float = 1800.0):
+        self.runway = WearRunway()
+        self.horizon_s = horizon_s
+
+    def learn_one(self, sample: Reading | None) -> Finding | None:
+        if sample is None:
+            return None
+        if sample.remapped_rows_correctable is not None:
+            count = sample.remapped_rows_correctable + (sample.remapped_rows_uncorrectable or 0)
+            limit, what = ROW_REMAP_LIMIT, "rows remapped"
+        elif sample.retired_pages_sbe is not None or sample.retired_pages_dbe is not None:
+            count = (sample.retired_pages_sbe or 0) + (sample.retired_pages_dbe or 0)
+            limit, what = PAGE_RETIRE_LIMIT, "pages retired"
+        else:
+            return None
+        eta = self.runway.learn_one(sample.ts, count, limit)
+        if eta is None or eta[1] > self.horizon_s:
+            return None
+        soon, late = eta
+        grade = HealthVerdict.CRITICAL if late <= LEAD_S else HealthVerdict.INFO
+        return Finding("memory_wear", "remapped_rows", soon, float(count),
+                       f"{count} of {limit} {what}, rising steadily: limit reached in ~{soon / 60:.0f} min (by "
+                       f"{late / 60:.0f} min at the slowest)", verdict=grade,
+                       action=HealthAction.DRAIN if grade is HealthVerdict.CRITICAL else HealthAction.WATCH)
+
+
 GRADE_RANK = {None: 0, HealthVerdict.PASS: 0, HealthVerdict.INFO: 1, HealthVerdict.WARNING: 2,
               HealthVerdict.CRITICAL: 3}
 
@@ -329,6 +366,7 @@ class GpuDetectors:
         self.collapse = TelemetryCollapse()
         self.hst = MultivariateHST(seed)
         self.leak = MemoryLeak(device.fb_total_mib)
+        self.wear = MemoryWear()
         self.cooldown_s = cooldown_s
         self.last_fired: dict[str, tuple[float, int]] = {}  # detector -> (last seen, its grade's rank)
 
@@ -348,7 +386,8 @@ class GpuDetectors:
         self.last_fired[f.detector] = (ts, rank)
         return True
 
-    def learn_one(self, r: Reading) -> list[Finding]:
+    def learn_one(self, r: Reading, sample: Reading | None = None) -> list[Finding]:
+        """``r``: a watch read; ``sample``: the newest full sample (its row-remap and page-retirement counts)."""
         limit = self.device.power_limit_w or 300.0
         found = [
             self.thermal.score_one(r, limit, self.device.slowdown_temp_c or 87.0),
@@ -357,6 +396,7 @@ class GpuDetectors:
             self.collapse.learn_one(r),
             self.hst.learn_one(r, self.device),
             self.leak.learn_one(r),
+            self.wear.learn_one(sample),
         ]
         self.thermal.learn_one(r)
         return [f for f in found if f is not None]

@@ -198,7 +198,7 @@ class AgentCore:
             peer_findings.setdefault(index, []).append(finding)
         for index, watch in reads.items():
             track = self.tracks[index]
-            found = track.detectors.learn_one(watch) + peer_findings.get(index, [])
+            found = track.detectors.learn_one(watch, track.last_sample) + peer_findings.get(index, [])
             for f in found:  # every sighting keeps its verdict held; only news makes an event
                 self.verdicts.learn_finding(index, watch.ts, f.detector, f.verdict, f.action,
                                             closed=f.state == "closed")

@@ -12,8 +12,9 @@ second. Figures:
 - ``false_alarms``: anomaly/ECC/throttle/XID events of WARNING or worse on GPUs and at times with no
   fault (an INFO trend is a dashboard mark, not an alarm); ``false_alarms_per_gpu_day`` per GPU-day;
 - per predictive fault (a thermal fault or a memory leak) ``lead_time_s``: when its GPU was first
-  graded CRITICAL minus when it truly crossed its limit (negative = before); ``flagged_120s_before``
-  counts those flagged 120 s or more ahead;
+  graded CRITICAL minus when it truly crossed its limit (negative = before), and ``crossed_after_s``,
+  how long after its onset it crossed; ``flagged_120s_before`` counts those flagged 120 s or more
+  ahead, ``lead_120s_possible`` those that crossed 120 s or more after their onset;
 - ``verdict_accuracy``: the share of faults whose worst verdict and strongest recommended action,
   from the fault until the next one on its GPU, are the ones expected (the scenario's ``verdict``
   and ``action``, else ``EXPECTED_VERDICT`` by kind, or the XID's row of ``gpuaware.agent.verdict.XIDS``);
@@ -56,12 +57,13 @@ EXPECTED: dict[str, set[EventKind]] = {
     "thermal_drift": {EventKind.ANOMALY, EventKind.THERMAL_THROTTLE_START},
     "fan_failure": {EventKind.ANOMALY, EventKind.THERMAL_THROTTLE_START},
     "memory_leak": {EventKind.ANOMALY},
+    "memory_wear": {EventKind.ANOMALY},
 }
 # Faults that cross a limit some time after they start: graded by whether they reach it (below), and
 # scored by their lead time, when the GPU was first graded CRITICAL against when it crossed.
-THERMAL_KINDS = LIMIT_FAULTS - {"memory_leak"}
+THERMAL_KINDS = LIMIT_FAULTS - {"memory_leak", "memory_wear"}
 PREDICTIVE = LIMIT_FAULTS
-SLOW = frozenset({"thermal_drift", "fan_failure", "memory_leak"})
+SLOW = frozenset({"thermal_drift", "fan_failure", "memory_leak", "memory_wear"})
 V, A = HealthVerdict, HealthAction
 EXPECTED_VERDICT: dict[str, tuple[HealthVerdict, HealthAction]] = {
     "ecc_sbe_storm": (V.WARNING, A.WATCH),
@@ -76,8 +78,9 @@ EXPECTED_VERDICT: dict[str, tuple[HealthVerdict, HealthAction]] = {
 # Thermal faults and leaks by what they do (docs/health.md, "Severity"): one that takes the GPU to its
 # slowdown temperature or out of memory is CRITICAL (drained before it gets there), one that settles below
 # is WARNING (thermal) or a trend (memory).
-REACHES_LIMIT = {"thermal": (V.CRITICAL, A.DRAIN), "memory_leak": (V.CRITICAL, A.DRAIN)}
-STAYS_BELOW = {"thermal": (V.WARNING, A.DRAIN), "memory_leak": (V.INFO, A.WATCH)}
+REACHES_LIMIT = {"thermal": (V.CRITICAL, A.DRAIN), "memory_leak": (V.CRITICAL, A.DRAIN),
+                 "memory_wear": (V.CRITICAL, A.DRAIN)}
+STAYS_BELOW = {"thermal": (V.WARNING, A.DRAIN), "memory_leak": (V.INFO, A.WATCH), "memory_wear": (V.INFO, A.WATCH)}
 VERDICTS = list(VERDICT_RANK)  # index by rank + 1
 ACTIONS = list(ACTION_RANK)
 ALARM_KINDS = {EventKind.ANOMALY, EventKind.ECC_SBE, EventKind.ECC_DBE, EventKind.XID,
@@ -262,13 +265,16 @@ def evaluate(paths: list[Path] | None = None, policy: SamplingPolicy | None = No
         "false_alarms_per_gpu_day": round(sum(r.false_alarms for r in results) / max(fixed / 86400.0, 1e-9), 4),
         "predictive_faults": len(leads := [f.lead_time_s for f in faults if f.lead_time_s is not None]),
         "flagged_120s_before": sum(lead <= -120.0 for lead in leads),
+        # A lead of 120 s is possible at all only for a fault that takes 120 s or more to reach its limit.
+        "lead_120s_possible": sum(f.crossed_s - f.at_s >= 120.0 for f in faults if f.lead_time_s is not None),
         "verdict_accuracy": round(sum(f.verdict_ok for f in faults) / len(faults), 3) if faults else None,
         "false_remediations": sum(r.false_remediations for r in results),
         "faults": [
             {"scenario": f.scenario, "kind": f.kind, "gpu": f"{f.node}/{f.gpu}", "at_s": f.at_s,
              "detected": f.detected, "delay_s": f.delay_s, "health_before": round(f.health_before, 1),
              "health_min_after": round(f.health_min_after, 1), "verdict": f.verdict, "action": f.action,
-             "expected": list(f.expected), "lead_time_s": f.lead_time_s}
+             "expected": list(f.expected), "lead_time_s": f.lead_time_s,
+             "crossed_after_s": None if f.lead_time_s is None else f.crossed_s - f.at_s}
             for f in faults
         ],
         "per_scenario": {

@@ -8,6 +8,9 @@ Alarms are graded by how close a GPU is to a limit it cannot pass without harm (
   ``L < T_inf`` after ``tau * ln((T_inf - T) / (T_inf - L))``. A heat source that keeps growing (a
   drift: clogging fins, pump-out of the thermal paste) pushes ``T_inf`` up as it goes, so the
   estimate is refreshed every read;
+- memory wear: rows remapped (Ampere and later, 512 spare rows for the framebuffer) or pages retired
+  (before Ampere, 64 at most) count up toward a limit past which an uncorrectable error can no longer
+  be mapped out (XID 64); a count rising steadily reaches it at ``(limit - count) / rate``;
 - memory: a framebuffer filling at a steady rate runs out at ``(limit - used) / rate``. Workloads
   fill memory in ramps that stop (a framework's allocator growing to its footprint in its first
   minutes), so nothing is judged for ``warmup_s`` after the first reading, and the rate is fitted over
@@ -25,6 +28,15 @@ FB_EXHAUSTED = 0.95  # share of the framebuffer at which allocations start faili
 # (checkpoint_timeout_s, gpuaware/scheduler/settings.py) and as long again goes to the cordon, the
 # eviction and the estimate's own error.
 LEAD_S = 300.0
+# NVIDIA's memory error management (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/row-remapping.html): up to
+# 512 row remappings for the framebuffer from Ampere on, 64 page retirements before.
+ROW_REMAP_LIMIT = 512
+PAGE_RETIRE_LIMIT = 64
+
+
+def wear_limit(arch: str) -> int:
+    """How many rows a GPU of ``arch`` can map out of its framebuffer (rows remapped, or pages retired)."""
+    return PAGE_RETIRE_LIMIT if arch in ("Kepler", "Maxwell", "Pascal", "Volta", "Turing") else ROW_REMAP_LIMIT
 
 
 def settles_at(temp_c: float, rate_c_per_s: float, tau_s: float = TAU_S) -> float:
@@ -151,3 +163,33 @@ class MemoryRunway:
         rate = self.trend.slope()[0]
         left = self.limit - used_mib
         return left / rate, left / slow
+
+
+class WearRunway:
+    """Time until a GPU runs out of rows to remap (pages to retire), from the trend of the count over ``window_s``.
+
+    (seconds, seconds at the slow end of the rate's interval) while the count has risen steadily, by at
+    least ``min_rise`` over the window (a healthy board maps out a row or two in its life, not a stream).
+    """
+
+    def __init__(self, window_s: float = 300.0, min_rise: int = 5):
+        self.trend = Trend(window_s)
+        self.min_rise = min_rise
+        self.last: tuple[float, int] | None = None
+
+    def learn_one(self, ts: float, count: int, limit: int) -> tuple[float, float] | None:
+        if self.last is not None and count < self.last[1]:
+            self.trend = Trend(self.trend.window_s)  # a counter that went down is another board's (replaced)
+        if self.last is None or ts > self.last[0]:
+            self.trend.add(ts, float(count))
+            self.last = (ts, count)
+        if count >= limit:
+            return 0.0, 0.0
+        pts = self.trend.points
+        if len(pts) < 3 or pts[-1][1] - pts[0][1] < self.min_rise:
+            return None
+        slow = self.trend.steady_rate(0.5 * self.trend.window_s)
+        if slow is None:
+            return None
+        rate = self.trend.slope()[0]
+        return (limit - count) / rate, (limit - count) / slow

@@ -48,6 +48,11 @@ from gpuaware.contract.events import HealthAction, HealthVerdict
 VERDICT_ORDER = [HealthVerdict.PASS, HealthVerdict.INFO, HealthVerdict.WARNING, HealthVerdict.CRITICAL]
 THERMAL_ACTION = {HealthVerdict.INFO: HealthAction.WATCH, HealthVerdict.WARNING: HealthAction.DRAIN,
                   HealthVerdict.CRITICAL: HealthAction.DRAIN}
+# A heat source still growing (the settle point rising steadily): fitted over the last GROWTH_WINDOW_S, judged
+# once it has held for GROWTH_MIN_S, longer than a fan takes to spin down (30 s) plus the 20 s rate window
+# that smears a step in the settle point.
+GROWTH_WINDOW_S = 60.0
+GROWTH_MIN_S = 50.0
 
 
 @dataclass
@@ -206,7 +211,7 @@ class ThermalCondition:
     run: int = 0  # reads in a row above the threshold (to open) or below half of it (to close)
     quiet_since: float | None = None  # since when its excess has stayed within half the threshold
     rel: Trend = field(default_factory=lambda: Trend(20.0))  # its excess against its peers, for the rate
-    settle: Trend = field(default_factory=lambda: Trend(120.0))  # where it settles, for a growing heat source
+    settle: Trend = field(default_factory=lambda: Trend(GROWTH_WINDOW_S))  # where it settles, for a growing heat source
 
 
 class NodePeers:
@@ -292,7 +297,7 @@ class NodePeers:
         # Heading for slowdown: where the heat sink settles, or for a heat source still growing (the settle
         # point itself rising), when that growth carries it over slowdown: first-order lag tau behind it.
         # A step in the settle point (a fan that stopped) is not growth: only a steady rise over the window is.
-        growth = c.settle.steady_rate(c.settle.window_s - 5.0)
+        growth = c.settle.steady_rate(GROWTH_MIN_S)
         eta = time_to_temp(temp, rate, slowdown)
         settle = temp + THERMAL_TAU_S * rate
         if growth is not None and settle < slowdown:

@@ -87,6 +87,7 @@ FINDINGS: dict[str, tuple[HealthVerdict, HealthAction, float]] = {
     "thermal_runaway": (C, A.DRAIN, 600.0),
     "thermal_peer": (W, A.DRAIN, 600.0),
     "memory_leak": (C, A.DRAIN, 600.0),
+    "memory_wear": (C, A.DRAIN, 600.0),
     "clock_peer": (W, A.WATCH, 600.0),
     "power_peer": (W, A.WATCH, 600.0),
     "ecc_peer": (W, A.WATCH, 600.0),

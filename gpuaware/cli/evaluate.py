@@ -50,7 +50,7 @@ def eval_sampling(scenarios: tuple[str, ...], policy_path: str | None, as_json: 
     echo_figures(result, as_json, 26, keys=("sample_reduction", "util_mae_pct_points", "faults_injected",
                                             "faults_detected", "detection_delay_p95_s", "false_alarms",
                                             "false_alarms_per_gpu_day", "verdict_accuracy", "false_remediations",
-                                            "predictive_faults", "flagged_120s_before"))
+                                            "predictive_faults", "flagged_120s_before", "lead_120s_possible"))
 
 
 @eval_group.command("forecast")

@@ -152,7 +152,9 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
                     scheduler_summary = sched.summary()
 
                 started.push_async_callback(stop_scheduling)
-            cluster = SimCluster(scenario)  # the simulated clock starts now: fault times count from here
+            # The simulated clock starts at the agents' first read: fault times, the GPUs' crossings and the agents'
+            # events are then on one timeline, however long the agents took to start (their Kafka topic check).
+            cluster = SimCluster(scenario, start_on_first_read=True)
             runtime = AgentRuntime(cluster.collectors(), kafka, SamplingPolicy(), str(Path(workdir) / "spool"))
             runtime.event_listeners.append(state.on_event)
             if sched is not None:  # the agents honour the scheduler's GPU cordons, as on a cluster

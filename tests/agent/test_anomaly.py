@@ -37,3 +37,26 @@ def test_the_trees_and_scores_are_those_of_the_numpy_implementation():
     assert scores[:3] == [0.22784251968503932, 0.34387401574803145, 0.18141732283464562]
     assert hashlib.sha256(repr(scores).encode()).hexdigest() == (
         "4d17b4ebda7d955bf8de5fb7c297dacff7244b26956b4cf485feee9e2d5d17a9")
+
+
+def test_thermal_runaway_fires_when_reads_come_a_little_more_than_a_second_apart():
+    """A live agent's reads jitter around its 1 s floor: the slope is taken from the newest read at least 3 s old,
+    not from one exactly 3 s back (none is); a gap in the reads is no slope of now."""
+    from gpuaware.agent.anomaly import ThermalRunaway
+    from gpuaware.agent.readings import Reading
+    from gpuaware.contract.events import HealthVerdict
+
+    def first_finding(step_s: float, n: int = 12):
+        det = ThermalRunaway()
+        for i in range(n):
+            r = Reading(ts=100.0 + i * step_s, temp_c=40.0 + 3.0 * i * step_s, power_w=70.0)
+            f = det.score_one(r, 700.0, 87.0)
+            det.learn_one(r)
+            if f is not None:
+                return i, f
+        return None
+
+    for step in (1.0, 1.013, 1.28):
+        i, f = first_finding(step)
+        assert i * step <= 5.0 and f.verdict is HealthVerdict.CRITICAL, step  # +3 °C/s from 40 °C: slowdown ahead
+    assert first_finding(7.0) is None  # reads 7 s apart: more than twice the window, no slope

@@ -46,4 +46,33 @@ def test_a_drift_to_slowdown_is_graded_critical_with_its_lead_time_and_the_figur
     assert (fault["verdict"], fault["action"]) == ("CRITICAL", "DRAIN") == tuple(fault["expected"])
     assert fault["lead_time_s"] is not None and fault["lead_time_s"] <= -120  # flagged before slowdown
     assert out["false_alarms_per_gpu_day"] == 0 and out["false_remediations"] == 0
-    assert out["flagged_120s_before"] == out["predictive_faults"] == 1
+    assert out["flagged_120s_before"] == out["predictive_faults"] == out["lead_120s_possible"] == 1
+
+
+def test_a_growing_heat_source_is_critical_a_minute_after_it_shows_and_a_fan_that_stops_is_not(tmp_path):
+    from gpuaware.agent.evaluation import evaluate
+
+    # A 0.2 °C/s drift from ~64 °C reaches slowdown ~156 s after it starts; a fan spinning down over 30 s
+    # (the same rising settle point while it lasts) settles below slowdown.
+    path = tmp_path / "growth.yaml"
+    path.write_text(
+        "name: growth\nseed: 201\nduration_s: 1500\nnodes: 1\ngpus_per_node: 8\nmodels: [H200]\n"
+        "workloads: [training-compute]\nfaults:\n"
+        "  - {kind: thermal_drift, node: 0, gpu: 4, at_s: 900, drift_c_per_s: 0.2}\n"
+        "  - {kind: fan_failure, node: 0, gpu: 2, at_s: 900, fan_factor: 1.3}\n")
+    out = evaluate([path])
+    drift, fan = out["faults"]
+    assert (drift["verdict"], drift["action"]) == ("CRITICAL", "DRAIN") == tuple(drift["expected"])
+    assert drift["crossed_after_s"] >= 120 and drift["lead_time_s"] <= -80  # -61 s with 115 s of growth required
+    assert (fan["verdict"], fan["action"]) == ("WARNING", "DRAIN") == tuple(fan["expected"])
+    assert out["lead_120s_possible"] == out["predictive_faults"] == 1
+    assert out["false_alarms"] == 0 and out["false_remediations"] == 0
+
+
+def test_memory_wearing_out_is_critical_minutes_before_the_remap_limit():
+    from gpuaware.agent.evaluation import SCENARIO_DIR, evaluate
+
+    out = evaluate([SCENARIO_DIR / "hard" / "wear.yaml"])
+    assert out["faults_detected"] == out["faults_injected"] == 3 and out["verdict_accuracy"] == 1.0
+    assert all(f["lead_time_s"] <= -120 for f in out["faults"])  # rows remapped and pages retired alike
+    assert out["false_alarms"] == 0 and out["false_remediations"] == 0

@@ -101,3 +101,31 @@ def _mem(s: int, used: float):
     r = reading(float(s))
     r.fb_used_mib = used
     return r
+
+
+def test_memory_wear_reads_time_to_the_remap_limit_from_the_counts_trend():
+    from gpuaware.agent.anomaly import MemoryWear
+    from gpuaware.agent.readings import Reading
+    from gpuaware.contract.events import HealthAction, HealthVerdict
+
+    def run(step_s, per_step, start, field="remapped_rows_correctable", n=40):
+        wear, out = MemoryWear(), None
+        for i in range(n):
+            r = Reading(ts=1000.0 + i * step_s)
+            setattr(r, field, int(start + per_step * i))
+            out = wear.learn_one(r)
+        return out
+
+    # 10 rows a minute, at 465 of 512 after 400 s of it: ~5 min left -> CRITICAL + DRAIN, saying when.
+    f = run(10.0, 10 / 6, 400)
+    assert (f.verdict, f.action) == (HealthVerdict.CRITICAL, HealthAction.DRAIN)
+    assert "of 512 rows remapped" in f.message and "limit reached in ~" in f.message
+    # The same rate with ~200 rows left: a trend (INFO + WATCH), not an alarm.
+    f = run(10.0, 10 / 6, 250)
+    assert (f.verdict, f.action) == (HealthVerdict.INFO, HealthAction.WATCH)
+    # Pages retired before Ampere: 64 at most, so 3 a minute at 59 is CRITICAL.
+    f = run(10.0, 0.5, 40, field="retired_pages_sbe")
+    assert f.verdict is HealthVerdict.CRITICAL and "of 64 pages retired" in f.message
+    # A row or two in a board's life is no stream; a flat count is nothing.
+    assert run(10.0, 0.0, 2) is None
+    assert run(10.0, 0.05, 2) is None

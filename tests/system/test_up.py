@@ -98,7 +98,8 @@ def test_up_shows_a_gpu_reset_validated_and_returned_to_service(tmp_path, kube):
 def test_up_reports_a_thermal_faults_verdict_and_its_lead_time(tmp_path):
     """A +3 °C/s runaway on an H100 holding memory at idle power crosses its slowdown temperature ~24 s after it
     starts: `up` reports its verdict, action and lead time (first CRITICAL verdict minus the simulated GPU's
-    crossing); a fault that takes no GPU to a limit (an XID) has none."""
+    crossing, on one clock: the simulated clock starts at the agents' first read); a fault that takes no GPU to
+    a limit (an XID) has none."""
     scenario = tmp_path / "hot.yaml"
     scenario.write_text("name: hot\nseed: 9\nnodes: 1\ngpus_per_node: 4\nmodels: [H100]\n"
                         "workloads: [idle-holding]\nfaults:\n"
@@ -109,5 +110,5 @@ def test_up_reports_a_thermal_faults_verdict_and_its_lead_time(tmp_path):
     assert result.returncode == 0, result.stderr
     hot, xid = json.loads(result.stdout)["faults"]
     assert (hot["verdict"], hot["action"]) == ("CRITICAL", "DRAIN"), hot
-    assert isinstance(hot["lead_time_s"], float) and abs(hot["lead_time_s"]) < 35, hot
+    assert isinstance(hot["lead_time_s"], float) and -35 < hot["lead_time_s"] < 0, hot  # before the crossing
     assert xid["lead_time_s"] is None

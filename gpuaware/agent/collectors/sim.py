@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpuaware.agent import traces
-from gpuaware.agent.headroom import FB_EXHAUSTED
+from gpuaware.agent.headroom import FB_EXHAUSTED, ROW_REMAP_LIMIT, wear_limit
 from gpuaware.agent.podresources import PodRef
 from gpuaware.agent.readings import (
     THROTTLE_GPU_IDLE,
@@ -99,10 +99,10 @@ WORKLOAD_SHAPE: dict[str, tuple[float, float]] = {
 
 # Faults that take a GPU to a limit some time after they start (slowdown temperature, memory exhausted):
 # judged by whether they get there and by the lead time of the warning (evaluation, `gpuaware up`).
-LIMIT_FAULTS = frozenset({"thermal_runaway", "thermal_drift", "fan_failure", "memory_leak"})
+LIMIT_FAULTS = frozenset({"thermal_runaway", "thermal_drift", "fan_failure", "memory_leak", "memory_wear"})
 FaultKind = Literal["ecc_sbe_storm", "ecc_dbe", "xid", "thermal_runaway", "power_cap", "stuck_util", "dead",
                     "telemetry_collapse", "clock_degraded", "power_skew", "thermal_drift", "fan_failure",
-                    "memory_leak"]
+                    "memory_leak", "memory_wear"]
 
 
 class Fault(BaseModel):
@@ -132,6 +132,8 @@ class Fault(BaseModel):
         "fan_failure: thermal resistance (°C per W) multiplied by this once the fan has spun down"))
     ramp_s: float = Field(30.0, gt=0, description="fan_failure: seconds for the fan to spin down (its rotor's inertia)")
     leak_mib_per_s: float = Field(20.0, gt=0, description="memory_leak: framebuffer leaked per second")
+    remaps_per_min: float = Field(6.0, gt=0, description=(
+        "memory_wear: rows remapped (pages retired before Ampere) per minute, each after two correctable errors"))
     verdict: HealthVerdict | None = Field(None, description="the verdict expected (default: by kind, evaluation)")
     action: HealthAction | None = Field(None, description="the action expected (default: by kind, evaluation)")
 
@@ -249,6 +251,7 @@ class SimGpu:
         self.ecc_sbe = 0
         self.ecc_dbe = 0
         self.retired_dbe = 0
+        self.worn = 0.0  # rows remapped (pages retired before Ampere) by memory_wear
         self.throttle = 0
         self.power_limit = self.spec.board_power_w
         self.dead = False
@@ -330,7 +333,10 @@ class SimGpu:
         if util < 1.0 and not stuck:
             throttle |= THROTTLE_GPU_IDLE
         self.temp = min(self.temp, spec.shutdown_temp_c + 5)
-        if self.crossed_s is None and (self.temp >= spec.slowdown_temp_c
+        worn = int(self.worn)
+        self.worn += sum(f.remaps_per_min / 60.0 for f in self._active("memory_wear", s))
+        self.ecc_sbe += 2 * (int(self.worn) - worn)
+        if self.crossed_s is None and (self.temp >= spec.slowdown_temp_c or self.worn >= wear_limit(spec.arch)
                                        or self.mem >= FB_EXHAUSTED * spec.fb_total_mib):
             self.crossed_s = float(s)
         self.power = power
@@ -395,6 +401,10 @@ class SimGpu:
             r.ecc_sbe_aggregate = self.ecc_sbe
             r.ecc_dbe_aggregate = self.ecc_dbe
             r.retired_pages_dbe = self.retired_dbe
+            if wear_limit(spec.arch) == ROW_REMAP_LIMIT:
+                r.remapped_rows_correctable = int(self.worn)
+            else:
+                r.retired_pages_sbe = int(self.worn)
             r.pcie_replays = 0
             r.util_enc, r.util_dec = 0.0, 0.0
             r.fb_reserved_mib = spec.fb_reserved_mib
@@ -456,10 +466,14 @@ class SimGpu:
 class SimCluster:
     """All simulated nodes of one scenario, sharing one clock."""
 
-    def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None, epoch: float | None = None):
+    def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None, epoch: float | None = None,
+                 start_on_first_read: bool = False):
+        """``start_on_first_read``: the simulated clock (second 0, fault times) starts when an agent first reads,
+        not now, so agents that start late still see each fault's onset at its ``at_s`` on their own clock."""
         self.scenario = scenario
-        self.epoch = time.time() if epoch is None else epoch
         self.clock = clock or time.time
+        self.epoch = self.clock() if epoch is None else epoch
+        self.waiting = start_on_first_read
         duty, mem = traces.gentd26()
         pods = sorted(set(duty) & set(mem))
         rng = Pcg64(scenario.seed)  # numpy default_rng draws, without numpy
@@ -472,6 +486,8 @@ class SimCluster:
             self.gpus.append(row)
 
     def elapsed(self) -> float:
+        if self.waiting:
+            self.epoch, self.waiting = self.clock(), False
         return self.clock() - self.epoch
 
     def node(self, n: int) -> SimCollector:

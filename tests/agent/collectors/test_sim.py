@@ -105,3 +105,30 @@ def test_a_degraded_board_loses_clocks_with_no_throttle_reason_and_a_failing_vrm
     assert slow.sm_clock_mhz == int(healthy.sm_clock_mhz * 0.8)  # watched: on the watch read
     assert 0.75 < slow.power_w / healthy.power_w < 0.9  # its dynamic power falls with the clock: under the power rule
     assert skewed.sm_clock_mhz == healthy.sm_clock_mhz and skewed.power_w < 0.6 * healthy.power_w
+
+
+def test_the_simulated_clock_can_start_at_the_agents_first_read():
+    """`gpuaware up`: agents that start late (their Kafka topic check) still see a fault's onset at its at_s
+    on their own clock, so its lead time is measured on one timeline."""
+    from gpuaware.agent.collectors.sim import Scenario, SimCluster
+
+    scenario = Scenario.model_validate({
+        "name": "late", "seed": 3, "duration_s": 120, "nodes": 1, "gpus_per_node": 1, "models": ["H100"],
+        "faults": [{"kind": "thermal_runaway", "node": 0, "gpu": 0, "at_s": 10, "rise_c_per_s": 3.0}]})
+    clock = [1000.0]
+    cluster = SimCluster(scenario, clock=lambda: clock[0], start_on_first_read=True)
+    node = cluster.node(0)
+    clock[0] = 1016.0  # the agent's first read comes 16 s after the cluster was built
+    first = node.read(0, full=False)
+    assert cluster.epoch == 1016.0 and first.ts == 1016.0
+    clock[0] = 1025.0  # 9 s on its clock: the fault (at 10 s) has not started
+    cool = node.read(0, full=False).temp_c
+    assert abs(cool - first.temp_c) < 1.0
+    clock[0] = 1040.0
+    hot = node.read(0, full=False)
+    assert hot.temp_c > cool + 20  # it began at 10 s on the agent's clock
+    gpu = cluster.gpus[0][0]
+    assert gpu.crossed_s is None or gpu.crossed_s >= 10
+    # Built without it, the clock starts at construction: the same read sees the fault 16 s older.
+    eager = SimCluster(scenario, clock=lambda: clock[0])
+    assert eager.epoch == 1040.0
