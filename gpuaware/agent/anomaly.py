@@ -18,8 +18,15 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuaware.agent.headroom import (LEAD_S, PAGE_RETIRE_LIMIT, ROW_REMAP_LIMIT, TAU_S, MemoryRunway, WearRunway,
-                                     time_to_temp)
+from gpuaware.agent.headroom import (
+    LEAD_S,
+    PAGE_RETIRE_LIMIT,
+    ROW_REMAP_LIMIT,
+    TAU_S,
+    MemoryRunway,
+    WearRunway,
+    time_to_temp,
+)
 from gpuaware.agent.readings import GpuDevice, Reading
 from gpuaware.agent.rng import Pcg64
 from gpuaware.contract.events import HealthAction, HealthVerdict
