@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from gpuaware.plumbing.kube.api import Informer, KubeApi, WatchSpec, wait_synced
 from gpuaware.scheduler.feed import StateView
@@ -59,6 +60,15 @@ COMPLETED_PAGE = 500  # pods that succeeded, listed this many at a time
 
 
 TAINT_RULES = ("resource.k8s.io", "v1beta2", "devicetaintrules")
+
+
+async def _discover(custom: Any, resource: tuple[str, str, str], timeout_s: float) -> bool:
+    """``_serves`` within the start's time: an API server that does not answer fails the start as the informers'
+    sync would (TimeoutError), not with the client's connection error."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(_serves, custom, *resource), timeout_s)
+    except (OSError, HTTPError) as exc:
+        raise TimeoutError(f"the API server did not answer the discovery of {'/'.join(resource[:2])}: {exc}") from exc
 
 
 def _serves(custom: Any, group: str, version: str, plural: str) -> bool:
@@ -149,14 +159,14 @@ class LiveScheduler:
             specs += [WatchSpec("deviceclasses", dra.list_device_class),
                       WatchSpec("resourceslices", dra.list_resource_slice),
                       WatchSpec("resourceclaims", dra.list_resource_claim_for_all_namespaces)]
-            if await asyncio.to_thread(_serves, custom, *TAINT_RULES):
+            if await _discover(custom, TAINT_RULES, sync_timeout_s):
                 specs.append(WatchSpec("devicetaintrules", lambda **kw: custom.list_cluster_custom_object(
                     *TAINT_RULES, **kw)))
             else:
                 log.info("DeviceTaintRules are not served (gate DRADeviceTaintRules, resource.k8s.io/%s): only the "
                          "slices' device taints keep claims off devices", TAINT_RULES[1])
         groups = (podgroups.GROUP, podgroups.VERSION, podgroups.PLURAL)
-        if await asyncio.to_thread(_serves, custom, *groups):
+        if await _discover(custom, groups, sync_timeout_s):
             specs.append(WatchSpec("podgroups", lambda **kw: custom.list_cluster_custom_object(*groups, **kw)))
         else:
             log.info("PodGroups are not served (gate GenericWorkload, %s/%s): gangs come from gpuaware.io/gang only",
