@@ -11,6 +11,7 @@ nobody can place (so queue gauges have series); it and the agent act as their sh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import sys
@@ -35,6 +36,7 @@ from gpuaware.local.processes import ChildProcess, free_port
 from gpuaware.local.prometheus import LocalPrometheus, available
 from gpuaware.local.stream_workers import StreamWorkerProcess, worker_env
 from gpuaware.plumbing.kafka_settings import KafkaSettings
+from gpuaware.scheduler.kube.objects import HEALTH_TAINT_KEY
 from tests.real_kube import Kube
 from tests.support import missing_part, produce
 from tests.system import nvidia_dashboard as nvidia
@@ -110,27 +112,49 @@ def _cluster(kube: Kube, unique: str) -> None:
         kube.create("gpuqueues", {"metadata": {"name": tenant}, "spec": {
             "tenant": tenant, "namespaces": [tenant], "weight": weight, "quota": [{"model": "*", "gpus": quota}]}},
             group="gpuaware.io", version="v1alpha1")
-    for i in range(4):
-        kube.create("pods", make_pod(f"train-{i}", namespace="vision", gpus=1))
-    kube.create("pods", make_pod("asr", namespace="speech", gpus=0, annotations={"gpuaware.io/gpu-milli": "500"}))
     # Nobody has a B200: these wait, so the queue gauges have series.
     kube.create("pods", make_pod("waiting", namespace="speech", gpus=1, annotations={"gpuaware.io/gpu-models": "B200"},
                                  priority=200_000))
     kube.create("pods", make_pod("waiting", namespace="vision", gpus=1, annotations={"gpuaware.io/gpu-models": "B200"}))
-    # Jobs that declare their durations and complete (``_complete``): the job runtime panels have data.
-    for name, declared in JOBS.items():
-        kube.create("pods", make_pod(name, namespace="jobs", annotations={"gpuaware.io/duration-s": declared}))
 
 
-JOBS = {"job-a": "500", "job-b": "1500", "job-c": "1700"}  # they run 10, 20 and 30 minutes
+def _drained(kube: Kube, unique: str) -> bool:
+    """Whether node 000's XID 79 has drained it (the health taint): pods created after that run on the healthy
+    nodes, where they stay, instead of racing the drain and being evicted from node 000."""
+    node = next(n for n in kube.objects("nodes") if n["metadata"]["name"] == f"live-{unique}-000")
+    return any(t.get("key") == HEALTH_TAINT_KEY for t in node["spec"].get("taints") or [])
+
+
+def _running_work(kube: Kube) -> None:
+    """The tenants' pods, for the allocation and fairness gauges, and jobs that declare their durations and
+    complete (``_complete``): the runtime table learns them."""
+    for i in range(4):
+        kube.create("pods", make_pod(f"train-{i}", namespace="vision", gpus=1))
+    kube.create("pods", make_pod("asr", namespace="speech", gpus=0, annotations={"gpuaware.io/gpu-milli": "500"}))
+    _jobs(kube, JOBS)
+
+
+# name -> (owner, declared seconds or None, minutes it runs). The first three declare their durations (exact
+# estimates, not judged); once the table has learned them, the same owners' next jobs (``LATER``) are placed with
+# forecasts, one per owner, and judged: the forecast quality panels have data.
+JOBS = {"job-a": ("a", "500", 10), "job-b": ("b", "1500", 20), "job-c": ("c", "1700", 30)}
+LATER = {"job-a2": ("a", None, 10), "job-b2": ("b", None, 20), "job-c2": ("c", None, 30)}
+LEARNED_KEYS = 11  # 3 owners, tenant, 2 shapes, *, and the declared ratios of 3 owners and the tenant
+
+
+def _jobs(kube: Kube, jobs: dict) -> None:
+    for name, (owner, declared, _) in jobs.items():
+        annotations = {"gpuaware.io/job": owner} | ({"gpuaware.io/duration-s": declared} if declared else {})
+        kube.create("pods", make_pod(name, namespace="jobs", annotations=annotations))
 
 
 def _complete(kube: Kube) -> None:
-    """Each job kwok runs ends Succeeded, as its kubelet would write it."""
-    for i, (name, pod) in enumerate((p["metadata"]["name"], p) for p in kube.objects("pods")
-                                    if p["metadata"]["name"] in JOBS):
-        if (pod.get("status") or {}).get("phase") == "Running":
-            kube.end_pod(name, "Succeeded", "2027-01-15T08:00:00Z", f"2027-01-15T08:{10 * (i + 1)}:00Z", "jobs")
+    """Each job kwok runs ends Succeeded after its minutes, as its kubelet would write it."""
+    for pod in kube.objects("pods"):
+        name = pod["metadata"]["name"]
+        if name in JOBS | LATER and (pod.get("status") or {}).get("phase") == "Running":
+            minutes = (JOBS | LATER)[name][2]
+            kube.end_pod(name, "Succeeded", "2027-01-15T08:00:00Z", f"2027-01-15T08:{minutes}:00Z", "jobs")
 
 
 def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaSettings, tmp_path: Path,
@@ -164,16 +188,25 @@ def test_every_panel_returns_data_and_a_fault_alert_fires(kafka_settings: KafkaS
         defined = {uid: d.variable_names() for uid, d in DASHBOARDS.items()}
         # Alone this takes ~30 s; in the full suite the worker first reads every earlier test's telemetry.
         deadline = time.monotonic() + 240
-        empty = queries
+        empty, working, later = queries, False, False
         while time.monotonic() < deadline:
             for child in children:
                 assert child.running(), f"{child.name} exited:\n{child.log_tail()}"
+            if not working and _drained(kube, unique):
+                _running_work(kube)
+                working = True
             _complete(kube)
-            try:
-                empty = [(uid, q) for uid, q in queries if not _query(prometheus, q, defined[uid])]
-                empty += [(v, "no values") for v in _variables_without_values(prometheus)]
+            with contextlib.suppress(OSError):
+                if not later and prometheus.query(f"gpuaware_scheduler_runtime_keys >= {LEARNED_KEYS}"):
+                    _jobs(kube, LATER)
+                    later = True
+            try:  # a panel of recent events (the last minute's) shows data while they are recent: once is enough
+                empty = [(uid, q) for uid, q in empty if (uid, q) not in queries or not _query(prometheus, q,
+                                                                                                defined[uid])]
+                if not [e for e in empty if e[1] != "no values"]:
+                    empty = [(v, "no values") for v in _variables_without_values(prometheus)]
             except OSError:
-                empty = queries  # Prometheus still starting
+                pass  # Prometheus still starting
             if not empty:
                 break
             time.sleep(3)  # the poll interval (one scrape)
