@@ -90,7 +90,8 @@ class SchedulerSettings(BaseModel):
     throttle_every_s: float = Field(30.0, gt=0, le=3600, description="how often power caps are reconsidered")
     node_power_budget_w: float | None = Field(None, gt=0,
                                               description="GPU power budget per node; None: only thermal caps")
-    queue_status_every_s: float = Field(5.0, gt=0, le=600, description="how often GPUQueue status is written")
+    queue_status_every_s: float = Field(5.0, gt=0, le=600,
+                                        description="how often GPUQueue and PodGroup status is written")
     leader_elect: bool = Field(False, description="hold a Lease so that one replica schedules")
     lease_name: str = "gpuaware-scheduler"
     lease_namespace: str = "gpuaware"

@@ -45,6 +45,7 @@ EXPECTED: dict[str, set[Row]] = {
         ("gpuqueues.gpuaware.io", "[]", "[list watch]"),
         ("gpuqueues.gpuaware.io/status", "[]", "[patch]"),
         ("podgroups.scheduling.k8s.io", "[]", "[list watch]"),  # gangs of the Workload API, where served
+        ("podgroups.scheduling.k8s.io/status", "[]", "[patch]"),  # their PodGroupScheduled condition
         ("leases.coordination.k8s.io", "[gpuaware-scheduler]", "[get update]"),
         ("leases.coordination.k8s.io", "[]", "[create]"),  # RBAC cannot restrict a create by name
     },

@@ -279,6 +279,12 @@ class KubeApi:
                                                              {"status": status}, _content_type=MERGE_PATCH,
                                                              **self._raw))
 
+    # scheduling.k8s.io (the Workload API's gangs)
+    def patch_pod_group_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        _done(self.custom.patch_namespaced_custom_object_status("scheduling.k8s.io", "v1alpha2", namespace,
+                                                                "podgroups", name, {"status": status},
+                                                                _content_type=MERGE_PATCH, **self._raw))
+
     # Authentication (the stream, verifying the agents' node tokens)
     def review_token(self, token: str, audience: str) -> dict[str, Any]:
         """The TokenReview's status for ``token`` and ``audience``: authenticated, user (extra), error."""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from gpuaware.scheduler.core.cluster import ClusterState
 from gpuaware.scheduler.core.preemption import Running
 from gpuaware.scheduler.kube.objects import PodWorkload
+from gpuaware.scheduler.kube.podgroups import PodGroups
 from gpuaware.scheduler.kube.queues import Queue
 from gpuaware.scheduler.kube.scheduling_queue import Rejected
 
@@ -58,6 +59,15 @@ class CacheView:
     @property
     def cordoned(self) -> Mapping[str, set[int]]:
         return MappingProxyType(self._cache.cordoned)
+
+    @property
+    def podgroups(self) -> PodGroups:
+        """Read it, never call its ``sync``/``event``: only the cache's informer handlers do."""
+        return self._cache.podgroups
+
+    @property
+    def scheduler_name(self) -> str:
+        return self._cache.scheduler_name
 
     @property
     def queues(self) -> Mapping[str, Queue]:

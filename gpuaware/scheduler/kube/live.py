@@ -9,7 +9,8 @@
   ``FailedScheduling`` Event (``unschedulable``);
 - live GPU state from Kafka (``gpuaware.scheduler.feed``) marks GPUs degraded/critical and stale
   (``live_state``); a GPU turning critical is cordoned and its pods moved (``health``);
-- periodically: power caps (``throttler``) and GPUQueue status (``queue_status``); every second
+- periodically: power caps (``throttler``), GPUQueue status (``queue_status``) and the Workload API gangs'
+  ``PodGroupScheduled`` condition (``podgroup_status``); every second
   the gauges (``snapshot``). Decisions go to a ``DecisionSink`` with an optional publisher.
 
 Restart-safe by construction: the queue and the allocations are rebuilt from the API (bound pods
@@ -42,6 +43,7 @@ from gpuaware.scheduler.kube.departures import Departures
 from gpuaware.scheduler.kube.dra.device_taints import DeviceTaints
 from gpuaware.scheduler.kube.evictor import Evictor
 from gpuaware.scheduler.kube.live_state import LiveGpuState
+from gpuaware.scheduler.kube.podgroup_status import PodGroupStatusWriter
 from gpuaware.scheduler.kube.quarantine import HealthReactions
 from gpuaware.scheduler.kube.queue_status import QueueStatusWriter
 from gpuaware.scheduler.kube.scheduling import SchedulingPass
@@ -119,6 +121,8 @@ class LiveScheduler:
                                      self.departures, self.unschedulable, self.tasks,
                                      view.runtimes if view is not None else None)
         self.queue_status = QueueStatusWriter(self.calls, self.cache.view(), self.stats)
+        self.podgroup_status = PodGroupStatusWriter(self.calls, self.cache.view(), self.stats,
+                                                    self.unschedulable.refusal)
         # Without live state there are no bands to apply, no critical GPUs and no power to cap.
         self.gpu_state: LiveGpuState | None = None
         self.health: HealthReactions | None = None
@@ -141,6 +145,7 @@ class LiveScheduler:
         self._dirty = True
         self._last_throttle = 0.0
         self._last_queue_status = 0.0
+        self._last_podgroup_status = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, sync_timeout_s: float = 60.0) -> None:
@@ -303,3 +308,6 @@ class LiveScheduler:
         if now - self._last_queue_status >= self.settings.queue_status_every_s and self.cache.tenancy.queues:
             self._last_queue_status = now
             self.tasks.spawn(self.queue_status.write())
+        if now - self._last_podgroup_status >= self.settings.queue_status_every_s and self.cache.podgroups.groups:
+            self._last_podgroup_status = now
+            self.tasks.spawn(self.podgroup_status.write())

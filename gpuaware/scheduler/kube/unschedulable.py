@@ -37,6 +37,10 @@ class UnschedulableReporter:
                 self._reported[key] = rej.reason
                 self.stats.decisions[("UNSCHEDULABLE", "invalid-request")] += 1
 
+    def refusal(self, key: str) -> str | None:
+        """The ``FailedScheduling`` reason last reported for pod ``key``, or None."""
+        return self._reported.get(key)
+
     def forget(self, key: str) -> None:
         """The pod was placed or left: a later failure is reported again."""
         self._reported.pop(key, None)

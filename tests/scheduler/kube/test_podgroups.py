@@ -71,6 +71,13 @@ def test_the_cache_requeues_a_waiting_member_when_its_podgroup_arrives():
 
 
 # ------------------------------------------------------------------ on kube-apiserver 1.36 with the gate on
+def scheduled(kube: Kube, name: str) -> dict | None:
+    """The PodGroupScheduled condition of PodGroup ``default/name``, or None."""
+    group = kube.request("GET", Kube.path("podgroups", namespace="default", name=name, **SCHED))
+    return next((c for c in (group.get("status") or {}).get("conditions") or []
+                 if c["type"] == "PodGroupScheduled"), None)
+
+
 @pytest.fixture(scope="module")
 def gated_cp() -> Iterator[Kube]:
     from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
@@ -110,9 +117,17 @@ async def test_a_workload_api_gang_is_bound_all_together_or_not_at_all(gated):
                                    for e in events(kube, "FailedScheduling")), what="the gang refused")
         assert not any(p["spec"].get("nodeName") for p in pods(kube).values())
         assert "gang default/podgroup:train-0" in events(kube, "FailedScheduling")[0]["message"]
+        # The PodGroup says so too (its /status, written as the shipped ServiceAccount).
+        await wait_for(lambda: scheduled(kube, "train-0") is not None, what="PodGroupScheduled written")
+        cond = scheduled(kube, "train-0")
+        assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
+        assert "none of its 3 members placed" in cond["message"]
         kube.create("nodes", make_node("n1", gpus=2))
         await wait_for(lambda: all(p["spec"].get("nodeName") for p in pods(kube).values()), what="the gang bound")
         assert len(pods(kube)) == 3
+        await wait_for(lambda: (scheduled(kube, "train-0") or {}).get("status") == "True", what="the group scheduled")
+        cond = scheduled(kube, "train-0")
+        assert (cond["reason"], cond["message"]) == ("Scheduled", "3 members bound (minCount 3)")
 
 
 async def test_a_member_waits_for_its_podgroup_and_goes_when_it_arrives(gated):
