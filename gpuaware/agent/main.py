@@ -75,7 +75,7 @@ def export_otlp_metrics(runtime: AgentRuntime, settings: AgentSettings) -> GpuMe
     from gpuaware.agent import otlp_metrics
 
     return otlp_metrics.start(runtime.cores, settings.otlp_metrics_endpoint, settings.otlp_metrics_interval_s,
-                              settings.metrics_schema)
+                              settings.metrics_schema, tls=otlp_metrics.Tls.of(settings))
 
 
 def follow_pod_uids(settings: AgentSettings, pods: PodResourcesWatcher, attribution: PodAttribution,

@@ -19,10 +19,12 @@ each point instead).
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import requests
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, PeriodicExportingMetricReader
@@ -30,7 +32,7 @@ from opentelemetry.sdk.resources import Resource
 
 from gpuaware.agent.core import AgentCore, GpuTrack
 from gpuaware.agent.dcgm import ATTRS, DcgmFamilies
-from gpuaware.agent.settings import otlp_metrics_url
+from gpuaware.agent.settings import AgentSettings, otlp_metrics_url
 from gpuaware.contract.dcgm import FAMILIES, LEGACY, Schema, family_name
 
 log = logging.getLogger(__name__)
@@ -170,14 +172,52 @@ class GpuMetricsOtlp:
         self.provider.shutdown()
 
 
+@dataclass(frozen=True)
+class Tls:
+    """The PEM files of an https:// receiver: ``ca`` verifies it (None: the system's CAs); ``cert`` and ``key``
+    answer a receiver that asks for a client certificate."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    @classmethod
+    def of(cls, settings: AgentSettings) -> Tls:
+        return cls(settings.otlp_metrics_certificate, settings.otlp_metrics_client_certificate,
+                   settings.otlp_metrics_client_key)
+
+    def check(self) -> None:
+        """A file that cannot be read fails the start, naming the setting (not an SSL error at each export)."""
+        for setting, path in (("otlp_metrics_certificate", self.ca), ("otlp_metrics_client_certificate", self.cert),
+                              ("otlp_metrics_client_key", self.key)):
+            if path is not None and not os.access(path, os.R_OK):
+                raise ValueError(f"agent.{setting}: {path!r} is not a readable file")
+
+
+class _CaSession(requests.Session):
+    """A requests Session whose own CA bundle wins over ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE``: requests lets
+    those override a session's ``verify`` on every request (its ``merge_environment_settings``), so an image that
+    sets them (many Python base images with a corporate CA do) would ignore ``agent.otlp_metrics_certificate``."""
+
+    def merge_environment_settings(self, url, proxies, stream, verify, cert):  # type: ignore[no-untyped-def]
+        merged = super().merge_environment_settings(url, proxies, stream, verify, cert)
+        if verify is None:  # the request did not choose: the session's CA, not the environment's
+            merged["verify"] = self.verify
+        return merged
+
+
 def start(cores: Sequence[AgentCore], endpoint: str, interval_s: float, schema: Schema = LEGACY,
-          exporter: MetricExporter | None = None, host_name: str | None = None) -> GpuMetricsOtlp:
-    """Export the cores' GPU metrics to ``endpoint`` every ``interval_s`` (``exporter`` replaces the OTLP one)."""
+          exporter: MetricExporter | None = None, host_name: str | None = None, tls: Tls = Tls()) -> GpuMetricsOtlp:
+    """Export the cores' GPU metrics to ``endpoint`` every ``interval_s`` (``exporter`` replaces the OTLP one).
+    Headers (an API key) come from the SDK's ``OTEL_EXPORTER_OTLP_METRICS_HEADERS``, which it reads itself."""
     url = otlp_metrics_url(endpoint)
     if exporter is None:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-        exporter = OTLPMetricExporter(endpoint=url, timeout=10)
+        tls.check()
+        exporter = OTLPMetricExporter(endpoint=url, timeout=10, certificate_file=tls.ca,
+                                      client_certificate_file=tls.cert, client_key_file=tls.key,
+                                      session=_CaSession() if tls.ca else None)
     reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval_s * 1000)
     otlp = GpuMetricsOtlp(cores, reader, schema, host_name)
     log.info("exporting GPU metrics over OTLP/HTTP to %s every %gs (names: %s)", url, interval_s, SEMCONV)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gpuaware.contract.dcgm import LEGACY, MIN_LABEL_BUDGET, agent_labels, pod_label_name
 
@@ -86,6 +86,13 @@ class AgentSettings(BaseModel):
                           "OpenTelemetry conventions define them (docs/agent.md), e.g. http://otel-collector:4318 "
                           "(/v1/metrics is added); unset: off, /metrics only")
     otlp_metrics_interval_s: float = Field(15.0, ge=1, le=3600, description="how often the OTLP metrics are pushed")
+    otlp_metrics_certificate: str | None = Field(
+        None, description="PEM CA bundle that verifies an https:// OTLP receiver; unset: the system's CAs. Headers "
+                          "(an API key) come from OTEL_EXPORTER_OTLP_METRICS_HEADERS, e.g. from a Secret")
+    otlp_metrics_client_certificate: str | None = Field(
+        None, description="PEM client certificate for an OTLP receiver that asks for one (mutual TLS); with "
+                          "otlp_metrics_client_key")
+    otlp_metrics_client_key: str | None = Field(None, description="PEM key of otlp_metrics_client_certificate")
     pod_uids: bool = Field(False, description="follow the UIDs of this node's pods (an informer on spec.nodeName) "
                                               "so shared GPUs get per-pod series; needs list/watch of pods, "
                                               "granted by deploy/components/agent-pod-uids (off: least privilege)")
@@ -96,6 +103,20 @@ class AgentSettings(BaseModel):
         if v is not None:
             otlp_metrics_url(v)
         return v
+
+    @model_validator(mode="after")
+    def _otlp_tls_needs_https(self) -> AgentSettings:
+        files = {"otlp_metrics_certificate": self.otlp_metrics_certificate,
+                 "otlp_metrics_client_certificate": self.otlp_metrics_client_certificate,
+                 "otlp_metrics_client_key": self.otlp_metrics_client_key}
+        given = [k for k, v in files.items() if v]
+        if not given:
+            return self
+        if not (self.otlp_metrics_endpoint or "").startswith("https://"):
+            raise ValueError(f"agent.{given[0]} is for TLS: give agent.otlp_metrics_endpoint as an https:// URL")
+        if bool(self.otlp_metrics_client_certificate) != bool(self.otlp_metrics_client_key):
+            raise ValueError("agent.otlp_metrics_client_certificate and agent.otlp_metrics_client_key go together")
+        return self
 
     @field_validator("metrics_label_budget")
     @classmethod

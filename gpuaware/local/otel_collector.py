@@ -62,14 +62,22 @@ class _Sink(ThreadingHTTPServer):
 
 
 class OtelCollector(ChildProcess):
-    """The collector on free loopback ports, its received metrics collected by an in-process sink."""
+    """The collector on free loopback ports, its received metrics collected by an in-process sink. ``tls``: the
+    receiver's certificate and key, and the CA its clients' certificates must chain to (None: any client)."""
 
-    def __init__(self, workdir: Path, binary: Path | None = None):
+    def __init__(self, workdir: Path, binary: Path | None = None,
+                 tls: tuple[Path, Path, Path | None] | None = None):
         self.binary = binary or find_collector()
         self.port = free_port()
         self.sink = _Sink(free_port())
+        self.tls = tls
+        http: dict = {"endpoint": f"127.0.0.1:{self.port}"}
+        if tls is not None:
+            cert, key, client_ca = tls
+            http["tls"] = {"cert_file": str(cert), "key_file": str(key),
+                           **({"client_ca_file": str(client_ca)} if client_ca is not None else {})}
         config = {
-            "receivers": {"otlp": {"protocols": {"http": {"endpoint": f"127.0.0.1:{self.port}"}}}},
+            "receivers": {"otlp": {"protocols": {"http": http}}},
             "exporters": {"otlp_http": {
                 "metrics_endpoint": f"http://127.0.0.1:{self.sink.server_address[1]}/v1/metrics",
                 "encoding": "json", "compression": "none", "retry_on_failure": {"enabled": False}}},
@@ -86,7 +94,7 @@ class OtelCollector(ChildProcess):
     @property
     def endpoint(self) -> str:
         """The base URL of the OTLP/HTTP receiver (``/v1/metrics`` is added by senders)."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def __enter__(self) -> OtelCollector:
         threading.Thread(target=self.sink.serve_forever, name="otlp-sink", daemon=True).start()

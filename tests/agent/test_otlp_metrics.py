@@ -138,3 +138,53 @@ def test_a_real_collector_receives_the_gpu_metrics(tmp_path):
         assert errors["error.type"] == "uncorrected"
         _, temp, _ = points[("hw.temperature", f"{t.device.uuid}/gpu", "DCGM_FI_DEV_GPU_TEMP")]
         assert (temp["hw.type"], temp["hw.parent"]) == ("temperature", t.device.uuid)
+
+
+def test_tls_files_need_an_https_endpoint_and_client_files_go_in_pairs(tmp_path):
+    with pytest.raises(ValidationError, match="is for TLS: give agent"):
+        AgentSettings(otlp_metrics_endpoint="http://c:4318", otlp_metrics_certificate="/ca.pem")
+    with pytest.raises(ValidationError, match="go together"):
+        AgentSettings(otlp_metrics_endpoint="https://c:4318", otlp_metrics_client_certificate="/c.pem")
+    missing = AgentSettings(otlp_metrics_endpoint="https://c:4318", otlp_metrics_certificate=str(tmp_path / "no.pem"))
+    with pytest.raises(ValueError, match=r"agent.otlp_metrics_certificate: '.*no.pem' is not a readable file"):
+        export_otlp_metrics(SimpleNamespace(cores=[]), missing)
+
+
+def _flush_to(collector: OtelCollector, tls: otlp_metrics.Tls) -> dict:
+    """What the collector received of one flush (the SDK's flush says True even when the export failed)."""
+    core, _ = ticked_core({"gpus_per_node": 1}, seconds=5)
+    otlp = otlp_metrics.start([core], collector.endpoint, interval_s=3600, host_name="h1", tls=tls)
+    try:
+        want = expected(core)
+        otlp.force_flush()
+    finally:
+        otlp.shutdown()
+    points: dict = {}
+    for _ in range(30):
+        _, points = points_from_json(collector.received())
+        if all(k in points for k in want):
+            break
+        time.sleep(0.1)
+    return {k: points[k][0] for k in want if k in points}
+
+
+def test_a_real_collector_that_asks_for_mutual_tls_receives_the_metrics_only_from_a_verified_agent(tmp_path,
+                                                                                                 monkeypatch):
+    """The collector's receiver serves TLS and requires a client certificate from its CA: the agent with the CA and
+    its client pair is received; without its client pair, or trusting another CA, it is refused and nothing
+    arrives (the export fails: the SDK logs it and the agent tries again at the next interval)."""
+    from gpuaware.local.kube_control_plane import _Pki
+
+    need(find_collector, CollectorMissing)
+    pki, other = _Pki(tmp_path / "pki"), _Pki(tmp_path / "other")
+    server = pki.server("otelcol", "otelcol", ["IP:127.0.0.1", "DNS:localhost"])
+    cert, key = pki.client("agent", "gpuaware-agent")
+    # An image's own CA bundle (requests reads it on every request) must not replace the configured CA.
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(other.ca_cert))
+    with OtelCollector(tmp_path / "c", tls=(*server, pki.ca_cert)) as collector:
+        assert collector.endpoint.startswith("https://")
+        assert _flush_to(collector, otlp_metrics.Tls(ca=str(pki.ca_cert))) == {}  # no client certificate
+        # the receiver's certificate does not chain to what the agent trusts
+        assert _flush_to(collector, otlp_metrics.Tls(ca=str(other.ca_cert), cert=str(cert), key=str(key))) == {}
+        got = _flush_to(collector, otlp_metrics.Tls(ca=str(pki.ca_cert), cert=str(cert), key=str(key)))
+    assert len(got) > 10 and all(k[0].startswith(("hw.", "dcgm_")) for k in got)
