@@ -84,6 +84,23 @@ XID_TEXT = {
 }
 
 
+def pod_usage(track: GpuTrack, pods: list[PodRef], attribution: PodAttribution,
+              attr: str) -> list[tuple[PodRef, float]]:
+    """Each pod's share of a GPU several pods hold: the sum of ``attr`` (``sm_util``, ``used_mib``) over its
+    processes in the last full sample, 0 for a pod with none. Pods without a UID are left out (their processes
+    cannot be told apart); nothing without per-process readings."""
+    sample = track.last_sample
+    if sample is None or sample.processes is None:
+        return []
+    by_uid: dict[str, float] = {}
+    for p in sample.processes:
+        v = getattr(p, attr)
+        uid = attribution.uid_of_pid(p.pid) if v is not None else None
+        if uid:
+            by_uid[uid] = by_uid.get(uid, 0.0) + float(v)
+    return [(pod, by_uid.get(pod.uid, 0.0)) for pod in pods if pod.uid]
+
+
 class DcgmCounter(Metric):
     """A counter whose samples keep the family's name (no ``_total``), as dcgm-exporter writes them."""
 
@@ -176,20 +193,11 @@ class DcgmFamilies:
                 fam.add_sample(fam.name, self._fit(labels, row.owner), float(v) * scale)
 
     def _per_pod(self, fam: Metric, row: Row, attr: str, scale: float) -> None:
-        sample = row.track.last_sample
-        if sample is None or sample.processes is None or self.pods is None:
+        if self.pods is None:
             return
-        by_uid: dict[str, float] = {}
-        for p in sample.processes:
-            v = getattr(p, attr)
-            uid = self.pods.uid_of_pid(p.pid) if v is not None else None
-            if uid:
-                by_uid[uid] = by_uid.get(uid, 0.0) + float(v)
-        for pod in row.pods:
-            if pod.uid:  # without the pod's UID its processes cannot be told apart
-                fam.add_sample(fam.name, self._fit({**row.labels, "pod": pod.name, "namespace": pod.namespace,
-                                                    "container": pod.container, "pod_uid": pod.uid}, pod),
-                               by_uid.get(pod.uid, 0.0) * scale)
+        for pod, v in pod_usage(row.track, row.pods, self.pods, attr):
+            fam.add_sample(fam.name, self._fit({**row.labels, "pod": pod.name, "namespace": pod.namespace,
+                                                "container": pod.container, "pod_uid": pod.uid}, pod), v * scale)
 
     def _xid(self, rows: list[Row]) -> Metric:
         """The last XID per GPU, 0 ("No Error") until the first, labelled with its code and text."""

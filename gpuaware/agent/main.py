@@ -68,14 +68,16 @@ def serve_metrics(runtime: AgentRuntime, host: str, port: int, pods: PodAttribut
                  "as gpuaware_dcgm_*" if s.dcgm_exporter == "beside" else "as DCGM_*")
 
 
-def export_otlp_metrics(runtime: AgentRuntime, settings: AgentSettings) -> GpuMetricsOtlp | None:
-    """``agent.otlp_metrics_endpoint``: the GPU metrics over OTLP/HTTP too (off when unset)."""
+def export_otlp_metrics(runtime: AgentRuntime, settings: AgentSettings,
+                        pods: PodAttribution | None = None) -> GpuMetricsOtlp | None:
+    """``agent.otlp_metrics_endpoint``: the GPU metrics over OTLP/HTTP too (off when unset), with the pods that
+    hold each GPU as /metrics has them."""
     if not settings.otlp_metrics_endpoint:
         return None
     from gpuaware.agent import otlp_metrics
 
     return otlp_metrics.start(runtime.cores, settings.otlp_metrics_endpoint, settings.otlp_metrics_interval_s,
-                              settings.metrics_schema, tls=otlp_metrics.Tls.of(settings))
+                              settings.metrics_schema, tls=otlp_metrics.Tls.of(settings), pods=pods)
 
 
 def follow_pod_uids(settings: AgentSettings, pods: PodResourcesWatcher, attribution: PodAttribution,
@@ -128,7 +130,7 @@ async def run_agent(settings: AgentSettings, kafka: KafkaSettings, metrics_host:
     uids = follow_pod_uids(settings, pods, attribution, runtime.cordons.api if runtime.cordons else None)
     slices = publish_slices(settings, runtime, stop)
     serve_metrics(runtime, metrics_host, metrics_port, attribution, settings)
-    otlp = export_otlp_metrics(runtime, settings)
+    otlp = export_otlp_metrics(runtime, settings, attribution)
     log.info("agent running: %d node(s), %d GPU(s), collector %s", len(runtime.cores),
              sum(len(c.devices) for c in runtime.cores), settings.collector)
     try:

@@ -31,7 +31,8 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, Perio
 from opentelemetry.sdk.resources import Resource
 
 from gpuaware.agent.core import AgentCore, GpuTrack
-from gpuaware.agent.dcgm import ATTRS, DcgmFamilies
+from gpuaware.agent.dcgm import ATTRS, DcgmFamilies, pod_usage
+from gpuaware.agent.podresources import PodAttribution, PodRef
 from gpuaware.agent.settings import AgentSettings, otlp_metrics_url
 from gpuaware.contract.dcgm import FAMILIES, LEGACY, Schema, family_name
 
@@ -75,13 +76,28 @@ UCUM = {"%": "%", "ratio 0-1": "1", "MiB": "MiBy", "MHz": "MHz", "Hz": "Hz", "C"
         "J": "J", "KiB": "KiBy", "bytes/s": "By/s", "": "1"}
 
 
+# A GPU several pods share: each pod's part, as /metrics' per-pod DCGM_FI_DEV_GPU_UTIL / _FB_USED series, under
+# names of their own: on the hw.gpu.* names they would add to the device's own point wherever a backend sums by
+# hw.id. name -> (unit, per-process reading, scale).
+PER_POD = {"gpuaware.pod.gpu.utilization": ("1", "sm_util", 0.01),
+           "gpuaware.pod.gpu.memory.usage": ("By", "used_mib", MIB)}
+
+
+def pod_attributes(pod: PodRef) -> dict[str, str]:
+    """The OpenTelemetry k8s.* attributes of a pod (semantic-conventions registry: k8s.pod.name, ...)."""
+    attrs = {"k8s.pod.name": pod.name, "k8s.namespace.name": pod.namespace, "k8s.container.name": pod.container,
+             "k8s.pod.uid": pod.uid}
+    return {k: v for k, v in attrs.items() if v}
+
+
 class GpuMetricsOtlp:
     """Observable instruments over the agent's cores, on a MeterProvider of their own (not the global one)."""
 
     def __init__(self, cores: Sequence[AgentCore], reader: MetricReader, schema: Schema = LEGACY,
-                 host_name: str | None = None):
+                 host_name: str | None = None, pods: PodAttribution | None = None):
         self.cores = list(cores)
         self.schema = schema
+        self.pods = pods
         nodes = sorted({c.node for c in self.cores})
         attrs = {"service.name": "gpuaware-agent", "service.namespace": "gpuaware",
                  "host.name": host_name or socket.gethostname()}
@@ -98,6 +114,8 @@ class GpuMetricsOtlp:
             self._instrument(meter, conv.kind, name, conv.unit, self._conventional(fields))
         self._instrument(meter, "updown", "hw.gpu.memory.limit", "By", self._memory(limit=True))
         self._instrument(meter, "gauge", "hw.gpu.memory.utilization", "1", self._memory(limit=False))
+        for name, (unit, attr, scale) in PER_POD.items():
+            self._instrument(meter, "gauge", name, unit, self._per_pod(attr, scale))
         for dcgm_name in ATTRS:
             if dcgm_name not in CONVENTIONS:
                 fam = FAMILIES[dcgm_name]
@@ -119,6 +137,9 @@ class GpuMetricsOtlp:
                          "hw.model": d.model, "hw.driver_version": d.driver_version}
                 if self.node_on_points:
                     attrs["k8s.node.name"] = core.node
+                pods = self.pods.pods(d.uuid) if self.pods is not None else []
+                if len(pods) == 1:  # the GPU's one holder, as /metrics labels it; a shared GPU: per pod below
+                    attrs.update(pod_attributes(pods[0]))
                 yield core, track, attrs
 
     def _conventional(self, fields: list[str]) -> Callable[[CallbackOptions], Iterable[Observation]]:
@@ -150,6 +171,19 @@ class GpuMetricsOtlp:
                 used = DcgmFamilies.value(track, "fb_used_mib")
                 if used is not None and total:
                     out.append(Observation(used / total, {**attrs, "dcgm.field": "DCGM_FI_DEV_FB_USED"}))
+            return out
+        return observe
+
+    def _per_pod(self, attr: str, scale: float) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            if self.pods is None:
+                return []
+            out = []
+            for _core, track, attrs in self._gpus():
+                holders = self.pods.pods(track.device.uuid)
+                if len(holders) > 1:
+                    out += [Observation(v * scale, {**attrs, **pod_attributes(pod)})
+                            for pod, v in pod_usage(track, holders, self.pods, attr)]
             return out
         return observe
 
@@ -207,7 +241,8 @@ class _CaSession(requests.Session):
 
 
 def start(cores: Sequence[AgentCore], endpoint: str, interval_s: float, schema: Schema = LEGACY,
-          exporter: MetricExporter | None = None, host_name: str | None = None, tls: Tls = Tls()) -> GpuMetricsOtlp:
+          exporter: MetricExporter | None = None, host_name: str | None = None, tls: Tls = Tls(),
+          pods: PodAttribution | None = None) -> GpuMetricsOtlp:
     """Export the cores' GPU metrics to ``endpoint`` every ``interval_s`` (``exporter`` replaces the OTLP one).
     Headers (an API key) come from the SDK's ``OTEL_EXPORTER_OTLP_METRICS_HEADERS``, which it reads itself."""
     url = otlp_metrics_url(endpoint)
@@ -219,6 +254,6 @@ def start(cores: Sequence[AgentCore], endpoint: str, interval_s: float, schema: 
                                       client_certificate_file=tls.cert, client_key_file=tls.key,
                                       session=_CaSession() if tls.ca else None)
     reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval_s * 1000)
-    otlp = GpuMetricsOtlp(cores, reader, schema, host_name)
+    otlp = GpuMetricsOtlp(cores, reader, schema, host_name, pods)
     log.info("exporting GPU metrics over OTLP/HTTP to %s every %gs (names: %s)", url, interval_s, SEMCONV)
     return otlp

@@ -105,6 +105,36 @@ def test_names_attributes_and_values_are_the_ones_metrics_shows():
     assert units["hw.energy"] == "J" and units["hw.temperature"] == "Cel" and units["dcgm_fi_dev_sm_clock"] == "MHz"
 
 
+def test_pods_as_metrics_has_them_a_holder_on_its_gpus_points_and_a_shared_gpu_per_pod():
+    """GPU 0 held by one pod: its points carry the pod's k8s.* attributes. GPU 1 shared by three: the device points
+    carry none, and each pod gets its part under gpuaware.pod.gpu.*, the values /metrics' per-pod series show.
+    GPU 2: no pod."""
+    core, cluster = ticked_core({"gpus_per_node": 3, "workloads": ["training-compute"], "shared": {0: 1, 1: 3}})
+    pods = cluster.attribution()
+    reader = InMemoryMetricReader()
+    otlp = GpuMetricsOtlp([core], reader, host_name="h1", pods=pods)
+    try:
+        data = reader.get_metrics_data()
+    finally:
+        otlp.shutdown()
+    (rm,) = data.resource_metrics
+    by_name = {m.name: list(m.data.data_points) for m in rm.scope_metrics[0].metrics}
+    uuid = {t.device.index: t.device.uuid for t in core.tracks}
+    (holder,) = pods.pods(uuid[0])
+    power = {p.attributes["hw.id"]: dict(p.attributes) for p in by_name["hw.power"]}
+    assert {k: v for k, v in power[uuid[0]].items() if k.startswith("k8s.")} == {
+        "k8s.pod.name": holder.name, "k8s.namespace.name": holder.namespace, "k8s.container.name": holder.container,
+        **({"k8s.pod.uid": holder.uid} if holder.uid else {})}
+    assert not [k for g in (1, 2) for k in power[uuid[g]] if k.startswith("k8s.")]
+    text = families(metrics_text(core, pods=pods))
+    for otlp_name, dcgm_name, scale in (("gpuaware.pod.gpu.utilization", "DCGM_FI_DEV_GPU_UTIL", 0.01),
+                                        ("gpuaware.pod.gpu.memory.usage", "DCGM_FI_DEV_FB_USED", 2**20)):
+        got = {p.attributes["k8s.pod.uid"]: p.value for p in by_name[otlp_name]}
+        want = {s.labels["pod_uid"]: s.value * scale for s in text[dcgm_name].samples if s.labels.get("pod_uid")}
+        assert len(want) == 3 and got == pytest.approx(want)
+        assert {p.attributes["hw.id"] for p in by_name[otlp_name]} == {uuid[1]}
+
+
 def test_a_real_collector_receives_the_gpu_metrics(tmp_path):
     need(find_collector, CollectorMissing)  # skipped without it, failed under CI=true
     core, _ = ticked_core({"gpus_per_node": 2}, seconds=5)
