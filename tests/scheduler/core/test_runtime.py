@@ -78,3 +78,40 @@ def test_the_expected_time_left_follows_the_distribution_given_the_time_run():
     assert RuntimeEstimate(math.log(600.0), 2.0).mean_remaining() > est.mean_remaining()
     assert RuntimeEstimate.exact(600.0).mean_remaining(200.0) == pytest.approx(400.0)
     assert RuntimeEstimate(math.log(600.0), 0.1).mean_remaining(1e9) == math.inf  # far past any end: unknown
+
+
+def _gittins_rank_by_integration(mu: float, sigma: float, a: float) -> float:
+    """The Gittins rank's definition, integrated on a fine grid: inf over t of the service expected up to t
+    over the chance of ending by t, given the job has run ``a``."""
+    import numpy as np
+
+    def survival(x):
+        return 0.5 * np.vectorize(math.erfc)((np.log(x) - mu) / (sigma * math.sqrt(2)))
+
+    ts = a + np.geomspace(1e-2, 1e8, 20_000)
+    u = np.concatenate([[a], ts]) if a > 0 else np.concatenate([[1e-9], ts])
+    sf = survival(u)
+    served = np.cumsum((sf[1:] + sf[:-1]) / 2 * np.diff(u))
+    ends = survival(np.array([max(a, 1e-9)]))[0] - survival(ts)
+    return float(np.min(served[ends > 0] / ends[ends > 0]))
+
+
+def test_the_gittins_rank_is_its_definition_and_at_most_the_expected_time_left():
+    for sigma in (0.3, 1.0, 2.0):
+        est = RuntimeEstimate(math.log(600.0), sigma)
+        for a in (0.0, 300.0, 1200.0):
+            if est.overran(a):
+                continue
+            rank = est.gittins_rank(a)
+            assert rank == pytest.approx(_gittins_rank_by_integration(math.log(600.0), sigma, a), rel=0.005)
+            assert rank <= est.mean_remaining(a) * (1 + 1e-9)
+    # A sure job's rank is its expected time left; a spread one's is well below it (it may well end soon).
+    assert RuntimeEstimate(math.log(600.0), 0.05).gittins_rank() == pytest.approx(600.0, rel=0.01)
+    spread = RuntimeEstimate(math.log(600.0), 2.0)
+    assert spread.gittins_rank() < 0.15 * spread.mean_remaining()
+
+
+def test_an_exact_runtimes_gittins_rank_is_what_is_left_and_past_any_end_it_is_unknown():
+    assert RuntimeEstimate.exact(1000.0).gittins_rank(400.0) == pytest.approx(600.0)
+    assert RuntimeEstimate.exact(1000.0).gittins_rank(1200.0) == math.inf
+    assert RuntimeEstimate(math.log(600.0), 0.1).gittins_rank(1e9) == math.inf
