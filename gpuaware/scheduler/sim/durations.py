@@ -11,6 +11,8 @@ the core knows of runtimes (``DynamicConfig.durations``):
   preemption and victim choice by the online runtime forecaster's estimates (``stream/runtime.py``, learned
   from the cluster's past, then in completion order from the run's own jobs: nothing it predicts has been
   seen); ``predicted_cold`` the same without the past;
+- ``gittins``: as ``predicted``, ordered by the Gittins rank of the same estimates given the service attained
+  (``RuntimeEstimate.gittins_rank``) instead of their expected remainder;
 - ``oracle``: the same with every runtime known exactly: a ceiling no live scheduler has, reported beside.
 
 ``fair`` (DRF within a priority, runtimes unknown) is the shipped default, reported for reference.
@@ -21,9 +23,9 @@ Jain's index over tenants, and violations (jobs that never finished: starved). T
 (fifo's mean wait over its mean JCT: how contended the run is), ``forecast_quality`` (the predicted
 variant's arrival-time forecasts against the runtimes the jobs then ran: Spearman's rank correlation of
 the p50, mean absolute error of log runtime, share that ended within their p90) and
-``oracle_gain_captured.jct`` = (fifo - predicted) / (fifo - oracle). Each ``*_vs_*`` comparison also gives the
-mean JCT's gain seed by seed with a 95% interval (``jct_mean_paired``, ``jct_mean_ci95``): every variant runs the
-same jobs on a seed, so the pairs take the seed's noise out.
+``oracle_gain_captured.jct`` = (fifo - predicted) / (fifo - oracle) (``.gittins``: the same for gittins). Each
+``*_vs_*`` comparison also gives the mean JCT's gain seed by seed with a 95% interval (``jct_mean_paired``,
+``jct_mean_ci95``): every variant runs the same jobs on a seed, so the pairs take the seed's noise out.
 
 ``predicted`` starts from the cluster's past (``DynamicConfig.runtime_history``: the trace's pods the run does
 not draw); ``predicted_cold`` from nothing, as on a cluster's first day.
@@ -48,13 +50,14 @@ VARIANTS: dict[str, dict] = {
     "las": {"durations": "unknown", "order": "las"},
     "predicted": {"durations": "forecast", "order": "predicted"},
     "predicted_cold": {"durations": "forecast", "order": "predicted", "runtime_history": "none"},
+    "gittins": {"durations": "forecast", "order": "gittins"},
     "oracle": {"durations": "oracle", "order": "predicted"},
     "fair": {"durations": "unknown", "order": "fair"},
 }
 # The stream ablation's cluster: 1% of the nodes, 1,000 jobs at the dynamic experiment's offered load (1.2):
 # fifo's queue wait is about 60% of its mean JCT there, contended as the literature's gains need (>= 20%), and
-# 5 variants x 20 seeds run in minutes on 2 cores. The forecaster starts cold in every run: it has learned
-# only from the run's own completions.
+# every variant x 20 seeds runs in minutes on 2 cores. The forecaster starts from the trace's other pods
+# (``predicted_cold``: from nothing) and learns from the run's own completions as they end.
 DURATIONS_CONFIG = DynamicConfig(jobs=1000, node_fraction=0.01)
 
 
@@ -149,16 +152,22 @@ def run_durations(nodes, pods, seeds: list[int], make_runtime: Callable[[], Runt
     out = {name: figures(rs) for name, rs in per.items()}
     fifo, predicted, oracle = out["fifo"]["jct_mean_s"], out["predicted"]["jct_mean_s"], out["oracle"]["jct_mean_s"]
     captured = round((fifo - predicted) / (fifo - oracle), 3) if fifo != oracle else None
+    gittins = out["gittins"]["jct_mean_s"]
+    captured_gittins = round((fifo - gittins) / (fifo - oracle), 3) if fifo != oracle else None
     return {"experiment": "dynamic", "ablation": "durations", "policy": "gpuaware", "seeds": seeds,
             "config": {k: v for k, v in cfg.__dict__.items() if k not in ("durations", "order", "runtime_history")},
             "wait_share": round(out["fifo"]["wait_mean_all_s"] / fifo, 3),
             "variants": out, "forecast_quality": forecast_quality(per["predicted"]),
             "forecast_quality_cold": forecast_quality(per["predicted_cold"]),
-            "oracle_gain_captured": {"jct": captured},
+            "oracle_gain_captured": {"jct": captured, "gittins": captured_gittins},
             "predicted_vs_fifo": _gain(out["predicted"], out["fifo"]) | _paired(per["predicted"], per["fifo"]),
             "predicted_vs_las": _gain(out["predicted"], out["las"]) | _paired(per["predicted"], per["las"]),
             "predicted_vs_cold": _gain(out["predicted"], out["predicted_cold"])
             | _paired(per["predicted"], per["predicted_cold"]),
+            "gittins_vs_fifo": _gain(out["gittins"], out["fifo"]) | _paired(per["gittins"], per["fifo"]),
+            "gittins_vs_las": _gain(out["gittins"], out["las"]) | _paired(per["gittins"], per["las"]),
+            "gittins_vs_predicted": _gain(out["gittins"], out["predicted"])
+            | _paired(per["gittins"], per["predicted"]),
             "oracle_vs_fifo": _gain(out["oracle"], out["fifo"]) | _paired(per["oracle"], per["fifo"])}
 
 

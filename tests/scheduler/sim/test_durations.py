@@ -26,6 +26,9 @@ def test_every_variant_runs_the_same_jobs_and_the_report_names_the_figures(small
     assert q["jobs"] > 100 and -1 <= q["spearman"] <= 1 and 0 <= q["p90_coverage"] <= 1 and q["mae_log"] > 0
     assert 0 < report["wait_share"] < 1
     assert report["oracle_vs_fifo"]["jct_mean"] > 0  # knowing every runtime shortens the mean JCT here
+    # The Gittins order runs on the same estimates as predicted, and is compared with it and the baselines.
+    assert {"gittins_vs_fifo", "gittins_vs_las", "gittins_vs_predicted"} <= set(report)
+    assert report["oracle_gain_captured"]["gittins"] is not None
 
 
 def test_spearman_is_the_rank_correlation_with_ties_sharing_their_rank():
