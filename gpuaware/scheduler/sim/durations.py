@@ -131,10 +131,15 @@ def _one(nodes, pods, cfg: DynamicConfig, variant: str, seed: int,
 
 def run_durations(nodes, pods, seeds: list[int], make_runtime: Callable[[], RuntimeModel],
                   cfg: DynamicConfig | None = None, progress: Callable[[str, float], None] | None = None,
-                  workers: int = 1) -> dict:
-    """Every variant on every seed (in ``workers`` processes when > 1: the same figures)."""
+                  workers: int = 1, variants: list[str] | None = None) -> dict:
+    """``variants`` (default every one) on every seed (in ``workers`` processes when > 1: the same figures)."""
     cfg = cfg or DURATIONS_CONFIG
-    tasks = [(name, seed) for name in VARIANTS for seed in seeds]
+    names = list(VARIANTS) if variants is None else [n for n in VARIANTS if n in variants]
+    unknown = sorted(set(variants or ()) - set(VARIANTS))
+    if unknown or not names:
+        raise ValueError(f"unknown durations variant(s) {', '.join(unknown) or 'none given'}; "
+                         f"known: {', '.join(VARIANTS)}")
+    tasks = [(name, seed) for name in names for seed in seeds]
     results: dict[tuple[str, int], DynamicResult] = {}
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
@@ -148,27 +153,38 @@ def run_durations(nodes, pods, seeds: list[int], make_runtime: Callable[[], Runt
             results[(name, seed)] = _one(nodes, pods, cfg, name, seed, make_runtime)
             if progress:
                 progress(f"{name} seed {seed}", 1.0)
-    per = {name: [results[(name, s)] for s in seeds] for name in VARIANTS}
+    return durations_report({name: [results[(name, s)] for s in seeds] for name in names}, seeds, cfg)
+
+
+# Each comparison, made when both of its variants ran: (key, new, base).
+COMPARISONS = (("predicted_vs_fifo", "predicted", "fifo"), ("predicted_vs_las", "predicted", "las"),
+               ("predicted_vs_cold", "predicted", "predicted_cold"), ("gittins_vs_fifo", "gittins", "fifo"),
+               ("gittins_vs_las", "gittins", "las"), ("gittins_vs_predicted", "gittins", "predicted"),
+               ("oracle_vs_fifo", "oracle", "fifo"))
+
+
+def durations_report(per: dict[str, list[DynamicResult]], seeds: list[int], cfg: DynamicConfig) -> dict:
+    """The report of the variants in ``per`` (name -> its run on each of ``seeds``): the figures and comparisons
+    those variants allow."""
     out = {name: figures(rs) for name, rs in per.items()}
-    fifo, predicted, oracle = out["fifo"]["jct_mean_s"], out["predicted"]["jct_mean_s"], out["oracle"]["jct_mean_s"]
-    captured = round((fifo - predicted) / (fifo - oracle), 3) if fifo != oracle else None
-    gittins = out["gittins"]["jct_mean_s"]
-    captured_gittins = round((fifo - gittins) / (fifo - oracle), 3) if fifo != oracle else None
-    return {"experiment": "dynamic", "ablation": "durations", "policy": "gpuaware", "seeds": seeds,
-            "config": {k: v for k, v in cfg.__dict__.items() if k not in ("durations", "order", "runtime_history")},
-            "wait_share": round(out["fifo"]["wait_mean_all_s"] / fifo, 3),
-            "variants": out, "forecast_quality": forecast_quality(per["predicted"]),
-            "forecast_quality_cold": forecast_quality(per["predicted_cold"]),
-            "oracle_gain_captured": {"jct": captured, "gittins": captured_gittins},
-            "predicted_vs_fifo": _gain(out["predicted"], out["fifo"]) | _paired(per["predicted"], per["fifo"]),
-            "predicted_vs_las": _gain(out["predicted"], out["las"]) | _paired(per["predicted"], per["las"]),
-            "predicted_vs_cold": _gain(out["predicted"], out["predicted_cold"])
-            | _paired(per["predicted"], per["predicted_cold"]),
-            "gittins_vs_fifo": _gain(out["gittins"], out["fifo"]) | _paired(per["gittins"], per["fifo"]),
-            "gittins_vs_las": _gain(out["gittins"], out["las"]) | _paired(per["gittins"], per["las"]),
-            "gittins_vs_predicted": _gain(out["gittins"], out["predicted"])
-            | _paired(per["gittins"], per["predicted"]),
-            "oracle_vs_fifo": _gain(out["oracle"], out["fifo"]) | _paired(per["oracle"], per["fifo"])}
+    report = {"experiment": "dynamic", "ablation": "durations", "policy": "gpuaware", "seeds": seeds,
+              "config": {k: v for k, v in cfg.__dict__.items() if k not in ("durations", "order", "runtime_history")}}
+    if "fifo" in out:
+        report["wait_share"] = round(out["fifo"]["wait_mean_all_s"] / out["fifo"]["jct_mean_s"], 3)
+    report["variants"] = out
+    for key, name in (("forecast_quality", "predicted"), ("forecast_quality_cold", "predicted_cold"),
+                      ("forecast_quality_gittins", "gittins")):
+        if name in per:
+            report[key] = forecast_quality(per[name])
+    if "fifo" in out and "oracle" in out:
+        fifo, oracle = out["fifo"]["jct_mean_s"], out["oracle"]["jct_mean_s"]
+        report["oracle_gain_captured"] = {
+            key: round((fifo - out[name]["jct_mean_s"]) / (fifo - oracle), 3) if fifo != oracle else None
+            for key, name in (("jct", "predicted"), ("gittins", "gittins")) if name in out}
+    for key, new, base in COMPARISONS:
+        if new in out and base in out:
+            report[key] = _gain(out[new], out[base]) | _paired(per[new], per[base])
+    return report
 
 
 def _paired(new: list[DynamicResult], base: list[DynamicResult]) -> dict:
