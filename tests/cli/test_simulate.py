@@ -50,7 +50,7 @@ def test_the_durations_ablation_refuses_an_unknown_variant_naming_the_known_ones
     bad = subprocess.run([sys.executable, "-m", "gpuaware", "simulate", "--experiment", "dynamic", "--ablation",
                           "durations", "--variants", "fifo,sjf", "--nodes", str(small_nodes), "--pods", str(PODS)],
                          capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "unknown durations variant(s) sjf" in bad.stderr and "gittins" in bad.stderr
+    assert bad.returncode == 2 and "unknown durations variant(s) sjf" in bad.stderr and "predicted" in bad.stderr
     bad = subprocess.run([sys.executable, "-m", "gpuaware", "simulate", "--experiment", "dynamic", "--ablation",
                           "stream", "--variants", "fifo", "--nodes", str(small_nodes), "--pods", str(PODS)],
                          capture_output=True, text=True, timeout=60)

@@ -52,10 +52,9 @@ class QueuePolicy:
     peak_util: float = 0.9
     defer_max_s: float = 3600.0
     demand_aware: bool = False  # defer and close borrowing by the demand forecast (``demand.py``) when there is one
-    # Order within a priority (queue.queue_order): fair (DRF, or arrival without fair_share), fifo, las, predicted,
-    # gittins.
+    # Order within a priority (queue.queue_order): fair (DRF, or arrival without fair_share), fifo, las, predicted.
     order: str = "fair"
-    aging_gpus: float = 0.1  # predicted and gittins orders: GPU-seconds of predicted service forgiven per second waited
+    aging_gpus: float = 0.1  # predicted order: GPU-seconds of predicted service forgiven per second waited
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
@@ -121,7 +120,7 @@ def schedule_pass(scheduler: Scheduler, cluster: ClusterState, queue: QueueState
     ledger = queue.ledger if policy.fair_share else None
     order = only if only is not None else queue_order(queue.pending, policy.order, ledger, now, queue.attained,
                                                       policy.aging_gpus)
-    by_duration = policy.order in ("predicted", "gittins")
+    by_duration = policy.order == "predicted"
     blocked: set[tuple] = set()
     attempts = 0
     reservation: tuple[int, float, int] | None = None  # (node, time, priority)

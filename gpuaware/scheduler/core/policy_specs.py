@@ -59,4 +59,4 @@ POLICIES = tuple(SPECS)
 
 
 # The queue orders within a priority (``core.queue.queue_order``), here so that settings validate without the core.
-ORDERS = ("fair", "fifo", "las", "predicted", "gittins")
+ORDERS = ("fair", "fifo", "las", "predicted")

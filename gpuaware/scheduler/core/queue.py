@@ -204,10 +204,7 @@ def queue_order(pending: list[Workload], order: str, ledger: TenantLedger | None
       arrival; needs no forecast (Tiresias' 2D-LAS, without its preemption);
     - ``predicted``: least predicted remaining GPU service first (the expected time left given what has run,
       times GPUs; Helios' QSSF), less ``aging_gpus`` GPU-seconds for every second waited so nothing starves;
-      work without an estimate (or past what it expected) orders as if it needed an hour;
-    - ``gittins``: as ``predicted``, by the Gittins rank of the estimate given what has run instead of its
-      expected remainder (``RuntimeEstimate.gittins_rank``): a job whose distribution says it may well end soon
-      goes first, one that has outlived that falls back as under ``las``.
+      work without an estimate (or past what it expected) orders as if it needed an hour.
     """
     if order == "fair":
         return fair_order(pending, ledger)
@@ -216,17 +213,13 @@ def queue_order(pending: list[Workload], order: str, ledger: TenantLedger | None
     done = attained or {}
     if order == "las":
         return sorted(pending, key=lambda w: (-w.priority, done.get(w.id, 0.0), w.submit_s))
-    if order not in ("predicted", "gittins"):
+    if order != "predicted":
         raise ValueError(f"unknown queue order {order!r}; known: {', '.join(ORDERS)}")
-    gittins = order == "gittins"
 
     def key(w: Workload) -> tuple[int, float, float]:
         gpus = gpu_weight(w)
         ran = done.get(w.id, 0.0) / gpus
-        if w.runtime is None:
-            left = math.inf
-        else:
-            left = w.runtime.gittins_rank(ran) if gittins else w.runtime.mean_remaining(ran)
+        left = w.runtime.mean_remaining(ran) if w.runtime is not None else math.inf
         if not math.isfinite(left):  # no estimate, or it ran past what the estimate expected
             left = UNKNOWN_REMAINING_S
         return -w.priority, gpus * left - aging_gpus * max(0.0, now - w.submit_s), w.submit_s

@@ -10,9 +10,9 @@ exact, or ``calibrated`` once its owner's completions say how far off declaratio
 ``z90`` is the p90's standard score, kept calibrated by whoever learns the estimate (the forecaster moves it so
 that 90% of completions end before their p90); 1.2816 is the normal's own.
 
-Used for queue order (``predicted``: remaining GPU service; ``gittins``: the Gittins rank), backfill and
-reservations (the p90 of the end) and patient preemption (when running work frees room). ``PredictedEnds`` is
-the ``finish_at`` a pass reads: each running job's expected end, computed when asked (a pass asks for few).
+Used for queue order (``predicted``: remaining GPU service), backfill and reservations (the p90 of the end) and
+patient preemption (when running work frees room). ``PredictedEnds`` is the ``finish_at`` a pass reads: each
+running job's expected end, computed when asked (a pass asks for few).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from statistics import NormalDist
 from typing import Any
 
@@ -87,19 +86,6 @@ class RuntimeEstimate:
         tail = 1.0 - _N.cdf(z)
         return max(mean * (1.0 - _N.cdf(z - s)) / tail - elapsed, 0.0)
 
-    def gittins_rank(self, elapsed: float = 0.0) -> float:
-        """The inverse of the Gittins index given ``elapsed`` seconds run without ending, in seconds:
-        inf over t > a of E[min(D, t) - a | D > a] / P(D <= t | D > a). Serving the least rank first is what
-        minimises mean response time when sizes are unknown but their distribution is known (Gittins; Aalto,
-        Ayesta & Righter): it is at most ``mean_remaining`` and falls below it for a job the distribution says
-        may well end soon. Infinite once it has ``overran``; an exact runtime's rank is what is left of it."""
-        if self.overran(elapsed):
-            return math.inf
-        if self.sigma <= 0.0:
-            return max(math.exp(self.mu) - elapsed, 0.0)
-        scale = math.exp(self.mu)  # D = scale * X, X ~ exp(N(0, sigma^2)): the rank scales with it
-        return scale * _gittins_rank_unit(self.sigma, elapsed / scale)
-
 
 def expected_duration(runtime: RuntimeEstimate | None, declared_s: float | None) -> float:
     """How long a job that has not started will run, for backfill: the estimate's p90, else what the user
@@ -136,43 +122,3 @@ class PredictedEnds(Mapping[str, float]):
 
     def __len__(self) -> int:
         return len(self._running)
-
-
-# The end points t tried: conditional quantiles of D given D > a, dense near both ends; besides, t = infinity
-# (the mean left) and t just above a (one over the hazard rate at a).
-_RANK_QUANTILES = (0.001, 0.003, 0.006, 0.01, *(q / 64 for q in range(1, 64)), 0.99, 0.995, 0.999)
-_SQRT2 = math.sqrt(2.0)
-
-
-def _phi(z: float) -> float:
-    return 0.5 * math.erfc(-z / _SQRT2)
-
-
-def _tail(z: float) -> float:
-    return 0.5 * math.erfc(z / _SQRT2)
-
-
-@lru_cache(maxsize=65536)
-def _gittins_rank_unit(sigma: float, a: float) -> float:
-    """``gittins_rank`` of X ~ exp(N(0, sigma^2)) having run ``a``: the least of, over end points t, the
-    expected service to t over the chance of ending by t, all given X > a. With z = log(t) / sigma,
-    E[min(X, t)] - E[min(X, a)] = t P(X > t) - a P(X > a) + e^(sigma^2 / 2) (Phi(z - sigma) - Phi(z_a - sigma))."""
-    s = sigma
-    m = math.exp(s * s / 2)
-    za = math.log(a) / s if a > 0 else -math.inf
-    below = _phi(za) if a > 0 else 0.0
-    above = _tail(za) if a > 0 else 1.0
-    base_a = a * above + m * _phi(za - s) if a > 0 else 0.0  # E[min(X, a)]
-    best = (m * _tail(za - s) - a * above) / above  # t = infinity: E[X - a | X > a]
-    if a > 0:  # t -> a: P(X > a) / density at a
-        best = min(best, above * s * a / math.exp(-za * za / 2) * math.sqrt(2 * math.pi))
-    for q in _RANK_QUANTILES:
-        z = _N.inv_cdf(min(below + above * q, 1.0 - 1e-15))
-        t = math.exp(s * z)
-        if t <= a:
-            continue
-        served = t * _tail(z) + m * _phi(z - s) - base_a
-        ends = _phi(z) - below
-        if ends > 0:
-            best = min(best, served / ends)
-    return max(best, 0.0)

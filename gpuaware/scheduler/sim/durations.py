@@ -11,8 +11,6 @@ the core knows of runtimes (``DynamicConfig.durations``):
   preemption and victim choice by the online runtime forecaster's estimates (``stream/runtime.py``, learned
   from the cluster's past, then in completion order from the run's own jobs: nothing it predicts has been
   seen); ``predicted_cold`` the same without the past;
-- ``gittins``: as ``predicted``, ordered by the Gittins rank of the same estimates given the service attained
-  (``RuntimeEstimate.gittins_rank``) instead of their expected remainder;
 - ``oracle``: the same with every runtime known exactly: a ceiling no live scheduler has, reported beside.
 
 ``fair`` (DRF within a priority, runtimes unknown) is the shipped default, reported for reference.
@@ -23,9 +21,10 @@ Jain's index over tenants, and violations (jobs that never finished: starved). T
 (fifo's mean wait over its mean JCT: how contended the run is), ``forecast_quality`` (the predicted
 variant's arrival-time forecasts against the runtimes the jobs then ran: Spearman's rank correlation of
 the p50, mean absolute error of log runtime, share that ended within their p90) and
-``oracle_gain_captured.jct`` = (fifo - predicted) / (fifo - oracle) (``.gittins``: the same for gittins). Each
-``*_vs_*`` comparison also gives the mean JCT's gain seed by seed with a 95% interval (``jct_mean_paired``,
-``jct_mean_ci95``): every variant runs the same jobs on a seed, so the pairs take the seed's noise out.
+``oracle_gain_captured.jct`` = (fifo - predicted) / (fifo - oracle). Each ``*_vs_*`` comparison also gives the
+mean JCT's gain seed by seed with a 95% interval (``jct_mean_paired``, ``jct_mean_ci95``): every variant runs the
+same jobs on a seed, so the pairs take the seed's noise out. ``--variants`` runs some of the variants: the report
+has the comparisons they allow.
 
 ``predicted`` starts from the cluster's past (``DynamicConfig.runtime_history``: the trace's pods the run does
 not draw); ``predicted_cold`` from nothing, as on a cluster's first day.
@@ -50,7 +49,6 @@ VARIANTS: dict[str, dict] = {
     "las": {"durations": "unknown", "order": "las"},
     "predicted": {"durations": "forecast", "order": "predicted"},
     "predicted_cold": {"durations": "forecast", "order": "predicted", "runtime_history": "none"},
-    "gittins": {"durations": "forecast", "order": "gittins"},
     "oracle": {"durations": "oracle", "order": "predicted"},
     "fair": {"durations": "unknown", "order": "fair"},
 }
@@ -158,9 +156,7 @@ def run_durations(nodes, pods, seeds: list[int], make_runtime: Callable[[], Runt
 
 # Each comparison, made when both of its variants ran: (key, new, base).
 COMPARISONS = (("predicted_vs_fifo", "predicted", "fifo"), ("predicted_vs_las", "predicted", "las"),
-               ("predicted_vs_cold", "predicted", "predicted_cold"), ("gittins_vs_fifo", "gittins", "fifo"),
-               ("gittins_vs_las", "gittins", "las"), ("gittins_vs_predicted", "gittins", "predicted"),
-               ("oracle_vs_fifo", "oracle", "fifo"))
+               ("predicted_vs_cold", "predicted", "predicted_cold"), ("oracle_vs_fifo", "oracle", "fifo"))
 
 
 def durations_report(per: dict[str, list[DynamicResult]], seeds: list[int], cfg: DynamicConfig) -> dict:
@@ -172,15 +168,13 @@ def durations_report(per: dict[str, list[DynamicResult]], seeds: list[int], cfg:
     if "fifo" in out:
         report["wait_share"] = round(out["fifo"]["wait_mean_all_s"] / out["fifo"]["jct_mean_s"], 3)
     report["variants"] = out
-    for key, name in (("forecast_quality", "predicted"), ("forecast_quality_cold", "predicted_cold"),
-                      ("forecast_quality_gittins", "gittins")):
+    for key, name in (("forecast_quality", "predicted"), ("forecast_quality_cold", "predicted_cold")):
         if name in per:
             report[key] = forecast_quality(per[name])
-    if "fifo" in out and "oracle" in out:
+    if {"fifo", "predicted", "oracle"} <= set(out):
         fifo, oracle = out["fifo"]["jct_mean_s"], out["oracle"]["jct_mean_s"]
-        report["oracle_gain_captured"] = {
-            key: round((fifo - out[name]["jct_mean_s"]) / (fifo - oracle), 3) if fifo != oracle else None
-            for key, name in (("jct", "predicted"), ("gittins", "gittins")) if name in out}
+        captured = (fifo - out["predicted"]["jct_mean_s"]) / (fifo - oracle) if fifo != oracle else None
+        report["oracle_gain_captured"] = {"jct": None if captured is None else round(captured, 3)}
     for key, new, base in COMPARISONS:
         if new in out and base in out:
             report[key] = _gain(out[new], out[base]) | _paired(per[new], per[base])

@@ -76,7 +76,7 @@ def test_a_decision_in_an_order_by_learned_runtimes_names_the_duration_signal():
     from gpuaware.scheduler.core.cycle import PassStats, QueuePolicy, QueueState, schedule_pass
     from gpuaware.scheduler.core.runtime import SIGNAL, RuntimeEstimate
 
-    for order, named in (("gittins", True), ("predicted", True), ("las", False)):
+    for order, named in (("predicted", True), ("las", False)):
         c = ClusterState([NodeSpec("n0", 64000, 512 * 1024, 8, "H100", 80 * 1024)])
         job = Workload("j", num_gpu=1, runtime=RuntimeEstimate(math.log(600.0), 1.0))
         hooks = Starting(c)

@@ -48,22 +48,3 @@ def test_an_unknown_queue_order_is_refused_naming_the_known_ones():
         queue_order([], "sjf", None, 0.0)
     with pytest.raises(ValueError, match="order"):
         QueuePolicy(order="sjf")
-
-
-def test_gittins_puts_a_job_that_may_well_end_soon_first_and_one_that_outlived_that_back():
-    import math
-
-    from gpuaware.scheduler.core.queue import queue_order
-    from gpuaware.scheduler.core.runtime import RuntimeEstimate
-
-    # sure: ~1000 s, surely; spread: a median of 300 s but a mean of 2,200 s (a heavy tail).
-    sure = Workload("sure", num_gpu=1, submit_s=0, runtime=RuntimeEstimate(math.log(1000.0), 0.1))
-    spread = Workload("spread", num_gpu=1, submit_s=10, runtime=RuntimeEstimate(math.log(300.0), 2.0))
-    assert [w.id for w in queue_order([sure, spread], "predicted", None, 100.0, aging_gpus=0.0)] == ["sure", "spread"]
-    assert [w.id for w in queue_order([sure, spread], "gittins", None, 100.0, aging_gpus=0.0)] == ["spread", "sure"]
-    # Requeued after 3,000 s of GPU service it has outlived its likely end: the sure job goes first again.
-    assert [w.id for w in queue_order([sure, spread], "gittins", None, 100.0, {"spread": 3000.0},
-                                      aging_gpus=0.0)] == ["sure", "spread"]
-    # GPU service: the same estimate on 8 GPUs ranks 8 times as long.
-    wide = Workload("wide", num_gpu=8, submit_s=20, runtime=RuntimeEstimate(math.log(300.0), 2.0))
-    assert [w.id for w in queue_order([wide, sure], "gittins", None, 100.0, aging_gpus=0.0)] == ["sure", "wide"]
