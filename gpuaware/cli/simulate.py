@@ -35,9 +35,12 @@ from gpuaware.cli.common import OPENB
                    "order fifo, las (runtimes unknown), predicted (the online runtime forecaster), and the oracle "
                    "ceiling (true runtimes).")
 @click.option("--workers", type=int, default=1, show_default=True, help="Processes for --ablation (same figures).")
+@click.option("--variants", default=None,
+              help="--ablation durations: only these variants, comma-separated (default all); the report has the "
+                   "comparisons they allow.")
 def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str, ...], seed_list: tuple[int, ...],
              seeds: str | None, protocol: str, out_dir: str | None, as_json: bool, ablation: str | None,
-             workers: int) -> None:
+             workers: int, variants: str | None) -> None:
     """Replay the openb traces through the scheduling core and report the figures.
 
     Progress goes to stderr; with one policy, --json prints that policy's figures (policy,
@@ -50,7 +53,7 @@ def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str
       gpuaware simulate --experiment dynamic --ablation stream --seeds 0-4 --json --out docs/results
     """
     if ablation:
-        _ablation(ablation, experiment, nodes_csv, pods_csv, seed_list, seeds, out_dir, workers)
+        _ablation(ablation, experiment, nodes_csv, pods_csv, seed_list, seeds, out_dir, workers, variants)
         return
     from gpuaware.scheduler.sim.experiments import resolve_policies, resolve_seeds, run_simulation
     from gpuaware.scheduler.sim.openb import TraceError
@@ -72,7 +75,7 @@ def simulate(experiment: str, nodes_csv: str, pods_csv: str, policies: tuple[str
 
 
 def _ablation(name: str, experiment: str, nodes_csv: str, pods_csv: str, seed_list: tuple[int, ...],
-              seeds: str | None, out_dir: str | None, workers: int) -> None:
+              seeds: str | None, out_dir: str | None, workers: int, variants: str | None = None) -> None:
     """An ablation's report (``variants.<name>``, ...) on stdout, and under ``out_dir`` if given."""
     from pathlib import Path
 
@@ -87,13 +90,20 @@ def _ablation(name: str, experiment: str, nodes_csv: str, pods_csv: str, seed_li
         sys.exit(2)
     try:
         seed_values = resolve_seeds(list(seed_list), seeds)
+        chosen = [v.strip() for v in variants.split(",") if v.strip()] if variants else None
+        if chosen is not None and name != "durations":
+            raise ValueError("--variants is for --ablation durations")
+        if chosen is not None and set(chosen) - set(VARIANTS):
+            raise ValueError(f"unknown durations variant(s) {', '.join(sorted(set(chosen) - set(VARIANTS)))}; "
+                             f"known: {', '.join(VARIANTS)}")
         nodes, pods = load_nodes(nodes_csv), load_pods(pods_csv)
-        count = len(runs()) if name == "stream" else len(VARIANTS)
+        count = len(runs()) if name == "stream" else len(chosen or VARIANTS)
         with _progress_bar(count * len(seed_values)) as progress:
             if name == "stream":
                 report = run_ablation(nodes, pods, seed_values, make_stream, progress=progress, workers=workers)
             else:
-                report = run_durations(nodes, pods, seed_values, make_runtime, progress=progress, workers=workers)
+                report = run_durations(nodes, pods, seed_values, make_runtime, progress=progress, workers=workers,
+                                       variants=chosen)
     except (TraceError, ValueError, FileNotFoundError) as exc:
         click.echo(f"gpuaware simulate: {exc}", err=True)
         sys.exit(2)

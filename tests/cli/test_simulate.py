@@ -44,3 +44,14 @@ def test_the_durations_ablation_needs_the_dynamic_experiment(small_nodes):
     bad = subprocess.run([sys.executable, "-m", "gpuaware", "simulate", "--ablation", "durations", "--nodes",
                           str(small_nodes), "--pods", str(PODS)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--ablation durations needs --experiment dynamic" in bad.stderr
+
+
+def test_the_durations_ablation_refuses_an_unknown_variant_naming_the_known_ones(small_nodes):
+    bad = subprocess.run([sys.executable, "-m", "gpuaware", "simulate", "--experiment", "dynamic", "--ablation",
+                          "durations", "--variants", "fifo,sjf", "--nodes", str(small_nodes), "--pods", str(PODS)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown durations variant(s) sjf" in bad.stderr and "predicted" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "gpuaware", "simulate", "--experiment", "dynamic", "--ablation",
+                          "stream", "--variants", "fifo", "--nodes", str(small_nodes), "--pods", str(PODS)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--variants is for --ablation durations" in bad.stderr

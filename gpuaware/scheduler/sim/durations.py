@@ -23,7 +23,8 @@ variant's arrival-time forecasts against the runtimes the jobs then ran: Spearma
 the p50, mean absolute error of log runtime, share that ended within their p90) and
 ``oracle_gain_captured.jct`` = (fifo - predicted) / (fifo - oracle). Each ``*_vs_*`` comparison also gives the
 mean JCT's gain seed by seed with a 95% interval (``jct_mean_paired``, ``jct_mean_ci95``): every variant runs the
-same jobs on a seed, so the pairs take the seed's noise out.
+same jobs on a seed, so the pairs take the seed's noise out. ``--variants`` runs some of the variants: the report
+has the comparisons they allow.
 
 ``predicted`` starts from the cluster's past (``DynamicConfig.runtime_history``: the trace's pods the run does
 not draw); ``predicted_cold`` from nothing, as on a cluster's first day.
@@ -53,8 +54,8 @@ VARIANTS: dict[str, dict] = {
 }
 # The stream ablation's cluster: 1% of the nodes, 1,000 jobs at the dynamic experiment's offered load (1.2):
 # fifo's queue wait is about 60% of its mean JCT there, contended as the literature's gains need (>= 20%), and
-# 5 variants x 20 seeds run in minutes on 2 cores. The forecaster starts cold in every run: it has learned
-# only from the run's own completions.
+# every variant x 20 seeds runs in minutes on 2 cores. The forecaster starts from the trace's other pods
+# (``predicted_cold``: from nothing) and learns from the run's own completions as they end.
 DURATIONS_CONFIG = DynamicConfig(jobs=1000, node_fraction=0.01)
 
 
@@ -128,10 +129,15 @@ def _one(nodes, pods, cfg: DynamicConfig, variant: str, seed: int,
 
 def run_durations(nodes, pods, seeds: list[int], make_runtime: Callable[[], RuntimeModel],
                   cfg: DynamicConfig | None = None, progress: Callable[[str, float], None] | None = None,
-                  workers: int = 1) -> dict:
-    """Every variant on every seed (in ``workers`` processes when > 1: the same figures)."""
+                  workers: int = 1, variants: list[str] | None = None) -> dict:
+    """``variants`` (default every one) on every seed (in ``workers`` processes when > 1: the same figures)."""
     cfg = cfg or DURATIONS_CONFIG
-    tasks = [(name, seed) for name in VARIANTS for seed in seeds]
+    names = list(VARIANTS) if variants is None else [n for n in VARIANTS if n in variants]
+    unknown = sorted(set(variants or ()) - set(VARIANTS))
+    if unknown or not names:
+        raise ValueError(f"unknown durations variant(s) {', '.join(unknown) or 'none given'}; "
+                         f"known: {', '.join(VARIANTS)}")
+    tasks = [(name, seed) for name in names for seed in seeds]
     results: dict[tuple[str, int], DynamicResult] = {}
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
@@ -145,21 +151,34 @@ def run_durations(nodes, pods, seeds: list[int], make_runtime: Callable[[], Runt
             results[(name, seed)] = _one(nodes, pods, cfg, name, seed, make_runtime)
             if progress:
                 progress(f"{name} seed {seed}", 1.0)
-    per = {name: [results[(name, s)] for s in seeds] for name in VARIANTS}
+    return durations_report({name: [results[(name, s)] for s in seeds] for name in names}, seeds, cfg)
+
+
+# Each comparison, made when both of its variants ran: (key, new, base).
+COMPARISONS = (("predicted_vs_fifo", "predicted", "fifo"), ("predicted_vs_las", "predicted", "las"),
+               ("predicted_vs_cold", "predicted", "predicted_cold"), ("oracle_vs_fifo", "oracle", "fifo"))
+
+
+def durations_report(per: dict[str, list[DynamicResult]], seeds: list[int], cfg: DynamicConfig) -> dict:
+    """The report of the variants in ``per`` (name -> its run on each of ``seeds``): the figures and comparisons
+    those variants allow."""
     out = {name: figures(rs) for name, rs in per.items()}
-    fifo, predicted, oracle = out["fifo"]["jct_mean_s"], out["predicted"]["jct_mean_s"], out["oracle"]["jct_mean_s"]
-    captured = round((fifo - predicted) / (fifo - oracle), 3) if fifo != oracle else None
-    return {"experiment": "dynamic", "ablation": "durations", "policy": "gpuaware", "seeds": seeds,
-            "config": {k: v for k, v in cfg.__dict__.items() if k not in ("durations", "order", "runtime_history")},
-            "wait_share": round(out["fifo"]["wait_mean_all_s"] / fifo, 3),
-            "variants": out, "forecast_quality": forecast_quality(per["predicted"]),
-            "forecast_quality_cold": forecast_quality(per["predicted_cold"]),
-            "oracle_gain_captured": {"jct": captured},
-            "predicted_vs_fifo": _gain(out["predicted"], out["fifo"]) | _paired(per["predicted"], per["fifo"]),
-            "predicted_vs_las": _gain(out["predicted"], out["las"]) | _paired(per["predicted"], per["las"]),
-            "predicted_vs_cold": _gain(out["predicted"], out["predicted_cold"])
-            | _paired(per["predicted"], per["predicted_cold"]),
-            "oracle_vs_fifo": _gain(out["oracle"], out["fifo"]) | _paired(per["oracle"], per["fifo"])}
+    report = {"experiment": "dynamic", "ablation": "durations", "policy": "gpuaware", "seeds": seeds,
+              "config": {k: v for k, v in cfg.__dict__.items() if k not in ("durations", "order", "runtime_history")}}
+    if "fifo" in out:
+        report["wait_share"] = round(out["fifo"]["wait_mean_all_s"] / out["fifo"]["jct_mean_s"], 3)
+    report["variants"] = out
+    for key, name in (("forecast_quality", "predicted"), ("forecast_quality_cold", "predicted_cold")):
+        if name in per:
+            report[key] = forecast_quality(per[name])
+    if {"fifo", "predicted", "oracle"} <= set(out):
+        fifo, oracle = out["fifo"]["jct_mean_s"], out["oracle"]["jct_mean_s"]
+        captured = (fifo - out["predicted"]["jct_mean_s"]) / (fifo - oracle) if fifo != oracle else None
+        report["oracle_gain_captured"] = {"jct": None if captured is None else round(captured, 3)}
+    for key, new, base in COMPARISONS:
+        if new in out and base in out:
+            report[key] = _gain(out[new], out[base]) | _paired(per[new], per[base])
+    return report
 
 
 def _paired(new: list[DynamicResult], base: list[DynamicResult]) -> dict:

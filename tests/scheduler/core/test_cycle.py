@@ -68,3 +68,30 @@ def test_a_placement_that_did_not_go_is_not_charged_to_its_tenants_quota():
                   QueueState(list(jobs), {}, {}, ledger, enforce_quota=True), QueuePolicy(), hooks, PassStats(), 0.0)
     assert hooks.tried == ["j0", "j1", "j2"]
     assert ledger.gpu_used.get("t", 0) == 0 and not c.allocations
+
+
+def test_a_decision_in_an_order_by_learned_runtimes_names_the_duration_signal():
+    import math
+
+    from gpuaware.scheduler.core.cycle import PassStats, QueuePolicy, QueueState, schedule_pass
+    from gpuaware.scheduler.core.runtime import SIGNAL, RuntimeEstimate
+
+    for order, named in (("predicted", True), ("las", False)):
+        c = ClusterState([NodeSpec("n0", 64000, 512 * 1024, 8, "H100", 80 * 1024)])
+        job = Workload("j", num_gpu=1, runtime=RuntimeEstimate(math.log(600.0), 1.0))
+        hooks = Starting(c)
+        schedule_pass(Scheduler(profile("gpuaware", WorkloadMix.of([job]))), c, QueueState([job], {}, {}, None),
+                      QueuePolicy(order=order), hooks, PassStats(), 0.0)
+        assert (SIGNAL in hooks.started[0].signals) is named, order
+
+
+class Starting(Refusing):
+    """Hooks whose placements go: the decisions they were handed."""
+
+    def __init__(self, cluster: ClusterState):
+        super().__init__(cluster)
+        self.started = []
+
+    def start(self, w, d, now):
+        self.started.append(d)
+        return True

@@ -28,6 +28,19 @@ def test_every_variant_runs_the_same_jobs_and_the_report_names_the_figures(small
     assert report["oracle_vs_fifo"]["jct_mean"] > 0  # knowing every runtime shortens the mean JCT here
 
 
+def test_a_subset_of_variants_reports_only_the_comparisons_it_allows(small_nodes):
+    import pytest
+
+    nodes, pods = load_nodes(small_nodes), load_pods(PODS)
+    cfg = DynamicConfig(jobs=60, node_fraction=0.3, target_load=1.5, fault_every_s=1e9)
+    report = run_durations(nodes, pods, [0, 1], make_runtime, cfg=cfg, variants=["predicted", "fifo", "las"])
+    assert list(report["variants"]) == ["fifo", "las", "predicted"]  # in the ablation's order
+    assert {"predicted_vs_fifo", "predicted_vs_las", "wait_share", "forecast_quality"} <= set(report)
+    assert not {"predicted_vs_cold", "oracle_vs_fifo", "oracle_gain_captured", "forecast_quality_cold"} & set(report)
+    with pytest.raises(ValueError, match=r"unknown durations variant.*sjf"):
+        run_durations(nodes, pods, [0], make_runtime, cfg=cfg, variants=["sjf"])
+
+
 def test_spearman_is_the_rank_correlation_with_ties_sharing_their_rank():
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
     assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == -1.0
