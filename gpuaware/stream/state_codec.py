@@ -44,6 +44,7 @@ _VOCABULARY_MAX = 4096
 
 def _long(n: int) -> bytes:
     """Avro's int and long: zigzag, then 7 bits a byte, low first."""
+    n = int(n)  # as fastavro: a float truncated; and a numpy integer would wrap in the shifts
     if not -(1 << 63) <= n < (1 << 63):
         raise ValueError(f"{n} is out of Avro's long range")
     n = (n << 1) ^ (n >> 63)

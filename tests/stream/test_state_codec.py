@@ -73,6 +73,18 @@ def test_a_value_the_contract_refuses_is_a_value_error() -> None:
             codec.encode(bad, b"GPU-x")
 
 
+def test_numpy_numbers_and_a_float_for_an_integer_are_written_as_encode_writes_them() -> None:
+    import numpy as np
+
+    state = GpuState("GPU-x", "n", "H100", np.int64(T0), T0, np.float64(1.5), 1.0, 1.0, np.int32(81559), 1.0, 1.0,
+                     100.0, HealthBand.HEALTHY, samples=np.int64(1 << 40))
+    codec = GpuStateCodec()
+    assert codec.encode(state, b"GPU-x") == encode(state)
+    for ts in (1.5, -1.5, 7.0):  # fastavro truncates
+        assert codec.encode(dataclasses.replace(state, sample_ts_ms=ts), b"GPU-x") == encode(
+            dataclasses.replace(state, sample_ts_ms=ts))
+
+
 def test_a_changed_record_stops_the_codec_until_it_is_brought_in_line(monkeypatch) -> None:
     from gpuaware.stream import state_codec
 
