@@ -20,11 +20,10 @@ versions wrote them to. A failed hand-over or delivery is logged and counted (``
 the worker goes on, and the GPU's next state (at the latest its ``max_publish_interval_ms`` refresh) replaces the
 lost one; a node's next rollup (within ``gpuaware.stream.processor.NODE_HEARTBEAT_MS``) likewise.
 
-A GPU's forecasts change once a minute (``GpuTracker`` renders a new list then and hands that same list to every state
-until the next), and encoding them was half of encoding a state: each GPU's are kept encoded, by the list they were
-encoded from, and spliced into its states (``gpuaware.contract.events.encode``'s ``spliced``: the same bytes).
-``KeptField``
-does that for any record; node rollups keep their GPU lists the same way (``NODE_GPUS``).
+A GPU state is written by ``gpuaware.stream.state_codec`` (the contract's bytes, its identity and forecasts kept
+encoded per GPU); ``KeptField`` keeps one field of any other record encoded per key and splices it in
+(``gpuaware.contract.events.encode``'s ``spliced``: the same bytes): node rollups keep their GPU lists that way
+(``node_gpus``).
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from gpuaware.contract.events import GpuState, NodeState, encode, encode_field
 from gpuaware.contract.events import Record as ContractRecord
 from gpuaware.plumbing.kafka_batches import BatchSender, Headers, Record
 from gpuaware.stream.metrics import StreamStats
+from gpuaware.stream.state_codec import GpuStateCodec
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +66,6 @@ class KeptField:
             self._kept.pop(key, None)
 
 
-def gpu_forecasts() -> KeptField:
-    """A GPU's forecasts, by the list they were rendered in (never changed in place: ``GpuTracker``)."""
-    return KeptField(GpuState, "forecasts")
-
-
 def node_gpus() -> KeptField:
     """A node rollup's GPU list, by value: it is built anew for every rollup (``gpuaware.stream.rollup.node_record``)
     and
@@ -80,16 +75,17 @@ def node_gpus() -> KeptField:
 
 
 class StatePublisher:
-    """``kept``: the field kept encoded per key (default: a GPU state's forecasts; ``node_gpus`` for node rollups,
-    which go out the same way)."""
+    """``kept``: what encodes the records, keeping parts of them encoded per key (default: GPU states'
+    ``GpuStateCodec``; ``node_gpus`` for node rollups, which go out the same way)."""
 
-    def __init__(self, topic: str, sender: BatchSender, stats: StreamStats, kept: KeptField | None = None):
+    def __init__(self, topic: str, sender: BatchSender, stats: StreamStats,
+                 kept: KeptField | GpuStateCodec | None = None):
         self.topic = topic
         self.sender = sender
         self.stats = stats
         self._partitions: list[int] = []
         self._partition_of: dict[bytes, int] = {}  # murmur2 in pure Python costs more than the rest of an append
-        self._kept = kept or gpu_forecasts()
+        self._kept = kept or GpuStateCodec()
 
     def _partition(self, key: bytes) -> int:
         p = self._partition_of.get(key)
@@ -98,8 +94,7 @@ class StatePublisher:
         return p
 
     def encode(self, state: GpuState | NodeState, key: bytes) -> bytes:
-        """``encode(state)``, with the kept field (a GPU's forecasts) encoded once per value (held here, so no other
-        list can be taken for it)."""
+        """``encode(state)``, with what is kept encoded per key spliced in."""
         return self._kept.encode(state, key)
 
     def forget(self, keys: Iterable[bytes]) -> None:

@@ -1,0 +1,93 @@
+"""GPU states written field by field are the bytes the contract's ``encode`` gives, for any state."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuaware.contract.events import Forecast, GpuState, HealthAction, HealthBand, HealthVerdict, decode, encode
+from gpuaware.stream.processor import StreamProcessor
+from gpuaware.stream.state_codec import GpuStateCodec
+from tests.support import telemetry_batch
+
+T0 = 1_700_000_000_000
+longs = st.integers(-(1 << 63), (1 << 63) - 1)
+ints = st.integers(-(1 << 31), (1 << 31) - 1)
+doubles = st.floats(allow_nan=False, width=64)
+text = st.text(max_size=12)
+forecasts = st.lists(st.builds(Forecast, text, ints, doubles, doubles, doubles), max_size=4)
+states = st.builds(
+    GpuState, gpu_uuid=text, node=text, model=text, sample_ts_ms=longs, published_ms=longs, util_gpu=doubles,
+    util_mem=doubles, fb_used_mib=doubles, fb_total_mib=ints, power_w=doubles, temp_c=doubles, health_score=doubles,
+    health_band=st.sampled_from(HealthBand), health_components=st.dictionaries(text, doubles, max_size=5),
+    forecasts=forecasts, workload_class=st.none() | text, class_confidence=st.none() | doubles, samples=longs,
+    verdict=st.sampled_from(HealthVerdict), verdict_reasons=st.lists(text, max_size=3),
+    recommended_action=st.sampled_from(HealthAction))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(states, min_size=1, max_size=6), st.lists(st.sampled_from([b"a", b"b", b"c"]), min_size=6,
+                                                            max_size=6))
+def test_any_state_is_the_bytes_encode_gives(batch: list[GpuState], keys: list[bytes]) -> None:
+    """Several states under a few keys, one codec: what it keeps per key (identity, forecasts) never leaks into another
+    GPU's state or a changed one's."""
+    codec = GpuStateCodec()
+    for state, key in zip(batch, keys, strict=False):
+        assert codec.encode(state, key) == encode(state)
+        assert codec.encode(state, key) == encode(state)  # from what it kept
+
+
+def test_a_worker_s_states_across_minutes_are_the_bytes_encode_gives_and_decode_back() -> None:
+    """The states a processor makes (forecasts rendered anew each minute, a GPU moved to another node, GPUs forgotten
+    and met again) are ``encode``'s bytes."""
+    proc = StreamProcessor({})
+    codec = GpuStateCodec()
+    checked = 0
+    for minute in range(4):
+        for second in range(0, 60, 7):
+            now = T0 + minute * 60_000 + second * 1000
+            node = "codec-a" if minute < 2 else "codec-b"
+            for state in proc.on_telemetry(telemetry_batch(node, minute * 60 + second, now, util=10 + 20 * minute,
+                                                           gpus=2), 0, now):
+                key = state.key()
+                assert codec.encode(state, key) == encode(state)
+                assert decode(codec.encode(state, key), GpuState) == state
+                other = dataclasses.replace(state, forecasts=[Forecast("util_gpu", 60, 1.0, 0.0, 2.0)])
+                assert codec.encode(other, key) == encode(other)
+                checked += bool(state.forecasts)
+        codec.forget([b"GPU-codec-a-0"])
+    assert checked > 10
+
+
+def test_a_value_the_contract_refuses_is_a_value_error() -> None:
+    state = GpuState("GPU-x", "n", "H100", T0, T0, 1.0, 1.0, 1.0, 81559, 1.0, 1.0, 100.0, HealthBand.HEALTHY)
+    codec = GpuStateCodec()
+    for bad in (dataclasses.replace(state, node=None), dataclasses.replace(state, health_band="SICK"),
+                dataclasses.replace(state, util_gpu="high"), dataclasses.replace(state, samples=1 << 64)):
+        with pytest.raises((ValueError, OverflowError)):  # (fastavro's, for a long out of range)
+            encode(bad)
+        with pytest.raises(ValueError):
+            codec.encode(bad, b"GPU-x")
+
+
+def test_numpy_numbers_and_a_float_for_an_integer_are_written_as_encode_writes_them() -> None:
+    import numpy as np
+
+    state = GpuState("GPU-x", "n", "H100", np.int64(T0), T0, np.float64(1.5), 1.0, 1.0, np.int32(81559), 1.0, 1.0,
+                     100.0, HealthBand.HEALTHY, samples=np.int64(1 << 40))
+    codec = GpuStateCodec()
+    assert codec.encode(state, b"GPU-x") == encode(state)
+    for ts in (1.5, -1.5, 7.0):  # fastavro truncates
+        assert codec.encode(dataclasses.replace(state, sample_ts_ms=ts), b"GPU-x") == encode(
+            dataclasses.replace(state, sample_ts_ms=ts))
+
+
+def test_a_changed_record_stops_the_codec_until_it_is_brought_in_line(monkeypatch) -> None:
+    from gpuaware.stream import state_codec
+
+    monkeypatch.setattr(state_codec, "FIELDS", state_codec.FIELDS[:-1])
+    with pytest.raises(RuntimeError, match="brought in line"):
+        GpuStateCodec()
