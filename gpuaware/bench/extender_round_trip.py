@@ -4,12 +4,13 @@
     python -m gpuaware.bench.extender_round_trip [--burst 600] [--rate 200] [--seconds 3] [--budget raised]
 
 Per verb (/filter, /prioritize, /bind): handler time, from the request read to the answer made (not its
-write). Of /filter: the core's ranking and the wait for earlier pods' /bind (``_settle``). Of /bind: the
-Binding write split into waiting for an API thread, the call on that thread (the API server's answer and
-the Python client), and getting back onto the event loop; the API threads' CPU per Binding. Of the pace:
-milliseconds from one /filter to the next (kube-scheduler's scheduling cycle is one pod at a time), the
-event loop's lag (a task sleeping 1 ms records how late it wakes), and the extender process's CPU per
-second of the mode. The bench's own figures for the mode come with them, and the load average.
+write). Of /filter: the nodes named in it, the core's ranking of them and the wait for earlier pods'
+/bind (``_settle``). Of /bind: the Binding write split into waiting for an API thread, the call on that
+thread (the API server's answer and the Python client), and getting back onto the event loop; the API
+threads' CPU per Binding. Of the pace: milliseconds from one /filter to the next (kube-scheduler's
+scheduling cycle is one pod at a time), the event loop's lag (a task sleeping 1 ms records how late it
+wakes), and the extender process's CPU per second of the mode. The bench's own figures for the mode come
+with them, and the load average.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Timings:
         self.requests: list[tuple[str, float, float]] = []  # (verb, arrived, answered) on time.monotonic()
         self.settle: list[float] = []
         self.rank: list[float] = []
+        self.asked: list[int] = []  # nodes named in each gpuaware pod's /filter
         self.binds: list[tuple[float, float, float, float]] = []  # (asked, on a thread, done there, back on the loop)
         self.lag: list[float] = []
         self.cpu: dict[str, Any] = {}
@@ -64,10 +66,11 @@ def timed(t: Timings) -> Iterator[None]:
         finally:
             t.settle.append(time.monotonic() - t0)
 
-    def _rank(self, *args):
+    def _rank(self, pod, idx):
+        t.asked.append(len(idx))
         t0 = time.perf_counter()
         try:
-            return rank(self, *args)
+            return rank(self, pod, idx)
         finally:
             t.rank.append(time.perf_counter() - t0)
 
@@ -118,7 +121,8 @@ def summary(t: Timings) -> dict[str, Any]:
     for verb in ("filter", "prioritize", "bind"):
         d = [b - a for v, a, b in t.requests if v == verb]
         out[verb] = {"requests": len(d), "handler_ms_p50": _ms(d, 50), "handler_ms_p90": _ms(d, 90)}
-    out["filter"].update(rank_ms_p50=_ms(t.rank, 50), rank_ms_p90=_ms(t.rank, 90),
+    out["filter"].update(nodes_asked_p50=float(np.median(t.asked)) if t.asked else None,
+                         rank_ms_p50=_ms(t.rank, 50), rank_ms_p90=_ms(t.rank, 90),
                          wait_for_binds_ms_p50=_ms(t.settle, 50), wait_for_binds_s_total=round(sum(t.settle), 2))
     for part, (i, j) in {"queue_for_api_thread": (0, 1), "api_call_on_thread": (1, 2),
                          "back_on_loop": (2, 3)}.items():

@@ -28,7 +28,8 @@ def test_each_filter_is_timed_with_its_ranking_and_the_methods_are_restored_afte
         assert asyncio.run(go()) == 200
     assert (Extender._serve, Extender._settle, Extender._rank, ApiCalls.call) == originals
     out = summary(t)
-    assert out["filter"]["requests"] == 1 and out["filter"]["rank_ms_p50"] > 0
+    assert out["filter"]["requests"] == 1 and out["filter"]["nodes_asked_p50"] == 2
+    assert out["filter"]["rank_ms_p50"] > 0
     assert out["filter"]["handler_ms_p50"] >= out["filter"]["rank_ms_p50"]
 
 
