@@ -195,18 +195,24 @@ class Scheduler:
             return Workload(**{**w.__dict__, "gpu_milli": 1000})
         return w
 
-    def candidates(self, ctx: CycleContext, node_mask: np.ndarray | None = None) -> tuple[Candidates, list[Reason]]:
+    def candidates(self, ctx: CycleContext, node_mask: np.ndarray | None = None,
+                   among: np.ndarray | None = None) -> tuple[Candidates, list[Reason]]:
+        """``among`` (True = asked about): the only nodes considered; the others are neither candidates nor
+        counted in the reasons (kube-scheduler asks its extender about a share of the nodes)."""
         c, w = ctx.cluster, ctx.workload
         reasons: list[Reason] = []
         node_ok = (c.cpu_free >= w.cpu_milli) & (c.mem_free >= w.memory_mib)
+        if among is not None:
+            node_ok &= among
         if node_mask is not None:
             if (node_ok & ~node_mask).any():
                 reasons.append(Reason(Code.RESERVED, NODE_MASK,
                                       f"{int((node_ok & ~node_mask).sum())} reserved for higher-priority work"))
             node_ok &= node_mask
-        if (~node_ok).any():
+        short = ~node_ok if among is None else among & ~node_ok
+        if short.any():
             reasons.append(Reason(Code.INSUFFICIENT_CPU_MEMORY, NODE_RESOURCES,
-                                  f"{int((~node_ok).sum())} insufficient cpu/memory"))
+                                  f"{int(short.sum())} insufficient cpu/memory"))
         gpu_ok = gpu_fit(ctx) if w.num_gpu else None
         for step in self.profile.filter_steps:
             p = step.plugin
@@ -273,15 +279,16 @@ class Scheduler:
         base = total - stream
         return [] if base[chosen] >= base.max() - 1e-9 else sorted(ctx.signals)
 
-    def rank(self, cluster: ClusterState, workload: Workload,
-             node_mask: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
-        """Every node's best score for ``workload`` (-inf where it cannot go) and why nodes failed.
+    def rank(self, cluster: ClusterState, workload: Workload, node_mask: np.ndarray | None = None,
+             among: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
+        """Every node's best score for ``workload`` (-inf where it cannot go) and why nodes failed; with ``among``
+        only those nodes are scored (the others -inf) and counted in the reasons.
 
         Nothing is reserved: this is the question kube-scheduler's extender asks (filter, prioritize).
         """
         w = self.effective(workload)
         ctx = CycleContext(cluster.snapshot(), w)
-        cand, reasons = self.candidates(ctx, node_mask)
+        cand, reasons = self.candidates(ctx, node_mask, among)
         best = np.full(len(cluster), -np.inf)
         if len(cand):
             np.maximum.at(best, cand.node, self.total_score(ctx, cand))

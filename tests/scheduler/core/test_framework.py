@@ -115,6 +115,17 @@ def test_rank_reports_the_filter_messages():
     assert np.isinf(best[0]) and np.isfinite(best[1]) and why == ["1 gpu model not allowed"]
 
 
+def test_rank_among_scores_and_counts_only_the_nodes_asked_about():
+    c = _cluster((2, "T4"), (2, "V100"), (2, "V100"))
+    s = Scheduler(profile("fgd", MIX))
+    w = Workload("w", 1000, 1024, 1, 1000, models=("V100",))
+    everywhere, _ = s.rank(c, w)
+    best, why = s.rank(c, w, among=np.array([True, True, False]))
+    assert np.isinf(best[2]) and best[1] == everywhere[1] and why == ["1 gpu model not allowed"]
+    _, why = s.rank(c, w, among=np.array([False, True, True]))
+    assert why == []  # the T4 node was not asked about: no reason counts it
+
+
 class _Blocked:
     """Pass hooks that keep the decisions of blocked workloads."""
 

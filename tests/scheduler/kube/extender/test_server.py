@@ -171,6 +171,21 @@ def test_prioritize_scores_from_its_filters_ranking_of_the_same_pod_and_ranks_an
     assert len(ranked) == 4  # its own ranking, not the one the last /filter made for another pod
 
 
+def test_filter_ranks_only_the_nodes_kube_scheduler_asks_about():
+    """kube-scheduler sends a share of the nodes (percentageOfNodesToScore): only those are scored."""
+    core = Scheduler(profile("gpuaware", WorkloadMix(), 0))
+    asked = []
+    rank = core.rank
+    core.rank = lambda c, w, mask=None, among=None: asked.append(among.copy()) or rank(c, w, mask, among)
+    ext = Extender(cluster(), lambda: core, lambda: True)
+    pod = gpu_pod(annotations={"gpuaware.io/gpu-milli": "500"})
+    pod["metadata"]["uid"] = "uid-new"
+    res = ext.filter({"Pod": pod, "NodeNames": ["n1", "n2"]})
+    assert [ext.cache.cluster.names[i] for i in asked[0].nonzero()[0]] == ["n1", "n2"]
+    assert res["NodeNames"] == ["n1", "n2"]
+    assert ext.prioritize({"Pod": pod, "NodeNames": ["n3"]}) == [{"Host": "n3", "Score": 0}]  # not ranked
+
+
 def test_one_node_keeps_the_node_the_core_would_pick_so_kube_scheduler_skips_scoring():
     """``extender_one_node`` (shipped): of the nodes where the pod fits, /filter keeps the core's pick, the one
     ``schedule`` takes; kube-scheduler, left one feasible node, binds it without scoring or /prioritize."""
