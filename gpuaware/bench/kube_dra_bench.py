@@ -28,7 +28,8 @@ Modes, each on the same pods (names differ per mode), one after the other on one
 Per mode, as in ``gpuaware.bench.kube_bench`` (setup, driver and timing figures: ``gpuaware.bench.kube_harness``): a
 backlog of ``burst`` pods created before the scheduler starts (``pods_per_s``: from the scheduler's
 start to the last binding), then ``rate`` pods/s for ``seconds`` (``p99_create_to_bind_s``, with the
-``driver_pods_per_s`` reached), then ``pending``; ``unallocated_gpu_pct``, ``devices_allocated_twice``
+``driver_pods_per_s`` reached), then ``pending``; ``unallocated_gpu_pct``, ``stranded_gpu_pct`` (GPUs
+holding memory shares with memory left over, which no whole-GPU claim can have), ``devices_allocated_twice``
 and ``bound_pods_without_allocation`` come from the apiserver's account: the claims'
 ``status.allocation`` (a result with ``consumedCapacity`` below the device's memory takes that share of
 it, any other the whole device). Between modes the pods are deleted and the claims released (their
@@ -163,7 +164,8 @@ def _quantity_bytes(text: str) -> int:
 
 def allocation_account(claims: list[dict], slices: list[dict], bound: set[str]) -> dict[str, Any]:
     """What the claims' ``status.allocation`` hand out: ``allocated_gpus`` (a shared result counts its
-    share of the device's memory), ``devices_allocated_twice`` (a device given whole twice, or whole
+    share of the device's memory), ``stranded_gpus`` (devices with shares on them and memory left over:
+    no whole-GPU claim can have them), ``devices_allocated_twice`` (a device given whole twice, or whole
     and shared, or shared beyond its memory) and ``bound_pods_unallocated`` (bound pods whose claim
     has no allocation reserved for them)."""
     memory = {(s["spec"]["pool"]["name"], d["name"]): _quantity_bytes(d["capacity"]["memory"]["value"])
@@ -189,7 +191,8 @@ def allocation_account(claims: list[dict], slices: list[dict], bound: set[str]) 
     twice = sum(1 for k, n in whole.items() if n > 1 or (n and shared.get(k)))
     twice += sum(1 for k, b in shared.items() if b > memory.get(k, 0))
     allocated = len(whole) + sum(min(1.0, b / memory[k]) for k, b in shared.items() if k in memory and k not in whole)
-    return {"allocated_gpus": allocated, "devices_allocated_twice": twice,
+    stranded = sum(1 for k, b in shared.items() if k not in whole and b < memory.get(k, 0))
+    return {"allocated_gpus": allocated, "stranded_gpus": stranded, "devices_allocated_twice": twice,
             "bound_pods_unallocated": sorted(unallocated)}
 
 
@@ -268,6 +271,7 @@ async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float,
         return {
             **figures,
             "unallocated_gpu_pct": round(100.0 * (1 - account["allocated_gpus"] / gpus), 2),
+            "stranded_gpu_pct": round(100.0 * account["stranded_gpus"] / gpus, 2),
             "pending": len(burst_pods) + len(steady_pods) - len(done),
             "claims": len(burst_claims) + len(steady_claims),
             "devices_allocated_twice": account["devices_allocated_twice"],

@@ -22,7 +22,9 @@ from gpuaware.local.fake_apiserver import BY_PATH, FakeApiServer
 from gpuaware.local.kube_control_plane import KWOK_NODE_ANNOTATION, BinariesMissing, KubeControlPlane, find_binaries
 
 KUBE_MODES = ("real", "embedded")
-CRDS = Path(__file__).resolve().parents[2] / "deploy" / "base" / "crds"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+CRDS = DEPLOY / "base" / "crds"
+DEVICE_CLASSES = DEPLOY / "components" / "dra-deviceclasses" / "deviceclasses.yaml"
 PODS = BY_PATH[("", "v1", "pods")]
 NODES = BY_PATH[("", "v1", "nodes")]
 # The priorities PodLoad gives pods, as PriorityClasses (the real apiserver computes spec.priority).
@@ -114,6 +116,7 @@ class RealCluster:
         for crd in ("gpuqueues", "gpuworkloads"):
             self.cp.kubectl("apply", "-f", str(CRDS / f"gpuaware.io_{crd}.yaml"))
             self.cp.kubectl("wait", "--for=condition=Established", f"crd/{crd}.gpuaware.io", "--timeout=60s")
+        self.cp.kubectl("apply", "-f", str(DEVICE_CLASSES))  # as deploy/components/dra-deviceclasses ships them
         for ns in namespaces:
             self.cp.create_namespace(ns)
         for value, name in PRIORITY_CLASSES.items():

@@ -38,7 +38,9 @@ from gpuaware.contract.events import (
     HealthVerdict,
     decode,
 )
+from gpuaware.local import stack_dra
 from gpuaware.local.broker import BrokerSettings, LocalBroker
+from gpuaware.local.kube_cluster import RealCluster
 from gpuaware.local.processes import finish, free_port, stop_children
 from gpuaware.local.prometheus import LocalPrometheus
 from gpuaware.local.reset_tool import ResetTool
@@ -140,7 +142,7 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
                 await sched.start()
                 if sched.cluster.kubeconfig is not None:
                     _notice(f"Kubernetes: kube-apiserver with kwok nodes; kubectl --kubeconfig "
-                            f"{sched.cluster.kubeconfig} get nodes,pods -A")
+                            f"{sched.cluster.kubeconfig} get nodes,pods,resourceslices,resourceclaims -A")
                 started.push_async_callback(sched.stop)
                 sched_stop = asyncio.Event()
                 sched_task = asyncio.create_task(sched.run(sched_stop))
@@ -159,6 +161,8 @@ async def run_stack(broker: LocalBroker, scenario_name: str, duration_s: float |
             runtime.event_listeners.append(state.on_event)
             if sched is not None:  # the agents honour the scheduler's GPU cordons, as on a cluster
                 runtime.cordons = _cordons(runtime, sched)
+            if sched is not None and isinstance(sched.cluster, RealCluster):  # and publish their GPUs as devices
+                await started.enter_async_context(stack_dra.published(sched.cluster, runtime.cores))
             resets = ResetTool(sched.cluster, cluster) if sched is not None else None
             if resets is not None:  # the cluster's tooling: answers a GPUResetRequired condition with a reset
                 resets_stop = asyncio.Event()

@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 
 from gpuaware.agent.collectors.sim import MODELS, Scenario
+from gpuaware.local import stack_dra
 from gpuaware.local.fake_apiserver import make_node, make_pod
-from gpuaware.local.kube_cluster import LocalCluster, make_cluster
+from gpuaware.local.kube_cluster import LocalCluster, RealCluster, make_cluster
 from gpuaware.local.processes import free_port
 from gpuaware.plumbing.kafka_settings import KafkaSettings
 from gpuaware.plumbing.traces import traces_dir
@@ -226,12 +227,20 @@ class StackScheduler:
             await asyncio.to_thread(self.cluster.create, "gpuqueues", q, "gpuaware.io", "v1alpha1")
         # One replica, no extender (nothing calls it here).
         # A demo's minutes cannot hold production's 5-minute validation window: 30 s of PASS returns a GPU here.
+        # On the real control plane the GPUs are DRA devices too (``gpuaware.local.stack_dra``).
         settings = SchedulerSettings(api_server=self.cluster.api_server, throttle_every_s=10, extender_port=0,
-                                     leader_elect=False, remediation_validate_s=UP_VALIDATE_S)
+                                     leader_elect=False, remediation_validate_s=UP_VALIDATE_S, dra=self.dra)
         self.runtime = build_scheduler(settings, self.kafka)
         self.live = self.runtime.live
         await self.runtime.start()
         self.load = PodLoad(self.cluster, self.scenario.nodes * self.scenario.gpus_per_node, self.seed)
+        if isinstance(self.cluster, RealCluster):
+            await asyncio.to_thread(stack_dra.create_demo, self.cluster, sorted(TENANTS))
+
+    @property
+    def dra(self) -> bool:
+        """Whether the GPUs are DRA devices as well: on the real control plane, which checks DRA objects."""
+        return isinstance(self.cluster, RealCluster)
 
     async def run(self, stop: asyncio.Event) -> None:
         tasks = [asyncio.create_task(self.runtime.run(stop), name="scheduler"),
@@ -309,4 +318,5 @@ class StackScheduler:
             "weighted_share_jain_mean": round(float(np.mean(self.jain)), 4) if self.jain else None,
             "api_errors": {f"{v}:{c}": n for (v, c), n in self.live.stats.api_errors.items()},
             "runtimes": self.runtimes(),
+            "dra": stack_dra.summary(self.cluster) if isinstance(self.cluster, RealCluster) else None,
         }

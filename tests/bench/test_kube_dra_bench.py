@@ -91,7 +91,8 @@ def test_the_account_counts_shares_and_finds_a_device_handed_out_twice():
     ok = [_claim("a", [("n1", "gpu-0", None)]), _claim("b", [("n1", "gpu-1", "16Gi")]),
           _claim("c", [("n2", "gpu-0", "8Gi")]), _claim("d", [("n2", "gpu-0", "8Gi")])]
     account = allocation_account(ok, slices, {"a", "b", "c", "d"})
-    assert account == {"allocated_gpus": 2.5, "devices_allocated_twice": 0, "bound_pods_unallocated": []}
+    assert account == {"allocated_gpus": 2.5, "stranded_gpus": 1, "devices_allocated_twice": 0,
+                       "bound_pods_unallocated": []}  # n1/gpu-1 is shared full; n2/gpu-0 has 16Gi left
     assert allocation_account([*ok, _claim("e", [("n1", "gpu-0", None)])], slices, set())[
         "devices_allocated_twice"] == 1  # whole twice
     assert allocation_account([*ok, _claim("e", [("n1", "gpu-1", "1Gi")])], slices, set())[
@@ -129,3 +130,4 @@ def test_a_tiny_run_with_memory_fractions_shares_gpus_in_both_modes_without_over
         # The apiserver's account: shares of one GPU never add up to more than its memory, every bound pod allocated.
         assert figures["devices_allocated_twice"] == 0, (mode, figures)
         assert figures["bound_pods_without_allocation"] == 0, (mode, figures)
+        assert 0.0 <= figures["stranded_gpu_pct"] <= 100.0, (mode, figures)

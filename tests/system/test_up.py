@@ -48,6 +48,13 @@ def test_up_runs_the_simulated_cluster_and_every_fault_gets_a_reaction(tmp_path,
     assert sched["placements"] > 0 and sched["pods_submitted"] >= sched["placements"] - sched["migrations"]
     assert all(f["scheduler_reaction_s"] is not None for f in summary["faults"]), summary["faults"]
     assert sched["cordons"] >= 1
+    if kube == "real":  # the agents publish their GPUs as ResourceSlices, gpuaware allocates the demo claims
+        dra = sched["dra"]
+        assert (dra["resource_slices"], dra["devices"], dra["claims"]) == (2, 8, 4), dra
+        # A demo pod on the node the xid drains is evicted (nothing recreates it); its claim stays allocated.
+        assert dra["claims_allocated"] >= dra["claim_pods_bound"] >= 1, dra
+    else:
+        assert sched["dra"] is None
     # Per fault: the verdict and the remediation chain (docs/health.md). Two nodes: the circuit breaker
     # lets one be quarantined in 5 minutes and holds the other.
     xid79, dbe, dead = summary["faults"]

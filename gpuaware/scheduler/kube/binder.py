@@ -11,6 +11,7 @@ answer; a lasting claim refusal leaves the pod alone; anything else requeues it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from gpuaware.scheduler.core.workload import Workload
 from gpuaware.scheduler.feed import StateView
 from gpuaware.scheduler.kube import objects
 from gpuaware.scheduler.kube.cache import ClusterCache
-from gpuaware.scheduler.kube.calls import SCHEDULED, ApiCalls
+from gpuaware.scheduler.kube.calls import SCHEDULED, ApiCalls, NotLeading
 from gpuaware.scheduler.kube.decisions import DecisionSink, Outcome
 from gpuaware.scheduler.kube.departures import Departures
 from gpuaware.scheduler.kube.dra.writer import ClaimsRefused, ClaimWriter, Written
@@ -77,20 +78,19 @@ class Binder:
         ns, name = key.split("/", 1)
         node = self.cache.node_name(alloc.node)
         uuids = self.gpu_uuids(node)
-        written: Written | None = None
+        written: list[Written] = []  # what the claims' writes left written, for ``_failed`` to take back
         try:
             # The preemptor lands only once its victims are gone. It waits outside the bind slots: a slot is
             # for an API call in flight, and waiting minutes for a checkpoint must not stall other placements.
             await self._victims_gone(key, victims)
             async with self._slots:
                 started = time.perf_counter()
-                written = await self._pre_bind(key, node, uid)
-                await self._bind(key, ns, name, node, {
+                await self._write(key, ns, name, node, {
                     annotations.ANN_GPUS: objects.gpus_annotation(alloc, uuids),
-                    annotations.ANN_SHARING: objects.sharing_annotation(alloc)}, uid)
+                    annotations.ANN_SHARING: objects.sharing_annotation(alloc)}, uid, written)
                 self.stats.bind_latency.observe(time.perf_counter() - started)
         except BindFailure as failure:
-            await self._failed(key, written, failure)
+            await self._failed(key, written[0] if written else None, failure)
             return
         pod = self.cache.pods.get(key, {"metadata": {"name": name, "namespace": ns}})
         gpus = ", ".join(f"{g}:{m}m" for g, m in zip(alloc.gpus, alloc.milli, strict=True)) or "none"
@@ -115,30 +115,30 @@ class Binder:
         except TimeoutError:
             raise BindFailure(REQUEUE, f"victims of {key} were not gone in time; placement withdrawn") from None
 
-    async def _pre_bind(self, key: str, node: str, uid: str | None) -> Written | None:
-        """The pod's claims written, as kube-scheduler's DRA PreBind: it has its devices from the moment it has a
-        node. None for a pod without claims."""
-        picks, shared = self.cache.dra.picks.get(key), self.cache.dra.shared.get(key)
-        if picks is None and shared is None:
-            return None
-        pod = self.cache.pods.get(key)
+    async def _write(self, key: str, ns: str, name: str, node: str, ann: dict[str, str], uid: str | None,
+                     written: list[Written]) -> None:
+        """The pod's claims written, as kube-scheduler's DRA PreBind (it has its devices from the moment it has a
+        node), then one Binding carrying the GPUs (the device plugin reads them from the moment it has a node).
+        All of it on one API thread, with no turn of the event loop between the writes: a pass holding the loop
+        does not hold them (``gpuaware.scheduler.kube.dra.writer``). What the claims' writes left is appended to
+        ``written``."""
+        claims = self._claims_to_write(key, node, uid)
+
+        def claims_then_binding() -> None:
+            if claims is not None:
+                written.append(claims())
+            if not self.calls.may_act():
+                raise NotLeading()
+            self.calls.api.bind(ns, name, node, ann, uid)
+
         try:
-            if pod is None or (uid and pod["metadata"].get("uid") != uid):
-                raise ClaimsRefused(f"{key} is gone or replaced", conflict=True)
-            if picks is not None:
-                return await self.claims.allocate(self.cache.dra.state.claims, node, picks, pod)
-            return await self.claims.share(self.cache.dra.state.claims, shared or [], node, pod)
+            await self.calls.call(claims_then_binding, checked=False)
         except ClaimsRefused as exc:
             drop = "claim-conflict" if exc.conflict else "claim-write-failed"
             if exc.lasting:  # asking again every pass would only hammer the apiserver with the same refusal
                 raise BindFailure(REFUSE, f"the apiserver refused its claims' allocation: {exc}", drop,
                                   logging.WARNING) from exc
             raise BindFailure(REQUEUE, f"claims not allocated: {exc}", drop) from exc
-
-    async def _bind(self, key: str, ns: str, name: str, node: str, ann: dict[str, str], uid: str | None) -> None:
-        """One write: the GPUs are on the pod from the moment it has a node (the device plugin reads them)."""
-        try:
-            await self.calls.call(self.calls.api.bind, ns, name, node, ann, uid)
         except TRANSPORT_ERRORS as exc:
             self.stats.api_errors[("bind", 0)] += 1
             # Unknown whether the Binding landed: the pod's next watch event says; until then it is requeued
@@ -157,6 +157,27 @@ class Binder:
                 raise BindFailure(DROP, f"gone: {message}") from exc
             raise BindFailure(REQUEUE, f"bind failed {code} {reason}: {message}; requeued", None,
                               logging.WARNING) from exc
+
+    def _claims_to_write(self, key: str, node: str, uid: str | None) -> Callable[[], Written] | None:
+        """What writes the pod's claims on an API thread (``ClaimsRefused`` if they cannot be), read from the cache
+        here on the loop; None for a pod without claims."""
+        dra = self.cache.dra
+        picks, shared = dra.picks.get(key), dra.shared.get(key)
+        if picks is None and shared is None:
+            return None
+        pod = self.cache.pods.get(key)
+
+        def gone() -> Written:
+            raise ClaimsRefused(f"{key} is gone or replaced", conflict=True)
+
+        if pod is None or (uid and pod["metadata"].get("uid") != uid):
+            return gone
+        # The claims as the informer has them now: the writes take their resourceVersion as the precondition.
+        keys = sorted({r.claim for r, _ in picks} if picks is not None else set(shared or []))
+        claims = {k: dra.state.claims[k] for k in keys if k in dra.state.claims}
+        if picks is not None:
+            return functools.partial(self.claims.allocate_now, claims, node, picks, pod)
+        return functools.partial(self.claims.share_now, claims, keys, node, pod)
 
     async def _failed(self, key: str, written: Written | None, failure: BindFailure) -> None:
         """The one failure path: what the placement wrote is taken back, the cache forgets it, and the pod

@@ -76,8 +76,11 @@ class ApiCalls:
             for f in started:
                 f.result()
 
-    async def call(self, fn: Callable[..., T], *args: Any, pool: ThreadPoolExecutor | None = None) -> T:
-        if not self.may_act():
+    async def call(self, fn: Callable[..., T], *args: Any, pool: ThreadPoolExecutor | None = None,
+                   checked: bool = True) -> T:
+        """``fn(*args)`` on an API thread; ``checked``: refused (``NotLeading``) once this replica may no longer
+        act. A caller making several writes in one ``fn`` checks before each itself (``checked=False``)."""
+        if checked and not self.may_act():
             raise NotLeading()
         return await asyncio.get_running_loop().run_in_executor(pool or self._pool, functools.partial(fn, *args))
 

@@ -19,19 +19,25 @@ A pod whose claims are allocated already (shared) only joins their ``reservedFor
 same precondition and retries, while they are allocated on its node; a placement of it that fails takes
 only its own reservation back (the strategic merge patch kube-scheduler's Unreserve sends), never the
 allocation the other pods hold.
+
+The writes are blocking calls made on one of the API threads (``ApiCalls``), one after the other, with no
+turn of the event loop between them: a pass holds the loop for tens of milliseconds, and a claim's
+finalizer, its status and the pod's Binding each waiting for the loop made every placement wait that
+long per write. Each public method is one hop onto an API thread (``*_now``: already on one; the binder
+makes the claims' writes and the Binding in a single hop).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from gpuaware.plumbing.kube.api import TRANSPORT_ERRORS, api_error
-from gpuaware.scheduler.kube.calls import ApiCalls
+from gpuaware.scheduler.kube.calls import ApiCalls, NotLeading
 from gpuaware.scheduler.kube.dra.claims import (
     DeviceRequest,
     allocated_nodes,
@@ -65,7 +71,7 @@ class Written:
     uid: str | None = None
 
 
-Write = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
+Write = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 
 class ClaimWriter:
@@ -75,12 +81,17 @@ class ClaimWriter:
     async def allocate(self, claims: dict[str, dict[str, Any]], node: str,
                        picks: list[tuple[DeviceRequest, Device]], pod: dict[str, Any]) -> Written:
         """Write every claim of the placement; the claims as written, or ``ClaimsRefused`` (none left written)."""
+        return await self.calls.call(self.allocate_now, claims, node, picks, pod, checked=False)
+
+    def allocate_now(self, claims: dict[str, dict[str, Any]], node: str,
+                     picks: list[tuple[DeviceRequest, Device]], pod: dict[str, Any]) -> Written:
+        """``allocate`` on an API thread."""
         written, uid = Written(), pod["metadata"].get("uid")
         for key in sorted({r.claim for r, _ in picks}):
             protected: list[dict[str, Any]] = []  # the claim as the finalizer write left it, if this placement added it
 
-            async def one(claim: dict[str, Any], key: str = key,
-                          protected: list[dict[str, Any]] = protected) -> dict[str, Any] | None:
+            def one(claim: dict[str, Any], key: str = key,
+                    protected: list[dict[str, Any]] = protected) -> dict[str, Any] | None:
                 if claim["metadata"].get("deletionTimestamp"):
                     raise ClaimsRefused(f"ResourceClaim {key} is being deleted", conflict=True)
                 status = claim.get("status") or {}
@@ -91,17 +102,17 @@ class ClaimWriter:
                     raise ClaimsRefused(f"ResourceClaim {key} got allocated elsewhere in the meantime", conflict=True)
                 guard = with_finalizer(claim, True)
                 if guard is not None:
-                    claim = await self._call("update-claim", self.calls.api.update_claim, guard)
+                    claim = self._call("update-claim", self.calls.api.update_claim, guard)
                     protected[:] = [claim]
-                return await self._call("update-claim-status", self.calls.api.write_claim_status,
-                                        allocation_status(claim, node, picks, pod))
+                return self._call("update-claim-status", self.calls.api.write_claim_status,
+                                  allocation_status(claim, node, picks, pod))
 
             try:
-                done = await self._retrying(key, claims.get(key), one)
+                done = self._retrying(key, claims.get(key), one)
             except (ApiException, *TRANSPORT_ERRORS, ClaimsRefused) as exc:
-                await self.release(written)
+                self.release_now(written)
                 if protected:
-                    await self._unprotect(protected[-1])
+                    self._unprotect(protected[-1])
                 raise _refused(key, exc) from exc
             if done is not None:
                 written.claims.append(done)
@@ -111,48 +122,56 @@ class ClaimWriter:
                     pod: dict[str, Any]) -> Written:
         """The pod joins ``reservedFor`` of its claims, allocated already on ``node`` (shared); ``ClaimsRefused``
         as ``allocate`` (a claim deallocated, or allocated elsewhere, since it was read: the pod is read again)."""
+        return await self.calls.call(self.share_now, claims, keys, node, pod, checked=False)
+
+    def share_now(self, claims: dict[str, dict[str, Any]], keys: list[str], node: str,
+                  pod: dict[str, Any]) -> Written:
+        """``share`` on an API thread."""
         written = Written(uid=pod["metadata"]["uid"])
         for key in sorted(keys):
-            async def one(claim: dict[str, Any], key: str = key) -> dict[str, Any] | None:
+            def one(claim: dict[str, Any], key: str = key) -> dict[str, Any] | None:
                 alloc = (claim.get("status") or {}).get("allocation")
                 if claim["metadata"].get("deletionTimestamp") or not alloc or allocated_nodes(alloc) != {node}:
                     raise ClaimsRefused(f"ResourceClaim {key} is no longer allocated on {node}", conflict=True)
                 body = reserved_status(claim, pod)
-                return None if body is None else await self._call("update-claim-status",
-                                                                  self.calls.api.write_claim_status, body)
+                return None if body is None else self._call("update-claim-status",
+                                                            self.calls.api.write_claim_status, body)
 
             try:
-                done = await self._retrying(key, claims.get(key), one)
+                done = self._retrying(key, claims.get(key), one)
             except (ApiException, *TRANSPORT_ERRORS, ClaimsRefused) as exc:
-                await self.release(written)
+                self.release_now(written)
                 raise _refused(key, exc) from exc
             if done is not None:
                 written.claims.append(done)
         return written
 
-    async def _retrying(self, key: str, claim: dict[str, Any] | None, one: Write) -> dict[str, Any] | None:
+    def _retrying(self, key: str, claim: dict[str, Any] | None, one: Write) -> dict[str, Any] | None:
         """``one(claim)``; on 409 Conflict the claim is read again and ``one`` tried again."""
         for attempt in range(CONFLICT_RETRIES):
             if claim is None:
                 raise ClaimsRefused(f"ResourceClaim {key} is gone", conflict=True)
             try:
-                return await one(claim)
+                return one(claim)
             except ApiException as exc:
                 if exc.status != 409 or attempt == CONFLICT_RETRIES - 1:
                     raise
             namespace, name = key.split("/", 1)
             try:
-                claim = await self._call("get-claim", self.calls.api.read_claim, namespace, name)
+                claim = self._call("get-claim", self.calls.api.read_claim, namespace, name)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
                 claim = None
         raise AssertionError("unreachable")
 
-    async def _call(self, verb: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """One API call, its failure counted under ``verb``."""
+    def _call(self, verb: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """One API call on this API thread, its failure counted under ``verb``; none once this replica may no
+        longer act (checked before every write, as ``ApiCalls.call`` does)."""
+        if not self.calls.may_act():
+            raise NotLeading()
         try:
-            return await self.calls.call(fn, *args)
+            return fn(*args)
         except ApiException as exc:
             self.calls.failed(verb, exc)
             raise
@@ -160,14 +179,14 @@ class ClaimWriter:
             self.calls.stats.api_errors[(verb, 0)] += 1
             raise
 
-    async def _unprotect(self, claim: dict[str, Any]) -> None:
+    def _unprotect(self, claim: dict[str, Any]) -> None:
         """Take the finalizer off a claim that is not allocated (what kube-controller-manager does once it
         deallocates); a claim left with it is only slower to delete."""
         body = with_finalizer(claim, False)
         if body is None:
             return
         try:
-            await self._call("update-claim", self.calls.api.update_claim, body)
+            self._call("update-claim", self.calls.api.update_claim, body)
         except (ApiException, *TRANSPORT_ERRORS) as exc:
             log.warning("ResourceClaim %s/%s keeps its finalizer (%s)", claim["metadata"].get("namespace"),
                         claim["metadata"]["name"], _said(exc))
@@ -177,27 +196,32 @@ class ClaimWriter:
         wrote, then the delete-protection finalizer; of claims it joined, only its pod's reservation. A claim
         it allocated that changed since (409) is read again: still reserved for its pod alone, it is released;
         joined by another pod meanwhile, only the reservation goes."""
+        if written is not None and written.claims:
+            await self.calls.call(self.release_now, written, checked=False)
+
+    def release_now(self, written: Written | None) -> None:
+        """``release`` on an API thread."""
         for claim in written.claims if written is not None else []:
             meta = claim["metadata"]
             try:
                 if written.uid is not None:
-                    await self._unreserve(meta, written.uid)
+                    self._unreserve(meta, written.uid)
                     continue
                 ours = [r.get("uid") for r in (claim.get("status") or {}).get("reservedFor") or []]
 
-                async def one(now: dict[str, Any], ours: list[str | None] = ours) -> dict[str, Any] | None:
+                def one(now: dict[str, Any], ours: list[str | None] = ours) -> dict[str, Any] | None:
                     status = now.get("status") or {}
                     if not status.get("allocation"):
                         return None  # deallocated already
                     if [r.get("uid") for r in status.get("reservedFor") or []] != ours:
-                        await self._unreserve(now["metadata"], str(ours[0]))
+                        self._unreserve(now["metadata"], str(ours[0]))
                         return None
-                    released = await self._call("update-claim-status", self.calls.api.write_claim_status,
-                                                released_status(now))
-                    await self._unprotect(released)
+                    released = self._call("update-claim-status", self.calls.api.write_claim_status,
+                                          released_status(now))
+                    self._unprotect(released)
                     return released
 
-                await self._retrying(f"{meta['namespace']}/{meta['name']}", claim, one)
+                self._retrying(f"{meta['namespace']}/{meta['name']}", claim, one)
             except (ApiException, *TRANSPORT_ERRORS, ClaimsRefused) as exc:
                 log.warning("ResourceClaim %s/%s stays as written (%s); its devices stay taken",
                             meta.get("namespace"), meta["name"], _said(exc))
@@ -206,26 +230,29 @@ class ClaimWriter:
         """kube-scheduler's DRA PostFilter: claims allocated on a node their pod (``uid``) cannot go to, and
         reserved for nobody or for that pod alone, are deallocated so that it can go elsewhere; a claim another
         pod uses meanwhile is left as it is. Best effort: the pod waits, and is asked again, until it is done."""
+        await self.calls.call(self._deallocate_now, claims, uid, checked=False)
+
+    def _deallocate_now(self, claims: list[dict[str, Any]], uid: str) -> None:
         for claim in claims:
             meta = claim["metadata"]
 
-            async def one(now: dict[str, Any]) -> dict[str, Any] | None:
+            def one(now: dict[str, Any]) -> dict[str, Any] | None:
                 status = now.get("status") or {}
                 if not status.get("allocation") or {r.get("uid") for r in status.get("reservedFor") or []} - {uid}:
                     return None
-                released = await self._call("update-claim-status", self.calls.api.write_claim_status,
-                                            released_status(now))
-                await self._unprotect(released)
+                released = self._call("update-claim-status", self.calls.api.write_claim_status,
+                                      released_status(now))
+                self._unprotect(released)
                 return released
 
             try:
-                await self._retrying(f"{meta['namespace']}/{meta['name']}", claim, one)
+                self._retrying(f"{meta['namespace']}/{meta['name']}", claim, one)
             except (ApiException, *TRANSPORT_ERRORS, ClaimsRefused) as exc:
                 log.warning("ResourceClaim %s/%s not deallocated (%s)", meta.get("namespace"), meta["name"],
                             _said(exc))
 
-    async def _unreserve(self, meta: dict[str, Any], pod_uid: str) -> None:
-        await self._call("patch-claim-status", self.calls.api.unreserve_claim, meta["namespace"], meta["name"],
+    def _unreserve(self, meta: dict[str, Any], pod_uid: str) -> None:
+        self._call("patch-claim-status", self.calls.api.unreserve_claim, meta["namespace"], meta["name"],
                          meta["uid"], pod_uid)
 
 

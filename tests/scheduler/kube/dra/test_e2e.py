@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -367,6 +368,26 @@ async def test_a_lasting_refusal_of_the_claim_write_leaves_the_pod_alone_instead
             await wait_for(lambda: len(live.tasks) == 0, 30, "the pass's tasks done")
         assert live.stats.api_errors[("update-claim-status", 422)] == 1
     assert not read(cp, "pod", "nobind")["spec"].get("nodeName")
+
+
+async def test_the_claims_writes_and_the_binding_go_on_while_a_pass_holds_the_event_loop(cp):
+    # The finalizer, the claim's status and the Binding are made on one API thread: none waits for the loop,
+    # which a pass holds for tens of milliseconds (here: until the pod is bound, or 30 s have passed).
+    node(cp, "dra-held", "held")
+    gpu_slice(cp, "dra-held", gpus=1, islands=1, group="held")
+    claim(cp, "held", device_class(cp, "held"))
+    pod(cp, "held", ["held"])
+    async with scheduler(cp, lead=False) as live:
+        await wait_for(lambda: "default/held" in live.cache.pending, 10, "the pod queued", poll_s=0.1)
+        live.schedule_once()  # the placement's bind task is spawned ...
+        await asyncio.sleep(0)  # ... and runs to its first wait on the API
+        deadline = time.monotonic() + 30
+        while not read(cp, "pod", "held")["spec"].get("nodeName") and time.monotonic() < deadline:
+            time.sleep(0.2)  # the loop held, as by a long pass
+        assert read(cp, "pod", "held")["spec"].get("nodeName") == "dra-held"
+        await wait_for(lambda: len(live.tasks) == 0, 30, "the bind task done")
+    assert results(read(cp, "resourceclaim", "held"))[0]["pool"] == "dra-held"
+    assert dra_claims.FINALIZER in read(cp, "resourceclaim", "held")["metadata"]["finalizers"]
 
 
 async def test_a_claim_deleted_while_allocated_keeps_its_device_until_it_is_deallocated(cp):
