@@ -42,7 +42,7 @@ from gpuaware.contract.events import (
     WatchPoint,
 )
 from gpuaware.stream.fingerprint import WorkloadFingerprint
-from gpuaware.stream.forecast import SeriesForecaster
+from gpuaware.stream.forecast_columns import ColumnForecaster, ForecastColumns
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,22 @@ class TrackerSettings:
     fb_change_share: float = 0.05
     max_clock_skew_ms: int = 30_000  # a sample stamped further ahead of its arrival is rejected
     rehome_after_ms: int = 600_000  # a GPU may appear on another node once its node is silent this long
+    # Errors each forecast horizon keeps (the exported MAE's): an hour, what a restarted worker rebuilds from the
+    # minute history, at a third of the 200 that were a third of a GPU's forecaster memory (docs/stream.md, "Memory").
+    forecast_errors: int = HISTORY_MINUTES
+
+
+_COLUMNS: dict[tuple[tuple[int, ...], int], ForecastColumns] = {}
+
+
+def forecast_columns(settings: TrackerSettings) -> ForecastColumns:
+    """The rows of every tracker's forecasters with ``settings``' horizons, in this process: one array for all the
+    GPUs a worker holds, not objects per GPU (gpuaware.stream.forecast_columns)."""
+    key = (settings.horizons_min, settings.forecast_errors)
+    columns = _COLUMNS.get(key)
+    if columns is None:
+        columns = _COLUMNS[key] = ForecastColumns(settings.horizons_min, residuals=settings.forecast_errors)
+    return columns
 
 
 class Learned(enum.Enum):
@@ -136,7 +152,7 @@ class GpuTracker:
     # sums every
     # GPU's every 10 s, and its forecasts change once a minute.
     demand_cache: tuple[list, tuple] | None = None
-    _forecasters: dict[str, SeriesForecaster] | None = None  # per metric, every horizon
+    _forecasters: dict[str, ColumnForecaster] | None = None  # per metric, every horizon
 
     # ------------------------------------------------------------------ learning
 
@@ -223,12 +239,13 @@ class GpuTracker:
             self.bucket[1] += fb
             self.bucket[2] += 1
 
-    def _models(self) -> dict[str, SeriesForecaster]:
+    def _models(self) -> dict[str, ColumnForecaster]:
         if self._forecasters is None:
             self._forecasters = {}
+            columns = forecast_columns(self.settings)
             for metric in METRICS:
                 upper = 100.0 if metric == "util_gpu" else float(self.fb_total_mib or 1e12)
-                self._forecasters[metric] = SeriesForecaster(self.settings.horizons_min, upper_bound=upper)
+                self._forecasters[metric] = ColumnForecaster(columns, upper_bound=upper)
             # Rebuild from the retained history (after a restart or a rebalance).
             last = len(self.history) - 1
             for i, (_, util, fb) in enumerate(self.history):
@@ -260,8 +277,7 @@ class GpuTracker:
         """Mean absolute error of the recent chosen forecasts, per (metric, horizon in minutes)."""
         if self._forecasters is None:
             return {}
-        return {(metric, h): per.abs_error
-                for metric, m in self._forecasters.items() for h, per in m.horizons.items() if per.errors}
+        return {(metric, h): error for metric, m in self._forecasters.items() for h, error in m.abs_errors().items()}
 
     def learn_event(self, event: GpuEvent) -> None:
         self.mark_changed()
