@@ -287,6 +287,12 @@ class ForecastColumns:
                               EXPERTS[int(r[part + LOSSES + N_CONTEXTS])])
         return out
 
+    def values(self, slot: int, n: int) -> list[float]:
+        """The last ``n`` values learned (at most ``span``), oldest first."""
+        r = self.row(slot)
+        n = min(n, int(r[T]), self.span)
+        return r[self.values_end - n:self.values_end].tolist() if n else []
+
     def errors(self, slot: int, horizon: int) -> list[float]:
         """The horizon's kept signed errors, oldest first."""
         r = self.row(slot)
@@ -338,6 +344,9 @@ class ColumnForecaster:
 
     def abs_errors(self) -> dict[int, float]:
         return self.columns.abs_errors(self.slot)
+
+    def values(self, n: int) -> list[float]:
+        return self.columns.values(self.slot, n)
 
     def __del__(self) -> None:
         self.columns.release(self.slot)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -86,6 +87,7 @@ def forecast_columns(settings: TrackerSettings) -> ForecastColumns:
     columns = _COLUMNS.get(key)
     if columns is None:
         columns = _COLUMNS[key] = ForecastColumns(settings.horizons_min, residuals=settings.forecast_errors)
+        assert columns.span >= HISTORY_MINUTES, "the forecasters' values are the minute history"
     return columns
 
 
@@ -110,7 +112,8 @@ class GpuTracker:
     smoothed: dict[str, float] = field(default_factory=dict)
     minute: int | None = None
     bucket: list[float] = field(default_factory=lambda: [0.0, 0.0, 0])  # util sum, fb sum, count
-    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_MINUTES))  # (minute, util, fb)
+    # The minutes of the minute history (``history``), oldest first: its values are the forecasters' last ones.
+    minutes: array = field(default_factory=lambda: array("q"))
     health_score: float = 100.0
     health_band: str = HealthBand.HEALTHY.value
     health_components: dict[str, float] = field(default_factory=dict)
@@ -228,10 +231,8 @@ class GpuTracker:
         if self.minute is not None and minute > self.minute and self.bucket[2]:
             count = self.bucket[2]
             closed = (self.minute, self.bucket[0] / count, self.bucket[1] / count)
-            self._models()  # built (from the history so far) before this minute joins it
-            self.history.append(closed)
-            self.history_changes += 1
-            self._learn_minute(closed[1], closed[2])
+            self._models()
+            self._close(*closed)
             self.bucket = [0.0, 0.0, 0]
         if self.minute is None or minute >= self.minute:
             self.minute = minute
@@ -246,11 +247,28 @@ class GpuTracker:
             for metric in METRICS:
                 upper = 100.0 if metric == "util_gpu" else float(self.fb_total_mib or 1e12)
                 self._forecasters[metric] = ColumnForecaster(columns, upper_bound=upper)
-            # Rebuild from the retained history (after a restart or a rebalance).
-            last = len(self.history) - 1
-            for i, (_, util, fb) in enumerate(self.history):
-                self._learn_minute(util, fb, render=i == last)
         return self._forecasters
+
+    def _close(self, minute: int, util: float, fb: float, render: bool = True) -> None:
+        """A closed minute joins the history: its minute here, its values in the forecasters, which keep the last
+        ``HISTORY_MINUTES`` of them (and learn from them)."""
+        minutes = self.minutes
+        minutes.append(minute)
+        if len(minutes) > HISTORY_MINUTES:
+            del minutes[0]
+        self.history_changes += 1
+        self._learn_minute(util, fb, render)
+
+    @property
+    def history(self) -> list[tuple[int, float, float]]:
+        """The last ``HISTORY_MINUTES`` closed minutes, oldest first: (minute, mean utilisation, mean framebuffer
+        used). Made from the minutes and the forecasters' values: a tuple of three boxed numbers per minute was ~9 KiB
+        of every GPU's hour (docs/stream.md, "Memory")."""
+        if not self.minutes:
+            return []
+        n = len(self.minutes)
+        models = self._models()
+        return list(zip(self.minutes, models["util_gpu"].values(n), models["fb_used_mib"].values(n), strict=True))
 
     def _learn_minute(self, util: float, fb: float, render: bool = True) -> None:
         models = self._models()
@@ -352,7 +370,7 @@ class GpuTracker:
         return (
             round(s.get("util_gpu", 0.0) / self.settings.util_change),
             round(s.get("fb_used_mib", 0.0) / fb_step),
-            self.health_band, self.fingerprint.last_class, len(self.history), self.minute,
+            self.health_band, self.fingerprint.last_class, len(self.minutes), self.minute,
             self.verdict, self.recommended_action, tuple(sorted(self.fleet_strikes)) if self.fleet_reasons else (),
         )
 
@@ -422,10 +440,13 @@ class GpuTracker:
         t.verdict = data.get("verdict", HealthVerdict.UNKNOWN.value)
         t.verdict_reasons = list(data.get("verdict_reasons", []))
         t.recommended_action = data.get("recommended_action", HealthAction.UNKNOWN.value)
-        t.history = deque((tuple(h) for h in (data["history"] if history is None else history)),
-                          maxlen=HISTORY_MINUTES)
         t.recent_events = deque((tuple(e) for e in data["recent_events"]), maxlen=RECENT_EVENTS)
         t.fingerprint = WorkloadFingerprint.from_dict(data["fingerprint"])
-        if t.history:
+        # The forecasters rebuilt from the retained history (after a restart or a rebalance).
+        kept = (data["history"] if history is None else history)[-HISTORY_MINUTES:]
+        if kept:
             t._models()
+            for i, (minute, util, fb) in enumerate(kept):
+                t._close(minute, util, fb, render=i == len(kept) - 1)
+            t.history_changes = 0
         return t
