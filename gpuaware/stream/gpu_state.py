@@ -27,7 +27,6 @@ import enum
 import logging
 import math
 from array import array
-from collections import deque
 from dataclasses import dataclass, field
 
 from gpuaware.contract.events import (
@@ -97,7 +96,8 @@ class Learned(enum.Enum):
     AHEAD = "ahead"  # stamped beyond the clock skew allowed: rejected
 
 
-@dataclass
+# Slots: a tracker per GPU, and its attribute dict was ~1.5 KiB of each (docs/stream.md, "Memory").
+@dataclass(slots=True)
 class GpuTracker:
     uuid: str
     node: str = ""
@@ -120,7 +120,9 @@ class GpuTracker:
     verdict: str = HealthVerdict.UNKNOWN.value
     verdict_reasons: list[str] = field(default_factory=list)
     recommended_action: str = HealthAction.UNKNOWN.value
-    recent_events: deque = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
+    # The last RECENT_EVENTS events. Lists, not deques, here and in ``sbe_window``: an empty deque takes 760 bytes, a
+    # list 56, and most GPUs have no event and no SBE count to keep.
+    recent_events: list = field(default_factory=list)
     fingerprint: WorkloadFingerprint = field(default_factory=WorkloadFingerprint)
     forecasts: list[Forecast] = field(default_factory=list)
     last_published_ms: int = 0
@@ -133,7 +135,7 @@ class GpuTracker:
     throttle_reasons: int = 0  # the newest sample's NVML clocks event reasons
     fleet_strikes: dict[str, int] = field(default_factory=dict)
     fleet_reasons: list[str] = field(default_factory=list)
-    sbe_window: deque = field(default_factory=deque)  # (sample ms, volatile SBE count) over the fleet's window
+    sbe_window: list = field(default_factory=list)  # (sample ms, volatile SBE count) over the fleet's window
     sbe_in_window: int | None = None  # errors over it (None: never reported), what the check reads of every GPU
     # Minutes closed into the history since this tracker was built: tells the processor when to write it.
     history_changes: int = 0
@@ -198,7 +200,7 @@ class GpuTracker:
                 w.clear()  # the volatile counter started again (a GPU reset, a driver reload)
             w.append((ts_ms, sample.ecc_sbe))
             while len(w) > 1 and w[0][0] < ts_ms - SBE_WINDOW_MS:
-                w.popleft()
+                del w[0]
             self.sbe_in_window = w[-1][1] - w[0][1]
         self.fingerprint.learn_one(ts_ms, util, util_mem, fb, float(info.fb_total_mib), power)
         self._bucket(ts_ms // MINUTE_MS, util, fb)
@@ -300,7 +302,10 @@ class GpuTracker:
     def learn_event(self, event: GpuEvent) -> None:
         self.mark_changed()
         self.revision += 1
-        self.recent_events.append((event.ts_ms, event.kind.value, event.severity.value, event.message[:160]))
+        events = self.recent_events
+        events.append((event.ts_ms, event.kind.value, event.severity.value, event.message[:160]))
+        if len(events) > RECENT_EVENTS:
+            del events[0]
         if event.kind == EventKind.HEALTH_CHANGE:
             if event.value is not None:
                 self.health_score = float(event.value)
@@ -440,7 +445,7 @@ class GpuTracker:
         t.verdict = data.get("verdict", HealthVerdict.UNKNOWN.value)
         t.verdict_reasons = list(data.get("verdict_reasons", []))
         t.recommended_action = data.get("recommended_action", HealthAction.UNKNOWN.value)
-        t.recent_events = deque((tuple(e) for e in data["recent_events"]), maxlen=RECENT_EVENTS)
+        t.recent_events = [tuple(e) for e in data["recent_events"]][-RECENT_EVENTS:]
         t.fingerprint = WorkloadFingerprint.from_dict(data["fingerprint"])
         # The forecasters rebuilt from the retained history (after a restart or a rebalance).
         kept = (data["history"] if history is None else history)[-HISTORY_MINUTES:]
