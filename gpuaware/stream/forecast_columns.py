@@ -27,6 +27,8 @@ dropped (``ColumnForecaster.__del__``: its GPU's tracker is gone) is reused.
 from __future__ import annotations
 
 import math
+from array import array
+from collections import Counter
 
 import numpy as np
 
@@ -126,10 +128,11 @@ class ForecastColumns:
 
     # ------------------------------------------------------------------ learning
 
-    def learn(self, slot: int, y: float) -> None:
+    def learn(self, slot: int, y: float, forecast: bool = False) -> dict[int, Forecast] | None:
         """``SeriesForecaster.learn_one`` on the row: the forecasts due now scored, the statistics updated, the next
-        forecasts made. The row is read into a list once and written back once: numpy's per-element access costs
-        more than the arithmetic."""
+        forecasts made; with ``forecast``, what ``forecast`` returns after it. The row is read into a list once and
+        written back once (through an ``array``, a copy of its buffer): numpy's per-element access costs more than the
+        arithmetic."""
         y = float(y)
         arr = self.row(slot)
         r = arr.tolist()
@@ -151,11 +154,10 @@ class ForecastColumns:
             loss = part + context * N_EXPERTS
             seen = part + LOSSES + context
             if r[seen]:
-                for i, x in enumerate(experts):
-                    r[loss + i] = fading * abs(x - y) + keep * r[loss + i]
+                r[loss:loss + N_EXPERTS] = [fading * abs(x - y) + keep * kept
+                                            for x, kept in zip(experts, r[loss:loss + N_EXPERTS], strict=True)]
             else:
-                for i, x in enumerate(experts):
-                    r[loss + i] = abs(x - y)
+                r[loss:loss + N_EXPERTS] = [abs(x - y) for x in experts]
                 r[seen] = 1.0
             self._add_error(r, part, t - h, y - chosen)
         # the statistics, updated as River updates them
@@ -185,7 +187,8 @@ class ForecastColumns:
         t += 1
         r[T] = float(t)
         self._make_forecasts(r, t, values, steps)
-        arr[:] = r
+        arr[:] = array("d", r)
+        return self._forecast(r) if forecast else None
 
     def _add_error(self, r: list[float], part: int, made: int, error: float) -> None:
         """``_Horizon.add_error``: the errors oldest first, their absolute sum kept running and made again once per
@@ -233,11 +236,13 @@ class ForecastColumns:
 
     @staticmethod
     def _mode(values: list[float], steps: list[float]) -> float:
-        counts: dict[float, int] = {}
-        for v in values:
-            counts[v] = counts.get(v, 0) + 1
+        counts = Counter(values)
+        most = max(counts.values())
+        tied = [v for v, c in counts.items() if c == most]
+        if len(tied) == 1:
+            return tied[0]
         started = dict(zip(values, steps, strict=True))
-        return min(counts, key=lambda v: (-counts[v], started[v]))
+        return min(tied, key=started.__getitem__)
 
     def _combine(self, r: list[float], part: int, experts: list[float], context: int) -> int:
         """``SeriesForecaster._combine``: the index of the experts' weighted median."""
@@ -263,7 +268,9 @@ class ForecastColumns:
 
     def forecast(self, slot: int) -> dict[int, Forecast]:
         """``SeriesForecaster.forecast``: per horizon, the value that many steps after the last learned one."""
-        r = self.row(slot).tolist()
+        return self._forecast(self.row(slot).tolist())
+
+    def _forecast(self, r: list[float]) -> dict[int, Forecast]:
         t = int(r[T])
         if not t:
             raise ValueError("forecast() before any learn_one()")
@@ -338,6 +345,10 @@ class ColumnForecaster:
 
     def learn_one(self, y: float) -> None:
         self.columns.learn(self.slot, y)
+
+    def learn_forecast(self, y: float) -> dict[int, Forecast]:
+        """``learn_one`` then ``forecast``, at the cost of one."""
+        return self.columns.learn(self.slot, y, forecast=True)  # type: ignore[return-value]
 
     def forecast(self) -> dict[int, Forecast]:
         return self.columns.forecast(self.slot)

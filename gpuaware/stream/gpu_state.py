@@ -273,20 +273,18 @@ class GpuTracker:
         return list(zip(self.minutes, models["util_gpu"].values(n), models["fb_used_mib"].values(n), strict=True))
 
     def _learn_minute(self, util: float, fb: float, render: bool = True) -> None:
-        models = self._models()
-        for metric, model in models.items():
-            model.learn_one(util if metric == "util_gpu" else fb)
-        if render:
-            self._render_forecasts()
-
-    def _render_forecasts(self) -> None:
-        """A new list each time, never changed after: states share it (gpuaware.stream.publisher encodes it once per
-        list)."""
+        """The forecasters learn a closed minute; with ``render``, the GPU's forecasts are made again: a new list,
+        never changed after, which states share (gpuaware.stream.publisher encodes it once per list)."""
         out = []
         for metric, model in self._models().items():
-            for h, f in model.forecast().items():
+            y = util if metric == "util_gpu" else fb
+            if not render:
+                model.learn_one(y)
+                continue
+            for h, f in model.learn_forecast(y).items():
                 out.append(Forecast(metric, h * 60, round(f.mean, 2), round(f.lower, 2), round(f.upper, 2)))
-        self.forecasts = out
+        if render:
+            self.forecasts = out
 
     @property
     def forecasting(self) -> bool:

@@ -48,7 +48,7 @@ def test_forecasts_losses_and_errors_are_those_of_the_river_forecaster(seed, hor
         slot = columns.new(0.0, upper)
         for y in values:
             river.learn_one(y)
-            columns.learn(slot, y)
+            assert columns.learn(slot, y, forecast=True) == columns.forecast(slot)
             _same(river, columns, slot)
 
 
