@@ -1,10 +1,19 @@
-"""How much memory the scheduler's live view of a fleet takes: ``python -m gpuaware.bench.state_memory --gpus 100000``.
+"""How much memory the scheduler's live view of a fleet takes: ``python -m gpuaware.bench.state_memory --gpus 100000``;
+with ``--stream``, a stream worker's state: ``python -m gpuaware.bench.state_memory --stream --gpus 2000``.
 
 Fills a ``gpuaware.scheduler.feed.StateView`` with one decoded ``gpu.state.v1`` record per GPU (each with
 the six forecasts and health components the stream publishes, decoded from its own bytes as the
 feed does) and reports what tracemalloc saw allocated for it: ``state_mib`` and ``bytes_per_gpu``.
 The cluster model's per-GPU arrays (``gpuaware.scheduler.core.cluster``) are a few numpy cells per GPU on
 top of this.
+
+``--stream`` replays ``--seconds`` simulated seconds of the pipeline bench's fleet (``gpuaware.bench.worker_cost``: its
+load generator's batches and events, the worker's timers) into a ``StreamProcessor`` with a dict for its table, and
+reports what tracemalloc saw allocated for it: ``bytes_per_gpu`` (trackers, forecaster rows, the table's entries and
+the processor's maps), ``forecaster_bytes_per_gpu`` (the forecasters' rows, a fixed width however old the GPU), and
+the ``top`` allocation sites per GPU; with ``--rss``, ``rss_kib_per_gpu``, the process's resident memory growth per
+GPU (tracemalloc off). The default 200 s closes three minutes per GPU, what ``gpuaware bench
+pipeline`` measures; the memory of an hour's history beyond that is the history entries' JSON in the table.
 """
 
 from __future__ import annotations
@@ -42,10 +51,59 @@ def measure(gpus: int) -> dict:
             "bytes_per_gpu": round((after - before) / gpus)}
 
 
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def measure_stream(gpus: int, seconds: int, top: int = 8, rss: bool = False) -> dict:
+    """``rss``: the process's resident memory growth instead of tracemalloc's count (which costs memory of its own)."""
+    import gc
+
+    from gpuaware.bench.fleet_load import TICKS_PER_S, Fleet, load_template
+    from gpuaware.bench.worker_cost import T0_MS, Worker
+
+    fleet = Fleet(load_template(None), gpus, "sm")
+    gc.collect()
+    if rss:
+        worker = Worker(fleet)
+        worker.tick(0, T0_MS)  # (the first tick's imports and caches are the worker's, not its GPUs')
+        before = _rss_kib()
+        for tick in range(1, seconds * TICKS_PER_S):
+            worker.tick(tick, T0_MS + tick * 100)
+        gc.collect()
+        held = len(worker.processor.trackers)
+        growth = _rss_kib() - before
+        return {"gpus": held, "seconds": seconds, "rss_growth_mib": round(growth / 1024, 1),
+                "rss_kib_per_gpu": round(growth / held, 2)}
+    from gpuaware.stream.gpu_state import TrackerSettings, forecast_columns
+
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    worker = Worker(fleet)
+    for tick in range(seconds * TICKS_PER_S):
+        worker.tick(tick, T0_MS + tick * 100)
+    gc.collect()
+    diff = tracemalloc.take_snapshot().compare_to(before, "lineno")
+    tracemalloc.stop()
+    held = len(worker.processor.trackers)
+    total = sum(d.size_diff for d in diff)
+    rows = forecast_columns(TrackerSettings())
+    forecasting = sum(t.forecasting for t in worker.processor.trackers.values())
+    return {"gpus": held, "seconds": seconds, "forecasting": forecasting,
+            "state_mib": round(total / 2**20, 1), "bytes_per_gpu": round(total / held),
+            "forecaster_bytes_per_gpu": round(rows.held() * rows.row_bytes / held),
+            "top": [[str(d.traceback), round(d.size_diff / held)] for d in diff[:top]]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpus", type=int, default=100_000)
-    print(json.dumps(measure(p.parse_args().gpus)))
+    p.add_argument("--stream", action="store_true", help="A stream worker's state, not the scheduler's view.")
+    p.add_argument("--seconds", type=int, default=200, help="With --stream: simulated seconds of the fleet replayed.")
+    p.add_argument("--rss", action="store_true", help="With --stream: resident memory growth, not tracemalloc's.")
+    args = p.parse_args()
+    print(json.dumps(measure_stream(args.gpus, args.seconds, rss=args.rss) if args.stream else measure(args.gpus)))
 
 
 if __name__ == "__main__":
