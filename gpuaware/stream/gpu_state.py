@@ -8,7 +8,9 @@ forecasters, renders a ``GpuState`` record, and decides when that record is wort
 Its snapshot (``to_dict``) is what the Faust table's changelog stores; the processor stores the minute
 history apart from the rest, which changes with every sample (gpuaware.stream.processor). Forecasters are not
 serialised: they are rebuilt by replaying the retained minute history, which reproduces their
-windows and most of their loss and residual statistics (measured in tests/stream/test_gpu_state.py).
+windows and most of their loss and residual statistics (measured in tests/stream/test_gpu_state.py). In memory the
+forecasters are two rows of the worker's ``ForecastColumns`` (gpuaware.stream.forecast_columns), and the history is
+its minutes here and its values in those rows (docs/stream.md, "Memory").
 Duplicate samples (an agent replaying its spool after an outage, or the stream re-reading after a
 crash) are recognised by the per-GPU ``seq`` and timestamp and applied once.
 
