@@ -24,7 +24,7 @@ def split_of(series_id: str) -> str:
 
 
 def evaluate_forecast(series_path: str, horizon: int = 5, max_value: float | None = None,
-                      limit: int | None = None, split: str = "all") -> dict:
+                      limit: int | None = None, split: str = "all", columns: bool = False) -> dict:
     """Prequential figures (``gpuaware.stream.forecast.prequential``) for the first ``limit`` series (all when None)
     of ``split``.
 
@@ -38,5 +38,6 @@ def evaluate_forecast(series_path: str, horizon: int = 5, max_value: float | Non
     if limit:
         series = dict(list(series.items())[:limit])
     upper = max_value if max_value is not None else (100.0 if "duty_cycle" in series_path else None)
-    figures = prequential(series, horizon=horizon, upper=upper)
-    return {"series_file": series_path, **({"split": split} if split != "all" else {}), **figures}
+    figures = prequential(series, horizon=horizon, upper=upper, columns=columns)
+    return {"series_file": series_path, **({"split": split} if split != "all" else {}),
+            **({"forecaster": "columns"} if columns else {}), **figures}

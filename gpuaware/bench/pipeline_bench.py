@@ -27,8 +27,9 @@ one by default):
   the fleet's GPUs it holds state for, ``scheduler_rss_mib`` this process's resident memory at
   the end (scheduler, fake API server and the bench's watchers) and ``scheduler_rss_growth_mib``
   its growth over the run (mostly the fleet's live state);
-- ``cpu_percent`` / ``rss_mib`` per process: ``stream_workers`` (one entry per worker),
-  ``generator``, ``scheduler`` (this process), ``broker``.
+- ``cpu_percent`` / ``rss_mib`` per process: ``stream_workers`` (one entry per worker, its peak),
+  ``generator``, ``scheduler`` (this process), ``broker``; ``worker_kib_per_gpu`` the workers' peak resident memory
+  over what they held when they began applying (``worker_rss_at_join_mib``), per GPU of the fleet.
 The measuring starts 10 s after the workers have met 99 % of the fleet's GPUs and built their forecasters (``gpus_met``
 and ``gpus_forecasting`` of them, after ``met_after_s``; at most 240 s): meeting a GPU (its tracker, and at its first
 closed minute its forecasters) costs more than its later samples, and that is a worker's start,
@@ -261,7 +262,7 @@ async def run_size(kafka: KafkaSettings, gpus: int, workers: int, seconds: float
     feed_lag: list[float] = []
     view = sched.live.view
     try:
-        met, forecasting, met_after = await _meet_the_fleet(procs, generator, nodes * GPUS_PER_NODE)
+        met, forecasting, met_after, joined_rss = await _meet_the_fleet(procs, generator, nodes * GPUS_PER_NODE)
         await asyncio.sleep(WARMUP_S)
         caught_up_after = await _catch_up(procs, nodes / BATCH_WINDOW_S * CAUGHT_UP_S)
         lag_at_start = await asyncio.to_thread(_lag, procs)
@@ -294,6 +295,10 @@ async def run_size(kafka: KafkaSettings, gpus: int, workers: int, seconds: float
         rss = {"generator": round(peak_rss_mib(generator.pid), 1), "scheduler": round(rss_mib(os.getpid()), 1),
                "broker": round(peak_rss_mib(broker_pid), 1),
                "stream_workers": [round(peak_rss_mib(p.pid), 1) for p in procs]}
+        # Each worker's peak resident memory over what it had when it began applying, per GPU it holds (the fleet
+        # split evenly): what a worker's memory limit must allow per GPU (docs/deploy.md, "Sizing").
+        growth = [peak - joined for peak, joined in zip(rss["stream_workers"], joined_rss, strict=True)]
+        kib_per_gpu = round(1024 * sum(growth) / (nodes * GPUS_PER_NODE), 2)
         measured = latencies[first:]
         decisions = list(sched.live.stats.decision_latencies)[decisions0:]
         growing = lag_growing(lags)
@@ -324,6 +329,7 @@ async def run_size(kafka: KafkaSettings, gpus: int, workers: int, seconds: float
             "scheduler_rss_growth_mib": round(rss_mib(os.getpid()) - rss_before, 1),
             "scheduler_placements": sched.live.stats.by_action()["PLACE"],
             "cpu_percent": cpu, "rss_mib": rss,
+            "worker_rss_at_join_mib": [round(r, 1) for r in joined_rss], "worker_kib_per_gpu": kib_per_gpu,
         }
     finally:
         generator.stop()
@@ -336,15 +342,17 @@ async def run_size(kafka: KafkaSettings, gpus: int, workers: int, seconds: float
 
 
 async def _meet_the_fleet(procs: list[StreamWorkerProcess], generator: ChildProcess,
-                          gpus: int) -> tuple[float, float, float]:
+                          gpus: int) -> tuple[float, float, float, list[float]]:
     """Wait for the workers to join and apply, then to have met (and be forecasting) MET_SHARE of the fleet's ``gpus``,
-    at most MEET_TIMEOUT_S; (GPUs met, GPUs forecasting, seconds it took). A child that stops is an error."""
+    at most MEET_TIMEOUT_S; (GPUs met, GPUs forecasting, seconds it took, each worker's resident MiB when they began
+    applying). A child that stops is an error."""
     deadline = time.monotonic() + 180
     while _applied(procs) <= 0:  # workers joined and applying
         if time.monotonic() > deadline or not all(p.running() for p in procs) or not generator.running():
             raise RuntimeError(f"pipeline at {gpus} GPUs did not start:\n"
                                + "\n".join(p.log_tail() for p in [*procs, generator]))
         await asyncio.sleep(0.5)
+    joined = [rss_mib(p.pid) for p in procs]
     started = time.monotonic()
     while min(met_forecasting := await asyncio.to_thread(_met, procs)) < MET_SHARE * gpus \
             and time.monotonic() - started < MEET_TIMEOUT_S:
@@ -353,7 +361,7 @@ async def _meet_the_fleet(procs: list[StreamWorkerProcess], generator: ChildProc
                                + "\n".join(p.log_tail() for p in [*procs, generator]))
         await asyncio.sleep(1.0)
     met, forecasting = met_forecasting
-    return met, forecasting, time.monotonic() - started
+    return met, forecasting, time.monotonic() - started, joined
 
 
 async def _catch_up(procs: list[StreamWorkerProcess], records: float) -> float | None:

@@ -62,9 +62,11 @@ def eval_sampling(scenarios: tuple[str, ...], policy_path: str | None, as_json: 
 @click.option("--limit", type=int, default=None, help="Only the first N series (sorted by id).")
 @click.option("--split", type=click.Choice(["all", "tune", "holdout"]), default="all", show_default=True,
               help="Which half of the series (by a stable hash of the id): settings are tuned on 'tune' only.")
+@click.option("--columns", is_flag=True,
+              help="The stream workers' forecaster (its state in numpy rows) rather than River's objects.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def eval_forecast(series_path: str, horizon: int, max_value: float | None, limit: int | None, split: str,
-                  as_json: bool) -> None:
+                  columns: bool, as_json: bool) -> None:
     """Prequential (predict, then learn) forecast evaluation over every series of a trace.
 
     Reports mae, persistence_mae (last value), ratio = mae / persistence_mae,
@@ -81,7 +83,7 @@ def eval_forecast(series_path: str, horizon: int, max_value: float | None, limit
         click.echo("gpuaware eval forecast: --horizon must be at least 1", err=True)
         sys.exit(2)
     try:
-        result = evaluate_forecast(series_path, horizon, max_value, limit, split)
+        result = evaluate_forecast(series_path, horizon, max_value, limit, split, columns)
     except (ValueError, OSError) as exc:
         click.echo(f"gpuaware eval forecast: {exc}", err=True)
         sys.exit(2)

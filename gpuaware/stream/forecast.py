@@ -270,8 +270,11 @@ class ExpertForecaster(SeriesForecaster):
 
 
 def prequential(series: dict[str, np.ndarray], horizon: int = 5, warmup: int = 30, upper: float | None = None,
-                **kwargs) -> dict:
+                columns: bool = False, **kwargs) -> dict:
     """Predict, then learn, over every series; errors of the model and of persistence (last value).
+
+    ``columns``: the stream workers' forecaster, the same state in numpy rows
+    (``gpuaware.stream.forecast_columns.ColumnForecaster``), rather than this module's River objects.
 
     Scored with River's ``metrics.MAE`` (imported here: ``river.metrics`` pulls in scipy, which the
     stream workers do not need). River's ``time_series.evaluate`` does not fit: it wants every step
@@ -282,15 +285,22 @@ def prequential(series: dict[str, np.ndarray], horizon: int = 5, warmup: int = 3
     from river import metrics
 
     model_mae, persistence_mae = metrics.MAE(), metrics.MAE()
+    if columns:
+        from gpuaware.stream.forecast_columns import ColumnForecaster, ForecastColumns
+
+        rows = ForecastColumns((horizon,), **kwargs)
     covered = n = updates = 0
     spent = 0.0
     for values in series.values():
         v = np.asarray(values, dtype=float).tolist()
-        model = ExpertForecaster(horizon=horizon, upper_bound=upper, **kwargs)
+        model = ColumnForecaster(rows, upper_bound=upper) if columns else \
+            ExpertForecaster(horizon=horizon, upper_bound=upper, **kwargs)
         for t in range(len(v) - horizon):
             started = time.perf_counter()
             model.learn_one(v[t])
             f = model.forecast()
+            if columns:
+                f = f[horizon]
             spent += time.perf_counter() - started
             updates += 1
             if t >= warmup:

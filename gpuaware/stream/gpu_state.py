@@ -8,7 +8,9 @@ forecasters, renders a ``GpuState`` record, and decides when that record is wort
 Its snapshot (``to_dict``) is what the Faust table's changelog stores; the processor stores the minute
 history apart from the rest, which changes with every sample (gpuaware.stream.processor). Forecasters are not
 serialised: they are rebuilt by replaying the retained minute history, which reproduces their
-windows and most of their loss and residual statistics (measured in tests/stream/test_gpu_state.py).
+windows and most of their loss and residual statistics (measured in tests/stream/test_gpu_state.py). In memory the
+forecasters are two rows of the worker's ``ForecastColumns`` (gpuaware.stream.forecast_columns), and the history is
+its minutes here and its values in those rows (docs/stream.md, "Memory").
 Duplicate samples (an agent replaying its spool after an outage, or the stream re-reading after a
 crash) are recognised by the per-GPU ``seq`` and timestamp and applied once.
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
-from collections import deque
+from array import array
 from dataclasses import dataclass, field
 
 from gpuaware.contract.events import (
@@ -42,7 +44,7 @@ from gpuaware.contract.events import (
     WatchPoint,
 )
 from gpuaware.stream.fingerprint import WorkloadFingerprint
-from gpuaware.stream.forecast import SeriesForecaster
+from gpuaware.stream.forecast_columns import ColumnForecaster, ForecastColumns
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,23 @@ class TrackerSettings:
     fb_change_share: float = 0.05
     max_clock_skew_ms: int = 30_000  # a sample stamped further ahead of its arrival is rejected
     rehome_after_ms: int = 600_000  # a GPU may appear on another node once its node is silent this long
+    # Errors each forecast horizon keeps (the exported MAE's): an hour, what a restarted worker rebuilds from the
+    # minute history, at a third of the 200 that were a third of a GPU's forecaster memory (docs/stream.md, "Memory").
+    forecast_errors: int = HISTORY_MINUTES
+
+
+_COLUMNS: dict[tuple[tuple[int, ...], int], ForecastColumns] = {}
+
+
+def forecast_columns(settings: TrackerSettings) -> ForecastColumns:
+    """The rows of every tracker's forecasters with ``settings``' horizons, in this process: one array for all the
+    GPUs a worker holds, not objects per GPU (gpuaware.stream.forecast_columns)."""
+    key = (settings.horizons_min, settings.forecast_errors)
+    columns = _COLUMNS.get(key)
+    if columns is None:
+        columns = _COLUMNS[key] = ForecastColumns(settings.horizons_min, residuals=settings.forecast_errors)
+        assert columns.span >= HISTORY_MINUTES, "the forecasters' values are the minute history"
+    return columns
 
 
 class Learned(enum.Enum):
@@ -79,7 +98,8 @@ class Learned(enum.Enum):
     AHEAD = "ahead"  # stamped beyond the clock skew allowed: rejected
 
 
-@dataclass
+# Slots: a tracker per GPU, and its attribute dict was ~1.5 KiB of each (docs/stream.md, "Memory").
+@dataclass(slots=True)
 class GpuTracker:
     uuid: str
     node: str = ""
@@ -94,14 +114,17 @@ class GpuTracker:
     smoothed: dict[str, float] = field(default_factory=dict)
     minute: int | None = None
     bucket: list[float] = field(default_factory=lambda: [0.0, 0.0, 0])  # util sum, fb sum, count
-    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_MINUTES))  # (minute, util, fb)
+    # The minutes of the minute history (``history``), oldest first: its values are the forecasters' last ones.
+    minutes: array = field(default_factory=lambda: array("q"))
     health_score: float = 100.0
     health_band: str = HealthBand.HEALTHY.value
     health_components: dict[str, float] = field(default_factory=dict)
     verdict: str = HealthVerdict.UNKNOWN.value
     verdict_reasons: list[str] = field(default_factory=list)
     recommended_action: str = HealthAction.UNKNOWN.value
-    recent_events: deque = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
+    # The last RECENT_EVENTS events. Lists, not deques, here and in ``sbe_window``: an empty deque takes 760 bytes, a
+    # list 56, and most GPUs have no event and no SBE count to keep.
+    recent_events: list = field(default_factory=list)
     fingerprint: WorkloadFingerprint = field(default_factory=WorkloadFingerprint)
     forecasts: list[Forecast] = field(default_factory=list)
     last_published_ms: int = 0
@@ -114,7 +137,7 @@ class GpuTracker:
     throttle_reasons: int = 0  # the newest sample's NVML clocks event reasons
     fleet_strikes: dict[str, int] = field(default_factory=dict)
     fleet_reasons: list[str] = field(default_factory=list)
-    sbe_window: deque = field(default_factory=deque)  # (sample ms, volatile SBE count) over the fleet's window
+    sbe_window: list = field(default_factory=list)  # (sample ms, volatile SBE count) over the fleet's window
     sbe_in_window: int | None = None  # errors over it (None: never reported), what the check reads of every GPU
     # Minutes closed into the history since this tracker was built: tells the processor when to write it.
     history_changes: int = 0
@@ -136,7 +159,7 @@ class GpuTracker:
     # sums every
     # GPU's every 10 s, and its forecasts change once a minute.
     demand_cache: tuple[list, tuple] | None = None
-    _forecasters: dict[str, SeriesForecaster] | None = None  # per metric, every horizon
+    _forecasters: dict[str, ColumnForecaster] | None = None  # per metric, every horizon
 
     # ------------------------------------------------------------------ learning
 
@@ -179,7 +202,7 @@ class GpuTracker:
                 w.clear()  # the volatile counter started again (a GPU reset, a driver reload)
             w.append((ts_ms, sample.ecc_sbe))
             while len(w) > 1 and w[0][0] < ts_ms - SBE_WINDOW_MS:
-                w.popleft()
+                del w[0]
             self.sbe_in_window = w[-1][1] - w[0][1]
         self.fingerprint.learn_one(ts_ms, util, util_mem, fb, float(info.fb_total_mib), power)
         self._bucket(ts_ms // MINUTE_MS, util, fb)
@@ -212,10 +235,8 @@ class GpuTracker:
         if self.minute is not None and minute > self.minute and self.bucket[2]:
             count = self.bucket[2]
             closed = (self.minute, self.bucket[0] / count, self.bucket[1] / count)
-            self._models()  # built (from the history so far) before this minute joins it
-            self.history.append(closed)
-            self.history_changes += 1
-            self._learn_minute(closed[1], closed[2])
+            self._models()
+            self._close(*closed)
             self.bucket = [0.0, 0.0, 0]
         if self.minute is None or minute >= self.minute:
             self.minute = minute
@@ -223,33 +244,49 @@ class GpuTracker:
             self.bucket[1] += fb
             self.bucket[2] += 1
 
-    def _models(self) -> dict[str, SeriesForecaster]:
+    def _models(self) -> dict[str, ColumnForecaster]:
         if self._forecasters is None:
             self._forecasters = {}
+            columns = forecast_columns(self.settings)
             for metric in METRICS:
                 upper = 100.0 if metric == "util_gpu" else float(self.fb_total_mib or 1e12)
-                self._forecasters[metric] = SeriesForecaster(self.settings.horizons_min, upper_bound=upper)
-            # Rebuild from the retained history (after a restart or a rebalance).
-            last = len(self.history) - 1
-            for i, (_, util, fb) in enumerate(self.history):
-                self._learn_minute(util, fb, render=i == last)
+                self._forecasters[metric] = ColumnForecaster(columns, upper_bound=upper)
         return self._forecasters
 
-    def _learn_minute(self, util: float, fb: float, render: bool = True) -> None:
-        models = self._models()
-        for metric, model in models.items():
-            model.learn_one(util if metric == "util_gpu" else fb)
-        if render:
-            self._render_forecasts()
+    def _close(self, minute: int, util: float, fb: float, render: bool = True) -> None:
+        """A closed minute joins the history: its minute here, its values in the forecasters, which keep the last
+        ``HISTORY_MINUTES`` of them (and learn from them)."""
+        minutes = self.minutes
+        minutes.append(minute)
+        if len(minutes) > HISTORY_MINUTES:
+            del minutes[0]
+        self.history_changes += 1
+        self._learn_minute(util, fb, render)
 
-    def _render_forecasts(self) -> None:
-        """A new list each time, never changed after: states share it (gpuaware.stream.publisher encodes it once per
-        list)."""
+    @property
+    def history(self) -> list[tuple[int, float, float]]:
+        """The last ``HISTORY_MINUTES`` closed minutes, oldest first: (minute, mean utilisation, mean framebuffer
+        used). Made from the minutes and the forecasters' values: a tuple of three boxed numbers per minute was ~9 KiB
+        of every GPU's hour (docs/stream.md, "Memory")."""
+        if not self.minutes:
+            return []
+        n = len(self.minutes)
+        models = self._models()
+        return list(zip(self.minutes, models["util_gpu"].values(n), models["fb_used_mib"].values(n), strict=True))
+
+    def _learn_minute(self, util: float, fb: float, render: bool = True) -> None:
+        """The forecasters learn a closed minute; with ``render``, the GPU's forecasts are made again: a new list,
+        never changed after, which states share (gpuaware.stream.publisher encodes it once per list)."""
         out = []
         for metric, model in self._models().items():
-            for h, f in model.forecast().items():
+            y = util if metric == "util_gpu" else fb
+            if not render:
+                model.learn_one(y)
+                continue
+            for h, f in model.learn_forecast(y).items():
                 out.append(Forecast(metric, h * 60, round(f.mean, 2), round(f.lower, 2), round(f.upper, 2)))
-        self.forecasts = out
+        if render:
+            self.forecasts = out
 
     @property
     def forecasting(self) -> bool:
@@ -260,13 +297,15 @@ class GpuTracker:
         """Mean absolute error of the recent chosen forecasts, per (metric, horizon in minutes)."""
         if self._forecasters is None:
             return {}
-        return {(metric, h): per.abs_error
-                for metric, m in self._forecasters.items() for h, per in m.horizons.items() if per.errors}
+        return {(metric, h): error for metric, m in self._forecasters.items() for h, error in m.abs_errors().items()}
 
     def learn_event(self, event: GpuEvent) -> None:
         self.mark_changed()
         self.revision += 1
-        self.recent_events.append((event.ts_ms, event.kind.value, event.severity.value, event.message[:160]))
+        events = self.recent_events
+        events.append((event.ts_ms, event.kind.value, event.severity.value, event.message[:160]))
+        if len(events) > RECENT_EVENTS:
+            del events[0]
         if event.kind == EventKind.HEALTH_CHANGE:
             if event.value is not None:
                 self.health_score = float(event.value)
@@ -336,7 +375,7 @@ class GpuTracker:
         return (
             round(s.get("util_gpu", 0.0) / self.settings.util_change),
             round(s.get("fb_used_mib", 0.0) / fb_step),
-            self.health_band, self.fingerprint.last_class, len(self.history), self.minute,
+            self.health_band, self.fingerprint.last_class, len(self.minutes), self.minute,
             self.verdict, self.recommended_action, tuple(sorted(self.fleet_strikes)) if self.fleet_reasons else (),
         )
 
@@ -406,10 +445,13 @@ class GpuTracker:
         t.verdict = data.get("verdict", HealthVerdict.UNKNOWN.value)
         t.verdict_reasons = list(data.get("verdict_reasons", []))
         t.recommended_action = data.get("recommended_action", HealthAction.UNKNOWN.value)
-        t.history = deque((tuple(h) for h in (data["history"] if history is None else history)),
-                          maxlen=HISTORY_MINUTES)
-        t.recent_events = deque((tuple(e) for e in data["recent_events"]), maxlen=RECENT_EVENTS)
+        t.recent_events = [tuple(e) for e in data["recent_events"]][-RECENT_EVENTS:]
         t.fingerprint = WorkloadFingerprint.from_dict(data["fingerprint"])
-        if t.history:
+        # The forecasters rebuilt from the retained history (after a restart or a rebalance).
+        kept = (data["history"] if history is None else history)[-HISTORY_MINUTES:]
+        if kept:
             t._models()
+            for i, (minute, util, fb) in enumerate(kept):
+                t._close(minute, util, fb, render=i == len(kept) - 1)
+            t.history_changes = 0
         return t

@@ -101,6 +101,21 @@ def test_forecasts_are_bounded_and_rebuilt_from_history_after_a_restart() -> Non
         assert restored.forecast_abs_errors() == t.forecast_abs_errors()
 
 
+def test_the_minute_history_is_the_last_hour_of_minutes_and_the_forecasters_values() -> None:
+    """The history is kept as its minutes and the forecasters' last values (docs/stream.md, "Memory"): past an hour
+    it holds the last 60 minutes' means, and a tracker restored from its snapshot holds the same history."""
+    proc = StreamProcessor({})
+    utils = [(7 * m) % 101 for m in range(75)]
+    for m, util in enumerate(utils):
+        proc.on_telemetry(_batch(m + 1, T0 + m * 60_000, util=util), 0, T0 + m * 60_000)
+    t = proc.trackers["GPU-n-0"]
+    first = T0 // 60_000
+    assert t.history == [(first + m, float(utils[m]), 1000.0) for m in range(74 - 60, 74)]  # the 75th is still open
+    restored = GpuTracker.from_dict(json.loads(json.dumps(t.to_dict())))
+    assert restored.history == t.history and restored.history_changes == 0
+    assert len(restored.forecasts) == 6
+
+
 def test_publishing_is_on_change_and_rate_bounded() -> None:
     proc = StreamProcessor({}, TrackerSettings(min_interval_ms=1000, max_interval_ms=10_000, every_sample=False))
     t0 = 1_700_000_000_000

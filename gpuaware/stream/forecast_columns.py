@@ -1,0 +1,363 @@
+"""``SeriesForecaster``'s state in numpy rows, one row per series: the stream workers' forecasters.
+
+``gpuaware.stream.forecast.SeriesForecaster`` keeps a series' state in River objects: ten statistics, two
+quantiles, a queue of pending forecasts and a deque of errors per horizon. A worker holds two series per GPU, and
+those objects (each with its own deque or sorted list, every float a boxed object) were most of what a worker held
+per GPU (docs/stream.md, "Memory"). Here a series is a row of a float64 array (``ForecastColumns``), and what the
+River statistics keep is kept as the numbers they are computed from:
+
+- the last ``2 * window`` values, oldest first: ``stats.Shift``, the ``stats.RollingQuantile`` medians and
+  ``stats.RollingPeakToPeak`` are read from them (a sorted copy of the last k values, interpolated as River's
+  quantile interpolates: ``rolling_quantile``), and ``stats.RollingMode``'s ties go to the value it has counted the
+  longest, as its dict's insertion order does, so each value carries the step its count started at;
+- ``utils.Rolling(stats.Mean)``'s count and mean, updated and reverted with River's formulas, and
+  ``stats.EWMean``'s mean;
+- per horizon, the experts' decayed losses and the last ``residuals`` signed errors (the exported mean absolute
+  error's and, the last ``interval_window`` of them, the interval's);
+- the forecasts waiting for their step: the experts' values, the trend's slope and the context of the last
+  ``max(horizons)`` steps (one step's experts serve every horizon: the trend is ``last + slope * horizon / 2``), and
+  per horizon the forecast each of its last ``horizon`` steps made.
+
+Forecasts, intervals, losses and errors are bit for bit ``SeriesForecaster``'s with the same parameters
+(tests/stream/test_forecast_columns.py replays both on the same series). Rows live in chunks of ``CHUNK`` rows,
+allocated as they are needed and never moved, so a growing worker never copies what it holds; the row of a series
+dropped (``ColumnForecaster.__del__``: its GPU's tracker is gone) is reused.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import Counter
+
+import numpy as np
+
+from gpuaware.stream.forecast import EXPERTS, MIN_ERRORS, RUN_BUCKETS, Forecast
+
+CHUNK = 1024
+N_EXPERTS = len(EXPERTS)
+N_CONTEXTS = len(RUN_BUCKETS) + 1
+N_BASE = N_EXPERTS - 1  # the experts but the trend, the same for every horizon
+STEP = N_BASE + 2  # a step's pending part: those experts' values, the trend's slope, the context
+LOSSES = N_CONTEXTS * N_EXPERTS
+EW = (0.05, 0.1, 0.3)  # stats.EWMean fading factors, as in SeriesForecaster
+# the row's head: t, run, lower bound, upper bound (NaN: none), the 5- and 15-step means' (count, mean), the EW means
+T, RUN, LOWER, UPPER, MEAN5, MEAN15, EWMEANS = 0, 1, 2, 3, 4, 6, 8
+HEAD = EWMEANS + len(EW)
+
+
+def rolling_quantile(ordered: list[float], q: float, window: int) -> float:
+    """What River's ``stats.RollingQuantile(q, window)`` returns over a window holding ``ordered`` (sorted): the
+    interpolation of its Rust implementation (tests/stream/test_forecast_columns.py compares the two)."""
+    n = len(ordered)
+    idx = q * ((n if n < window else window) - 1)
+    lo = int(idx)
+    hi = min(lo + 1, n - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (idx - lo)
+
+
+class ForecastColumns:
+    """The rows of every series forecast with one set of ``SeriesForecaster``'s parameters (the bounds are per
+    row)."""
+
+    def __init__(self, horizons: tuple[int, ...] = (5,), decay: float = 0.97, coverage: float = 0.8,
+                 window: int = 30, residuals: int = 200, eta: float = 3.0, prior: float = 0.5,
+                 interval_window: int = 30):
+        if not horizons or min(horizons) < 1 or len(set(horizons)) != len(horizons) \
+                or not 0 < decay < 1 or not 0 < coverage < 1 or not 1 <= interval_window <= residuals:
+            raise ValueError("distinct horizons >= 1, 0 < decay < 1, 0 < coverage < 1 and "
+                             "1 <= interval_window <= residuals are required")
+        self.horizons = tuple(horizons)
+        self.window = window
+        self.modal = 2 * window  # stats.RollingMode's window
+        self.span = max(self.modal, 15, 10)  # the longest statistic's window: the values kept
+        self.residuals = residuals
+        self.interval_window = interval_window
+        self.eta = eta
+        self.fading = 1 - decay  # as SeriesForecaster computes them: the same last bit
+        self.keep = 1 - self.fading
+        self.alpha = (1 - coverage) / 2
+        self.weight = (1.0,) + (1.0 + prior,) * (N_EXPERTS - 1)  # "last" is first
+        self.depth = max(self.horizons)  # steps whose experts wait to be scored
+        # the values end at ``values_end``, the steps their counts started at at ``steps_end``: both oldest first
+        self.values_end = HEAD + self.span
+        self.steps_end = self.values_end + self.span
+        self.pending = self.steps_end
+        offset = self.pending + self.depth * STEP
+        # per horizon: losses per context, seen per context, the chosen expert, the errors' absolute sum, the errors,
+        # the forecasts of its last ``horizon`` steps
+        self.parts = []
+        for h in self.horizons:
+            self.parts.append(offset)
+            offset += LOSSES + N_CONTEXTS + 2 + residuals + h
+        self.width = offset
+        self.chunks: list[np.ndarray] = []
+        self.free: list[int] = []
+        self.used = 0
+
+    @property
+    def row_bytes(self) -> int:
+        return self.width * 8
+
+    # ------------------------------------------------------------------ rows
+
+    def new(self, lower: float | None = 0.0, upper: float | None = None) -> int:
+        """A fresh series' row."""
+        if self.free:
+            slot = self.free.pop()
+        else:
+            slot = self.used
+            self.used += 1
+            if slot >= len(self.chunks) * CHUNK:
+                self.chunks.append(np.zeros((CHUNK, self.width)))
+        row = self.chunks[slot // CHUNK][slot % CHUNK]
+        row[:] = 0.0
+        row[LOWER] = math.nan if lower is None else lower
+        row[UPPER] = math.nan if upper is None else upper
+        return slot
+
+    def release(self, slot: int) -> None:
+        self.free.append(slot)
+
+    def row(self, slot: int) -> np.ndarray:
+        return self.chunks[slot // CHUNK][slot % CHUNK]
+
+    def held(self) -> int:
+        """Rows in use."""
+        return self.used - len(self.free)
+
+    # ------------------------------------------------------------------ learning
+
+    def learn(self, slot: int, y: float, forecast: bool = False) -> dict[int, Forecast] | None:
+        """``SeriesForecaster.learn_one`` on the row: the forecasts due now scored, the statistics updated, the next
+        forecasts made; with ``forecast``, what ``forecast`` returns after it. The row is read into a list once and
+        written back once (through an ``array``, a copy of its buffer): numpy's per-element access costs more than the
+        arithmetic."""
+        y = float(y)
+        arr = self.row(slot)
+        r = arr.tolist()
+        t = int(r[T])
+        span, residuals = self.span, self.residuals
+        n = min(t, span)
+        values = r[self.values_end - n:self.values_end]
+        steps = r[self.steps_end - n:self.steps_end]
+        fading, keep = self.fading, self.keep
+        for h, part in zip(self.horizons, self.parts, strict=True):
+            if t < h:
+                continue
+            # the forecast made ``h`` steps ago: its step's experts and the trend for this horizon
+            at = self.pending + (t - h) % self.depth * STEP
+            experts = r[at:at + N_BASE]
+            experts.append(experts[0] + 0.5 * r[at + N_BASE] * h)
+            context = int(r[at + N_BASE + 1])
+            chosen = r[part + LOSSES + N_CONTEXTS + 2 + residuals + t % h]
+            loss = part + context * N_EXPERTS
+            seen = part + LOSSES + context
+            if r[seen]:
+                r[loss:loss + N_EXPERTS] = [fading * abs(x - y) + keep * kept
+                                            for x, kept in zip(experts, r[loss:loss + N_EXPERTS], strict=True)]
+            else:
+                r[loss:loss + N_EXPERTS] = [abs(x - y) for x in experts]
+                r[seen] = 1.0
+            self._add_error(r, part, t - h, y - chosen)
+        # the statistics, updated as River updates them
+        r[RUN] = r[RUN] + 1 if n and y == values[-1] else 0.0
+        for at, k in ((MEAN5, 5), (MEAN15, 15)):  # utils.Rolling(stats.Mean, k): the oldest reverted first
+            count, mean = r[at], r[at + 1]
+            if n >= k:
+                count -= 1.0
+                mean = 0.0 if count == 0 else mean - (1.0 / count) * (values[-k] - mean)
+            count += 1.0
+            r[at], r[at + 1] = count, mean + (1.0 / count) * (y - mean)
+        for i, f in enumerate(EW):
+            r[EWMEANS + i] = y if t == 0 else f * y + (1 - f) * r[EWMEANS + i]
+        # stats.RollingMode: a value still in its window once the oldest left keeps the step its count started at
+        if n == span:
+            values, steps = values[1:], steps[1:]
+        kept = self.modal - 1
+        try:
+            started = steps[len(values) - min(len(values), kept) + values[-kept:].index(y)] if kept else float(t)
+        except ValueError:
+            started = float(t)
+        values.append(y)
+        steps.append(started)
+        n = len(values)
+        r[self.values_end - n:self.values_end] = values
+        r[self.steps_end - n:self.steps_end] = steps
+        t += 1
+        r[T] = float(t)
+        self._make_forecasts(r, t, values, steps)
+        arr[:] = array("d", r)
+        return self._forecast(r) if forecast else None
+
+    def _add_error(self, r: list[float], part: int, made: int, error: float) -> None:
+        """``_Horizon.add_error``: the errors oldest first, their absolute sum kept running and made again once per
+        ``residuals`` errors (``made``: the errors before this one)."""
+        residuals = self.residuals
+        total = part + LOSSES + N_CONTEXTS + 1
+        first = total + 1
+        if made >= residuals:
+            r[total] -= abs(r[first])
+            r[first:first + residuals - 1] = r[first + 1:first + residuals]
+            r[first + residuals - 1] = error
+        else:
+            r[first + made] = error
+        if (made + 1) % residuals == 0:
+            kept = min(made + 1, residuals)
+            r[total] = sum(abs(e) for e in r[first:first + kept])
+        else:
+            r[total] += abs(error)
+
+    def _make_forecasts(self, r: list[float], t: int, values: list[float], steps: list[float]) -> None:
+        """Each horizon's forecast from this step: the experts' weighted median."""
+        context = 0
+        for bound in RUN_BUCKETS:
+            context += r[RUN] >= bound
+        last = values[-1]
+        slope = (last - values[-10]) / 9 if len(values) >= 10 else 0.0  # stats.Shift(9)
+        base = [last]
+        for k in (5, 15, self.window, self.modal):
+            base.append(rolling_quantile(sorted(values[-k:]), 0.5, k))
+        base += (r[MEAN5 + 1], r[MEAN15 + 1], *r[EWMEANS:EWMEANS + len(EW)],
+                 self._mode(values[-self.modal:], steps[-self.modal:]))
+        at = self.pending + (t - 1) % self.depth * STEP
+        r[at:at + STEP] = [*base, slope, float(context)]
+        lower, upper = r[LOWER], r[UPPER]
+        for h, part in zip(self.horizons, self.parts, strict=True):
+            experts = [*base, last + 0.5 * slope * h]
+            chosen = self._combine(r, part, experts, context)
+            r[part + LOSSES + N_CONTEXTS] = float(chosen)
+            x = experts[chosen]
+            if x < lower:  # (a NaN bound, none, compares False)
+                x = lower
+            elif x > upper:
+                x = upper
+            r[part + LOSSES + N_CONTEXTS + 2 + self.residuals + (t - 1) % h] = x
+
+    @staticmethod
+    def _mode(values: list[float], steps: list[float]) -> float:
+        counts = Counter(values)
+        most = max(counts.values())
+        tied = [v for v, c in counts.items() if c == most]
+        if len(tied) == 1:
+            return tied[0]
+        started = dict(zip(values, steps, strict=True))
+        return min(tied, key=started.__getitem__)
+
+    def _combine(self, r: list[float], part: int, experts: list[float], context: int) -> int:
+        """``SeriesForecaster._combine``: the index of the experts' weighted median."""
+        if not r[part + LOSSES + context]:
+            seen = [c for c in range(N_CONTEXTS) if r[part + LOSSES + c]]
+            if not seen:
+                return 0  # no loss yet anywhere: the last value
+            context = seen[-1]
+        at = part + context * N_EXPERTS
+        losses = [loss * w for loss, w in zip(r[at:at + N_EXPERTS], self.weight, strict=True)]
+        best = min(losses)
+        scale = -self.eta / (best + 1e-12 * (abs(experts[0]) + 1.0))
+        weights = [math.exp(scale * (loss - best)) for loss in losses]
+        half = sum(weights) / 2
+        acc = 0.0
+        for i in sorted(range(N_EXPERTS), key=experts.__getitem__):
+            acc += weights[i]
+            if acc >= half:
+                return i
+        return 0  # unreachable: the weights sum to more than half
+
+    # ------------------------------------------------------------------ reading
+
+    def forecast(self, slot: int) -> dict[int, Forecast]:
+        """``SeriesForecaster.forecast``: per horizon, the value that many steps after the last learned one."""
+        return self._forecast(self.row(slot).tolist())
+
+    def _forecast(self, r: list[float]) -> dict[int, Forecast]:
+        t = int(r[T])
+        if not t:
+            raise ValueError("forecast() before any learn_one()")
+        n = min(t, self.window)
+        recent = r[self.values_end - n:self.values_end]
+        spread = max(recent) - min(recent)  # stats.RollingPeakToPeak(window)
+        lower, upper = r[LOWER], r[UPPER]
+        out = {}
+        for h, part in zip(self.horizons, self.parts, strict=True):
+            first = part + LOSSES + N_CONTEXTS + 2
+            mean = r[first + self.residuals + (t - 1) % h]
+            kept = min(max(t - h, 0), self.residuals)
+            if kept >= MIN_ERRORS:
+                errors = sorted(r[first + kept - min(kept, self.interval_window):first + kept])
+                lo_q = min(rolling_quantile(errors, self.alpha, self.interval_window), 0.0)
+                hi_q = max(rolling_quantile(errors, 1 - self.alpha, self.interval_window), 0.0)
+            else:  # too few errors yet: a wide interval from the series' own spread
+                lo_q = -(spread or abs(mean) * 0.1 + 1.0)
+                hi_q = -lo_q
+            out[h] = Forecast(mean, _clamp(mean + lo_q, lower, upper), _clamp(mean + hi_q, lower, upper),
+                              EXPERTS[int(r[part + LOSSES + N_CONTEXTS])])
+        return out
+
+    def values(self, slot: int, n: int) -> list[float]:
+        """The last ``n`` values learned (at most ``span``), oldest first."""
+        r = self.row(slot)
+        n = min(n, int(r[T]), self.span)
+        return r[self.values_end - n:self.values_end].tolist() if n else []
+
+    def errors(self, slot: int, horizon: int) -> list[float]:
+        """The horizon's kept signed errors, oldest first."""
+        r = self.row(slot)
+        t = int(r[T])
+        part = self.parts[self.horizons.index(horizon)]
+        first = part + LOSSES + N_CONTEXTS + 2
+        return r[first:first + min(max(t - horizon, 0), self.residuals)].tolist()
+
+    def abs_errors(self, slot: int) -> dict[int, float]:
+        """Per horizon with errors, the mean absolute value of its kept errors (``_Horizon.abs_error``)."""
+        r = self.row(slot)
+        t = int(r[T])
+        out = {}
+        for h, part in zip(self.horizons, self.parts, strict=True):
+            kept = min(t - h, self.residuals)
+            if kept > 0:
+                out[h] = float(r[part + LOSSES + N_CONTEXTS + 1]) / kept
+        return out
+
+    def losses(self, slot: int, horizon: int) -> list[list[float]]:
+        """The horizon's experts' decayed losses per context (0 where a context was never seen)."""
+        part = self.parts[self.horizons.index(horizon)]
+        return self.row(slot)[part:part + LOSSES].reshape(N_CONTEXTS, N_EXPERTS).tolist()
+
+
+def _clamp(x: float, lower: float, upper: float) -> float:
+    if x < lower:
+        return lower
+    if x > upper:
+        return upper
+    return x
+
+
+class ColumnForecaster:
+    """One series' row in ``columns``, with ``SeriesForecaster``'s ``learn_one`` and ``forecast``; the row is freed
+    with this object."""
+
+    __slots__ = ("columns", "slot")
+
+    def __init__(self, columns: ForecastColumns, lower_bound: float | None = 0.0, upper_bound: float | None = None):
+        self.columns = columns
+        self.slot = columns.new(lower_bound, upper_bound)
+
+    def learn_one(self, y: float) -> None:
+        self.columns.learn(self.slot, y)
+
+    def learn_forecast(self, y: float) -> dict[int, Forecast]:
+        """``learn_one`` then ``forecast``, at the cost of one."""
+        return self.columns.learn(self.slot, y, forecast=True)  # type: ignore[return-value]
+
+    def forecast(self) -> dict[int, Forecast]:
+        return self.columns.forecast(self.slot)
+
+    def abs_errors(self) -> dict[int, float]:
+        return self.columns.abs_errors(self.slot)
+
+    def values(self, n: int) -> list[float]:
+        return self.columns.values(self.slot, n)
+
+    def __del__(self) -> None:
+        self.columns.release(self.slot)

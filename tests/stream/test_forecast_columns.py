@@ -1,0 +1,103 @@
+"""The forecasters in numpy rows against ``SeriesForecaster`` (River's statistics): the same forecasts, intervals,
+losses and errors, bit for bit, on the same series."""
+
+from __future__ import annotations
+
+import gc
+import random
+
+import numpy as np
+import pytest
+from river import stats
+
+from gpuaware.stream.forecast import SeriesForecaster
+from gpuaware.stream.forecast_columns import CHUNK, ColumnForecaster, ForecastColumns, rolling_quantile
+
+
+def _series(seed: int, n: int = 500) -> list[list[float]]:
+    """A noisy level, a memory-like plateau with dips and returns, and a few values repeated (modes with ties)."""
+    rng = np.random.default_rng(seed)
+    noisy = (50 + 20 * np.sin(np.arange(n) / 40) + rng.normal(0, 8, n)).clip(0, 100)
+    plateau = np.full(n, 30e3)
+    for start in rng.choice(n - 10, n // 12, replace=False):
+        plateau[start:start + rng.integers(1, 6)] = rng.uniform(5e3, 25e3)
+    ties = rng.choice([0.0, 10.0, 20.0, 35.5], n).astype(float)
+    return [noisy.tolist(), plateau.tolist(), ties.tolist(), [7.0] * 40 + noisy[:200].tolist()]
+
+
+def _same(river: SeriesForecaster, columns: ForecastColumns, slot: int) -> None:
+    ours = columns.forecast(slot)
+    theirs = river.forecast()
+    assert {h: (f.mean.hex(), f.lower.hex(), f.upper.hex(), f.expert) for h, f in ours.items()} == \
+        {h: (f.mean.hex(), f.lower.hex(), f.upper.hex(), f.expert) for h, f in theirs.items()}
+    for h, part in river.horizons.items():
+        assert columns.errors(slot, h) == list(part.errors)
+        assert columns.losses(slot, h) == [loss if seen else [0.0] * len(loss)
+                                           for loss, seen in zip(part.loss, part.seen, strict=True)]
+        if part.errors:
+            assert columns.abs_errors(slot)[h] == part.abs_error
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(("horizons", "residuals", "upper"), [((1, 5, 15), 60, 100.0), ((3,), 30, None),
+                                                             ((1, 5, 15), 200, 81920.0)])
+def test_forecasts_losses_and_errors_are_those_of_the_river_forecaster(seed, horizons, residuals, upper) -> None:
+    columns = ForecastColumns(horizons, residuals=residuals)
+    for values in _series(seed):
+        river = SeriesForecaster(horizons, residuals=residuals, upper_bound=upper)
+        slot = columns.new(0.0, upper)
+        for y in values:
+            river.learn_one(y)
+            assert columns.learn(slot, y, forecast=True) == columns.forecast(slot)
+            _same(river, columns, slot)
+
+
+def test_rolling_quantile_interpolates_as_river() -> None:
+    rng = random.Random(4)
+    for q, window in ((0.5, 5), (0.5, 60), (0.1, 30), (0.9, 30), (0.25, 2)):
+        river, kept = stats.RollingQuantile(q, window), []
+        for _ in range(150):
+            x = rng.choice([rng.uniform(-50, 50), float(rng.randint(0, 3))])
+            river.update(x)
+            kept = [*kept, x][-window:]
+            assert rolling_quantile(sorted(kept), q, window) == river.get()
+
+
+def test_the_mode_breaks_ties_as_rivers_rolling_mode() -> None:
+    """River's RollingMode returns, of the values counted most, the one whose count started first (its dict's order),
+    which may be a value no longer first in the window."""
+    rng = random.Random(5)
+    for _ in range(20):
+        river, columns = SeriesForecaster((1,), window=3), ForecastColumns((1,), window=3)
+        mode = stats.RollingMode(6)
+        slot = columns.new()
+        for _ in range(100):
+            y = float(rng.randint(0, 3))
+            river.learn_one(y)
+            columns.learn(slot, y)
+            mode.update(y)
+            _same(river, columns, slot)
+
+
+def test_rows_come_in_chunks_and_a_dropped_series_row_is_reused() -> None:
+    columns = ForecastColumns((1, 5))
+    held = [ColumnForecaster(columns) for _ in range(CHUNK + 1)]
+    assert len(columns.chunks) == 2 and columns.held() == CHUNK + 1
+    held[3].learn_one(5.0)
+    slot = held[3].slot
+    del held[3]
+    gc.collect()
+    assert columns.held() == CHUNK
+    again = ColumnForecaster(columns, upper_bound=10.0)
+    assert again.slot == slot and len(columns.chunks) == 2
+    again.learn_one(20.0)  # a fresh row: nothing of the dropped series, its own bound
+    assert again.forecast()[1].mean == 10.0 and columns.errors(slot, 1) == []
+
+
+def test_bad_parameters_and_early_forecasts_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="interval_window"):
+        ForecastColumns((1,), residuals=10, interval_window=30)
+    with pytest.raises(ValueError, match="horizons"):
+        ForecastColumns((0,))
+    with pytest.raises(ValueError, match="before any learn_one"):
+        ColumnForecaster(ForecastColumns()).forecast()
