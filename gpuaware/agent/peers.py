@@ -215,7 +215,7 @@ class ThermalCondition:
     run: int = 0  # reads in a row above the threshold (to open) or below half of it (to close)
     quiet_since: float | None = None  # since when its excess has stayed within half the threshold
     rel: Trend = field(default_factory=lambda: Trend(20.0))  # its excess against its peers, for the rate
-    recent: Trend = field(default_factory=lambda: Trend(RECENT_S))  # the same over the last seconds: a rate that just began
+    recent: Trend = field(default_factory=lambda: Trend(RECENT_S))  # the same, lately: a rate that just began
     settle: Trend = field(default_factory=lambda: Trend(GROWTH_WINDOW_S))  # where it settles, for a growing heat source
 
 

@@ -134,7 +134,8 @@ def test_memory_wear_reads_time_to_the_remap_limit_from_the_counts_trend():
 def test_a_fan_that_just_stopped_is_flagged_by_its_rate_since_it_began_not_averaged_with_the_seconds_before():
     # A fan stopping adds 0.2 °C/s that settles 8 °C up (a heat sink, 40 s): half-way over the threshold
     # ~7 s in, rising to settle over twice it. The 20 s rate then still counts 13 flat seconds before the
-    # onset and reads a third of the rate (flagged 11 s in); the rate since it began flags it by 10 s (3 reads in a row from 7 s).
+    # onset and reads a third of the rate (flagged 12 s in); the rate since it began flags it by 10 s
+    # (3 reads in a row from 7 s).
     found = _thermal(lambda g, s: 8.0 * (1 - math.exp(-(s - 600) / 40)) if g == 3 and s >= 600 else 0.0, seconds=700)
     opened = [s for s, g, state, _ in found if g == 3 and state == "open"]
     assert opened and opened[0] - 600 <= 10
