@@ -267,6 +267,9 @@ class SimGpu:
         self.uuid = f"GPU-{scenario.seed:08x}-{node:04x}-{index:04x}-{self.gid:04x}-{tag:012x}"
         self.second = -1
         self.temp = AMBIENT_C + self.spec.idle_power_w * self.spec.c_per_w
+        # Where it would be with no thermal fault (same power, same room): temp - temp_base is a thermal
+        # fault's own heat, the truth the evaluation grades a fault that settles below slowdown by.
+        self.temp_base = self.temp
         self.power = self.spec.idle_power_w
         self.util = 0.0
         self.mem = 0.0
@@ -349,6 +352,7 @@ class SimGpu:
         target_temp = ambient + power * resistance + sum(
             f.drift_c_per_s * (s - f.at_s) for f in self._active("thermal_drift", s))
         self.temp += (target_temp - self.temp) / THERMAL_TAU_S
+        self.temp_base += (ambient + power * spec.c_per_w - self.temp_base) / THERMAL_TAU_S
         for f in self._active("thermal_runaway", s):
             self.temp += f.rise_c_per_s
         if self.temp >= spec.slowdown_temp_c:
