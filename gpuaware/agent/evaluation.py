@@ -14,7 +14,11 @@ second. Figures:
 - per predictive fault (a thermal fault or a memory leak) ``lead_time_s``: when its GPU was first
   graded CRITICAL minus when it truly crossed its limit (negative = before), and ``crossed_after_s``,
   how long after its onset it crossed; ``flagged_120s_before`` counts those flagged 120 s or more
-  ahead, ``lead_120s_possible`` those that crossed 120 s or more after their onset;
+  ahead, ``lead_120s_possible`` those that crossed 120 s or more after their onset. The simulated GPU
+  goes on for ``LEAD_S`` after the run, so a limit crossed just after it ends still counts;
+- ``faults_below_threshold``: faults whose effect no rule acts on (a thermal fault heating its GPU less
+  than the peer threshold, a leak never within the trend horizon of exhaustion): expected no alarm and
+  no remediation, not counted among the faults to detect;
 - ``verdict_accuracy``: the share of faults whose worst verdict and strongest recommended action,
   from the fault until the next one on its GPU, are the ones expected (the scenario's ``verdict``
   and ``action``, else ``EXPECTED_VERDICT`` by kind, or the XID's row of ``gpuaware.agent.verdict.XIDS``);
@@ -39,6 +43,7 @@ from gpuaware.agent.collectors.sim import (
     scenario_library,
 )
 from gpuaware.agent.core import AgentCore
+from gpuaware.agent.headroom import FB_EXHAUSTED, LEAD_S
 from gpuaware.agent.sampling import SamplingPolicy, load_policy
 from gpuaware.agent.verdict import ACTION_RANK, REMEDIATIONS, VERDICT_RANK, XIDS
 from gpuaware.contract.events import EventKind, GpuEvent, HealthAction, HealthVerdict, Severity
@@ -81,6 +86,14 @@ EXPECTED_VERDICT: dict[str, tuple[HealthVerdict, HealthAction]] = {
 REACHES_LIMIT = {"thermal": (V.CRITICAL, A.DRAIN), "memory_leak": (V.CRITICAL, A.DRAIN),
                  "memory_wear": (V.CRITICAL, A.DRAIN)}
 STAYS_BELOW = {"thermal": (V.WARNING, A.DRAIN), "memory_leak": (V.INFO, A.WATCH), "memory_wear": (V.INFO, A.WATCH)}
+# Below its limit a fault is graded by what the rules grade (docs/health.md, "Severity"), from the simulated GPU's
+# truth: a thermal fault by its own heat (its temperature over where it would be without it), WARNING from twice
+# the peer threshold, INFO from the threshold; a leak INFO once it is within the trend horizon of exhaustion.
+# Less than that is nothing a rule acts on (an idle board's fan adds 2 °C): expected no alarm and no
+# remediation, counted as ``faults_below_threshold`` and not as a fault to detect.
+THERMAL_INFO_C = 2.5  # NodePeers.threshold_c
+THERMAL_WARN_C = 5.0  # NodePeers.warn_factor x threshold_c
+LEAK_HORIZON_S = 1800.0  # MemoryLeak.horizon_s
 VERDICTS = list(VERDICT_RANK)  # index by rank + 1
 ACTIONS = list(ACTION_RANK)
 ALARM_KINDS = {EventKind.ANOMALY, EventKind.ECC_SBE, EventKind.ECC_DBE, EventKind.XID,
@@ -103,6 +116,7 @@ class FaultResult:
     expected: tuple[str, str] = ("", "")
     crossed_s: float | None = None  # when the GPU crossed the limit (predictive kinds), seconds after start
     flagged_s: float | None = None  # when it was first graded CRITICAL
+    quiet: bool = False  # its effect stays below every rule's threshold: expected no alarm, not a fault to detect
 
     @property
     def lead_time_s(self) -> float | None:
@@ -113,6 +127,9 @@ class FaultResult:
 
     @property
     def verdict_ok(self) -> bool:
+        if self.quiet:  # nothing to act on: no alarm, no remediation (a dashboard mark is no harm)
+            return VERDICT_RANK[HealthVerdict(self.verdict)] <= VERDICT_RANK[V.INFO] and \
+                HealthAction(self.action) not in REMEDIATIONS
         return (self.verdict, self.action) == self.expected
 
 
@@ -148,9 +165,20 @@ def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioRe
     verdicts = np.zeros((scenario.nodes, n_gpus, duration), dtype=np.int8)  # VERDICT_RANK
     actions = np.zeros((scenario.nodes, n_gpus, duration), dtype=np.int8)  # ACTION_RANK
     events: list[tuple[int, GpuEvent]] = []
+    # The truth a fault below its limit is graded by: each second, a thermal fault's own heat, a leak's runway.
+    watched = {(f.node, f.gpu) for f in scenario.faults if f.kind in PREDICTIVE}
+    own_heat = {key: np.zeros(duration) for key in watched}
+    runway = {key: np.full(duration, np.inf) for key in watched}
     started = time.perf_counter()
     for s in range(duration):
         clock[0] = float(s)
+        for (n, g) in watched:
+            gpu = cluster.gpus[n][g]
+            gpu.advance_to(float(s), 0.0)
+            own_heat[(n, g)][s] = gpu.temp - gpu.temp_base
+            rate = sum(f.leak_mib_per_s for f in gpu.faults if f.kind == "memory_leak" and f.active(s))
+            if rate > 0:
+                runway[(n, g)][s] = (FB_EXHAUSTED * gpu.spec.fb_total_mib - gpu.mem) / rate
         for n, core in enumerate(cores):
             out = core.tick(float(s))
             for idx, _seq, r in out.samples:
@@ -179,6 +207,10 @@ def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioRe
             err_sum += float(np.abs(rebuilt - truth[n, g][mask]).sum())
             err_n += int(mask.sum())
 
+    # A fault heading for its limit may cross it after the run ends: the simulated GPU goes on (the agent
+    # does not) for LEAD_S, so a CRITICAL in the run's last minutes is judged by whether it came true.
+    for (n, g) in watched:
+        cluster.gpus[n][g].advance_to(float(duration - 1 + LEAD_S), 0.0)
     uuid_of = {(n, t.device.index): t.device.uuid for n, core in enumerate(cores) for t in core.tracks}
     faults = [_judge(scenario.name, f, events, uuid_of, health) for f in scenario.faults]
     remediation = np.isin(actions, [ACTION_RANK[a] for a in REMEDIATIONS])
@@ -194,10 +226,15 @@ def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioRe
                 res.verdict = VERDICTS[int(verdicts[n, g, window].max()) + 1].value
                 res.action = ACTIONS[int(actions[n, g, window].max())].value
                 crossed = cluster.gpus[n][g].crossed_s  # the simulated GPU's truth: first second at a limit
-                res.crossed_s = crossed if crossed is not None and window.start <= crossed < window.stop else None
+                last = end if i + 1 < len(mine) else duration + LEAD_S  # the last fault: its crossing after the run
+                res.crossed_s = crossed if crossed is not None and window.start <= crossed < last else None
                 flagged = np.flatnonzero(verdicts[n, g, window] == VERDICT_RANK[HealthVerdict.CRITICAL])
                 res.flagged_s = float(flagged[0]) + f.at_s if flagged.size else None
-                res.expected = tuple(x.value for x in expected_verdict(f, res.crossed_s is not None))
+                heat = float(own_heat[(n, g)][window].max()) if (n, g) in own_heat else None
+                left = float(runway[(n, g)][window].min()) if (n, g) in runway else None
+                expected = expected_verdict(f, res.crossed_s is not None, heat, left)
+                res.expected = tuple(x.value for x in expected)
+                res.quiet = expected == (V.PASS, A.NONE) and f.verdict is None
                 if HealthAction(res.expected[1]) not in REMEDIATIONS and remediation[n, g, window].any():
                     false_remediations += 1
     faulty: dict[tuple[int, int], float] = {}
@@ -214,10 +251,18 @@ def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioRe
                           len(events), wall, false_remediations, sum(c.points_taken for c in cores))
 
 
-def expected_verdict(f: Fault, reached_limit: bool = False) -> tuple[HealthVerdict, HealthAction]:
+def expected_verdict(f: Fault, reached_limit: bool = False, own_heat_c: float | None = None,
+                     runway_s: float | None = None) -> tuple[HealthVerdict, HealthAction]:
+    """``own_heat_c``: the most a thermal fault heated its GPU (beyond where it would be without it);
+    ``runway_s``: the least time to exhaustion a leak left; None: not known (graded as before)."""
     if f.kind in PREDICTIVE:
         table = REACHES_LIMIT if reached_limit else STAYS_BELOW
         default = table["thermal" if f.kind in THERMAL_KINDS else f.kind]
+        if not reached_limit and f.kind in THERMAL_KINDS and own_heat_c is not None:
+            default = (default if own_heat_c >= THERMAL_WARN_C else (V.INFO, A.WATCH) if own_heat_c >= THERMAL_INFO_C
+                       else (V.PASS, A.NONE))
+        elif not reached_limit and f.kind == "memory_leak" and runway_s is not None and runway_s > LEAK_HORIZON_S:
+            default = (V.PASS, A.NONE)
     elif f.kind == "xid":
         rule = XIDS.get(f.xid)
         default = (rule.verdict, rule.action) if rule else (V.WARNING, A.WATCH)
@@ -238,7 +283,8 @@ def _judge(name: str, f: Fault, events: list[tuple[int, GpuEvent]], uuid_of: dic
 
 def evaluate(paths: list[Path] | None = None, policy: SamplingPolicy | None = None) -> dict:
     results = [run_scenario(p, policy) for p in (paths or scenario_library())]
-    faults = [f for r in results for f in r.faults]
+    judged = [f for r in results for f in r.faults]
+    faults = [f for f in judged if not f.quiet]  # the faults there is something to detect
     delays = [f.delay_s for f in faults if f.delay_s is not None]
     adaptive = sum(r.samples_adaptive for r in results)
     fixed = sum(r.samples_fixed for r in results)
@@ -267,15 +313,16 @@ def evaluate(paths: list[Path] | None = None, policy: SamplingPolicy | None = No
         "flagged_120s_before": sum(lead <= -120.0 for lead in leads),
         # A lead of 120 s is possible at all only for a fault that takes 120 s or more to reach its limit.
         "lead_120s_possible": sum(f.crossed_s - f.at_s >= 120.0 for f in faults if f.lead_time_s is not None),
-        "verdict_accuracy": round(sum(f.verdict_ok for f in faults) / len(faults), 3) if faults else None,
+        "faults_below_threshold": len(judged) - len(faults),
+        "verdict_accuracy": round(sum(f.verdict_ok for f in judged) / len(judged), 3) if judged else None,
         "false_remediations": sum(r.false_remediations for r in results),
         "faults": [
             {"scenario": f.scenario, "kind": f.kind, "gpu": f"{f.node}/{f.gpu}", "at_s": f.at_s,
              "detected": f.detected, "delay_s": f.delay_s, "health_before": round(f.health_before, 1),
              "health_min_after": round(f.health_min_after, 1), "verdict": f.verdict, "action": f.action,
              "expected": list(f.expected), "lead_time_s": f.lead_time_s,
-             "crossed_after_s": None if f.lead_time_s is None else f.crossed_s - f.at_s}
-            for f in faults
+             "crossed_after_s": None if f.lead_time_s is None else f.crossed_s - f.at_s, "below_threshold": f.quiet}
+            for f in judged
         ],
         "per_scenario": {
             r.name: {"sample_reduction": round(r.samples_fixed / max(r.samples_adaptive, 1), 2),

@@ -53,6 +53,10 @@ THERMAL_ACTION = {HealthVerdict.INFO: HealthAction.WATCH, HealthVerdict.WARNING:
 # that smears a step in the settle point.
 GROWTH_WINDOW_S = 60.0
 GROWTH_MIN_S = 50.0
+# A rate that began a few seconds ago: the 20 s fit averages it with the flat seconds before it (a fan that
+# stopped 7 s ago reads a third of its rate), so the excess's rate is also fitted over the last RECENT_S and
+# the larger of the 20 s rate and the slow end (2 standard errors) of the recent one counts.
+RECENT_S = 8.0
 
 
 @dataclass
@@ -211,7 +215,17 @@ class ThermalCondition:
     run: int = 0  # reads in a row above the threshold (to open) or below half of it (to close)
     quiet_since: float | None = None  # since when its excess has stayed within half the threshold
     rel: Trend = field(default_factory=lambda: Trend(20.0))  # its excess against its peers, for the rate
+    recent: Trend = field(default_factory=lambda: Trend(RECENT_S))  # the same, lately: a rate that just began
     settle: Trend = field(default_factory=lambda: Trend(GROWTH_WINDOW_S))  # where it settles, for a growing heat source
+    basis: frozenset[int] | None = None  # the quiet peers its excess was taken against (None: its own line)
+
+    def rebase(self, basis: frozenset[int] | None) -> None:
+        """Its excess is now taken against other peers (or its own line): a step in it, not a rate. The trends
+        start again, so a healthy GPU whose peer left (its median moved by the room's warming its line has not
+        yet learnt) does not read the step as heating."""
+        if basis != self.basis:
+            self.basis = basis
+            self.rel, self.recent, self.settle = Trend(20.0), Trend(RECENT_S), Trend(GROWTH_WINDOW_S)
 
 
 class NodePeers:
@@ -272,9 +286,11 @@ class NodePeers:
         quiet = {g for g in excess if self._quiet(g, now)}  # judged on last round's state, before this round's
         out = []
         for gpu, e in excess.items():
-            peers = [excess[g] for g in quiet if g != gpu and self.models[g] == self.models[gpu]]
+            ids = frozenset(g for g in quiet if g != gpu and self.models[g] == self.models[gpu])
+            peers = [excess[g] for g in ids]
             compared = len(peers) >= self.min_peers
             rel = e - statistics.median(peers) if compared else e
+            self.conditions[gpu].rebase(ids if compared else None)
             self.lines[gpu].excess = rel
             finding = self._judge_thermal(gpu, readings[gpu], rel, compared, age >= self.judge_after_s)
             if finding is not None:
@@ -285,12 +301,19 @@ class NodePeers:
     def _judge_thermal(self, gpu: int, r: Reading, rel: float, compared: bool, judge: bool) -> Finding | None:
         c, temp, slowdown = self.conditions[gpu], r.temp_c or 0.0, self.slowdown_c[gpu]
         c.rel.add(r.ts, rel)
+        c.recent.add(r.ts, rel)
         fit = c.rel.slope()
         rate = fit[0] if fit is not None and c.rel.span() >= 15.0 else 0.0
-        c.settle.add(r.ts, temp + THERMAL_TAU_S * rate)
+        c.settle.add(r.ts, temp + THERMAL_TAU_S * rate)  # growth: the smooth 20 s rate (a step is not growth)
+        near = c.recent.slope() if c.recent.span() >= RECENT_S - 1e-6 else None
+        if near is not None:
+            rate = max(rate, near[0] - 2 * near[1])
         if abs(rel) < self.threshold_c / 2:
             c.quiet_since = r.ts if c.quiet_since is None else c.quiet_since
-        else:
+        elif compared:
+            # Off its line against its peers. On its own line (too few quiet peers) the excess holds what the
+            # peers would cancel (a warming room its line has not learnt): a healthy GPU must not stop being a
+            # peer because one GPU turned faulty, or the node's comparison falls apart one GPU after another.
             c.quiet_since = None
         if not judge:
             return None

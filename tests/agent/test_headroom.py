@@ -129,3 +129,31 @@ def test_memory_wear_reads_time_to_the_remap_limit_from_the_counts_trend():
     # A row or two in a board's life is no stream; a flat count is nothing.
     assert run(10.0, 0.0, 2) is None
     assert run(10.0, 0.05, 2) is None
+
+
+def test_a_fan_that_just_stopped_is_flagged_by_its_rate_since_it_began_not_averaged_with_the_seconds_before():
+    # A fan stopping adds 0.2 °C/s that settles 8 °C up (a heat sink, 40 s): half-way over the threshold
+    # ~7 s in, rising to settle over twice it. The 20 s rate then still counts 13 flat seconds before the
+    # onset and reads a third of the rate (flagged 12 s in); the rate since it began flags it by 10 s
+    # (3 reads in a row from 7 s).
+    found = _thermal(lambda g, s: 8.0 * (1 - math.exp(-(s - 600) / 40)) if g == 3 and s >= 600 else 0.0, seconds=700)
+    opened = [s for s, g, state, _ in found if g == 3 and state == "open"]
+    assert opened and opened[0] - 600 <= 10
+    assert all(g == 3 for _, g, _, _ in found)
+
+
+def test_a_healthy_gpu_whose_peer_turns_faulty_in_a_warming_room_reads_no_heating_from_the_change_of_peers():
+    # Three H100s at 600 W in a room warming 12 °C over ten minutes (their lines have not learnt it yet);
+    # GPU 0's fan fails near the end. GPU 1 and 2 are then left with one quiet peer each: their excess is
+    # taken against their own lines, a step of the room's unlearnt degrees, which read as a rate made them
+    # heading for slowdown (CRITICAL, drained) although they are no warmer than a second before.
+    line = 30 + 30 * 600 / 700
+    peers = NodePeers(["H100"] * 3, [700.0] * 3)
+    flagged = set()
+    for s in range(2100):
+        room = min(12.0, max(0.0, (s - 1200) * 0.02))
+        fan = 9.5 * (1 - math.exp(-(s - 1700) / 40)) if s >= 1700 else 0.0
+        rs = {g: reading(float(s), power=600.0, temp=round(line + room + (fan if g == 0 else 0.0), 1))
+              for g in range(3)}
+        flagged |= {(g, f.verdict) for g, f in peers.learn(rs) if f.detector == "thermal_peer" and f.state != "closed"}
+    assert flagged and {g for g, _ in flagged} == {0}

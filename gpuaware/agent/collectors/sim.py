@@ -71,9 +71,12 @@ MODELS: dict[str, ModelSpec] = {
     "V100": ModelSpec("Tesla V100-SXM2-32GB", 32768, 300, 40, 84, 90, 1530, 877, 0.10, True, "Volta", False, 309, 16),
     "T4": ModelSpec("Tesla T4", 15360, 70, 10, 85, 94, 1590, 5001, 0.45, False, "Turing", False, 255, 16),
     "L4": ModelSpec("NVIDIA L4", 23034, 72, 12, 87, 95, 2040, 6251, 0.42, False, "Ada Lovelace", False, 310, 32),
-    # Simulator values in the range nvidia-smi -q reports for these boards (slowdown/shutdown), not a datasheet.
+    # Framebuffer sizes as nvidia-smi reports them (NVIDIA L40S 46068 MiB, A10 23028, H200 143771, B200 183359).
+    # A10: slowdown 95 °C, shutdown 98 °C, as a public `nvidia-smi -q` log of an A10G (AWS's A10) prints them;
+    # L40S, H200 and B200 slowdown/shutdown are simulator values in the range of their siblings' (no
+    # nvidia-smi -q output of those boards was found).
     "L40S": ModelSpec("NVIDIA L40S", 46068, 350, 35, 88, 95, 2520, 9001, 0.12, False, "Ada Lovelace", False, 620, 32),
-    "A10": ModelSpec("NVIDIA A10", 23028, 150, 20, 90, 98, 1695, 6251, 0.25, False, "Ampere", False, 340, 32),
+    "A10": ModelSpec("NVIDIA A10", 23028, 150, 20, 95, 98, 1695, 6251, 0.25, False, "Ampere", False, 340, 32),
     "H200": ModelSpec("NVIDIA H200", 143771, 700, 75, 87, 92, 1980, 3201, 0.045, True, "Hopper", True, 620, 64),
     "B200": ModelSpec("NVIDIA B200", 183359, 1000, 110, 87, 92, 1965, 3996, 0.035, True, "Blackwell", True, 700, 64),
 }
@@ -143,6 +146,24 @@ class Fault(BaseModel):
         return t >= self.at_s and (self.duration_s is None or t < self.at_s + self.duration_s)
 
 
+class Room(BaseModel):
+    """The room a node stands in warming (a cooling unit failing, a hot aisle): every GPU of the node takes in
+    warmer air. Not a GPU fault: its GPUs share it, so none is judged faulty (docs/health.md, "Peers")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: int = Field(ge=0)
+    at_s: float = Field(ge=0, description="seconds after the scenario starts")
+    rise_c: float = Field(gt=0, description="how much warmer the inlet air gets")
+    ramp_s: float = Field(600.0, gt=0, description="seconds it takes to get there (linearly)")
+    duration_s: float | None = Field(None, gt=0, description="None: until the end; then back at once")
+
+    def rise(self, t: float) -> float:
+        if t < self.at_s or (self.duration_s is not None and t >= self.at_s + self.duration_s):
+            return 0.0
+        return self.rise_c * min(1.0, (t - self.at_s) / self.ramp_s)
+
+
 class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -158,6 +179,7 @@ class Scenario(BaseModel):
         default_factory=lambda: ["trace"], min_length=1,
         description="per GPU, cycled: 'trace' replays GenTD26; the others are synthetic workload kinds")
     faults: list[Fault] = Field(default_factory=list)
+    rooms: list[Room] = Field(default_factory=list, description="rooms warming: environment, not a GPU fault")
     mig: dict[int, list[str]] = Field(
         default_factory=dict, description="GPU index (on every node) -> MIG profiles of its GPU instances")
     shared: dict[int, int] = Field(
@@ -172,6 +194,9 @@ class Scenario(BaseModel):
         for i, f in enumerate(self.faults):
             if f.node >= self.nodes or f.gpu >= self.gpus_per_node:
                 raise ValueError(f"faults.{i}: node {f.node} gpu {f.gpu} is outside {self.nodes}x{self.gpus_per_node}")
+        for i, room in enumerate(self.rooms):
+            if room.node >= self.nodes:
+                raise ValueError(f"rooms.{i}: node {room.node} is outside {self.nodes} nodes")
         return self
 
     def node_name(self, i: int) -> str:
@@ -240,10 +265,14 @@ class SimGpu:
         self.mem_series = array("f", [m * self.spec.fb_total_mib for m in scaled])
         self.offset_min = offset_min
         self.faults = [f for f in scenario.faults if f.node == node and f.gpu == index]
+        self.rooms = [room for room in scenario.rooms if room.node == node]
         tag = zlib.crc32(scenario.name.encode())
         self.uuid = f"GPU-{scenario.seed:08x}-{node:04x}-{index:04x}-{self.gid:04x}-{tag:012x}"
         self.second = -1
         self.temp = AMBIENT_C + self.spec.idle_power_w * self.spec.c_per_w
+        # Where it would be with no thermal fault (same power, same room): temp - temp_base is a thermal
+        # fault's own heat, the truth the evaluation grades a fault that settles below slowdown by.
+        self.temp_base = self.temp
         self.power = self.spec.idle_power_w
         self.util = 0.0
         self.mem = 0.0
@@ -322,9 +351,11 @@ class SimGpu:
         power = min(uncapped, self.power_limit)
         resistance = spec.c_per_w * math.prod(
             1 + (f.fan_factor - 1) * min(1.0, (s - f.at_s) / f.ramp_s) for f in self._active("fan_failure", s))
-        target_temp = AMBIENT_C + power * resistance + sum(
+        ambient = AMBIENT_C + sum(room.rise(s) for room in self.rooms)
+        target_temp = ambient + power * resistance + sum(
             f.drift_c_per_s * (s - f.at_s) for f in self._active("thermal_drift", s))
         self.temp += (target_temp - self.temp) / THERMAL_TAU_S
+        self.temp_base += (ambient + power * spec.c_per_w - self.temp_base) / THERMAL_TAU_S
         for f in self._active("thermal_runaway", s):
             self.temp += f.rise_c_per_s
         if self.temp >= spec.slowdown_temp_c:

@@ -132,3 +132,21 @@ def test_the_simulated_clock_can_start_at_the_agents_first_read():
     # Built without it, the clock starts at construction: the same read sees the fault 16 s older.
     eager = SimCluster(scenario, clock=lambda: clock[0])
     assert eager.epoch == 1040.0
+
+
+def test_a_warming_room_heats_every_gpu_of_its_node_and_no_other():
+    """A room is the environment, not a fault: every GPU of the node takes in warmer air, the next node's none."""
+    def temps(rooms: list[dict]) -> list[float]:
+        scenario = Scenario.model_validate({
+            "name": "room", "seed": 3, "nodes": 2, "gpus_per_node": 2, "models": ["L40S"],
+            "workloads": ["training-compute"], "rooms": rooms})
+        clock = [0.0]
+        cluster = SimCluster(scenario, clock=lambda: clock[0], epoch=0.0)
+        clock[0] = 900.0
+        return [cluster.node(n).read(g, full=False).temp_c for n in range(2) for g in range(2)]
+
+    still = temps([])
+    warm = temps([{"node": 0, "at_s": 100, "rise_c": 8, "ramp_s": 300}])
+    assert [round(w - s, 1) for w, s in zip(warm, still, strict=True)] == [8.0, 8.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match=r"rooms\.0: node 2"):
+        Scenario.model_validate({"name": "room", "nodes": 2, "rooms": [{"node": 2, "at_s": 0, "rise_c": 5}]})
