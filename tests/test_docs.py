@@ -119,3 +119,21 @@ def test_every_result_file_is_cited():
     uncited = [p.name for p in RESULTS.iterdir()
                if p.name not in text and not re.search(re.escape(p.name.rsplit("-", 1)[0]) + r"-\*", text)]
     assert not uncited, f"named by no page: {uncited}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_code_fences_open_and_close_on_lines_of_their_own(page):
+    """A fence with text after it (```` ``` The exporter ... ````) leaves the block open: the rest of the page
+    renders as code."""
+    open_at = None
+    for n, line in enumerate(page.read_text().splitlines(), 1):
+        stripped = line.strip()
+        if not stripped.startswith("```"):
+            continue
+        if open_at is None:
+            assert re.fullmatch(r"```[\w+-]*", stripped), f"{_rel(page)}:{n}: an opening fence names a language only"
+            open_at = n
+        else:
+            assert stripped == "```", f"{_rel(page)}:{n}: the block opened at line {open_at} closes with text after it"
+            open_at = None
+    assert open_at is None, f"{_rel(page)}: the block opened at line {open_at} never closes"
