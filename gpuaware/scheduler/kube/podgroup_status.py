@@ -33,7 +33,7 @@ def wanted(size: int, bound: int, refused: str | None) -> tuple[str, str, str] |
     """(status, reason, message) of ``PodGroupScheduled`` for a gang of ``size`` with ``bound`` members bound and,
     when a pending member was refused, that refusal; None while there is nothing to say (not tried yet)."""
     if bound >= size:
-        return "True", "Scheduled", f"{bound} members bound (minCount {size})"
+        return "True", "Scheduled", f"{bound} bound (minCount {size})"
     if refused is not None:
         return "False", "Unschedulable", refused
     return None
@@ -55,13 +55,19 @@ def with_condition(status: dict[str, Any], new: tuple[str, str, str], generation
     return [c for c in conditions if c.get("type") != CONDITION] + [cond]
 
 
+def _uid(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid", ""))
+
+
 class PodGroupStatusWriter:
     """``refusal``: the ``FailedScheduling`` reason last reported for a pod, or None."""
 
     def __init__(self, calls: ApiCalls, cache: CacheView, stats: SchedulerStats,
                  refusal: Callable[[str], str | None]):
         self.calls, self.cache, self.stats, self.refusal = calls, cache, stats, refusal
-        self.sent: dict[str, tuple[str, str, str]] = {}  # group -> condition written, until the watch shows it
+        # (group, uid) -> condition written: not written again before the watch shows it. By uid, so that a group
+        # deleted and made again under its name (a Job run again) gets its condition; pruned to the groups there are.
+        self.sent: dict[tuple[str, str], tuple[str, str, str]] = {}
 
     def conditions(self, now: datetime) -> dict[str, list[dict[str, Any]]]:
         """The groups whose condition changes, and their new conditions."""
@@ -72,10 +78,13 @@ class PodGroupStatusWriter:
                     (group := groups.names(pod)) is not None:
                 members.setdefault(group, []).append(key)
         out: dict[str, list[dict[str, Any]]] = {}
+        self.sent = {k: v for k, v in self.sent.items()
+                     if (obj := groups.groups.get(k[0])) is not None and _uid(obj) == k[1]}
         for group, keys in members.items():
             obj = groups.groups.get(group)
             if obj is None:
                 continue
+            sent_key = (group, _uid(obj))
             try:
                 size = gang_size(obj)
             except PodSpecError:
@@ -83,15 +92,13 @@ class PodGroupStatusWriter:
             bound = sum(1 for k in keys if k in self.cache.running and k not in self.cache.assumed)
             refused = next((r for k in sorted(keys) if k in self.cache.pending and (r := self.refusal(k))), None)
             new = wanted(size, bound, refused)
-            if new is None or self.sent.get(group) == new:
+            if new is None or self.sent.get(sent_key) == new:
                 continue
             conditions = with_condition(obj.get("status") or {}, new, (obj.get("metadata") or {}).get("generation"),
                                         now)
-            if conditions is None:
-                self.sent[group] = new
-            else:
+            self.sent[sent_key] = new
+            if conditions is not None:
                 out[group] = conditions
-                self.sent[group] = new
         return out
 
     async def write(self) -> None:
@@ -101,5 +108,5 @@ class PodGroupStatusWriter:
                 await self.calls.call(self.calls.api.patch_pod_group_status, namespace, name,
                                       {"conditions": conditions})
             except (ApiException, *TRANSPORT_ERRORS) as exc:
-                self.sent.pop(group, None)  # tried again on the next tick
+                self.sent = {k: v for k, v in self.sent.items() if k[0] != group}  # tried again on the next tick
                 self.stats.api_errors[("patch-podgroup-status", getattr(exc, "status", 0) or 0)] += 1

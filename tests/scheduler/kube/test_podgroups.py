@@ -127,7 +127,7 @@ async def test_a_workload_api_gang_is_bound_all_together_or_not_at_all(gated):
         assert len(pods(kube)) == 3
         await wait_for(lambda: (scheduled(kube, "train-0") or {}).get("status") == "True", what="the group scheduled")
         cond = scheduled(kube, "train-0")
-        assert (cond["reason"], cond["message"]) == ("Scheduled", "3 members bound (minCount 3)")
+        assert (cond["reason"], cond["message"]) == ("Scheduled", "3 bound (minCount 3)")
 
 
 async def test_a_member_waits_for_its_podgroup_and_goes_when_it_arrives(gated):
