@@ -223,7 +223,7 @@ class Scheduler:
                 node_ok &= m
             elif gpu_ok is not None:
                 m = p.filter_gpus(ctx)
-                dropped = gpu_ok & ~m
+                dropped = gpu_ok & ~m if among is None else gpu_ok & ~m & among[:, None]
                 if dropped.any():
                     reasons.append(Reason(p.code, p.name, f"{int(dropped.sum())} GPUs excluded by {p.reason}"))
                 gpu_ok &= m

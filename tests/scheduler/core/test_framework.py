@@ -124,6 +124,11 @@ def test_rank_among_scores_and_counts_only_the_nodes_asked_about():
     assert np.isinf(best[2]) and best[1] == everywhere[1] and why == ["1 gpu model not allowed"]
     _, why = s.rank(c, w, among=np.array([False, True, True]))
     assert why == []  # the T4 node was not asked about: no reason counts it
+    c.set_band(2, 0, HealthBand.CRITICAL)  # a GPU filter's reason counts only the GPUs of nodes asked about
+    c.set_band(2, 1, HealthBand.CRITICAL)
+    _, why = Scheduler(Profile("t", [HealthFilter()], [(LeastAllocated(), 1.0)])).rank(
+        c, w, among=np.array([True, True, False]))
+    assert why == []
 
 
 class _Blocked:
