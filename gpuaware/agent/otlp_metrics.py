@@ -224,7 +224,7 @@ class Tls:
         """A file that cannot be read fails the start, naming the setting (not an SSL error at each export)."""
         for setting, path in (("otlp_metrics_certificate", self.ca), ("otlp_metrics_client_certificate", self.cert),
                               ("otlp_metrics_client_key", self.key)):
-            if path is not None and not os.access(path, os.R_OK):
+            if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
                 raise ValueError(f"agent.{setting}: {path!r} is not a readable file")
 
 

@@ -54,7 +54,8 @@ async def published(cluster: RealCluster, cores: Sequence[AgentCore]) -> AsyncIt
 
     from gpuaware.plumbing.kube.resource_slices import SlicePublisher
 
-    publisher = SlicePublisher(config.new_client_from_config(str(cluster.kubeconfig)))
+    client = config.new_client_from_config(str(cluster.kubeconfig))
+    publisher = SlicePublisher(client)
     stop = asyncio.Event()
     task = asyncio.create_task(publish_until_done(publisher, cores, stop, PUBLISH_RETRY_S))
     try:
@@ -62,6 +63,7 @@ async def published(cluster: RealCluster, cores: Sequence[AgentCore]) -> AsyncIt
     finally:
         stop.set()
         await task
+        client.close()
 
 
 def create_demo(cluster: RealCluster, namespaces: Sequence[str]) -> None:

@@ -287,7 +287,8 @@ class StreamProcessor:
                     if before is not None:
                         self.rollup_due.add(before)  # its rollup loses the GPU
         written = self.history_written
-        if any(t.history and written.get(k) != (node, t.history_changes) for k, t in members.items()):
+        # ``minutes``, not ``history``: the history is put together from the forecasters' rows on each read.
+        if any(t.minutes and written.get(k) != (node, t.history_changes) for k, t in members.items()):
             # A minute closed (or a GPU joined, or the entry was read in an older layout): the whole node's
             # history, so that the entry alone restores it.
             self.snapshots[history_key(node)] = encode_value(

@@ -45,6 +45,8 @@ _VOCABULARY_MAX = 4096
 
 def _long(n: int) -> bytes:
     """Avro's int and long: zigzag, then 7 bits a byte, low first."""
+    if isinstance(n, str | bytes | bytearray):  # int() would parse it; fastavro refuses it
+        raise ValueError(f"{n!r} is not an integer")
     n = int(n)  # as fastavro: a float truncated; and a numpy integer would wrap in the shifts
     if not -(1 << 63) <= n < (1 << 63):
         raise ValueError(f"{n} is out of Avro's long range")

@@ -178,6 +178,9 @@ def test_tls_files_need_an_https_endpoint_and_client_files_go_in_pairs(tmp_path)
     missing = AgentSettings(otlp_metrics_endpoint="https://c:4318", otlp_metrics_certificate=str(tmp_path / "no.pem"))
     with pytest.raises(ValueError, match=r"agent.otlp_metrics_certificate: '.*no.pem' is not a readable file"):
         export_otlp_metrics(SimpleNamespace(cores=[]), missing)
+    a_directory = AgentSettings(otlp_metrics_endpoint="https://c:4318", otlp_metrics_certificate=str(tmp_path))
+    with pytest.raises(ValueError, match="is not a readable file"):
+        export_otlp_metrics(SimpleNamespace(cores=[]), a_directory)
 
 
 def _flush_to(collector: OtelCollector, tls: otlp_metrics.Tls) -> dict:
@@ -190,7 +193,7 @@ def _flush_to(collector: OtelCollector, tls: otlp_metrics.Tls) -> dict:
     finally:
         otlp.shutdown()
     points: dict = {}
-    for _ in range(30):
+    for _ in range(100):  # as long as the test above waits: the collector forwards on its own thread
         _, points = points_from_json(collector.received())
         if all(k in points for k in want):
             break

@@ -66,8 +66,9 @@ def test_a_value_the_contract_refuses_is_a_value_error() -> None:
     state = GpuState("GPU-x", "n", "H100", T0, T0, 1.0, 1.0, 1.0, 81559, 1.0, 1.0, 100.0, HealthBand.HEALTHY)
     codec = GpuStateCodec()
     for bad in (dataclasses.replace(state, node=None), dataclasses.replace(state, health_band="SICK"),
-                dataclasses.replace(state, util_gpu="high"), dataclasses.replace(state, samples=1 << 64)):
-        with pytest.raises((ValueError, OverflowError)):  # (fastavro's, for a long out of range)
+                dataclasses.replace(state, util_gpu="high"), dataclasses.replace(state, samples=1 << 64),
+                dataclasses.replace(state, sample_ts_ms=str(T0))):  # a digit string is not a long
+        with pytest.raises((ValueError, OverflowError, TypeError)):  # (fastavro's, for a long out of range, a str)
             encode(bad)
         with pytest.raises(ValueError):
             codec.encode(bad, b"GPU-x")
