@@ -86,17 +86,21 @@ def test_memory_wearing_out_is_critical_minutes_before_the_remap_limit():
     assert out["false_alarms"] == 0 and out["false_remediations"] == 0
 
 
-def test_a_leak_graded_critical_in_the_runs_last_minutes_is_judged_by_whether_it_ran_out_after_the_run(tmp_path):
+def _evaluate_idle(tmp_path, name: str, gpus: int, model: str, faults: list[str]) -> dict:
+    """``evaluate`` of a 1,500 s scenario of one node of idle holders with these faults."""
     from gpuaware.agent.evaluation import evaluate
 
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"name: {name}\nseed: 9\nduration_s: 1500\nnodes: 1\ngpus_per_node: {gpus}\nmodels: [{model}]\n"
+                    "workloads: [idle-holding]\nfaults:\n" + "".join(f"  - {f}\n" for f in faults))
+    return evaluate([path])
+
+
+def test_a_leak_graded_critical_in_the_runs_last_minutes_is_judged_by_whether_it_ran_out_after_the_run(tmp_path):
     # 10 MiB/s onto an idle holder's 40 % of an L4 from 300 s: exhausted (95 %) ~1550 s, 50 s after the run
     # ends. Flagged CRITICAL minutes before; the run's truth alone called that a false remediation.
-    path = tmp_path / "late.yaml"
-    path.write_text(
-        "name: late-leak\nseed: 9\nduration_s: 1500\nnodes: 1\ngpus_per_node: 2\nmodels: [L4]\n"
-        "workloads: [idle-holding]\nfaults:\n"
-        "  - {kind: memory_leak, node: 0, gpu: 1, at_s: 300, leak_mib_per_s: 10}\n")
-    out = evaluate([path])
+    out = _evaluate_idle(tmp_path, "late-leak", 2, "L4", ["{kind: memory_leak, node: 0, gpu: 1, at_s: 300, "
+                                                         "leak_mib_per_s: 10}"])
     (fault,) = out["faults"]
     assert (fault["verdict"], fault["action"]) == ("CRITICAL", "DRAIN") == tuple(fault["expected"])
     assert fault["crossed_after_s"] > 1500 - 300 and fault["lead_time_s"] <= -120
@@ -104,17 +108,11 @@ def test_a_leak_graded_critical_in_the_runs_last_minutes_is_judged_by_whether_it
 
 
 def test_a_fault_whose_effect_stays_below_every_threshold_is_expected_silent_not_missed(tmp_path):
-    from gpuaware.agent.evaluation import evaluate
-
     # A fan failing on an idle L40S (35 W: +2 °C, 50 °C from slowdown) and a 1 MiB/s leak hours from
     # exhaustion: no rule acts on either (docs/health.md, "Severity"); an alarm on them would be the defect.
-    path = tmp_path / "quiet.yaml"
-    path.write_text(
-        "name: quiet\nseed: 9\nduration_s: 1500\nnodes: 1\ngpus_per_node: 3\nmodels: [L40S]\n"
-        "workloads: [idle-holding]\nfaults:\n"
-        "  - {kind: fan_failure, node: 0, gpu: 1, at_s: 600, fan_factor: 1.5}\n"
-        "  - {kind: memory_leak, node: 0, gpu: 2, at_s: 300, leak_mib_per_s: 1}\n")
-    out = evaluate([path])
+    out = _evaluate_idle(tmp_path, "quiet", 3, "L40S",
+                         ["{kind: fan_failure, node: 0, gpu: 1, at_s: 600, fan_factor: 1.5}",
+                          "{kind: memory_leak, node: 0, gpu: 2, at_s: 300, leak_mib_per_s: 1}"])
     assert out["faults_below_threshold"] == 2 and out["faults_injected"] == 0
     assert all(f["below_threshold"] and tuple(f["expected"]) == ("PASS", "NONE") for f in out["faults"])
     assert out["verdict_accuracy"] == 1.0 and out["false_alarms"] == 0 and out["false_remediations"] == 0
