@@ -16,7 +16,10 @@ gets the same pods, written as that mode needs them:
 - ``gpuaware``: gpuaware's live scheduler binds (``schedulerName: gpuaware``), in this process,
   without the state feed (neither kube-scheduler mode sees telemetry either);
 - ``ceiling`` (opt-in: ``--modes``): no scheduler at all, a binder that decides nothing
-  (``gpuaware.bench.kube_ceiling``), for the most pods/s this control plane takes on this machine at that moment.
+  (``gpuaware.bench.kube_ceiling``), for the most pods/s this control plane takes on this machine at that moment;
+- ``extender_ceiling`` (opt-in): kube-scheduler with the ``extender`` mode's configuration and an extender that
+  decides nothing (``gpuaware.bench.extender_ceiling``), for the most pods/s kube-scheduler reaches through one
+  Python extender hop per pod.
 
 The driver (``gpuaware.bench.kube_harness``: its own processes, pre-serialised bodies, keep-alive connection
 pools) creates the pods and watches them; it stamps creation (just before the POST) and binding (the
@@ -53,6 +56,7 @@ import yaml
 from aiohttp import web
 from kubernetes import client, config
 
+from gpuaware.bench.extender_ceiling import CeilingExtender
 from gpuaware.bench.kube_ceiling import SCHEDULER_NAME as CEILING_SCHEDULER
 from gpuaware.bench.kube_ceiling import CeilingBinder
 from gpuaware.bench.kube_harness import (
@@ -79,7 +83,7 @@ from gpuaware.scheduler.wiring import api_pool_size
 
 SCHEDULER_YAML = REPO / "deploy" / "base" / "scheduler" / "scheduler.yaml"
 MODES = ("kube_scheduler", "extender", "gpuaware")
-OPT_IN_MODES = ("ceiling",)  # run only when named: a reference, not a scheduler
+OPT_IN_MODES = ("ceiling", "extender_ceiling")  # run only when named: references, not schedulers
 SCHEDULER_NAMES = {"gpuaware": "gpuaware", "ceiling": CEILING_SCHEDULER}
 
 
@@ -187,6 +191,10 @@ async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | N
                                          settings.bind_workers)):
             yield
         return
+    if mode == "extender_ceiling":
+        async with _ceiling_extender(cp, qps, settings.bind_workers):
+            yield
+        return
     if mode == "kube_scheduler":
         doc = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration"}
         await asyncio.to_thread(cp.start_scheduler, _with_qps(doc, qps))
@@ -226,6 +234,26 @@ async def _scheduler(mode: str, cp: KubeControlPlane, qps: tuple[float, int] | N
         await live.stop()
 
 
+@contextlib.asynccontextmanager
+async def _ceiling_extender(cp: KubeControlPlane, qps: tuple[float, int] | None,
+                            workers: int) -> AsyncIterator[None]:
+    """kube-scheduler with the shipped extender configuration pointing at a ``CeilingExtender``."""
+    ext = CeilingExtender(_api(cp.kubeconfig, qps, workers), workers)
+    runner = web.AppRunner(ext.app(), access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        await asyncio.to_thread(cp.start_scheduler, extender_scheduler_config(f"http://127.0.0.1:{port}", qps))
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(cp.stop_scheduler)
+    finally:
+        await runner.cleanup()
+        ext.close()
+
+
 def _node_gpus(cp: KubeControlPlane) -> list[tuple[str, int]]:
     """(name, whole GPUs) of every node, listed as the ceiling's start-up (gpuaware's informers list them too)."""
     api = _api(cp.kubeconfig, None)
@@ -260,6 +288,11 @@ async def _measure_mode(mode: str, cp: KubeControlPlane, conn, qps: tuple[float,
         await ask(("delete",))
 
 
+def _tag(budget: str, mode: str) -> str:
+    """The pods' name prefix: one per budget and mode (``extender`` and ``extender_ceiling`` apart)."""
+    return budget[0] + "".join(word[0] for word in mode.split("_"))
+
+
 def run_kube_bench(node_csv: str, pod_csv: str, burst: int = 1000, rate: float = 200.0, seconds: float = 5.0,
                    seed: int = 0, modes: tuple[str, ...] = MODES, budgets: tuple[str, ...] = ("default", "raised"),
                    qps: float = 500.0, node_count: int | None = None,
@@ -276,7 +309,7 @@ def run_kube_bench(node_csv: str, pod_csv: str, burst: int = 1000, rate: float =
             q = raised_qps(qps) if budget == "raised" else None
             runs[budget] = {"api_budget": budget_table[budget], "modes": {
                 mode: asyncio.run(_measure_mode(mode, cp, conn, q, pod_csv, burst, rate, seconds, seed,
-                                                capacity_milli, f"{budget[0]}{mode[0]}", progress))
+                                                capacity_milli, _tag(budget, mode), progress))
                 for mode in modes}}
         return {"nodes": len(nodes), "gpus": capacity_milli // 1000, "burst_pods": burst, "rate_pods_per_s": rate,
                 "rate_pods": int(rate * seconds), "versions": cp.versions(), "api_budget": budget_table, "runs": runs}

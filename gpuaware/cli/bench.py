@@ -128,7 +128,8 @@ def bench_stream_cmd(obj: Context, worker_counts: str, gpus: int, samples_per_ba
 @click.option("--modes", default=None,
               help="real: the modes to run, comma-separated [default: kube_scheduler,extender,gpuaware; "
                    "with --dra kube_scheduler_dra,gpuaware_dra]; also ceiling (with --dra: ceiling_dra): a "
-                   "binder that decides nothing, the most pods/s this control plane takes here.")
+                   "binder that decides nothing, the most pods/s this control plane takes here; and "
+                   "extender_ceiling: kube-scheduler through an extender that decides nothing.")
 @click.option("--budgets", default="default,raised", show_default=True,
               help="real: API budgets, comma-separated: default (as shipped) and raised (--qps for all).")
 @click.option("--qps", type=float, default=500.0, show_default=True,
