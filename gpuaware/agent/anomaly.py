@@ -42,7 +42,7 @@ class Finding:
     # The grade the detector gives this finding; None: its row in verdict.FINDINGS.
     verdict: HealthVerdict | None = None
     action: HealthAction | None = None
-    state: str = "open"  # open, updated (its grade rose), closed
+    state: str = "open"  # open, updated (its grade rose), lowered (a forecast withdrawn), held, closed
 
 
 class ThermalRunaway:
@@ -381,13 +381,14 @@ class GpuDetectors:
         return {"hst": self.hst.score, "ecc_sbe_per_min": self.ecc.rate_per_min}
 
     def learn_finding(self, f: Finding, ts: float) -> bool:
-        """Whether ``f`` is news: a new condition, or one whose grade rose (peer findings come through here too)."""
+        """Whether ``f`` is news: a new condition, or one whose grade rose or was lowered (peer findings come through
+        here too)."""
         last = self.last_fired.get(f.detector)
         rank = GRADE_RANK[f.verdict]
         if f.state == "closed":
             self.last_fired.pop(f.detector, None)
             return last is not None
-        if last is not None and ts - last[0] < self.cooldown_s and rank <= last[1]:
+        if last is not None and ts - last[0] < self.cooldown_s and rank <= last[1] and f.state != "lowered":
             self.last_fired[f.detector] = (ts, last[1])  # still open: the cooldown runs from the last sight
             return False
         self.last_fired[f.detector] = (ts, rank)

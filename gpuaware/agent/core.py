@@ -201,7 +201,7 @@ class AgentCore:
             found = track.detectors.learn_one(watch, track.last_sample) + peer_findings.get(index, [])
             for f in found:  # every sighting keeps its verdict held; only news makes an event
                 self.verdicts.learn_finding(index, watch.ts, f.detector, f.verdict, f.action,
-                                            closed=f.state == "closed")
+                                            closed=f.state == "closed", lowered=f.state == "lowered")
             self._after_watch(out, track, watch, [f for f in found if track.detectors.learn_finding(f, watch.ts)])
         return out
 
@@ -250,7 +250,7 @@ class AgentCore:
             grade = f.verdict or FINDINGS.get(f.detector, (HealthVerdict.INFO,))[0]
             # A trend (INFO) or a condition closing is a dashboard mark, not an alarm: no penalty, no page.
             alarm = grade in (HealthVerdict.WARNING, HealthVerdict.CRITICAL)
-            if kind is EventKind.ANOMALY and alarm:
+            if kind is EventKind.ANOMALY and alarm and f.state != "lowered":  # a withdrawn forecast is no new alarm
                 track.health.learn_anomaly(watch.ts, f.detector)
             severity = Severity.CRITICAL if grade is HealthVerdict.CRITICAL else (
                 Severity.WARNING if alarm else Severity.INFO)

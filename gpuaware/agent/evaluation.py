@@ -22,6 +22,9 @@ second. Figures:
 - ``verdict_accuracy``: the share of faults whose worst verdict and strongest recommended action,
   from the fault until the next one on its GPU, are the ones expected (the scenario's ``verdict``
   and ``action``, else ``EXPECTED_VERDICT`` by kind, or the XID's row of ``gpuaware.agent.verdict.XIDS``);
+  a forecast (CRITICAL, heading for a limit) that did not come true and that the agent withdrew is judged
+  from when its verdict was lowered: the grade it settled at. ``verdict_accuracy_worst``: by the worst
+  verdict throughout; ``verdicts_lowered``: the faults the two differ on;
 - ``false_remediations``: GPUs told to drain, reset, reboot or be serviced with no fault (or
   before theirs), and faults told so whose expected action is not one (docs/health.md).
 """
@@ -117,6 +120,8 @@ class FaultResult:
     crossed_s: float | None = None  # when the GPU crossed the limit (predictive kinds), seconds after start
     flagged_s: float | None = None  # when it was first graded CRITICAL
     quiet: bool = False  # its effect stays below every rule's threshold: expected no alarm, not a fault to detect
+    verdict_worst: str = ""  # the worst verdict and strongest action over the window (``verdict``: where it settled)
+    action_worst: str = ""
 
     @property
     def lead_time_s(self) -> float | None:
@@ -127,10 +132,17 @@ class FaultResult:
 
     @property
     def verdict_ok(self) -> bool:
+        return self._ok(self.verdict, self.action)
+
+    @property
+    def worst_ok(self) -> bool:
+        return self._ok(self.verdict_worst, self.action_worst)
+
+    def _ok(self, verdict: str, action: str) -> bool:
         if self.quiet:  # nothing to act on: no alarm, no remediation (a dashboard mark is no harm)
-            return VERDICT_RANK[HealthVerdict(self.verdict)] <= VERDICT_RANK[V.INFO] and \
-                HealthAction(self.action) not in REMEDIATIONS
-        return (self.verdict, self.action) == self.expected
+            return VERDICT_RANK[HealthVerdict(verdict)] <= VERDICT_RANK[V.INFO] and \
+                HealthAction(action) not in REMEDIATIONS
+        return (verdict, action) == self.expected
 
 
 @dataclass
@@ -223,11 +235,14 @@ def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioRe
                 end = int(mine[i + 1].at_s) if i + 1 < len(mine) else duration
                 res = faults[scenario.faults.index(f)]
                 window = slice(int(f.at_s), max(end, int(f.at_s) + 1))
-                res.verdict = VERDICTS[int(verdicts[n, g, window].max()) + 1].value
-                res.action = ACTIONS[int(actions[n, g, window].max())].value
                 crossed = cluster.gpus[n][g].crossed_s  # the simulated GPU's truth: first second at a limit
                 last = end if i + 1 < len(mine) else duration + LEAD_S  # the last fault: its crossing after the run
                 res.crossed_s = crossed if crossed is not None and window.start <= crossed < last else None
+                withdrawn = [e.ts_ms / 1000 for _, e in events if e.gpu_uuid == uuid_of[(n, g)]
+                             and e.attributes.get("condition") == "lowered" and window.start <= e.ts_ms / 1000 < end]
+                _grade(res, verdicts[n, g, window], actions[n, g, window],
+                       withdrawn[-1] - window.start if withdrawn and f.kind in PREDICTIVE and res.crossed_s is None
+                       else None)
                 flagged = np.flatnonzero(verdicts[n, g, window] == VERDICT_RANK[HealthVerdict.CRITICAL])
                 res.flagged_s = float(flagged[0]) + f.at_s if flagged.size else None
                 heat = float(own_heat[(n, g)][window].max()) if (n, g) in own_heat else None
@@ -249,6 +264,21 @@ def run_scenario(path: Path, policy: SamplingPolicy | None = None) -> ScenarioRe
     return ScenarioResult(scenario.name, scenario.nodes * n_gpus, duration, sum(c.samples_taken for c in cores),
                           samples_fixed, sum(c.watch_reads for c in cores), err_sum, err_n, faults, false_alarms,
                           len(events), wall, false_remediations, sum(c.points_taken for c in cores))
+
+
+def _grade(res: FaultResult, verdicts: np.ndarray, actions: np.ndarray, withdrawn: float | None) -> None:
+    """The verdict and action a fault is judged by, from its GPU's per-second ones over the fault's window: the
+    worst, or for a forecast that did not come true and that the agent withdrew (a CRITICAL condition ``lowered``,
+    ``withdrawn`` seconds into the window), the worst from when the verdict followed: the grade the fault settled at.
+    The worst is kept beside it (``verdict_worst``), and remediations are counted over the whole window either way."""
+    res.verdict_worst = VERDICTS[int(verdicts.max()) + 1].value
+    res.action_worst = ACTIONS[int(actions.max())].value
+    start = 0
+    if withdrawn is not None:
+        below = np.flatnonzero(verdicts[int(withdrawn):] < VERDICT_RANK[V.CRITICAL])
+        start = int(withdrawn) + int(below[0]) if below.size else 0
+    res.verdict = VERDICTS[int(verdicts[start:].max()) + 1].value
+    res.action = ACTIONS[int(actions[start:].max())].value
 
 
 def expected_verdict(f: Fault, reached_limit: bool = False, own_heat_c: float | None = None,
@@ -315,11 +345,15 @@ def evaluate(paths: list[Path] | None = None, policy: SamplingPolicy | None = No
         "lead_120s_possible": sum(f.crossed_s - f.at_s >= 120.0 for f in faults if f.lead_time_s is not None),
         "faults_below_threshold": len(judged) - len(faults),
         "verdict_accuracy": round(sum(f.verdict_ok for f in judged) / len(judged), 3) if judged else None,
+        # The same by the worst verdict over each fault's window, forecasts the agent withdrew included.
+        "verdict_accuracy_worst": round(sum(f.worst_ok for f in judged) / len(judged), 3) if judged else None,
+        "verdicts_lowered": sum(f.verdict != f.verdict_worst for f in judged),
         "false_remediations": sum(r.false_remediations for r in results),
         "faults": [
             {"scenario": f.scenario, "kind": f.kind, "gpu": f"{f.node}/{f.gpu}", "at_s": f.at_s,
              "detected": f.detected, "delay_s": f.delay_s, "health_before": round(f.health_before, 1),
              "health_min_after": round(f.health_min_after, 1), "verdict": f.verdict, "action": f.action,
+             "verdict_worst": f.verdict_worst, "action_worst": f.action_worst,
              "expected": list(f.expected), "lead_time_s": f.lead_time_s,
              "crossed_after_s": None if f.lead_time_s is None else f.crossed_s - f.at_s, "below_threshold": f.quiet}
             for f in judged

@@ -233,7 +233,8 @@ class NodePeers:
 
     thermal_peer is one condition per GPU (opened, updated when its grade rises, closed), graded by
     headroom (docs/health.md, "Severity"): heading for slowdown within ``lead_s`` -> CRITICAL; settling
-    ``warn_factor`` times the threshold hotter than its peers -> WARNING; less -> INFO, a trend. A GPU
+    ``warn_factor`` times the threshold hotter than its peers -> WARNING; less -> INFO, a trend. CRITICAL is a
+    forecast and is lowered (``lowered``) to what the GPU measures once the evidence withdraws it. A GPU
     that is off its line, or was within ``recover_s``, is nobody's peer, and fewer than ``min_peers``
     quiet same-model peers is no comparison: then only the heading-for-slowdown grade, from its own
     line, is judged.
@@ -302,8 +303,9 @@ class NodePeers:
         c, temp, slowdown = self.conditions[gpu], r.temp_c or 0.0, self.slowdown_c[gpu]
         c.rel.add(r.ts, rel)
         c.recent.add(r.ts, rel)
-        fit = c.rel.slope()
-        rate = fit[0] if fit is not None and c.rel.span() >= 15.0 else 0.0
+        fit = c.rel.slope() if c.rel.span() >= 15.0 else None
+        rate = fit[0] if fit is not None else 0.0
+        rate_hi = fit[0] + 2 * fit[1] if fit is not None else None  # the fast end: what withdrawing a forecast takes
         c.settle.add(r.ts, temp + THERMAL_TAU_S * rate)  # growth: the smooth 20 s rate (a step is not growth)
         near = c.recent.slope() if c.recent.span() >= RECENT_S - 1e-6 else None
         if near is not None:
@@ -352,11 +354,34 @@ class NodePeers:
             grade, what = HealthVerdict.WARNING, f"settling ~{settle:.0f} °C, below slowdown ({slowdown:.0f} °C)"
         else:
             grade, what = HealthVerdict.INFO, f"a trend, {slowdown - temp:.0f} °C from slowdown"
+        lowered = False
         if c.grade is not None and VERDICT_ORDER.index(grade) < VERDICT_ORDER.index(c.grade):
-            grade = c.grade  # an open condition is not downgraded: it closes (hysteresis) or holds
-        state = "open" if c.grade is None else "updated" if grade is not c.grade else "held"
+            # An open condition holds its grade (it closes with hysteresis), but CRITICAL is a forecast: withdrawn
+            # once even the fast end of the evidence no longer has the GPU reach slowdown within the lead time.
+            lowered = c.grade is HealthVerdict.CRITICAL and self._withdrawn(c, temp, rate_hi, slowdown)
+            if lowered:
+                what = f"no longer heading for slowdown, CRITICAL lowered: {what}"
+            else:
+                grade = c.grade
+        state = "open" if c.grade is None else "lowered" if lowered else "updated" if grade is not c.grade else "held"
         c.grade = grade
         peers = "relative to its same-model peers" if compared else "on its own line (too few peers to compare)"
         return Finding("thermal_peer", "temp_c", rel, temp,
                        f"{rel:.1f} °C hotter than its usual at this power, {peers}; {what}: check its fan and airflow",
                        verdict=grade, action=THERMAL_ACTION[grade], state=state)
+
+    def _withdrawn(self, c: ThermalCondition, temp: float, rate_hi: float | None, slowdown: float) -> bool:
+        """Whether a CRITICAL forecast no longer stands: the settle point at the fast end of its rate (2 standard
+        errors over the slope of the last 20 s) lies below slowdown, and its rise over the last minute, at the fast end
+        too, takes it there no sooner than the lead time. While a settle point rises, a fan spinning down looks like a
+        drift (both are a heat sink's resistance or source growing); only once it stops rising can they be told apart.
+        Raising takes the slow end of the evidence, withdrawing the fast end: between the two the grade holds, and a
+        drift still rising keeps its grade until it crosses."""
+        if rate_hi is None or c.settle.span() < GROWTH_MIN_S:
+            return False
+        settle = temp + THERMAL_TAU_S * rate_hi
+        growth = c.settle.slope()
+        if settle >= slowdown or growth is None:
+            return False
+        rise = growth[0] + 2 * growth[1]
+        return rise <= 0 or (slowdown - settle) / rise + THERMAL_TAU_S > self.lead_s

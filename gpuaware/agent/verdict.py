@@ -144,16 +144,19 @@ class NodeVerdicts:
             g.xids.popleft()
 
     def learn_finding(self, gpu: int, ts: float, detector: str, verdict: HealthVerdict | None = None,
-                      action: HealthAction | None = None, closed: bool = False) -> None:
+                      action: HealthAction | None = None, closed: bool = False, lowered: bool = False) -> None:
         """A detector's finding (``verdict``/``action``: its grade, None for its FINDINGS row). While seen it is
-        held at the worst grade since it opened; once ``closed`` its hold runs out from then at that grade."""
+        held at the worst grade since it opened, unless the detector ``lowered`` it (a forecast it withdrew: the
+        grade it gives now stands, and the verdict follows after ``IMPROVE_AFTER_S``); once ``closed`` its hold runs
+        out from then at that grade."""
         findings = self.gpus[gpu].findings
         last = findings.get(detector)
         if closed:
             if last is not None:
                 findings[detector] = (ts, last[1], last[2], True)
             return
-        if last is not None and not last[3] and ts - last[0] <= FINDINGS.get(detector, (None, None, 600.0))[2]:
+        if not lowered and last is not None and not last[3] and \
+                ts - last[0] <= FINDINGS.get(detector, (None, None, 600.0))[2]:
             verdict = _worse(verdict, last[1], detector)
             action = last[2] if verdict is last[1] and last[2] is not None else action
         findings[detector] = (ts, verdict, action, False)

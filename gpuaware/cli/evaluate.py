@@ -30,8 +30,9 @@ def eval_sampling(scenarios: tuple[str, ...], policy_path: str | None, as_json: 
 
     Reports sample_reduction, util_mae_pct_points, faults_injected, faults_detected,
     detection_delay_p95_s, false_alarms (WARNING or worse) and false_alarms_per_gpu_day,
-    verdict_accuracy, false_remediations, and per thermal fault or memory leak lead_time_s
-    (first CRITICAL minus the true crossing of the limit; negative = before).
+    verdict_accuracy (a CRITICAL forecast the agent withdrew judged at the grade it settled at;
+    verdict_accuracy_worst by the worst grade), false_remediations, and per thermal fault or memory
+    leak lead_time_s (first CRITICAL minus the true crossing of the limit; negative = before).
 
     \b
     Example:
@@ -49,7 +50,8 @@ def eval_sampling(scenarios: tuple[str, ...], policy_path: str | None, as_json: 
         sys.exit(2)
     echo_figures(result, as_json, 26, keys=("sample_reduction", "util_mae_pct_points", "faults_injected",
                                             "faults_detected", "detection_delay_p95_s", "false_alarms",
-                                            "false_alarms_per_gpu_day", "verdict_accuracy", "false_remediations",
+                                            "false_alarms_per_gpu_day", "verdict_accuracy", "verdict_accuracy_worst",
+                                            "false_remediations",
                                             "predictive_faults", "flagged_120s_before", "lead_120s_possible"))
 
 

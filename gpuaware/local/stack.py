@@ -31,6 +31,7 @@ from gpuaware.contract import topics
 from gpuaware.contract.events import (
     ClusterForecast,
     DecodeError,
+    EventKind,
     GpuEvent,
     GpuState,
     HealthAction,
@@ -276,17 +277,20 @@ def _fault_reactions(scenario: Scenario, cluster: SimCluster, runtime: AgentRunt
         # The stream's reaction: its first gpu.state with a worse health band after the fault.
         moved = [t - cluster.epoch - f.at_s for t, band in state.band_seen.get(uuid, [])
                  if band != HealthBand.HEALTHY.value and t - cluster.epoch >= f.at_s]
-        verdict, action = worst_verdict(after)
+        worst = worst_verdict(after)
         # A thermal fault or a leak: its first CRITICAL verdict against when the GPU truly crossed its limit.
         critical = [e.ts_ms / 1000 - cluster.epoch for e in after if e.attributes.get("verdict") == "CRITICAL"]
         crossed = cluster.gpus[f.node][f.gpu].crossed_s
+        # A forecast that did not come true and was withdrawn: the grade it settled at (as `gpuaware eval`).
+        verdict, action = settled_verdict(after) if f.kind in LIMIT_FAULTS and crossed is None else worst
         lead = (round(min(critical) - crossed, 2) if f.kind in LIMIT_FAULTS and critical and crossed is not None
                 and crossed >= f.at_s else None)
         faults.append({"kind": f.kind, "node": node, "gpu": f.gpu, "at_s": f.at_s,
                        "injected": f.at_s <= elapsed, "agent_reaction_s": round(min(reacted), 2) if reacted else None,
                        "stream_reaction_s": round(min(moved), 2) if moved else None,
                        "scheduler_reaction_s": sched.reaction_s(node, f.gpu, cluster.epoch + f.at_s) if sched else None,
-                       "verdict": verdict, "action": action, "lead_time_s": lead,
+                       "verdict": verdict, "action": action, "verdict_worst": worst[0], "action_worst": worst[1],
+                       "lead_time_s": lead,
                        "gpu_reset_by_tooling": resets is not None and (node, f.gpu) in resets.resets,
                        **(sched.remediation(node, f.gpu, cluster.epoch + f.at_s) if sched else {})})
     return faults
@@ -303,6 +307,18 @@ def worst_verdict(evs: list) -> tuple[str | None, str | None]:
     actions = [HealthAction(a) for e in evs if (a := e.attributes.get("action")) in HealthAction.__members__]
     return (max(verdicts, key=VERDICT_RANK.get).value if verdicts else None,
             max(actions, key=ACTION_RANK.get).value if actions else None)
+
+
+def settled_verdict(evs: list) -> tuple[str | None, str | None]:
+    """The worst verdict and strongest action from when the agent withdrew a CRITICAL forecast (its condition
+    ``lowered``) and the GPU's verdict followed; the worst throughout when it withdrew none (docs/health.md)."""
+    lowered = [i for i, e in enumerate(evs) if e.attributes.get("condition") == "lowered"]
+    if lowered:
+        below = [i for i, e in enumerate(evs) if i > lowered[-1] and e.kind is EventKind.HEALTH_CHANGE
+                 and e.attributes.get("verdict") not in (None, HealthVerdict.CRITICAL.value)]
+        if below:
+            return worst_verdict(evs[below[0]:])
+    return worst_verdict(evs)
 
 
 class Interrupts:

@@ -77,6 +77,25 @@ def test_a_growing_heat_source_is_critical_a_minute_after_it_shows_and_a_fan_tha
     assert out["false_alarms"] == 0 and out["false_remediations"] == 0
 
 
+def test_a_fan_spinning_down_over_a_minute_is_judged_at_the_grade_it_settles_at_and_its_worst_is_reported(tmp_path):
+    from gpuaware.agent.evaluation import evaluate
+
+    # field/hopper-blackwell's B200 fan: 1.6x over a minute under training, settling below slowdown. While it spins
+    # down its settle point rises as a drift's does (CRITICAL: a forecast); once it settles, the forecast is
+    # withdrawn and the GPU is WARNING / drain, what it is. The drain stands throughout.
+    path = tmp_path / "spin-down.yaml"
+    path.write_text(
+        "name: spin-down\nseed: 502\nduration_s: 1500\nnodes: 1\ngpus_per_node: 4\nmodels: [B200]\n"
+        "workloads: [training-compute]\nfaults:\n"
+        "  - {kind: fan_failure, node: 0, gpu: 0, at_s: 900, fan_factor: 1.6, ramp_s: 60}\n")
+    out = evaluate([path])
+    (fan,) = out["faults"]
+    assert (fan["verdict"], fan["action"]) == ("WARNING", "DRAIN") == tuple(fan["expected"])
+    assert (fan["verdict_worst"], fan["action_worst"]) == ("CRITICAL", "DRAIN") and fan["lead_time_s"] is None
+    assert out["verdict_accuracy"] == 1.0 and out["verdict_accuracy_worst"] == 0.0 and out["verdicts_lowered"] == 1
+    assert out["false_alarms"] == 0 and out["false_remediations"] == 0
+
+
 def test_memory_wearing_out_is_critical_minutes_before_the_remap_limit():
     from gpuaware.agent.evaluation import SCENARIO_DIR, evaluate
 

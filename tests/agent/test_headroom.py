@@ -157,3 +157,37 @@ def test_a_healthy_gpu_whose_peer_turns_faulty_in_a_warming_room_reads_no_heatin
               for g in range(3)}
         flagged |= {(g, f.verdict) for g, f in peers.learn(rs) if f.detector == "thermal_peer" and f.state != "closed"}
     assert flagged and {g for g, _ in flagged} == {0}
+
+
+def _heat_sink(target, seconds: int) -> list[float]:
+    """A GPU's excess each second, as a heat sink (time constant 40 s) follows ``target(s)``, where it settles."""
+    e, out = 0.0, []
+    for s in range(seconds):
+        e += (target(s) - e) / 40
+        out.append(e)
+    return out
+
+
+def _graded(excess: list[float], power: float = 650.0) -> list[tuple[int, str, HealthVerdict | None]]:
+    """(second, state, grade) of GPU 1's thermal_peer news among four H100s at ``power`` (slowdown 87 °C)."""
+    line = 30 + 30 * power / 700
+    peers = NodePeers(["H100"] * 4, [700.0] * 4)
+    out = []
+    for s, x in enumerate(excess):
+        rs = {g: reading(float(s), power=power, temp=round(line + (x if g == 1 else 0.0), 1)) for g in range(4)}
+        out += [(s, f.state, f.verdict) for g, f in peers.learn(rs)
+                if g == 1 and f.detector == "thermal_peer" and f.state != "held"]
+    return out
+
+
+def test_a_fan_spinning_down_over_a_minute_is_critical_while_it_looks_like_a_drift_and_lowered_once_it_settles():
+    # At 650 W (~58 °C) a fan spinning down over a minute adds 26 °C: for that minute its settle point rises
+    # 0.43 °C/s toward slowdown, as a drift's does (CRITICAL: nothing tells them apart yet), then stops 3 °C
+    # below it. The forecast is withdrawn (one condition, lowered to WARNING) once the settle point has stopped
+    # rising; the same rise going on (a drift) keeps its CRITICAL until and after it crosses slowdown.
+    fan = _graded(_heat_sink(lambda s: 26.0 * min(1.0, max(0.0, (s - 600) / 60)), 1200))
+    assert [state for _, state, _ in fan].count("open") == 1 and HealthVerdict.CRITICAL in {v for _, _, v in fan}
+    lowered = [s for s, state, v in fan if state == "lowered"]
+    assert len(lowered) == 1 and fan[-1][1:] == ("lowered", HealthVerdict.WARNING)
+    drift = _graded(_heat_sink(lambda s: 0.43 * max(0.0, s - 600), 720))
+    assert HealthVerdict.CRITICAL in {v for _, _, v in drift} and all(state != "lowered" for _, state, _ in drift)

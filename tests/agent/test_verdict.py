@@ -135,3 +135,19 @@ def test_a_gpu_reset_ends_the_fault_and_the_agent_judges_the_gpu_afresh():
         core.tick(float(s))
         assert core.tracks[1].verdict.verdict is V.PASS
 
+
+
+def test_a_forecast_its_detector_lowered_is_no_longer_held_at_its_worst_and_the_verdict_follows_after_the_hold():
+    # A CRITICAL thermal forecast (heading for slowdown) the peers withdrew once the GPU settled below slowdown:
+    # a sighting at a lower grade is held at the worst since it opened; a lowered one is not, and the verdict
+    # improves once the better one has held IMPROVE_AFTER_S (no flapping).
+    nv = NodeVerdicts(1)
+    nv.learn_finding(0, 10.0, "thermal_peer", V.CRITICAL, A.DRAIN)
+    assert judge(nv, 0, 10.0).verdict is V.CRITICAL
+    nv.learn_finding(0, 20.0, "thermal_peer", V.WARNING, A.DRAIN)
+    assert judge(nv, 0, 20.0).verdict is V.CRITICAL and judge(nv, 0, 60.0).verdict is V.CRITICAL
+    nv.learn_finding(0, 100.0, "thermal_peer", V.WARNING, A.DRAIN, lowered=True)
+    assert judge(nv, 0, 100.0).verdict is V.CRITICAL
+    nv.learn_finding(0, 100.0 + IMPROVE_AFTER_S, "thermal_peer", V.WARNING, A.DRAIN)
+    j = judge(nv, 0, 100.0 + IMPROVE_AFTER_S)
+    assert (j.verdict, j.action) == (V.WARNING, A.DRAIN) and "thermal_peer" in j.reasons[0]

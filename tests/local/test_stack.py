@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from gpuaware.contract.events import ClusterForecast, ModelDemand
-from gpuaware.local.stack import forecast_rows
+from gpuaware.contract.events import ClusterForecast, EventKind, GpuEvent, ModelDemand, Severity
+from gpuaware.local.stack import forecast_rows, settled_verdict, worst_verdict
 
 
 def test_the_cluster_forecast_is_json_rows():
@@ -14,3 +14,17 @@ def test_the_cluster_forecast_is_json_rows():
     assert json.loads(json.dumps(forecast_rows(f))) == [
         {"model": "H100", "horizon_s": 60, "demand_gpus": 1.5, "lower": 1.0, "upper": 2.0, "capacity_gpus": 8.0}]
     assert forecast_rows(None) == []
+
+
+def _event(kind: EventKind, **attributes: str) -> GpuEvent:
+    return GpuEvent("e", 0, "n", "GPU-1", kind, Severity.INFO, attributes=attributes)
+
+
+def test_a_withdrawn_forecast_is_reported_at_the_grade_it_settled_at_and_the_worst_beside_it():
+    # A fan spinning down: CRITICAL while its settle point rose, lowered once it settled below slowdown.
+    evs = [_event(EventKind.ANOMALY, condition="open"),
+           _event(EventKind.HEALTH_CHANGE, verdict="CRITICAL", action="DRAIN"),
+           _event(EventKind.ANOMALY, condition="lowered"),
+           _event(EventKind.HEALTH_CHANGE, verdict="WARNING", action="DRAIN")]
+    assert settled_verdict(evs) == ("WARNING", "DRAIN") and worst_verdict(evs) == ("CRITICAL", "DRAIN")
+    assert settled_verdict(evs[:2]) == ("CRITICAL", "DRAIN")  # nothing withdrawn: the worst

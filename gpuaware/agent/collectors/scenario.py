@@ -41,12 +41,14 @@ MODELS: dict[str, ModelSpec] = {
     "T4": ModelSpec("Tesla T4", 15360, 70, 10, 85, 94, 1590, 5001, 0.45, False, "Turing", False, 255, 16),
     "L4": ModelSpec("NVIDIA L4", 23034, 72, 12, 87, 95, 2040, 6251, 0.42, False, "Ada Lovelace", False, 310, 32),
     # Framebuffer sizes as nvidia-smi reports them (NVIDIA L40S 46068 MiB, A10 23028, H200 143771, B200 183359).
-    # A10: slowdown 95 °C, shutdown 98 °C, as a public `nvidia-smi -q` log of an A10G (AWS's A10) prints them;
-    # L40S, H200 and B200 slowdown/shutdown are simulator values in the range of their siblings' (no
-    # nvidia-smi -q output of those boards was found).
-    "L40S": ModelSpec("NVIDIA L40S", 46068, 350, 35, 88, 95, 2520, 9001, 0.12, False, "Ada Lovelace", False, 620, 32),
+    # A10: slowdown 95 °C, shutdown 98 °C, as a public `nvidia-smi -q` log of an A10G (AWS's A10) prints them.
+    # L40S and H200: their drivers print the limits as margins to the maximum operating temperature ("T.Limit"):
+    # public `nvidia-smi -q` logs (driver 550) give slowdown 2 °C past it on both, shutdown 5 °C (L40S) and 8 °C
+    # (H200) past it, and 57 and 59 °C of margin at 30 and 28 °C: a maximum operating temperature of 87 °C, so
+    # slowdown 89 °C, shutdown 92 and 95 °C (docs/health.md, "Boards"). B200: no log found; simulator values.
+    "L40S": ModelSpec("NVIDIA L40S", 46068, 350, 35, 89, 92, 2520, 9001, 0.12, False, "Ada Lovelace", False, 620, 32),
     "A10": ModelSpec("NVIDIA A10", 23028, 150, 20, 95, 98, 1695, 6251, 0.25, False, "Ampere", False, 340, 32),
-    "H200": ModelSpec("NVIDIA H200", 143771, 700, 75, 87, 92, 1980, 3201, 0.045, True, "Hopper", True, 620, 64),
+    "H200": ModelSpec("NVIDIA H200", 143771, 700, 75, 89, 95, 1980, 3201, 0.045, True, "Hopper", True, 620, 64),
     "B200": ModelSpec("NVIDIA B200", 183359, 1000, 110, 87, 92, 1965, 3996, 0.035, True, "Blackwell", True, 700, 64),
 }
 
