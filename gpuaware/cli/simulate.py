@@ -32,8 +32,9 @@ from gpuaware.cli.common import OPENB
               help="With --experiment dynamic. stream: gpuaware with all stream-driven parts, without each, without "
                    "all (on the GenTD26 usage, Gavel slowdowns, the agent's physical model and the stream's "
                    "forecaster), and two ceilings: overcommit by forecasts that are never wrong. durations: queue "
-                   "order fifo, las (runtimes unknown), predicted (the online runtime forecaster), and the oracle "
-                   "ceiling (true runtimes).")
+                   "order fifo, las (runtimes unknown), predicted (the online runtime forecaster), and two ceilings: "
+                   "features_oracle (the forecaster having read every pod's runtime ahead) and oracle (true "
+                   "runtimes).")
 @click.option("--workers", type=int, default=1, show_default=True, help="Processes for --ablation (same figures).")
 @click.option("--variants", default=None,
               help="--ablation durations: only these variants, comma-separated (default all); the report has the "

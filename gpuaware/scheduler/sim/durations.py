@@ -11,6 +11,10 @@ the core knows of runtimes (``DynamicConfig.durations``):
   preemption and victim choice by the online runtime forecaster's estimates (``stream/runtime.py``, learned
   from the cluster's past, then in completion order from the run's own jobs: nothing it predicts has been
   seen); ``predicted_cold`` the same without the past;
+- ``features_oracle``: ``predicted`` with the past read ahead: the forecaster first learns every pod of the
+  trace, the run's own jobs included (``runtime_history`` ``all``), so each job's signature (openb names only
+  its request) carries the mean of its own runtime's draws: the best a forecaster keyed on those features could
+  know, a ceiling no live scheduler has;
 - ``oracle``: the same with every runtime known exactly: a ceiling no live scheduler has, reported beside.
 
 ``fair`` (DRF within a priority, runtimes unknown) is the shipped default, reported for reference.
@@ -21,10 +25,11 @@ Jain's index over tenants, and violations (jobs that never finished: starved). T
 (fifo's mean wait over its mean JCT: how contended the run is), ``forecast_quality`` (the predicted
 variant's arrival-time forecasts against the runtimes the jobs then ran: Spearman's rank correlation of
 the p50, mean absolute error of log runtime, share that ended within their p90) and
-``oracle_gain_captured.jct`` = (fifo - predicted) / (fifo - oracle). Each ``*_vs_*`` comparison also gives the
-mean JCT's gain seed by seed with a 95% interval (``jct_mean_paired``, ``jct_mean_ci95``): every variant runs the
-same jobs on a seed, so the pairs take the seed's noise out. ``--variants`` runs some of the variants: the report
-has the comparisons they allow.
+``oracle_gain_captured.jct`` = (fifo - predicted) / (fifo - oracle); ``forecast_quality_features`` and
+``features_gain_captured.jct`` = (fifo - features_oracle) / (fifo - oracle) the same for the features ceiling.
+Each ``*_vs_*`` comparison also gives the mean JCT's gain seed by seed with a 95% interval (``jct_mean_paired``,
+``jct_mean_ci95``): every variant runs the same jobs on a seed, so the pairs take the seed's noise out.
+``--variants`` runs some of the variants: the report has the comparisons they allow.
 
 ``predicted`` starts from the cluster's past (``DynamicConfig.runtime_history``: the trace's pods the run does
 not draw); ``predicted_cold`` from nothing, as on a cluster's first day.
@@ -49,6 +54,7 @@ VARIANTS: dict[str, dict] = {
     "las": {"durations": "unknown", "order": "las"},
     "predicted": {"durations": "forecast", "order": "predicted"},
     "predicted_cold": {"durations": "forecast", "order": "predicted", "runtime_history": "none"},
+    "features_oracle": {"durations": "forecast", "order": "predicted", "runtime_history": "all"},
     "oracle": {"durations": "oracle", "order": "predicted"},
     "fair": {"durations": "unknown", "order": "fair"},
 }
@@ -156,7 +162,9 @@ def run_durations(nodes, pods, seeds: list[int], make_runtime: Callable[[], Runt
 
 # Each comparison, made when both of its variants ran: (key, new, base).
 COMPARISONS = (("predicted_vs_fifo", "predicted", "fifo"), ("predicted_vs_las", "predicted", "las"),
-               ("predicted_vs_cold", "predicted", "predicted_cold"), ("oracle_vs_fifo", "oracle", "fifo"))
+               ("predicted_vs_cold", "predicted", "predicted_cold"), ("oracle_vs_fifo", "oracle", "fifo"),
+               ("features_oracle_vs_fifo", "features_oracle", "fifo"),
+               ("predicted_vs_features_oracle", "predicted", "features_oracle"))
 
 
 def durations_report(per: dict[str, list[DynamicResult]], seeds: list[int], cfg: DynamicConfig) -> dict:
@@ -168,13 +176,15 @@ def durations_report(per: dict[str, list[DynamicResult]], seeds: list[int], cfg:
     if "fifo" in out:
         report["wait_share"] = round(out["fifo"]["wait_mean_all_s"] / out["fifo"]["jct_mean_s"], 3)
     report["variants"] = out
-    for key, name in (("forecast_quality", "predicted"), ("forecast_quality_cold", "predicted_cold")):
+    for key, name in (("forecast_quality", "predicted"), ("forecast_quality_cold", "predicted_cold"),
+                      ("forecast_quality_features", "features_oracle")):
         if name in per:
             report[key] = forecast_quality(per[name])
-    if {"fifo", "predicted", "oracle"} <= set(out):
-        fifo, oracle = out["fifo"]["jct_mean_s"], out["oracle"]["jct_mean_s"]
-        captured = (fifo - out["predicted"]["jct_mean_s"]) / (fifo - oracle) if fifo != oracle else None
-        report["oracle_gain_captured"] = {"jct": None if captured is None else round(captured, 3)}
+    for key, name in (("oracle_gain_captured", "predicted"), ("features_gain_captured", "features_oracle")):
+        if {"fifo", name, "oracle"} <= set(out):
+            fifo, oracle = out["fifo"]["jct_mean_s"], out["oracle"]["jct_mean_s"]
+            captured = (fifo - out[name]["jct_mean_s"]) / (fifo - oracle) if fifo != oracle else None
+            report[key] = {"jct": None if captured is None else round(captured, 3)}
     for key, new, base in COMPARISONS:
         if new in out and base in out:
             report[key] = _gain(out[new], out[base]) | _paired(per[new], per[base])

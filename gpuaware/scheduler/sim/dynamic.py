@@ -45,7 +45,8 @@ also rounds fractions up to whole GPUs.
 scheduler without forecasts), the stream's online runtime forecaster's estimate made as the job (re)enters the
 queue, learned in completion order from the run's own completions and, unless ``runtime_history`` is
 ``none``, first from the trace's pods the run does not draw (``jobs.history``: the cluster's past)
-(``forecast``), or, as the ``oracle`` ceiling only, the truth.
+(``forecast``), or, as the ``oracle`` ceiling only, the truth. ``runtime_history`` ``all`` (the
+``features_oracle`` ceiling only) has the forecaster learn every pod of the trace first, the run's own included.
 
 One ``Simulation`` per run: one method per event, the truth about each job in its ``JobStats``.
 """
@@ -110,7 +111,7 @@ class Simulation:
         self.full = full = policy == "gpuaware"
         self.forecasting = full and cfg.durations == "forecast"
         self.oracle = full and cfg.durations == "oracle"
-        if self.forecasting and cfg.runtime_history == "trace":
+        if self.forecasting:
             for keys, seconds in history(pods, seed, cfg):
                 runtime.learn_one(keys, seconds)
         pick = np.random.default_rng(seed + 7919).random(len(nodes)) < cfg.node_fraction

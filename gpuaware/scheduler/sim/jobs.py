@@ -69,7 +69,9 @@ class DynamicConfig:
     aging_gpus: float = 0.1
     # What the runtime forecaster has learned before the run (``forecast`` only): nothing ("none", a cluster's
     # first day), or the runtimes of the trace's pods this run does not draw ("trace", ``history``): the run's
-    # jobs are independent draws from the trace, so the cluster's past is more draws from it.
+    # jobs are independent draws from the trace, so the cluster's past is more draws from it. "all": every pod
+    # of the trace, the run's own jobs included: it reads ahead, a ceiling (``features_oracle``) no live
+    # forecaster has.
     runtime_history: str = "trace"
 
     def __post_init__(self) -> None:
@@ -82,7 +84,7 @@ class DynamicConfig:
 
 
 DURATIONS = ("unknown", "forecast", "oracle")
-HISTORIES = ("none", "trace")
+HISTORIES = ("none", "trace", "all")
 
 
 class RuntimeModel(Protocol):
@@ -173,11 +175,15 @@ def make_jobs(pods, capacity_milli: int, seed: int, cfg: DynamicConfig) -> list[
 
 
 def history(pods, seed: int, cfg: DynamicConfig) -> list[tuple[list[str], float]]:
-    """The completions a cluster's runtime forecaster learned before the run: every pod of the trace that
-    ``make_jobs`` does not draw for ``seed`` (none of the run's own jobs), as (signature keys, runtime), in the
-    order they ended."""
+    """The completions a cluster's runtime forecaster learned before the run (``cfg.runtime_history``), as
+    (signature keys, runtime), in the order they ended: none; every pod of the trace that ``make_jobs`` does
+    not draw for ``seed`` ("trace": none of the run's own jobs); or every pod ("all": the drawn ones too, so
+    the run's runtimes are known ahead, per signature; the ``features_oracle`` ceiling only)."""
+    if cfg.runtime_history == "none":
+        return []
     usable = _usable(pods)
-    drawn = set(np.random.default_rng(seed).integers(len(usable), size=cfg.jobs).tolist())
+    drawn = set() if cfg.runtime_history == "all" else \
+        set(np.random.default_rng(seed).integers(len(usable), size=cfg.jobs).tolist())
     past = sorted((i for i in range(len(usable)) if i not in drawn), key=lambda i: usable[i].deletion_s)
     return [(job_keys(_past_workload(usable[i].workload, seed)), _lifetime(usable[i], cfg)) for i in past]
 

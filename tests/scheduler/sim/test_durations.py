@@ -26,6 +26,7 @@ def test_every_variant_runs_the_same_jobs_and_the_report_names_the_figures(small
     assert q["jobs"] > 100 and -1 <= q["spearman"] <= 1 and 0 <= q["p90_coverage"] <= 1 and q["mae_log"] > 0
     assert 0 < report["wait_share"] < 1
     assert report["oracle_vs_fifo"]["jct_mean"] > 0  # knowing every runtime shortens the mean JCT here
+    assert report["forecast_quality_features"]["jobs"] > 100 and "jct" in report["features_gain_captured"]
 
 
 def test_a_subset_of_variants_reports_only_the_comparisons_it_allows(small_nodes):
@@ -36,7 +37,8 @@ def test_a_subset_of_variants_reports_only_the_comparisons_it_allows(small_nodes
     report = run_durations(nodes, pods, [0, 1], make_runtime, cfg=cfg, variants=["predicted", "fifo", "las"])
     assert list(report["variants"]) == ["fifo", "las", "predicted"]  # in the ablation's order
     assert {"predicted_vs_fifo", "predicted_vs_las", "wait_share", "forecast_quality"} <= set(report)
-    assert not {"predicted_vs_cold", "oracle_vs_fifo", "oracle_gain_captured", "forecast_quality_cold"} & set(report)
+    assert not {"predicted_vs_cold", "oracle_vs_fifo", "oracle_gain_captured", "forecast_quality_cold",
+                "features_gain_captured", "forecast_quality_features"} & set(report)
     with pytest.raises(ValueError, match=r"unknown durations variant.*sjf"):
         run_durations(nodes, pods, [0], make_runtime, cfg=cfg, variants=["sjf"])
 
@@ -72,6 +74,26 @@ def test_a_forecaster_with_the_clusters_past_predicts_from_it_and_a_cold_one_doe
         res = run_dynamic(nodes, pods, "gpuaware", 0, cfg, runtime=runtime)
         learned[past] = runtime.learned - sum(1 for j in res.jobs.values() if j.finish_s is not None)
     assert learned == {"trace": len(history(pods, 0, DynamicConfig(jobs=50))), "none": 0}
+
+
+def test_the_features_ceiling_learns_the_runs_own_runtimes_ahead_and_predicted_does_not(small_nodes):
+    import dataclasses
+
+    nodes, pods = load_nodes(small_nodes), load_pods(PODS)
+    base = DynamicConfig(jobs=50, node_fraction=0.3, fault_every_s=1e9)
+    cfgs = {name: dataclasses.replace(base, **VARIANTS[name]) for name in ("predicted", "features_oracle")}
+    usable = [p for p in pods if p.deletion_s is not None and p.deletion_s > p.creation_s]
+    drawn = {w.id.rsplit("-", 1)[0] for _, w, _ in make_jobs(pods, 10_000, 0, base)}
+    drawn_s = [min(p.deletion_s - p.creation_s, base.max_duration_s) for p in usable if p.workload.id in drawn]
+    past = {name: sorted(s for _, s in history(pods, 0, cfg)) for name, cfg in cfgs.items()}
+    # The ceiling's past is the live past plus the run's own jobs (each drawn pod once): it reads ahead.
+    assert past["features_oracle"] == sorted(past["predicted"] + drawn_s) and len(drawn_s) == len(drawn) > 0
+    learned_ahead = {}
+    for name, cfg in cfgs.items():
+        runtime = make_runtime()
+        res = run_dynamic(nodes, pods, "gpuaware", 0, cfg, runtime=runtime)
+        learned_ahead[name] = runtime.learned - sum(1 for j in res.jobs.values() if j.finish_s is not None)
+    assert learned_ahead == {"predicted": len(usable) - len(drawn), "features_oracle": len(usable)}
 
 
 def test_a_paired_gain_has_an_interval_that_excludes_zero_only_when_every_seed_agrees():
