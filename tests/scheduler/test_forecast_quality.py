@@ -15,6 +15,7 @@ def test_spearman_with_ties_and_too_few_pairs():
     assert ranks([3.0, 1.0, 3.0]) == [2.5, 1.0, 2.5]
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
     assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == -1.0
+    assert abs(spearman([1, 1, 2, 2], [1, 2, 3, 4]) - 0.894) < 0.001
     assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
 
 

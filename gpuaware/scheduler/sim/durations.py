@@ -46,6 +46,7 @@ import numpy as np
 
 from gpuaware.scheduler.core.queue import jain_index
 from gpuaware.scheduler.core.workload import PriorityLevel
+from gpuaware.scheduler.forecast_quality import spearman
 from gpuaware.scheduler.sim.dynamic import run_dynamic
 from gpuaware.scheduler.sim.jobs import DynamicConfig, DynamicResult, RuntimeModel
 
@@ -63,24 +64,6 @@ VARIANTS: dict[str, dict] = {
 # every variant x 20 seeds runs in minutes on 2 cores. The forecaster starts from the trace's other pods
 # (``predicted_cold``: from nothing) and learns from the run's own completions as they end.
 DURATIONS_CONFIG = DynamicConfig(jobs=1000, node_fraction=0.01)
-
-
-def _rank(x: np.ndarray) -> np.ndarray:
-    """Ranks from 0, ties sharing their mean rank."""
-    order = np.argsort(x, kind="stable")
-    ranks = np.empty(len(x))
-    ranks[order] = np.arange(len(x))
-    _, tie = np.unique(x, return_inverse=True)
-    return (np.bincount(tie, weights=ranks) / np.bincount(tie))[tie]
-
-
-def spearman(a: list[float], b: list[float]) -> float | None:
-    if len(a) < 3:
-        return None
-    ra, rb = _rank(np.asarray(a, float)), _rank(np.asarray(b, float))
-    if ra.std() == 0 or rb.std() == 0:
-        return None
-    return float(np.corrcoef(ra, rb)[0, 1])
 
 
 def forecast_quality(results: list[DynamicResult]) -> dict:

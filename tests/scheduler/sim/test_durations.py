@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuaware.cli.stream_sim import make_runtime
-from gpuaware.scheduler.sim.durations import VARIANTS, run_durations, spearman
+from gpuaware.scheduler.sim.durations import VARIANTS, run_durations
 from gpuaware.scheduler.sim.dynamic import run_dynamic
 from gpuaware.scheduler.sim.jobs import DynamicConfig, history, make_jobs
 from gpuaware.scheduler.sim.openb import load_nodes, load_pods
@@ -41,13 +41,6 @@ def test_a_subset_of_variants_reports_only_the_comparisons_it_allows(small_nodes
                 "features_gain_captured", "forecast_quality_features"} & set(report)
     with pytest.raises(ValueError, match=r"unknown durations variant.*sjf"):
         run_durations(nodes, pods, [0], make_runtime, cfg=cfg, variants=["sjf"])
-
-
-def test_spearman_is_the_rank_correlation_with_ties_sharing_their_rank():
-    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
-    assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == -1.0
-    assert abs(spearman([1, 1, 2, 2], [1, 2, 3, 4]) - 0.894) < 0.001
-    assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
 
 
 def test_the_forecasters_past_holds_none_of_the_runs_own_jobs_and_ends_in_order():
