@@ -163,6 +163,31 @@ def gpu_fit(ctx: CycleContext) -> np.ndarray:
     return ok
 
 
+def tightest_share(ctx: CycleContext, cand: Candidates) -> Candidates:
+    """For a memory share (``Workload.memory_share``): the candidates on GPUs that hold work already and that it
+    leaves the least memory free, so that shares fill partly used GPUs before they open fresh ones; all of them
+    where no partly used GPU fits (the scores then pick the fresh GPU). The filters have run, and the scores
+    (FGD's among them) still choose among what is left.
+
+    Only for memory shares: a GPU's memory left over is stranded for any share larger than it, which FGD's
+    weighing of the expected task mix's compute does not see; for compute fractions that weighing packs best
+    (docs/dra-scheduling.md, "Pace": the rule applied to the openb simulator's fractional pods)."""
+    c, w = ctx.cluster, ctx.workload
+    free = c.gpu_free[cand.node, cand.gpu].astype(np.int64)
+    partly = free < 1000
+    if c.has_mig:
+        partly &= ~c.mig[cand.node, cand.gpu]
+    if not partly.any():
+        return cand
+    # The model holds a share as its fraction of the GPU's compute: its memory left is that fraction of its
+    # memory (a GPU of unpublished memory counted as large as the largest).
+    cap = c.gpu_mem_cap[cand.node, cand.gpu].astype(np.int64)
+    cap = np.where(cap > 0, cap, max(int(c.gpu_mem_cap.max(initial=0)), 1))
+    left = np.where(partly, (free - w.gpu_milli) * cap, np.iinfo(np.int64).max)
+    keep = np.flatnonzero(left == left.min())
+    return Candidates(cand.node[keep], cand.gpu[keep])
+
+
 class Scheduler:
     def __init__(self, profile: Profile, seed: int = 0):
         if profile.tie_order not in TIE_ORDERS:
@@ -303,6 +328,9 @@ class Scheduler:
         if len(cand) == 0:
             why = reasons or [Reason(Code.NO_FEASIBLE_NODE, FRAMEWORK, "no feasible node")]
             return Decision(workload, None, why, latency_s=time.perf_counter() - started, nodes=len(cluster))
+        considered = len(cand)
+        if w.memory_share and w.num_gpu == 1:
+            cand = tightest_share(ctx, cand)
         total = self.total_score(ctx, cand)
         best = np.flatnonzero(total >= total.max() - 1e-9)
         i = self.break_tie(best, cand, cluster)
@@ -325,6 +353,6 @@ class Scheduler:
                            [w.gpu_memory_mib] * len(gpus), sharing)
         cluster.allocate(alloc)
         why = [Reason(Code.SCHEDULED, FRAMEWORK, f"{cluster.names[node]} gpus={gpus} by {self.profile.scored_by}"),
-               Reason(Code.SCHEDULED, FRAMEWORK, f"{len(cand)} candidates")]
+               Reason(Code.SCHEDULED, FRAMEWORK, f"{considered} candidates")]
         return Decision(workload, alloc, why, float(total[i]), time.perf_counter() - started, len(cluster),
                         sorted(ctx.signals), self._steered_by(ctx, total, i))

@@ -32,6 +32,9 @@ class Workload:
     num_gpu: int = 0
     gpu_milli: int = 1000
     gpu_memory_mib: int = 0
+    # A share of one GPU's memory (a DRA consumable-capacity claim): placed on the GPU holding shares already
+    # that it leaves the least memory free (``framework.tightest_share``), as memory is a hard capacity.
+    memory_share: bool = False
     models: tuple[str, ...] = ()  # allowed GPU models; empty = any
     min_gpu_memory_gib: float = 0.0  # required capabilities, met by the GPU model's published specs
     min_memory_bandwidth_gbs: float = 0.0

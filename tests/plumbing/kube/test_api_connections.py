@@ -14,9 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 
 from gpuaware.local.kube_control_plane import BinariesMissing, KubeControlPlane, find_binaries
-from gpuaware.plumbing.kube.api import KubeApi
+from gpuaware.plumbing.kube.api import KubeApi, api_error
 from tests.support import need
 
 
@@ -58,3 +59,30 @@ def test_binds_and_events_one_after_another_share_one_connection(cp):
     bound = api.read_pod("default", "conn-9")
     assert bound["spec"]["nodeName"] == "conn-node"
     assert bound["metadata"]["annotations"]["gpuaware.io/gpus"] == "0"
+
+
+def test_claim_writes_go_out_as_json_and_share_one_connection(cp):
+    """The claim writes bypass the client's generated methods (``KubeApi._send``): the same answers, a refusal
+    still an ``ApiException`` with the apiserver's status, and the connection still reused."""
+    api = _api(cp)
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "conn-claim", "namespace": "default"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+    claim = json.loads(api.resource.create_namespaced_resource_claim("default", body, _preload_content=False).data)
+    stale = claim
+    opened = _connections_opened(api)
+
+    claim = api.update_claim({**claim, "metadata": {**claim["metadata"], "finalizers": ["example.com/hold"]}})
+    result = {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "conn-node", "device": "gpu-0"}
+    claim = api.write_claim_status({**claim, "status": {
+        "allocation": {"devices": {"results": [result]}},
+        "reservedFor": [{"resource": "pods", "name": "p", "uid": "pod-uid-1"}]}})
+    assert claim["status"]["allocation"]["devices"]["results"] == [result]
+    claim = api.unreserve_claim("default", "conn-claim", claim["metadata"]["uid"], "pod-uid-1")
+    assert not claim["status"].get("reservedFor") and claim["status"]["allocation"]
+    with pytest.raises(ApiException) as refused:  # the resourceVersion of before the writes
+        api.update_claim(stale)
+    assert refused.value.status == 409 and api_error(refused.value)[1] == "Conflict"
+
+    assert _connections_opened(api) == opened, _connections_opened(api)
+    assert api.read_claim("default", "conn-claim")["metadata"]["finalizers"] == ["example.com/hold"]

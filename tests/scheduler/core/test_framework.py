@@ -251,3 +251,37 @@ def test_mig_gpus_take_whole_slices_and_record_the_sharing_mode():
     d = s.schedule(c, Workload("mps", 0, 0, 1, 500, labels={"sharing": "mps"}))
     assert (d.allocation.node, d.allocation.milli, d.allocation.sharing) == (1, [500], "mps")
     c.check_invariants()
+
+
+# Half-GPU pods common, whole GPUs rarer: FGD alone keeps GPUs with half or more free and opens a fresh one.
+SHARE_MIX = WorkloadMix.of([Workload(f"h{i}", 1000, 1024, 1, 500) for i in range(9)] + [Workload("w", 1000, 1024, 1)])
+
+
+def _shared(*used: int) -> ClusterState:
+    """Nodes of two GPUs, GPU 0 of node i holding ``used[i]`` milli of shares (0: none)."""
+    c = ClusterState([NodeSpec(f"n{i}", 32000, 262144, 2, "A100", 81920) for i in range(len(used))])
+    for i, milli in enumerate(used):
+        if milli:
+            c.allocate(Allocation(f"s{i}", i, [0], [milli], 0, 0, sharing="shared"))
+    return c
+
+
+def _place(c: ClusterState, milli: int, memory_share: bool = True) -> tuple[int, int]:
+    d = Scheduler(profile("gpuaware", SHARE_MIX), seed=3).schedule(
+        c, Workload("share", 1000, 1024, 1, milli, memory_share=memory_share))
+    return d.allocation.node, d.allocation.gpus[0]
+
+
+def test_a_memory_share_goes_to_the_partly_used_gpu_it_fills_most_tightly():
+    assert _place(_shared(400, 0, 0), 200, memory_share=False) != (0, 0)  # FGD alone opens another GPU
+    assert _place(_shared(400, 0, 0), 200) == (0, 0)
+    assert _place(_shared(400, 700, 0), 200) == (1, 0)  # 100 left there, 400 on n0
+    assert _place(_shared(400, 700, 0), 600) == (0, 0)  # the only partly used GPU it fits
+    c = _shared(400, 700, 0)
+    c.set_band(1, 0, HealthBand.CRITICAL)  # the health filter still applies
+    assert _place(c, 200) == (0, 0)
+
+
+def test_a_memory_share_no_partly_used_gpu_fits_is_placed_by_the_scores_alone():
+    for make in (lambda: _shared(400, 700, 0), lambda: _shared(0, 0, 0)):
+        assert _place(make(), 700) == _place(make(), 700, memory_share=False)

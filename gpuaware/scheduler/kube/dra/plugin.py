@@ -143,7 +143,7 @@ class DraPlugin:
         models = ask.models if not pw.workload.models else tuple(m for m in ask.models if m in pw.workload.models)
         return dataclasses.replace(pw, workload=dataclasses.replace(
             pw.workload, num_gpu=ask.num_gpu, gpu_milli=ask.gpu_milli, models=models or ("(none)",),
-            needs_nvlink=pw.workload.needs_nvlink or ask.needs_island))
+            needs_nvlink=pw.workload.needs_nvlink or ask.needs_island, memory_share=ask.kind == "share"))
 
     def forget_ask(self, key: str) -> None:
         """What the pod's claims asked for, or where they sent it, is read again (or the pod is gone or bound)."""

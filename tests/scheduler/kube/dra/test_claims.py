@@ -9,6 +9,7 @@ import pytest
 
 from gpuaware.contract import dra
 from gpuaware.local.fake_apiserver import make_node
+from gpuaware.scheduler.core.workload import Workload
 from gpuaware.scheduler.kube.cache import ClusterCache
 from gpuaware.scheduler.kube.dra import claims as dra_claims
 from gpuaware.scheduler.kube.dra.claims import (
@@ -24,7 +25,8 @@ from gpuaware.scheduler.kube.dra.claims import (
     shared_node,
 )
 from gpuaware.scheduler.kube.dra.inventory import DraInventory
-from gpuaware.scheduler.kube.objects import PodSpecError
+from gpuaware.scheduler.kube.dra.plugin import DraPlugin
+from gpuaware.scheduler.kube.objects import PodSpecError, PodWorkload
 
 GB = 2**30
 GPU_CLASS = {"metadata": {"name": "gpu.nvidia.com"}, "spec": {"selectors": [{"cel": {"expression":
@@ -215,6 +217,7 @@ def test_a_memory_request_on_shareable_gpus_is_a_share_of_the_smallest_and_writt
     c["metadata"]["uid"] = "u1"
     ask = ask_of(pod("c"), claims(c), CLASSES, inv)
     assert (ask.kind, ask.num_gpu, ask.gpu_milli) == ("share", 1, 250)  # 10 of the smallest's 40 GiB
+    assert DraPlugin.asking(PodWorkload(Workload("p"), 1), ask).workload.memory_share  # placed by memory left
     free = {"gpu-0": False, "gpu-1": True}  # what the claims leave of each GPU's memory
     slots, picked = pick(ask, inv.nodes["s"], [0], [0, 1], set(), lambda d: free[d.name])
     assert slots == [1] and [d.name for _, d in picked] == ["gpu-1"]
@@ -228,6 +231,7 @@ def test_a_memory_request_on_gpus_that_do_not_allow_sharing_takes_a_whole_gpu():
     inv = inventory(dra.resource_slice("w", gpus("w", 2)))
     ask = ask_of(pod("c"), claims(claim("c", exactly(capacity={"requests": {"memory": "10Gi"}}))), CLASSES, inv)
     assert (ask.kind, ask.gpu_milli) == ("gpu", 1000)
+    assert not DraPlugin.asking(PodWorkload(Workload("p"), 1), ask).workload.memory_share
 
 
 def test_two_memory_shares_in_one_pod_are_refused():
