@@ -56,6 +56,20 @@ def test_non_physical_values_are_invalid_and_change_nothing() -> None:
     assert proc.trackers == {} and proc.snapshots == {}
 
 
+def test_a_batch_stamped_before_1970_is_invalid() -> None:
+    """The minute history keeps 32-bit minutes: a sample's minute from a time far before 1970 would not fit, and no
+    sample is from before 1970."""
+    proc = StreamProcessor({})
+    bad = telemetry_batch("n", 1, 0)
+    bad.base_ts_ms = -(2**62)
+    with pytest.raises(InvalidRecord, match="before 1970"):
+        proc.on_telemetry(bad, 0, 0)
+    ok = telemetry_batch("n", 1, 0)
+    ok.base_ts_ms = 0
+    proc.on_telemetry(ok, 0, 0)
+    assert proc.trackers
+
+
 _int = st.integers(-(2**31), 2**31 - 1)
 
 
@@ -592,6 +606,22 @@ def test_a_gpu_due_for_its_refresh_while_its_partition_is_not_asked_for_is_still
     assert proc.heartbeats(T0 + 5_000, {0}) == []  # the clock steps back
     (refresh,) = proc.heartbeats(T0 + 11_000, {0, 1})  # asking every GPU: last published at T0, due since T0 + 10 s
     assert refresh.gpu_uuid == "GPU-n-0"
+
+
+def test_the_heap_of_states_published_holds_one_entry_per_gpu_and_still_brings_each_up_for_its_refresh() -> None:
+    """An entry per state was ~30 s of states per GPU; an entry brought up by a GPU published since goes back with
+    that state's time, and the GPU is refreshed ``max_interval_ms`` after its last state, as before."""
+    proc = StreamProcessor({}, TrackerSettings(max_interval_ms=10_000))
+    now = T0
+    for seq in range(1, 31):  # a state every 2 s for a minute
+        now = T0 + 2000 * seq
+        assert len(proc.on_telemetry(telemetry_batch("n", seq, now, util=seq % 2 * 90, gpus=2), 0, now)) == 2
+        assert proc.heartbeats(now, None) == []
+        assert len(proc.published) == 2
+    last = now
+    assert proc.heartbeats(last + 9_000, None) == []
+    assert {s.gpu_uuid for s in proc.heartbeats(last + 10_000, None)} == {"GPU-n-0", "GPU-n-1"}
+    assert len(proc.published) == 2
 
 
 def test_table_values_read_back_as_what_the_json_module_wrote() -> None:
