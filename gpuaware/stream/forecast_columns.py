@@ -3,7 +3,7 @@
 ``gpuaware.stream.forecast.SeriesForecaster`` keeps a series' state in River objects: ten statistics, two
 quantiles, a queue of pending forecasts and a deque of errors per horizon. A worker holds two series per GPU, and
 those objects (each with its own deque or sorted list, every float a boxed object) were most of what a worker held
-per GPU (docs/stream.md, "Memory"). Here a series is a row of a float64 array (``ForecastColumns``), and what the
+per GPU (docs/stream.md, "Memory"). Here a series is a row of two arrays (``ForecastColumns``), and what the
 River statistics keep is kept as the numbers they are computed from:
 
 - the last ``2 * window`` values, oldest first: ``stats.Shift``, the ``stats.RollingQuantile`` medians and
@@ -27,12 +27,12 @@ contexts kept, took 5,200 (docs/stream.md, "Memory"). The values, the statistics
 ``SeriesForecaster``'s bit for bit; the experts but the last value and the trend are scored from their float32 values
 (a relative error of at most 2**-24), and the kept losses and errors are float32, so a loss, an error or an interval
 bound may differ from River's in its last digits: tests/stream/test_forecast_columns.py replays both on the same
-series and holds those to 1e-6 of the series' scale and the chosen experts and means equal; the held-out evaluation
-(``gpuaware eval forecast --split holdout --columns``) gives the River forecaster's figures. An error is rounded to
-float32 when made, so a forecast read back from the row equals the one ``learn`` returned, and a row rebuilt from the
-same values (a restart) is the same row. Rows live in chunks of ``CHUNK`` rows, allocated as they are needed and never
-moved, so a growing worker never copies what it holds; the row of a series dropped (``ColumnForecaster.__del__``: its
-GPU's tracker is gone) is reused.
+series and holds those to 1e-6 of the series' scale and the forecast means equal (of experts equal in value, it may
+name another); the held-out evaluation (``gpuaware eval forecast --split holdout --columns``) gives the River
+forecaster's figures. An error is rounded to float32 when made, so a forecast read back from the row equals the one
+``learn`` returned, and a row rebuilt from the same values (a restart) is the same row. Rows live in chunks of
+``CHUNK`` rows, allocated as they are needed and never moved, so a growing worker never copies what it holds; the row
+of a series dropped (``ColumnForecaster.__del__``: its GPU's tracker is gone) is reused.
 """
 
 from __future__ import annotations

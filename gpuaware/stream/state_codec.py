@@ -7,9 +7,9 @@ A worker encodes a state for nearly every sample it applies and refreshes every 
 schema) it was the largest single item of the main thread of a 50,000-GPU worker catching up (py-spy; the heartbeat's
 refresh states are most of what such a worker publishes). An Avro record is its fields' encodings one after the other,
 so most of a state is cheap to write directly: three doubles at a time with one ``struct`` call, a GPU's identity
-(header, UUID, node, model) kept encoded per GPU, its forecasts kept encoded by the list they were rendered in (a new
-list once a minute: ``GpuTracker``), and the few strings of a small vocabulary (health components, workload classes)
-kept encoded by value.
+(header, UUID, node, model) kept encoded per GPU, its forecasts kept encoded by the numbers they were rendered from
+(``KeptForecasts``: new numbers once a minute, ``GpuTracker``), and the few strings of a small vocabulary (health
+components, workload classes) kept encoded by value.
 
 The layout is GpuState's newest schema (version 2). ``GpuStateCodec`` refuses to start if the record or its schema
 changes (new fields, another version) until it is brought in line; tests/stream/test_state_codec.py checks its bytes

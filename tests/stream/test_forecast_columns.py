@@ -1,6 +1,6 @@
 """The forecasters in numpy rows against ``SeriesForecaster`` (River's statistics), on the same series: the same
-chosen experts and forecast means bit for bit; the intervals, losses and errors, which the rows keep or score in
-float32, within a relative 1e-6 of the series' scale (gpuaware.stream.forecast_columns)."""
+forecast means bit for bit (from the same expert, or one of equal value); the intervals, losses and errors, which the
+rows keep or score in float32, within 1e-6 of the series' scale (gpuaware.stream.forecast_columns)."""
 
 from __future__ import annotations
 
