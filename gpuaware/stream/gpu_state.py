@@ -182,13 +182,6 @@ class GpuTracker:
     # point, an event, a fleet verdict); False lets the heartbeat pass over the GPU without building the
     # signature, which at fleet size was most of its cost (docs/performance.md). True after a restore.
     changed: bool = True
-    # Bumped by everything that changes what ``to_dict`` returns but its last two fields (the times of the last state
-    # and watch point, which gpuaware.stream.processor.node_entry writes itself): the processor keeps each GPU's
-    # encoded snapshot
-    # (``snapshot_cache``: the revision it was made at, and the bytes) and encodes it again only after a bump, since
-    # a node's entry is written for every batch and most of its GPUs did not change (docs/performance.md).
-    revision: int = 0
-    snapshot_cache: tuple[int, bytes] | None = None
     # Where a tracker whose ``changed`` goes True registers itself (the processor's GPUs the heartbeat looks at: at
     # 50,000 GPUs looking at every GPU every second was ~7 % of a worker's logic); None: held by nobody.
     unsettled: dict | None = field(default=None, compare=False, repr=False)
@@ -201,7 +194,6 @@ class GpuTracker:
         horizon = now_ms + self.settings.max_clock_skew_ms
         if ts_ms > horizon:
             return Learned.AHEAD
-        self.revision += 1
         if self.sample_ts_ms > horizon:
             log.warning("GPU %s: forgetting a sample time %d s ahead of this worker's clock", self.uuid,
                         (self.sample_ts_ms - now_ms) // 1000)
@@ -260,7 +252,6 @@ class GpuTracker:
             return False
         self.last_point_ms = ts_ms
         self.mark_changed()
-        self.revision += 1
         for name, v in (("util_gpu", float(point.util_gpu)), ("power_w", point.power_dw / 10.0)):
             prev = self.smoothed.get(name)
             self.smoothed[name] = v if prev is None else prev + SMOOTHING * (v - prev)
@@ -364,7 +355,6 @@ class GpuTracker:
 
     def learn_event(self, event: GpuEvent) -> None:
         self.mark_changed()
-        self.revision += 1
         events = self.recent_events
         if not events:
             events = self.recent_events = []

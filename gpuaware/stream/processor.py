@@ -79,22 +79,11 @@ def encode_value(value: object) -> bytes:
 
 
 def node_entry(members: dict[str, GpuTracker]) -> bytes:
-    """A node entry's value: what ``encode_value`` writes for ``{"v": SNAPSHOT_VERSION, "gpus": {uuid: snapshot}}``,
-    put together from each GPU's encoded snapshot, made again only for a GPU changed since (its ``revision``). A
-    node's entry is written for every batch, which samples ~3 of its 8 GPUs; encoding every GPU's snapshot each time
-    was a tenth of a worker's time at 50,000 GPUs (docs/performance.md)."""
-    parts = []
-    for key, t in members.items():
-        cached = t.snapshot_cache
-        if cached is None or cached[0] != t.revision:
-            snapshot = t.to_dict(history=False)  # (its last fields are these two: tests/stream/test_processor.py)
-            del snapshot["last_published_ms"], snapshot["last_point_ms"]
-            cached = t.snapshot_cache = (t.revision, encode_value(key) + b":" + encode_value(snapshot)[:-1])
-        # The times of the last state and watch point, the fields that change without a bump: a heartbeat's state
-        # would have a node's GPUs encoded again at its next batch (GpuTracker.revision).
-        parts.append(b'%s,"last_published_ms":%d,"last_point_ms":%d}' % (cached[1], t.last_published_ms,
-                                                                         t.last_point_ms))
-    return b'{"v":%d,"gpus":{%s}}' % (SNAPSHOT_VERSION, b",".join(parts))
+    """A node entry's value: ``{"v": SNAPSHOT_VERSION, "gpus": {uuid: snapshot}}``, encoded in one call. Each GPU's
+    encoded snapshot was kept to be spliced into the next entries its node wrote (a batch samples ~3 of a node's 8
+    GPUs), but that was ~1 KiB of every GPU held, for 2.2 % of the worker's logic (``python -m
+    gpuaware.bench.worker_cost``; docs/stream.md, "Memory")."""
+    return encode_value({"v": SNAPSHOT_VERSION, "gpus": {key: t.to_dict(history=False) for key, t in members.items()}})
 
 
 def decode_value(raw: bytes | None) -> object:

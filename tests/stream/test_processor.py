@@ -645,10 +645,9 @@ def test_table_values_read_back_as_what_the_json_module_wrote() -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_a_node_entry_made_from_kept_snapshots_is_what_encoding_every_gpu_gives(seed) -> None:
+def test_a_node_entry_written_is_what_encoding_every_gpu_gives(seed) -> None:
     """Samples, replayed batches, samples stamped too far ahead, watch points, health events, heartbeats and fleet
-    checks in any order: each node entry written (from the GPUs' encoded snapshots, made again only for GPUs changed
-    since) is byte for byte what encoding every GPU's snapshot then gives."""
+    checks in any order: each node entry written is byte for byte what encoding every GPU's snapshot then gives."""
     import random
 
     rng = random.Random(seed)
