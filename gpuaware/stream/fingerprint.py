@@ -10,7 +10,8 @@ as samples arrive; the confidence grows with the evidence and with how stable th
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+import operator
+from dataclasses import dataclass, fields
 
 UNKNOWN = "unknown"
 IDLE = "idle"
@@ -32,7 +33,8 @@ class FingerprintFeatures:
     power_w: float
 
 
-@dataclass
+# Slots: one per GPU, and the attribute dict that ``vars`` made of it stayed with each (docs/stream.md, "Memory").
+@dataclass(slots=True)
 class WorkloadFingerprint:
     alpha: float = 0.05
     min_samples: int = 10
@@ -101,8 +103,14 @@ class WorkloadFingerprint:
         return self.last_class, round(evidence * max(self.agreement, 0.0), 3)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """What ``dataclasses.asdict`` returns (its fields are flat numbers and strings), at a tenth of the cost: it
+        runs for every GPU of every batch."""
+        return dict(zip(_FIELDS, _VALUES(self), strict=True))
 
     @classmethod
     def from_dict(cls, data: dict) -> WorkloadFingerprint:
         return cls(**data)
+
+
+_FIELDS = tuple(f.name for f in fields(WorkloadFingerprint))
+_VALUES = operator.attrgetter(*_FIELDS)

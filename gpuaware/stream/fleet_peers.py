@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuaware.stream.gpu_state import SBE_WINDOW_MS
+from gpuaware.stream.gpu_state import NO_STRIKES, SBE_WINDOW_MS
 
 MAD_TO_SIGMA = 1.4826
 
@@ -172,7 +172,7 @@ def check(trackers: Iterable, now_ms: int, s: FleetPeerSettings) -> None:
         elif t.fleet_strikes:
             if t.fleet_reasons:  # a reason dropped: the next state says so
                 t.mark_changed()
-            t.fleet_strikes, t.fleet_reasons = {}, []
+            t.fleet_strikes, t.fleet_reasons = NO_STRIKES, ()
     found: dict[int, tuple] = {id(t): (t, ()) for t in struck}  # tracker -> (it, its reasons now)
     for group, rows in by_model.values():
         for i, reasons in judge(rows, s).items():

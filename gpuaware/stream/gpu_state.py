@@ -28,8 +28,11 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import struct
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 
 from gpuaware.contract.events import (
     EventKind,
@@ -45,6 +48,7 @@ from gpuaware.contract.events import (
 )
 from gpuaware.stream.fingerprint import WorkloadFingerprint
 from gpuaware.stream.forecast_columns import ColumnForecaster, ForecastColumns
+from gpuaware.stream.state_codec import KeptForecasts
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,19 @@ SMOOTHING = 0.3
 HISTORY_MINUTES = 60
 RECENT_EVENTS = 8
 METRICS = ("util_gpu", "fb_used_mib")
+
+
+class _Shared(dict):
+    """An empty dict every tracker shares until it has something of its own to keep, which it assigns: changing it in
+    place is refused."""
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("a shared empty dict: assign a new one")
+
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = _refuse  # type: ignore[assignment]
+
+
+NO_STRIKES: Mapping[str, int] = _Shared()  # what a GPU with no fleet outlier strikes holds
 UNKNOWN_VERDICT = HealthVerdict.UNKNOWN.value  # read once per state otherwise (an enum value is a descriptor call)
 BAND_VERDICT = {HealthBand.HEALTHY.value: (HealthVerdict.PASS, HealthAction.NONE),
                 HealthBand.DEGRADED.value: (HealthVerdict.WARNING, HealthAction.WATCH),
@@ -92,6 +109,18 @@ def forecast_columns(settings: TrackerSettings) -> ForecastColumns:
     return columns
 
 
+_HORIZON_S: dict[int, int] = {}
+
+
+def _horizon_s(minutes: int) -> int:
+    """A horizon in seconds, one object for every GPU's forecasts (``minutes * 60`` made one per forecast, above the
+    small integers Python shares)."""
+    seconds = _HORIZON_S.get(minutes)
+    if seconds is None:
+        seconds = _HORIZON_S[minutes] = minutes * 60
+    return seconds
+
+
 class Learned(enum.Enum):
     APPLIED = "applied"
     DUPLICATE = "duplicate"
@@ -114,20 +143,27 @@ class GpuTracker:
     smoothed: dict[str, float] = field(default_factory=dict)
     minute: int | None = None
     bucket: list[float] = field(default_factory=lambda: [0.0, 0.0, 0])  # util sum, fb sum, count
-    # The minutes of the minute history (``history``), oldest first: its values are the forecasters' last ones.
-    minutes: array = field(default_factory=lambda: array("q"))
+    # The minutes of the minute history (``history``), oldest first: its values are the forecasters' last ones. 32-bit:
+    # minutes since 1970 fit until the year 6053, and a batch stamped before 1970 is refused (processor.check_batch).
+    minutes: array = field(default_factory=lambda: array("i"))
     health_score: float = 100.0
     health_band: str = HealthBand.HEALTHY.value
     health_components: dict[str, float] = field(default_factory=dict)
     verdict: str = HealthVerdict.UNKNOWN.value
-    verdict_reasons: list[str] = field(default_factory=list)
+    # Empty containers are shared, () or NO_STRIKES, until a GPU has something to keep (most never do): an empty list
+    # or dict of each per GPU was ~370 bytes of every GPU (docs/stream.md, "Memory").
+    verdict_reasons: list[str] | tuple[str, ...] = ()
     recommended_action: str = HealthAction.UNKNOWN.value
     # The last RECENT_EVENTS events. Lists, not deques, here and in ``sbe_window``: an empty deque takes 760 bytes, a
     # list 56, and most GPUs have no event and no SBE count to keep.
-    recent_events: list = field(default_factory=list)
+    recent_events: list | tuple = ()
     fingerprint: WorkloadFingerprint = field(default_factory=WorkloadFingerprint)
-    forecasts: list[Forecast] = field(default_factory=list)
+    # The rendered forecasts' numbers (mean, lower, upper per metric and horizon, as ``forecasts`` lists them), packed
+    # doubles: a new object once a minute, never changed in place (what encoders and the demand sum key on).
+    packed_forecasts: bytes = b""
     last_published_ms: int = 0
+    # The time of its entry in its processor's heap of states published (None: none).
+    queued_ms: int | None = field(default=None, compare=False)
     last_point_ms: int = 0
     published_signature: tuple | None = None
     published_band: tuple[str, str] | None = None
@@ -135,9 +171,10 @@ class GpuTracker:
     settings: TrackerSettings = field(default_factory=TrackerSettings)
     # Fleet peer comparison (gpuaware.stream.fleet_peers), recomputed by every check; not in the snapshot.
     throttle_reasons: int = 0  # the newest sample's NVML clocks event reasons
-    fleet_strikes: dict[str, int] = field(default_factory=dict)
-    fleet_reasons: list[str] = field(default_factory=list)
-    sbe_window: list = field(default_factory=list)  # (sample ms, volatile SBE count) over the fleet's window
+    fleet_strikes: Mapping[str, int] = field(default_factory=lambda: NO_STRIKES)
+    fleet_reasons: list[str] | tuple[str, ...] = ()
+    # (newest sample ms, volatile SBE count) per run of reads of one count, over the fleet's window
+    sbe_window: list | tuple = ()
     sbe_in_window: int | None = None  # errors over it (None: never reported), what the check reads of every GPU
     # Minutes closed into the history since this tracker was built: tells the processor when to write it.
     history_changes: int = 0
@@ -145,20 +182,9 @@ class GpuTracker:
     # point, an event, a fleet verdict); False lets the heartbeat pass over the GPU without building the
     # signature, which at fleet size was most of its cost (docs/performance.md). True after a restore.
     changed: bool = True
-    # Bumped by everything that changes what ``to_dict`` returns but its last two fields (the times of the last state
-    # and watch point, which gpuaware.stream.processor.node_entry writes itself): the processor keeps each GPU's
-    # encoded snapshot
-    # (``snapshot_cache``: the revision it was made at, and the bytes) and encodes it again only after a bump, since
-    # a node's entry is written for every batch and most of its GPUs did not change (docs/performance.md).
-    revision: int = 0
-    snapshot_cache: tuple[int, bytes] | None = None
     # Where a tracker whose ``changed`` goes True registers itself (the processor's GPUs the heartbeat looks at: at
     # 50,000 GPUs looking at every GPU every second was ~7 % of a worker's logic); None: held by nobody.
     unsettled: dict | None = field(default=None, compare=False, repr=False)
-    # (the ``forecasts`` list it was made from, that list's utilisation terms): gpuaware.stream.rollup.model_demand
-    # sums every
-    # GPU's every 10 s, and its forecasts change once a minute.
-    demand_cache: tuple[list, tuple] | None = None
     _forecasters: dict[str, ColumnForecaster] | None = None  # per metric, every horizon
 
     # ------------------------------------------------------------------ learning
@@ -168,7 +194,6 @@ class GpuTracker:
         horizon = now_ms + self.settings.max_clock_skew_ms
         if ts_ms > horizon:
             return Learned.AHEAD
-        self.revision += 1
         if self.sample_ts_ms > horizon:
             log.warning("GPU %s: forgetting a sample time %d s ahead of this worker's clock", self.uuid,
                         (self.sample_ts_ms - now_ms) // 1000)
@@ -197,10 +222,19 @@ class GpuTracker:
             s["sm_clock_mhz"] = clock if prev is None else prev + SMOOTHING * (clock - prev)
         self.throttle_reasons = sample.throttle_reasons or 0
         if sample.ecc_sbe is not None:  # the fleet peer check compares SBE counts over a window
-            w = self.sbe_window
-            if w and sample.ecc_sbe < w[-1][1]:
+            w, sbe = self.sbe_window, sample.ecc_sbe
+            if not w:
+                w = self.sbe_window = []
+            elif sbe < w[-1][1]:
                 w.clear()  # the volatile counter started again (a GPU reset, a driver reload)
-            w.append((ts_ms, sample.ecc_sbe))
+            # One entry per count, not per sample: a run of reads of the same count, with the newest time of its reads
+            # (a read inside the window keeps its count there; the count is all the check reads). A GPU's 10 minutes
+            # of samples were a tuple each, its steady count the same in all of them (docs/stream.md, "Memory").
+            if w and sbe == w[-1][1]:
+                if ts_ms > w[-1][0]:
+                    w[-1] = (ts_ms, sbe)
+            else:
+                w.append((ts_ms, sbe))
             while len(w) > 1 and w[0][0] < ts_ms - SBE_WINDOW_MS:
                 del w[0]
             self.sbe_in_window = w[-1][1] - w[0][1]
@@ -218,7 +252,6 @@ class GpuTracker:
             return False
         self.last_point_ms = ts_ms
         self.mark_changed()
-        self.revision += 1
         for name, v in (("util_gpu", float(point.util_gpu)), ("power_w", point.power_dw / 10.0)):
             prev = self.smoothed.get(name)
             self.smoothed[name] = v if prev is None else prev + SMOOTHING * (v - prev)
@@ -275,18 +308,39 @@ class GpuTracker:
         return list(zip(self.minutes, models["util_gpu"].values(n), models["fb_used_mib"].values(n), strict=True))
 
     def _learn_minute(self, util: float, fb: float, render: bool = True) -> None:
-        """The forecasters learn a closed minute; with ``render``, the GPU's forecasts are made again: a new list,
-        never changed after, which states share (gpuaware.stream.publisher encodes it once per list)."""
-        out = []
+        """The forecasters learn a closed minute; with ``render``, the GPU's forecasts are made again (rounded to two
+        decimals, packed: ``forecasts`` renders them)."""
+        out: list[float] = []
         for metric, model in self._models().items():
             y = util if metric == "util_gpu" else fb
             if not render:
                 model.learn_one(y)
                 continue
-            for h, f in model.learn_forecast(y).items():
-                out.append(Forecast(metric, h * 60, round(f.mean, 2), round(f.lower, 2), round(f.upper, 2)))
+            for f in model.learn_forecast(y).values():
+                out += (round(f.mean, 2), round(f.lower, 2), round(f.upper, 2))
         if render:
-            self.forecasts = out
+            self.packed_forecasts = struct.pack(f"<{len(out)}d", *out)
+
+    @property
+    def forecasts(self) -> KeptForecasts:
+        """The forecasts, per metric and horizon, rendered from ``packed_forecasts``: a worker publishes a state for
+        nearly every sample, and the records kept per GPU (and shared by its states) were ~1.3 KiB of each; the
+        encoder keeps their bytes (gpuaware.stream.state_codec)."""
+        packed = self.packed_forecasts
+        numbers = iter(struct.unpack(f"<{len(packed) // 8}d", packed))
+        horizons = self.settings.horizons_min
+        return KeptForecasts([Forecast(metric, _horizon_s(h), *islice(numbers, 3)) for metric in METRICS
+                              for h in horizons] if packed else (), packed)
+
+    def utilisation_forecasts(self) -> list[tuple[int, float, float, float]]:
+        """(horizon in seconds, mean, lower, upper) of each utilisation forecast, from ``packed_forecasts`` (the
+        demand sum reads them of every GPU every 10 s, without records)."""
+        packed = self.packed_forecasts
+        if not packed:
+            return []
+        horizons = self.settings.horizons_min
+        numbers = struct.unpack_from(f"<{3 * len(horizons)}d", packed)  # "util_gpu" is the first of METRICS
+        return [(_horizon_s(h), *numbers[3 * i:3 * i + 3]) for i, h in enumerate(horizons)]
 
     @property
     def forecasting(self) -> bool:
@@ -301,8 +355,9 @@ class GpuTracker:
 
     def learn_event(self, event: GpuEvent) -> None:
         self.mark_changed()
-        self.revision += 1
         events = self.recent_events
+        if not events:
+            events = self.recent_events = []
         events.append((event.ts_ms, event.kind.value, event.severity.value, event.message[:160]))
         if len(events) > RECENT_EVENTS:
             del events[0]
@@ -419,11 +474,9 @@ class GpuTracker:
             "minute": self.minute, "bucket": self.bucket,
             "health_score": self.health_score, "health_band": self.health_band,
             "health_components": self.health_components, "verdict": self.verdict,
-            "verdict_reasons": self.verdict_reasons, "recommended_action": self.recommended_action,
+            "verdict_reasons": list(self.verdict_reasons), "recommended_action": self.recommended_action,
             "recent_events": list(self.recent_events),
-            # Its fields are flat numbers and strings: a copy of them is what dataclasses.asdict() returns,
-            # at a tenth of the cost (asdict deep-copies; this runs for every GPU of every batch).
-            "fingerprint": dict(vars(self.fingerprint)), "last_published_ms": self.last_published_ms,
+            "fingerprint": self.fingerprint.to_dict(), "last_published_ms": self.last_published_ms,
             "last_point_ms": self.last_point_ms,
         }
         if history:
@@ -443,9 +496,9 @@ class GpuTracker:
         t.last_point_ms = data.get("last_point_ms", 0)
         # Absent from snapshots written before the verdicts (docs/health.md).
         t.verdict = data.get("verdict", HealthVerdict.UNKNOWN.value)
-        t.verdict_reasons = list(data.get("verdict_reasons", []))
+        t.verdict_reasons = list(data.get("verdict_reasons", ())) or ()
         t.recommended_action = data.get("recommended_action", HealthAction.UNKNOWN.value)
-        t.recent_events = [tuple(e) for e in data["recent_events"]][-RECENT_EVENTS:]
+        t.recent_events = [tuple(e) for e in data["recent_events"]][-RECENT_EVENTS:] or ()
         t.fingerprint = WorkloadFingerprint.from_dict(data["fingerprint"])
         # The forecasters rebuilt from the retained history (after a restart or a rebalance).
         kept = (data["history"] if history is None else history)[-HISTORY_MINUTES:]

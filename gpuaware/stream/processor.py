@@ -79,22 +79,11 @@ def encode_value(value: object) -> bytes:
 
 
 def node_entry(members: dict[str, GpuTracker]) -> bytes:
-    """A node entry's value: what ``encode_value`` writes for ``{"v": SNAPSHOT_VERSION, "gpus": {uuid: snapshot}}``,
-    put together from each GPU's encoded snapshot, made again only for a GPU changed since (its ``revision``). A
-    node's entry is written for every batch, which samples ~3 of its 8 GPUs; encoding every GPU's snapshot each time
-    was a tenth of a worker's time at 50,000 GPUs (docs/performance.md)."""
-    parts = []
-    for key, t in members.items():
-        cached = t.snapshot_cache
-        if cached is None or cached[0] != t.revision:
-            snapshot = t.to_dict(history=False)  # (its last fields are these two: tests/stream/test_processor.py)
-            del snapshot["last_published_ms"], snapshot["last_point_ms"]
-            cached = t.snapshot_cache = (t.revision, encode_value(key) + b":" + encode_value(snapshot)[:-1])
-        # The times of the last state and watch point, the fields that change without a bump: a heartbeat's state
-        # would have a node's GPUs encoded again at its next batch (GpuTracker.revision).
-        parts.append(b'%s,"last_published_ms":%d,"last_point_ms":%d}' % (cached[1], t.last_published_ms,
-                                                                         t.last_point_ms))
-    return b'{"v":%d,"gpus":{%s}}' % (SNAPSHOT_VERSION, b",".join(parts))
+    """A node entry's value: ``{"v": SNAPSHOT_VERSION, "gpus": {uuid: snapshot}}``, encoded in one call. Each GPU's
+    encoded snapshot was kept to be spliced into the next entries its node wrote (a batch samples ~3 of a node's 8
+    GPUs), but that was ~1 KiB of every GPU held, for 2.2 % of the worker's logic (``python -m
+    gpuaware.bench.worker_cost``; docs/stream.md, "Memory")."""
+    return encode_value({"v": SNAPSHOT_VERSION, "gpus": {key: t.to_dict(history=False) for key, t in members.items()}})
 
 
 def decode_value(raw: bytes | None) -> object:
@@ -117,6 +106,11 @@ def check_batch(batch: TelemetryBatch) -> None:
         if not g.uuid or g.fb_total_mib <= 0:
             raise InvalidRecord(f"telemetry batch {batch.node}#{batch.batch_seq}: GPU slot {g.index} needs a UUID "
                                 f"and a positive framebuffer size (got {g.uuid!r}, {g.fb_total_mib} MiB)")
+    # Before 1970 is no sample's time; the minute history keeps minutes as 32-bit numbers (GpuTracker.minutes).
+    if any(batch.base_ts_ms + s.dt_ms < 0 for s in batch.samples) \
+            or any(batch.base_ts_ms + p.dt_ms < 0 for p in batch.points):
+        raise InvalidRecord(f"telemetry batch {batch.node}#{batch.batch_seq}: a sample or watch point is stamped "
+                            f"before 1970 (base {batch.base_ts_ms} ms)")
     for s in batch.samples:
         if not (0 <= s.util_gpu <= 100 and 0 <= s.util_mem <= 100 and s.fb_used_mib >= 0 and s.power_dw >= 0):
             raise InvalidRecord(f"telemetry batch {batch.node}#{batch.batch_seq}: sample seq {s.seq} of slot {s.gpu} "
@@ -191,8 +185,10 @@ class StreamProcessor:
         # (each registers itself: GpuTracker.mark_changed; a GPU is held changed from when it is loaded or met), and
         # the states published, by time, for the refresh of those not published for ``max_interval_ms``.
         self.unsettled: dict[str, GpuTracker] = {}
-        # A heap of (its time, the GPU's UUID): a number and a string, which the cyclic collector stops tracking
-        # (~100,000 states a 30 s refresh at 50,000 GPUs).
+        # A heap of (a state's time, the GPU's UUID): a number and a string, which the cyclic collector stops tracking.
+        # One entry per GPU (its tracker's ``queued_ms``), not one per state: an entry brought up by a GPU published
+        # since goes back with that state's time. An entry per state was ~30 s of states per GPU, ~0.7 KiB of each
+        # (docs/stream.md, "Memory").
         self.published: list[tuple[int, str]] = []
         self._oldest = 0  # the heartbeat's refresh boundary, which only moves forward
 
@@ -428,7 +424,9 @@ class StreamProcessor:
             if t.samples and t.due(now_ms, bool(behind) and self.partition_of.get(t.uuid) in behind):
                 state = t.state(now_ms)
                 t.mark_published(now_ms)
-                heapq.heappush(self.published, (now_ms, t.uuid))
+                if t.queued_ms is None or now_ms < t.queued_ms:  # (the clock stepped back: an earlier entry)
+                    t.queued_ms = now_ms
+                    heapq.heappush(self.published, (now_ms, t.uuid))
                 if observe:
                     self.stats.observe_latency(max(0.0, (now_ms - t.fresh_ms) / 1000.0))
                 out.append(state)
@@ -449,8 +447,14 @@ class StreamProcessor:
         while published and published[0][0] <= oldest:
             at, key = heapq.heappop(published)
             t = trackers.get(key)
-            if t is not None and t.last_published_ms == at:  # still held here, and not published since
+            if t is None or t.queued_ms != at:
+                continue  # no longer held here (or held by a tracker built since, which has its own entry)
+            if t.last_published_ms == at:  # not published since
+                t.queued_ms = None
                 unsettled[key] = t
+            else:  # published since: up again when that state is as old
+                t.queued_ms = t.last_published_ms
+                heapq.heappush(published, (t.queued_ms, key))
         # Those settled since (published, or moved below the signature's steps) are let go here, at the next heartbeat;
         # ``forget`` lets go of those it drops.
         partition_of = self.partition_of

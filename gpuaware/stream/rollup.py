@@ -64,32 +64,27 @@ def model_demand(trackers: Iterable[GpuTracker]) -> Partial:
     for t in trackers:
         if not t.model:
             continue
-        terms = _demand_terms(t)
+        terms = t.utilisation_forecasts()
         if not terms:
             continue
         capacity = 1.0 if _usable(t) else 0.0
         cells = out[t.model]
-        for horizon, mean, lower, upper in terms:
+        for horizon_s, mean, lower, upper in terms:
+            horizon = _HORIZON_KEYS.get(horizon_s)
+            if horizon is None:
+                horizon = _HORIZON_KEYS[horizon_s] = str(horizon_s)
             cell = cells.get(horizon)
             if cell is None:
                 cell = cells[horizon] = [0.0, 0.0, 0.0, 0.0]
-            cell[0] += mean
-            cell[1] += lower
-            cell[2] += upper
+            cell[0] += mean / 100.0
+            cell[1] += lower / 100.0
+            cell[2] += upper / 100.0
             cell[3] += capacity
     return dict(out)
 
 
-def _demand_terms(t: GpuTracker) -> tuple:
-    """What ``t``'s utilisation forecasts add to its model's demand, made again only when they change: the sum runs
-    over every GPU every 10 s (at 50,000 GPUs, the per-forecast filter and keys were 3 % of a worker's main thread),
-    and a GPU's forecasts are a new list once a minute (never changed in place: gpuaware.stream.gpu_state)."""
-    cached = t.demand_cache
-    if cached is None or cached[0] is not t.forecasts:
-        terms = tuple((str(f.horizon_s), f.mean / 100.0, f.lower / 100.0, f.upper / 100.0)
-                      for f in t.forecasts if f.metric == "util_gpu")
-        cached = t.demand_cache = (t.forecasts, terms)
-    return cached[1]
+# A horizon's key in the partials, one string for every GPU's terms.
+_HORIZON_KEYS: dict[int, str] = {}
 
 
 def merge_demand(partials: Mapping[str, Partial]) -> list[ModelDemand]:

@@ -7,9 +7,9 @@ A worker encodes a state for nearly every sample it applies and refreshes every 
 schema) it was the largest single item of the main thread of a 50,000-GPU worker catching up (py-spy; the heartbeat's
 refresh states are most of what such a worker publishes). An Avro record is its fields' encodings one after the other,
 so most of a state is cheap to write directly: three doubles at a time with one ``struct`` call, a GPU's identity
-(header, UUID, node, model) kept encoded per GPU, its forecasts kept encoded by the list they were rendered in (a new
-list once a minute: ``GpuTracker``), and the few strings of a small vocabulary (health components, workload classes)
-kept encoded by value.
+(header, UUID, node, model) kept encoded per GPU, its forecasts kept encoded by the numbers they were rendered from
+(``KeptForecasts``: new numbers once a minute, ``GpuTracker``), and the few strings of a small vocabulary (health
+components, workload classes) kept encoded by value.
 
 The layout is GpuState's newest schema (version 2). ``GpuStateCodec`` refuses to start if the record or its schema
 changes (new fields, another version) until it is brought in line; tests/stream/test_state_codec.py checks its bytes
@@ -41,6 +41,18 @@ _THREE_DOUBLES = struct.Struct("<ddd").pack
 _DOUBLE = struct.Struct("<d").pack
 # Small vocabularies only: a verdict's reasons carry figures, so they are encoded each time.
 _VOCABULARY_MAX = 4096
+
+
+class KeptForecasts(list):
+    """A state's forecasts rendered from what their GPU keeps of them (``packed``: the same object until they change,
+    gpuaware.stream.gpu_state): the codec encodes them again only when ``packed`` is another object, and keeps no
+    ``Forecast`` records of its own. The records were ~1.3 KiB of every GPU a worker held (docs/stream.md, "Memory")."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self, items: Iterable, packed: bytes):
+        super().__init__(items)
+        self.packed = packed
 
 
 def _long(n: int) -> bytes:
@@ -84,9 +96,10 @@ class GpuStateCodec:
                                f"writes version {VERSION} with {FIELDS} and must be brought in line")
         self._header = _HEADER.pack(MAGIC, rt.schema_id, VERSION)
         self._band, self._verdict, self._action = _symbols(HealthBand), _symbols(HealthVerdict), _symbols(HealthAction)
-        # key -> ((uuid, node, model, fb_total_mib), the header and the first three fields, fb_total_mib)
-        self._identity: dict[bytes, tuple[tuple[str, str, str, int], bytes, bytes]] = {}
-        self._forecasts: dict[bytes, tuple[list, bytes]] = {}  # key -> the list last encoded and its bytes
+        # key -> [uuid, node, model, fb_total_mib, the header and the first three fields, fb_total_mib, the forecasts
+        # last encoded (a list, or a KeptForecasts' ``packed``), their bytes]: one list per GPU, where two dicts of
+        # tuples took ~150 bytes more of each
+        self._kept: dict[bytes, list] = {}
         self._words: dict[str, bytes] = {}  # health component names and workload classes
 
     def _word(self, s: str) -> bytes:
@@ -105,14 +118,16 @@ class GpuStateCodec:
             raise ValueError(f"cannot encode GpuState: {type(exc).__name__}: {exc}") from exc
 
     def _encode(self, s: GpuState, key: bytes) -> bytes:
-        identity = self._identity.get(key)
-        who = (s.gpu_uuid, s.node, s.model, s.fb_total_mib)
-        if identity is None or identity[0] != who:
-            identity = self._identity[key] = (who, self._header + _string(s.gpu_uuid) + _string(s.node)
-                                              + _string(s.model), _long(s.fb_total_mib))
-        kept = self._forecasts.get(key)
-        if kept is None or kept[0] is not s.forecasts:
-            kept = self._forecasts[key] = (s.forecasts, encode_field(GpuState, "forecasts", s.forecasts))
+        kept = self._kept.get(key)
+        if kept is None or kept[0] != s.gpu_uuid or kept[1] != s.node or kept[2] != s.model \
+                or kept[3] != s.fb_total_mib:
+            kept = self._kept[key] = [s.gpu_uuid, s.node, s.model, s.fb_total_mib, self._header + _string(s.gpu_uuid)
+                                      + _string(s.node) + _string(s.model), _long(s.fb_total_mib), None, b""]
+        forecasts = s.forecasts
+        same = forecasts.packed if type(forecasts) is KeptForecasts else forecasts
+        if kept[6] is not same:
+            kept[7] = encode_field(GpuState, "forecasts", forecasts)
+            kept[6] = same
         components = s.health_components
         if components:
             word, parts = self._word, [_long(len(components))]
@@ -126,10 +141,10 @@ class GpuStateCodec:
         reasons = s.verdict_reasons
         encoded_reasons = (_long(len(reasons)) + b"".join(map(_string, reasons)) + b"\0") if reasons else b"\0"
         return b"".join((
-            identity[1], _long(s.sample_ts_ms), _long(s.published_ms),
-            _THREE_DOUBLES(s.util_gpu, s.util_mem, s.fb_used_mib), identity[2],
+            kept[4], _long(s.sample_ts_ms), _long(s.published_ms),
+            _THREE_DOUBLES(s.util_gpu, s.util_mem, s.fb_used_mib), kept[5],
             _THREE_DOUBLES(s.power_w, s.temp_c, s.health_score), self._band[s.health_band], encoded_components,
-            kept[1],
+            kept[7],
             b"\0" if s.workload_class is None else b"\2" + self._word(s.workload_class),
             b"\0" if s.class_confidence is None else b"\2" + _DOUBLE(s.class_confidence),
             _long(s.samples), self._verdict[s.verdict], encoded_reasons, self._action[s.recommended_action],
@@ -137,5 +152,4 @@ class GpuStateCodec:
 
     def forget(self, keys: Iterable[bytes]) -> None:
         for key in keys:
-            self._identity.pop(key, None)
-            self._forecasts.pop(key, None)
+            self._kept.pop(key, None)

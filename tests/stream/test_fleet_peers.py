@@ -107,6 +107,26 @@ def test_the_tracker_counts_single_bit_errors_over_its_window_and_a_reset_counte
     assert list(t.sbe_window) == [(710_000, 2)]
 
 
+def test_the_tracker_keeps_one_entry_per_count_in_its_window_and_counts_as_with_every_read():
+    """A GPU read every few seconds kept a tuple per read for 10 minutes; a run of reads of one count is one entry, and
+    the count over the window is what every read kept gives, a late read (out of order) included."""
+    rnd = random.Random(7)
+    t = GpuTracker(uuid="GPU-1")
+    info = GpuInfo("GPU-1", 0, "H100", 81920)
+    reads, sbe, ts = [], 0, 0
+    for i in range(600):
+        ts += rnd.choice([2_000, 5_000, 30_000])
+        sbe += rnd.random() < 0.02
+        at = ts - rnd.choice([0, 0, 0, 40_000])  # now and then a read stamped before the last one
+        t.learn_sample("n0", info, GpuSample(0, i + 1, 0, 90, 50, 40000, 6500, 60, 1980, ecc_sbe=sbe), at, ts)
+        reads.append((at, sbe))
+        while len(reads) > 1 and reads[0][0] < at - SBE_WINDOW_MS:
+            del reads[0]
+        assert t.sbe_in_window == reads[-1][1] - reads[0][1]
+        assert len(t.sbe_window) == len({c for _, c in reads})
+    assert len(reads) > 20 > len(t.sbe_window)
+
+
 # The check before its numpy columns, as the oracle for them: same bins, medians, tests and reasons.
 def _robust(values: list, floor: float) -> tuple[float, float]:
     med = statistics.median(values)

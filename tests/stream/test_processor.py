@@ -56,6 +56,20 @@ def test_non_physical_values_are_invalid_and_change_nothing() -> None:
     assert proc.trackers == {} and proc.snapshots == {}
 
 
+def test_a_batch_stamped_before_1970_is_invalid() -> None:
+    """The minute history keeps 32-bit minutes: a sample's minute from a time far before 1970 would not fit, and no
+    sample is from before 1970."""
+    proc = StreamProcessor({})
+    bad = telemetry_batch("n", 1, 0)
+    bad.base_ts_ms = -(2**62)
+    with pytest.raises(InvalidRecord, match="before 1970"):
+        proc.on_telemetry(bad, 0, 0)
+    ok = telemetry_batch("n", 1, 0)
+    ok.base_ts_ms = 0
+    proc.on_telemetry(ok, 0, 0)
+    assert proc.trackers
+
+
 _int = st.integers(-(2**31), 2**31 - 1)
 
 
@@ -594,6 +608,22 @@ def test_a_gpu_due_for_its_refresh_while_its_partition_is_not_asked_for_is_still
     assert refresh.gpu_uuid == "GPU-n-0"
 
 
+def test_the_heap_of_states_published_holds_one_entry_per_gpu_and_still_brings_each_up_for_its_refresh() -> None:
+    """An entry per state was ~30 s of states per GPU; an entry brought up by a GPU published since goes back with
+    that state's time, and the GPU is refreshed ``max_interval_ms`` after its last state, as before."""
+    proc = StreamProcessor({}, TrackerSettings(max_interval_ms=10_000))
+    now = T0
+    for seq in range(1, 31):  # a state every 2 s for a minute
+        now = T0 + 2000 * seq
+        assert len(proc.on_telemetry(telemetry_batch("n", seq, now, util=seq % 2 * 90, gpus=2), 0, now)) == 2
+        assert proc.heartbeats(now, None) == []
+        assert len(proc.published) == 2
+    last = now
+    assert proc.heartbeats(last + 9_000, None) == []
+    assert {s.gpu_uuid for s in proc.heartbeats(last + 10_000, None)} == {"GPU-n-0", "GPU-n-1"}
+    assert len(proc.published) == 2
+
+
 def test_table_values_read_back_as_what_the_json_module_wrote() -> None:
     # Every value a replay writes (node entries, history entries, owners), with an event among the records: orjson's
     # text reads back to what json.dumps's did, and is the same text for these (no exponents, ASCII but the event's).
@@ -615,10 +645,9 @@ def test_table_values_read_back_as_what_the_json_module_wrote() -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_a_node_entry_made_from_kept_snapshots_is_what_encoding_every_gpu_gives(seed) -> None:
+def test_a_node_entry_written_is_what_encoding_every_gpu_gives(seed) -> None:
     """Samples, replayed batches, samples stamped too far ahead, watch points, health events, heartbeats and fleet
-    checks in any order: each node entry written (from the GPUs' encoded snapshots, made again only for GPUs changed
-    since) is byte for byte what encoding every GPU's snapshot then gives."""
+    checks in any order: each node entry written is byte for byte what encoding every GPU's snapshot then gives."""
     import random
 
     rng = random.Random(seed)

@@ -29,7 +29,7 @@ def test_rollups_exclude_critical_gpus_from_capacity() -> None:
 
 
 def test_model_demand_follows_each_new_forecast_list() -> None:
-    """The per-GPU terms are kept between sums: a minute's new forecasts (a new list) are what the next sum adds."""
+    """A minute's new forecasts are what the next sum adds."""
     proc = StreamProcessor({})
     t0 = 1_700_000_000_000
     proc.on_telemetry(telemetry_batch("n", 1, t0, util=40, fb=1000, gpus=1), 0, t0)
@@ -42,5 +42,5 @@ def test_model_demand_follows_each_new_forecast_list() -> None:
         gpu._learn_minute(90.0, 1000.0)
     (model,) = first
     assert model_demand([gpu])[model]["60"][0] > first[model]["60"][0] + 0.3
-    gpu.forecasts = []
+    gpu.packed_forecasts = b""
     assert model_demand([gpu]) == {}
