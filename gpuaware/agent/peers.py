@@ -57,6 +57,10 @@ GROWTH_MIN_S = 50.0
 # stopped 7 s ago reads a third of its rate), so the excess's rate is also fitted over the last RECENT_S and
 # the larger of the 20 s rate and the slow end (2 standard errors) of the recent one counts.
 RECENT_S = 8.0
+# Hysteresis for withdrawing a CRITICAL forecast: NVML reads whole degrees, so a settle point estimated within a
+# couple of them of slowdown cannot be told from one that reaches it; lowering it there and raising it again as it
+# crosses pages twice for one condition.
+WITHDRAW_MARGIN_C = 2.0
 
 
 @dataclass
@@ -372,16 +376,16 @@ class NodePeers:
 
     def _withdrawn(self, c: ThermalCondition, temp: float, rate_hi: float | None, slowdown: float) -> bool:
         """Whether a CRITICAL forecast no longer stands: the settle point at the fast end of its rate (2 standard
-        errors over the slope of the last 20 s) lies below slowdown, and its rise over the last minute, at the fast end
-        too, takes it there no sooner than the lead time. While a settle point rises, a fan spinning down looks like a
-        drift (both are a heat sink's resistance or source growing); only once it stops rising can they be told apart.
-        Raising takes the slow end of the evidence, withdrawing the fast end: between the two the grade holds, and a
-        drift still rising keeps its grade until it crosses."""
+        errors over the slope of the last 20 s) lies ``WITHDRAW_MARGIN_C`` or more below slowdown, and its rise over
+        the last minute, at the fast end too, takes it there no sooner than the lead time. While a settle point
+        rises, a fan spinning down looks like a drift (both are a heat sink's resistance or source growing); only
+        once it stops rising can they be told apart. Raising takes the slow end of the evidence, withdrawing the
+        fast end: between the two the grade holds, and a drift still rising keeps its grade until it crosses."""
         if rate_hi is None or c.settle.span() < GROWTH_MIN_S:
             return False
         settle = temp + THERMAL_TAU_S * rate_hi
         growth = c.settle.slope()
-        if settle >= slowdown or growth is None:
+        if settle >= slowdown - WITHDRAW_MARGIN_C or growth is None:
             return False
         rise = growth[0] + 2 * growth[1]
         return rise <= 0 or (slowdown - settle) / rise + THERMAL_TAU_S > self.lead_s

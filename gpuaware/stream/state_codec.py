@@ -50,7 +50,7 @@ class KeptForecasts(list):
 
     __slots__ = ("packed",)
 
-    def __init__(self, items: Iterable, packed: bytes):
+    def __init__(self, items: Iterable = (), packed: bytes = b""):  # dataclasses.asdict makes one from items alone
         super().__init__(items)
         self.packed = packed
 

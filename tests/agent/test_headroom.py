@@ -180,6 +180,17 @@ def _graded(excess: list[float], power: float = 650.0) -> list[tuple[int, str, H
     return out
 
 
+def test_a_fan_failing_to_settle_at_slowdown_is_critical_once_and_not_lowered_before_it_crosses():
+    # At 650 W (~58 °C) a fan failing at once adds 30 °C: the GPU settles at ~88 °C, a degree over its 87 °C slowdown,
+    # crossing it ~136 s in. Its settle point, estimated within a degree of slowdown, stops rising well before: a
+    # forecast lowered there (WARNING) is raised again as the GPU crosses, two pages for one condition.
+    for ramp in (0, 10, 30):
+        fan = _graded(_heat_sink(lambda s, r=ramp: 30.0 * min(1.0, max(0.0, (s - 600) / r)) if r else
+                                 (30.0 if s >= 600 else 0.0), 800))
+        assert [v for _, state, v in fan if state == "updated"] == [HealthVerdict.CRITICAL]
+        assert all(state != "lowered" for _, state, _ in fan)
+
+
 def test_a_fan_spinning_down_over_a_minute_is_critical_while_it_looks_like_a_drift_and_lowered_once_it_settles():
     # At 650 W (~58 °C) a fan spinning down over a minute adds 26 °C: for that minute its settle point rises
     # 0.43 °C/s toward slowdown, as a drift's does (CRITICAL: nothing tells them apart yet), then stops 3 °C

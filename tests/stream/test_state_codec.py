@@ -92,3 +92,15 @@ def test_a_changed_record_stops_the_codec_until_it_is_brought_in_line(monkeypatc
     monkeypatch.setattr(state_codec, "FIELDS", state_codec.FIELDS[:-1])
     with pytest.raises(RuntimeError, match="brought in line"):
         GpuStateCodec()
+
+
+def test_a_trackers_state_with_its_kept_forecasts_is_still_a_plain_dataclass() -> None:
+    # dataclasses.asdict rebuilds a list subclass from its items alone; the kept forecasts' list must allow it.
+    proc = StreamProcessor({})
+    now = 1_700_000_000_000
+    for i in range(3):
+        proc.on_telemetry(telemetry_batch("n", i + 1, now + 1000 * i, gpus=1), 0, now + 1000 * i)
+    (tracker,) = proc.trackers.values()
+    state = tracker.state(now + 3000)
+    as_dict = dataclasses.asdict(state)
+    assert as_dict["forecasts"] == [dataclasses.asdict(f) for f in state.forecasts]
