@@ -4,8 +4,9 @@
     python -m gpuaware.bench.extender_round_trip [--burst 600] [--rate 200] [--seconds 3] [--budget raised]
 
 Per verb (/filter, /prioritize, /bind): handler time, from the request read to the answer made (not its
-write). Of /filter: the nodes named in it, the core's ranking of them and the wait for earlier pods'
-/bind (``_settle``). Of /bind: the Binding write split into waiting for an API thread, the call on that
+write). Of /filter: the nodes named in it, the core's ranking of them (with ``extender_one_node``, its scheduling
+cycle over them, which reserves the pick) and the wait for earlier pods' /bind (``_settle``; not with
+``extender_one_node``). Of /bind: the Binding write split into waiting for an API thread, the call on that
 thread (the API server's answer and the Python client), and getting back onto the event loop; the API
 threads' CPU per Binding. Of the pace: milliseconds from one /filter to the next (kube-scheduler's
 scheduling cycle is one pod at a time), the event loop's lag (a task sleeping 1 ms records how late it
@@ -50,7 +51,8 @@ class Timings:
 @contextlib.contextmanager
 def timed(t: Timings) -> Iterator[None]:
     """Extender and ApiCalls with timing wrappers around the methods named in the module's doc, for the block."""
-    serve, settle, rank, call = Extender._serve, Extender._settle, Extender._rank, ApiCalls.call
+    serve, settle, rank, one, call = (Extender._serve, Extender._settle, Extender._rank, Extender._filter_one,
+                                      ApiCalls.call)
 
     async def _serve(self, request):
         t0 = time.monotonic()
@@ -74,6 +76,14 @@ def timed(t: Timings) -> Iterator[None]:
         finally:
             t.rank.append(time.perf_counter() - t0)
 
+    def _filter_one(self, pod, args, names, idx, result):
+        t.asked.append(len(idx))
+        t0 = time.perf_counter()
+        try:
+            return one(self, pod, args, names, idx, result)
+        finally:
+            t.rank.append(time.perf_counter() - t0)
+
     async def _call(self, fn, *args, pool=None):
         if getattr(fn, "__name__", "") != "bind":
             return await call(self, fn, *args, pool=pool)
@@ -91,11 +101,13 @@ def timed(t: Timings) -> Iterator[None]:
             if "end" in ran:
                 t.binds.append((asked, ran["start"], ran["end"], time.monotonic()))
 
-    Extender._serve, Extender._settle, Extender._rank, ApiCalls.call = _serve, _settle, _rank, _call
+    Extender._serve, Extender._settle, Extender._rank, Extender._filter_one, ApiCalls.call = \
+        _serve, _settle, _rank, _filter_one, _call
     try:
         yield
     finally:
-        Extender._serve, Extender._settle, Extender._rank, ApiCalls.call = serve, settle, rank, call
+        Extender._serve, Extender._settle, Extender._rank, Extender._filter_one, ApiCalls.call = \
+            serve, settle, rank, one, call
 
 
 def _thread_cpu_s() -> dict[str, float]:

@@ -319,12 +319,14 @@ class Scheduler:
             np.maximum.at(best, cand.node, self.total_score(ctx, cand))
         return best, [r.message for r in reasons]
 
-    def schedule(self, cluster: ClusterState, workload: Workload, node_mask: np.ndarray | None = None) -> Decision:
-        """One scheduling cycle; ``node_mask`` (False = off limits) carries reservations."""
+    def schedule(self, cluster: ClusterState, workload: Workload, node_mask: np.ndarray | None = None,
+                 among: np.ndarray | None = None) -> Decision:
+        """One scheduling cycle; ``node_mask`` (False = off limits) carries reservations; ``among`` (True = asked
+        about), as for ``rank``: only those nodes are considered and counted in the reasons."""
         started = time.perf_counter()
         w = self.effective(workload)
         ctx = CycleContext(cluster.snapshot(), w)
-        cand, reasons = self.candidates(ctx, node_mask)
+        cand, reasons = self.candidates(ctx, node_mask, among)
         if len(cand) == 0:
             why = reasons or [Reason(Code.NO_FEASIBLE_NODE, FRAMEWORK, "no feasible node")]
             return Decision(workload, None, why, latency_s=time.perf_counter() - started, nodes=len(cluster))

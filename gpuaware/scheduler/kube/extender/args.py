@@ -83,6 +83,8 @@ def _nullable_list(obj: dict[str, Any], key: str, where: str, each: Callable[[An
         return
     if not isinstance(items, list):
         raise BadRequest(f"{where}: must be a list, not {_kind(items)}")
+    if each is _string and all(type(item) is str for item in items):
+        return  # kube-scheduler's NodeNames (hundreds per request): no per-item call and place name
     for i, item in enumerate(items):
         each(item, f"{where}[{i}]")
 

@@ -7,8 +7,9 @@ answer echoes the kept ones. What each verb answers (docs/scheduler.md, "Extende
 
 - ``/filter`` → 200 ``ExtenderFilterResult``: ``NodeNames`` (or ``Nodes``) that pass, the others in
   ``FailedNodes`` with the core's reason (resolvable: health and capacity change, preemption may
-  help); with ``one_node`` (``extender_one_node``, shipped) only the node the core picks is kept, so
-  kube-scheduler binds it without a scoring round or /prioritize; a pod whose gpuaware request cannot
+  help); with ``one_node`` (``extender_one_node``, shipped) the core's own cycle runs over the nodes asked
+  about and only the node it picks is kept, so kube-scheduler binds it without a scoring round or /prioritize,
+  and the pod's GPUs there are reserved at once for its /bind (``Reservation``); a pod whose gpuaware request cannot
   be scheduled as written fails every node in ``FailedAndUnresolvableNodes`` with the reason (it stays
   Pending, Unschedulable, with that message; an ``Error`` would be skipped by an ``ignorable``
   kube-scheduler extender and the pod bound anyway).
@@ -41,6 +42,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import compress
 from typing import Any
 
@@ -50,7 +52,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuaware.contract import annotations
 from gpuaware.plumbing.kube.api import TRANSPORT_ERRORS
-from gpuaware.scheduler.core.framework import Scheduler
+from gpuaware.scheduler.core.framework import Decision, Scheduler
 from gpuaware.scheduler.core.preemption import Running, fits_on_node
 from gpuaware.scheduler.kube import objects
 from gpuaware.scheduler.kube.cache import ClusterCache
@@ -74,6 +76,16 @@ VERBS = ("filter", "prioritize", "preempt", "bind")
 BIND_WAIT_S = 2.0
 MIB = 1024 * 1024
 DEFAULT_MAX_BODY_BYTES = int(SchedulerSettings.model_fields["extender_max_body_mib"].default * MIB)
+UNKNOWN_NODE = "gpuaware: node unknown (not yet seen by the scheduler's cache)"
+
+
+@dataclass
+class Reservation:
+    """What a ``one_node`` /filter reserved for its pod's /bind: the node kept, the pod as filtered, when."""
+
+    node: str
+    pod: dict[str, Any]
+    at: float  # time.monotonic()
 
 
 class Extender:
@@ -90,6 +102,9 @@ class Extender:
         self.calls, self.bind_wait_s = calls, bind_wait_s
         # Pods this extender kept nodes for whose /bind has not come yet: key -> (pod as filtered, its bind came).
         self._awaited: dict[str, tuple[dict[str, Any], asyncio.Event]] = {}
+        # ``one_node``: pods whose GPUs their /filter reserved (assumed in the cache) until their /bind comes, or
+        # ``bind_wait_s`` passes without one (``_lapse``), in the order reserved.
+        self._reserved: dict[str, Reservation] = {}
         # The last /filter's ranking (pod UID, scores, reasons, the names it kept and their scores): its
         # /prioritize, next in the same scheduling cycle, scores from it rather than ranking every node again
         # (and, asked about the names it kept, as kube-scheduler does, without looking them up again).
@@ -162,21 +177,13 @@ class Extender:
         if not objects.is_gpuaware(pod):
             return result
         idx = self._indices(names)
+        if self.one_node:
+            return self._filter_one(pod, args, names, idx, result)
         try:
             scores, reasons = self._rank(pod, idx)
         except PodSpecError as exc:
             self._ranked = None
-            # Unresolvable on every node, not an Error: kube-scheduler skips an ignorable extender's
-            # Error (the pod would be bound as if gpuaware had no say) and otherwise reports only an
-            # opaque scheduling error; this way the pod stays Pending as Unschedulable with our reason
-            # in its PodScheduled condition, and no preemption is tried for it.
-            why = f"gpuaware: invalid gpuaware request: {exc}"
-            result["FailedAndUnresolvableNodes"] = dict.fromkeys(names, why)
-            if args.get("NodeNames") is not None:
-                result["NodeNames"] = []
-            else:
-                result["Nodes"] = {**(args.get("Nodes") or {}), "items": []}
-            return result
+            return self._unresolvable(args, names, result, exc)
         node_scores = self._scores_of(idx, scores)
         fits = np.isfinite(node_scores)
         if fits.all():
@@ -187,16 +194,14 @@ class Extender:
             failed = result["FailedNodes"]
             for pos in np.flatnonzero(~fits).tolist():
                 # Health and capacity can change, so the failure is resolvable (kube may preempt for it).
-                failed[names[pos]] = why if idx[pos] >= 0 else \
-                    "gpuaware: node unknown (not yet seen by the scheduler's cache)"
-        kept_scores = node_scores[fits]
-        if self.one_node and len(keep) > 1:
-            # The core's own pick: kube-scheduler, left one feasible node, binds it without a scoring round.
-            pos = self._pick(idx[fits], kept_scores)
-            keep, kept_scores = [keep[pos]], kept_scores[pos:pos + 1]
-            result["FailedNodes"] = {}  # the pod goes to the kept node: why the others failed is not asked
+                failed[names[pos]] = why if idx[pos] >= 0 else UNKNOWN_NODE
         uid = pod.get("metadata", {}).get("uid")
-        self._ranked = (uid, scores, reasons, keep, kept_scores) if uid else None
+        self._ranked = (uid, scores, reasons, keep, node_scores[fits]) if uid else None
+        return self._kept(args, keep, result)
+
+    @staticmethod
+    def _kept(args: dict[str, Any], keep: list[str], result: dict[str, Any]) -> dict[str, Any]:
+        """``result`` answering with the nodes ``keep``, as names or as the Node objects asked about."""
         if args.get("NodeNames") is not None:
             result["NodeNames"] = keep
         else:
@@ -205,16 +210,65 @@ class Extender:
             result["Nodes"] = {**nodes, "items": [n for n in nodes.get("items") or [] if node_name(n) in kept]}
         return result
 
-    def _pick(self, idx: np.ndarray, scores: np.ndarray) -> int:
-        """Which of the nodes (cache indices ``idx``, their ``scores``) the core's ``schedule`` would take: the best
-        score, ties broken in the core's seeded node order."""
-        best = np.flatnonzero(scores >= scores.max() - 1e-9)
-        if len(best) == 1:
-            return int(best[0])
-        core = self.core()
-        if core.profile.tie_order == "random":
-            return int(core.rng.choice(best))
-        return int(best[np.argmin(core.node_rank(len(self.cache.cluster))[idx[best]])])
+    @classmethod
+    def _unresolvable(cls, args: dict[str, Any], names: list[str], result: dict[str, Any],
+                      exc: PodSpecError) -> dict[str, Any]:
+        # Unresolvable on every node, not an Error: kube-scheduler skips an ignorable extender's
+        # Error (the pod would be bound as if gpuaware had no say) and otherwise reports only an
+        # opaque scheduling error; this way the pod stays Pending as Unschedulable with our reason
+        # in its PodScheduled condition, and no preemption is tried for it.
+        result["FailedAndUnresolvableNodes"] = dict.fromkeys(names, f"gpuaware: invalid gpuaware request: {exc}")
+        return cls._kept(args, [], result)
+
+    def _filter_one(self, pod: dict[str, Any], args: dict[str, Any], names: list[str], idx: np.ndarray,
+                    result: dict[str, Any]) -> dict[str, Any]:
+        """``one_node``: the core's own cycle (``schedule``) over the nodes asked about keeps the node it picks, and
+        the pod's GPUs there are held for its /bind from now on. kube-scheduler, left one feasible node, binds it
+        without a scoring round, a few milliseconds later, while its next pod's cycle has begun: reserved now, that
+        pod's /filter sees these GPUs taken without waiting for this /bind (``_settle``), and the /bind writes the
+        Binding without deciding again. A /bind that does not come within ``bind_wait_s`` (a later plugin refused
+        the node, the pod went) lets the reservation go (``_lapse``)."""
+        self._ranked = None
+        self._lapse(time.monotonic())
+        key = objects.key(pod)
+        if key in self._reserved:  # kube-scheduler tries the pod again: what its last /filter reserved goes first
+            self._release(key)
+        try:
+            w = self.cache.parse(pod).workload
+        except PodSpecError as exc:
+            return self._unresolvable(args, names, result, exc)
+        c = self.cache.cluster
+        mask = self.cache.node_mask if len(self.cache.node_mask) else None
+        among = np.zeros(len(c), dtype=bool)
+        among[idx[idx >= 0]] = True
+        d = self.core().schedule(c, w, mask, among)  # allocates in the model: the reservation
+        if d.allocation is None:
+            why = "gpuaware: " + ("; ".join(r.message for r in d.why) or "does not fit")
+            result["FailedNodes"] = {n: why if i >= 0 else UNKNOWN_NODE
+                                     for n, i in zip(names, idx.tolist(), strict=True)}
+            return self._kept(args, [], result)
+        self._assume(key, w, d)
+        node = c.names[d.allocation.node]
+        self._reserved[key] = Reservation(node, pod, time.monotonic())
+        return self._kept(args, [node], result)
+
+    def _assume(self, key: str, w: Any, d: Decision) -> None:
+        self.cache.assume(key, Running(w, d.allocation, time.time(), 0.0, None))
+
+    def _lapse(self, now: float) -> None:
+        """Let go of the reservations whose /bind has not come within ``bind_wait_s``."""
+        while self._reserved:
+            key, r = next(iter(self._reserved.items()))
+            if now - r.at < self.bind_wait_s:
+                break  # in the order reserved: the rest are younger
+            log.info("extender: no /bind for %s within %.1fs; the GPUs its /filter reserved on %s go back",
+                     key, self.bind_wait_s, r.node)
+            self._release(key)
+
+    def _release(self, key: str) -> None:
+        self._reserved.pop(key, None)
+        if key in self.cache.assumed:
+            self.cache.forget(key)
 
     def _filter_claim_pod(self, names: list[str], result: dict[str, Any]) -> dict[str, Any]:
         """Health only: a node whose GPUs are all critical (or that gpuaware keeps free of new work) fails. A GPU
@@ -324,8 +378,18 @@ class Extender:
         """``ExtenderBindingResult``: the pod's GPUs on ``Node`` reserved in the cache, then one Binding
         (UID precondition) that carries them as annotations; ``{"Error"}`` when the node has no room left
         or the API refused. Pods gpuaware has nothing to say about are bound as they are."""
+        if self.calls is None:
+            raise RuntimeError("this extender has no API client to bind with")
         ns, name, uid, node = args["PodNamespace"], args["PodName"], args["PodUID"] or None, args["Node"]
         key = f"{ns}/{name}"
+        r = self._reserved.pop(key, None)
+        if r is not None:
+            held = self.cache.assumed.get(key)
+            if (held is not None and held.node == node and self.cache.running.get(key) is held.running
+                    and (not uid or r.pod.get("metadata", {}).get("uid") == uid)):
+                return await self._write(key, ns, name, uid, node, held.running.allocation)
+            # Not what was reserved (another node, another pod of the name): decided again below, for this node.
+            return await self._bind(key, ns, name, uid, node, r.pod, lambda: None)
         filtered, came = self._awaited.pop(key, (None, asyncio.Event()))
         try:
             return await self._bind(key, ns, name, uid, node, filtered, came.set)
@@ -335,12 +399,9 @@ class Extender:
     async def _bind(self, key: str, ns: str, name: str, uid: str | None, node: str,
                     filtered: dict[str, Any] | None, reserved: Callable[[], None]) -> dict[str, Any]:
         """``reserved()`` once the model holds the pod's GPUs: the next /filter need not wait for the API."""
-        if self.calls is None:
-            raise RuntimeError("this extender has no API client to bind with")
         pod = self.cache.pods.get(key)
         if pod is None or (uid and pod["metadata"].get("uid") != uid):
             pod = filtered  # kube-scheduler's watch may be ahead of ours
-        ann: dict[str, str] = {}
         if pod is not None and objects.is_gpuaware(pod):
             c = self.cache.cluster
             i = c.index.get(node)
@@ -359,11 +420,20 @@ class Extender:
             if d.allocation is None:
                 why = "; ".join(d.reasons)
                 return {"Error": f"gpuaware: {node} has no room left for {key} ({why})"}
-            self.cache.assume(key, Running(w, d.allocation, time.time(), 0.0, None))
+            self._assume(key, w, d)
             self._ranked = None  # ranked before this reservation
             reserved()
-            ann = {annotations.ANN_GPUS: objects.gpus_annotation(d.allocation, {}),
-                   annotations.ANN_SHARING: objects.sharing_annotation(d.allocation)}
+            return await self._write(key, ns, name, uid, node, d.allocation)
+        return await self._write(key, ns, name, uid, node, None)
+
+    async def _write(self, key: str, ns: str, name: str, uid: str | None, node: str,
+                     allocation: Any) -> dict[str, Any]:
+        """The Binding, carrying ``allocation`` (held in the model as ``key``'s; None: a pod gpuaware has no say
+        about) as annotations; the allocation is let go if the API refuses."""
+        ann: dict[str, str] = {}
+        if allocation is not None:
+            ann = {annotations.ANN_GPUS: objects.gpus_annotation(allocation, {}),
+                   annotations.ANN_SHARING: objects.sharing_annotation(allocation)}
         try:
             await self.calls.call(self.calls.api.bind, ns, name, node, ann, uid)
         except ApiException as exc:
@@ -437,10 +507,12 @@ class Extender:
         try:
             if verb == "bind":
                 return 200, await self.bind(args)
-            if verb == "filter" and objects.is_gpuaware(args["Pod"]):
+            # Without one_node the GPUs are reserved at /bind, and the next /filter waits for the last one's.
+            settle = verb == "filter" and not self.one_node
+            if settle and objects.is_gpuaware(args["Pod"]):
                 await self._settle(objects.key(args["Pod"]))
             answer = getattr(self, verb)(args)
-            if verb == "filter":
+            if settle:
                 self._expect_bind(args, answer)
             return 200, answer
         except Exception as exc:

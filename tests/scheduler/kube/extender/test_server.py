@@ -9,6 +9,7 @@ import http.client
 import json
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,9 +195,10 @@ def test_one_node_keeps_the_node_the_core_would_pick_so_kube_scheduler_skips_sco
     assert ext.one_node
     half = gpu_pod(annotations={"gpuaware.io/gpu-milli": "500"})
     half["metadata"]["uid"] = "uid-half"
+    alone = cluster()
+    picked = Scheduler(profile("gpuaware", WorkloadMix(), 0)).schedule(alone.cluster, alone.parse(half).workload)
     res = ext.filter({"Pod": half, "NodeNames": ["n0", "n1", "n2", "n3"]})
-    picked = core.schedule(ext.cache.cluster, ext.cache.parse(half).workload).allocation.node
-    assert res["NodeNames"] == [ext.cache.cluster.names[picked]] and res["FailedNodes"] == {}
+    assert res["NodeNames"] == [alone.cluster.names[picked.allocation.node]] and res["FailedNodes"] == {}
     assert ext.prioritize({"Pod": half, "NodeNames": res["NodeNames"]}) == [{"Host": res["NodeNames"][0],
                                                                              "Score": 10}]
     # Nowhere to go: every node fails with the core's reason, as without it.
@@ -207,6 +209,35 @@ def test_one_node_keeps_the_node_the_core_would_pick_so_kube_scheduler_skips_sco
     assert res["NodeNames"] == ["n0", "n1", "n2"]
     assert not Extender.from_settings(cluster(), lambda: core, lambda: True,
                                       SchedulerSettings(extender_port=0, extender_one_node=False)).one_node
+
+
+def one_node_extender(cache: ClusterCache | None = None, **kw: Any) -> Extender:
+    core = Scheduler(profile("gpuaware", WorkloadMix(), 0))
+    return Extender(cache or cluster(), lambda: core, lambda: True, one_node=True, **kw)
+
+
+def test_one_node_filter_reserves_the_gpus_it_picked_so_the_next_filter_sees_them_taken():
+    """kube-scheduler binds a pod a few milliseconds after its cycle, while the next pod's /filter is asked: the
+    GPUs are held from the first pod's /filter on, so the second is not given them."""
+    ext = one_node_extender()
+    first, second = gpu_pod("first", gpus=1), gpu_pod("second", gpus=1)
+    # n1 has one GPU free, n0 none: only one of the two fits.
+    assert ext.filter({"Pod": first, "NodeNames": ["n0", "n1"]})["NodeNames"] == ["n1"]
+    assert ext.cache.assumed["default/first"].node == "n1"
+    res = ext.filter({"Pod": second, "NodeNames": ["n0", "n1"]})
+    assert res["NodeNames"] == [] and set(res["FailedNodes"]) == {"n0", "n1"}
+    # Asked again (kube-scheduler retries the pod), its earlier reservation goes first: the same GPU is free for it.
+    assert ext.filter({"Pod": first, "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
+    assert list(ext.cache.assumed) == ["default/first"]
+
+
+def test_a_reservation_whose_bind_never_comes_lets_its_gpus_go_back():
+    ext = one_node_extender(bind_wait_s=0.05)
+    assert ext.filter({"Pod": gpu_pod("first", gpus=1), "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
+    assert ext.filter({"Pod": gpu_pod("second", gpus=1), "NodeNames": ["n1"]})["NodeNames"] == []
+    time.sleep(0.06)  # no /bind for "first" (a later plugin of kube-scheduler refused the node)
+    assert ext.filter({"Pod": gpu_pod("second", gpus=1), "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
+    assert list(ext.cache.assumed) == ["default/second"]
 
 
 # --------------------------------------------------------------------------- 2. nodeCacheCapable
@@ -674,3 +705,44 @@ def test_bind_reserves_the_gpus_writes_them_in_the_binding_and_refuses_a_node_wi
     assert not bound["too-big"]["spec"].get("nodeName") and not bound["old"]["spec"].get("nodeName")
     assert set(cache.assumed) == {"default/fits"}
     assert "default/old" not in cache.running and "default/too-big" not in cache.running
+
+
+def test_bind_writes_what_the_one_node_filter_reserved_and_decides_again_for_another_node(kube):
+    cache = cluster()
+    calls = ApiCalls(KubeApi(kube.admin), SchedulerStats(), workers=2)
+    pods = {name: kube.create("pods", make_pod(name, gpus=1, annotations={"gpuaware.io/gpu-milli": "500"},
+                                               scheduler="default-scheduler"))
+            for name in ("kept", "moved")}
+    for name in ("n1", "n2"):
+        kube.create("nodes", make_node(name, gpus=2))
+    cache.sync_pods([*cache.pods.values(), *pods.values()])
+    ext = one_node_extender(cache, calls=calls)
+    decided = []
+    schedule = ext.core().schedule
+    ext.core().schedule = lambda *a, **kw: decided.append(a[2] is not None and a[2].sum() == 1) or schedule(*a, **kw)
+
+    def bind(name: str, node: str) -> dict:
+        status, res = post(port, "/bind", {"PodName": name, "PodNamespace": "default",
+                                           "PodUID": pods[name]["metadata"]["uid"], "Node": node})
+        assert status == 200, res
+        return res
+
+    try:
+        with served(ext) as port:
+            for name in ("kept", "moved"):
+                status, res = post(port, "/filter", {"Pod": cache.pods[f"default/{name}"], "NodeNames": ["n1", "n2"]})
+                assert status == 200 and len(res["NodeNames"]) == 1, res
+            reserved = {k: (a.node, list(a.running.allocation.gpus)) for k, a in cache.assumed.items()}
+            assert len(decided) == 2
+            assert bind("kept", reserved["default/kept"][0]) == {"Error": ""}
+            assert len(decided) == 2  # the Binding carries the reservation: nothing decided again
+            other = "n2" if reserved["default/moved"][0] == "n1" else "n1"
+            assert bind("moved", other) == {"Error": ""}  # a node other than the one kept: decided for it
+            assert decided[2:] == [True] and cache.assumed["default/moved"].node == other
+    finally:
+        calls.shutdown()
+    bound = {p["metadata"]["name"]: p for p in kube.objects("pods")}
+    assert bound["kept"]["spec"]["nodeName"] == reserved["default/kept"][0]
+    gpus = json.loads(bound["kept"]["metadata"]["annotations"]["gpuaware.io/gpus"])
+    assert [g["index"] for g in gpus] == reserved["default/kept"][1] and gpus[0]["milli"] == 500
+    assert bound["moved"]["spec"]["nodeName"] == other
