@@ -114,8 +114,9 @@ class SchedulerSettings(BaseModel):
     # (~9 KB each: ~4.5 MiB for 500) and needs it raised.
     extender_max_body_mib: float = Field(2.0, gt=0, le=64, description="larger extender requests get 413")
     extender_one_node: bool = Field(True, description="/filter keeps, of the nodes where a gpuaware pod fits, the "
-                                    "one the core picks (kube-scheduler then binds it there without scoring or "
-                                    "/prioritize); false: every node that fits, scored 0-10 by /prioritize")
+                                    "one the core picks and reserves its GPUs there for the /bind (kube-scheduler "
+                                    "then binds it there without scoring or /prioritize); false: every node that "
+                                    "fits, scored 0-10 by /prioritize, the GPUs reserved at /bind")
     api_server: str | None = Field(None, description="Kubernetes API URL; default: in-cluster config, then kubeconfig")
 
     @model_validator(mode="after")

@@ -38,6 +38,7 @@ as the custom scheduler; nothing is reserved (kube-scheduler binds).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -77,6 +78,8 @@ BIND_WAIT_S = 2.0
 MIB = 1024 * 1024
 DEFAULT_MAX_BODY_BYTES = int(SchedulerSettings.model_fields["extender_max_body_mib"].default * MIB)
 UNKNOWN_NODE = "gpuaware: node unknown (not yet seen by the scheduler's cache)"
+LAPSED_KEPT = 4096
+LAPSING = web.AppKey("lapsing", asyncio.Task)
 
 
 @dataclass
@@ -105,6 +108,9 @@ class Extender:
         # ``one_node``: pods whose GPUs their /filter reserved (assumed in the cache) until their /bind comes, or
         # ``bind_wait_s`` passes without one (``_lapse``), in the order reserved.
         self._reserved: dict[str, Reservation] = {}
+        # Pods whose reservation lapsed, as filtered (the latest LAPSED_KEPT): a /bind that comes after all is decided
+        # again for its node from them when the informer has not shown the pod yet.
+        self._lapsed: dict[str, dict[str, Any]] = {}
         # The last /filter's ranking (pod UID, scores, reasons, the names it kept and their scores): its
         # /prioritize, next in the same scheduling cycle, scores from it rather than ranking every node again
         # (and, asked about the names it kept, as kube-scheduler does, without looking them up again).
@@ -233,6 +239,14 @@ class Extender:
         key = objects.key(pod)
         if key in self._reserved:  # kube-scheduler tries the pod again: what its last /filter reserved goes first
             self._release(key)
+        held = self.cache.running.get(key)
+        if held is not None:
+            # Its Binding is in flight (kube-scheduler gave up waiting for the /bind and tries the pod again) or
+            # written: the node it holds is the answer, and deciding again would allocate it twice.
+            node = self.cache.cluster.names[held.allocation.node]
+            if key in self.cache.assumed:
+                self._reserved[key] = Reservation(node, pod, time.monotonic())
+            return self._kept(args, [node], result)
         try:
             w = self.cache.parse(pod).workload
         except PodSpecError as exc:
@@ -264,6 +278,9 @@ class Extender:
             log.info("extender: no /bind for %s within %.1fs; the GPUs its /filter reserved on %s go back",
                      key, self.bind_wait_s, r.node)
             self._release(key)
+            self._lapsed[key] = r.pod
+            if len(self._lapsed) > LAPSED_KEPT:
+                del self._lapsed[next(iter(self._lapsed))]
 
     def _release(self, key: str) -> None:
         self._reserved.pop(key, None)
@@ -382,19 +399,35 @@ class Extender:
             raise RuntimeError("this extender has no API client to bind with")
         ns, name, uid, node = args["PodNamespace"], args["PodName"], args["PodUID"] or None, args["Node"]
         key = f"{ns}/{name}"
+        self._lapse(time.monotonic())
         r = self._reserved.pop(key, None)
         if r is not None:
+            filtered_uid = r.pod.get("metadata", {}).get("uid")
+            if uid and filtered_uid and filtered_uid != uid:
+                # A /bind from an earlier cycle, for a pod since replaced under the name: the reservation is the
+                # current pod's and stays; the Binding's UID precondition would refuse this one anyway.
+                self._reserved[key] = r
+                return {"Error": f"gpuaware: /bind of {key} UID {uid}, but the pod filtered last is UID "
+                                 f"{filtered_uid}"}
             held = self.cache.assumed.get(key)
-            if (held is not None and held.node == node and self.cache.running.get(key) is held.running
-                    and (not uid or r.pod.get("metadata", {}).get("uid") == uid)):
+            if held is not None and held.node == node and self._still_fits(held.running.allocation):
                 return await self._write(key, ns, name, uid, node, held.running.allocation)
-            # Not what was reserved (another node, another pod of the name): decided again below, for this node.
+            # Not what was reserved (another node), or the node or a GPU of it may take no new work since: decided
+            # again below, for this node, as it is now.
             return await self._bind(key, ns, name, uid, node, r.pod, lambda: None)
-        filtered, came = self._awaited.pop(key, (None, asyncio.Event()))
+        lapsed = self._lapsed.pop(key, None)
+        filtered, came = self._awaited.pop(key, (lapsed, asyncio.Event()))
         try:
             return await self._bind(key, ns, name, uid, node, filtered, came.set)
         finally:
             came.set()
+
+    def _still_fits(self, allocation: Any) -> bool:
+        """The node of a reservation still takes new work and none of its GPUs became critical since."""
+        c, i = self.cache.cluster, allocation.node
+        if len(self.cache.node_mask) and not self.cache.node_mask[i]:
+            return False
+        return not any(c.band[i, g] >= 2 for g in allocation.gpus)
 
     async def _bind(self, key: str, ns: str, name: str, uid: str | None, node: str,
                     filtered: dict[str, Any] | None, reserved: Callable[[], None]) -> dict[str, Any]:
@@ -444,6 +477,9 @@ class Extender:
             self.calls.stats.api_errors[("bind", 0)] += 1
             self._withdraw(key, ann)
             return {"Error": f"gpuaware: binding {key} to {node}: {exc}"}
+        except BaseException:  # cancelled, or the API threads shut down: nothing may stay held for it
+            self._withdraw(key, ann)
+            raise
         return {"Error": ""}
 
     def _withdraw(self, key: str, ann: dict[str, str]) -> None:
@@ -451,8 +487,25 @@ class Extender:
             self.cache.forget(key)
 
     # ------------------------------------------------------------------ HTTP
+    async def _lapsing(self) -> None:
+        """While served: reservations lapse on time even when no /filter or /bind comes to let them go."""
+        while True:
+            await asyncio.sleep(self.bind_wait_s / 2)
+            self._lapse(time.monotonic())
+
+    async def _start_lapsing(self, app: web.Application) -> None:
+        app[LAPSING] = asyncio.get_running_loop().create_task(self._lapsing())
+
+    async def _stop_lapsing(self, app: web.Application) -> None:
+        app[LAPSING].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await app[LAPSING]
+
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
+        if self.one_node:
+            app.on_startup.append(self._start_lapsing)
+            app.on_cleanup.append(self._stop_lapsing)
         app.add_routes([web.post(f"/{verb}", self._serve) for verb in VERBS]
                        + [web.get("/healthz", self._healthz), web.get("/readyz", self._readyz)])
         return app

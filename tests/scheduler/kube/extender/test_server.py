@@ -211,6 +211,13 @@ def test_one_node_keeps_the_node_the_core_would_pick_so_kube_scheduler_skips_sco
                                       SchedulerSettings(extender_port=0, extender_one_node=False)).one_node
 
 
+def until(condition: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
 def one_node_extender(cache: ClusterCache | None = None, **kw: Any) -> Extender:
     core = Scheduler(profile("gpuaware", WorkloadMix(), 0))
     return Extender(cache or cluster(), lambda: core, lambda: True, one_node=True, **kw)
@@ -238,6 +245,28 @@ def test_a_reservation_whose_bind_never_comes_lets_its_gpus_go_back():
     time.sleep(0.06)  # no /bind for "first" (a later plugin of kube-scheduler refused the node)
     assert ext.filter({"Pod": gpu_pod("second", gpus=1), "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
     assert list(ext.cache.assumed) == ["default/second"]
+
+
+def test_a_pod_filtered_again_while_its_binding_is_in_flight_keeps_its_node_and_is_not_allocated_twice():
+    """kube-scheduler gives up on a /bind after its httpTimeout and tries the pod again while the Binding may still
+    land: the answer is the node the pod holds, not a second allocation (which raised: a 500)."""
+    ext = one_node_extender()
+    pod = gpu_pod("first", gpus=1)
+    assert ext.filter({"Pod": pod, "NodeNames": ["n1", "n2"]})["NodeNames"] == [node := ext.cache.assumed[
+        "default/first"].node]
+    ext._reserved.pop("default/first")  # as /bind does before it writes the Binding
+    free = ext.cache.cluster.gpu_free.copy()
+    assert ext.filter({"Pod": pod, "NodeNames": ["n1", "n2"]})["NodeNames"] == [node]
+    assert (ext.cache.cluster.gpu_free == free).all() and list(ext.cache.assumed) == ["default/first"]
+
+
+def test_reservations_lapse_on_time_while_served_even_with_no_request_after_them():
+    ext = one_node_extender(bind_wait_s=0.1)
+    with served(ext) as port:
+        status, res = post(port, "/filter", {"Pod": gpu_pod("last", gpus=1), "NodeNames": ["n1"]})
+        assert status == 200 and res["NodeNames"] == ["n1"]
+        assert "default/last" in ext.cache.assumed
+        until(lambda: not ext.cache.assumed)
 
 
 # --------------------------------------------------------------------------- 2. nodeCacheCapable
@@ -746,3 +775,53 @@ def test_bind_writes_what_the_one_node_filter_reserved_and_decides_again_for_ano
     gpus = json.loads(bound["kept"]["metadata"]["annotations"]["gpuaware.io/gpus"])
     assert [g["index"] for g in gpus] == reserved["default/kept"][1] and gpus[0]["milli"] == 500
     assert bound["moved"]["spec"]["nodeName"] == other
+
+
+def test_a_reserved_bind_refuses_a_stale_uid_decides_again_on_a_cordoned_node_and_never_leaks_the_gpus(kube):
+    cache = cluster()
+    calls = ApiCalls(KubeApi(kube.admin), SchedulerStats(), workers=2)
+    pods = {name: kube.create("pods", make_pod(name, gpus=1, scheduler="default-scheduler"))
+            for name in ("a", "b", "late", "shut")}
+    for name in ("n1", "n2"):
+        kube.create("nodes", make_node(name, gpus=2))
+    cache.sync_pods([*cache.pods.values(), *(pods[n] for n in ("a", "b", "shut"))])  # "late": not seen yet
+    ext = one_node_extender(cache, calls=calls, bind_wait_s=0.2)
+
+    def filter_(name: str, names: tuple[str, ...] = ("n2",)) -> str:
+        (node,) = ext.filter({"Pod": pods[name], "NodeNames": list(names)})["NodeNames"]
+        return node
+
+    def bind(name: str, uid: str | None = None, node: str = "n2") -> tuple[int, dict]:
+        return post(port, "/bind", {"PodName": name, "PodNamespace": "default",
+                                    "PodUID": uid or pods[name]["metadata"]["uid"], "Node": node})
+
+    try:
+        with served(ext) as port:
+            filter_("a")
+            # A /bind from an earlier cycle, for a pod since replaced under the name: refused, the reservation kept.
+            status, res = bind("a", uid="uid-of-an-earlier-pod")
+            assert status == 200 and "the pod filtered last" in res["Error"]
+            assert "default/a" in cache.assumed and "default/a" in ext._reserved
+            assert bind("a") == (200, {"Error": ""})
+            # n2 cordoned between /filter and /bind: decided again for n2 as it is now, nothing written.
+            filter_("b")
+            cache.node_mask[cache.cluster.index["n2"]] = False
+            status, res = bind("b")
+            assert status == 200 and "n2 has no room left for default/b" in res["Error"]
+            assert "default/b" not in cache.assumed
+            cache.node_mask[cache.cluster.index["n2"]] = True
+            # Lapsed before its /bind, and the informer has not shown the pod: decided again from the pod filtered.
+            filter_("late")
+            until(lambda: "default/late" not in cache.assumed)
+            assert bind("late") == (200, {"Error": ""})
+            # The API threads gone (shutting down): a 500, and the reservation does not stay held.
+            node = filter_("shut", ("n1", "n2"))  # n2 is full now
+            calls.shutdown()
+            status, _ = bind("shut", node=node)
+            assert status == 500 and "default/shut" not in cache.assumed
+    finally:
+        calls.shutdown()
+    bound = {p["metadata"]["name"]: p for p in kube.objects("pods")}
+    assert bound["a"]["spec"]["nodeName"] == "n2" and not bound["b"]["spec"].get("nodeName")
+    assert json.loads(bound["late"]["metadata"]["annotations"]["gpuaware.io/gpus"])[0]["milli"] == 1000
+    assert not bound["shut"]["spec"].get("nodeName")
