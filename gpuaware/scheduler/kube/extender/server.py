@@ -133,10 +133,14 @@ class Extender:
 
         Only the nodes asked about are ranked: kube-scheduler sends a share of them (percentageOfNodesToScore,
         about 40% of 1,213 nodes), and scoring the rest was most of a /filter's work."""
-        mask = self.cache.node_mask if len(self.cache.node_mask) else None
+        return self.core().rank(self.cache.cluster, self.cache.parse(pod).workload, *self._scope(idx))
+
+    def _scope(self, idx: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """(the cache's node mask, None when it has none; the nodes of cache indices ``idx`` as a mask): what the
+        core's ``rank`` and ``schedule`` take as ``node_mask`` and ``among``."""
         among = np.zeros(len(self.cache.cluster), dtype=bool)
         among[idx[idx >= 0]] = True
-        return self.core().rank(self.cache.cluster, self.cache.parse(pod).workload, mask, among)
+        return (self.cache.node_mask if len(self.cache.node_mask) else None), among
 
     def _ranked_scores(self, pod: dict[str, Any], names: list[str]) -> np.ndarray:
         """The score of each of ``names`` (-inf: it cannot go there), from the ranking the pod's /filter just made
@@ -252,10 +256,7 @@ class Extender:
         except PodSpecError as exc:
             return self._unresolvable(args, names, result, exc)
         c = self.cache.cluster
-        mask = self.cache.node_mask if len(self.cache.node_mask) else None
-        among = np.zeros(len(c), dtype=bool)
-        among[idx[idx >= 0]] = True
-        d = self.core().schedule(c, w, mask, among)  # allocates in the model: the reservation
+        d = self.core().schedule(c, w, *self._scope(idx))  # allocates in the model: the reservation
         if d.allocation is None:
             why = "gpuaware: " + ("; ".join(r.message for r in d.why) or "does not fit")
             result["FailedNodes"] = {n: why if i >= 0 else UNKNOWN_NODE
