@@ -521,8 +521,11 @@ class Extender:
                     payload["Error"])
         # orjson: an answer echoing an 8 MiB NodeList (nodeCacheCapable: false) took json ~70 ms holding the GIL;
         # a large body's nodes are echoed as the bytes they came in (offload.RawNode). Other tasks run between
-        # making the answer and writing it, so the two do not add up to one stall.
-        await asyncio.sleep(0)
+        # making such an answer and writing it, so the two do not add up to one stall. Any other answer is written
+        # at once: kube-scheduler waits for /filter inside its one-pod-at-a-time cycle, and whatever else was
+        # ready (informer events, /bind completions) would run first, on that wait.
+        if isinstance(payload, dict) and payload.get("Nodes"):
+            await asyncio.sleep(0)
         body = offload.dumps(payload)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         response = web.Response(body=body, status=status, content_type="application/json", headers=headers)

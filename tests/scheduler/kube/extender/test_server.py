@@ -13,13 +13,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import aiohttp
 import orjson
 import pytest
 import yaml
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.streams import StreamReader
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -267,6 +269,38 @@ def test_reservations_lapse_on_time_while_served_even_with_no_request_after_them
         assert status == 200 and res["NodeNames"] == ["n1"]
         assert "default/last" in ext.cache.assumed
         until(lambda: not ext.cache.assumed)
+
+
+def _serve_order(ext: Extender, args: dict) -> list[str]:
+    """Whether other ready work on the loop ran before ``ext``'s /filter answer was made ("answered" first: not)."""
+    async def scenario() -> list[str]:
+        order: list[str] = []
+        body = StreamReader(mock.Mock(_reading_paused=False), 2 ** 16, loop=asyncio.get_running_loop())
+        body.feed_data(json.dumps(args).encode())
+        body.feed_eof()
+        request = make_mocked_request("POST", "/filter", headers={"Content-Type": "application/json"}, payload=body)
+
+        async def other() -> None:
+            order.append("other")
+
+        task = asyncio.create_task(other())  # ready: it runs at the loop's next turn
+        response = await ext._serve(request)
+        order.append("answered")
+        await task
+        assert response.status == 200
+        return order
+    return asyncio.run(scenario())
+
+
+def test_a_filter_answer_is_not_held_behind_other_ready_work():
+    """kube-scheduler waits for /filter inside its one-pod-at-a-time cycle: the answer is made and handed on without
+    giving the loop to whatever else is ready first (informer events, /bind completions), which added their work to
+    every /filter. An answer that echoes Node objects (nodeCacheCapable: false) still lets them run between making
+    it and writing it."""
+    names = {"Pod": gpu_pod("first", gpus=1), "NodeNames": ["n1", "n2"]}
+    assert _serve_order(one_node_extender(), names) == ["answered", "other"]
+    nodes = {"Pod": gpu_pod("second", gpus=1), "Nodes": {"items": [make_node("n1", gpus=2), make_node("n2", gpus=2)]}}
+    assert _serve_order(make_extender(), nodes) == ["other", "answered"]
 
 
 # --------------------------------------------------------------------------- 2. nodeCacheCapable
