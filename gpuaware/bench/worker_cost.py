@@ -14,8 +14,11 @@ their rates (heartbeat every 1 s, fleet check and rollups every 5 s, half an int
 measured. JSON: ``gpus``, ``samples``, ``states`` (``heartbeat_states`` of them), ``node_states``, ``cpu_s`` and its
 split (``process_cpu_s`` for decoding, applying and finishing takes with their states encoded, ``timers_cpu_s``),
 ``samples_per_cpu_s`` (what a worker could take at most, before Faust and the client), ``published_samples_per_s``
-(what the fleet sends), and ``headroom`` (the ratio of the two: above 1, the logic alone keeps up). ``--profile
-FILE`` writes a cProfile of the measured part.
+(what the fleet sends), ``headroom`` (the ratio of the two: above 1, the logic alone keeps up), and the table's
+writes and bytes a second by kind of key (``table_writes_per_s``, ``table_bytes_per_s``; ``table_bytes_per_gpu_s``
+all of them per GPU): what the worker puts to RocksDB and its changelog. A node's history entry grows with its
+minutes, up to an hour of them: ``--warmup 3900`` measures a worker that has held its GPUs for an hour.
+``--profile FILE`` writes a cProfile of the measured part.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import cProfile
 import json
 import time
 import zlib
+from collections import Counter
 from pathlib import Path
 
 from gpuaware.bench.fleet_load import TICKS_PER_S, Fleet, load_template
@@ -38,12 +42,29 @@ PARTITIONS = topics.spec(topics.TELEMETRY).partitions
 T0_MS = 1_800_000_000_000
 
 
+class Table(dict):
+    """The processor's table (a dict, as the tests use) counting its writes and their bytes by kind of key (``node``,
+    ``hist``, ``owner``: ``gpuaware.stream.processor``): what a worker puts to RocksDB and its changelog."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: Counter[str] = Counter()
+        self.bytes: Counter[str] = Counter()
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        kind = key.split(":", 1)[0] if ":" in key else "gpu"
+        self.writes[kind] += 1
+        self.bytes[kind] += len(value)
+        super().__setitem__(key, value)
+
+
 class Worker:
     """The worker's loop around the processor, on a clock the caller moves."""
 
     def __init__(self, fleet: Fleet):
         self.fleet = fleet
-        self.processor = StreamProcessor({})
+        self.table = Table()
+        self.processor = StreamProcessor(self.table)
         self.publisher = StatePublisher(topics.GPU_STATE, None, self.processor.stats)  # its encoding only
         self.rollups = StatePublisher(topics.NODE_STATE, None, self.processor.stats, node_gpus())
         self.owned = set(range(PARTITIONS))
@@ -123,6 +144,8 @@ def main(argv: list[str] | None = None) -> None:
         tick += 1
     worker.samples = worker.states = worker.heartbeat_states = worker.node_states = 0
     worker.process_s = worker.timers_s = 0.0
+    worker.table.writes.clear()
+    worker.table.bytes.clear()
     worker.split = {"heartbeat": 0.0, "rollup": 0.0}
     profiler = cProfile.Profile() if args.profile else None
     if profiler:
@@ -144,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
         "samples_per_cpu_s": round(worker.samples / cpu, 1), "published_samples_per_s": round(published, 1),
         "headroom": round(worker.samples / cpu / published, 3),
         "forecasting": sum(t.forecasting for t in worker.processor.trackers.values()),
+        "table_writes_per_s": {k: round(v / args.seconds, 1) for k, v in sorted(worker.table.writes.items())},
+        "table_bytes_per_s": {k: round(v / args.seconds) for k, v in sorted(worker.table.bytes.items())},
+        "table_bytes_per_gpu_s": round(sum(worker.table.bytes.values()) / args.seconds / (len(fleet.nodes) * 8), 1),
     }))
 
 
