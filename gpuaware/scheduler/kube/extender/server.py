@@ -56,7 +56,7 @@ from gpuaware.plumbing.kube.api import TRANSPORT_ERRORS
 from gpuaware.scheduler.core.framework import Decision, Scheduler
 from gpuaware.scheduler.core.preemption import Running, fits_on_node
 from gpuaware.scheduler.kube import objects
-from gpuaware.scheduler.kube.cache import ClusterCache
+from gpuaware.scheduler.kube.cache import BAND_CRITICAL, ClusterCache
 from gpuaware.scheduler.kube.calls import ApiCalls
 from gpuaware.scheduler.kube.dra import claims as dra_claims
 from gpuaware.scheduler.kube.extender import offload
@@ -297,10 +297,10 @@ class Extender:
         keep = []
         for name in names:
             i = c.index.get(name)
-            if i is not None and c.gpu_count[i] and all(c.band[i, g] >= 2 and (i, g) not in taint_only
+            if i is not None and c.gpu_count[i] and all(c.band[i, g] >= BAND_CRITICAL and (i, g) not in taint_only
                                                         for g in range(int(c.gpu_count[i]))):
                 result["FailedNodes"][name] = "gpuaware: every GPU of the node is critical"
-            elif i is not None and len(self.cache.node_mask) and not self.cache.node_mask[i]:
+            elif i is not None and not self._takes_new_work(i):
                 result["FailedNodes"][name] = "gpuaware: node takes no new work (cordoned or not ready)"
             else:
                 keep.append(name)
@@ -358,7 +358,7 @@ class Extender:
                     free[g] += m
                 cpu += r.allocation.cpu_milli
                 mem += r.allocation.memory_mib
-            free[~c.gpu_exists[i] | (c.band[i] >= 2)] = -1  # freed capacity on a critical GPU is no room
+            free[~c.gpu_exists[i] | (c.band[i] >= BAND_CRITICAL)] = -1  # freed capacity on a critical GPU is no room
             if w.models and str(c.models[i]) not in w.models:
                 continue
             if fits_on_node(free, cpu, mem, w):
@@ -425,10 +425,13 @@ class Extender:
 
     def _still_fits(self, allocation: Any) -> bool:
         """The node of a reservation still takes new work and none of its GPUs became critical since."""
-        c, i = self.cache.cluster, allocation.node
-        if len(self.cache.node_mask) and not self.cache.node_mask[i]:
-            return False
-        return not any(c.band[i, g] >= 2 for g in allocation.gpus)
+        i = allocation.node
+        return self._takes_new_work(i) and not any(self.cache.cluster.band[i, g] >= BAND_CRITICAL
+                                                   for g in allocation.gpus)
+
+    def _takes_new_work(self, i: int) -> bool:
+        """Node ``i`` is not cordoned, not NotReady, nor kept free of new work (the cache's node mask)."""
+        return not len(self.cache.node_mask) or bool(self.cache.node_mask[i])
 
     async def _bind(self, key: str, ns: str, name: str, uid: str | None, node: str,
                     filtered: dict[str, Any] | None, reserved: Callable[[], None]) -> dict[str, Any]:
