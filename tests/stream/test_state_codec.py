@@ -67,7 +67,10 @@ def test_a_value_the_contract_refuses_is_a_value_error() -> None:
     codec = GpuStateCodec()
     for bad in (dataclasses.replace(state, node=None), dataclasses.replace(state, health_band="SICK"),
                 dataclasses.replace(state, util_gpu="high"), dataclasses.replace(state, samples=1 << 64),
-                dataclasses.replace(state, sample_ts_ms=str(T0))):  # a digit string is not a long
+                dataclasses.replace(state, sample_ts_ms=str(T0)),  # a digit string is not a long
+                dataclasses.replace(state, forecasts=[Forecast(None, 60, 1.0, 0.0, 2.0)]),
+                dataclasses.replace(state, forecasts=[Forecast("util_gpu", "60", 1.0, 0.0, 2.0)]),
+                dataclasses.replace(state, forecasts=[Forecast("util_gpu", 60, "high", 0.0, 2.0)])):
         with pytest.raises((ValueError, OverflowError, TypeError)):  # (fastavro's, for a long out of range, a str)
             encode(bad)
         with pytest.raises(ValueError):
