@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuaware.stream.gpu_state import NO_STRIKES, SBE_WINDOW_MS
+from gpuaware.stream.readings import CAPPED, CLOCK, FRESH, MODEL, POWER, SBE, TEMP, UTIL
 
 MAD_TO_SIGMA = 1.4826
 
@@ -68,7 +69,6 @@ def _bins(keys: Sequence[int] | np.ndarray, members: np.ndarray) -> list[np.ndar
 # uuid, power W, temp °C, util %, SM MHz, power-capped, single-bit ECC errors in the window (None: not reported)
 Row = (tuple[str, float, float, float, float | None, bool]
        | tuple[str, float, float, float, float | None, bool, int | None])
-SW_POWER_CAP = 0x4  # NVML clocks event reason: an operator's or the scheduler's power cap holds the clocks
 
 
 def outliers(gpus: Sequence[Row], s: FleetPeerSettings) -> dict[str, list[tuple[str, str]]]:
@@ -78,8 +78,21 @@ def outliers(gpus: Sequence[Row], s: FleetPeerSettings) -> dict[str, list[tuple[
 
 
 def judge(rows: list[tuple], s: FleetPeerSettings) -> dict[int, list[tuple[str, str]]]:
-    """``outliers`` by row index, over rows with every field (``Row`` with the SBE count, None where not reported).
-    A power-capped
+    """``outliers`` by row index, over rows with every field (``Row`` with the SBE count, None where not reported)."""
+    if not rows:
+        return defaultdict(list)
+    _, power, temp, util, clock, capped, sbe = zip(*rows, strict=True)
+    return judge_columns(np.asarray(power, dtype=float), np.asarray(temp, dtype=float),
+                         np.asarray(util, dtype=float),
+                         np.asarray([math.nan if v is None else v for v in clock], dtype=float),
+                         np.asarray(capped, dtype=bool),
+                         np.asarray([math.nan if v is None else v for v in sbe], dtype=float), s)
+
+
+def judge_columns(power: np.ndarray, temp: np.ndarray, util: np.ndarray, clock: np.ndarray, capped: np.ndarray,
+                  sbe: np.ndarray, s: FleetPeerSettings) -> dict[int, list[tuple[str, str]]]:
+    """``judge`` over one model's columns: power W, temperature °C, utilisation %, SM clock MHz (NaN: not reported),
+    power-capped, single-bit ECC errors in the window (NaN: not reported). A power-capped
     GPU is judged on its temperature only: its clocks and power are the cap's, not a fault.
 
     Like operating points are bins (power in steps of ``power_window``, utilisation in steps of
@@ -88,16 +101,12 @@ def judge(rows: list[tuple], s: FleetPeerSettings) -> dict[int, list[tuple[str, 
     50,000 GPUs the check in Python, every 5 s, was an eighth of a worker's main thread (docs/performance.md, the
     stream's "Where the time went", item 9)."""
     out: dict[int, list[tuple[str, str]]] = defaultdict(list)
-    if not rows:
+    n = len(power)
+    if not n:
         return out
-    # The columns once (a transpose per column, and numpy scalars read one by one, were half of a check's cost).
-    _, power_in, temp_in, util_in, clock_in, capped_in, sbe = zip(*rows, strict=True)
-    power, temp, util = (np.asarray(col, dtype=float) for col in (power_in, temp_in, util_in))
-    clock = np.asarray([math.nan if v is None else v for v in clock_in], dtype=float)
-    capped = np.asarray(capped_in, dtype=bool)
     # math.log and // as the rows were binned before (numpy's log may differ in the last bit at a bin's edge)
     step = math.log1p(s.power_window)
-    for group in _bins([int(math.log(max(p, 1.0)) / step) for p in power_in], np.arange(len(rows))):
+    for group in _bins([int(math.log(max(p, 1.0)) / step) for p in power.tolist()], np.arange(n)):
         if len(group) - 1 < s.min_peers:
             continue
         values = temp[group]
@@ -117,7 +126,7 @@ def judge(rows: list[tuple], s: FleetPeerSettings) -> dict[int, list[tuple[str, 
             deficit = med - values
             for i in np.flatnonzero((deficit / med >= s.clock_deficit) & (deficit / spread >= s.z)):
                 d = float(deficit[i])
-                out[int(busy[i])].append(("clock", f"fleet peers: SM clock {clock_in[busy[i]]:.0f} MHz, "
+                out[int(busy[i])].append(("clock", f"fleet peers: SM clock {float(values[i]):.0f} MHz, "
                                                        f"{d / med:.0%} below {len(busy) - 1} busy GPUs of its model "
                                                        f"(robust z {d / spread:.1f})"))
     free = np.flatnonzero(~capped)
@@ -131,16 +140,16 @@ def judge(rows: list[tuple], s: FleetPeerSettings) -> dict[int, list[tuple[str, 
         off = values - med
         for i in np.flatnonzero((np.abs(off) / med >= s.power_deviation) & (np.abs(off) / spread >= s.z)):
             o = float(off[i])
-            out[int(group[i])].append(("power", f"fleet peers: power {power_in[group[i]]:.0f} W, {o / med:+.0%} "
+            out[int(group[i])].append(("power", f"fleet peers: power {float(values[i]):.0f} W, {o / med:+.0%} "
                                                     f"against {len(group) - 1} GPUs of its model at the same "
                                                     f"utilisation (robust z {abs(o) / spread:.1f})"))
-    counted = [i for i, v in enumerate(sbe) if v is not None]
+    counted = np.flatnonzero(~np.isnan(sbe))
     if len(counted) - 1 >= s.min_peers:
-        counts = np.asarray([sbe[i] for i in counted], dtype=float)
+        counts = sbe[counted]
         med, spread = _robust(counts, s.sbe_floor)
         excess = counts - med
         for i in np.flatnonzero((counts >= s.sbe_min) & (excess / spread >= s.z)):
-            out[counted[i]].append(("ecc", f"fleet peers: {sbe[counted[i]]} single-bit ECC errors in "
+            out[int(counted[i])].append(("ecc", f"fleet peers: {int(counts[i])} single-bit ECC errors in "
                                                     f"{SBE_WINDOW_MS // 60_000} min against a median of {med:.0f} on "
                                                     f"{len(counted) - 1} GPUs of its model (robust z "
                                                     f"{float(excess[i]) / spread:.1f})"))
@@ -150,33 +159,43 @@ def judge(rows: list[tuple], s: FleetPeerSettings) -> dict[int, list[tuple[str, 
 def check(trackers: Iterable, now_ms: int, s: FleetPeerSettings) -> None:
     """Judge every fresh tracker (gpuaware.stream.gpu_state.GpuTracker) against its model's fleet; sets each one's
     ``fleet_strikes`` and ``fleet_reasons`` (the reasons of outliers that lasted ``strikes`` checks)."""
-    # One pass over the trackers takes all the check reads of each: at 50,000 GPUs the passes themselves (each tracker
-    # and its dict fetched from memory again) cost more than the statistics.
-    by_model: dict[str, tuple[list, list]] = {}
+    trackers = trackers if isinstance(trackers, list) else list(trackers)
+    if not trackers:
+        return
+    # Their rows in one call (gpuaware.stream.readings); a walk over the trackers building a row of each was most of
+    # a check at 50,000 GPUs. The trackers of one processor share its store.
+    store = trackers[0].readings
+
+    def slot(t: object) -> int:
+        if t.readings is not store:  # type: ignore[attr-defined]
+            raise ValueError("the fleet check judges the trackers of one store of readings")
+        return t.slot  # type: ignore[attr-defined]
+
+    rows = store.table()[np.fromiter(map(slot, trackers), dtype=np.intp, count=len(trackers))]
+    # Fresh: GpuTracker.fresh_ms (the newest sample's time, never later than its arrival) at least ``oldest``; a
+    # tracker without samples has none (NaN), nor one without a model.
+    with np.errstate(invalid="ignore"):
+        fresh = (rows[:, FRESH] >= now_ms - s.fresh_ms) & ~np.isnan(rows[:, MODEL]) & ~np.isnan(rows[:, POWER])
     struck = []
-    # Fresh: GpuTracker.fresh_ms (the newest sample's time, never later than its arrival) is at least ``oldest``
-    # when both times are (arrived_ms 0: only the sample's), read without the property's call. The SBE count is kept
-    # by the tracker: reading its window of every GPU was an eighth of the check.
-    oldest = now_ms - s.fresh_ms
-    for t in trackers:
-        sm = t.smoothed
-        arrived = t.arrived_ms
-        if (t.model and t.samples and t.sample_ts_ms >= oldest and (arrived >= oldest or not arrived)
-                and "power_w" in sm):
-            group, rows = by_model.setdefault(t.model, ([], []))
-            group.append(t)
-            rows.append((t.uuid, sm["power_w"], sm.get("temp_c", 0.0), sm.get("util_gpu", 0.0), sm.get("sm_clock_mhz"),
-                         t.throttle_reasons & SW_POWER_CAP, t.sbe_in_window))
-            if t.fleet_strikes:
+    for t, ok in zip(trackers, fresh.tolist(), strict=True):  # (most GPUs have no strikes: the test is all they cost)
+        if t.fleet_strikes:
+            if ok:
                 struck.append(t)
-        elif t.fleet_strikes:
-            if t.fleet_reasons:  # a reason dropped: the next state says so
-                t.mark_changed()
-            t.fleet_strikes, t.fleet_reasons = NO_STRIKES, ()
+            else:
+                if t.fleet_reasons:  # a reason dropped: the next state says so
+                    t.mark_changed()
+                t.fleet_strikes, t.fleet_reasons = NO_STRIKES, ()
+    index = np.flatnonzero(fresh)
+    rows = rows[index]
+    # A reading none has sent yet reads as 0, as it did from the tracker's readings
+    temp, util = np.nan_to_num(rows[:, TEMP]), np.nan_to_num(rows[:, UTIL])
+    power, clock, capped, sbe = rows[:, POWER], rows[:, CLOCK], rows[:, CAPPED] > 0, rows[:, SBE]
     found: dict[int, tuple] = {id(t): (t, ()) for t in struck}  # tracker -> (it, its reasons now)
-    for group, rows in by_model.values():
-        for i, reasons in judge(rows, s).items():
-            found[id(group[i])] = (group[i], reasons)
+    for group in _bins(rows[:, MODEL].astype(np.int64), np.arange(len(index))):
+        for i, reasons in judge_columns(power[group], temp[group], util[group], clock[group], capped[group],
+                                        sbe[group], s).items():
+            t = trackers[int(index[group[i]])]
+            found[id(t)] = (t, reasons)
     # Only outliers now or before have anything to count (most GPUs neither: no dict or list made for them).
     for t, reasons in found.values():
         now = dict(reasons)

@@ -25,14 +25,16 @@ clock within the tolerance cannot make data look fresher than it is.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import functools
 import logging
 import math
 import struct
 from array import array
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from itertools import islice
+from types import MappingProxyType
 
 from gpuaware.contract.events import (
     EventKind,
@@ -48,6 +50,21 @@ from gpuaware.contract.events import (
 )
 from gpuaware.stream.fingerprint import WorkloadFingerprint
 from gpuaware.stream.forecast_columns import ColumnForecaster, ForecastColumns
+from gpuaware.stream.readings import (
+    CAPPED,
+    CLOCK,
+    FB,
+    FRESH,
+    MODEL,
+    NAMES,
+    POWER,
+    READINGS,
+    SBE,
+    SW_POWER_CAP,
+    UTIL,
+    WIDTH,
+    Readings,
+)
 from gpuaware.stream.state_codec import KeptForecasts
 
 log = logging.getLogger(__name__)
@@ -109,16 +126,18 @@ def forecast_columns(settings: TrackerSettings) -> ForecastColumns:
     return columns
 
 
-_HORIZON_S: dict[int, int] = {}
+@functools.cache
+def _labels(horizons_min: tuple[int, ...]) -> tuple[tuple[str, int], ...]:
+    """(metric, horizon in seconds) of each forecast, in the order ``packed_forecasts`` keeps them: made once per set
+    of horizons, so every GPU's forecasts share one object per horizon (``minutes * 60`` made one per forecast,
+    above the small integers Python shares) and a state's forecasts take no lookups."""
+    return tuple((metric, h * 60) for metric in METRICS for h in horizons_min)
 
 
-def _horizon_s(minutes: int) -> int:
-    """A horizon in seconds, one object for every GPU's forecasts (``minutes * 60`` made one per forecast, above the
-    small integers Python shares)."""
-    seconds = _HORIZON_S.get(minutes)
-    if seconds is None:
-        seconds = _HORIZON_S[minutes] = minutes * 60
-    return seconds
+@functools.cache
+def _unpack(count: int) -> Callable[[bytes], tuple[float, ...]]:
+    """Unpacks ``count`` packed doubles (one ``struct`` format per length, compiled once)."""
+    return struct.Struct(f"<{count}d").unpack_from
 
 
 class Learned(enum.Enum):
@@ -140,7 +159,10 @@ class GpuTracker:
     last_seq: int = -1
     sample_ts_ms: int = 0
     arrived_ms: int = 0  # the worker's clock when the newest applied sample arrived
-    smoothed: dict[str, float] = field(default_factory=dict)
+    # The smoothed readings and what the fleet check reads live in a row of ``readings`` (gpuaware.stream.readings):
+    # the check and the rollups read every GPU's in one numpy call; ``smoothed`` is a read-only view.
+    readings: Readings = field(default=READINGS, compare=False, repr=False)
+    slot: int = field(init=False, compare=False, repr=False)
     minute: int | None = None
     bucket: list[float] = field(default_factory=lambda: [0.0, 0.0, 0])  # util sum, fb sum, count
     # The minutes of the minute history (``history``), oldest first: its values are the forecasters' last ones. 32-bit:
@@ -187,6 +209,17 @@ class GpuTracker:
     unsettled: dict | None = field(default=None, compare=False, repr=False)
     _forecasters: dict[str, ColumnForecaster] | None = None  # per metric, every horizon
 
+    def __post_init__(self) -> None:
+        self.slot = self.readings.new()
+
+    def __del__(self) -> None:
+        # (A deep copy holds the same slot in a copy of the store: copy.deepcopy copies the store with the tracker.)
+        with contextlib.suppress(AttributeError):  # (no row: made without ``__post_init__``)
+            self.readings.release(self.slot)
+
+    def __copy__(self) -> GpuTracker:
+        raise TypeError("a GpuTracker cannot be copied shallowly: the copy would share its row of readings")
+
     # ------------------------------------------------------------------ learning
 
     def learn_sample(self, node: str, info: GpuInfo, sample: GpuSample, ts_ms: int, now_ms: int) -> Learned:
@@ -210,17 +243,17 @@ class GpuTracker:
         self.samples += 1
         util, fb, power = float(sample.util_gpu), float(sample.fb_used_mib), sample.power_dw / 10.0
         util_mem = float(sample.util_mem)
-        s = self.smoothed
-        # Runs for every sample: a tuple of pairs, not a dict built per call (docs/performance.md).
-        for name, v in (("util_gpu", util), ("util_mem", util_mem), ("fb_used_mib", fb), ("power_w", power),
-                        ("temp_c", float(sample.temp_c))):
-            prev = s.get(name)
-            s[name] = v if prev is None else prev + SMOOTHING * (v - prev)
+        r, at = self.readings.values, self.slot * WIDTH
+        # Runs for every sample: the row's numbers one by one (NaN: none yet, the one value unequal to itself).
+        for i, v in enumerate((util, util_mem, fb, power, float(sample.temp_c)), at):
+            prev = r[i]
+            r[i] = v if prev != prev else prev + SMOOTHING * (v - prev)
         if sample.sm_clock_mhz is not None:  # the fleet peer check compares clocks under load
             clock = float(sample.sm_clock_mhz)
-            prev = s.get("sm_clock_mhz")
-            s["sm_clock_mhz"] = clock if prev is None else prev + SMOOTHING * (clock - prev)
+            prev = r[at + CLOCK]
+            r[at + CLOCK] = clock if prev != prev else prev + SMOOTHING * (clock - prev)
         self.throttle_reasons = sample.throttle_reasons or 0
+        r[at + CAPPED] = self.throttle_reasons & SW_POWER_CAP
         if sample.ecc_sbe is not None:  # the fleet peer check compares SBE counts over a window
             w, sbe = self.sbe_window, sample.ecc_sbe
             if not w:
@@ -238,6 +271,9 @@ class GpuTracker:
             while len(w) > 1 and w[0][0] < ts_ms - SBE_WINDOW_MS:
                 del w[0]
             self.sbe_in_window = w[-1][1] - w[0][1]
+            r[at + SBE] = self.sbe_in_window
+        r[at + FRESH] = self.fresh_ms
+        r[at + MODEL] = self.readings.model(self.model)
         self.fingerprint.learn_one(ts_ms, util, util_mem, fb, float(info.fb_total_mib), power)
         self._bucket(ts_ms // MINUTE_MS, util, fb)
         self.mark_changed()
@@ -252,10 +288,12 @@ class GpuTracker:
             return False
         self.last_point_ms = ts_ms
         self.mark_changed()
-        for name, v in (("util_gpu", float(point.util_gpu)), ("power_w", point.power_dw / 10.0)):
-            prev = self.smoothed.get(name)
-            self.smoothed[name] = v if prev is None else prev + SMOOTHING * (v - prev)
-        self._bucket(ts_ms // MINUTE_MS, float(point.util_gpu), self.smoothed.get("fb_used_mib", 0.0))
+        r, at = self.readings.values, self.slot * WIDTH
+        for i, v in ((at + UTIL, float(point.util_gpu)), (at + POWER, point.power_dw / 10.0)):
+            prev = r[i]
+            r[i] = v if prev != prev else prev + SMOOTHING * (v - prev)
+        fb = r[at + FB]
+        self._bucket(ts_ms // MINUTE_MS, float(point.util_gpu), 0.0 if fb != fb else fb)
         return True
 
     def mark_changed(self) -> None:
@@ -327,10 +365,13 @@ class GpuTracker:
         nearly every sample, and the records kept per GPU (and shared by its states) were ~1.3 KiB of each; the
         encoder keeps their bytes (gpuaware.stream.state_codec)."""
         packed = self.packed_forecasts
-        numbers = iter(struct.unpack(f"<{len(packed) // 8}d", packed))
-        horizons = self.settings.horizons_min
-        return KeptForecasts([Forecast(metric, _horizon_s(h), *islice(numbers, 3)) for metric in METRICS
-                              for h in horizons] if packed else (), packed)
+        if not packed:
+            return KeptForecasts((), packed)
+        numbers = iter(_unpack(len(packed) // 8)(packed))
+        # zip of one iterator three times: its numbers three at a time
+        return KeptForecasts([Forecast(metric, seconds, mean, lower, upper) for (metric, seconds), mean, lower, upper
+                              in zip(_labels(self.settings.horizons_min), numbers, numbers, numbers, strict=True)],
+                             packed)
 
     def utilisation_forecasts(self) -> list[tuple[int, float, float, float]]:
         """(horizon in seconds, mean, lower, upper) of each utilisation forecast, from ``packed_forecasts`` (the
@@ -339,8 +380,9 @@ class GpuTracker:
         if not packed:
             return []
         horizons = self.settings.horizons_min
-        numbers = struct.unpack_from(f"<{3 * len(horizons)}d", packed)  # "util_gpu" is the first of METRICS
-        return [(_horizon_s(h), *numbers[3 * i:3 * i + 3]) for i, h in enumerate(horizons)]
+        numbers = iter(_unpack(3 * len(horizons))(packed))  # "util_gpu" is the first of METRICS
+        return [(seconds, mean, lower, upper) for (_, seconds), mean, lower, upper
+                in zip(_labels(horizons)[:len(horizons)], numbers, numbers, numbers, strict=True)]
 
     @property
     def forecasting(self) -> bool:
@@ -388,14 +430,33 @@ class GpuTracker:
 
     # ------------------------------------------------------------------ output
 
+    @property
+    def smoothed(self) -> Mapping[str, float]:
+        """The smoothed readings learned so far, by name (``readings.NAMES``): a read-only view of the GPU's row."""
+        return MappingProxyType(self._smoothed())
+
+    def _smoothed(self) -> dict[str, float]:
+        at = self.slot * WIDTH
+        return {name: v for name, v in zip(NAMES, self.readings.values[at:at + len(NAMES)], strict=True) if v == v}
+
+    def util_fb(self) -> tuple[float, float]:
+        """The smoothed utilisation and framebuffer used, 0 for none yet (what a node's headroom sums)."""
+        r, at = self.readings.values, self.slot * WIDTH
+        util, fb = r[at + UTIL], r[at + FB]
+        return 0.0 if util != util else util, 0.0 if fb != fb else fb
+
+    def _readings(self) -> list[float]:
+        """Utilisation, memory utilisation, framebuffer used, power and temperature, 0 for none yet."""
+        at = self.slot * WIDTH
+        return [v if v == v else 0.0 for v in self.readings.values[at:at + CLOCK]]
+
     def state(self, now_ms: int) -> GpuState:
-        s = self.smoothed
+        util, util_mem, fb, power, temp = self._readings()
         cls, confidence = self.fingerprint.predict_one()
         return GpuState(
             gpu_uuid=self.uuid, node=self.node, model=self.model, sample_ts_ms=self.fresh_ms, published_ms=now_ms,
-            util_gpu=round(s.get("util_gpu", 0.0), 2), util_mem=round(s.get("util_mem", 0.0), 2),
-            fb_used_mib=round(s.get("fb_used_mib", 0.0), 1), fb_total_mib=self.fb_total_mib,
-            power_w=round(s.get("power_w", 0.0), 1), temp_c=round(s.get("temp_c", 0.0), 1),
+            util_gpu=round(util, 2), util_mem=round(util_mem, 2), fb_used_mib=round(fb, 1),
+            fb_total_mib=self.fb_total_mib, power_w=round(power, 1), temp_c=round(temp, 1),
             health_score=round(self.health_score, 1), health_band=HealthBand(self.health_band),
             health_components=dict(self.health_components), forecasts=self.forecasts,
             workload_class=cls, class_confidence=confidence, samples=self.samples,
@@ -425,11 +486,11 @@ class GpuTracker:
         return min(self.sample_ts_ms, self.arrived_ms) if self.arrived_ms else self.sample_ts_ms
 
     def _signature(self) -> tuple:
-        s = self.smoothed
+        util, fb = self.util_fb()
         fb_step = max(self.fb_total_mib * self.settings.fb_change_share, 1.0)
         return (
-            round(s.get("util_gpu", 0.0) / self.settings.util_change),
-            round(s.get("fb_used_mib", 0.0) / fb_step),
+            round(util / self.settings.util_change),
+            round(fb / fb_step),
             self.health_band, self.fingerprint.last_class, len(self.minutes), self.minute,
             self.verdict, self.recommended_action, tuple(sorted(self.fleet_strikes)) if self.fleet_reasons else (),
         )
@@ -470,7 +531,7 @@ class GpuTracker:
             "uuid": self.uuid, "node": self.node, "model": self.model, "index": self.index,
             "fb_total_mib": self.fb_total_mib, "samples": self.samples, "duplicates": self.duplicates,
             "last_seq": self.last_seq, "sample_ts_ms": self.sample_ts_ms, "arrived_ms": self.arrived_ms,
-            "smoothed": self.smoothed,
+            "smoothed": self._smoothed(),
             "minute": self.minute, "bucket": self.bucket,
             "health_score": self.health_score, "health_band": self.health_band,
             "health_components": self.health_components, "verdict": self.verdict,
@@ -489,10 +550,17 @@ class GpuTracker:
         """``history``: the minute history stored apart from ``data`` (None: ``data``'s own)."""
         t = cls(uuid=data["uuid"], settings=settings or TrackerSettings())
         for name in ("node", "model", "index", "fb_total_mib", "samples", "duplicates", "last_seq", "sample_ts_ms",
-                     "smoothed", "minute", "bucket", "health_score", "health_band", "health_components",
-                     "last_published_ms"):
+                     "minute", "bucket", "health_score", "health_band", "health_components", "last_published_ms"):
             setattr(t, name, data[name])
         t.arrived_ms = data.get("arrived_ms", t.sample_ts_ms)  # absent from snapshots written before it
+        r, at = t.readings.values, t.slot * WIDTH
+        smoothed = data["smoothed"]
+        for i, name in enumerate(NAMES, at):
+            if name in smoothed:
+                r[i] = float(smoothed[name])
+        if t.samples:  # what the fleet check reads (learn_sample writes it with each sample)
+            r[at + FRESH] = t.fresh_ms
+            r[at + MODEL] = t.readings.model(t.model)
         t.last_point_ms = data.get("last_point_ms", 0)
         # Absent from snapshots written before the verdicts (docs/health.md).
         t.verdict = data.get("verdict", HealthVerdict.UNKNOWN.value)

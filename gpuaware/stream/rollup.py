@@ -32,9 +32,9 @@ def headroom(gpus: Iterable[GpuTracker]) -> tuple[int, int]:
     for t in gpus:
         if t.health_band == CRITICAL:
             continue
-        s = t.smoothed
-        free_milli += max(0, 1000 - round(10 * s.get("util_gpu", 0.0)))
-        free_fb += max(0, t.fb_total_mib - round(s.get("fb_used_mib", 0.0)))
+        util, fb = t.util_fb()
+        free_milli += max(0, 1000 - round(10 * util))
+        free_fb += max(0, t.fb_total_mib - round(fb))
     return free_milli, free_fb
 
 

@@ -69,7 +69,10 @@ def test_the_reason_shows_on_the_state_after_three_checks_and_goes_when_it_stops
     assert state.verdict == HealthVerdict.WARNING and state.recommended_action.value == "WATCH"
     assert any(r.startswith("fleet peers:") for r in state.verdict_reasons)
     assert all(not t.fleet_reasons for t in trackers if t is not hot)
-    hot.smoothed["temp_c"] = 63.0
+    info = GpuInfo("GPU-99", 99 % 8, "H100", 81920)
+    for seq in range(2, 12):  # it cools down to its peers' temperature
+        hot.learn_sample("n12", info, GpuSample(99 % 8, seq, 0, 90, 50, 40000, 6500, 63, 1980), now + seq, now + seq)
+    assert hot.smoothed["temp_c"] < 64
     check(trackers, now, S)
     assert hot.fleet_reasons == [] and hot.state(now).verdict == HealthVerdict.PASS
 
