@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuaware.stream.gpu_state import NO_STRIKES, SBE_WINDOW_MS
-from gpuaware.stream.readings import CAPPED, CLOCK, FRESH, MODEL, POWER, SBE, TEMP, UTIL
+from gpuaware.stream.readings import CAPPED, CLOCK, FRESH, MODEL, POWER, SBE, TEMP, UTIL, gather
 
 MAD_TO_SIGMA = 1.4826
 
@@ -164,14 +164,7 @@ def check(trackers: Iterable, now_ms: int, s: FleetPeerSettings) -> None:
         return
     # Their rows in one call (gpuaware.stream.readings); a walk over the trackers building a row of each was most of
     # a check at 50,000 GPUs. The trackers of one processor share its store.
-    store = trackers[0].readings
-
-    def slot(t: object) -> int:
-        if t.readings is not store:  # type: ignore[attr-defined]
-            raise ValueError("the fleet check judges the trackers of one store of readings")
-        return t.slot  # type: ignore[attr-defined]
-
-    rows = store.table()[np.fromiter(map(slot, trackers), dtype=np.intp, count=len(trackers))]
+    rows = gather(trackers)
     # Fresh: GpuTracker.fresh_ms (the newest sample's time, never later than its arrival) at least ``oldest``; a
     # tracker without samples has none (NaN), nor one without a model.
     with np.errstate(invalid="ignore"):

@@ -373,17 +373,6 @@ class GpuTracker:
                               in zip(_labels(self.settings.horizons_min), numbers, numbers, numbers, strict=True)],
                              packed)
 
-    def utilisation_forecasts(self) -> list[tuple[int, float, float, float]]:
-        """(horizon in seconds, mean, lower, upper) of each utilisation forecast, from ``packed_forecasts`` (the
-        demand sum reads them of every GPU every 10 s, without records)."""
-        packed = self.packed_forecasts
-        if not packed:
-            return []
-        horizons = self.settings.horizons_min
-        numbers = iter(_unpack(3 * len(horizons))(packed))  # "util_gpu" is the first of METRICS
-        return [(seconds, mean, lower, upper) for (_, seconds), mean, lower, upper
-                in zip(_labels(horizons)[:len(horizons)], numbers, numbers, numbers, strict=True)]
-
     @property
     def forecasting(self) -> bool:
         """Its forecasters are built: at its first closed minute (the costliest part of meeting a GPU), or on load."""
@@ -437,7 +426,11 @@ class GpuTracker:
 
     def _smoothed(self) -> dict[str, float]:
         at = self.slot * WIDTH
-        return {name: v for name, v in zip(NAMES, self.readings.values[at:at + len(NAMES)], strict=True) if v == v}
+        values = self.readings.values[at:at + len(NAMES)].tolist()
+        total = sum(values)
+        if total == total:  # no NaN: every reading (what most GPUs send)
+            return dict(zip(NAMES, values, strict=True))
+        return {name: v for name, v in zip(NAMES, values, strict=True) if v == v}
 
     def util_fb(self) -> tuple[float, float]:
         """The smoothed utilisation and framebuffer used, 0 for none yet (what a node's headroom sums)."""

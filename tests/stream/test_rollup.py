@@ -44,3 +44,35 @@ def test_model_demand_follows_each_new_forecast_list() -> None:
     assert model_demand([gpu])[model]["60"][0] > first[model]["60"][0] + 0.3
     gpu.packed_forecasts = b""
     assert model_demand([gpu]) == {}
+
+
+def test_the_demand_of_a_model_s_gpus_read_at_once_is_the_sum_of_each_gpu_s_forecasts_in_order() -> None:
+    """``model_demand`` reads a model's forecasts as one array: the sums a loop over each GPU's utilisation forecasts
+    makes, to the bit, with critical GPUs no capacity and GPUs without forecasts left out."""
+    import random
+
+    rnd = random.Random(11)
+    proc = StreamProcessor({})
+    t0 = 1_700_000_000_000
+    for node in range(12):
+        proc.on_telemetry(telemetry_batch(f"n{node}", 1, t0, util=rnd.randrange(100), fb=1000, gpus=4), 0, t0)
+    gpus = list(proc.trackers.values())
+    for i, t in enumerate(gpus):
+        t.model = ("H100", "A100")[i % 2]
+        if i % 9 == 0:
+            continue  # no forecast yet
+        t._models()
+        for _ in range(rnd.randrange(1, 20)):
+            t._learn_minute(rnd.uniform(0, 100), 1000.0)
+        if i % 5 == 0:
+            t.health_band = HealthBand.CRITICAL.value
+    want: dict[str, dict[str, list[float]]] = {}
+    for t in gpus:
+        for f in t.forecasts:
+            if f.metric == "util_gpu":
+                cell = want.setdefault(t.model, {}).setdefault(str(f.horizon_s), [0.0, 0.0, 0.0, 0.0])
+                cell[0] += f.mean / 100.0
+                cell[1] += f.lower / 100.0
+                cell[2] += f.upper / 100.0
+                cell[3] += 0.0 if t.health_band == HealthBand.CRITICAL.value else 1.0
+    assert model_demand(gpus) == want and len(want) == 2
