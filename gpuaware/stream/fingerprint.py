@@ -10,8 +10,7 @@ as samples arrive; the confidence grows with the evidence and with how stable th
 from __future__ import annotations
 
 import math
-import operator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 UNKNOWN = "unknown"
 IDLE = "idle"
@@ -103,14 +102,16 @@ class WorkloadFingerprint:
         return self.last_class, round(evidence * max(self.agreement, 0.0), 3)
 
     def to_dict(self) -> dict:
-        """What ``dataclasses.asdict`` returns (its fields are flat numbers and strings), at a tenth of the cost: it
-        runs for every GPU of every batch."""
-        return dict(zip(_FIELDS, _VALUES(self), strict=True))
+        """What ``dataclasses.asdict`` returns (its fields are flat numbers and strings;
+        tests/stream/test_fingerprint.py holds the two equal), written out: it runs for every GPU of every node entry a
+        worker writes, and a dict made of the fields' names and values zipped took three times as long (~5 % of a
+        worker's logic at 50,000 GPUs)."""
+        return {"alpha": self.alpha, "min_samples": self.min_samples, "n": self.n, "util_mean": self.util_mean,
+                "util_var": self.util_var, "util_mem_mean": self.util_mem_mean, "fb_share": self.fb_share,
+                "fb_growth": self.fb_growth, "power_w": self.power_w, "last_fb": self.last_fb,
+                "last_ts_ms": self.last_ts_ms, "agreement": self.agreement, "last_class": self.last_class}
 
     @classmethod
     def from_dict(cls, data: dict) -> WorkloadFingerprint:
         return cls(**data)
 
-
-_FIELDS = tuple(f.name for f in fields(WorkloadFingerprint))
-_VALUES = operator.attrgetter(*_FIELDS)

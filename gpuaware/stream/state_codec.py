@@ -62,12 +62,17 @@ def _long(n: int) -> bytes:
     if not -(1 << 63) <= n < (1 << 63):
         raise ValueError(f"{n} is out of Avro's long range")
     n = (n << 1) ^ (n >> 63)
+    if n <= 0x7F:  # one byte (counts, lengths, small numbers): made once
+        return _ONE_BYTE[n]
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+_ONE_BYTE = tuple(bytes((i,)) for i in range(0x80))
 
 
 def _string(s: str) -> bytes:
@@ -101,6 +106,7 @@ class GpuStateCodec:
         self._kept: dict[bytes, list] = {}
         self._words: dict[str, bytes] = {}  # health component names, workload classes and forecast metrics
         self._labels: dict[tuple[str, int], bytes] = {}  # a forecast's metric and horizon
+        self._published: tuple[object, bytes] = (None, b"")  # the last publishing time and its bytes
 
     def _word(self, s: str) -> bytes:
         b = self._words.get(s)
@@ -158,8 +164,11 @@ class GpuStateCodec:
             encoded_components = b"\0"
         reasons = s.verdict_reasons
         encoded_reasons = (_long(len(reasons)) + b"".join(map(_string, reasons)) + b"\0") if reasons else b"\0"
+        published = self._published
+        if published[0] != s.published_ms or type(s.published_ms) is not int:  # (a take's states share their time)
+            published = self._published = (s.published_ms, _long(s.published_ms))
         return b"".join((
-            kept[4], _long(s.sample_ts_ms), _long(s.published_ms),
+            kept[4], _long(s.sample_ts_ms), published[1],
             _THREE_DOUBLES(s.util_gpu, s.util_mem, s.fb_used_mib), kept[5],
             _THREE_DOUBLES(s.power_w, s.temp_c, s.health_score), self._band[s.health_band], encoded_components,
             kept[7],

@@ -31,3 +31,15 @@ def test_an_unknown_workload_starts_conservative_and_converges() -> None:
     assert seen[-1][0] == fp.TRAINING_COMPUTE
     confidences = [c for _, c in seen[fp.WorkloadFingerprint().min_samples:]]
     assert confidences == sorted(confidences) and confidences[-1] > 0.6
+
+
+def test_the_snapshot_is_what_asdict_gives_for_every_field() -> None:
+    """``to_dict`` is written out field by field: a field added to the fingerprint must be added there too."""
+    import dataclasses
+
+    learned = fp.WorkloadFingerprint()
+    for i in range(30):
+        learned.learn_one(1_000 * i, 90.0, 70.0, 30_000.0 + i, 81_920.0, 400.0)
+    assert learned.to_dict() == dataclasses.asdict(learned)
+    assert list(learned.to_dict()) == [f.name for f in dataclasses.fields(learned)]
+    assert fp.WorkloadFingerprint.from_dict(learned.to_dict()) == learned
