@@ -160,7 +160,7 @@ class GpuTracker:
     sample_ts_ms: int = 0
     arrived_ms: int = 0  # the worker's clock when the newest applied sample arrived
     # The smoothed readings and what the fleet check reads live in a row of ``readings`` (gpuaware.stream.readings):
-    # the check and the rollups read every GPU's in one numpy call; ``smoothed`` is a read-only view.
+    # the check reads every GPU's in one numpy call; ``smoothed`` is a read-only view.
     readings: Readings = field(default=READINGS, compare=False, repr=False)
     slot: int = field(init=False, compare=False, repr=False)
     minute: int | None = None
@@ -539,9 +539,10 @@ class GpuTracker:
 
     @classmethod
     def from_dict(cls, data: dict, settings: TrackerSettings | None = None,
-                  history: list | None = None) -> GpuTracker:
-        """``history``: the minute history stored apart from ``data`` (None: ``data``'s own)."""
-        t = cls(uuid=data["uuid"], settings=settings or TrackerSettings())
+                  history: list | None = None, readings: Readings = READINGS) -> GpuTracker:
+        """``history``: the minute history stored apart from ``data`` (None: ``data``'s own); ``readings``: the store
+        its row is taken from."""
+        t = cls(uuid=data["uuid"], settings=settings or TrackerSettings(), readings=readings)
         for name in ("node", "model", "index", "fb_total_mib", "samples", "duplicates", "last_seq", "sample_ts_ms",
                      "minute", "bucket", "health_score", "health_band", "health_components", "last_published_ms"):
             setattr(t, name, data[name])

@@ -37,6 +37,7 @@ from gpuaware.contract.events import GpuEvent, GpuState, NodeState, TelemetryBat
 from gpuaware.stream import fleet_peers
 from gpuaware.stream.gpu_state import GpuTracker, Learned, TrackerSettings
 from gpuaware.stream.metrics import StreamStats
+from gpuaware.stream.readings import READINGS, Readings
 from gpuaware.stream.rollup import Partial, headroom, model_demand, node_record, ordered
 
 NODE_HEARTBEAT_MS = 30_000
@@ -167,6 +168,8 @@ class StreamProcessor:
         self.settings = settings or TrackerSettings()
         self.stats = stats or StreamStats()
         self.trackers: dict[str, GpuTracker] = {}
+        # Where every tracker made here takes its row (the fleet check gathers the rows of one store)
+        self.readings: Readings = READINGS
         self.partition_of: dict[str, int] = {}
         self.node_published: dict[str, tuple[int, tuple]] = {}
         self.fleet_settings = fleet_peers.FleetPeerSettings()
@@ -215,7 +218,8 @@ class StreamProcessor:
                 t = self.trackers.get(key)
                 if t is None:
                     t = self._hold(key, GpuTracker.from_dict(snapshot, self.settings,
-                                                             histories.get(key, []) if split else None))
+                                                             histories.get(key, []) if split else None,
+                                                             self.readings))
                     self.partition_of[key] = partition
                     if split:
                         self.history_written[key] = (node, t.history_changes)
@@ -238,10 +242,10 @@ class StreamProcessor:
         if t is None:
             legacy = decode_value(self.snapshots.get(key))
             if legacy:
-                t = GpuTracker.from_dict(legacy, self.settings)
+                t = GpuTracker.from_dict(legacy, self.settings, readings=self.readings)
                 self.legacy.add(key)
             else:
-                t = GpuTracker(uuid=key, settings=self.settings)
+                t = GpuTracker(uuid=key, settings=self.settings, readings=self.readings)
             self._hold(key, t)
         self.partition_of[key] = partition
         return t

@@ -1,8 +1,8 @@
-"""The GPUs' latest readings as columns: one row of doubles per GPU (``GpuTracker.slot``), read by the fleet check and
-the node rollups in vector operations.
+"""The GPUs' latest readings as columns: one row of doubles per GPU (``GpuTracker.slot``), read by the fleet check in
+vector operations.
 
-A worker judges every GPU it holds against its model's fleet every 5 s (gpuaware.stream.fleet_peers) and rolls its
-nodes up as often (gpuaware.stream.rollup). With the readings in a dict per GPU, the check's walk over 50,000
+A worker judges every GPU it holds against its model's fleet every 5 s (gpuaware.stream.fleet_peers). With the
+readings in a dict per GPU, the check's walk over 50,000
 trackers, a tuple built of each, was ~9 % of a worker's logic, more than the statistics it fed (py-spy of ``python -m
 gpuaware.bench.worker_cost --gpus 50000``). Here the check gathers its GPUs' rows in one numpy call. The rows live in
 one flat ``array('d')``: a sample's read-modify-write of a few numbers costs what it cost in a dict (numpy's
@@ -14,7 +14,9 @@ fresh from (``GpuTracker.fresh_ms``), whether an operator's power cap holds its 
 the window (NaN: none reported) and its model (a number per model name, NaN: none).
 
 A tracker takes a row when it is made and gives it back when it is dropped (``GpuTracker.__del__``); a row given back is
-reused. The rows grow as ``array`` grows (amortised doubling); a worker keeps them once grown.
+reused. The rows grow as ``array`` grows (amortised doubling); a worker keeps them once grown. A processor makes its
+trackers in its own ``readings`` (``READINGS`` unless given another), so a deep copy of it, store and all, makes its
+new trackers in the copied store.
 """
 
 from __future__ import annotations

@@ -86,7 +86,8 @@ def model_demand(trackers: Iterable[GpuTracker]) -> Partial:
     for model, (packs, usable) in by_model.items():
         numbers = np.frombuffer(b"".join(packs), dtype="<f8").reshape(len(packs), -1)
         # "util_gpu" is the first of the forecasts' metrics: per horizon, its mean, lower and upper
-        sums = np.cumsum(numbers[:, :3 * len(horizons)] / 100.0, axis=0)[-1].tolist()
+        # (+ 0.0: a sum of negative zeros is 0.0 from a loop that starts at 0.0, -0.0 from cumsum)
+        sums = (np.cumsum(numbers[:, :3 * len(horizons)] / 100.0, axis=0)[-1] + 0.0).tolist()
         capacity = float(sum(usable))
         out[model] = {_horizon_key(h * 60): [*sums[3 * i:3 * i + 3], capacity] for i, h in enumerate(horizons)}
     return out

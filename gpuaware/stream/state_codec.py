@@ -25,10 +25,12 @@ from collections.abc import Iterable
 from gpuaware.contract.events import (
     _HEADER,
     MAGIC,
+    Forecast,
     GpuState,
     HealthAction,
     HealthBand,
     HealthVerdict,
+    encode_field,
     record_type,
 )
 
@@ -122,6 +124,8 @@ class GpuStateCodec:
         schema walked) it was ~5 % of a 50,000-GPU worker's logic, made once a minute for every GPU."""
         if not forecasts:
             return b"\0"
+        if not all(type(f) is Forecast for f in forecasts):  # (e.g. dicts, which fastavro writes too)
+            return encode_field(GpuState, "forecasts", forecasts)
         labels, parts = self._labels, [_long(len(forecasts))]
         for f in forecasts:
             label = labels.get((f.metric, f.horizon_s))

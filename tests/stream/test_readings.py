@@ -62,6 +62,11 @@ def test_a_deep_copy_of_a_processor_has_readings_of_its_own() -> None:
     assert proc.trackers["GPU-n-0"].smoothed["util_gpu"] == 40.0
     assert twin.trackers["GPU-n-0"].smoothed["util_gpu"] > 40.0
     assert proc.trackers["GPU-n-0"].readings is not twin.trackers["GPU-n-0"].readings
+    # a GPU the copy meets after the copy takes its row in the copy's store: its fleet check gathers one store
+    twin.on_telemetry(telemetry_batch("m", 1, T0 + 6000, util=10, gpus=2), 0, T0 + 6000)
+    assert twin.trackers["GPU-m-0"].readings is twin.trackers["GPU-n-0"].readings is twin.readings
+    twin.fleet_check(T0 + 6000, None)
+    proc.fleet_check(T0 + 6000, None)
 
 
 def test_a_restored_tracker_has_the_readings_and_what_the_check_reads() -> None:

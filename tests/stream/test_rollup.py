@@ -76,3 +76,17 @@ def test_the_demand_of_a_model_s_gpus_read_at_once_is_the_sum_of_each_gpu_s_fore
                 cell[2] += f.upper / 100.0
                 cell[3] += 0.0 if t.health_band == HealthBand.CRITICAL.value else 1.0
     assert model_demand(gpus) == want and len(want) == 2
+
+
+def test_a_demand_of_negative_zeros_is_zero_as_the_loop_from_zero_gave() -> None:
+    import math
+    import struct
+
+    proc = StreamProcessor({})
+    t0 = 1_700_000_000_000
+    proc.on_telemetry(telemetry_batch("n", 1, t0, util=0, fb=1000, gpus=2), 0, t0)
+    gpus = list(proc.trackers.values())
+    for t in gpus:
+        t.packed_forecasts = struct.pack("<18d", *([-0.0] * 18))
+    (cells,) = model_demand(gpus).values()
+    assert all(math.copysign(1.0, v) == 1.0 for cell in cells.values() for v in cell)

@@ -107,3 +107,11 @@ def test_a_trackers_state_with_its_kept_forecasts_is_still_a_plain_dataclass() -
     state = tracker.state(now + 3000)
     as_dict = dataclasses.asdict(state)
     assert as_dict["forecasts"] == [dataclasses.asdict(f) for f in state.forecasts]
+
+
+def test_forecasts_given_as_dicts_are_written_as_encode_writes_them() -> None:
+    """The codec writes ``Forecast`` records itself; anything else fastavro takes (a dict per forecast) goes through
+    the contract's encoder, as before."""
+    state = GpuState("GPU-x", "n", "H100", T0, T0, 1.0, 1.0, 1.0, 81559, 1.0, 1.0, 100.0, HealthBand.HEALTHY,
+                     forecasts=[{"metric": "util_gpu", "horizon_s": 60, "mean": 1.0, "lower": 0.0, "upper": 2.0}])
+    assert GpuStateCodec().encode(state, b"GPU-x") == encode(state)
