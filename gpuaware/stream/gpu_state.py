@@ -292,8 +292,7 @@ class GpuTracker:
         for i, v in ((at + UTIL, float(point.util_gpu)), (at + POWER, point.power_dw / 10.0)):
             prev = r[i]
             r[i] = v if prev != prev else prev + SMOOTHING * (v - prev)
-        fb = r[at + FB]
-        self._bucket(ts_ms // MINUTE_MS, float(point.util_gpu), 0.0 if fb != fb else fb)
+        self._bucket(ts_ms // MINUTE_MS, float(point.util_gpu), self.util_fb()[1])
         return True
 
     def mark_changed(self) -> None:

@@ -89,19 +89,8 @@ def model_demand(trackers: Iterable[GpuTracker]) -> Partial:
         # (+ 0.0: a sum of negative zeros is 0.0 from a loop that starts at 0.0, -0.0 from cumsum)
         sums = (np.cumsum(numbers[:, :3 * len(horizons)] / 100.0, axis=0)[-1] + 0.0).tolist()
         capacity = float(sum(usable))
-        out[model] = {_horizon_key(h * 60): [*sums[3 * i:3 * i + 3], capacity] for i, h in enumerate(horizons)}
+        out[model] = {str(h * 60): [*sums[3 * i:3 * i + 3], capacity] for i, h in enumerate(horizons)}
     return out
-
-
-def _horizon_key(horizon_s: int) -> str:
-    """A horizon's key in the partials, one string for every GPU's terms."""
-    key = _HORIZON_KEYS.get(horizon_s)
-    if key is None:
-        key = _HORIZON_KEYS[horizon_s] = str(horizon_s)
-    return key
-
-
-_HORIZON_KEYS: dict[int, str] = {}
 
 
 def merge_demand(partials: Mapping[str, Partial]) -> list[ModelDemand]:
