@@ -57,6 +57,8 @@ EW = (0.05, 0.1, 0.3)  # stats.EWMean fading factors, as in SeriesForecaster
 # the row's head: t, run, lower bound, upper bound (NaN: none), the 5- and 15-step means' (count, mean), the EW means
 T, RUN, LOWER, UPPER, MEAN5, MEAN15, EWMEANS = 0, 1, 2, 3, 4, 6, 8
 HEAD = EWMEANS + len(EW)
+# ``learn_many``: fewer rows than this at one step are learned one by one (numpy's cost per call is above theirs)
+MANY_MIN = 4
 
 
 def rolling_quantile(ordered: list[float], q: float, window: int) -> float:
@@ -307,6 +309,211 @@ class ForecastColumns:
                 return i
         return 0  # unreachable: the weights sum to more than half
 
+    # ------------------------------------------------------------------ learning many rows at once
+
+    def learn_many(self, slots: list[int], ys: list[float]) -> np.ndarray:
+        """``learn(slot, y, forecast=True)`` for each row, as numpy operations over the rows: what a worker does with
+        the minutes its GPUs closed in one take (at 50,000 GPUs, ~250 rows a take, and one ``learn`` took ~80 µs,
+        ~20 % of the worker's logic). Rows that have learned as many values share every index and branch, so they are
+        learned together, group by group; a group of fewer than ``MANY_MIN`` rows goes through ``learn``. The rows
+        end as ``learn`` leaves them, bit for bit, and so do the forecasts (tests/stream/test_forecast_columns.py):
+        the same operations in the same order on the same doubles, sums and cumulative sums taken in order, and
+        ``math.exp``, not ``np.exp``, whose last bit may differ. Returns each row's forecasts, an array of (rows,
+        horizons, 3): mean, lower, upper."""
+        if len(set(slots)) != len(slots):
+            raise ValueError("learn_many: a row may be learned once per call (learn its values one call at a time)")
+        out = np.empty((len(slots), len(self.horizons), 3))
+        groups: dict[int, list[int]] = {}
+        for i, slot in enumerate(slots):
+            wide, _ = self._rows(slot)
+            groups.setdefault(int(wide[T]), []).append(i)
+        for t, members in groups.items():
+            if len(members) < MANY_MIN:
+                for i in members:
+                    forecasts = self.learn(slots[i], ys[i], forecast=True)
+                    out[i] = [(f.mean, f.lower, f.upper) for f in forecasts.values()]
+                continue
+            chosen = np.asarray([slots[i] for i in members])
+            rows = self._gather(chosen)
+            y = np.asarray([float(ys[i]) for i in members])
+            self._learn_rows(rows, t, y)
+            out[members] = self._forecast_rows(rows, t + 1)
+            self._scatter(chosen, rows)
+        return out
+
+    def _gather(self, slots: np.ndarray) -> np.ndarray:
+        """The rows as one float64 matrix laid out as ``learn``'s list: the float64 part, then the float32 part."""
+        rows = np.empty((len(slots), self.wide + self.narrow))
+        chunk = slots // CHUNK
+        for c in np.unique(chunk).tolist():
+            mine = chunk == c
+            wide, narrow = self.chunks[c]
+            at = slots[mine] % CHUNK
+            rows[mine, :self.wide] = wide[at]
+            rows[mine, self.wide:] = narrow[at]
+        return rows
+
+    def _scatter(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        chunk = slots // CHUNK
+        for c in np.unique(chunk).tolist():
+            mine = chunk == c
+            wide, narrow = self.chunks[c]
+            at = slots[mine] % CHUNK
+            wide[at] = rows[mine, :self.wide]
+            narrow[at] = rows[mine, self.wide:]  # rounded to float32 as ``array("f", ...)`` rounds
+
+    def _learn_rows(self, r: np.ndarray, t: int, y: np.ndarray) -> None:
+        """``learn`` on rows that have each learned ``t`` values (``r``: ``_gather``'s matrix, changed in place)."""
+        span = self.span
+        n = min(t, span)
+        values = r[:, self.values_end - n:self.values_end].copy()
+        steps = r[:, self.steps_end - n:self.steps_end].copy()
+        every = np.arange(len(r))
+        for h, (loss_at, seen_at, errors_at, _, total_at, made_at) in zip(self.horizons, self.parts, strict=True):
+            if t < h:
+                continue
+            experts, context = self._made_rows(r, values, t - h, h)
+            chosen = r[:, made_at + t % h].copy()
+            loss = (loss_at + context * N_EXPERTS)[:, None] + np.arange(N_EXPERTS)
+            seen = seen_at + context
+            was_seen = r[every, seen] != 0
+            kept = r[every[:, None], loss]
+            error = np.abs(experts - y[:, None])
+            r[every[:, None], loss] = np.where(was_seen[:, None], self.fading * error + self.keep * kept, error)
+            r[every, seen] = 1.0
+            self._add_errors(r, errors_at, total_at, t - h, (y - chosen).astype(np.float32).astype(np.float64))
+        r[:, RUN] = np.where(y == values[:, -1], r[:, RUN] + 1, 0.0) if n else 0.0
+        for at, k in ((MEAN5, 5), (MEAN15, 15)):
+            count, mean = r[:, at].copy(), r[:, at + 1].copy()
+            if n >= k:
+                count -= 1.0
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    mean = np.where(count == 0, 0.0, mean - (1.0 / count) * (values[:, -k] - mean))
+            count += 1.0
+            r[:, at], r[:, at + 1] = count, mean + (1.0 / count) * (y - mean)
+        for i, f in enumerate(EW):
+            r[:, EWMEANS + i] = y if t == 0 else f * y + (1 - f) * r[:, EWMEANS + i]
+        if n == span:
+            values, steps = values[:, 1:], steps[:, 1:]
+        kept_n = min(values.shape[1], self.modal - 1)
+        if kept_n:
+            match = values[:, -kept_n:] == y[:, None]
+            first = values.shape[1] - kept_n + match.argmax(axis=1)
+            started = np.where(match.any(axis=1), steps[every, first], float(t))
+        else:
+            started = np.full(len(r), float(t))
+        values = np.concatenate([values, y[:, None]], axis=1)
+        steps = np.concatenate([steps, started[:, None]], axis=1)
+        n = values.shape[1]
+        r[:, self.values_end - n:self.values_end] = values
+        r[:, self.steps_end - n:self.steps_end] = steps
+        r[:, T] = float(t + 1)
+        self._make_forecast_rows(r, t + 1, values, steps)
+
+    def _add_errors(self, r: np.ndarray, first: int, total: int, made: int, error: np.ndarray) -> None:
+        """``_add_error`` on rows that have each made ``made`` errors."""
+        residuals = self.residuals
+        if made >= residuals:
+            r[:, total] -= np.abs(r[:, first])
+            r[:, first:first + residuals - 1] = r[:, first + 1:first + residuals].copy()
+            r[:, first + residuals - 1] = error
+        else:
+            r[:, first + made] = error
+        if (made + 1) % residuals == 0:
+            # ``sum`` adds in order, from 0: so do the columns here (np.sum would pair them up)
+            acc = np.zeros(len(r))
+            for j in range(first, first + min(made + 1, residuals)):
+                acc += np.abs(r[:, j])
+            r[:, total] = acc
+        else:
+            r[:, total] += np.abs(error)
+
+    def _made_rows(self, r: np.ndarray, values: np.ndarray, step: int, h: int) -> tuple[np.ndarray, np.ndarray]:
+        """``_made`` on rows: the experts of the forecasts made at ``step``, (rows, experts), and their contexts."""
+        i = values.shape[1] - h
+        last = values[:, i]
+        slope = (last - values[:, i - 9]) / 9 if step >= 9 else np.zeros(len(r))
+        run = np.zeros(len(r), dtype=np.int64)
+        going = np.ones(len(r), dtype=bool)
+        for k in range(min(RUN_MAX, i)):  # the value's run, as far as RUN_MAX
+            going &= values[:, i - k - 1] == values[:, i - k]
+            run += going
+        context = np.zeros(len(r), dtype=np.int64)
+        for bound in RUN_BUCKETS:
+            context += run >= bound
+        at = self.pending + step % self.depth * STEP
+        experts = np.concatenate([last[:, None], r[:, at:at + STEP], (last + 0.5 * slope * h)[:, None]], axis=1)
+        return experts, context
+
+    def _make_forecast_rows(self, r: np.ndarray, t: int, values: np.ndarray, steps: np.ndarray) -> None:
+        """``_make_forecasts`` on rows."""
+        context = np.zeros(len(r), dtype=np.int64)
+        for bound in RUN_BUCKETS:
+            context += r[:, RUN] >= bound
+        last = values[:, -1]
+        slope = (last - values[:, -10]) / 9 if values.shape[1] >= 10 else np.zeros(len(r))
+        base = [last]
+        for k in (5, 15, self.window, self.modal):
+            base.append(_rolling_quantile_rows(np.sort(values[:, -k:], axis=1), 0.5, k))
+        base += [r[:, MEAN5 + 1], r[:, MEAN15 + 1], *(r[:, EWMEANS + i] for i in range(len(EW))),
+                 _mode_rows(values[:, -self.modal:], steps[:, -self.modal:])]
+        base = np.stack(base, axis=1)
+        at = self.pending + (t - 1) % self.depth * STEP
+        r[:, at:at + STEP] = base[:, 1:]
+        lower, upper = r[:, LOWER], r[:, UPPER]
+        every = np.arange(len(r))
+        for h, (loss_at, seen_at, _, chosen_at, _, made_at) in zip(self.horizons, self.parts, strict=True):
+            experts = np.concatenate([base, (last + 0.5 * slope * h)[:, None]], axis=1)
+            chosen = self._combine_rows(r, loss_at, seen_at, experts, context)
+            r[:, chosen_at] = chosen
+            r[:, made_at + (t - 1) % h] = _clamp_rows(experts[every, chosen], lower, upper)
+
+    def _combine_rows(self, r: np.ndarray, loss_at: int, seen_at: int, experts: np.ndarray,
+                      context: np.ndarray) -> np.ndarray:
+        """``_combine`` on rows: each row's index of the experts' weighted median."""
+        every = np.arange(len(r))
+        seen = r[:, seen_at:seen_at + N_CONTEXTS] != 0
+        # a context never seen reads the last one seen; none seen: the last value (expert 0)
+        context = np.where(seen[every, context], context, N_CONTEXTS - 1 - seen[:, ::-1].argmax(axis=1))
+        at = (loss_at + context * N_EXPERTS)[:, None] + np.arange(N_EXPERTS)
+        losses = r[every[:, None], at] * np.asarray(self.weight)
+        best = losses.min(axis=1)
+        scale = -self.eta / (best + 1e-12 * (np.abs(experts[:, 0]) + 1.0))
+        weights = np.asarray(list(map(math.exp, (scale[:, None] * (losses - best[:, None])).ravel().tolist())))
+        weights = weights.reshape(losses.shape)
+        half = np.zeros(len(r))
+        for j in range(N_EXPERTS):  # ``sum`` adds in order
+            half += weights[:, j]
+        half /= 2
+        order = np.argsort(experts, axis=1, kind="stable")  # ``sorted``: ties in index order
+        acc = np.cumsum(weights[every[:, None], order], axis=1)
+        chosen = order[every, (acc >= half[:, None]).argmax(axis=1)]
+        return np.where(seen.any(axis=1), chosen, 0)
+
+    def _forecast_rows(self, r: np.ndarray, t: int) -> np.ndarray:
+        """``_forecast`` on rows that have each learned ``t`` values: (rows, horizons, 3), mean, lower, upper."""
+        n = min(t, self.window)
+        recent = r[:, self.values_end - n:self.values_end]
+        spread = recent.max(axis=1) - recent.min(axis=1)
+        lower, upper = r[:, LOWER], r[:, UPPER]
+        out = np.empty((len(r), len(self.horizons), 3))
+        for j, (h, (_, _, first, _, _, made_at)) in enumerate(zip(self.horizons, self.parts, strict=True)):
+            mean = r[:, made_at + (t - 1) % h]
+            kept = min(max(t - h, 0), self.residuals)
+            if kept >= MIN_ERRORS:
+                errors = np.sort(r[:, first + kept - min(kept, self.interval_window):first + kept], axis=1)
+                lo_q = _rolling_quantile_rows(errors, self.alpha, self.interval_window)
+                hi_q = _rolling_quantile_rows(errors, 1 - self.alpha, self.interval_window)
+                lo_q = np.where(lo_q > 0.0, 0.0, lo_q)  # min(lo_q, 0.0), which keeps lo_q on a tie
+                hi_q = np.where(hi_q < 0.0, 0.0, hi_q)
+            else:
+                lo_q = -np.where(spread != 0, spread, np.abs(mean) * 0.1 + 1.0)
+                hi_q = -lo_q
+            out[:, j, 0] = mean
+            out[:, j, 1] = _clamp_rows(mean + lo_q, lower, upper)
+            out[:, j, 2] = _clamp_rows(mean + hi_q, lower, upper)
+        return out
+
     # ------------------------------------------------------------------ reading
 
     def forecast(self, slot: int) -> dict[int, Forecast]:
@@ -363,6 +570,41 @@ class ForecastColumns:
         """The horizon's experts' decayed losses per context (0 where a context was never seen)."""
         at = self.parts[self.horizons.index(horizon)][0] - self.wide
         return self._rows(slot)[1][at:at + LOSSES].reshape(N_CONTEXTS, N_EXPERTS).tolist()
+
+
+def _rolling_quantile_rows(ordered: np.ndarray, q: float, window: int) -> np.ndarray:
+    """``rolling_quantile`` of each row of ``ordered`` (each sorted)."""
+    n = ordered.shape[1]
+    idx = q * ((n if n < window else window) - 1)
+    lo = int(idx)
+    hi = min(lo + 1, n - 1)
+    return ordered[:, lo] + (ordered[:, hi] - ordered[:, lo]) * (idx - lo)
+
+
+def _mode_rows(values: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """``_mode`` of each row: of the values counted most, the one whose count started first (a value's step is that
+    of its last place, as ``dict(zip(values, steps))`` keeps it; distinct values never share one). Each row sorted,
+    stably: a value's places are one run, in their order, and its count is the run's length."""
+    order = np.argsort(values, axis=1, kind="stable")
+    ordered = np.take_along_axis(values, order, axis=1)
+    width = ordered.shape[1]
+    place = np.arange(width)
+    starts = np.ones(ordered.shape, dtype=bool)
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    ends = np.ones(ordered.shape, dtype=bool)
+    ends[:, :-1] = starts[:, 1:]
+    first = np.maximum.accumulate(np.where(starts, place, 0), axis=1)
+    last = np.minimum.accumulate(np.where(ends, place, width)[:, ::-1], axis=1)[:, ::-1]
+    counts = last - first + 1
+    started = np.take_along_axis(steps, np.take_along_axis(order, last, axis=1), axis=1)
+    started = np.where(counts == counts.max(axis=1)[:, None], started, np.inf)
+    # the run's first place: the value as its first place holds it (Counter's key)
+    return ordered[np.arange(len(values)), first[np.arange(len(values)), started.argmin(axis=1)]]
+
+
+def _clamp_rows(x: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """``_clamp`` per row (a NaN bound, none, compares False)."""
+    return np.where(x < lower, lower, np.where(x > upper, upper, x))
 
 
 def _clamp(x: float, lower: float, upper: float) -> float:

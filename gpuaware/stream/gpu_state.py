@@ -140,6 +140,42 @@ def _unpack(count: int) -> Callable[[bytes], tuple[float, ...]]:
     return struct.Struct(f"<{count}d").unpack_from
 
 
+class ClosedMinutes:
+    """The minutes GPUs closed in one take, learned together (``learn``): their forecasters' rows through
+    ``ForecastColumns.learn_many``, at a sixth of the cost of a row at a time (a worker closes ~250 rows a take at
+    50,000 GPUs; ``python -m gpuaware.bench.worker_cost``). A tracker given one (``GpuTracker.closed``) leaves its
+    closed minutes there; what reads its forecasts or history learns them first (``GpuTracker.settle``), and the
+    processor learns them before it writes or publishes a take."""
+
+    __slots__ = ("trackers",)
+
+    def __init__(self) -> None:
+        self.trackers: list[GpuTracker] = []
+
+    def learn(self) -> None:
+        waiting, self.trackers = self.trackers, []
+        by_columns: dict[int, list[GpuTracker]] = {}
+        for t in waiting:
+            by_columns.setdefault(id(t._forecasters["util_gpu"].columns), []).append(t)
+        for group in by_columns.values():
+            slots, ys = [], []
+            for t in group:  # a GPU's rows in the order its forecasts are packed: METRICS'
+                models = t._forecasters
+                slots += [models[metric].slot for metric in METRICS]
+                ys += t.waiting
+            columns = group[0]._forecasters["util_gpu"].columns
+            numbers = columns.learn_many(slots, ys).reshape(len(group), -1).tolist()
+            pack = _pack(len(numbers[0]))
+            for t, row in zip(group, numbers, strict=True):
+                t.waiting = None
+                t._packed = pack(*[round(x, 2) for x in row])
+
+
+@functools.cache
+def _pack(count: int) -> Callable[..., bytes]:
+    return struct.Struct(f"<{count}d").pack
+
+
 class Learned(enum.Enum):
     APPLIED = "applied"
     DUPLICATE = "duplicate"
@@ -180,9 +216,8 @@ class GpuTracker:
     # list 56, and most GPUs have no event and no SBE count to keep.
     recent_events: list | tuple = ()
     fingerprint: WorkloadFingerprint = field(default_factory=WorkloadFingerprint)
-    # The rendered forecasts' numbers (mean, lower, upper per metric and horizon, as ``forecasts`` lists them), packed
-    # doubles: a new object once a minute, never changed in place (what encoders and the demand sum key on).
-    packed_forecasts: bytes = b""
+    # ``packed_forecasts``
+    _packed: bytes = b""
     last_published_ms: int = 0
     # The time of its entry in its processor's heap of states published (None: none).
     queued_ms: int | None = field(default=None, compare=False)
@@ -208,6 +243,10 @@ class GpuTracker:
     # 50,000 GPUs looking at every GPU every second was ~7 % of a worker's logic); None: held by nobody.
     unsettled: dict | None = field(default=None, compare=False, repr=False)
     _forecasters: dict[str, ColumnForecaster] | None = None  # per metric, every horizon
+    # Where a closed minute waits to be learned with the rest of its take's (None: learned at once), and the minute
+    # waiting there (its mean utilisation and framebuffer used).
+    closed: ClosedMinutes | None = field(default=None, compare=False, repr=False)
+    waiting: tuple[float, float] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.slot = self.readings.new()
@@ -325,13 +364,24 @@ class GpuTracker:
 
     def _close(self, minute: int, util: float, fb: float, render: bool = True) -> None:
         """A closed minute joins the history: its minute here, its values in the forecasters, which keep the last
-        ``HISTORY_MINUTES`` of them (and learn from them)."""
+        ``HISTORY_MINUTES`` of them (and learn from them), at once or, held in ``closed``, with the take's others."""
+        self.settle()  # (a minute already waiting: learned first)
         minutes = self.minutes
         minutes.append(minute)
         if len(minutes) > HISTORY_MINUTES:
             del minutes[0]
         self.history_changes += 1
-        self._learn_minute(util, fb, render)
+        if render and self.closed is not None:
+            self.waiting = (util, fb)
+            self.closed.trackers.append(self)
+        else:
+            self._learn_minute(util, fb, render)
+
+    def settle(self) -> None:
+        """Learn the minute waiting in ``closed`` (with every other waiting there): what reads the forecasters calls
+        it first."""
+        if self.waiting is not None:
+            self.closed.learn()
 
     @property
     def history(self) -> list[tuple[int, float, float]]:
@@ -340,6 +390,7 @@ class GpuTracker:
         of every GPU's hour (docs/stream.md, "Memory")."""
         if not self.minutes:
             return []
+        self.settle()
         n = len(self.minutes)
         models = self._models()
         return list(zip(self.minutes, models["util_gpu"].values(n), models["fb_used_mib"].values(n), strict=True))
@@ -356,7 +407,19 @@ class GpuTracker:
             for f in model.learn_forecast(y).values():
                 out += (round(f.mean, 2), round(f.lower, 2), round(f.upper, 2))
         if render:
-            self.packed_forecasts = struct.pack(f"<{len(out)}d", *out)
+            self._packed = struct.pack(f"<{len(out)}d", *out)
+
+    @property
+    def packed_forecasts(self) -> bytes:
+        """The rendered forecasts' numbers (mean, lower, upper per metric and horizon, as ``forecasts`` lists them),
+        packed doubles: a new object once a minute, never changed in place (what encoders and the demand sum key
+        on)."""
+        self.settle()
+        return self._packed
+
+    @packed_forecasts.setter
+    def packed_forecasts(self, packed: bytes) -> None:
+        self._packed = packed
 
     @property
     def forecasts(self) -> KeptForecasts:
@@ -381,6 +444,7 @@ class GpuTracker:
         """Mean absolute error of the recent chosen forecasts, per (metric, horizon in minutes)."""
         if self._forecasters is None:
             return {}
+        self.settle()
         return {(metric, h): error for metric, m in self._forecasters.items() for h, error in m.abs_errors().items()}
 
     def learn_event(self, event: GpuEvent) -> None:

@@ -35,7 +35,7 @@ import orjson
 
 from gpuaware.contract.events import GpuEvent, GpuState, NodeState, TelemetryBatch
 from gpuaware.stream import fleet_peers
-from gpuaware.stream.gpu_state import GpuTracker, Learned, TrackerSettings
+from gpuaware.stream.gpu_state import ClosedMinutes, GpuTracker, Learned, TrackerSettings
 from gpuaware.stream.metrics import StreamStats
 from gpuaware.stream.readings import READINGS, Readings
 from gpuaware.stream.rollup import Partial, headroom, model_demand, node_record, ordered
@@ -188,6 +188,8 @@ class StreamProcessor:
         # (each registers itself: GpuTracker.mark_changed; a GPU is held changed from when it is loaded or met), and
         # the states published, by time, for the refresh of those not published for ``max_interval_ms``.
         self.unsettled: dict[str, GpuTracker] = {}
+        # The minutes closed in the take being applied, learned together when it is finished (None: each at once).
+        self.closed: ClosedMinutes | None = ClosedMinutes()
         # A heap of (a state's time, the GPU's UUID): a number and a string, which the cyclic collector stops tracking.
         # One entry per GPU (its tracker's ``queued_ms``), not one per state: an entry brought up by a GPU published
         # since goes back with that state's time. An entry per state was ~30 s of states per GPU, ~0.7 KiB of each
@@ -255,6 +257,7 @@ class StreamProcessor:
         not published yet) and by every heartbeat after a change."""
         self.trackers[key] = t
         t.unsettled = self.unsettled
+        t.closed = self.closed
         t.mark_changed()
         return t
 
@@ -399,6 +402,8 @@ class StreamProcessor:
     def finish(self, take: Take, now_ms: int) -> list[GpuState]:
         """Write each node ``take`` touched once, in the order they were last touched, each under the last record
         that touched it (``scope``); the states due, one per GPU."""
+        if self.closed is not None:
+            self.closed.learn()
         for node, touched in take.nodes.items():
             self._under(take.sources[node])
             self._write(node, touched.values())

@@ -348,6 +348,50 @@ def test_a_take_leaves_the_same_state_and_table_as_the_same_records_one_by_one()
         **{f"GPU-a-{i}": 150 for i in range(3)}, **{f"GPU-b-{i}": 149 for i in range(3)}}
 
 
+def test_minutes_learned_together_at_the_end_of_a_take_publish_and_store_what_learning_each_at_once_does() -> None:
+    """The minutes a take closes wait in the processor's ``ClosedMinutes`` and are learned together when it is
+    finished (``ForecastColumns.learn_many``); a processor that learns each at once (``closed`` None) is the oracle:
+    the same states, byte for byte, and the same table, over a fleet of the pipeline's load (young and older
+    forecasters, many GPUs closing minutes in one take) and takes that close two minutes of a GPU (the first learned
+    before the second waits: ``GpuTracker.settle``)."""
+    from gpuaware.bench.fleet_load import TICKS_PER_S, Fleet, build_template
+    from gpuaware.contract import topics
+    from gpuaware.contract.events import TelemetryBatch, decode
+    from gpuaware.stream.publisher import StatePublisher
+
+    fleet = Fleet(build_template(nodes=4, loop_s=60, warmup_s=5), gpus=64, prefix="wc")
+    together, at_once = StreamProcessor(_Recording()), StreamProcessor(_Recording())
+    at_once.closed = None
+    encoders = [StatePublisher(topics.GPU_STATE, None, p.stats) for p in (together, at_once)]
+    most_waiting, most_closed, late, seq = 0, 0, T0 - 160_000, 0
+    for tick in range(200 * TICKS_PER_S):
+        now = T0 + tick * 100
+        records, _ = fleet.records(tick, now)
+        batches = [decode(value, TelemetryBatch) for topic, _, value in records if topic == topics.TELEMETRY]
+        if tick in (35 * TICKS_PER_S, 175 * TICKS_PER_S):  # a node's minutes caught up on: two or more in one take
+            while late + 20_000 <= now:
+                late, seq = late + 20_000, seq + 1
+                batches.append(telemetry_batch("late", seq, late, util=(17 * seq) % 100, gpus=8))
+        published = []
+        for proc, encoder in zip((together, at_once), encoders, strict=True):
+            before = len(proc.trackers["GPU-late-0"].minutes) if "GPU-late-0" in proc.trackers else 0
+            take = Take()
+            for batch in batches:
+                proc.apply_telemetry(batch, 0, now, take)
+            if proc.closed is not None:
+                most_waiting = max(most_waiting, len(proc.closed.trackers))
+                if "GPU-late-0" in proc.trackers:
+                    most_closed = max(most_closed, len(proc.trackers["GPU-late-0"].minutes) - before)
+            published.append([encoder.encode(s, s.key()) for s in proc.finish(take, now)])
+            published[-1] += [encoder.encode(s, s.key()) for s in proc.heartbeats(now, None)]
+        assert published[0] == published[1]
+    assert dict(together.snapshots) == dict(at_once.snapshots)
+    assert most_waiting >= 8 and most_closed >= 2
+    assert sum(t.forecasting for t in together.trackers.values()) == 72
+    for key, t in together.trackers.items():
+        assert t.packed_forecasts == at_once.trackers[key].packed_forecasts and t.history
+
+
 def test_an_invalid_record_in_a_take_changes_nothing_and_the_rest_of_the_take_applies() -> None:
     table = _Recording()
     proc = StreamProcessor(table)
