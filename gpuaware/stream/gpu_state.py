@@ -233,7 +233,8 @@ class GpuTracker:
     # (newest sample ms, volatile SBE count) per run of reads of one count, over the fleet's window
     sbe_window: list | tuple = ()
     sbe_in_window: int | None = None  # errors over it (None: never reported), what the check reads of every GPU
-    # Minutes closed into the history since this tracker was built: tells the processor when to write it.
+    # Minutes closed since the stored history was read (those of a snapshot's ``closed`` count: they are not in the
+    # stored history): tells the processor when to write it.
     history_changes: int = 0
     # Something the publishing signature reads may have moved since the last state went out (a sample, a watch
     # point, an event, a fleet verdict); False lets the heartbeat pass over the GPU without building the
@@ -382,6 +383,15 @@ class GpuTracker:
         it first."""
         if self.waiting is not None:
             self.closed.learn()
+
+    def last_minutes(self, n: int) -> list[tuple[int, float, float]]:
+        """The last ``n`` closed minutes of ``history`` (a snapshot's ``closed``)."""
+        n = min(n, len(self.minutes))
+        if not n:
+            return []
+        self.settle()
+        models = self._models()
+        return list(zip(self.minutes[-n:], models["util_gpu"].values(n), models["fb_used_mib"].values(n), strict=True))
 
     @property
     def history(self) -> list[tuple[int, float, float]]:
@@ -625,11 +635,15 @@ class GpuTracker:
         t.recommended_action = data.get("recommended_action", HealthAction.UNKNOWN.value)
         t.recent_events = [tuple(e) for e in data["recent_events"]][-RECENT_EVENTS:] or ()
         t.fingerprint = WorkloadFingerprint.from_dict(data["fingerprint"])
-        # The forecasters rebuilt from the retained history (after a restart or a rebalance).
-        kept = (data["history"] if history is None else history)[-HISTORY_MINUTES:]
+        # The forecasters rebuilt from the retained history (after a restart or a rebalance), and the minutes closed
+        # since it was stored, which the snapshot carries (``closed``; those the history already holds skipped: it
+        # may have been stored after the snapshot).
+        kept = list(data["history"] if history is None else history)
+        closed = [m for m in data.get("closed", ()) if not kept or m[0] > kept[-1][0]]
+        kept = (kept + closed)[-HISTORY_MINUTES:]
         if kept:
             t._models()
             for i, (minute, util, fb) in enumerate(kept):
                 t._close(minute, util, fb, render=i == len(kept) - 1)
-            t.history_changes = 0
+        t.history_changes = len(closed)
         return t

@@ -10,10 +10,13 @@ from the last processed take; duplicates replayed after a crash are recognised p
 One entry per node, not per GPU: each table write is a RocksDB put and a changelog record produced
 through Faust, and that per-record work, not the bytes, was most of a worker's time (docs/performance.md).
 The minute history (an hour per GPU, two thirds of a snapshot's JSON then) changes only when a minute
-closes, so it has its own entry per node (``hist:<name>``), written in the takes that close a minute; the
-node entry written for every batch holds the rest. Values are bytes the processor encodes itself (JSON,
-once: the app's table passes them through), where Faust's JSON codec encoded each write twice, for the
-store and for the changelog.
+closes, so it has its own entry per node (``hist:<name>``); the node entry written for every batch holds the rest,
+and each GPU's minutes closed since its node's history entry was written (``closed``, at most ``MAX_CLOSED``). The
+history entry is written again once every GPU of the node that has a history has closed a minute since, or one has
+closed more than ``MAX_CLOSED``: about once a minute per node, where it was written with every take that closed a
+minute of any of its GPUs, ~4.5 times a minute (``python -m gpuaware.bench.worker_cost``, ``table_writes_per_s``).
+Values are bytes the processor encodes itself (JSON, once: the app's table passes them through), where Faust's JSON
+codec encoded each write twice, for the store and for the changelog.
 
 Entries written before this layout are still read, and rewritten in it the first time their node is:
 ``SNAPSHOT_VERSION`` 2 (a node entry holding its GPUs' history, what Faust's JSON codec wrote) and 1 (one
@@ -35,13 +38,14 @@ import orjson
 
 from gpuaware.contract.events import GpuEvent, GpuState, NodeState, TelemetryBatch
 from gpuaware.stream import fleet_peers
-from gpuaware.stream.gpu_state import ClosedMinutes, GpuTracker, Learned, TrackerSettings
+from gpuaware.stream.gpu_state import HISTORY_MINUTES, ClosedMinutes, GpuTracker, Learned, TrackerSettings
 from gpuaware.stream.metrics import StreamStats
 from gpuaware.stream.readings import READINGS, Readings
 from gpuaware.stream.rollup import Partial, headroom, model_demand, node_record, ordered
 
 NODE_HEARTBEAT_MS = 30_000
 SNAPSHOT_VERSION = 3
+MAX_CLOSED = 2  # a GPU's minutes closed since its node's history entry was written, carried in the node entry
 # GPU UUIDs (the version 1 keys) start with "GPU-", so these never collide with them.
 NODE_KEY_PREFIX = "node:"
 HISTORY_KEY_PREFIX = "hist:"
@@ -79,12 +83,16 @@ def encode_value(value: object) -> bytes:
         return json.dumps(value, separators=(",", ":")).encode()
 
 
-def node_entry(members: dict[str, GpuTracker]) -> bytes:
-    """A node entry's value: ``{"v": SNAPSHOT_VERSION, "gpus": {uuid: snapshot}}``, encoded in one call. Each GPU's
+def node_entry(members: dict[str, GpuTracker], closed: dict[str, int] | None = None) -> bytes:
+    """A node entry's value: ``{"v": SNAPSHOT_VERSION, "gpus": {uuid: snapshot}}``, encoded in one call; ``closed``:
+    per GPU, how many of its last minutes its node's history entry lacks (its snapshot's ``closed``). Each GPU's
     encoded snapshot was kept to be spliced into the next entries its node wrote (a batch samples ~3 of a node's 8
     GPUs), but that was ~1 KiB of every GPU held, for 2.2 % of the worker's logic (``python -m
     gpuaware.bench.worker_cost``; docs/stream.md, "Memory")."""
-    return encode_value({"v": SNAPSHOT_VERSION, "gpus": {key: t.to_dict(history=False) for key, t in members.items()}})
+    gpus = {key: t.to_dict(history=False) for key, t in members.items()}
+    for key, n in (closed or {}).items():
+        gpus[key]["closed"] = members[key].last_minutes(n)
+    return encode_value({"v": SNAPSHOT_VERSION, "gpus": gpus})
 
 
 def decode_value(raw: bytes | None) -> object:
@@ -223,8 +231,8 @@ class StreamProcessor:
                                                              histories.get(key, []) if split else None,
                                                              self.readings))
                     self.partition_of[key] = partition
-                    if split:
-                        self.history_written[key] = (node, t.history_changes)
+                    if split:  # (its minutes the history entry lacks: ``history_changes``, from its ``closed``)
+                        self.history_written[key] = (node, 0)
                 if t.node in (node, "") and key not in self.member_of:  # a moved board stays with its new node
                     members[key] = t
                     self.member_of[key] = node
@@ -271,7 +279,9 @@ class StreamProcessor:
         if snapshot is None or "history" in snapshot:
             return snapshot
         histories = decode_value(self.snapshots.get(history_key(t.node))) or {"gpus": {}}
-        return {**snapshot, "history": histories["gpus"].get(key, [])}
+        history = histories["gpus"].get(key, [])
+        closed = [m for m in snapshot.pop("closed", ()) if not history or m[0] > history[-1][0]]
+        return {**snapshot, "history": [*history, *closed][-HISTORY_MINUTES:]}
 
     def _write(self, node: str, touched: Iterable[GpuTracker]) -> None:
         """Write ``node``'s entry after ``touched`` (its GPUs in the record just applied) changed."""
@@ -289,20 +299,41 @@ class StreamProcessor:
                     self.snapshots[owner_key(t.uuid)] = encode_value(node)
                     if before is not None:
                         self.rollup_due.add(before)  # its rollup loses the GPU
-        written = self.history_written
-        # ``minutes``, not ``history``: the history is put together from the forecasters' rows on each read.
-        if any(t.minutes and written.get(k) != (node, t.history_changes) for k, t in members.items()):
-            # A minute closed (or a GPU joined, or the entry was read in an older layout): the whole node's
-            # history, so that the entry alone restores it.
+        closed = self._closed_since(node, members)
+        if closed is None:
+            # The whole node's history, so that the entry alone restores it.
             self.snapshots[history_key(node)] = encode_value(
                 {"v": SNAPSHOT_VERSION, "gpus": {k: list(t.history) for k, t in members.items() if t.history}})
             for k, t in members.items():
-                written[k] = (node, t.history_changes)
-        self.snapshots[node_key(node)] = node_entry(members)
+                self.history_written[k] = (node, t.history_changes)
+            closed = {}
+        self.snapshots[node_key(node)] = node_entry(members, closed)
         for key in [k for k in self.legacy if k in members]:
             self.legacy.discard(key)
             with contextlib.suppress(KeyError):
                 del self.snapshots[key]  # a tombstone in the changelog: compaction drops the old entry
+
+    def _closed_since(self, node: str, members: dict[str, GpuTracker]) -> dict[str, int] | None:
+        """Per GPU of ``node`` with minutes its history entry lacks, how many; None when the entry is to be written
+        now: every GPU with a history has closed a minute since, one has closed more than ``MAX_CLOSED``, or one
+        is not in it (it joined the node, or its entry was read in an older layout)."""
+        written = self.history_written
+        closed = {}
+        # ``minutes``, not ``history``: the history is put together from the forecasters' rows on each read.
+        with_minutes = 0
+        for k, t in members.items():
+            if not t.minutes:
+                continue
+            with_minutes += 1
+            mark = written.get(k)
+            if mark is None or mark[0] != node:
+                return None
+            n = t.history_changes - mark[1]
+            if n:
+                if n > MAX_CLOSED:
+                    return None
+                closed[k] = n
+        return None if closed and len(closed) == with_minutes else closed
 
     def forget(self, partitions: Iterable[int]) -> None:
         """Drop cached trackers of these partitions: they are reloaded from the table when next needed."""

@@ -24,6 +24,7 @@ from gpuaware.contract.events import (
 )
 from gpuaware.stream.gpu_state import TrackerSettings
 from gpuaware.stream.processor import (
+    MAX_CLOSED,
     GpuClaimedElsewhere,
     InvalidRecord,
     StreamProcessor,
@@ -437,6 +438,74 @@ def test_the_minute_history_is_written_only_in_takes_that_close_a_minute() -> No
         assert again.trackers[key].forecasts == t.forecasts
 
 
+def _one_gpu(node: str, gpu: int, seq: int, ts: int, gpus: int = 3) -> TelemetryBatch:
+    """A batch of ``node`` with the sample of one of its ``gpus`` GPUs only."""
+    batch = telemetry_batch(node, seq, ts, util=(13 * seq + 7 * gpu) % 100, gpus=gpus)
+    return dataclasses.replace(batch, samples=[dataclasses.replace(batch.samples[gpu], gpu=gpu)])
+
+
+def test_the_history_entry_is_written_once_every_gpu_closed_a_minute_and_the_node_entry_carries_the_rest() -> None:
+    """A node's GPUs close their minutes in different takes: the minutes its history entry lacks ride in the node
+    entry (``closed``) until every GPU with a history has closed one, or one has closed more than ``MAX_CLOSED``; a
+    processor restarted from the table after any take restores every GPU exactly."""
+    table = _Recording()
+    proc = StreamProcessor(table)
+    seq, ts = 0, T0
+
+    def sample(gpu: int, step_ms: int) -> tuple[bool, bool, int]:
+        """One GPU's sample in its own batch: whether it closed a minute, whether the history entry was written,
+        and the most minutes any node entry carries."""
+        nonlocal seq, ts
+        seq, ts = seq + 1, ts + step_ms
+        table.writes.clear()
+        minutes = len(proc.trackers[f"GPU-n-{gpu}"].minutes) if f"GPU-n-{gpu}" in proc.trackers else 0
+        proc.on_telemetry(_one_gpu("n", gpu, seq, ts), 0, ts)
+        again = StreamProcessor(_Recording(dict(table)))
+        for key, t in proc.trackers.items():
+            if not t.samples:
+                continue
+            restored = again.tracker(key, 0, "n")
+            # (a state is published after the take's writes: the entry holds the time of the one before)
+            assert {**restored.to_dict(), "last_published_ms": 0} == {**t.to_dict(), "last_published_ms": 0}
+            assert restored.forecasts == t.forecasts
+            assert again.snapshot(key)["history"] == [list(h) for h in t.history]
+        carried = max(len(g.get("closed", ())) for g in table.entry(node_key("n"))["gpus"].values())
+        return len(proc.trackers[f"GPU-n-{gpu}"].minutes) > minutes, history_key("n") in table.writes, carried
+
+    # Each GPU sampled every 45 s, 15 s after the one before: the node's minutes close GPU by GPU.
+    taken = [sample(gpu, 15_000) for _ in range(12) for gpu in range(3)]
+    closing = sum(c for c, _, _ in taken)
+    written = sum(w for _, w, _ in taken)
+    assert closing >= 24 and written <= closing // 3 + 2, (closing, written)  # written at every closing take before
+    assert 1 <= max(c for _, _, c in taken) <= MAX_CLOSED
+    # GPU 2 silent: the others' minutes are carried up to MAX_CLOSED, then the entry is written
+    taken = [sample(gpu, 30_000) for _ in range(6) for gpu in (0, 1)]
+    assert sum(w for _, w, _ in taken) >= 2 and max(c for _, _, c in taken) == MAX_CLOSED
+
+
+def test_a_node_entry_read_with_a_newer_history_entry_adds_only_the_minutes_it_lacks() -> None:
+    """A worker stopped between writing a node's history entry and its node entry leaves an older node entry whose
+    ``closed`` minutes the history already holds: restored, each minute is in the history once."""
+    table = _Recording()
+    proc = StreamProcessor(table)
+    seq, ts, carried = 0, T0, None
+    for _ in range(12):
+        for gpu in range(3):
+            seq, ts = seq + 1, ts + 15_000
+            table.writes.clear()
+            before = dict(table)
+            proc.on_telemetry(_one_gpu("n", gpu, seq, ts), 0, ts)
+            if history_key("n") in table.writes and any("closed" in g for g in
+                                                         decode_value(before[node_key("n")])["gpus"].values()):
+                carried = {**before, history_key("n"): table[history_key("n")]}
+    assert carried is not None
+    again = StreamProcessor(_Recording(carried))
+    for key in proc.trackers:
+        minutes = [m for m, _, _ in again.tracker(key, 0, "n").history]
+        assert minutes == sorted(set(minutes))
+        assert again.snapshot(key)["history"][-len(minutes):] == [list(h) for h in again.trackers[key].history]
+
+
 def test_version_2_node_entries_are_read_after_an_upgrade_and_rewritten_split() -> None:
     from faust.serializers import codecs
 
@@ -691,17 +760,25 @@ def test_table_values_read_back_as_what_the_json_module_wrote() -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_a_node_entry_written_is_what_encoding_every_gpu_gives(seed) -> None:
     """Samples, replayed batches, samples stamped too far ahead, watch points, health events, heartbeats and fleet
-    checks in any order: each node entry written is byte for byte what encoding every GPU's snapshot then gives."""
+    checks in any order: each node entry written is byte for byte what encoding every GPU's snapshot then gives,
+    with the minutes its node's history entry lacks (``closed``)."""
     import random
 
     rng = random.Random(seed)
     written: list[tuple[bytes, bytes]] = []
 
+    def snapshot(key: str, t) -> dict:
+        data = t.to_dict(history=False)
+        lacking = t.history_changes - proc.history_written[key][1] if t.minutes else 0
+        if lacking:
+            data["closed"] = t.history[-lacking:]
+        return data
+
     class Checking(dict):
         def __setitem__(self, key, value) -> None:
             if key.startswith("node:"):
                 members = proc.members[key.removeprefix("node:")]
-                want = encode_value({"v": 3, "gpus": {k: t.to_dict(history=False) for k, t in members.items()}})
+                want = encode_value({"v": 3, "gpus": {k: snapshot(k, t) for k, t in members.items()}})
                 written.append((value, want))
             super().__setitem__(key, value)
 
