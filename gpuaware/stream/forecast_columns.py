@@ -114,6 +114,9 @@ class ForecastColumns:
             narrow += LOSSES + N_CONTEXTS + residuals
             offset += 2 + h
         self.narrow = narrow - wide
+        # From this many values learned on, ``learn`` takes the same branches whatever the count: the values, the
+        # errors and the pending forecasts are full (``learn_many`` learns such rows together).
+        self.mature = max(self.span, self.residuals + self.depth, MIN_ERRORS + self.depth, self.window)
         self.chunks: list[tuple[np.ndarray, np.ndarray]] = []
         self.free: list[int] = []
         self.used = 0
@@ -314,19 +317,21 @@ class ForecastColumns:
     def learn_many(self, slots: list[int], ys: list[float]) -> np.ndarray:
         """``learn(slot, y, forecast=True)`` for each row, as numpy operations over the rows: what a worker does with
         the minutes its GPUs closed in one take (at 50,000 GPUs, ~250 rows a take, and one ``learn`` took ~80 µs,
-        ~20 % of the worker's logic). Rows that have learned as many values share every index and branch, so they are
-        learned together, group by group; a group of fewer than ``MANY_MIN`` rows goes through ``learn``. The rows
-        end as ``learn`` leaves them, bit for bit, and so do the forecasts (tests/stream/test_forecast_columns.py):
-        the same operations in the same order on the same doubles, sums and cumulative sums taken in order, and
-        ``math.exp``, not ``np.exp``, whose last bit may differ. Returns each row's forecasts, an array of (rows,
-        horizons, 3): mean, lower, upper."""
+        ~20 % of the worker's logic). ``learn`` branches on how many values a row has learned (``t``) only until
+        ``mature`` (its windows, errors and pending forecasts full); past it, ``t`` only picks places in the rows'
+        rings, per row. So the mature rows are learned together, and the young ones group by group of one ``t``; a
+        group of fewer than ``MANY_MIN`` rows goes through ``learn``. The rows end as ``learn`` leaves them, bit for
+        bit, and so do the forecasts (tests/stream/test_forecast_columns.py): the same operations in the same order on
+        the same doubles, sums and cumulative sums taken in order, and ``math.exp``, not ``np.exp``, whose last bit
+        may differ. Returns each row's forecasts, an array of (rows, horizons, 3): mean, lower, upper."""
         if len(set(slots)) != len(slots):
             raise ValueError("learn_many: a row may be learned once per call (learn its values one call at a time)")
         out = np.empty((len(slots), len(self.horizons), 3))
         groups: dict[int, list[int]] = {}
+        mature = self.mature
         for i, slot in enumerate(slots):
-            wide, _ = self._rows(slot)
-            groups.setdefault(int(wide[T]), []).append(i)
+            t = int(self._rows(slot)[0][T])
+            groups.setdefault(t if t < mature else mature, []).append(i)
         for t, members in groups.items():
             if len(members) < MANY_MIN:
                 for i in members:
@@ -336,8 +341,9 @@ class ForecastColumns:
             chosen = np.asarray([slots[i] for i in members])
             rows = self._gather(chosen)
             y = np.asarray([float(ys[i]) for i in members])
-            self._learn_rows(rows, t, y)
-            out[members] = self._forecast_rows(rows, t + 1)
+            ts = rows[:, T].astype(np.int64)
+            self._learn_rows(rows, t, ts, y)
+            out[members] = self._forecast_rows(rows, t + 1, ts + 1)
             self._scatter(chosen, rows)
         return out
 
@@ -362,8 +368,9 @@ class ForecastColumns:
             wide[at] = rows[mine, :self.wide]
             narrow[at] = rows[mine, self.wide:]  # rounded to float32 as ``array("f", ...)`` rounds
 
-    def _learn_rows(self, r: np.ndarray, t: int, y: np.ndarray) -> None:
-        """``learn`` on rows that have each learned ``t`` values (``r``: ``_gather``'s matrix, changed in place)."""
+    def _learn_rows(self, r: np.ndarray, t: int, ts: np.ndarray, y: np.ndarray) -> None:
+        """``learn`` on rows that take the same branches (``r``: ``_gather``'s matrix, changed in place): ``t`` is a
+        value of ``t`` that takes them, ``ts`` each row's own, which picks its places in the rings."""
         span = self.span
         n = min(t, span)
         values = r[:, self.values_end - n:self.values_end].copy()
@@ -372,8 +379,8 @@ class ForecastColumns:
         for h, (loss_at, seen_at, errors_at, _, total_at, made_at) in zip(self.horizons, self.parts, strict=True):
             if t < h:
                 continue
-            experts, context = self._made_rows(r, values, t - h, h)
-            chosen = r[:, made_at + t % h].copy()
+            experts, context = self._made_rows(r, values, t - h, ts - h, h)
+            chosen = r[every, made_at + ts % h]
             loss = (loss_at + context * N_EXPERTS)[:, None] + np.arange(N_EXPERTS)
             seen = seen_at + context
             was_seen = r[every, seen] != 0
@@ -381,7 +388,8 @@ class ForecastColumns:
             error = np.abs(experts - y[:, None])
             r[every[:, None], loss] = np.where(was_seen[:, None], self.fading * error + self.keep * kept, error)
             r[every, seen] = 1.0
-            self._add_errors(r, errors_at, total_at, t - h, (y - chosen).astype(np.float32).astype(np.float64))
+            self._add_errors(r, errors_at, total_at, t - h, ts - h,
+                             (y - chosen).astype(np.float32).astype(np.float64))
         r[:, RUN] = np.where(y == values[:, -1], r[:, RUN] + 1, 0.0) if n else 0.0
         for at, k in ((MEAN5, 5), (MEAN15, 15)):
             count, mean = r[:, at].copy(), r[:, at + 1].copy()
@@ -399,37 +407,44 @@ class ForecastColumns:
         if kept_n:
             match = values[:, -kept_n:] == y[:, None]
             first = values.shape[1] - kept_n + match.argmax(axis=1)
-            started = np.where(match.any(axis=1), steps[every, first], float(t))
+            started = np.where(match.any(axis=1), steps[every, first], ts.astype(np.float64))
         else:
-            started = np.full(len(r), float(t))
+            started = ts.astype(np.float64)
         values = np.concatenate([values, y[:, None]], axis=1)
         steps = np.concatenate([steps, started[:, None]], axis=1)
         n = values.shape[1]
         r[:, self.values_end - n:self.values_end] = values
         r[:, self.steps_end - n:self.steps_end] = steps
-        r[:, T] = float(t + 1)
-        self._make_forecast_rows(r, t + 1, values, steps)
+        r[:, T] = ts + 1.0
+        self._make_forecast_rows(r, ts + 1, values, steps)
 
-    def _add_errors(self, r: np.ndarray, first: int, total: int, made: int, error: np.ndarray) -> None:
-        """``_add_error`` on rows that have each made ``made`` errors."""
+    def _add_errors(self, r: np.ndarray, first: int, total: int, made: int, made_each: np.ndarray,
+                    error: np.ndarray) -> None:
+        """``_add_error`` on rows that take the same branches as a row that has made ``made`` errors (``made_each``:
+        each row's count)."""
         residuals = self.residuals
+        every = np.arange(len(r))
         if made >= residuals:
             r[:, total] -= np.abs(r[:, first])
             r[:, first:first + residuals - 1] = r[:, first + 1:first + residuals].copy()
             r[:, first + residuals - 1] = error
         else:
-            r[:, first + made] = error
-        if (made + 1) % residuals == 0:
+            r[every, first + made_each] = error
+        again = (made_each + 1) % residuals == 0
+        r[:, total] += np.where(again, 0.0, np.abs(error))  # (x + 0.0 is x: the rows made again are overwritten)
+        if again.any():
             # ``sum`` adds in order, from 0: so do the columns here (np.sum would pair them up)
-            acc = np.zeros(len(r))
-            for j in range(first, first + min(made + 1, residuals)):
-                acc += np.abs(r[:, j])
-            r[:, total] = acc
-        else:
-            r[:, total] += np.abs(error)
+            rows = np.flatnonzero(again)
+            kept = np.abs(r[rows, first:first + min(made + 1, residuals)])
+            acc = np.zeros(len(rows))
+            for j in range(kept.shape[1]):
+                acc += kept[:, j]
+            r[rows, total] = acc
 
-    def _made_rows(self, r: np.ndarray, values: np.ndarray, step: int, h: int) -> tuple[np.ndarray, np.ndarray]:
-        """``_made`` on rows: the experts of the forecasts made at ``step``, (rows, experts), and their contexts."""
+    def _made_rows(self, r: np.ndarray, values: np.ndarray, step: int, steps: np.ndarray,
+                   h: int) -> tuple[np.ndarray, np.ndarray]:
+        """``_made`` on rows: the experts of the forecasts made ``h`` steps before their newest value, (rows, experts),
+        and their contexts (``step``: a step that takes the rows' branches, ``steps`` each row's)."""
         i = values.shape[1] - h
         last = values[:, i]
         slope = (last - values[:, i - 9]) / 9 if step >= 9 else np.zeros(len(r))
@@ -441,12 +456,13 @@ class ForecastColumns:
         context = np.zeros(len(r), dtype=np.int64)
         for bound in RUN_BUCKETS:
             context += run >= bound
-        at = self.pending + step % self.depth * STEP
-        experts = np.concatenate([last[:, None], r[:, at:at + STEP], (last + 0.5 * slope * h)[:, None]], axis=1)
+        at = self.pending + steps % self.depth * STEP
+        pending = r[np.arange(len(r))[:, None], at[:, None] + np.arange(STEP)]
+        experts = np.concatenate([last[:, None], pending, (last + 0.5 * slope * h)[:, None]], axis=1)
         return experts, context
 
-    def _make_forecast_rows(self, r: np.ndarray, t: int, values: np.ndarray, steps: np.ndarray) -> None:
-        """``_make_forecasts`` on rows."""
+    def _make_forecast_rows(self, r: np.ndarray, ts: np.ndarray, values: np.ndarray, steps: np.ndarray) -> None:
+        """``_make_forecasts`` on rows (``ts``: each row's ``t``)."""
         context = np.zeros(len(r), dtype=np.int64)
         for bound in RUN_BUCKETS:
             context += r[:, RUN] >= bound
@@ -458,15 +474,15 @@ class ForecastColumns:
         base += [r[:, MEAN5 + 1], r[:, MEAN15 + 1], *(r[:, EWMEANS + i] for i in range(len(EW))),
                  _mode_rows(values[:, -self.modal:], steps[:, -self.modal:])]
         base = np.stack(base, axis=1)
-        at = self.pending + (t - 1) % self.depth * STEP
-        r[:, at:at + STEP] = base[:, 1:]
-        lower, upper = r[:, LOWER], r[:, UPPER]
         every = np.arange(len(r))
+        at = self.pending + (ts - 1) % self.depth * STEP
+        r[every[:, None], at[:, None] + np.arange(STEP)] = base[:, 1:]
+        lower, upper = r[:, LOWER], r[:, UPPER]
         for h, (loss_at, seen_at, _, chosen_at, _, made_at) in zip(self.horizons, self.parts, strict=True):
             experts = np.concatenate([base, (last + 0.5 * slope * h)[:, None]], axis=1)
             chosen = self._combine_rows(r, loss_at, seen_at, experts, context)
             r[:, chosen_at] = chosen
-            r[:, made_at + (t - 1) % h] = _clamp_rows(experts[every, chosen], lower, upper)
+            r[every, made_at + (ts - 1) % h] = _clamp_rows(experts[every, chosen], lower, upper)
 
     def _combine_rows(self, r: np.ndarray, loss_at: int, seen_at: int, experts: np.ndarray,
                       context: np.ndarray) -> np.ndarray:
@@ -490,15 +506,17 @@ class ForecastColumns:
         chosen = order[every, (acc >= half[:, None]).argmax(axis=1)]
         return np.where(seen.any(axis=1), chosen, 0)
 
-    def _forecast_rows(self, r: np.ndarray, t: int) -> np.ndarray:
-        """``_forecast`` on rows that have each learned ``t`` values: (rows, horizons, 3), mean, lower, upper."""
+    def _forecast_rows(self, r: np.ndarray, t: int, ts: np.ndarray) -> np.ndarray:
+        """``_forecast`` on rows that take the branches of a row that has learned ``t`` values (``ts``: each row's
+        count): (rows, horizons, 3), mean, lower, upper."""
         n = min(t, self.window)
         recent = r[:, self.values_end - n:self.values_end]
         spread = recent.max(axis=1) - recent.min(axis=1)
         lower, upper = r[:, LOWER], r[:, UPPER]
+        every = np.arange(len(r))
         out = np.empty((len(r), len(self.horizons), 3))
         for j, (h, (_, _, first, _, _, made_at)) in enumerate(zip(self.horizons, self.parts, strict=True)):
-            mean = r[:, made_at + (t - 1) % h]
+            mean = r[every, made_at + (ts - 1) % h]
             kept = min(max(t - h, 0), self.residuals)
             if kept >= MIN_ERRORS:
                 errors = np.sort(r[:, first + kept - min(kept, self.interval_window):first + kept], axis=1)
