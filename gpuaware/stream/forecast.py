@@ -56,6 +56,16 @@ class Forecast:
     expert: str  # the expert whose forecast is the weighted median
 
 
+
+def in_order_sum(values: Iterable[float]) -> float:
+    """The values added one after the other, from 0.0: what ``sum`` gives on Python 3.11. From 3.12 ``sum`` compensates
+    the rounding of floats (Neumaier), so it could differ in the last bit from the forecasters in numpy rows
+    (``forecast_columns``), which add their columns in order."""
+    total = 0.0
+    for x in values:
+        total += x
+    return total
+
 class _Horizon:
     """What the forecasts ``horizon`` steps ahead keep: each expert's decayed loss per context, the forecasts
     waiting for their step, and the last signed errors (the conformal interval's and the exported MAE's).
@@ -88,7 +98,7 @@ class _Horizon:
         errors.append(error)
         self.since_summed += 1
         if self.since_summed >= (errors.maxlen or 1):
-            self.abs_sum, self.since_summed = sum(abs(e) for e in errors), 0
+            self.abs_sum, self.since_summed = in_order_sum(abs(e) for e in errors), 0
         else:
             self.abs_sum += abs(error)
 
@@ -228,7 +238,7 @@ class SeriesForecaster:
         best = min(losses)
         scale = -self.eta / (best + 1e-12 * (abs(experts[0]) + 1.0))
         weights = [math.exp(scale * (loss - best)) for loss in losses]
-        half = sum(weights) / 2
+        half = in_order_sum(weights) / 2
         acc = 0.0
         for i in sorted(range(len(experts)), key=experts.__getitem__):
             acc += weights[i]

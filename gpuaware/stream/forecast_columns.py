@@ -43,7 +43,7 @@ from collections import Counter
 
 import numpy as np
 
-from gpuaware.stream.forecast import EXPERTS, MIN_ERRORS, RUN_BUCKETS, Forecast
+from gpuaware.stream.forecast import EXPERTS, MIN_ERRORS, RUN_BUCKETS, Forecast, in_order_sum
 
 CHUNK = 1024
 N_EXPERTS = len(EXPERTS)
@@ -236,7 +236,7 @@ class ForecastColumns:
             r[first + made] = error
         if (made + 1) % residuals == 0:
             kept = min(made + 1, residuals)
-            r[total] = sum(abs(e) for e in r[first:first + kept])
+            r[total] = in_order_sum(abs(e) for e in r[first:first + kept])
         else:
             r[total] += abs(error)
 
@@ -304,7 +304,7 @@ class ForecastColumns:
         best = min(losses)
         scale = -self.eta / (best + 1e-12 * (abs(experts[0]) + 1.0))
         weights = [math.exp(scale * (loss - best)) for loss in losses]
-        half = sum(weights) / 2
+        half = in_order_sum(weights) / 2
         acc = 0.0
         for i in sorted(range(N_EXPERTS), key=experts.__getitem__):
             acc += weights[i]
@@ -322,8 +322,8 @@ class ForecastColumns:
         rings, per row. So the mature rows are learned together, and the young ones group by group of one ``t``; a
         group of fewer than ``MANY_MIN`` rows goes through ``learn``. The rows end as ``learn`` leaves them, bit for
         bit, and so do the forecasts (tests/stream/test_forecast_columns.py): the same operations in the same order on
-        the same doubles, sums and cumulative sums taken in order, and ``math.exp``, not ``np.exp``, whose last bit
-        may differ. Returns each row's forecasts, an array of (rows, horizons, 3): mean, lower, upper."""
+        the same doubles, sums and cumulative sums taken in order (``in_order_sum``), and ``math.exp``, not ``np.exp``,
+        whose last bit may differ. Returns each row's forecasts, an array of (rows, horizons, 3): mean, lower, upper."""
         if len(set(slots)) != len(slots):
             raise ValueError("learn_many: a row may be learned once per call (learn its values one call at a time)")
         out = np.empty((len(slots), len(self.horizons), 3))
@@ -433,7 +433,7 @@ class ForecastColumns:
         again = (made_each + 1) % residuals == 0
         r[:, total] += np.where(again, 0.0, np.abs(error))  # (x + 0.0 is x: the rows made again are overwritten)
         if again.any():
-            # ``sum`` adds in order, from 0: so do the columns here (np.sum would pair them up)
+            # ``in_order_sum``: the columns one after the other (np.sum would pair them up)
             rows = np.flatnonzero(again)
             kept = np.abs(r[rows, first:first + min(made + 1, residuals)])
             acc = np.zeros(len(rows))
@@ -498,7 +498,7 @@ class ForecastColumns:
         weights = np.asarray(list(map(math.exp, (scale[:, None] * (losses - best[:, None])).ravel().tolist())))
         weights = weights.reshape(losses.shape)
         half = np.zeros(len(r))
-        for j in range(N_EXPERTS):  # ``sum`` adds in order
+        for j in range(N_EXPERTS):  # ``in_order_sum``
             half += weights[:, j]
         half /= 2
         order = np.argsort(experts, axis=1, kind="stable")  # ``sorted``: ties in index order

@@ -142,10 +142,10 @@ def _unpack(count: int) -> Callable[[bytes], tuple[float, ...]]:
 
 class ClosedMinutes:
     """The minutes GPUs closed in one take, learned together (``learn``): their forecasters' rows through
-    ``ForecastColumns.learn_many``, at a sixth of the cost of a row at a time (a worker closes ~250 rows a take at
-    50,000 GPUs; ``python -m gpuaware.bench.worker_cost``). A tracker given one (``GpuTracker.closed``) leaves its
-    closed minutes there; what reads its forecasts or history learns them first (``GpuTracker.settle``), and the
-    processor learns them before it writes or publishes a take."""
+    ``ForecastColumns.learn_many``, at a quarter to a fifth of the cost of a row at a time (a worker closes ~250 rows
+    a take at 50,000 GPUs; ``python -m gpuaware.bench.forecast_rows``). A tracker given one (``GpuTracker.closed``)
+    leaves its closed minutes there; what reads its forecasts or history learns them first (``GpuTracker.settle``),
+    and the processor learns them before it writes or publishes a take, and before it drops trackers."""
 
     __slots__ = ("trackers",)
 
@@ -153,22 +153,32 @@ class ClosedMinutes:
         self.trackers: list[GpuTracker] = []
 
     def learn(self) -> None:
+        """Learn every minute waiting; if that raises, the trackers not learned yet stay waiting here."""
         waiting, self.trackers = self.trackers, []
         by_columns: dict[int, list[GpuTracker]] = {}
         for t in waiting:
             by_columns.setdefault(id(t._forecasters["util_gpu"].columns), []).append(t)
-        for group in by_columns.values():
-            slots, ys = [], []
-            for t in group:  # a GPU's rows in the order its forecasts are packed: METRICS'
-                models = t._forecasters
-                slots += [models[metric].slot for metric in METRICS]
-                ys += t.waiting
-            columns = group[0]._forecasters["util_gpu"].columns
-            numbers = columns.learn_many(slots, ys).reshape(len(group), -1).tolist()
-            pack = _pack(len(numbers[0]))
-            for t, row in zip(group, numbers, strict=True):
-                t.waiting = None
-                t._packed = pack(*[round(x, 2) for x in row])
+        try:
+            for group in by_columns.values():
+                self._learn(group)
+        except BaseException:
+            self.trackers = [t for t in waiting if t.waiting is not None] + self.trackers
+            raise
+
+    @staticmethod
+    def _learn(group: list[GpuTracker]) -> None:
+        """One ``ForecastColumns``' trackers: their rows learned in one ``learn_many``, then their forecasts packed."""
+        slots, ys = [], []
+        for t in group:  # a GPU's rows in the order its forecasts are packed: METRICS'
+            models = t._forecasters
+            slots += [models[metric].slot for metric in METRICS]
+            ys += t.waiting
+        columns = group[0]._forecasters["util_gpu"].columns
+        numbers = columns.learn_many(slots, ys).reshape(len(group), -1).tolist()
+        pack = _pack(len(numbers[0]))
+        for t, row in zip(group, numbers, strict=True):
+            t.waiting = None
+            t._packed = pack(*[round(x, 2) for x in row])
 
 
 @functools.cache
@@ -612,9 +622,10 @@ class GpuTracker:
 
     @classmethod
     def from_dict(cls, data: dict, settings: TrackerSettings | None = None,
-                  history: list | None = None, readings: Readings = READINGS) -> GpuTracker:
+                  history: list | None = None, readings: Readings = READINGS, carried: bool = True) -> GpuTracker:
         """``history``: the minute history stored apart from ``data`` (None: ``data``'s own); ``readings``: the store
-        its row is taken from."""
+        its row is taken from; ``carried``: the minutes ``data`` carries (``closed``) follow ``history`` (False: a
+        newer history holds them)."""
         t = cls(uuid=data["uuid"], settings=settings or TrackerSettings(), readings=readings)
         for name in ("node", "model", "index", "fb_total_mib", "samples", "duplicates", "last_seq", "sample_ts_ms",
                      "minute", "bucket", "health_score", "health_band", "health_components", "last_published_ms"):
@@ -636,11 +647,9 @@ class GpuTracker:
         t.recent_events = [tuple(e) for e in data["recent_events"]][-RECENT_EVENTS:] or ()
         t.fingerprint = WorkloadFingerprint.from_dict(data["fingerprint"])
         # The forecasters rebuilt from the retained history (after a restart or a rebalance), and the minutes closed
-        # since it was stored, which the snapshot carries (``closed``; those the history already holds skipped: it
-        # may have been stored after the snapshot).
-        kept = list(data["history"] if history is None else history)
-        closed = [m for m in data.get("closed", ()) if not kept or m[0] > kept[-1][0]]
-        kept = (kept + closed)[-HISTORY_MINUTES:]
+        # since it was stored, which the snapshot carries (``closed``).
+        closed = list(data.get("closed", ())) if carried else []
+        kept = [*(data["history"] if history is None else history), *closed][-HISTORY_MINUTES:]
         if kept:
             t._models()
             for i, (minute, util, fb) in enumerate(kept):

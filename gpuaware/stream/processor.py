@@ -14,11 +14,18 @@ closes, so it has its own entry per node (``hist:<name>``); the node entry writt
 and each GPU's minutes closed since its node's history entry was written (``closed``, at most ``MAX_CLOSED``). The
 history entry is written again once every GPU of the node that has a history has closed a minute since, or one has
 closed more than ``MAX_CLOSED``: about once a minute per node, where it was written with every take that closed a
-minute of any of its GPUs, ~4.5 times a minute (``python -m gpuaware.bench.worker_cost``, ``table_writes_per_s``).
+minute of any of its GPUs, 3.1 times a minute once they have an hour of history (``python -m
+gpuaware.bench.worker_cost``, ``table_writes_per_s``; docs/stream.md).
 Values are bytes the processor encodes itself (JSON, once: the app's table passes them through), where Faust's JSON
 codec encoded each write twice, for the store and for the changelog.
 
-Entries written before this layout are still read, and rewritten in it the first time their node is:
+Each history entry written for a node is numbered (``seq``), and a node entry names the one its ``closed`` minutes
+follow (``hist``): a node entry read with a newer history entry (a worker stopped between the two writes) adds none
+of them, as the history holds them. Version 3 entries (the history entry written at every closed minute, no
+``closed``) are read as version 4 ones with nothing carried; a worker of a version before 4 reading version 4 entries
+ignores ``closed``, and its GPUs' histories lack those minutes (at most ``MAX_CLOSED`` each).
+
+Entries written before the split layout are still read, and rewritten in it the first time their node is:
 ``SNAPSHOT_VERSION`` 2 (a node entry holding its GPUs' history, what Faust's JSON codec wrote) and 1 (one
 per GPU, keyed by its UUID; a GPU found only there is loaded from it, and its old key is deleted, a
 tombstone in the changelog, once its node's entry holds it), so the migration loses nothing and needs no
@@ -44,7 +51,7 @@ from gpuaware.stream.readings import READINGS, Readings
 from gpuaware.stream.rollup import Partial, headroom, model_demand, node_record, ordered
 
 NODE_HEARTBEAT_MS = 30_000
-SNAPSHOT_VERSION = 3
+SNAPSHOT_VERSION = 4
 MAX_CLOSED = 2  # a GPU's minutes closed since its node's history entry was written, carried in the node entry
 # GPU UUIDs (the version 1 keys) start with "GPU-", so these never collide with them.
 NODE_KEY_PREFIX = "node:"
@@ -83,16 +90,17 @@ def encode_value(value: object) -> bytes:
         return json.dumps(value, separators=(",", ":")).encode()
 
 
-def node_entry(members: dict[str, GpuTracker], closed: dict[str, int] | None = None) -> bytes:
-    """A node entry's value: ``{"v": SNAPSHOT_VERSION, "gpus": {uuid: snapshot}}``, encoded in one call; ``closed``:
-    per GPU, how many of its last minutes its node's history entry lacks (its snapshot's ``closed``). Each GPU's
+def node_entry(members: dict[str, GpuTracker], closed: dict[str, int] | None = None, hist: int = 0) -> bytes:
+    """A node entry's value: ``{"v": SNAPSHOT_VERSION, "hist": hist, "gpus": {uuid: snapshot}}``, encoded in one
+    call; ``closed``: per GPU, how many of its last minutes its node's history entry (number ``hist``) lacks (its
+    snapshot's ``closed``). Each GPU's
     encoded snapshot was kept to be spliced into the next entries its node wrote (a batch samples ~3 of a node's 8
     GPUs), but that was ~1 KiB of every GPU held, for 2.2 % of the worker's logic (``python -m
     gpuaware.bench.worker_cost``; docs/stream.md, "Memory")."""
     gpus = {key: t.to_dict(history=False) for key, t in members.items()}
     for key, n in (closed or {}).items():
         gpus[key]["closed"] = members[key].last_minutes(n)
-    return encode_value({"v": SNAPSHOT_VERSION, "gpus": gpus})
+    return encode_value({"v": SNAPSHOT_VERSION, "hist": hist, "gpus": gpus})
 
 
 def decode_value(raw: bytes | None) -> object:
@@ -188,6 +196,7 @@ class StreamProcessor:
         self.legacy: set[str] = set()  # version 1 keys loaded but not yet deleted
         # GPU UUID -> (node, its tracker's ``history_changes``) when its history was last in that node's entry
         self.history_written: dict[str, tuple[str, int]] = {}
+        self.history_seq: dict[str, int] = {}  # node -> the number of its last history entry written or read
         self.behind: set[int] = set()  # partitions whose last record came from a log being caught up on
         # Nodes loaded, or whose GPUs changed, since the last rollup (a node's rollup reads nothing else); with
         # the rollups ``NODE_HEARTBEAT_MS`` old (``node_published`` is in publishing order), all that can be due.
@@ -221,15 +230,18 @@ class StreamProcessor:
             # batches are refused for naming a live node's GPU was still heartbeated by the walk over every GPU).
             self.rollup_due.add(node)
             entry = decode_value(self.snapshots.get(node_key(node))) or {}
-            # Version 2 entries hold each GPU's history; version 3 keeps it in the node's history entry.
+            # Version 2 entries hold each GPU's history; from version 3 it is in the node's history entry.
             split = entry.get("v", 0) >= 3
-            histories = (decode_value(self.snapshots.get(history_key(node))) or {}).get("gpus", {}) if split else {}
+            stored = (decode_value(self.snapshots.get(history_key(node))) or {}) if split else {}
+            histories = stored.get("gpus", {})
+            self.history_seq[node] = stored.get("seq", 0)
+            carried = stored.get("seq", 0) == entry.get("hist", 0)  # else the history holds the carried minutes
             for key, snapshot in entry.get("gpus", {}).items():
                 t = self.trackers.get(key)
                 if t is None:
                     t = self._hold(key, GpuTracker.from_dict(snapshot, self.settings,
                                                              histories.get(key, []) if split else None,
-                                                             self.readings))
+                                                             self.readings, carried))
                     self.partition_of[key] = partition
                     if split:  # (its minutes the history entry lacks: ``history_changes``, from its ``closed``)
                         self.history_written[key] = (node, 0)
@@ -278,10 +290,11 @@ class StreamProcessor:
         snapshot = entry["gpus"].get(key) if entry else None
         if snapshot is None or "history" in snapshot:
             return snapshot
-        histories = decode_value(self.snapshots.get(history_key(t.node))) or {"gpus": {}}
-        history = histories["gpus"].get(key, [])
-        closed = [m for m in snapshot.pop("closed", ()) if not history or m[0] > history[-1][0]]
-        return {**snapshot, "history": [*history, *closed][-HISTORY_MINUTES:]}
+        stored = decode_value(self.snapshots.get(history_key(t.node))) or {"gpus": {}}
+        closed = snapshot.pop("closed", [])
+        if stored.get("seq", 0) != entry.get("hist", 0):
+            closed = []  # a newer history entry holds them
+        return {**snapshot, "history": [*stored["gpus"].get(key, []), *closed][-HISTORY_MINUTES:]}
 
     def _write(self, node: str, touched: Iterable[GpuTracker]) -> None:
         """Write ``node``'s entry after ``touched`` (its GPUs in the record just applied) changed."""
@@ -302,12 +315,14 @@ class StreamProcessor:
         closed = self._closed_since(node, members)
         if closed is None:
             # The whole node's history, so that the entry alone restores it.
+            seq = self.history_seq[node] = self.history_seq.get(node, 0) + 1
             self.snapshots[history_key(node)] = encode_value(
-                {"v": SNAPSHOT_VERSION, "gpus": {k: list(t.history) for k, t in members.items() if t.history}})
+                {"v": SNAPSHOT_VERSION, "seq": seq,
+                 "gpus": {k: list(t.history) for k, t in members.items() if t.history}})
             for k, t in members.items():
                 self.history_written[k] = (node, t.history_changes)
             closed = {}
-        self.snapshots[node_key(node)] = node_entry(members, closed)
+        self.snapshots[node_key(node)] = node_entry(members, closed, self.history_seq.get(node, 0))
         for key in [k for k in self.legacy if k in members]:
             self.legacy.discard(key)
             with contextlib.suppress(KeyError):
@@ -338,6 +353,8 @@ class StreamProcessor:
     def forget(self, partitions: Iterable[int]) -> None:
         """Drop cached trackers of these partitions: they are reloaded from the table when next needed."""
         gone = set(partitions)
+        if self.closed is not None:
+            self.closed.learn()  # (the minutes waiting: learned, so that it holds no dropped tracker)
         self.behind -= gone
         for key in [k for k, p in self.partition_of.items() if p in gone]:
             t = self.trackers.pop(key, None)
@@ -352,6 +369,7 @@ class StreamProcessor:
                 if self.member_of.get(key) == node:
                     del self.member_of[key]
             self.node_partition.pop(node, None)
+            self.history_seq.pop(node, None)
 
     def owned(self, partitions: set[int] | None) -> list[GpuTracker]:
         return [t for k, t in self.trackers.items() if partitions is None or self.partition_of.get(k) in partitions]

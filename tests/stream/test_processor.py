@@ -25,6 +25,7 @@ from gpuaware.contract.events import (
 from gpuaware.stream.gpu_state import TrackerSettings
 from gpuaware.stream.processor import (
     MAX_CLOSED,
+    SNAPSHOT_VERSION,
     GpuClaimedElsewhere,
     InvalidRecord,
     StreamProcessor,
@@ -377,13 +378,20 @@ def test_minutes_learned_together_at_the_end_of_a_take_publish_and_store_what_le
         for proc, encoder in zip((together, at_once), encoders, strict=True):
             before = len(proc.trackers["GPU-late-0"].minutes) if "GPU-late-0" in proc.trackers else 0
             take = Take()
-            for batch in batches:
+            mid_take = []
+            for i, batch in enumerate(batches):
                 proc.apply_telemetry(batch, 0, now, take)
+                if i == len(batches) // 2 and tick % 50 == 0:
+                    # what the timers read while a take is applied (the app awaits between records): the minutes
+                    # waiting are learned first
+                    mid_take += [json.dumps(t.history).encode() for t in proc.trackers.values()]
+                    mid_take.append(json.dumps(proc.demand_partials([0])).encode())
+                    mid_take += [encoder.encode(s, s.key()) for s in proc.heartbeats(now, None)]
             if proc.closed is not None:
                 most_waiting = max(most_waiting, len(proc.closed.trackers))
                 if "GPU-late-0" in proc.trackers:
                     most_closed = max(most_closed, len(proc.trackers["GPU-late-0"].minutes) - before)
-            published.append([encoder.encode(s, s.key()) for s in proc.finish(take, now)])
+            published.append(mid_take + [encoder.encode(s, s.key()) for s in proc.finish(take, now)])
             published[-1] += [encoder.encode(s, s.key()) for s in proc.heartbeats(now, None)]
         assert published[0] == published[1]
     assert dict(together.snapshots) == dict(at_once.snapshots)
@@ -506,6 +514,26 @@ def test_a_node_entry_read_with_a_newer_history_entry_adds_only_the_minutes_it_l
         assert again.snapshot(key)["history"][-len(minutes):] == [list(h) for h in again.trackers[key].history]
 
 
+@pytest.mark.parametrize("back_min", [2, 3, 5])
+def test_minutes_carried_after_the_clock_stepped_back_are_restored(back_min) -> None:
+    """A worker's clock stepped back (or a partition moved to a worker behind): a GPU's new minutes can be earlier than
+    its history's last; carried in its node entry, a restore still adds every one of them."""
+    table = _Recording()
+    proc = StreamProcessor(table)
+    start = (T0 + 40_000) // 60_000 * 60_000
+    seq = 0
+    for ts in range(start, start + 300_000, 20_000):
+        for gpu in (1, 0):
+            seq += 1
+            proc.on_telemetry(_one_gpu("n", gpu, seq, ts, gpus=2), 0, ts)
+    back = start + 300_000 - back_min * 60_000
+    for ts in range(back, back + 200_000, 20_000):
+        seq += 1
+        proc.on_telemetry(_one_gpu("n", 0, seq, ts, gpus=2), 0, ts)
+        restored = StreamProcessor(_Recording(dict(table))).tracker("GPU-n-0", 0, "n")
+        assert restored.history == proc.trackers["GPU-n-0"].history
+
+
 def test_version_2_node_entries_are_read_after_an_upgrade_and_rewritten_split() -> None:
     from faust.serializers import codecs
 
@@ -527,7 +555,7 @@ def test_version_2_node_entries_are_read_after_an_upgrade_and_rewritten_split() 
         assert proc.snapshot(key)["history"] == [list(h) for h in t.history]  # read back from the history entry
     # Rewritten in the new layout at its first write, history included although no minute closed since.
     assert v2.writes == [history_key("n"), node_key("n"), node_key("n")]
-    assert v2.entry(node_key("n"))["v"] == 3 and len(v2.entry(history_key("n"))["gpus"]["GPU-n-1"]) == 3
+    assert v2.entry(node_key("n"))["v"] == SNAPSHOT_VERSION and len(v2.entry(history_key("n"))["gpus"]["GPU-n-1"]) == 3
     # And a worker restarted from the migrated table (owner entries still version 2) carries on exactly.
     third = StreamProcessor(v2)
     forged = dataclasses.replace(telemetry_batch("m", 1, T0 + 210_000), gpus=[GpuInfo("GPU-n-0", 0, "A100", 81920)])
@@ -778,7 +806,8 @@ def test_a_node_entry_written_is_what_encoding_every_gpu_gives(seed) -> None:
         def __setitem__(self, key, value) -> None:
             if key.startswith("node:"):
                 members = proc.members[key.removeprefix("node:")]
-                want = encode_value({"v": 3, "gpus": {k: snapshot(k, t) for k, t in members.items()}})
+                want = encode_value({"v": SNAPSHOT_VERSION, "hist": proc.history_seq.get(key.removeprefix("node:"), 0),
+                                     "gpus": {k: snapshot(k, t) for k, t in members.items()}})
                 written.append((value, want))
             super().__setitem__(key, value)
 
