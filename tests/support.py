@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
+import numpy as np
 import pytest
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -331,3 +332,14 @@ def gpus_of(pod: dict) -> list[dict]:
 
 def events(kube: Kube | FakeApiServer, reason: str) -> list[dict]:
     return [e for e in kube.objects("events") if e["reason"] == reason]
+
+
+def forecast_series(seed: int, n: int = 500) -> list[list[float]]:
+    """A noisy level, a memory-like plateau with dips and returns, and a few values repeated (modes with ties)."""
+    rng = np.random.default_rng(seed)
+    noisy = (50 + 20 * np.sin(np.arange(n) / 40) + rng.normal(0, 8, n)).clip(0, 100)
+    plateau = np.full(n, 30e3)
+    for start in rng.choice(n - 10, n // 12, replace=False):
+        plateau[start:start + rng.integers(1, 6)] = rng.uniform(5e3, 25e3)
+    ties = rng.choice([0.0, 10.0, 20.0, 35.5], n).astype(float)
+    return [noisy.tolist(), plateau.tolist(), ties.tolist(), [7.0] * 40 + noisy[:200].tolist()]

@@ -1,5 +1,6 @@
 """What the stream workers' forecasters cost per row learned one at a time (``ForecastColumns.learn``) and together
-(``learn_many``, what a worker does with the minutes a take closes): ``python -m gpuaware.bench.forecast_rows``.
+(``gpuaware.stream.forecast_many.learn_many``, what a worker does with the minutes a take closes): ``python -m
+gpuaware.bench.forecast_rows``.
 
 Two copies of the same ``--rows`` rows (the workers' parameters, ``TrackerSettings``) are brought to ``--age`` values
 learned, each row up to ``--spread`` values younger (GPUs met at different times, or silent for a while), then
@@ -19,6 +20,7 @@ import time
 import numpy as np
 
 from gpuaware.stream.forecast_columns import ForecastColumns
+from gpuaware.stream.forecast_many import learn_many
 from gpuaware.stream.gpu_state import TrackerSettings
 
 
@@ -37,7 +39,7 @@ def run(rows: int, age: int, spread: int, steps: int, rounds: int, seed: int = 0
     for k in range(age):
         live = np.flatnonzero(ages > k).tolist()
         if live:
-            many.learn_many([slots[i] for i in live], [float(values[k, i]) for i in live])
+            learn_many(many, [slots[i] for i in live], [float(values[k, i]) for i in live])
     for (wide_one, narrow_one), (wide_many, narrow_many) in zip(one.chunks, many.chunks, strict=True):
         wide_one[:] = wide_many
         narrow_one[:] = narrow_many
@@ -51,7 +53,7 @@ def run(rows: int, age: int, spread: int, steps: int, rounds: int, seed: int = 0
                 one.learn(slot, y, forecast=True)
             spent_one += time.process_time() - started
             started = time.process_time()
-            many.learn_many(slots, ys)
+            learn_many(many, slots, ys)
             spent_many += time.process_time() - started
         one_us.append(spent_one / steps / rows * 1e6)
         many_us.append(spent_many / steps / rows * 1e6)

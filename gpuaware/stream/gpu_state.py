@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import functools
 import logging
 import math
 import struct
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -50,6 +49,7 @@ from gpuaware.contract.events import (
 )
 from gpuaware.stream.fingerprint import WorkloadFingerprint
 from gpuaware.stream.forecast_columns import ColumnForecaster, ForecastColumns
+from gpuaware.stream.forecast_many import METRICS, ClosedMinutes, labels, unpack
 from gpuaware.stream.readings import (
     CAPPED,
     CLOCK,
@@ -74,7 +74,6 @@ SBE_WINDOW_MS = 600_000  # the fleet peer check's single-bit ECC window (gpuawar
 SMOOTHING = 0.3
 HISTORY_MINUTES = 60
 RECENT_EVENTS = 8
-METRICS = ("util_gpu", "fb_used_mib")
 
 
 class _Shared(dict):
@@ -126,66 +125,6 @@ def forecast_columns(settings: TrackerSettings) -> ForecastColumns:
     return columns
 
 
-@functools.cache
-def _labels(horizons_min: tuple[int, ...]) -> tuple[tuple[str, int], ...]:
-    """(metric, horizon in seconds) of each forecast, in the order ``packed_forecasts`` keeps them: made once per set
-    of horizons, so every GPU's forecasts share one object per horizon (``minutes * 60`` made one per forecast,
-    above the small integers Python shares) and a state's forecasts take no lookups."""
-    return tuple((metric, h * 60) for metric in METRICS for h in horizons_min)
-
-
-@functools.cache
-def _unpack(count: int) -> Callable[[bytes], tuple[float, ...]]:
-    """Unpacks ``count`` packed doubles (one ``struct`` format per length, compiled once)."""
-    return struct.Struct(f"<{count}d").unpack_from
-
-
-class ClosedMinutes:
-    """The minutes GPUs closed in one take, learned together (``learn``): their forecasters' rows through
-    ``ForecastColumns.learn_many``, at a quarter to a fifth of the cost of a row at a time (a worker closes ~250 rows
-    a take at 50,000 GPUs; ``python -m gpuaware.bench.forecast_rows``). A tracker given one (``GpuTracker.closed``)
-    leaves its closed minutes there; what reads its forecasts or history learns them first (``GpuTracker.settle``),
-    and the processor learns them before it writes or publishes a take, and before it drops trackers."""
-
-    __slots__ = ("trackers",)
-
-    def __init__(self) -> None:
-        self.trackers: list[GpuTracker] = []
-
-    def learn(self) -> None:
-        """Learn every minute waiting; if that raises, the trackers not learned yet stay waiting here."""
-        waiting, self.trackers = self.trackers, []
-        by_columns: dict[int, list[GpuTracker]] = {}
-        for t in waiting:
-            by_columns.setdefault(id(t._forecasters["util_gpu"].columns), []).append(t)
-        try:
-            for group in by_columns.values():
-                self._learn(group)
-        except BaseException:
-            self.trackers = [t for t in waiting if t.waiting is not None] + self.trackers
-            raise
-
-    @staticmethod
-    def _learn(group: list[GpuTracker]) -> None:
-        """One ``ForecastColumns``' trackers: their rows learned in one ``learn_many``, then their forecasts packed."""
-        slots, ys = [], []
-        for t in group:  # a GPU's rows in the order its forecasts are packed: METRICS'
-            models = t._forecasters
-            slots += [models[metric].slot for metric in METRICS]
-            ys += t.waiting
-        columns = group[0]._forecasters["util_gpu"].columns
-        numbers = columns.learn_many(slots, ys).reshape(len(group), -1).tolist()
-        pack = _pack(len(numbers[0]))
-        for t, row in zip(group, numbers, strict=True):
-            t.waiting = None
-            t._packed = pack(*[round(x, 2) for x in row])
-
-
-@functools.cache
-def _pack(count: int) -> Callable[..., bytes]:
-    return struct.Struct(f"<{count}d").pack
-
-
 class Learned(enum.Enum):
     APPLIED = "applied"
     DUPLICATE = "duplicate"
@@ -226,8 +165,7 @@ class GpuTracker:
     # list 56, and most GPUs have no event and no SBE count to keep.
     recent_events: list | tuple = ()
     fingerprint: WorkloadFingerprint = field(default_factory=WorkloadFingerprint)
-    # ``packed_forecasts``
-    _packed: bytes = b""
+    _packed: bytes = b""  # ``packed_forecasts``
     last_published_ms: int = 0
     # The time of its entry in its processor's heap of states published (None: none).
     queued_ms: int | None = field(default=None, compare=False)
@@ -254,8 +192,7 @@ class GpuTracker:
     # 50,000 GPUs looking at every GPU every second was ~7 % of a worker's logic); None: held by nobody.
     unsettled: dict | None = field(default=None, compare=False, repr=False)
     _forecasters: dict[str, ColumnForecaster] | None = None  # per metric, every horizon
-    # Where a closed minute waits to be learned with the rest of its take's (None: learned at once), and the minute
-    # waiting there (its mean utilisation and framebuffer used).
+    # Where a closed minute waits to be learned with its take's (None: at once), and the minute waiting (util, fb).
     closed: ClosedMinutes | None = field(default=None, compare=False, repr=False)
     waiting: tuple[float, float] | None = field(default=None, compare=False, repr=False)
 
@@ -389,19 +326,13 @@ class GpuTracker:
             self._learn_minute(util, fb, render)
 
     def settle(self) -> None:
-        """Learn the minute waiting in ``closed`` (with every other waiting there): what reads the forecasters calls
-        it first."""
+        """Learn the minute waiting in ``closed``, with the others there: what reads the forecasters calls it first."""
         if self.waiting is not None:
             self.closed.learn()
 
     def last_minutes(self, n: int) -> list[tuple[int, float, float]]:
         """The last ``n`` closed minutes of ``history`` (a snapshot's ``closed``)."""
-        n = min(n, len(self.minutes))
-        if not n:
-            return []
-        self.settle()
-        models = self._models()
-        return list(zip(self.minutes[-n:], models["util_gpu"].values(n), models["fb_used_mib"].values(n), strict=True))
+        return self.history[-n:] if n > 0 else []
 
     @property
     def history(self) -> list[tuple[int, float, float]]:
@@ -449,10 +380,10 @@ class GpuTracker:
         packed = self.packed_forecasts
         if not packed:
             return KeptForecasts((), packed)
-        numbers = iter(_unpack(len(packed) // 8)(packed))
+        numbers = iter(unpack(len(packed) // 8)(packed))
         # zip of one iterator three times: its numbers three at a time
         return KeptForecasts([Forecast(metric, seconds, mean, lower, upper) for (metric, seconds), mean, lower, upper
-                              in zip(_labels(self.settings.horizons_min), numbers, numbers, numbers, strict=True)],
+                              in zip(labels(self.settings.horizons_min), numbers, numbers, numbers, strict=True)],
                              packed)
 
     @property

@@ -45,7 +45,8 @@ import orjson
 
 from gpuaware.contract.events import GpuEvent, GpuState, NodeState, TelemetryBatch
 from gpuaware.stream import fleet_peers
-from gpuaware.stream.gpu_state import HISTORY_MINUTES, ClosedMinutes, GpuTracker, Learned, TrackerSettings
+from gpuaware.stream.forecast_many import ClosedMinutes
+from gpuaware.stream.gpu_state import HISTORY_MINUTES, GpuTracker, Learned, TrackerSettings
 from gpuaware.stream.metrics import StreamStats
 from gpuaware.stream.readings import READINGS, Readings
 from gpuaware.stream.rollup import Partial, headroom, model_demand, node_record, ordered

@@ -352,7 +352,7 @@ def test_a_take_leaves_the_same_state_and_table_as_the_same_records_one_by_one()
 
 def test_minutes_learned_together_at_the_end_of_a_take_publish_and_store_what_learning_each_at_once_does() -> None:
     """The minutes a take closes wait in the processor's ``ClosedMinutes`` and are learned together when it is
-    finished (``ForecastColumns.learn_many``); a processor that learns each at once (``closed`` None) is the oracle:
+    finished (``forecast_many.learn_many``); a processor that learns each at once (``closed`` None) is the oracle:
     the same states, byte for byte, and the same table, over a fleet of the pipeline's load (young and older
     forecasters, many GPUs closing minutes in one take) and takes that close two minutes of a GPU (the first learned
     before the second waits: ``GpuTracker.settle``)."""
