@@ -55,6 +55,14 @@ def labels(horizons_min: tuple[int, ...]) -> tuple[tuple[str, int], ...]:
 
 
 @functools.cache
+def label_columns(horizons_min: tuple[int, ...]) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """``labels`` as two columns, (the metrics, the horizons in seconds): what ``GpuTracker.forecasts`` maps
+    ``Forecast`` over with the numbers' columns."""
+    pairs = labels(horizons_min)
+    return tuple(m for m, _ in pairs), tuple(s for _, s in pairs)
+
+
+@functools.cache
 def unpack(count: int) -> Callable[[bytes], tuple[float, ...]]:
     """Unpacks ``count`` packed doubles (one ``struct`` format per length, compiled once)."""
     return struct.Struct(f"<{count}d").unpack_from

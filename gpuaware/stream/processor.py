@@ -25,6 +25,12 @@ of them, as the history holds them. Version 3 entries (the history entry written
 ``closed``) are read as version 4 ones with nothing carried; a worker of a version before 4 reading version 4 entries
 ignores ``closed``, and its GPUs' histories lack those minutes (at most ``MAX_CLOSED`` each).
 
+From version 5 a node entry holds each GPU's snapshot as a row (``rows``, ``gpuaware.stream.snapshot_rows``) and the
+minutes carried apart (``closed``); version 4 entries (``gpus``: a dict per GPU, its ``closed`` in it) are still read.
+A worker of a version before 5 finds no GPUs in a version 5 entry: it starts the node's GPUs afresh from their next
+samples (readings, health, fingerprints and the minute history start again), so a downgrade loses that state; it
+never reads a row as something else.
+
 Entries written before the split layout are still read, and rewritten in it the first time their node is:
 ``SNAPSHOT_VERSION`` 2 (a node entry holding its GPUs' history, what Faust's JSON codec wrote) and 1 (one
 per GPU, keyed by its UUID; a GPU found only there is loaded from it, and its old key is deleted, a
@@ -50,9 +56,10 @@ from gpuaware.stream.gpu_state import HISTORY_MINUTES, GpuTracker, Learned, Trac
 from gpuaware.stream.metrics import StreamStats
 from gpuaware.stream.readings import READINGS, Readings
 from gpuaware.stream.rollup import Partial, headroom, model_demand, node_record, ordered
+from gpuaware.stream.snapshot_rows import row, snapshot
 
 NODE_HEARTBEAT_MS = 30_000
-SNAPSHOT_VERSION = 4
+SNAPSHOT_VERSION = 5
 MAX_CLOSED = 2  # a GPU's minutes closed since its node's history entry was written, carried in the node entry
 # GPU UUIDs (the version 1 keys) start with "GPU-", so these never collide with them.
 NODE_KEY_PREFIX = "node:"
@@ -92,16 +99,29 @@ def encode_value(value: object) -> bytes:
 
 
 def node_entry(members: dict[str, GpuTracker], closed: dict[str, int] | None = None, hist: int = 0) -> bytes:
-    """A node entry's value: ``{"v": SNAPSHOT_VERSION, "hist": hist, "gpus": {uuid: snapshot}}``, encoded in one
-    call; ``closed``: per GPU, how many of its last minutes its node's history entry (number ``hist``) lacks (its
-    snapshot's ``closed``). Each GPU's
-    encoded snapshot was kept to be spliced into the next entries its node wrote (a batch samples ~3 of a node's 8
-    GPUs), but that was ~1 KiB of every GPU held, for 2.2 % of the worker's logic (``python -m
-    gpuaware.bench.worker_cost``; docs/stream.md, "Memory")."""
-    gpus = {key: t.to_dict(history=False) for key, t in members.items()}
-    for key, n in (closed or {}).items():
-        gpus[key]["closed"] = members[key].last_minutes(n)
-    return encode_value({"v": SNAPSHOT_VERSION, "hist": hist, "gpus": gpus})
+    """A node entry's value, ``{"v": SNAPSHOT_VERSION, "hist": hist, "rows": {uuid: row}, "closed": {uuid:
+    minutes}}``, encoded in one call: each GPU's snapshot as a row (``gpuaware.stream.snapshot_rows``); ``closed``:
+    per GPU, how many of its last minutes its node's history entry (number ``hist``) lacks (left out when none).
+    Each GPU's encoded snapshot was kept to be spliced into the next entries its node wrote (a batch samples ~3 of a
+    node's 8 GPUs), but that was ~1 KiB of every GPU held (docs/stream.md, "Memory")."""
+    entry: dict = {"v": SNAPSHOT_VERSION, "hist": hist, "rows": {key: row(t) for key, t in members.items()}}
+    if closed:
+        entry["closed"] = {key: members[key].last_minutes(n) for key, n in closed.items()}
+    return encode_value(entry)
+
+
+def entry_snapshots(entry: dict) -> dict[str, dict]:
+    """The snapshot dict of each GPU of a node entry as read back (any version), by UUID, each with the minutes the
+    entry carries for it (``closed``) as versions 4 and before held them; ValueError for a row of another layout."""
+    if entry.get("v", 0) < 5:
+        return entry.get("gpus", {})
+    closed = entry.get("closed", {})
+    out = {}
+    for key, values in entry.get("rows", {}).items():
+        out[key] = snapshot(key, values)
+        if key in closed:
+            out[key]["closed"] = closed[key]
+    return out
 
 
 def decode_value(raw: bytes | None) -> object:
@@ -237,10 +257,10 @@ class StreamProcessor:
             histories = stored.get("gpus", {})
             self.history_seq[node] = stored.get("seq", 0)
             carried = stored.get("seq", 0) == entry.get("hist", 0)  # else the history holds the carried minutes
-            for key, snapshot in entry.get("gpus", {}).items():
+            for key, stored_gpu in entry_snapshots(entry).items():
                 t = self.trackers.get(key)
                 if t is None:
-                    t = self._hold(key, GpuTracker.from_dict(snapshot, self.settings,
+                    t = self._hold(key, GpuTracker.from_dict(stored_gpu, self.settings,
                                                              histories.get(key, []) if split else None,
                                                              self.readings, carried))
                     self.partition_of[key] = partition
@@ -288,14 +308,14 @@ class StreamProcessor:
         if t is None or not t.node:
             return None
         entry = decode_value(self.snapshots.get(node_key(t.node)))
-        snapshot = entry["gpus"].get(key) if entry else None
-        if snapshot is None or "history" in snapshot:
-            return snapshot
+        stored_gpu = entry_snapshots(entry).get(key) if entry else None
+        if stored_gpu is None or "history" in stored_gpu:
+            return stored_gpu
         stored = decode_value(self.snapshots.get(history_key(t.node))) or {"gpus": {}}
-        closed = snapshot.pop("closed", [])
+        closed = stored_gpu.pop("closed", [])
         if stored.get("seq", 0) != entry.get("hist", 0):
             closed = []  # a newer history entry holds them
-        return {**snapshot, "history": [*stored["gpus"].get(key, []), *closed][-HISTORY_MINUTES:]}
+        return {**stored_gpu, "history": [*stored["gpus"].get(key, []), *closed][-HISTORY_MINUTES:]}
 
     def _write(self, node: str, touched: Iterable[GpuTracker]) -> None:
         """Write ``node``'s entry after ``touched`` (its GPUs in the record just applied) changed."""

@@ -114,6 +114,9 @@ def test_the_minute_history_is_the_last_hour_of_minutes_and_the_forecasters_valu
     restored = GpuTracker.from_dict(json.loads(json.dumps(t.to_dict())))
     assert restored.history == t.history and restored.history_changes == 0
     assert len(restored.forecasts) == 6
+    # A node entry's ``closed`` minutes: the history's last ones, made alone.
+    for n in (0, 1, 2, 59, 60, 61):
+        assert t.last_minutes(n) == (t.history[-n:] if n else [])
 
 
 def test_publishing_is_on_change_and_rate_bounded() -> None:

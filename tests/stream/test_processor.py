@@ -32,6 +32,7 @@ from gpuaware.stream.processor import (
     Take,
     decode_value,
     encode_value,
+    entry_snapshots,
     history_key,
     node_key,
     owner_key,
@@ -145,7 +146,7 @@ def test_a_batch_writes_one_entry_for_its_node_not_one_per_gpu() -> None:
     table.writes.clear()
     proc.on_telemetry(telemetry_batch("n", 2, T0 + 1000, gpus=8), 0, T0 + 1000)
     assert table.writes == [node_key("n")]
-    assert sorted(table.entry(node_key("n"))["gpus"]) == [f"GPU-n-{i}" for i in range(8)]
+    assert sorted(entry_snapshots(table.entry(node_key("n")))) == [f"GPU-n-{i}" for i in range(8)]
 
 
 def test_a_restarted_processor_carries_on_exactly_from_the_node_entries() -> None:
@@ -168,7 +169,7 @@ def test_a_restarted_processor_carries_on_exactly_from_the_node_entries() -> Non
     # A node seen only through an event still has its GPUs' entry loaded before the entry is written.
     third = StreamProcessor(table)
     third.on_event(dataclasses.replace(ev, event_id="e2", ts_ms=T0 + 8000), 0, T0 + 8000)
-    assert sorted(table.entry(node_key("n"))["gpus"]) == [f"GPU-n-{i}" for i in range(4)]
+    assert sorted(entry_snapshots(table.entry(node_key("n")))) == [f"GPU-n-{i}" for i in range(4)]
 
 
 def test_version_1_per_gpu_entries_are_migrated_into_the_node_entry_and_deleted() -> None:
@@ -182,7 +183,7 @@ def test_version_1_per_gpu_entries_are_migrated_into_the_node_entry_and_deleted(
     assert sorted(v1) == [node_key("n"), owner_key("GPU-n-0"), owner_key("GPU-n-1")]
     assert sorted(v1.writes) == sorted([node_key("n"), "-GPU-n-0", "-GPU-n-1", owner_key("GPU-n-0"),
                                         owner_key("GPU-n-1")])
-    assert sorted(v1.entry(node_key("n"))["gpus"]) == ["GPU-n-0", "GPU-n-1"]
+    assert sorted(entry_snapshots(v1.entry(node_key("n")))) == ["GPU-n-0", "GPU-n-1"]
 
 
 def test_a_moved_gpu_leaves_its_old_nodes_entry() -> None:
@@ -193,8 +194,8 @@ def test_a_moved_gpu_leaves_its_old_nodes_entry() -> None:
     moved = dataclasses.replace(telemetry_batch("b", 1, later), gpus=[GpuInfo("GPU-a-1", 0, "A100", 81920)])
     proc.on_telemetry(moved, 0, later)
     proc.on_telemetry(telemetry_batch("a", 2, later + 1000), 0, later + 1000)  # node a is back with one GPU
-    assert sorted(table.entry(node_key("b"))["gpus"]) == ["GPU-a-1"]
-    assert sorted(table.entry(node_key("a"))["gpus"]) == ["GPU-a-0"]
+    assert sorted(entry_snapshots(table.entry(node_key("b")))) == ["GPU-a-1"]
+    assert sorted(entry_snapshots(table.entry(node_key("a")))) == ["GPU-a-0"]
 
 
 def test_a_restarted_processor_still_knows_whose_gpu_it_is() -> None:
@@ -433,7 +434,7 @@ def test_the_minute_history_is_written_only_in_takes_that_close_a_minute() -> No
             closing.append(batch.batch_seq)
     # Minutes close with the first sample of the next one: T0 is 20 s into its minute.
     assert closing == [2, 5, 8, 11, 14]
-    assert "history" not in table.entry(node_key("n"))["gpus"]["GPU-n-0"]
+    assert "history" not in entry_snapshots(table.entry(node_key("n")))["GPU-n-0"]
     assert table.entry(history_key("n"))["gpus"]["GPU-n-0"] == [list(h) for h in proc.trackers["GPU-n-0"].history]
     # What the two entries hold restores each GPU exactly, forecasters included.
     again = StreamProcessor(table)
@@ -477,7 +478,7 @@ def test_the_history_entry_is_written_once_every_gpu_closed_a_minute_and_the_nod
             assert {**restored.to_dict(), "last_published_ms": 0} == {**t.to_dict(), "last_published_ms": 0}
             assert restored.forecasts == t.forecasts
             assert again.snapshot(key)["history"] == [list(h) for h in t.history]
-        carried = max(len(g.get("closed", ())) for g in table.entry(node_key("n"))["gpus"].values())
+        carried = max(len(g.get("closed", ())) for g in entry_snapshots(table.entry(node_key("n"))).values())
         return len(proc.trackers[f"GPU-n-{gpu}"].minutes) > minutes, history_key("n") in table.writes, carried
 
     # Each GPU sampled every 45 s, 15 s after the one before: the node's minutes close GPU by GPU.
@@ -503,8 +504,8 @@ def test_a_node_entry_read_with_a_newer_history_entry_adds_only_the_minutes_it_l
             table.writes.clear()
             before = dict(table)
             proc.on_telemetry(_one_gpu("n", gpu, seq, ts), 0, ts)
-            if history_key("n") in table.writes and any("closed" in g for g in
-                                                         decode_value(before[node_key("n")])["gpus"].values()):
+            if history_key("n") in table.writes and any(
+                    "closed" in g for g in entry_snapshots(decode_value(before[node_key("n")])).values()):
                 carried = {**before, history_key("n"): table[history_key("n")]}
     assert carried is not None
     again = StreamProcessor(_Recording(carried))
@@ -566,6 +567,47 @@ def test_version_2_node_entries_are_read_after_an_upgrade_and_rewritten_split() 
         old.on_telemetry(batch, 0, batch.base_ts_ms)
     for key, t in old.trackers.items():
         assert third.trackers[key].to_dict() == t.to_dict() and third.trackers[key].forecasts == t.forecasts
+
+
+def test_version_4_node_entries_are_read_after_an_upgrade_and_rewritten_as_rows() -> None:
+    """A table a version 4 worker left (each GPU's snapshot a dict, the minutes its history entry lacks in it) is
+    read as the same table written as rows is, and the node's entry is written as rows from its next take on."""
+    table = _Recording()
+    proc = StreamProcessor(table)
+    seq, ts = 0, T0
+    v4 = None
+    for _ in range(12):
+        for gpu in range(3):
+            seq, ts = seq + 1, ts + 15_000
+            proc.on_telemetry(_one_gpu("n", gpu, seq, ts), 0, ts)
+            entry = table.entry(node_key("n"))
+            snapshots = entry_snapshots(entry)
+            if v4 is None and any("closed" in g for g in snapshots.values()):
+                # What the version 4 worker wrote for this node: a dict per GPU, ``closed`` in it.
+                v4 = {**table, node_key("n"): encode_value({"v": 4, "hist": entry["hist"], "gpus": snapshots})}
+                upgraded, restarted = StreamProcessor(_Recording(v4)), StreamProcessor(_Recording(dict(table)))
+                for key, t in proc.trackers.items():
+                    again, same = upgraded.tracker(key, 0, "n"), restarted.tracker(key, 0, "n")
+                    assert again.to_dict() == same.to_dict() and again.forecasts == same.forecasts
+                    assert again.history == same.history == t.history
+    assert v4 is not None
+    table = _Recording(v4)
+    carried_on = StreamProcessor(table)
+    batch = _one_gpu("n", 0, seq + 1, ts + 15_000)
+    carried_on.on_telemetry(batch, 0, batch.base_ts_ms)
+    entry = table.entry(node_key("n"))
+    assert entry["v"] == SNAPSHOT_VERSION and "gpus" not in entry and sorted(entry["rows"]) == sorted(proc.trackers)
+
+
+def test_a_node_entry_row_of_another_layout_is_refused_with_the_gpu_named() -> None:
+    table = _Recording()
+    proc = StreamProcessor(table)
+    proc.on_telemetry(telemetry_batch("n", 1, T0, gpus=2), 0, T0)
+    entry = table.entry(node_key("n"))
+    entry["rows"]["GPU-n-1"] = entry["rows"]["GPU-n-1"][:-1]
+    broken = StreamProcessor({**table, node_key("n"): encode_value(entry)})
+    with pytest.raises(ValueError, match="GPU GPU-n-1: a snapshot row has"):
+        broken.tracker("GPU-n-0", 0, "n")
 
 
 def _rollups_walking_every_gpu(proc: StreamProcessor, published: dict, now: int, partitions) -> list[str]:
@@ -788,8 +830,8 @@ def test_table_values_read_back_as_what_the_json_module_wrote() -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_a_node_entry_written_is_what_encoding_every_gpu_gives(seed) -> None:
     """Samples, replayed batches, samples stamped too far ahead, watch points, health events, heartbeats and fleet
-    checks in any order: each node entry written is byte for byte what encoding every GPU's snapshot then gives,
-    with the minutes its node's history entry lacks (``closed``)."""
+    checks in any order: each node entry written reads back as every GPU's snapshot then (``to_dict``, through
+    JSON), with the minutes its node's history entry lacks (``closed``), and is written as rows."""
     import random
 
     rng = random.Random(seed)
@@ -806,8 +848,8 @@ def test_a_node_entry_written_is_what_encoding_every_gpu_gives(seed) -> None:
         def __setitem__(self, key, value) -> None:
             if key.startswith("node:"):
                 members = proc.members[key.removeprefix("node:")]
-                want = encode_value({"v": SNAPSHOT_VERSION, "hist": proc.history_seq.get(key.removeprefix("node:"), 0),
-                                     "gpus": {k: snapshot(k, t) for k, t in members.items()}})
+                want = {"v": SNAPSHOT_VERSION, "hist": proc.history_seq.get(key.removeprefix("node:"), 0),
+                        "gpus": json.loads(encode_value({k: snapshot(k, t) for k, t in members.items()}))}
                 written.append((value, want))
             super().__setitem__(key, value)
 
@@ -841,4 +883,6 @@ def test_a_node_entry_written_is_what_encoding_every_gpu_gives(seed) -> None:
             proc.fleet_check(now, None)
     assert len(written) > 100
     for value, want in written:
-        assert value == want
+        entry = decode_value(value)
+        assert "gpus" not in entry and all(isinstance(r, list) for r in entry["rows"].values())
+        assert {"v": entry["v"], "hist": entry["hist"], "gpus": entry_snapshots(entry)} == want
