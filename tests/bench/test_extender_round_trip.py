@@ -7,7 +7,7 @@ import asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpuaware.bench import extender_round_trip
-from gpuaware.bench.extender_round_trip import Timings, summary, timed
+from gpuaware.bench.extender_round_trip import Timings, profiled, summary, timed
 from gpuaware.local.fake_apiserver import make_pod
 from gpuaware.scheduler.kube.calls import ApiCalls
 from gpuaware.scheduler.kube.extender.server import Extender
@@ -43,3 +43,25 @@ def test_the_summary_splits_a_binding_write_into_its_parts():
     assert out["bind"]["back_on_loop_ms_p50"] == 50.0 and out["api_thread_cpu_ms_per_bind"] == 2.0
     assert out["ms_between_filters_p50"] == 30.0 and out["process_cpu_s_per_s"] == 0.25
     assert extender_round_trip.summary(Timings())["filter"]["requests"] == 0
+
+
+def test_a_profile_counts_the_threads_cpu_not_its_waits(tmp_path):
+    import pstats
+    import time
+
+    def busy() -> None:
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+
+    def waiting() -> None:
+        time.sleep(0.2)
+
+    with profiled(tmp_path / "p.prof"):
+        busy()
+        waiting()
+    stats = {f[2]: v[3] for f, v in pstats.Stats(str(tmp_path / "p.prof")).stats.items()}  # name -> cumulative
+    assert stats["busy"] >= 0.04 and stats["waiting"] < 0.02
+    with profiled(None):  # no path: nothing profiled, nothing written
+        busy()
+    assert [p.name for p in tmp_path.iterdir()] == ["p.prof"]
