@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from operator import attrgetter
 
 import numpy as np
 
@@ -79,16 +80,16 @@ class Readings:
 READINGS = Readings()
 
 
+_READINGS_OF, _SLOT_OF = attrgetter("readings"), attrgetter("slot")
+
+
 def gather(trackers: list) -> np.ndarray:
     """The rows of ``trackers`` (GpuTrackers of one store), in their order: a (len(trackers), ``WIDTH``) copy made
     in one call."""
     if not trackers:
         return np.empty((0, WIDTH))
     store = trackers[0].readings
-
-    def slot(t: object) -> int:
-        if t.readings is not store:  # type: ignore[attr-defined]
-            raise ValueError("rows are gathered from one store of readings at a time")
-        return t.slot  # type: ignore[attr-defined]
-
-    return store.table()[np.fromiter(map(slot, trackers), dtype=np.intp, count=len(trackers))]
+    # attrgetter over the trackers, not a Python function per tracker: a fleet check gathers every GPU held.
+    if any(r is not store for r in set(map(_READINGS_OF, trackers))):
+        raise ValueError("rows are gathered from one store of readings at a time")
+    return store.table()[np.fromiter(map(_SLOT_OF, trackers), dtype=np.intp, count=len(trackers))]

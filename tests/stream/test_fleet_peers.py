@@ -8,10 +8,14 @@ import random
 import statistics
 from collections import defaultdict
 
+import numpy as np
+import pytest
+
 from gpuaware.contract.events import GpuInfo, GpuSample, HealthVerdict
-from gpuaware.stream.fleet_peers import MAD_TO_SIGMA, FleetPeerSettings, Row, check, outliers
+from gpuaware.stream.fleet_peers import MAD_TO_SIGMA, FleetPeerSettings, Row, check, outliers, power_bins
 from gpuaware.stream.gpu_state import SBE_WINDOW_MS, GpuTracker
 from gpuaware.stream.processor import StreamProcessor
+from gpuaware.stream.readings import Readings, gather
 
 S = FleetPeerSettings()
 
@@ -211,3 +215,20 @@ def test_the_columns_judge_exactly_as_the_rows_did() -> None:
             six = [r[:6] for r in rows]  # rows without the SBE field, as older callers gave
             assert dict(outliers(six, S)) == dict(_reference(six, S))
     assert flagged > 1000  # the fleets have outliers of every kind to agree on
+
+
+def test_power_bins_are_the_scalar_rule_at_every_bin_edge() -> None:
+    """numpy's log may differ from math.log in the last bit: the column's bins are still the scalar rule's, at
+    the edges between bins (each edge's power and the doubles on either side of it) as well as between them."""
+    step = math.log1p(S.power_window)
+    edges = [math.exp(k * step) for k in range(0, 120)]
+    power = np.array([*edges, *np.nextafter(edges, 0.0), *np.nextafter(edges, np.inf), 0.0, 0.5, 1.0,
+                      *np.random.default_rng(3).uniform(0.0, 2000.0, 5000)])
+    assert power_bins(power, step).tolist() == [int(math.log(max(p, 1.0)) / step) for p in power.tolist()]
+
+
+def test_rows_are_gathered_from_one_store_only() -> None:
+    a, b = GpuTracker(uuid="GPU-a", readings=Readings()), GpuTracker(uuid="GPU-b", readings=Readings())
+    assert gather([a]).shape[0] == 1
+    with pytest.raises(ValueError, match="one store of readings"):
+        gather([a, b])
