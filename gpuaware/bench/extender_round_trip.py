@@ -12,7 +12,8 @@ threads' CPU per Binding. Of the pace: milliseconds from one /filter to the next
 scheduling cycle is one pod at a time), the event loop's lag (a task sleeping 1 ms records how late it
 wakes), and the extender process's CPU per second of the mode. The bench's own figures for the mode come
 with them, and the load average. ``--profile FILE`` writes a cProfile of the event loop's thread over the mode
-(its CPU time: the handlers, the informers' hand-off, the core).
+(its CPU time: the handlers, the informers' hand-off, the core); the profiler's own cost then adds to the CPU
+figures and handler times.
 """
 
 from __future__ import annotations

@@ -181,7 +181,8 @@ class StreamWorker:
         # A rollup per node every 5 s at most (1,250 a second at 50,000 GPUs): batches, as the states, not Faust
         # messages.
         self.rollups = StatePublisher(topics.NODE_STATE, BatchSender(self.producer), stats, node_gpus())
-        self.processor = StreamProcessor(self.changelog, tracker_settings(settings), stats, scope=_under)
+        self.processor = StreamProcessor(self.changelog, tracker_settings(settings), stats, scope=_under,
+                                         entry_version=settings.node_entry_version)
         # A record that waited in the log longer than a heartbeat interval means the worker is catching up.
         self.lag_ms = settings.max_publish_interval_ms
         self.tracer = observability.tracer("gpuaware.stream")

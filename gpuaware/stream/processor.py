@@ -16,38 +16,16 @@ history entry is written again once every GPU of the node that has a history has
 closed more than ``MAX_CLOSED``: about once a minute per node, where it was written with every take that closed a
 minute of any of its GPUs, 3.1 times a minute once they have an hour of history (``python -m
 gpuaware.bench.worker_cost``, ``table_writes_per_s``; docs/stream.md).
-Values are bytes the processor encodes itself (JSON, once: the app's table passes them through), where Faust's JSON
-codec encoded each write twice, for the store and for the changelog.
-
-Each history entry written for a node is numbered (``seq``), and a node entry names the one its ``closed`` minutes
-follow (``hist``): a node entry read with a newer history entry (a worker stopped between the two writes) adds none
-of them, as the history holds them. Version 3 entries (the history entry written at every closed minute, no
-``closed``) are read as version 4 ones with nothing carried; a worker of a version before 4 reading version 4 entries
-ignores ``closed``, and its GPUs' histories lack those minutes (at most ``MAX_CLOSED`` each).
-
-From version 5 a node entry holds each GPU's snapshot as a row (``rows``, ``gpuaware.stream.snapshot_rows``) and the
-minutes carried apart (``closed``); version 4 entries (``gpus``: a dict per GPU, its ``closed`` in it) are still read.
-A worker of a version before 5 finds no GPUs in a version 5 entry: it starts the node's GPUs afresh from their next
-samples (readings, health, fingerprints and the minute history start again), so a downgrade loses that state; it
-never reads a row as something else.
-
-Entries written before the split layout are still read, and rewritten in it the first time their node is:
-``SNAPSHOT_VERSION`` 2 (a node entry holding its GPUs' history, what Faust's JSON codec wrote) and 1 (one
-per GPU, keyed by its UUID; a GPU found only there is loaded from it, and its old key is deleted, a
-tombstone in the changelog, once its node's entry holds it), so the migration loses nothing and needs no
-reset.
+The table's keys and values, and the versions of their layout: ``gpuaware.stream.table_entries``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import heapq
-import json
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, MutableMapping
-
-import orjson
 
 from gpuaware.contract.events import GpuEvent, GpuState, NodeState, TelemetryBatch
 from gpuaware.stream import fleet_peers
@@ -56,80 +34,29 @@ from gpuaware.stream.gpu_state import HISTORY_MINUTES, GpuTracker, Learned, Trac
 from gpuaware.stream.metrics import StreamStats
 from gpuaware.stream.readings import READINGS, Readings
 from gpuaware.stream.rollup import Partial, headroom, model_demand, node_record, ordered
-from gpuaware.stream.snapshot_rows import row, snapshot
+from gpuaware.stream.table_entries import (
+    SNAPSHOT_VERSION,
+    decode_value,
+    encode_value,
+    entry_snapshots,
+    history_key,
+    node_entry,
+    node_key,
+    owner_key,
+)
 
 NODE_HEARTBEAT_MS = 30_000
-SNAPSHOT_VERSION = 5
 MAX_CLOSED = 2  # a GPU's minutes closed since its node's history entry was written, carried in the node entry
-# GPU UUIDs (the version 1 keys) start with "GPU-", so these never collide with them.
-NODE_KEY_PREFIX = "node:"
-HISTORY_KEY_PREFIX = "hist:"
-OWNER_KEY_PREFIX = "owner:"
-
-
-def node_key(node: str) -> str:
-    """The table key of a node's entry."""
-    return NODE_KEY_PREFIX + node
-
-
-def history_key(node: str) -> str:
-    """The table key of the minute history of a node's GPUs (version 3)."""
-    return HISTORY_KEY_PREFIX + node
-
-
-def owner_key(uuid: str) -> str:
-    """The table key naming the node whose entry holds a GPU: written when a GPU joins a node (rarely), read
-    when a worker meets a GPU it holds no tracker for, so that a restarted worker still knows whose it is."""
-    return OWNER_KEY_PREFIX + uuid
-
-
-def encode_value(value: object) -> bytes:
-    """A table value as stored: JSON, which reads back as what Faust's JSON codec wrote before, made once.
-
-    orjson, at a sixth of ``json.dumps``'s cost: a node entry (8 GPUs' snapshots) took 71 µs that way, ~8 % of
-    a worker's core at 50,000 GPUs (docs/performance.md, the stream's "Where the time went", item 9). Its text
-    differs from ``json.dumps(value, separators=(",", ":"))`` only in spelling some numbers (``1e-7`` for
-    ``1e-07``) and in writing non-ASCII text as UTF-8 where json escaped it: both read back to the same values
-    (tests/stream/test_processor.py). It would write a NaN as null (the values are finite: the contract's checks
-    refuse samples and events that are not); what it cannot write (an integer beyond 64 bits) goes through json."""
-    try:
-        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
-    except orjson.JSONEncodeError:
-        return json.dumps(value, separators=(",", ":")).encode()
-
-
-def node_entry(members: dict[str, GpuTracker], closed: dict[str, int] | None = None, hist: int = 0) -> bytes:
-    """A node entry's value, ``{"v": SNAPSHOT_VERSION, "hist": hist, "rows": {uuid: row}, "closed": {uuid:
-    minutes}}``, encoded in one call: each GPU's snapshot as a row (``gpuaware.stream.snapshot_rows``); ``closed``:
-    per GPU, how many of its last minutes its node's history entry (number ``hist``) lacks (left out when none).
-    Each GPU's encoded snapshot was kept to be spliced into the next entries its node wrote (a batch samples ~3 of a
-    node's 8 GPUs), but that was ~1 KiB of every GPU held (docs/stream.md, "Memory")."""
-    entry: dict = {"v": SNAPSHOT_VERSION, "hist": hist, "rows": {key: row(t) for key, t in members.items()}}
-    if closed:
-        entry["closed"] = {key: members[key].last_minutes(n) for key, n in closed.items()}
-    return encode_value(entry)
-
-
-def entry_snapshots(entry: dict) -> dict[str, dict]:
-    """The snapshot dict of each GPU of a node entry as read back (any version), by UUID, each with the minutes the
-    entry carries for it (``closed``) as versions 4 and before held them; ValueError for a row of another layout."""
-    if entry.get("v", 0) < 5:
-        return entry.get("gpus", {})
-    closed = entry.get("closed", {})
-    out = {}
-    for key, values in entry.get("rows", {}).items():
-        out[key] = snapshot(key, values)
-        if key in closed:
-            out[key]["closed"] = closed[key]
-    return out
-
-
-def decode_value(raw: bytes | None) -> object:
-    return None if raw is None else json.loads(raw)
 
 
 class InvalidRecord(ValueError):
     """A record that decodes but breaks the contract's rules (dead-lettered like undecodable ones)."""
+
+
+class UnreadableEntry(InvalidRecord):
+    """A node's stored entry that cannot be read back (corrupt, or of a layout this worker does not know): the
+    records of that node are dead-lettered, naming it, and the entry is left as it is, never overwritten by GPUs
+    started afresh; replay them once it is repaired or deleted."""
 
 
 def check_batch(batch: TelemetryBatch) -> None:
@@ -196,10 +123,15 @@ class Take:
 
 class StreamProcessor:
     def __init__(self, snapshots: MutableMapping[str, bytes], settings: TrackerSettings | None = None,
-                 stats: StreamStats | None = None, scope: Callable[[object], None] | None = None):
+                 stats: StreamStats | None = None, scope: Callable[[object], None] | None = None,
+                 entry_version: int = SNAPSHOT_VERSION):
         """``scope(source)``: the table reads and writes keys in the partition of the record being handled
         (Faust's RocksDB store: one database per partition), so it is told the record before the reads its
-        apply makes and before each node's writes (the last record that touched the node)."""
+        apply makes and before each node's writes (the last record that touched the node). ``entry_version``: the
+        layout node entries are written in (``node_entry``; both are read)."""
+        if entry_version not in (4, SNAPSHOT_VERSION):
+            raise ValueError(f"node entries are written in version 4 or {SNAPSHOT_VERSION}, not {entry_version!r}")
+        self.entry_version = entry_version
         self.snapshots = snapshots
         self.scope = scope
         self.settings = settings or TrackerSettings()
@@ -243,34 +175,52 @@ class StreamProcessor:
             self.scope(source)
 
     def _node(self, node: str, partition: int) -> dict[str, GpuTracker]:
-        """The node's GPUs, loaded from its entry the first time the node is seen here."""
+        """The node's GPUs, loaded from its entry the first time the node is seen here; ``UnreadableEntry`` (nothing
+        held, the entry left as it is) when the entry cannot be read back."""
         members = self.members.get(node)
         if members is None:
+            split, seq, keys, restored = self._read(node)
             members = self.members[node] = {}
             # Held here now: rolled up at the next rollup even when no record of its own follows (a node whose
             # batches are refused for naming a live node's GPU was still heartbeated by the walk over every GPU).
             self.rollup_due.add(node)
-            entry = decode_value(self.snapshots.get(node_key(node))) or {}
-            # Version 2 entries hold each GPU's history; from version 3 it is in the node's history entry.
-            split = entry.get("v", 0) >= 3
-            stored = (decode_value(self.snapshots.get(history_key(node))) or {}) if split else {}
-            histories = stored.get("gpus", {})
-            self.history_seq[node] = stored.get("seq", 0)
-            carried = stored.get("seq", 0) == entry.get("hist", 0)  # else the history holds the carried minutes
-            for key, stored_gpu in entry_snapshots(entry).items():
-                t = self.trackers.get(key)
-                if t is None:
-                    t = self._hold(key, GpuTracker.from_dict(stored_gpu, self.settings,
-                                                             histories.get(key, []) if split else None,
-                                                             self.readings, carried))
-                    self.partition_of[key] = partition
-                    if split:  # (its minutes the history entry lacks: ``history_changes``, from its ``closed``)
-                        self.history_written[key] = (node, 0)
+            self.history_seq[node] = seq
+            for key, t in restored.items():
+                self._hold(key, t)
+                self.partition_of[key] = partition
+                if split:  # (its minutes the history entry lacks: ``history_changes``, from its ``closed``)
+                    self.history_written[key] = (node, 0)
+            for key in keys:
+                t = self.trackers[key]
                 if t.node in (node, "") and key not in self.member_of:  # a moved board stays with its new node
                     members[key] = t
                     self.member_of[key] = node
         self.node_partition[node] = partition
         return members
+
+    def _read(self, node: str) -> tuple[bool, int, list[str], dict[str, GpuTracker]]:
+        """(whether its history is apart, its history entry's number, the GPUs of ``node``'s entry in its order, a
+        tracker for each of them not held yet) read from the table, changing nothing held."""
+        try:
+            entry = decode_value(self.snapshots.get(node_key(node))) or {}
+            # Version 2 entries hold each GPU's history; from version 3 it is in the node's history entry.
+            split = entry.get("v", 0) >= 3
+            stored = (decode_value(self.snapshots.get(history_key(node))) or {}) if split else {}
+            histories = stored.get("gpus", {})
+            carried = stored.get("seq", 0) == entry.get("hist", 0)  # else the history holds the carried minutes
+            snapshots = entry_snapshots(entry)
+            restored = {}
+            for key, stored_gpu in snapshots.items():
+                if key not in self.trackers:
+                    restored[key] = GpuTracker.from_dict(stored_gpu, self.settings,
+                                                         histories.get(key, []) if split else None, self.readings,
+                                                         carried)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            # Not started afresh: the GPUs' next write would replace what the entry holds.
+            raise UnreadableEntry(f"node {node!r}: its stored entry cannot be read back ({type(exc).__name__}: "
+                                  f"{exc}); its records are dead-lettered until the entry is repaired or deleted") \
+                from exc
+        return split, stored.get("seq", 0), list(snapshots), restored
 
     def tracker(self, key: str, partition: int, node: str = "") -> GpuTracker:
         """GPU ``key`` as reported by ``node``: from memory, its node's entry, a version 1 entry, or new."""
@@ -338,12 +288,12 @@ class StreamProcessor:
             # The whole node's history, so that the entry alone restores it.
             seq = self.history_seq[node] = self.history_seq.get(node, 0) + 1
             self.snapshots[history_key(node)] = encode_value(
-                {"v": SNAPSHOT_VERSION, "seq": seq,
+                {"v": self.entry_version, "seq": seq,
                  "gpus": {k: list(t.history) for k, t in members.items() if t.history}})
             for k, t in members.items():
                 self.history_written[k] = (node, t.history_changes)
             closed = {}
-        self.snapshots[node_key(node)] = node_entry(members, closed, self.history_seq.get(node, 0))
+        self.snapshots[node_key(node)] = node_entry(members, closed, self.history_seq.get(node, 0), self.entry_version)
         for key in [k for k in self.legacy if k in members]:
             self.legacy.discard(key)
             with contextlib.suppress(KeyError):

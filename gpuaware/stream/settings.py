@@ -53,6 +53,11 @@ class StreamSettings(BaseModel):
                                                         "handles each record on its own")
     take_within_s: float = Field(0.05, gt=0, le=5, description="how long a worker waits to fill a take before "
                                                                "handling what it has (adds to sample-to-state latency)")
+    node_entry_version: Literal[4, 5] = Field(
+        5, description="the layout node entries are written in: 5, each GPU's snapshot as a row (less than half the "
+                       "bytes and CPU); 4, as a dict, which workers of earlier releases read. Set 4 while a rolling "
+                       "upgrade runs beside workers that write 4 (a worker before 5 finds no GPUs in a version 5 "
+                       "entry and starts them afresh, history included), then 5 (docs/deploy.md, \"Upgrade\")")
     data_dir: str = Field("/tmp/gpuaware-stream", description="Faust's working directory (the rocksdb store's "
                                                               "files); one per worker")
 

@@ -3,11 +3,11 @@ every field's name again for every GPU of every entry.
 
 A worker writes a node's entry for nearly every record it takes, with all of the node's GPUs in it. As dicts
 (``GpuTracker.to_dict``) the entries were a fifth of a worker's logic and ~7.4 KB a node; as rows they are ~3.1 KB,
-made in under a third of the time (``python -m gpuaware.bench.worker_cost``: ``table_bytes_per_s``; docs/stream.md,
-"State"). ``row`` is what is written; ``snapshot`` gives the dict ``GpuTracker.from_dict`` reads back, the same as
-``to_dict(history=False)`` gave.
+made in about half the CPU (``python -m gpuaware.bench.worker_cost``: ``samples_per_cpu_s``, ``table_bytes_per_s``;
+docs/stream.md, "State"). ``row`` is what is written; ``snapshot`` gives the dict ``GpuTracker.from_dict`` reads
+back, the same as ``to_dict(history=False)`` gave.
 
-The layout belongs to the node entry's version (``gpuaware.stream.processor.SNAPSHOT_VERSION``):
+The layout belongs to the node entry's version (``gpuaware.stream.table_entries.SNAPSHOT_VERSION``):
 tests/stream/test_snapshot_rows.py holds ``FIELDS``, the readings' ``NAMES`` and the fingerprint's fields to the
 layout written, so that a change to any of them comes with a new version and a reader for the old one.
 """
@@ -53,6 +53,7 @@ def snapshot(uuid: str, values: list) -> dict[str, Any]:
         raise ValueError(f"GPU {uuid}: a snapshot row has {len(FIELDS)} values, this one is {values!r:.80}")
     out = dict(zip(FIELDS, values, strict=True))
     out["uuid"] = uuid
-    out["smoothed"] = {name: v for name, v in zip(NAMES, values[_SMOOTHED], strict=True) if v is not None}
+    # null for a reading not seen yet (NaN where the value went through json's fallback: ``encode_value``)
+    out["smoothed"] = {name: v for name, v in zip(NAMES, values[_SMOOTHED], strict=True) if v is not None and v == v}
     out["fingerprint"] = dict(zip(FINGERPRINT, values[_PRINT], strict=True))
     return out

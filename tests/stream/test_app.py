@@ -135,6 +135,17 @@ def test_the_stream_section_reaches_every_gpu_tracker() -> None:
     assert tracker_settings(StreamSettings()).every_sample is True
 
 
+def test_the_node_entry_version_reaches_the_processor(tmp_path) -> None:
+    """Version 4 while a rolling upgrade runs beside workers that write it (docs/deploy.md, "Upgrade")."""
+    for version in (4, 5):
+        worker = StreamWorker(KafkaSettings(bootstrap_servers="127.0.0.1:1"),
+                              StreamSettings(data_dir=str(tmp_path), node_entry_version=version))
+        assert worker.processor.entry_version == version
+    assert StreamSettings().node_entry_version == 5
+    with pytest.raises(ValueError):
+        StreamSettings(node_entry_version=3)
+
+
 def test_a_revocation_calls_after_revoke_once_the_trackers_are_dropped(tmp_path) -> None:
     """The worker's collector policy reclaims there (gpuaware/stream/main.py): after the forget, so the next full
     collection

@@ -114,9 +114,14 @@ def test_the_minute_history_is_the_last_hour_of_minutes_and_the_forecasters_valu
     restored = GpuTracker.from_dict(json.loads(json.dumps(t.to_dict())))
     assert restored.history == t.history and restored.history_changes == 0
     assert len(restored.forecasts) == 6
-    # A node entry's ``closed`` minutes: the history's last ones, made alone.
-    for n in (0, 1, 2, 59, 60, 61):
-        assert t.last_minutes(n) == (t.history[-n:] if n else [])
+    # A node entry's ``closed`` minutes: the history's last ones, made alone, also for more than it holds.
+    short = StreamProcessor({})
+    for m in range(4):
+        short.on_telemetry(_batch(m + 1, T0 + m * 60_000, util=utils[m]), 0, T0 + m * 60_000)
+    for tracker in (t, short.trackers["GPU-n-0"], GpuTracker(uuid="GPU-new")):
+        for n in (0, 1, 2, 3, 4, 59, 60, 61):
+            assert tracker.last_minutes(n) == (tracker.history[-n:] if n else [])
+    assert len(short.trackers["GPU-n-0"].history) == 3
 
 
 def test_publishing_is_on_change_and_rate_bounded() -> None:

@@ -25,11 +25,14 @@ from gpuaware.contract.events import (
 from gpuaware.stream.gpu_state import TrackerSettings
 from gpuaware.stream.processor import (
     MAX_CLOSED,
-    SNAPSHOT_VERSION,
     GpuClaimedElsewhere,
     InvalidRecord,
     StreamProcessor,
     Take,
+    UnreadableEntry,
+)
+from gpuaware.stream.table_entries import (
+    SNAPSHOT_VERSION,
     decode_value,
     encode_value,
     entry_snapshots,
@@ -569,45 +572,55 @@ def test_version_2_node_entries_are_read_after_an_upgrade_and_rewritten_split() 
         assert third.trackers[key].to_dict() == t.to_dict() and third.trackers[key].forecasts == t.forecasts
 
 
-def test_version_4_node_entries_are_read_after_an_upgrade_and_rewritten_as_rows() -> None:
-    """A table a version 4 worker left (each GPU's snapshot a dict, the minutes its history entry lacks in it) is
-    read as the same table written as rows is, and the node's entry is written as rows from its next take on."""
-    table = _Recording()
-    proc = StreamProcessor(table)
-    seq, ts = 0, T0
-    v4 = None
+def test_a_table_written_in_version_4_restores_as_the_same_table_written_as_rows() -> None:
+    """Two processors fed the same records, one writing version 4 (a dict per GPU, what workers before 5 read: the
+    ``node_entry_version`` of a rolling upgrade) and one writing rows: after every take, a processor restarted
+    from either table holds the same GPUs, and the history the live one holds."""
+    dicts, rows = _Recording(), _Recording()
+    as_dicts, as_rows = StreamProcessor(dicts, entry_version=4), StreamProcessor(rows)
+    seq, ts, carried = 0, T0, 0
     for _ in range(12):
         for gpu in range(3):
             seq, ts = seq + 1, ts + 15_000
-            proc.on_telemetry(_one_gpu("n", gpu, seq, ts), 0, ts)
-            entry = table.entry(node_key("n"))
-            snapshots = entry_snapshots(entry)
-            if v4 is None and any("closed" in g for g in snapshots.values()):
-                # What the version 4 worker wrote for this node: a dict per GPU, ``closed`` in it.
-                v4 = {**table, node_key("n"): encode_value({"v": 4, "hist": entry["hist"], "gpus": snapshots})}
-                upgraded, restarted = StreamProcessor(_Recording(v4)), StreamProcessor(_Recording(dict(table)))
-                for key, t in proc.trackers.items():
-                    again, same = upgraded.tracker(key, 0, "n"), restarted.tracker(key, 0, "n")
-                    assert again.to_dict() == same.to_dict() and again.forecasts == same.forecasts
-                    assert again.history == same.history == t.history
-    assert v4 is not None
-    table = _Recording(v4)
-    carried_on = StreamProcessor(table)
+            for proc in (as_dicts, as_rows):
+                proc.on_telemetry(_one_gpu("n", gpu, seq, ts), 0, ts)
+            v4, v5 = dicts.entry(node_key("n")), rows.entry(node_key("n"))
+            assert v4["v"] == 4 and "rows" not in v4 and "gpus" not in v5
+            if history_key("n") in dicts:
+                assert dicts.entry(history_key("n"))["v"] == 4
+            carried += any("closed" in g for g in v4["gpus"].values())
+            from_dicts, from_rows = StreamProcessor(_Recording(dict(dicts))), StreamProcessor(_Recording(dict(rows)))
+            for key, t in as_rows.trackers.items():
+                a, b = from_dicts.tracker(key, 0, "n"), from_rows.tracker(key, 0, "n")
+                assert a.to_dict() == b.to_dict() and a.forecasts == b.forecasts and a.history == t.history
+    assert carried  # some entries carried minutes their history entry lacked
+    # The rows' processor, restarted on the version 4 table, carries on and writes rows from its next take.
+    upgraded = StreamProcessor(dicts)
     batch = _one_gpu("n", 0, seq + 1, ts + 15_000)
-    carried_on.on_telemetry(batch, 0, batch.base_ts_ms)
-    entry = table.entry(node_key("n"))
-    assert entry["v"] == SNAPSHOT_VERSION and "gpus" not in entry and sorted(entry["rows"]) == sorted(proc.trackers)
+    upgraded.on_telemetry(batch, 0, batch.base_ts_ms)
+    entry = dicts.entry(node_key("n"))
+    assert entry["v"] == SNAPSHOT_VERSION and "gpus" not in entry and sorted(entry["rows"]) == sorted(as_rows.trackers)
 
 
-def test_a_node_entry_row_of_another_layout_is_refused_with_the_gpu_named() -> None:
+def test_an_unreadable_node_entry_dead_letters_the_nodes_records_and_is_never_overwritten() -> None:
+    """A row of another layout (or any entry that cannot be read back): the node's records are refused naming it
+    (``UnreadableEntry``, an ``InvalidRecord``: the app dead-letters them), every time, and nothing is written over
+    the entry; its GPUs are not started afresh."""
     table = _Recording()
-    proc = StreamProcessor(table)
-    proc.on_telemetry(telemetry_batch("n", 1, T0, gpus=2), 0, T0)
+    StreamProcessor(table).on_telemetry(telemetry_batch("n", 1, T0, gpus=2), 0, T0)
     entry = table.entry(node_key("n"))
     entry["rows"]["GPU-n-1"] = entry["rows"]["GPU-n-1"][:-1]
-    broken = StreamProcessor({**table, node_key("n"): encode_value(entry)})
-    with pytest.raises(ValueError, match="GPU GPU-n-1: a snapshot row has"):
-        broken.tracker("GPU-n-0", 0, "n")
+    broken = {**table, node_key("n"): encode_value(entry)}
+    proc = StreamProcessor(_Recording(broken))
+    assert issubclass(UnreadableEntry, InvalidRecord)
+    for seq in (2, 3):
+        with pytest.raises(UnreadableEntry, match=r"node 'n'.*GPU GPU-n-1: a snapshot row has"):
+            proc.on_telemetry(telemetry_batch("n", seq, T0 + seq * 1000, gpus=2), 0, T0 + seq * 1000)
+        assert proc.snapshots.writes == [] and not proc.trackers and "n" not in proc.members
+    assert proc.snapshots[node_key("n")] == broken[node_key("n")]
+    # Another node of the same worker goes on.
+    proc.on_telemetry(telemetry_batch("m", 1, T0, gpus=2), 0, T0)
+    assert sorted(proc.trackers) == ["GPU-m-0", "GPU-m-1"]
 
 
 def _rollups_walking_every_gpu(proc: StreamProcessor, published: dict, now: int, partitions) -> list[str]:
@@ -827,11 +840,13 @@ def test_table_values_read_back_as_what_the_json_module_wrote() -> None:
     assert json.loads(encode_value(odd)) == json.loads(json.dumps(odd))
 
 
+@pytest.mark.parametrize("version", [4, 5])
 @pytest.mark.parametrize("seed", range(4))
-def test_a_node_entry_written_is_what_encoding_every_gpu_gives(seed) -> None:
+def test_a_node_entry_written_is_what_encoding_every_gpu_gives(seed, version) -> None:
     """Samples, replayed batches, samples stamped too far ahead, watch points, health events, heartbeats and fleet
     checks in any order: each node entry written reads back as every GPU's snapshot then (``to_dict``, through
-    JSON), with the minutes its node's history entry lacks (``closed``), and is written as rows."""
+    JSON), with the minutes its node's history entry lacks (``closed``); as rows, or in version 4 byte for byte
+    what a version 4 worker wrote (a dict per GPU, its ``closed`` in it)."""
     import random
 
     rng = random.Random(seed)
@@ -848,12 +863,15 @@ def test_a_node_entry_written_is_what_encoding_every_gpu_gives(seed) -> None:
         def __setitem__(self, key, value) -> None:
             if key.startswith("node:"):
                 members = proc.members[key.removeprefix("node:")]
-                want = {"v": SNAPSHOT_VERSION, "hist": proc.history_seq.get(key.removeprefix("node:"), 0),
-                        "gpus": json.loads(encode_value({k: snapshot(k, t) for k, t in members.items()}))}
-                written.append((value, want))
+                hist = proc.history_seq.get(key.removeprefix("node:"), 0)
+                gpus = {k: snapshot(k, t) for k, t in members.items()}
+                if version == 4:
+                    written.append((value, encode_value({"v": 4, "hist": hist, "gpus": gpus})))
+                else:
+                    written.append((value, {"v": version, "hist": hist, "gpus": json.loads(encode_value(gpus))}))
             super().__setitem__(key, value)
 
-    proc = StreamProcessor(Checking())
+    proc = StreamProcessor(Checking(), entry_version=version)
     now, seqs = T0, {}
     for step in range(300):
         now += 1000
@@ -883,6 +901,9 @@ def test_a_node_entry_written_is_what_encoding_every_gpu_gives(seed) -> None:
             proc.fleet_check(now, None)
     assert len(written) > 100
     for value, want in written:
+        if version == 4:
+            assert value == want
+            continue
         entry = decode_value(value)
         assert "gpus" not in entry and all(isinstance(r, list) for r in entry["rows"].values())
         assert {"v": entry["v"], "hist": entry["hist"], "gpus": entry_snapshots(entry)} == want

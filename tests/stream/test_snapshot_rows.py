@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 from gpuaware.stream import snapshot_rows
-from gpuaware.stream.processor import SNAPSHOT_VERSION, StreamProcessor, encode_value
+from gpuaware.stream.processor import StreamProcessor
 from gpuaware.stream.readings import NAMES
+from gpuaware.stream.table_entries import SNAPSHOT_VERSION, encode_value
 from tests.support import telemetry_batch
 
 T0 = 1_700_000_000_000
@@ -38,3 +39,11 @@ def test_a_row_read_back_is_the_snapshot_dict_of_the_gpu() -> None:
         assert snapshot_rows.snapshot(t.uuid, back) == json.loads(encode_value(t.to_dict(history=False)))
     assert json.loads(encode_value(snapshot_rows.row(fresh)))[snapshot_rows.FIELDS.index("smoothed")] == \
         [None] * len(NAMES)
+
+
+def test_a_reading_not_seen_reads_back_as_not_seen_through_either_encoder() -> None:
+    """orjson writes NaN as null; json's fallback (``encode_value``, for what orjson cannot write) as ``NaN``."""
+    proc = StreamProcessor({})
+    t = proc.tracker("GPU-x-0", 0)
+    for text in (encode_value(snapshot_rows.row(t)), json.dumps(snapshot_rows.row(t)).encode()):
+        assert snapshot_rows.snapshot(t.uuid, json.loads(text))["smoothed"] == {}
