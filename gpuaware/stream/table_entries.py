@@ -81,14 +81,15 @@ def node_entry(members: dict[str, GpuTracker], closed: dict[str, int] | None = N
     "hist": hist, "gpus": {uuid: snapshot}}``, each snapshot a dict with its ``closed`` in it, what workers before
     version 5 read. Each GPU's encoded snapshot was kept to be spliced into the next entries its node wrote (a batch
     samples ~3 of a node's 8 GPUs), but that was ~1 KiB of every GPU held (docs/stream.md, "Memory")."""
+    carried = {key: members[key].last_minutes(n) for key, n in (closed or {}).items()}
     if version == 4:
         gpus = {key: t.to_dict(history=False) for key, t in members.items()}
-        for key, n in (closed or {}).items():
-            gpus[key]["closed"] = members[key].last_minutes(n)
+        for key, minutes in carried.items():
+            gpus[key]["closed"] = minutes
         return encode_value({"v": 4, "hist": hist, "gpus": gpus})
     entry: dict = {"v": version, "hist": hist, "rows": {key: row(t) for key, t in members.items()}}
-    if closed:
-        entry["closed"] = {key: members[key].last_minutes(n) for key, n in closed.items()}
+    if carried:
+        entry["closed"] = carried
     return encode_value(entry)
 
 
