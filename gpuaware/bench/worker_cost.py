@@ -67,6 +67,7 @@ class Worker:
         self.processor = StreamProcessor(self.table)
         self.publisher = StatePublisher(topics.GPU_STATE, None, self.processor.stats)  # its encoding only
         self.rollups = StatePublisher(topics.NODE_STATE, None, self.processor.stats, node_gpus())
+        self.processor.render = self.publisher.encoded_state  # states encoded as the worker makes them (app.py)
         self.owned = set(range(PARTITIONS))
         self.partition = {}
         self.samples = 0
@@ -97,19 +98,16 @@ class Worker:
                     proc.apply_event(event, self._partition(event.node.encode()), now_ms, take)
             except InvalidRecord:
                 continue
-        states = proc.finish(take, now_ms)
-        for state in states:
-            self.publisher.encode(state, state.key())
+        states = proc.finish(take, now_ms)  # (encoded)
         self.samples += samples
         self.states += len(states)
         timers = time.process_time()
         self.process_s += timers - started
         if tick % TICKS_PER_S == 0:
             second = tick // TICKS_PER_S
-            for state in proc.heartbeats(now_ms, self.owned):
-                self.publisher.encode(state, state.key())
-                self.states += 1
-                self.heartbeat_states += 1
+            heartbeats = proc.heartbeats(now_ms, self.owned)  # (encoded)
+            self.states += len(heartbeats)
+            self.heartbeat_states += len(heartbeats)
             rollup = time.process_time()
             self.split["heartbeat"] += rollup - timers
             if second % 5 == 0:

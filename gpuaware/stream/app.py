@@ -183,6 +183,7 @@ class StreamWorker:
         self.rollups = StatePublisher(topics.NODE_STATE, BatchSender(self.producer), stats, node_gpus())
         self.processor = StreamProcessor(self.changelog, tracker_settings(settings), stats, scope=_under,
                                          entry_version=settings.node_entry_version)
+        self.processor.render = self.states.encoded_state  # states written straight from the trackers
         # A record that waited in the log longer than a heartbeat interval means the worker is catching up.
         self.lag_ms = settings.max_publish_interval_ms
         self.tracer = observability.tracer("gpuaware.stream")

@@ -379,17 +379,17 @@ class GpuTracker:
 
     @property
     def forecasts(self) -> KeptForecasts:
-        """The forecasts, per metric and horizon, rendered from ``packed_forecasts``: a worker publishes a state for
-        nearly every sample, and the records kept per GPU (and shared by its states) were ~1.3 KiB of each; the
-        encoder keeps their bytes (gpuaware.stream.state_codec)."""
-        packed = self.packed_forecasts
+        """The forecasts, per metric and horizon, rendered from ``packed_forecasts``, what the GPU keeps of them (the
+        records were ~1.3 KiB of each GPU; the encoder keeps their bytes: gpuaware.stream.state_codec)."""
+        return self._rendered(self.packed_forecasts)
+
+    def _rendered(self, packed: bytes) -> KeptForecasts:
         if not packed:
             return KeptForecasts((), packed)
         metrics, seconds = label_columns(self.settings.horizons_min)
         numbers = unpack(len(packed) // 8)(packed)
         if len(numbers) != 3 * len(metrics):
             raise ValueError(f"{len(numbers)} packed forecast numbers for {len(metrics)} forecasts")
-        # Mapped over columns, not a comprehension over triples: a third less per state, made for nearly every sample.
         return KeptForecasts(map(Forecast, metrics, seconds, numbers[0::3], numbers[1::3], numbers[2::3]), packed)
 
     @property
@@ -463,20 +463,25 @@ class GpuTracker:
         at = self.slot * WIDTH
         return [v if v == v else 0.0 for v in self.readings.values[at:at + CLOCK]]
 
-    def state(self, now_ms: int) -> GpuState:
+    def state_parts(self, now_ms: int) -> tuple:
+        """The state's fields in ``GpuState``'s order as the tracker holds them: its band a string, its components
+        not copied, its forecasts packed (``packed_forecasts``, labelled by ``label_columns``). ``state`` makes the
+        record of them; the publisher writes them straight to bytes (``GpuStateCodec.encode_parts``): made for nearly
+        every sample, the record and its ``Forecast`` objects were most of a state's cost."""
         util, util_mem, fb, power, temp = self._readings()
         cls, confidence = self.fingerprint.predict_one()
-        return GpuState(
-            gpu_uuid=self.uuid, node=self.node, model=self.model, sample_ts_ms=self.fresh_ms, published_ms=now_ms,
-            util_gpu=round(util, 2), util_mem=round(util_mem, 2), fb_used_mib=round(fb, 1),
-            fb_total_mib=self.fb_total_mib, power_w=round(power, 1), temp_c=round(temp, 1),
-            health_score=round(self.health_score, 1), health_band=HealthBand(self.health_band),
-            health_components=dict(self.health_components), forecasts=self.forecasts,
-            workload_class=cls, class_confidence=confidence, samples=self.samples,
-            **self._verdict(),
-        )
+        verdict, reasons, action = self._verdict()
+        return (self.uuid, self.node, self.model, self.fresh_ms, now_ms, round(util, 2), round(util_mem, 2),
+                round(fb, 1), self.fb_total_mib, round(power, 1), round(temp, 1), round(self.health_score, 1),
+                self.health_band, self.health_components, self.packed_forecasts, cls, confidence, self.samples,
+                verdict, reasons, action)
 
-    def _verdict(self) -> dict:
+    def state(self, now_ms: int) -> GpuState:
+        parts = list(self.state_parts(now_ms))
+        parts[12:15] = HealthBand(parts[12]), dict(parts[13]), self._rendered(parts[14])
+        return GpuState(*parts)
+
+    def _verdict(self) -> tuple[HealthVerdict, list[str], HealthAction]:
         """The agent's last verdict; before any (a healthy GPU's first is not sent), the band's. A fleet peer
         outlier (gpuaware.stream.fleet_peers) adds its reason and makes a passing verdict WARNING / watch."""
         if self.verdict != UNKNOWN_VERDICT or not self.samples:
@@ -491,7 +496,7 @@ class GpuTracker:
                 verdict = HealthVerdict.WARNING
             if action in (HealthAction.NONE, HealthAction.UNKNOWN):
                 action = HealthAction.WATCH
-        return {"verdict": verdict, "verdict_reasons": reasons, "recommended_action": action}
+        return verdict, reasons, action
 
     @property
     def fresh_ms(self) -> int:

@@ -46,6 +46,7 @@ from gpuaware.stream.table_entries import (
 )
 
 NODE_HEARTBEAT_MS = 30_000
+Rendered = GpuState | tuple[bytes, bytes]  # a state due: its record, or its key and bytes (``StreamProcessor.render``)
 MAX_CLOSED = 2  # a GPU's minutes closed since its node's history entry was written, carried in the node entry
 
 
@@ -166,6 +167,9 @@ class StreamProcessor:
         # (docs/stream.md, "Memory").
         self.published: list[tuple[int, str]] = []
         self._oldest = 0  # the heartbeat's refresh boundary, which only moves forward
+        # What a GPU's state due is made with: its record, or (the worker's) its key and bytes straight from the
+        # tracker, as its publisher encodes them (``StatePublisher.encoded_state``).
+        self.render: Callable[[GpuTracker, int], Rendered] = GpuTracker.state
 
     # ------------------------------------------------------------------ state
 
@@ -419,7 +423,7 @@ class StreamProcessor:
         # not written under this record, which is in the event's node's partition.
         take.unobserved.setdefault(key, t)
 
-    def finish(self, take: Take, now_ms: int) -> list[GpuState]:
+    def finish(self, take: Take, now_ms: int) -> list[Rendered]:
         """Write each node ``take`` touched once, in the order they were last touched, each under the last record
         that touched it (``scope``); the states due, one per GPU."""
         if self.closed is not None:
@@ -433,25 +437,25 @@ class StreamProcessor:
                                   observe=False)
 
     def on_telemetry(self, batch: TelemetryBatch, partition: int, now_ms: int,
-                     behind: bool = False) -> list[GpuState]:
+                     behind: bool = False) -> list[Rendered]:
         """One batch on its own: applied, its node written, the states due."""
         take = Take()
         self.apply_telemetry(batch, partition, now_ms, take, behind)
         return self.finish(take, now_ms)
 
-    def on_event(self, event: GpuEvent, partition: int, now_ms: int) -> list[GpuState]:
+    def on_event(self, event: GpuEvent, partition: int, now_ms: int) -> list[Rendered]:
         take = Take()
         self.apply_event(event, partition, now_ms, take)
         return self.finish(take, now_ms)
 
     # ------------------------------------------------------------------ output
 
-    def _due(self, trackers: Iterable[GpuTracker], now_ms: int, observe: bool) -> list[GpuState]:
+    def _due(self, trackers: Iterable[GpuTracker], now_ms: int, observe: bool) -> list[Rendered]:
         out = []
         behind = self.behind
         for t in trackers:
             if t.samples and t.due(now_ms, bool(behind) and self.partition_of.get(t.uuid) in behind):
-                state = t.state(now_ms)
+                state = self.render(t, now_ms)
                 t.mark_published(now_ms)
                 if t.queued_ms is None or now_ms < t.queued_ms:  # (the clock stepped back: an earlier entry)
                     t.queued_ms = now_ms
@@ -461,7 +465,7 @@ class StreamProcessor:
                 out.append(state)
         return out
 
-    def heartbeats(self, now_ms: int, partitions: set[int] | None) -> list[GpuState]:
+    def heartbeats(self, now_ms: int, partitions: set[int] | None) -> list[Rendered]:
         """States not published for ``max_interval_ms`` (their freshness timestamps tell how old the data is),
         and changes held back by ``min_interval_ms`` (not while their partition is being caught up on)."""
         # Only a GPU changed since its last state, or whose state is max_interval_ms old, can be due: the GPUs

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import operator
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import RecordMetadata
@@ -41,6 +41,9 @@ from gpuaware.contract.events import Record as ContractRecord
 from gpuaware.plumbing.kafka_batches import BatchSender, Headers, Record
 from gpuaware.stream.metrics import StreamStats
 from gpuaware.stream.state_codec import GpuStateCodec
+
+if TYPE_CHECKING:
+    from gpuaware.stream.gpu_state import GpuTracker
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +100,16 @@ class StatePublisher:
         """``encode(state)``, with what is kept encoded per key spliced in."""
         return self._kept.encode(state, key)
 
+    def encoded_state(self, t: GpuTracker, now_ms: int) -> Record:
+        """GPU ``t``'s state now, encoded as ``publish`` encodes ``t.state(now_ms)`` (key, bytes): what the processor
+        renders states with (``StreamProcessor.render``) where this publisher sends them; GPU states only."""
+        return self._kept.encode_tracker(t, now_ms)
+
     def forget(self, keys: Iterable[bytes]) -> None:
         """Let go of these keys' kept fields (their GPUs' trackers, or their nodes, are dropped)."""
         self._kept.forget(keys)
 
-    async def publish(self, states: Sequence[GpuState | NodeState], headers: Headers = ()) -> None:
+    async def publish(self, states: Sequence[GpuState | NodeState | Record], headers: Headers = ()) -> None:
         if not states:
             return
 
@@ -110,8 +118,12 @@ class StatePublisher:
                 self._partitions, self._partition_of = partitions, {}
             out: dict[int, list[Record]] = {}
             for state in states:
-                key = state.key()
-                out.setdefault(self._partition(key), []).append((key, self.encode(state, key)))
+                if type(state) is tuple:  # (already encoded: ``encoded_state``)
+                    key, value = state
+                else:
+                    key = state.key()
+                    value = self.encode(state, key)
+                out.setdefault(self._partition(key), []).append((key, value))
             return out
 
         def done(partition: int, records: Sequence[Record], delivered: RecordMetadata | None,

@@ -9,7 +9,9 @@ refresh states are most of what such a worker publishes). An Avro record is its 
 so most of a state is cheap to write directly: three doubles at a time with one ``struct`` call, a GPU's identity
 (header, UUID, node, model) kept encoded per GPU, its forecasts kept encoded by the numbers they were rendered from
 (``KeptForecasts``: new numbers once a minute, ``GpuTracker``), and the few strings of a small vocabulary (health
-components, workload classes) kept encoded by value.
+components, workload classes) kept encoded by value. The worker writes a state straight from its tracker's fields
+(``encode_tracker``: ``GpuTracker.state_parts``, the forecasts as their packed numbers), without the ``GpuState``
+and ``Forecast`` objects, which were most of a state's cost (``python -m gpuaware.bench.worker_cost``).
 
 The layout is GpuState's newest schema (version 2). ``GpuStateCodec`` refuses to start if the record or its schema
 changes (new fields, another version) until it is brought in line; tests/stream/test_state_codec.py checks its bytes
@@ -19,8 +21,10 @@ against ``encode`` for any state.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import struct
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from gpuaware.contract.events import (
     _HEADER,
@@ -33,11 +37,16 @@ from gpuaware.contract.events import (
     encode_field,
     record_type,
 )
+from gpuaware.stream.forecast_many import label_columns
+
+if TYPE_CHECKING:
+    from gpuaware.stream.gpu_state import GpuTracker
 
 VERSION = 2
 FIELDS = ("gpu_uuid", "node", "model", "sample_ts_ms", "published_ms", "util_gpu", "util_mem", "fb_used_mib",
           "fb_total_mib", "power_w", "temp_c", "health_score", "health_band", "health_components", "forecasts",
           "workload_class", "class_confidence", "samples", "verdict", "verdict_reasons", "recommended_action")
+_fields = operator.attrgetter(*FIELDS)
 _THREE_DOUBLES = struct.Struct("<ddd").pack
 _DOUBLE = struct.Struct("<d").pack
 # Small vocabularies only: a verdict's reasons carry figures, so they are encoded each time.
@@ -109,6 +118,7 @@ class GpuStateCodec:
         self._words: dict[str, bytes] = {}  # health component names, workload classes and forecast metrics
         self._labels: dict[tuple[str, int], bytes] = {}  # a forecast's metric and horizon
         self._published: tuple[object, bytes] = (None, b"")  # the last publishing time and its bytes
+        self._label_row: tuple[object, list[bytes]] = (None, [])  # the forecasts' labels and their bytes, in order
 
     def _word(self, s: str) -> bytes:
         b = self._words.get(s)
@@ -140,45 +150,73 @@ class GpuStateCodec:
 
     def encode(self, s: GpuState, key: bytes) -> bytes:
         """``encode(s)``, the same bytes; ValueError where that raises for a field's value."""
+        return self.encode_parts(_fields(s), key)
+
+    def encode_parts(self, parts: tuple, key: bytes, labels: tuple[tuple[str, ...], tuple[int, ...]] | None = None
+                     ) -> bytes:
+        """A state's bytes from its fields in ``FIELDS`` order, as ``GpuTracker.state_parts`` gives them: the same
+        bytes as ``encode`` of the record ``GpuTracker.state`` makes of them. With ``labels`` (the metrics and the
+        horizons in seconds, ``label_columns``), the forecasts are the packed numbers, three doubles each;
+        without, a list of ``Forecast``."""
         try:
-            return self._encode(s, key)
+            return self._encode(parts, key, labels)
         except (KeyError, TypeError, struct.error, AttributeError, UnicodeEncodeError) as exc:
             raise ValueError(f"cannot encode GpuState: {type(exc).__name__}: {exc}") from exc
 
-    def _encode(self, s: GpuState, key: bytes) -> bytes:
+    def encode_tracker(self, t: GpuTracker, now_ms: int) -> tuple[bytes, bytes]:
+        """GPU ``t``'s state at ``now_ms`` as its key and bytes, written straight from the tracker: the bytes of
+        ``encode(t.state(now_ms))``."""
+        key = t.uuid.encode()
+        return key, self.encode_parts(t.state_parts(now_ms), key, label_columns(t.settings.horizons_min))
+
+    def _packed(self, packed: bytes, labels: tuple[tuple[str, ...], tuple[int, ...]]) -> bytes:
+        """The forecasts field from their packed numbers: the doubles are already Avro's (little-endian)."""
+        if not packed:  # (none yet)
+            return b"\0"
+        if len(packed) != 24 * len(labels[0]):
+            raise ValueError(f"{len(packed) // 8} packed forecast numbers for {len(labels[0])} forecasts")
+        if self._label_row[0] is not labels:
+            self._label_row = (labels, [self._word(m) + _long(h) for m, h in zip(*labels, strict=True)])
+        parts = [_long(len(labels[0]))]
+        for i, label in enumerate(self._label_row[1]):
+            parts.append(label)
+            parts.append(packed[24 * i:24 * i + 24])
+        parts.append(b"\0")
+        return b"".join(parts)
+
+    def _encode(self, parts: tuple, key: bytes, labels: tuple | None) -> bytes:
+        (uuid, node, model, sample_ts_ms, published_ms, util_gpu, util_mem, fb_used_mib, fb_total_mib, power_w,
+         temp_c, health_score, health_band, components, forecasts, workload_class, class_confidence, samples,
+         verdict, reasons, action) = parts
         kept = self._kept.get(key)
-        if kept is None or kept[0] != s.gpu_uuid or kept[1] != s.node or kept[2] != s.model \
-                or kept[3] != s.fb_total_mib:
-            kept = self._kept[key] = [s.gpu_uuid, s.node, s.model, s.fb_total_mib, self._header + _string(s.gpu_uuid)
-                                      + _string(s.node) + _string(s.model), _long(s.fb_total_mib), None, b""]
-        forecasts = s.forecasts
-        same = forecasts.packed if type(forecasts) is KeptForecasts else forecasts
+        if kept is None or kept[0] != uuid or kept[1] != node or kept[2] != model or kept[3] != fb_total_mib:
+            kept = self._kept[key] = [uuid, node, model, fb_total_mib, self._header + _string(uuid)
+                                      + _string(node) + _string(model), _long(fb_total_mib), None, b""]
+        same = forecasts if labels is not None or type(forecasts) is not KeptForecasts else forecasts.packed
         if kept[6] is not same:
-            kept[7] = self._forecasts(forecasts)
+            kept[7] = self._forecasts(forecasts) if labels is None else self._packed(forecasts, labels)
             kept[6] = same
-        components = s.health_components
         if components:
-            word, parts = self._word, [_long(len(components))]
+            word, items = self._word, [_long(len(components))]
             for name, value in components.items():
-                parts.append(word(name))
-                parts.append(_DOUBLE(value))
-            parts.append(b"\0")
-            encoded_components = b"".join(parts)
+                items.append(word(name))
+                items.append(_DOUBLE(value))
+            items.append(b"\0")
+            encoded_components = b"".join(items)
         else:
             encoded_components = b"\0"
-        reasons = s.verdict_reasons
         encoded_reasons = (_long(len(reasons)) + b"".join(map(_string, reasons)) + b"\0") if reasons else b"\0"
         published = self._published
-        if published[0] != s.published_ms or type(s.published_ms) is not int:  # (a take's states share their time)
-            published = self._published = (s.published_ms, _long(s.published_ms))
+        if published[0] != published_ms or type(published_ms) is not int:  # (a take's states share their time)
+            published = self._published = (published_ms, _long(published_ms))
         return b"".join((
-            kept[4], _long(s.sample_ts_ms), published[1],
-            _THREE_DOUBLES(s.util_gpu, s.util_mem, s.fb_used_mib), kept[5],
-            _THREE_DOUBLES(s.power_w, s.temp_c, s.health_score), self._band[s.health_band], encoded_components,
+            kept[4], _long(sample_ts_ms), published[1],
+            _THREE_DOUBLES(util_gpu, util_mem, fb_used_mib), kept[5],
+            _THREE_DOUBLES(power_w, temp_c, health_score), self._band[health_band], encoded_components,
             kept[7],
-            b"\0" if s.workload_class is None else b"\2" + self._word(s.workload_class),
-            b"\0" if s.class_confidence is None else b"\2" + _DOUBLE(s.class_confidence),
-            _long(s.samples), self._verdict[s.verdict], encoded_reasons, self._action[s.recommended_action],
+            b"\0" if workload_class is None else b"\2" + self._word(workload_class),
+            b"\0" if class_confidence is None else b"\2" + _DOUBLE(class_confidence),
+            _long(samples), self._verdict[verdict], encoded_reasons, self._action[action],
         ))
 
     def forget(self, keys: Iterable[bytes]) -> None:

@@ -199,3 +199,30 @@ def test_a_node_rollup_keeps_its_gpu_list_encoded_until_the_list_changes() -> No
                        rollup(1000, HealthBand.CRITICAL)):
             assert kept.encode(record, b"n") == encode(record)
     assert len(encoded) == 2  # the first list, and the one with a GPU's band changed
+
+
+def test_states_rendered_by_the_publisher_go_out_as_the_records_would() -> None:
+    """The worker's processor renders its states with the publisher (``encoded_state``: key and bytes, straight from
+    the trackers); published beside records, each goes to its key's partition with the bytes the record's encoding
+    gives."""
+    from gpuaware.contract.events import encode
+
+    async def go() -> tuple[list, list, StreamStats]:
+        client = HeldClient()
+
+        async def held() -> HeldClient:
+            return client
+
+        stats = StreamStats()
+        publisher = StatePublisher(topics.GPU_STATE, BatchSender(held), stats)
+        proc, records = StreamProcessor({}), StreamProcessor({})
+        proc.render = publisher.encoded_state
+        batches = [telemetry_batch(f"rendered-{n}", 1, T0, gpus=3) for n in range(4)]
+        rendered = [s for b in batches for s in proc.on_telemetry(b, 0, T0)]
+        states = [s for b in batches for s in records.on_telemetry(b, 0, T0)]
+        await publisher.publish([*rendered[:6], *_later(states[6:], 0)])
+        return client.sent, states, stats
+
+    sent, states, stats = asyncio.run(go())
+    got = {key: value for _, records in sent for key, value in records}
+    assert got == {s.key(): encode(s) for s in states} and stats.published[topics.GPU_STATE] == 12

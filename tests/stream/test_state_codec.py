@@ -115,3 +115,41 @@ def test_forecasts_given_as_dicts_are_written_as_encode_writes_them() -> None:
     state = GpuState("GPU-x", "n", "H100", T0, T0, 1.0, 1.0, 1.0, 81559, 1.0, 1.0, 100.0, HealthBand.HEALTHY,
                      forecasts=[{"metric": "util_gpu", "horizon_s": 60, "mean": 1.0, "lower": 0.0, "upper": 2.0}])
     assert GpuStateCodec().encode(state, b"GPU-x") == encode(state)
+
+
+def test_states_written_straight_from_the_trackers_are_the_bytes_of_their_records() -> None:
+    """The worker's path (``StreamProcessor.render``: key and bytes from ``GpuTracker.state_parts``) against the
+    records ``GpuTracker.state`` makes, encoded by the contract: two processors fed the same agents' records (faults
+    that change health bands, verdicts and components; forecasts renewed each minute; fleet peer reasons; heartbeats),
+    every state the same key and bytes, in the same order."""
+    import time
+
+    from gpuaware.agent.collectors.scenario import Fault, Scenario
+    from gpuaware.agent.replay import simulate
+
+    sc = Scenario(name="straight", seed=3, nodes=3, gpus_per_node=4, workloads=["training-compute", "inference-bursty"],
+                  faults=[Fault(kind="ecc_sbe_storm", node=0, gpu=1, at_s=30),
+                          Fault(kind="xid", node=1, gpu=2, at_s=90),
+                          Fault(kind="thermal_runaway", node=2, gpu=0, at_s=60, rise_c_per_s=0.5),
+                          Fault(kind="power_skew", node=2, gpu=3, at_s=0)])
+    records, straight = StreamProcessor({}), StreamProcessor({})
+    codec = GpuStateCodec()
+    straight.render = lambda t, now: codec.encode_tracker(t, now)
+    compared, forecasting, bands, verdicts = 0, 0, set(), set()
+    for tick in simulate(sc, 240, time.time() - 240):
+        now = int(tick.second * 1000)
+        outs = [[], []]
+        for i, proc in enumerate((records, straight)):
+            for batch in tick.batches:
+                outs[i] += proc.on_telemetry(batch, 0, now)
+            for ev in tick.events:
+                outs[i] += proc.on_event(ev, 0, now)
+            outs[i] += proc.heartbeats(now, None)
+            if tick.second % 5 == 0:
+                proc.fleet_check(now, None)
+        assert [(s.key(), encode(s)) for s in outs[0]] == outs[1]
+        compared += len(outs[0])
+        forecasting += sum(bool(s.forecasts) for s in outs[0])
+        bands |= {s.health_band for s in outs[0]}
+        verdicts |= {s.verdict for s in outs[0]}
+    assert compared > 500 and forecasting > 100 and len(bands) > 1 and len(verdicts) > 1, (compared, bands, verdicts)
