@@ -62,6 +62,12 @@ def label_columns(horizons_min: tuple[int, ...]) -> tuple[tuple[str, ...], tuple
     return tuple(m for m, _ in pairs), tuple(s for _, s in pairs)
 
 
+def check_packed(packed: bytes, forecasts: int) -> None:
+    """ValueError unless ``packed`` holds three doubles (mean, lower, upper) for each of ``forecasts``."""
+    if len(packed) != 24 * forecasts:
+        raise ValueError(f"{len(packed) // 8} packed forecast numbers for {forecasts} forecasts")
+
+
 @functools.cache
 def unpack(count: int) -> Callable[[bytes], tuple[float, ...]]:
     """Unpacks ``count`` packed doubles (one ``struct`` format per length, compiled once)."""

@@ -49,7 +49,7 @@ from gpuaware.contract.events import (
 )
 from gpuaware.stream.fingerprint import WorkloadFingerprint
 from gpuaware.stream.forecast_columns import ColumnForecaster, ForecastColumns
-from gpuaware.stream.forecast_many import METRICS, ClosedMinutes, label_columns, unpack
+from gpuaware.stream.forecast_many import METRICS, ClosedMinutes, check_packed, label_columns, unpack
 from gpuaware.stream.readings import (
     CAPPED,
     CLOCK,
@@ -387,9 +387,8 @@ class GpuTracker:
         if not packed:
             return KeptForecasts((), packed)
         metrics, seconds = label_columns(self.settings.horizons_min)
+        check_packed(packed, len(metrics))
         numbers = unpack(len(packed) // 8)(packed)
-        if len(numbers) != 3 * len(metrics):
-            raise ValueError(f"{len(numbers)} packed forecast numbers for {len(metrics)} forecasts")
         return KeptForecasts(map(Forecast, metrics, seconds, numbers[0::3], numbers[1::3], numbers[2::3]), packed)
 
     @property
@@ -477,7 +476,7 @@ class GpuTracker:
                 verdict, reasons, action)
 
     def state(self, now_ms: int) -> GpuState:
-        parts = list(self.state_parts(now_ms))
+        parts = list(self.state_parts(now_ms))  # (band, components, forecasts: made a record's here)
         parts[12:15] = HealthBand(parts[12]), dict(parts[13]), self._rendered(parts[14])
         return GpuState(*parts)
 

@@ -35,7 +35,7 @@ class StreamStats:
     identity_review_errors: int = 0  # TokenReviews the apiserver could not answer (retried)
     gpu_claimed_elsewhere: int = 0  # batches naming a GPU another node reports (gpuaware.stream.processor)
     published: Counter = field(default_factory=Counter)  # output topic -> records written
-    publish_failed: int = 0  # gpu.state.v1 records the Kafka client did not take or deliver (gpuaware.stream.publisher)
+    publish_failed: int = 0  # gpu.state.v1 records not encoded (processor), not taken or not delivered (publisher)
     changelog_failed: int = 0  # table changelog records not delivered, each sent again (gpuaware.stream.changelog)
     changelog_restored: Counter = field(default_factory=Counter)  # active|standby -> changelog records applied
     latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))  # sample to state
@@ -133,8 +133,9 @@ class StreamCollector(Collector):
             published.add_metric([topic], n)
         yield published
         yield CounterMetricFamily("gpuaware_stream_publish_failed",
-                                  "GPU states the Kafka client did not take or could not deliver (each GPU's next "
-                                  "state replaces a lost one)", value=s.publish_failed)
+                                  "GPU states that could not be encoded, or that the Kafka client did not take or "
+                                  "could not deliver (each GPU's next state replaces a lost one)",
+                                  value=s.publish_failed)
         yield CounterMetricFamily("gpuaware_stream_changelog_failed",
                                   "Table changelog records the Kafka client did not take or could not deliver (each "
                                   "sent again with the next take unless written again since)", value=s.changelog_failed)

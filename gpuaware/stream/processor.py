@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, MutableMapping
@@ -34,6 +35,7 @@ from gpuaware.stream.gpu_state import HISTORY_MINUTES, GpuTracker, Learned, Trac
 from gpuaware.stream.metrics import StreamStats
 from gpuaware.stream.readings import READINGS, Readings
 from gpuaware.stream.rollup import Partial, headroom, model_demand, node_record, ordered
+from gpuaware.stream.state_codec import Encoded
 from gpuaware.stream.table_entries import (
     SNAPSHOT_VERSION,
     decode_value,
@@ -45,9 +47,11 @@ from gpuaware.stream.table_entries import (
     owner_key,
 )
 
+log = logging.getLogger(__name__)
+
 NODE_HEARTBEAT_MS = 30_000
-Rendered = GpuState | tuple[bytes, bytes]  # a state due: its record, or its key and bytes (``StreamProcessor.render``)
 MAX_CLOSED = 2  # a GPU's minutes closed since its node's history entry was written, carried in the node entry
+Rendered = GpuState | Encoded  # a state due: its record, or its key and bytes (``StreamProcessor.render``)
 
 
 class InvalidRecord(ValueError):
@@ -455,11 +459,20 @@ class StreamProcessor:
         behind = self.behind
         for t in trackers:
             if t.samples and t.due(now_ms, bool(behind) and self.partition_of.get(t.uuid) in behind):
-                state = self.render(t, now_ms)
+                try:
+                    state = self.render(t, now_ms)
+                except ValueError as exc:
+                    # Lost, as a state the client cannot deliver, and held published (due again at its refresh):
+                    # left due, it failed every heartbeat, and the GPUs after it were never looked at.
+                    self.stats.publish_failed += 1
+                    log.warning("GPU %s: state not published: %s", t.uuid, exc)
+                    state = None
                 t.mark_published(now_ms)
                 if t.queued_ms is None or now_ms < t.queued_ms:  # (the clock stepped back: an earlier entry)
                     t.queued_ms = now_ms
                     heapq.heappush(self.published, (now_ms, t.uuid))
+                if state is None:
+                    continue
                 if observe:
                     self.stats.observe_latency(max(0.0, (now_ms - t.fresh_ms) / 1000.0))
                 out.append(state)

@@ -10,8 +10,9 @@ samples per worker CPU second with the states encoded but not sent, 1,647-1,733 
 
 Order: the scheduler keeps the newest record per key, so a GPU's states must reach its partition in the order they
 were made: callers (a take, the heartbeat) make their states and call ``publish`` without awaiting in between, and
-``publish`` takes its turn with the sender before anything else (the topic's partitions and the encoding come in
-that turn), so the order of the calls is the order in each partition.
+``publish`` takes its turn with the sender before anything else (the topic's partitions, and the encoding of records
+not encoded yet, come in that turn), so the order of the calls is the order in each partition. The worker's states
+come encoded already (``encoded_state``, when the processor makes them).
 
 The client is the Faust app's producer, which Faust flushes before committing offsets, so a take's states are handed
 to the broker before its records count as processed, as they were through Faust's buffer. Keys are hashed with the
@@ -40,7 +41,7 @@ from gpuaware.contract.events import GpuState, NodeState, encode, encode_field
 from gpuaware.contract.events import Record as ContractRecord
 from gpuaware.plumbing.kafka_batches import BatchSender, Headers, Record
 from gpuaware.stream.metrics import StreamStats
-from gpuaware.stream.state_codec import GpuStateCodec
+from gpuaware.stream.state_codec import Encoded, GpuStateCodec
 
 if TYPE_CHECKING:
     from gpuaware.stream.gpu_state import GpuTracker
@@ -100,7 +101,7 @@ class StatePublisher:
         """``encode(state)``, with what is kept encoded per key spliced in."""
         return self._kept.encode(state, key)
 
-    def encoded_state(self, t: GpuTracker, now_ms: int) -> Record:
+    def encoded_state(self, t: GpuTracker, now_ms: int) -> Encoded:
         """GPU ``t``'s state now, encoded as ``publish`` encodes ``t.state(now_ms)`` (key, bytes): what the processor
         renders states with (``StreamProcessor.render``) where this publisher sends them; GPU states only."""
         return self._kept.encode_tracker(t, now_ms)
@@ -109,7 +110,7 @@ class StatePublisher:
         """Let go of these keys' kept fields (their GPUs' trackers, or their nodes, are dropped)."""
         self._kept.forget(keys)
 
-    async def publish(self, states: Sequence[GpuState | NodeState | Record], headers: Headers = ()) -> None:
+    async def publish(self, states: Sequence[GpuState | NodeState | Encoded], headers: Headers = ()) -> None:
         if not states:
             return
 

@@ -37,12 +37,13 @@ from gpuaware.contract.events import (
     encode_field,
     record_type,
 )
-from gpuaware.stream.forecast_many import label_columns
+from gpuaware.stream.forecast_many import check_packed, label_columns
 
 if TYPE_CHECKING:
     from gpuaware.stream.gpu_state import GpuTracker
 
 VERSION = 2
+Encoded = tuple[bytes, bytes]  # a state's key and bytes (``encode_tracker``)
 FIELDS = ("gpu_uuid", "node", "model", "sample_ts_ms", "published_ms", "util_gpu", "util_mem", "fb_used_mib",
           "fb_total_mib", "power_w", "temp_c", "health_score", "health_band", "health_components", "forecasts",
           "workload_class", "class_confidence", "samples", "verdict", "verdict_reasons", "recommended_action")
@@ -163,7 +164,7 @@ class GpuStateCodec:
         except (KeyError, TypeError, struct.error, AttributeError, UnicodeEncodeError) as exc:
             raise ValueError(f"cannot encode GpuState: {type(exc).__name__}: {exc}") from exc
 
-    def encode_tracker(self, t: GpuTracker, now_ms: int) -> tuple[bytes, bytes]:
+    def encode_tracker(self, t: GpuTracker, now_ms: int) -> Encoded:
         """GPU ``t``'s state at ``now_ms`` as its key and bytes, written straight from the tracker: the bytes of
         ``encode(t.state(now_ms))``."""
         key = t.uuid.encode()
@@ -173,8 +174,7 @@ class GpuStateCodec:
         """The forecasts field from their packed numbers: the doubles are already Avro's (little-endian)."""
         if not packed:  # (none yet)
             return b"\0"
-        if len(packed) != 24 * len(labels[0]):
-            raise ValueError(f"{len(packed) // 8} packed forecast numbers for {len(labels[0])} forecasts")
+        check_packed(packed, len(labels[0]))
         if self._label_row[0] is not labels:
             self._label_row = (labels, [self._word(m) + _long(h) for m, h in zip(*labels, strict=True)])
         parts = [_long(len(labels[0]))]
@@ -192,7 +192,10 @@ class GpuStateCodec:
         if kept is None or kept[0] != uuid or kept[1] != node or kept[2] != model or kept[3] != fb_total_mib:
             kept = self._kept[key] = [uuid, node, model, fb_total_mib, self._header + _string(uuid)
                                       + _string(node) + _string(model), _long(fb_total_mib), None, b""]
-        same = forecasts if labels is not None or type(forecasts) is not KeptForecasts else forecasts.packed
+        # A KeptForecasts stands for its packed numbers, the same object until they change; one rebuilt from items
+        # alone (``dataclasses.asdict``, ``GpuState(**...)``) has none and stands for itself.
+        same = forecasts if labels is not None or type(forecasts) is not KeptForecasts or (
+            forecasts and not forecasts.packed) else forecasts.packed
         if kept[6] is not same:
             kept[7] = self._forecasts(forecasts) if labels is None else self._packed(forecasts, labels)
             kept[6] = same

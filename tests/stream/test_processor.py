@@ -907,3 +907,21 @@ def test_a_node_entry_written_is_what_encoding_every_gpu_gives(seed, version) ->
         entry = decode_value(value)
         assert "gpus" not in entry and all(isinstance(r, list) for r in entry["rows"].values())
         assert {"v": entry["v"], "hist": entry["hist"], "gpus": entry_snapshots(entry)} == want
+
+
+def test_a_state_that_cannot_be_encoded_is_counted_lost_and_the_other_gpus_go_on() -> None:
+    """A GPU whose state the contract refuses (here a health component that is no string) loses that state, counted
+    as a publish failure, and is held published until its refresh: it does not fail every heartbeat, and the GPUs
+    after it are refreshed."""
+    from gpuaware.stream.state_codec import GpuStateCodec
+
+    proc = StreamProcessor({})
+    codec = GpuStateCodec()
+    proc.render = lambda t, now: codec.encode_tracker(t, now)
+    assert len(proc.on_telemetry(telemetry_batch("bad", 1, T0, gpus=4), 0, T0)) == 4
+    proc.trackers["GPU-bad-1"].health_components = {1: 0.5}
+    published = []
+    for second in range(1, 71):
+        published += [key for key, _ in proc.heartbeats(T0 + second * 1000, None)]
+    assert proc.stats.publish_failed == 2  # once at each 30 s refresh, not at every heartbeat
+    assert sorted(published) == sorted([b"GPU-bad-0", b"GPU-bad-2", b"GPU-bad-3"] * 2)

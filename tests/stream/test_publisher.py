@@ -220,9 +220,16 @@ def test_states_rendered_by_the_publisher_go_out_as_the_records_would() -> None:
         batches = [telemetry_batch(f"rendered-{n}", 1, T0, gpus=3) for n in range(4)]
         rendered = [s for b in batches for s in proc.on_telemetry(b, 0, T0)]
         states = [s for b in batches for s in records.on_telemetry(b, 0, T0)]
-        await publisher.publish([*rendered[:6], *_later(states[6:], 0)])
-        return client.sent, states, stats
+        await publisher.publish([*rendered[:6], *states[6:]])
+        alone = HeldClient()  # the same states as records
 
-    sent, states, stats = asyncio.run(go())
+        async def held_alone() -> HeldClient:
+            return alone
+
+        await StatePublisher(topics.GPU_STATE, BatchSender(held_alone), StreamStats()).publish(states)
+        return client.sent, alone.sent, states, stats
+
+    sent, sent_alone, states, stats = asyncio.run(go())
     got = {key: value for _, records in sent for key, value in records}
     assert got == {s.key(): encode(s) for s in states} and stats.published[topics.GPU_STATE] == 12
+    assert sent == sent_alone  # each in its key's partition, in order

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gpuaware.contract.events import Forecast, GpuState, HealthAction, HealthBand, HealthVerdict, decode, encode
 from gpuaware.stream.processor import StreamProcessor
-from gpuaware.stream.state_codec import GpuStateCodec
+from gpuaware.stream.state_codec import GpuStateCodec, KeptForecasts
 from tests.support import telemetry_batch
 
 T0 = 1_700_000_000_000
@@ -153,3 +153,48 @@ def test_states_written_straight_from_the_trackers_are_the_bytes_of_their_record
         bands |= {s.health_band for s in outs[0]}
         verdicts |= {s.verdict for s in outs[0]}
     assert compared > 500 and forecasting > 100 and len(bands) > 1 and len(verdicts) > 1, (compared, bands, verdicts)
+    # The refreshes of a silent fleet, some GPUs judged outliers by their peers (their verdict and reasons change).
+    for proc in (records, straight):
+        for key in sorted(proc.trackers)[::3]:
+            proc.trackers[key].fleet_reasons = [f"fleet peers: {key} draws less power than its peers"]
+    refreshed = 0
+    for k in range(1, 4):
+        now = int(tick.second * 1000) + k * 31_000
+        want = [(s.key(), encode(s)) for s in records.heartbeats(now, None)]
+        assert want == straight.heartbeats(now, None)
+        refreshed += len(want)
+    assert refreshed >= 3 * len(records.trackers)
+    # One codec, both paths in turn for the same GPUs (what it keeps per GPU is shared).
+    mixed = GpuStateCodec()
+    for i, t in enumerate(sorted(straight.trackers.values(), key=lambda t: t.uuid) * 3):
+        now = int(tick.second * 1000) + 200_000 + i
+        state = t.state(now)
+        assert (mixed.encode(state, state.key()) if i % 2 else mixed.encode_tracker(t, now)[1]) == encode(state)
+
+
+def test_a_tracker_s_state_rounds_its_readings_as_the_contract_says() -> None:
+    """Two decimals for utilisation, one for framebuffer, power and temperature, whichever path writes the state."""
+    proc = StreamProcessor({})
+    for i, (util, fb) in enumerate(((50, 1000), (51, 1001), (52, 1002))):
+        proc.on_telemetry(telemetry_batch("r", i + 1, T0 + 1000 * i, util=util, fb=fb), 0, T0 + 1000 * i)
+    (t,) = proc.trackers.values()
+    state = t.state(T0 + 5000)
+    assert (state.util_gpu, state.util_mem, state.fb_used_mib, state.power_w, state.temp_c) == (
+        50.81, 25.3, 1000.8, 250.0, 60.0)
+    assert GpuStateCodec().encode_tracker(t, T0 + 5000) == (state.key(), encode(state))
+
+
+def test_a_state_rebuilt_from_its_items_is_written_with_its_own_forecasts() -> None:
+    """A state's kept forecasts rebuilt from their items alone (``GpuState(**asdict(...))``) have no packed numbers:
+    they are their own, not those of the last state the codec wrote for the GPU."""
+    proc = StreamProcessor({})
+    for i in range(130):
+        now = T0 + 1000 * i
+        proc.on_telemetry(telemetry_batch("k", i + 1, now, util=20 + i % 50), 0, now)
+    (t,) = proc.trackers.values()
+    codec = GpuStateCodec()
+    empty = dataclasses.replace(t.state(T0 + 200_000), forecasts=KeptForecasts((), b""))
+    assert codec.encode(empty, empty.key()) == encode(empty)
+    rebuilt = GpuState(**{f.name: getattr(t.state(T0 + 201_000), f.name) for f in dataclasses.fields(GpuState)})
+    rebuilt.forecasts = KeptForecasts(list(rebuilt.forecasts))
+    assert rebuilt.forecasts and codec.encode(rebuilt, rebuilt.key()) == encode(rebuilt)
