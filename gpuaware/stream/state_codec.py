@@ -119,7 +119,6 @@ class GpuStateCodec:
         self._words: dict[str, bytes] = {}  # health component names, workload classes and forecast metrics
         self._labels: dict[tuple[str, int], bytes] = {}  # a forecast's metric and horizon
         self._published: tuple[object, bytes] = (None, b"")  # the last publishing time and its bytes
-        self._label_row: tuple[object, list[bytes]] = (None, [])  # the forecasts' labels and their bytes, in order
 
     def _word(self, s: str) -> bytes:
         b = self._words.get(s)
@@ -137,17 +136,21 @@ class GpuStateCodec:
             return b"\0"
         if not all(type(f) is Forecast for f in forecasts):  # (e.g. dicts, which fastavro writes too)
             return encode_field(GpuState, "forecasts", forecasts)
-        labels, parts = self._labels, [_long(len(forecasts))]
+        parts = [_long(len(forecasts))]
         for f in forecasts:
-            label = labels.get((f.metric, f.horizon_s))
-            if label is None:
-                label = self._word(f.metric) + _long(f.horizon_s)
-                if len(labels) < _VOCABULARY_MAX:
-                    labels[(f.metric, f.horizon_s)] = label
-            parts.append(label)
+            parts.append(self._label(f.metric, f.horizon_s))
             parts.append(_THREE_DOUBLES(f.mean, f.lower, f.upper))
         parts.append(b"\0")
         return b"".join(parts)
+
+    def _label(self, metric: str, horizon_s: int) -> bytes:
+        """A forecast's metric and horizon as written, kept by value."""
+        label = self._labels.get((metric, horizon_s))
+        if label is None:
+            label = self._word(metric) + _long(horizon_s)
+            if len(self._labels) < _VOCABULARY_MAX:
+                self._labels[(metric, horizon_s)] = label
+        return label
 
     def encode(self, s: GpuState, key: bytes) -> bytes:
         """``encode(s)``, the same bytes; ValueError where that raises for a field's value."""
@@ -175,11 +178,9 @@ class GpuStateCodec:
         if not packed:  # (none yet)
             return b"\0"
         check_packed(packed, len(labels[0]))
-        if self._label_row[0] is not labels:
-            self._label_row = (labels, [self._word(m) + _long(h) for m, h in zip(*labels, strict=True)])
         parts = [_long(len(labels[0]))]
-        for i, label in enumerate(self._label_row[1]):
-            parts.append(label)
+        for i, (metric, horizon_s) in enumerate(zip(*labels, strict=True)):
+            parts.append(self._label(metric, horizon_s))
             parts.append(packed[24 * i:24 * i + 24])
         parts.append(b"\0")
         return b"".join(parts)
